@@ -1,0 +1,346 @@
+"""NNFusion's kernel DB file: open it, create it exactly as the compiler does, read and write rows.
+
+The file holds the KernelCache table and nothing else (the console's own state lives elsewhere).
+Every write is one short IMMEDIATE transaction, because the compiler opens the file with no busy
+timeout and would fail on a long-held lock. The older osdi20 schema is recognised and only read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlmodel import Field, SQLModel
+
+from core.db.engine import check_sqlite_file, make_engine
+from core.errors import DbError
+from core.kernel_row import COLUMNS, KernelRow
+
+# Byte for byte the DDL of NNFusion's KernelCacheManager (engine/cache/manager.cpp).
+NNFUSION_DDL = """CREATE TABLE IF NOT EXISTS KernelCache(
+   Key        TEXT NOT NULL,
+   Identifier TEXT NOT NULL,
+   OpType     TEXT NOT NULL,
+   Attributes TEXT DEFAULT "",
+   Source     TEXT DEFAULT "External",
+   DeviceType TEXT NOT NULL,
+   Function   TEXT NOT NULL,
+   Tags       TEXT DEFAULT "",
+   Miscs      TEXT DEFAULT "",
+   PRIMARY KEY(Key)
+   );"""
+
+OSDI20_COLUMNS = ("identifier", "platform", "function", "tags", "profile", "resource")
+
+
+class KernelCache(SQLModel, table=True):
+    """The compiler's table, for queries (the table itself is created from NNFUSION_DDL)."""
+
+    __tablename__ = "KernelCache"
+    Key: str = Field(primary_key=True)
+    Identifier: str
+    OpType: str
+    Attributes: str = ""
+    Source: str = "External"
+    DeviceType: str
+    Function: str
+    Tags: str = ""
+    Miscs: str = ""
+
+
+class Schema(Enum):
+    EMPTY = "empty"  # no KernelCache table yet
+    CURRENT = "current"
+    OSDI20 = "osdi20"  # the osdi20_artifact branch's table: read-only here
+    UNKNOWN = "unknown"
+
+
+class InsertOutcome(Enum):
+    INSERTED = "inserted"
+    UNCHANGED = "unchanged"
+    REPLACED = "replaced"
+
+
+@dataclass(frozen=True, slots=True)
+class InsertResult:
+    outcome: InsertOutcome
+    replaced: tuple[KernelRow, ...] = ()  # rows this insert removed (for undo/backups)
+    note: str = ""
+
+
+def default_db_path() -> Path:
+    env = os.environ.get("KDB_DB")
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "nnfusion" / "kernel_cache.db"
+
+
+class KernelDB:
+    """One kernel DB file. Open with KernelDB.open(); close() when done (or use `with`)."""
+
+    def __init__(self, path: Path, *, readonly: bool, schema: Schema, engine: sa.Engine) -> None:
+        self.path = path
+        self.readonly = readonly
+        self.schema = schema
+        self.engine = engine
+        self._conn: sa.Connection | None = None
+
+    # -- opening ---------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, path: Path | str | None = None, *, write: bool = False, create: bool = False) -> KernelDB:
+        """Open a kernel DB. write=True refuses the osdi20 schema; create=True makes the file and table."""
+        path = Path(path).expanduser() if path is not None else default_db_path()
+        check_sqlite_file(path)
+        if not path.exists():
+            if not create:
+                raise DbError(f"no kernel DB at {path} (`kdb db init` creates one)")
+            path.parent.mkdir(parents=True, exist_ok=True)
+        engine = make_engine(path, readonly=not (write or create))
+        try:
+            schema = _detect_schema(engine)
+        except sa.exc.DatabaseError as exc:
+            engine.dispose()
+            raise DbError(f"{path} cannot be read as a kernel DB: {exc.orig or exc}") from exc
+        if schema is Schema.UNKNOWN:
+            engine.dispose()
+            raise DbError(f"{path} has a KernelCache table of an unknown layout")
+        if schema is Schema.OSDI20 and (write or create):
+            engine.dispose()
+            raise DbError(f"{path} uses the older osdi20 schema: it opens read-only; "
+                          "`kdb db convert OLD NEW` rewrites it into the current schema")
+        db = cls(path, readonly=not (write or create), schema=schema, engine=engine)
+        if create and schema is Schema.EMPTY:
+            db.init()
+        return db
+
+    def init(self) -> None:
+        with self.engine.begin() as conn:
+            conn.exec_driver_sql(NNFUSION_DDL)
+        self.schema = Schema.CURRENT
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        self.engine.dispose()
+
+    def __enter__(self) -> KernelDB:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def connection(self) -> sa.Connection:
+        """A connection kept for a batch of short transactions (the hot path of injection)."""
+        if self._conn is None:
+            self._conn = self.engine.connect()
+        return self._conn
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def _require_writable(self) -> None:
+        if self.readonly:
+            raise DbError(f"{self.path} is open read-only")
+        if self.schema is not Schema.CURRENT:
+            raise DbError(f"{self.path} has no KernelCache table of the current schema")
+
+    def insert(self, row: KernelRow, *, replace: bool = False) -> InsertResult:
+        """Insert one kernel in one transaction. Same Key: unchanged (replace: rewritten if it differs).
+
+        With replace, every other row of the same Identifier and DeviceType is removed too, so the DB
+        then holds exactly this kernel for that op.
+        """
+        self._require_writable()
+        conn = self.connection()
+        values = row.values()
+        with conn.begin():
+            existing = conn.exec_driver_sql(
+                "SELECT Key, Identifier, OpType, Attributes, Source, DeviceType, Function, Tags, Miscs "
+                "FROM KernelCache WHERE Key = ?", (row.key,)
+            ).fetchone()
+            removed: list[KernelRow] = []
+            if replace:
+                others = conn.exec_driver_sql(
+                    "SELECT Key, Identifier, OpType, Attributes, Source, DeviceType, Function, Tags, Miscs "
+                    "FROM KernelCache WHERE Identifier = ? AND DeviceType = ? AND Key != ?",
+                    (row.identifier, row.device_type, row.key),
+                ).fetchall()
+                removed = [KernelRow.from_values(tuple(o)) for o in others]
+                if removed:
+                    conn.exec_driver_sql(
+                        "DELETE FROM KernelCache WHERE Identifier = ? AND DeviceType = ? AND Key != ?",
+                        (row.identifier, row.device_type, row.key),
+                    )
+            if existing is not None:
+                same = tuple(existing) == values
+                if same or not replace:
+                    if removed:
+                        return InsertResult(InsertOutcome.REPLACED, tuple(removed))
+                    note = "" if same else "a row with this Key differs (use --replace to rewrite it)"
+                    return InsertResult(InsertOutcome.UNCHANGED, note=note)
+                removed.append(KernelRow.from_values(tuple(existing)))
+                conn.exec_driver_sql("DELETE FROM KernelCache WHERE Key = ?", (row.key,))
+            conn.exec_driver_sql(
+                f"INSERT INTO KernelCache ({', '.join(COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", values
+            )
+        return InsertResult(InsertOutcome.REPLACED if removed else InsertOutcome.INSERTED, tuple(removed))
+
+    def has_key(self, key: str) -> bool:
+        conn = self.connection()
+        with conn.begin():
+            return conn.exec_driver_sql("SELECT 1 FROM KernelCache WHERE Key = ?", (key,)).fetchone() is not None
+
+    def delete(self, keys: Sequence[str]) -> list[KernelRow]:
+        """Delete rows by Key in one transaction; returns them so the caller can undo."""
+        self._require_writable()
+        conn = self.connection()
+        out: list[KernelRow] = []
+        with conn.begin():
+            for key in keys:
+                got = conn.exec_driver_sql(f"SELECT {', '.join(COLUMNS)} FROM KernelCache WHERE Key = ?",
+                                           (key,)).fetchone()
+                if got is not None:
+                    out.append(KernelRow.from_values(tuple(got)))
+                    conn.exec_driver_sql("DELETE FROM KernelCache WHERE Key = ?", (key,))
+        return out
+
+    def restore(self, rows: Iterable[KernelRow]) -> int:
+        """Put rows back exactly as they were (undo of a delete); existing keys are left alone."""
+        self._require_writable()
+        conn = self.connection()
+        n = 0
+        with conn.begin():
+            for row in rows:
+                res = conn.exec_driver_sql(
+                    f"INSERT OR IGNORE INTO KernelCache ({', '.join(COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    row.values(),
+                )
+                n += res.rowcount or 0
+        return n
+
+    def update_miscs(self, key: str, miscs: dict[str, Any]) -> None:
+        self._require_writable()
+        text = json.dumps(miscs, ensure_ascii=False, allow_nan=False)
+        conn = self.connection()
+        with conn.begin():
+            conn.exec_driver_sql("UPDATE KernelCache SET Miscs = ? WHERE Key = ?", (text, key))
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def count(self, where: str = "", params: Sequence[Any] = ()) -> int:
+        self._require_current()
+        conn = self.connection()
+        with conn.begin():
+            return conn.exec_driver_sql(f"SELECT count(*) FROM KernelCache {where}", tuple(params)).scalar_one()
+
+    def _require_current(self) -> None:
+        if self.schema is not Schema.CURRENT:
+            raise DbError(f"{self.path} has no KernelCache table of the current schema "
+                          f"(schema: {self.schema.value})")
+
+    def find(self, key_or_identifier: str) -> list[KernelRow]:
+        """Rows whose Key, or else Identifier, equals the text (or whose Key starts with it)."""
+        self._require_current()
+        conn = self.connection()
+        cols = ", ".join(COLUMNS)
+        with conn.begin():
+            rows = conn.exec_driver_sql(f"SELECT {cols} FROM KernelCache WHERE Key = ?",
+                                        (key_or_identifier,)).fetchall()
+            if not rows:
+                rows = conn.exec_driver_sql(f"SELECT {cols} FROM KernelCache WHERE Identifier = ?",
+                                            (key_or_identifier,)).fetchall()
+            if not rows and len(key_or_identifier) >= 8:
+                rows = conn.exec_driver_sql(
+                    f"SELECT {cols} FROM KernelCache WHERE substr(Key, 1, ?) = ?",
+                    (len(key_or_identifier), key_or_identifier),
+                ).fetchall()
+        return [KernelRow.from_values(tuple(r)) for r in rows]
+
+    def iter_rows(self, where: str = "", params: Sequence[Any] = (), *, batch: int = 256) -> Iterator[KernelRow]:
+        """Every row, streamed in Key order in short read transactions (memory flat in N)."""
+        self._require_current()
+        last = None
+        cols = ", ".join(COLUMNS)
+        cond = f"({where[len('WHERE '):]}) AND " if where.startswith("WHERE ") else ""
+        while True:
+            conn = self.connection()
+            with conn.begin():
+                if last is None:
+                    got = conn.exec_driver_sql(
+                        f"SELECT {cols} FROM KernelCache {where} ORDER BY Key LIMIT ?", (*params, batch)
+                    ).fetchall()
+                else:
+                    got = conn.exec_driver_sql(
+                        f"SELECT {cols} FROM KernelCache WHERE {cond}Key > ? ORDER BY Key LIMIT ?",
+                        (*params, last, batch),
+                    ).fetchall()
+            if not got:
+                return
+            for r in got:
+                yield KernelRow.from_values(tuple(r))
+            last = got[-1][0]
+
+    def iter_raw(self) -> Iterator[tuple[Any, ...]]:
+        """Rows exactly as stored (NULLs and non-text kept), for lint."""
+        self._require_current()
+        conn = self.connection()
+        with conn.begin():
+            result = conn.exec_driver_sql(
+                "SELECT rowid, Key, Identifier, OpType, Attributes, Source, DeviceType, Function, Tags, Miscs "
+                "FROM KernelCache ORDER BY rowid"
+            )
+            yield from result
+
+    def iter_osdi20(self) -> Iterator[tuple[Any, ...]]:
+        if self.schema is not Schema.OSDI20:
+            raise DbError(f"{self.path} is not of the osdi20 schema")
+        conn = self.connection()
+        with conn.begin():
+            yield from conn.exec_driver_sql(
+                "SELECT rowid, identifier, platform, function, tags, profile, resource FROM KernelCache "
+                "ORDER BY rowid"
+            )
+
+    def tables(self) -> list[str]:
+        with self.engine.connect() as conn:
+            return [r[0] for r in conn.exec_driver_sql(
+                "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+
+    def integrity_check(self) -> list[str]:
+        with self.engine.connect() as conn:
+            return [str(r[0]) for r in conn.exec_driver_sql("PRAGMA integrity_check")]
+
+    def backup(self, dest: Path) -> Path:
+        """A consistent copy through SQLite's online backup API (never a file copy of a live DB)."""
+        import sqlite3
+
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        raw = self.engine.raw_connection()
+        try:
+            target = sqlite3.connect(str(dest))
+            try:
+                raw.driver_connection.backup(target)  # type: ignore[union-attr]
+            finally:
+                target.close()
+        finally:
+            raw.close()
+        return dest
+
+
+def _detect_schema(engine: sa.Engine) -> Schema:
+    with engine.connect() as conn:
+        cols = [r[1] for r in conn.exec_driver_sql("PRAGMA table_info(KernelCache)")]
+    if not cols:
+        return Schema.EMPTY
+    if tuple(cols) == COLUMNS:
+        return Schema.CURRENT
+    if tuple(c.lower() for c in cols) == OSDI20_COLUMNS:
+        return Schema.OSDI20
+    return Schema.UNKNOWN

@@ -1,0 +1,340 @@
+"""Kernel JSON (the artifact format) -> validated KernelSpec items.
+
+A kernel JSON file holds one object or a list of objects:
+    {"tvm_func_name", "op_type", "parameters", "code", "gridDim", "blockDim"}
+Parameters per op type (the names NNFusion's tools use):
+    conv family: input_shape, filter_shape, output_shape, window_movement_strides,
+                 window_dilation_strides, padding_below_diff [, padding_above_diff]
+    Dot:         arg0_shape, arg1_shape, out_shape, transpose_A, transpose_B
+    pools:       input_shape, output_shape, window_shape, window_stride, padding_below, padding_above
+    element-wise: input_shape (one input) or input_shapes (several), output_shape
+Every check names the field it rejects and why; the caps keep absurd input from exhausting memory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from core.errors import InputError
+from core.ops import CONV_FAMILY, DTYPES, ELEMENTWISE_ARITY, INJECTABLE_OP_TYPES, POOLS
+from core.opsig import ConvParams, DotParams, OpSignature, PoolParams, Shape
+
+MAX_FILE_BYTES = 64 * 1024 * 1024
+MAX_CODE_CHARS = 4 * 1024 * 1024
+MAX_NAME_CHARS = 1024
+MAX_RANK = 8
+MAX_DIM = 2**31 - 1
+MAX_ELEMENTS = 2**36  # 256 GiB of fp32: more than any GPU holds
+MAX_THREADS_PER_BLOCK = 1024
+BLOCK_LIMITS = (1024, 1024, 64)
+GRID_LIMITS = (2**31 - 1, 65535, 65535)
+
+
+@dataclass(frozen=True, slots=True)
+class KernelSpec:
+    """One validated kernel item, ready for CUDA parsing."""
+
+    name: str
+    op: OpSignature
+    code: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def threads_per_block(self) -> int:
+        return math.prod(self.block)
+
+    @property
+    def resource(self) -> int:
+        """NNFusion's resource figure: warp-rounded threads per block times blocks in the grid."""
+        return math.ceil(self.threads_per_block / 32) * 32 * math.prod(self.grid)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading files
+
+
+def load_items(path: Path, *, max_bytes: int = MAX_FILE_BYTES) -> list[Any]:
+    """The raw items of one kernel JSON file. InputError (whole file) when it cannot be read."""
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror or exc}") from exc
+    if size > max_bytes:
+        raise InputError(f"file is {size:,} bytes, over the {max_bytes:,}-byte cap")
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror or exc}") from exc
+    return parse_items(raw)
+
+
+def parse_items(raw: bytes | str) -> list[Any]:
+    if isinstance(raw, bytes):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InputError(f"not UTF-8 text (byte {exc.start}: {raw[exc.start:exc.start + 1]!r})") from exc
+    else:
+        text = raw
+    try:
+        data = json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from exc
+    except RecursionError as exc:
+        raise InputError("JSON is nested too deeply") from exc
+    if isinstance(data, dict):
+        return [data]
+    if isinstance(data, list):
+        return data
+    raise InputError(f"top level is a JSON {type(data).__name__}, expected an object or a list of objects")
+
+
+def _reject_constant(name: str) -> Any:
+    raise InputError(f"{name} is not JSON (NaN/Infinity are not allowed)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation
+
+
+def _fail(where: str, reason: str) -> InputError:
+    return InputError(reason, where=where)
+
+
+def _int(value: Any, where: str, *, minimum: int = 0, maximum: int = MAX_DIM) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _fail(where, f"must be an integer, got {_brief(value)}")
+    if value < minimum or value > maximum:
+        raise _fail(where, f"must be between {minimum} and {maximum}, got {value}")
+    return value
+
+
+def _brief(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _ints(value: Any, where: str, *, length: int | None = None, minimum: int = 0) -> Shape:
+    if not isinstance(value, list):
+        raise _fail(where, f"must be a list of integers, got {_brief(value)}")
+    if length is not None and len(value) != length:
+        raise _fail(where, f"must have {length} entries, got {len(value)}")
+    return tuple(_int(v, f"{where}[{i}]", minimum=minimum) for i, v in enumerate(value))
+
+
+def _shape(params: dict[str, Any], key: str, *, rank: int | None = None, min_rank: int = 0) -> Shape:
+    where = f"parameters.{key}"
+    if key not in params:
+        raise _fail(where, "missing")
+    value = params[key]
+    if not isinstance(value, list):
+        raise _fail(where, f"must be a list of dimensions, got {_brief(value)}")
+    if len(value) > MAX_RANK:
+        raise _fail(where, f"rank {len(value)} is over the cap of {MAX_RANK}")
+    if rank is not None and len(value) != rank:
+        raise _fail(where, f"must have rank {rank}, got {len(value)}")
+    if len(value) < min_rank:
+        raise _fail(where, f"must have rank {min_rank} or more, got {len(value)}")
+    shape = tuple(_int(v, f"{where}[{i}]", minimum=1) for i, v in enumerate(value))
+    if math.prod(shape) > MAX_ELEMENTS:
+        raise _fail(where, f"{math.prod(shape):,} elements is over the cap of {MAX_ELEMENTS:,}")
+    return shape
+
+
+def _bool(params: dict[str, Any], key: str) -> bool:
+    value = params.get(key, False)
+    if not isinstance(value, bool):
+        raise _fail(f"parameters.{key}", f"must be true or false, got {_brief(value)}")
+    return value
+
+
+def _dims(item: dict[str, Any], keys: tuple[str, str], limits: tuple[int, int, int]) -> tuple[int, int, int]:
+    key = next((k for k in keys if k in item), None)
+    if key is None:
+        raise _fail(keys[0], "missing")
+    value = item[key]
+    if not isinstance(value, list) or not 1 <= len(value) <= 3:
+        raise _fail(key, f"must be a list of 1 to 3 positive integers, got {_brief(value)}")
+    dims = [_int(v, f"{key}[{i}]", minimum=1, maximum=limits[i]) for i, v in enumerate(value)]
+    dims += [1] * (3 - len(dims))
+    return (dims[0], dims[1], dims[2])
+
+
+def validate_item(item: Any) -> KernelSpec:
+    """Check one raw kernel JSON item; InputError names the field and the reason."""
+    if not isinstance(item, dict):
+        raise _fail("item", f"is a JSON {type(item).__name__}, expected an object")
+    warnings: list[str] = []
+
+    name = item.get("tvm_func_name", "")
+    if not isinstance(name, str):
+        raise _fail("tvm_func_name", f"must be a string, got {_brief(name)}")
+    if len(name) > MAX_NAME_CHARS:
+        raise _fail("tvm_func_name", f"is {len(name)} characters, over the cap of {MAX_NAME_CHARS}")
+
+    op_type = item.get("op_type")
+    if not isinstance(op_type, str) or not op_type:
+        raise _fail("op_type", "missing" if op_type is None else f"must be a string, got {_brief(op_type)}")
+    if op_type not in INJECTABLE_OP_TYPES:
+        hint = (
+            " (NNFusion's import script accepts it, the compiler does not)"
+            if op_type.startswith("Fused_Convolution_Batchnorm")
+            else ""
+        )
+        raise _fail("op_type", f"{op_type!r} is not an op type the compiler fetches from the kernel DB{hint}")
+
+    dtype = item.get("dtype", "float")
+    if dtype not in DTYPES:
+        raise _fail("dtype", f"{_brief(dtype)} is not one of {', '.join(DTYPES)}")
+
+    code = item.get("code")
+    if not isinstance(code, str) or not code.strip():
+        raise _fail("code", "missing" if code is None else "must be a non-empty string of CUDA source")
+    if len(code) > MAX_CODE_CHARS:
+        raise _fail("code", f"is {len(code):,} characters, over the cap of {MAX_CODE_CHARS:,}")
+
+    params = item.get("parameters")
+    if not isinstance(params, dict):
+        raise _fail("parameters", "missing" if params is None else "must be a JSON object")
+
+    grid = _dims(item, ("gridDim", "grid_dim"), GRID_LIMITS)
+    block = _dims(item, ("blockDim", "block_dim"), BLOCK_LIMITS)
+    if math.prod(block) > MAX_THREADS_PER_BLOCK:
+        raise _fail("blockDim", f"{math.prod(block)} threads per block, over CUDA's {MAX_THREADS_PER_BLOCK}")
+
+    if op_type in CONV_FAMILY:
+        op = _conv(op_type, params, dtype)
+    elif op_type in POOLS:
+        op = _pool(op_type, params, dtype)
+    elif op_type == "Dot":
+        op = _dot(params, dtype, warnings)
+    else:
+        op = _elementwise(op_type, params, dtype)
+    return KernelSpec(name or "(unnamed)", op, code, grid, block, tuple(warnings))
+
+
+def _conv(op_type: str, params: dict[str, Any], dtype: str) -> OpSignature:
+    data = _shape(params, "input_shape", min_rank=3)
+    rank = len(data)
+    filt = _shape(params, "filter_shape", rank=rank)
+    out = _shape(params, "output_shape", rank=rank)
+    spatial = rank - 2
+    strides = _ints(params.get("window_movement_strides"), "parameters.window_movement_strides",
+                    length=spatial, minimum=1)
+    dilations = _ints(params.get("window_dilation_strides"), "parameters.window_dilation_strides",
+                      length=spatial, minimum=1)
+    pad_below = _ints(params.get("padding_below_diff"), "parameters.padding_below_diff", length=spatial)
+    pad_above = None
+    if "padding_above_diff" in params:
+        pad_above = _ints(params["padding_above_diff"], "parameters.padding_above_diff", length=spatial)
+    if out[0] != data[0]:
+        raise _fail("parameters.output_shape", f"batch {out[0]} differs from input batch {data[0]}")
+    if filt[1] != data[1]:
+        raise _fail("parameters.filter_shape",
+                    f"{filt[1]} input channels, but input_shape has {data[1]} (NCHW, groups=1)")
+    if out[1] != filt[0]:
+        raise _fail("parameters.output_shape", f"{out[1]} channels, but filter_shape has {filt[0]} filters")
+    for i in range(spatial):
+        window = dilations[i] * (filt[2 + i] - 1) + 1
+        candidates = [pad_above[i]] if pad_above else range(0, window + strides[i])
+        possible = [(data[2 + i] + pad_below[i] + pa - window) // strides[i] + 1 for pa in candidates
+                    if data[2 + i] + pad_below[i] + pa >= window]
+        if out[2 + i] not in possible:
+            expected = possible[0] if possible else "none (window larger than padded input)"
+            raise _fail(f"parameters.output_shape[{2 + i}]",
+                        f"{out[2 + i]} does not follow from input {data[2 + i]}, window {window}, "
+                        f"stride {strides[i]}, padding {pad_below[i]} (expected {expected})")
+    inputs: tuple[Shape, ...] = (data, filt)
+    if op_type == "Fused_Convolution_Add_Relu":
+        inputs = (data, filt, out)
+    return OpSignature(op_type, inputs, (out,), ConvParams(strides, dilations, pad_below, pad_above), dtype)
+
+
+def _pool(op_type: str, params: dict[str, Any], dtype: str) -> OpSignature:
+    data = _shape(params, "input_shape", min_rank=3)
+    rank = len(data)
+    out = _shape(params, "output_shape", rank=rank)
+    spatial = rank - 2
+    window = _ints(params.get("window_shape"), "parameters.window_shape", length=spatial, minimum=1)
+    strides = _ints(params.get("window_stride"), "parameters.window_stride", length=spatial, minimum=1)
+    pad_below = _ints(params.get("padding_below"), "parameters.padding_below", length=spatial)
+    if "padding_above" not in params:
+        raise _fail("parameters.padding_above",
+                    "missing: the compiler's pool identifier includes the pad-above part")
+    pad_above = _ints(params["padding_above"], "parameters.padding_above", length=spatial)
+    if out[:2] != data[:2]:
+        raise _fail("parameters.output_shape", f"N,C {list(out[:2])} differ from input's {list(data[:2])}")
+    for i in range(spatial):
+        padded = data[2 + i] + pad_below[i] + pad_above[i]
+        expected = (padded - window[i]) // strides[i] + 1 if padded >= window[i] else None
+        if out[2 + i] != expected:
+            raise _fail(f"parameters.output_shape[{2 + i}]",
+                        f"{out[2 + i]} does not follow from input {data[2 + i]}, window {window[i]}, "
+                        f"stride {strides[i]}, padding {pad_below[i]}+{pad_above[i]} (expected {expected})")
+    return OpSignature(op_type, (data,), (out,), PoolParams(window, strides, pad_below, pad_above), dtype)
+
+
+def _dot(params: dict[str, Any], dtype: str, warnings: list[str]) -> OpSignature:
+    a = _shape(params, "arg0_shape", rank=2)
+    b = _shape(params, "arg1_shape", rank=2)
+    out = _shape(params, "out_shape", rank=2)
+    ta, tb = _bool(params, "transpose_A"), _bool(params, "transpose_B")
+    m, n = out
+    # The stored layouts the compiler sees: A is [M,K] ([K,M] when transposed), B is [K,N] ([N,K]).
+    # Some tools declare the logical (already transposed) shape instead; accept it and say so.
+    a_k = a[0] if ta else a[1]
+    if (a[1] if ta else a[0]) != m:
+        if ta and a[0] == m:
+            a, a_k = (a[1], a[0]), a[1]
+            warnings.append(f"arg0_shape {list((a[1], a[0]))} is the logical shape; stored as {list(a)} "
+                            "for transpose_A")
+        else:
+            raise _fail("parameters.arg0_shape", f"{list(a)} does not give M={m} of out_shape {list(out)}")
+    b_k, b_n = (b[1], b[0]) if tb else (b[0], b[1])
+    if (b_k, b_n) != (a_k, n):
+        logical = (b[0], b[1]) if tb else (b[1], b[0])
+        if tb and logical == (a_k, n):
+            b = (n, a_k)
+            warnings.append(f"arg1_shape {list(logical)} is the logical [K, N] shape; stored as {list(b)} "
+                            "for transpose_B")
+        else:
+            raise _fail("parameters.arg1_shape",
+                        f"{list(b)} does not match K={a_k}, N={n} (transpose_B={str(tb).lower()})")
+    return OpSignature("Dot", (a, b), (out,), DotParams(ta, tb), dtype)
+
+
+def _elementwise(op_type: str, params: dict[str, Any], dtype: str) -> OpSignature:
+    arity = ELEMENTWISE_ARITY[op_type]
+    out = _shape(params, "output_shape")
+    if "input_shapes" in params:
+        raw = params["input_shapes"]
+        if not isinstance(raw, list) or len(raw) != arity:
+            raise _fail("parameters.input_shapes", f"{op_type} takes {arity} input(s)")
+        inputs = tuple(_shape({"input_shapes": s}, "input_shapes") for s in raw)
+    elif arity == 1:
+        inputs = (_shape(params, "input_shape"),)
+    else:
+        raise _fail("parameters.input_shapes", f"missing: {op_type} takes {arity} inputs")
+    for i, s in enumerate(inputs):
+        if s != out:
+            raise _fail("parameters.output_shape",
+                        f"{list(out)} differs from input {i} {list(s)} (element-wise ops do not broadcast)")
+    return OpSignature(op_type, inputs, (out,), None, dtype)
+
+
+def iter_json_files(paths: list[Path]) -> Iterator[Path]:
+    """Files named directly, and *.json under directories (sorted; symlinked dirs not followed)."""
+    for path in paths:
+        if path.is_dir():
+            for sub in sorted(path.rglob("*.json")):
+                if sub.is_file():
+                    yield sub
+        else:
+            yield path

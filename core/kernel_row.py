@@ -1,0 +1,182 @@
+"""A validated kernel + its parsed CUDA -> the nine columns of NNFusion's KernelCache row.
+
+Column contents follow what NNFusion's own import tool writes (see NNFUSION-KERNEL-DB.md), with two
+deliberate differences: Key is a digest of (identifier, launch dims, body) so kernels that share a
+body but not a grid no longer overwrite each other, and Miscs carries no time until one is measured
+on a GPU (the compiler then treats the row as unprofiled; nothing is made up).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from core.cuda.barriers import BarrierCount
+from core.cuda.source import KernelSource, Param
+from core.errors import InputError
+from core.kernel_json import KernelSpec
+from core.ops import DEVICE_TYPE, EXTERNAL_SOURCE, parameter_order, tags_for
+from core.opsig import DotParams
+
+COLUMNS = ("Key", "Identifier", "OpType", "Attributes", "Source", "DeviceType", "Function", "Tags", "Miscs")
+
+
+@dataclass(frozen=True, slots=True)
+class KernelRow:
+    """One KernelCache row, every column a non-NULL string (JSON columns valid JSON)."""
+
+    key: str
+    identifier: str
+    op_type: str
+    attributes: str
+    source: str
+    device_type: str
+    function: str
+    tags: str
+    miscs: str
+
+    def values(self) -> tuple[str, ...]:
+        return (self.key, self.identifier, self.op_type, self.attributes, self.source, self.device_type,
+                self.function, self.tags, self.miscs)
+
+    @classmethod
+    def from_values(cls, values: tuple[Any, ...]) -> KernelRow:
+        return cls(*(v if isinstance(v, str) else "" for v in values))
+
+
+def kernel_key(identifier: str, grid: tuple[int, ...], block: tuple[int, ...], body: str) -> str:
+    """Same key <=> same kernel: identifier, launch dims and body all equal."""
+    h = hashlib.sha256()
+    for part in (identifier, repr(tuple(grid)), repr(tuple(block)), body):
+        h.update(part.encode("utf-8", "surrogatepass"))
+        h.update(b"\0")
+    return "kdb:" + h.hexdigest()
+
+
+def map_parameters(op_type: str, params: tuple[Param, ...], dtype: str) -> list[str]:
+    """The canonical tensor name (input0.., output0..) for each of the kernel's parameters.
+
+    Parameters already named canonically keep their names (TVM writes `input0, input1, compute,
+    input2` for conv+add+relu); the others take the op type's positional convention.
+    """
+    order = parameter_order(op_type).kernel_order
+    if len(params) != len(order):
+        raise InputError(
+            f"kernel has {len(params)} parameters, {op_type} needs {len(order)} "
+            f"({', '.join(order)} in NNFusion's order)",
+            where="code",
+        )
+    for p in params:
+        if p.pointer_depth != 1 or p.base_type != dtype:
+            raise InputError(
+                f"parameter {p.name!r} is {p.text!r}; every tensor of a {dtype} kernel is passed as {dtype}*",
+                where="code",
+            )
+    canonical_names = set(order)
+    named = [p.name for p in params if p.name in canonical_names]
+    if len(set(named)) != len(named):
+        raise InputError("two parameters share a canonical name", where="code")
+    if len(named) == len(params):
+        return [p.name for p in params]  # all canonical: trust the names
+    taken = set(named)
+    mapped = []
+    for p, conventional in zip(params, order, strict=True):
+        if p.name in canonical_names:
+            if p.name != conventional:
+                raise InputError(
+                    f"parameter {p.name!r} sits where {op_type}'s convention puts {conventional} "
+                    f"({', '.join(order)}); rename it or reorder the parameters",
+                    where="code",
+                )
+            mapped.append(p.name)
+        else:
+            if conventional in taken:
+                raise InputError(f"parameter {p.name!r} would map to {conventional}, already used", where="code")
+            mapped.append(conventional)
+    return mapped
+
+
+def build_row(
+    spec: KernelSpec,
+    src: KernelSource,
+    barriers: BarrierCount,
+    *,
+    extra_miscs: dict[str, Any] | None = None,
+) -> KernelRow:
+    """The row NNFusion will read for this kernel. InputError if the kernel cannot be stored."""
+    if barriers.count is None:
+        raise InputError(barriers.reason, where="code")
+    if src.launch_bounds is not None and spec.threads_per_block > src.launch_bounds:
+        raise InputError(
+            f"blockDim has {spec.threads_per_block} threads but the kernel declares "
+            f"__launch_bounds__({src.launch_bounds})",
+            where="blockDim",
+        )
+    dtype = spec.op.dtype
+    canonical = map_parameters(spec.op.op_type, src.params, dtype)
+    inputs = sorted(n for n in canonical if n.startswith("input"))
+    outputs = sorted(n for n in canonical if n.startswith("output"))
+    signature = 'extern "C" __global__  void (' + ", ".join(f"{dtype}* {n}" for n in inputs + outputs) + ")"
+    aliases = [
+        f"{'const ' if p.is_const else ''}{p.base_type}* {p.name} = {name};"
+        for p, name in zip(src.params, canonical, strict=True)
+        if p.name != name
+    ]
+    prefix = "\n".join(aliases) + "\n" if aliases else ""
+    shared_aliases = "".join(d.alias + "\n" for d in src.shared if d.alias)
+    function_body = prefix + src.body
+    function = {
+        "function_signature": signature,
+        "function_body": function_body,
+        "grid_dim": list(spec.grid),
+        "block_dim": list(spec.block),
+        "block_function_body": prefix + shared_aliases + src.body_without_shared(),
+        "shared_memory": {
+            "symbol": [d.symbol for d in src.shared],
+            "dtype": [d.dtype for d in src.shared],
+            "size": [d.size for d in src.shared],
+        },
+        "num_syncthreads": barriers.count,
+    }
+    identifier = spec.op.identifier
+    p = spec.op.params
+    tags = tags_for(spec.op.op_type, *(p.transpose_a, p.transpose_b) if isinstance(p, DotParams) else ())
+    miscs: dict[str, Any] = {"external_profile": {"time": "", "resource": spec.resource}}
+    kdb: dict[str, Any] = {"name": spec.name}
+    notes = list(spec.warnings) + list(src.notes)
+    if notes:
+        kdb["notes"] = notes
+    if extra_miscs:
+        kdb.update(extra_miscs)
+    miscs["kdb"] = kdb
+    return KernelRow(
+        key=kernel_key(identifier, spec.grid, spec.block, function_body),
+        identifier=identifier,
+        op_type=spec.op.op_type,
+        attributes=_dumps(spec.op.attributes()),
+        source=EXTERNAL_SOURCE,
+        device_type=DEVICE_TYPE,
+        function=_dumps(function),
+        tags=tags,
+        miscs=_dumps(miscs),
+    )
+
+
+def _dumps(value: Any) -> str:
+    # allow_nan=False: NaN/Infinity are not JSON and nlohmann::json would throw on them.
+    return json.dumps(value, ensure_ascii=False, allow_nan=False)
+
+
+def shared_bytes(function: dict[str, Any]) -> int | None:
+    """Static shared memory a row's kernel declares, in bytes (None if a dtype is unknown)."""
+    sizes = {"float": 4, "float2": 8, "float4": 16, "half": 2, "half2": 4, "double": 8, "int": 4,
+             "unsigned int": 4, "char": 1, "signed char": 1, "unsigned char": 1, "int4": 16, "int2": 8,
+             "short": 2, "long": 8, "long long": 8, "uint": 4, "int8_t": 1, "uint8_t": 1, "int32_t": 4,
+             "uint32_t": 4, "int64_t": 8, "uint64_t": 8, "__half": 2, "__half2": 4, "bool": 1}
+    sm = function.get("shared_memory") or {}
+    try:
+        return sum(sizes[t] * int(n) for t, n in zip(sm.get("dtype", []), sm.get("size", []), strict=True))
+    except (KeyError, TypeError, ValueError):
+        return None

@@ -1,0 +1,148 @@
+"""Compile checks with nvcc: does the row NNFusion will emit build for this SM arch, and at what cost?
+
+The translation unit is rebuilt from the row itself (signature + function_body, and the block form
+with its shared arrays re-declared from the shared_memory table), so a mistake in renaming or hoisting
+shows up here rather than inside the compiler. nvcc runs from an argv list in its own process group;
+on timeout the whole group is killed.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from core.errors import ToolError
+
+MAX_LOG_CHARS = 20_000
+_ERROR_LINE = re.compile(r"kernel\.cu\((\d+)\): (?:error|catastrophic error)[^:]*: ?(.*)")
+_PTXAS_ENTRY = re.compile(r"Compiling entry function '(\w+)' for '(\w+)'")
+_PTXAS_USED = re.compile(r"Used (\d+) registers(?:, used \d+ barriers)?(?:, (\d+) bytes smem)?")
+_PTXAS_SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+
+
+@dataclass
+class KernelResources:
+    registers: int | None = None
+    shared_bytes: int | None = None
+    stack_bytes: int | None = None
+    spill_stores: int | None = None
+    spill_loads: int | None = None
+
+
+@dataclass
+class CompileResult:
+    arch: str
+    ok: bool
+    seconds: float = 0.0
+    error: str = ""
+    error_line: int | None = None  # line in `source`
+    log: str = ""
+    source: str = ""
+    kernels: dict[str, KernelResources] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        """What goes into the row's Miscs: resources of the standalone kernel and the block form."""
+        return {name: {k: v for k, v in asdict(res).items() if v is not None} for name, res in self.kernels.items()}
+
+
+def find_nvcc(configured: str = "") -> str:
+    if configured:
+        if not Path(configured).is_file():
+            raise ToolError(f"nvcc not found at {configured}")
+        return configured
+    found = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").is_file()
+                                     else None)
+    if not found:
+        raise ToolError("nvcc not found (set nvcc_path in the GPU & SM settings, or put nvcc on PATH)")
+    return found
+
+
+@functools.lru_cache(maxsize=8)
+def supported_archs(nvcc: str) -> tuple[str, ...]:
+    """The sm_XX this nvcc can build for (`nvcc --list-gpu-arch`)."""
+    try:
+        out = subprocess.run([nvcc, "--list-gpu-arch"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ToolError(f"cannot run {nvcc} --list-gpu-arch: {exc}") from exc
+    archs = sorted({"sm_" + a.split("_", 1)[1] for a in out.stdout.split() if a.startswith("compute_")},
+                   key=lambda a: int(re.sub(r"\D", "", a)))
+    if not archs:
+        raise ToolError(f"{nvcc} --list-gpu-arch listed no architectures")
+    return tuple(archs)
+
+
+def translation_unit(function: dict[str, Any]) -> str:
+    """The source nvcc checks: the row's kernel as NNFusion emits it, standalone and in block form."""
+    sig = str(function["function_signature"])
+    head = "#include <cuda_fp16.h>\n" if "half" in sig else ""
+    standalone = sig.replace("void (", "void kdb_kernel(", 1)
+    block = sig.replace("void (", "void kdb_block_kernel(", 1)
+    sm = function.get("shared_memory") or {}
+    decls = "".join(f"__shared__ {t} {s}[{n}];\n"
+                    for s, t, n in zip(sm.get("symbol", []), sm.get("dtype", []), sm.get("size", []), strict=False))
+    return (f"{head}{standalone}\n{{\n{function['function_body']}\n}}\n\n"
+            f"{block}\n{{\n{decls}{function['block_function_body']}\n}}\n")
+
+
+def compile_check(function: dict[str, Any], arch: str, *, nvcc: str, flags: list[str], timeout_s: float,
+                  workdir: Path) -> CompileResult:
+    """Compile the row's kernel for one arch; never raises for a bad kernel (see CompileResult.ok)."""
+    import time
+
+    source = translation_unit(function)
+    workdir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="nvcc-", dir=workdir) as tmp:
+        src = Path(tmp) / "kernel.cu"
+        src.write_text(source, encoding="utf-8")
+        argv = [nvcc, "-cubin", f"-arch={arch}", "-Xptxas", "-v", *flags, "-o", str(Path(tmp) / "kernel.cubin"),
+                str(src)]
+        start = time.perf_counter()
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp,
+                                start_new_session=True, env={**os.environ, "TMPDIR": tmp})
+        try:
+            out, _ = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            return CompileResult(arch, False, time.perf_counter() - start,
+                                 error=f"nvcc timed out after {timeout_s:g} s (killed)", source=source)
+        elapsed = time.perf_counter() - start
+    log = out[-MAX_LOG_CHARS:]
+    if proc.returncode != 0:
+        m = _ERROR_LINE.search(out)
+        error = m.group(2).strip() if m else (out.strip().splitlines() or ["nvcc failed"])[-1]
+        return CompileResult(arch, False, elapsed, error=f"nvcc ({arch}): {error}",
+                             error_line=int(m.group(1)) if m else None, log=log, source=source)
+    return CompileResult(arch, True, elapsed, log=log, source=source, kernels=_resources(out))
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.communicate(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _resources(ptxas: str) -> dict[str, KernelResources]:
+    out: dict[str, KernelResources] = {}
+    current: KernelResources | None = None
+    for line in ptxas.splitlines():
+        if m := _PTXAS_ENTRY.search(line):
+            current = out.setdefault(m.group(1), KernelResources())
+        elif current is not None and (m := _PTXAS_SPILL.search(line)):
+            current.stack_bytes, current.spill_stores, current.spill_loads = (int(g) for g in m.groups())
+        elif current is not None and (m := _PTXAS_USED.search(line)):
+            current.registers = int(m.group(1))
+            current.shared_bytes = int(m.group(2) or 0)
+    return out

@@ -1,0 +1,86 @@
+"""What NNFusion's compiler accepts in its kernel DB: op types, their tensors and parameter orders."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# NNFusion's CUDA element-op map (cuda_common_ops.hpp), with each op's number of inputs.
+ELEMENTWISE_ARITY: dict[str, int] = {
+    **dict.fromkeys(
+        [
+            "Abs", "Acos", "Asin", "Atan", "Ceiling", "Cos", "Cosh", "Erf", "Exp", "Floor", "Log",
+            "Sin", "Sinh", "Sqrt", "Rsqrt", "Square", "Tan", "Tanh", "Sign", "Convert", "Gelu",
+            "Relu", "Relu6", "Not", "Negative", "Sigmoid", "Nop",
+        ],
+        1,
+    ),
+    **dict.fromkeys(
+        [
+            "Max", "Min", "Power", "PowerBackwardBase", "PowerBackwardExponent", "Subtract",
+            "Divide", "DivNoNan", "Equal", "NotEqual", "Greater", "GreaterEq", "Less", "LessEq",
+            "ReluBackprop", "Relu6Backprop", "And", "Or", "Add", "Multiply", "Minimum", "Maximum",
+            "SigmoidBackprop",
+        ],
+        2,
+    ),
+    "Select": 3,
+}  # fmt: skip
+
+CONV_FAMILY = ("Convolution", "Fused_Convolution_Relu", "Fused_Convolution_Add_Relu")
+POOLS = ("AvgPool", "MaxPool")
+
+# The compiler's SupportOpList: a row of any other OpType poisons every fetch of its identifier.
+SUPPORTED_OP_TYPES: frozenset[str] = frozenset(
+    [*ELEMENTWISE_ARITY, "Dot", *CONV_FAMILY, *POOLS, "Matched_Pattern"]
+)
+
+# Op types the injection pipeline can turn into rows (Matched_Pattern has no kernel-JSON form).
+INJECTABLE_OP_TYPES: tuple[str, ...] = (*CONV_FAMILY, "Dot", *POOLS, *ELEMENTWISE_ARITY)
+
+# C type names the compiler writes into identifiers (element_type.c_type_string()).
+DTYPES = ("float", "half", "double")
+
+DEVICE_TYPE = "CUDA_GPU"
+EXTERNAL_SOURCE = "External"
+BASE_TAGS = ("KernelEmitter", "CudaEmitter", "BlockCudaEmitter")
+
+
+@dataclass(frozen=True, slots=True)
+class ParameterOrder:
+    """Where each tensor sits in a kernel's own parameter list, by NNFusion's convention.
+
+    `kernel_order` names the canonical tensor at each position of the kernel's signature
+    (TVM puts the fused conv+add bias after the output); the stored signature always lists
+    inputs first, then outputs.
+    """
+
+    kernel_order: tuple[str, ...]
+
+    @property
+    def canonical(self) -> tuple[str, ...]:
+        inputs = sorted(n for n in self.kernel_order if n.startswith("input"))
+        outputs = sorted(n for n in self.kernel_order if n.startswith("output"))
+        return (*inputs, *outputs)
+
+
+def parameter_order(op_type: str) -> ParameterOrder:
+    if op_type == "Fused_Convolution_Add_Relu":
+        return ParameterOrder(("input0", "input1", "output0", "input2"))
+    if op_type in CONV_FAMILY or op_type == "Dot":
+        return ParameterOrder(("input0", "input1", "output0"))
+    if op_type in POOLS:
+        return ParameterOrder(("input0", "output0"))
+    if op_type in ELEMENTWISE_ARITY:
+        n = ELEMENTWISE_ARITY[op_type]
+        return ParameterOrder((*(f"input{i}" for i in range(n)), "output0"))
+    raise ValueError(f"no parameter convention for op type {op_type!r}")
+
+
+def tags_for(op_type: str, transpose_a: bool = False, transpose_b: bool = False) -> str:
+    tags = list(BASE_TAGS)
+    if op_type == "Dot":
+        if transpose_a:
+            tags.append("transA")
+        if transpose_b:
+            tags.append("transB")
+    return ",".join(tags)

@@ -1,0 +1,192 @@
+"""An op's signature (type, tensor shapes, dtype, parameters) and the identifier NNFusion builds from it.
+
+The identifier is what the compiler looks a kernel up by; it must be byte-for-byte what the compiler
+generates for the node, or the row is never fetched. Rules (from NNFusION-KERNEL-DB.md):
+
+    base        = OpType + in shapes (dims ',' tensors ';') + ';' + out shapes + one C type per tensor
+    Convolution = base + Strides{s..}Strides{d..}CoordinateDiff{pad below..}
+    Pools       = base + Shape{window}Strides{stride}Shape{pad below}Shape{pad above}
+    Fused conv  = Convolution identifier (data, filter) + Add<out;out;out> and/or Relu<out;out> members
+    Dot, element-wise = base (Dot transposes travel in Tags)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from core.errors import InputError
+from core.ops import CONV_FAMILY, DTYPES, ELEMENTWISE_ARITY, POOLS, SUPPORTED_OP_TYPES
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ConvParams:
+    strides: Shape
+    dilations: Shape
+    pad_below: Shape
+    pad_above: Shape | None = None  # not part of the identifier; kept when known
+
+
+@dataclass(frozen=True, slots=True)
+class PoolParams:
+    window: Shape
+    strides: Shape
+    pad_below: Shape
+    pad_above: Shape
+
+
+@dataclass(frozen=True, slots=True)
+class DotParams:
+    transpose_a: bool = False
+    transpose_b: bool = False
+
+
+Params = ConvParams | PoolParams | DotParams | None
+
+
+@dataclass(frozen=True, slots=True)
+class OpSignature:
+    """One op instance as the compiler sees it: enough to build its identifier and Attributes."""
+
+    op_type: str
+    inputs: tuple[Shape, ...]
+    outputs: tuple[Shape, ...]
+    params: Params = None
+    dtype: str = "float"
+
+    @property
+    def identifier(self) -> str:
+        return build_identifier(self)
+
+    def attributes(self) -> dict[str, Any]:
+        """The Attributes column, in the layout NNFusion's own import tool writes."""
+        attrs: dict[str, Any] = {
+            "input_shape": [list(s) for s in self.inputs],
+            "output_shape": [list(s) for s in self.outputs],
+        }
+        p = self.params
+        if isinstance(p, ConvParams):
+            attrs["parameters"] = {
+                "window_movement_strides": list(p.strides),
+                "window_dilation_strides": list(p.dilations),
+                "padding_below_diff": list(p.pad_below),
+            }
+        elif isinstance(p, PoolParams):
+            attrs["parameters"] = {
+                "window_shape": list(p.window),
+                "window_stride": list(p.strides),
+                "padding_below": list(p.pad_below),
+                "padding_above": list(p.pad_above),
+            }
+        elif isinstance(p, DotParams):
+            attrs["parameters"] = {"transpose_A": p.transpose_a, "transpose_B": p.transpose_b}
+        if self.dtype != "float":
+            attrs["dtype"] = self.dtype
+        return attrs
+
+
+def _shapes(shapes: Sequence[Sequence[int]]) -> str:
+    return ";".join(",".join(str(d) for d in s) for s in shapes)
+
+
+def _braced(kind: str, values: Sequence[int]) -> str:
+    return kind + "{" + ", ".join(str(v) for v in values) + "}"
+
+
+def _base(op: str, inputs: Sequence[Shape], outputs: Sequence[Shape], dtype: str) -> str:
+    return op + _shapes(inputs) + ";" + _shapes(outputs) + dtype * (len(inputs) + len(outputs))
+
+
+def build_identifier(sig: OpSignature) -> str:
+    op, p, dt = sig.op_type, sig.params, sig.dtype
+    if op in CONV_FAMILY:
+        assert isinstance(p, ConvParams)
+        data, filt = sig.inputs[0], sig.inputs[1]
+        out = sig.outputs[0]
+        ident = (
+            _base("Convolution", (data, filt), (out,), dt)
+            + _braced("Strides", p.strides)
+            + _braced("Strides", p.dilations)
+            + _braced("CoordinateDiff", p.pad_below)
+        )
+        if op == "Fused_Convolution_Add_Relu":
+            ident += _base("Add", (out, out), (out,), dt)
+        if op in ("Fused_Convolution_Relu", "Fused_Convolution_Add_Relu"):
+            ident += _base("Relu", (out,), (out,), dt)
+        return ident
+    if op in POOLS:
+        assert isinstance(p, PoolParams)
+        return (
+            _base(op, sig.inputs, sig.outputs, dt)
+            + _braced("Shape", p.window)
+            + _braced("Strides", p.strides)
+            + _braced("Shape", p.pad_below)
+            + _braced("Shape", p.pad_above)
+        )
+    return _base(op, sig.inputs, sig.outputs, dt)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading a signature back from a row's Attributes (for lint: does the Identifier match?)
+
+
+def _shape_list(value: Any, field: str) -> tuple[Shape, ...]:
+    if not isinstance(value, list) or not all(
+        isinstance(s, list) and all(isinstance(d, int) and not isinstance(d, bool) for d in s)
+        for s in value
+    ):
+        raise InputError(f"{field} must be a list of integer lists", where="Attributes")
+    return tuple(tuple(s) for s in value)
+
+
+def _int_tuple(params: dict[str, Any], key: str) -> Shape:
+    v = params.get(key)
+    if not isinstance(v, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in v):
+        raise InputError(f"parameters.{key} must be a list of integers", where="Attributes")
+    return tuple(v)
+
+
+def signature_from_attributes(op_type: str, attrs: Any) -> OpSignature:
+    """Rebuild the OpSignature an Attributes column describes; InputError when it cannot."""
+    if op_type not in SUPPORTED_OP_TYPES:
+        raise InputError(f"op type {op_type!r} is not supported by the compiler", where="OpType")
+    if not isinstance(attrs, dict):
+        raise InputError("Attributes is not a JSON object", where="Attributes")
+    inputs = _shape_list(attrs.get("input_shape"), "input_shape")
+    outputs = _shape_list(attrs.get("output_shape"), "output_shape")
+    dtype = attrs.get("dtype", "float")
+    if dtype not in DTYPES:
+        raise InputError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}", where="Attributes")
+    raw = attrs.get("parameters") or {}
+    if not isinstance(raw, dict):
+        raise InputError("parameters is not a JSON object", where="Attributes")
+    params: Params = None
+    if op_type in CONV_FAMILY:
+        params = ConvParams(
+            _int_tuple(raw, "window_movement_strides"),
+            _int_tuple(raw, "window_dilation_strides"),
+            _int_tuple(raw, "padding_below_diff"),
+        )
+        want = 3 if op_type == "Fused_Convolution_Add_Relu" else 2
+        if len(inputs) < 2 or len(inputs) > want or len(outputs) != 1:
+            raise InputError(
+                f"{op_type} needs {want} input shapes and 1 output shape", where="Attributes"
+            )
+    elif op_type in POOLS:
+        params = PoolParams(
+            _int_tuple(raw, "window_shape"),
+            _int_tuple(raw, "window_stride"),
+            _int_tuple(raw, "padding_below"),
+            _int_tuple(raw, "padding_above"),
+        )
+    elif op_type == "Dot":
+        params = DotParams(bool(raw.get("transpose_A", False)), bool(raw.get("transpose_B", False)))
+    elif op_type in ELEMENTWISE_ARITY and len(inputs) != ELEMENTWISE_ARITY[op_type]:
+        raise InputError(
+            f"{op_type} takes {ELEMENTWISE_ARITY[op_type]} input(s), Attributes list {len(inputs)}",
+            where="Attributes",
+        )
+    return OpSignature(op_type, inputs, outputs, params, dtype)

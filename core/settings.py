@@ -1,0 +1,106 @@
+"""Settings shared by the console and the CLI, stored as TOML in the user config dir.
+
+`KDB_CONFIG` names another file (tests, CI). Unknown keys are ignored with a note; bad values are
+refused with the key and the reason, never silently replaced.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from core.errors import InputError
+
+ARCH_RE = re.compile(r"sm_\d{2,3}[a-z]?")
+
+
+@dataclass
+class Settings:
+    # Target SM architectures for compile checks (and codegen); the first is the primary one.
+    archs: list[str] = field(default_factory=lambda: ["sm_90"])
+    # Device name written into profile strings; must equal NNFusion's -fproduct_name.
+    # Empty: the detected CUDA device's name.
+    product_name: str = ""
+    nvcc_path: str = ""  # empty: nvcc on PATH, else /usr/local/cuda/bin/nvcc
+    nvcc_flags: list[str] = field(default_factory=list)
+    nvcc_timeout_s: float = 120.0
+    gpu_timeout_s: float = 60.0  # per GPU job (verify/time one kernel) in its child process
+    workers: int = 0  # parallel workers for injection; 0 = one per core
+    tune_trials: int = 64
+    tune_builder_timeout_s: float = 120.0  # MetaSchedule's default 30 s kills big nvcc builds
+    rpc_tracker: str = ""  # HOST:PORT for distributed measurement; empty = local
+    rpc_key: str = "kdb"
+
+    def validate(self) -> None:
+        if not self.archs:
+            raise InputError("at least one SM arch is needed", where="archs")
+        for arch in self.archs:
+            if not isinstance(arch, str) or not ARCH_RE.fullmatch(arch):
+                raise InputError(f"{arch!r} is not an SM arch like sm_90", where="archs")
+        if any(c in self.product_name for c in ":;"):
+            raise InputError("must not contain ':' or ';' (they delimit NNFusion's profile string)",
+                             where="product_name")
+        for name in ("nvcc_timeout_s", "gpu_timeout_s", "tune_builder_timeout_s"):
+            if not 0 < float(getattr(self, name)) <= 86400:
+                raise InputError("must be between 0 and 86400 seconds", where=name)
+        if not 0 <= self.workers <= 256:
+            raise InputError("must be between 0 and 256", where="workers")
+        if not 1 <= self.tune_trials <= 100000:
+            raise InputError("must be between 1 and 100000", where="tune_trials")
+        if self.rpc_tracker and not re.fullmatch(r"[\w.\-]+:\d{1,5}", self.rpc_tracker):
+            raise InputError("must be HOST:PORT", where="rpc_tracker")
+
+    def effective_workers(self) -> int:
+        return self.workers or max(1, os.cpu_count() or 1)
+
+
+def settings_path() -> Path:
+    env = os.environ.get("KDB_CONFIG")
+    if env:
+        return Path(env).expanduser()
+    from platformdirs import user_config_dir
+
+    return Path(user_config_dir("kdb", appauthor=False)) / "settings.toml"
+
+
+def load_settings(path: Path | None = None) -> Settings:
+    path = path or settings_path()
+    settings = Settings()
+    if not path.exists():
+        return settings
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise InputError(f"cannot read settings: {exc}", where=str(path)) from exc
+    known = {f.name: f for f in fields(Settings)}
+    for key, value in data.items():
+        if key not in known:
+            continue
+        default = getattr(settings, key)
+        if isinstance(default, bool) or not isinstance(value, type(default)) and not (
+            isinstance(default, float) and isinstance(value, int)
+        ):
+            raise InputError(f"{key} must be a {type(default).__name__}", where=str(path))
+        setattr(settings, key, float(value) if isinstance(default, float) else value)
+    settings.validate()
+    return settings
+
+
+def save_settings(settings: Settings, path: Path | None = None) -> Path:
+    import tomli_w
+
+    settings.validate()
+    path = path or settings_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".toml.tmp")
+    tmp.write_text(tomli_w.dumps(asdict(settings)), encoding="utf-8")
+    os.replace(tmp, path)  # atomic: a crash leaves the old file or the new one
+    return path
+
+
+def settings_dict(settings: Settings) -> dict[str, Any]:
+    return asdict(settings)
