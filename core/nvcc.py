@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,8 +93,8 @@ def translation_unit(function: dict[str, Any]) -> str:
             f"{block}\n{{\n{decls}{function['block_function_body']}\n}}\n")
 
 
-def compile_check(function: dict[str, Any], arch: str, *, nvcc: str, flags: list[str], timeout_s: float,
-                  workdir: Path) -> CompileResult:
+def compile_check(function: dict[str, Any], arch: str, *, nvcc: str, flags: list[str] | tuple[str, ...],
+                  timeout_s: float, workdir: Path, cancel: threading.Event | None = None) -> CompileResult:
     """Compile the row's kernel for one arch; never raises for a bad kernel (see CompileResult.ok)."""
     import time
 
@@ -107,12 +108,17 @@ def compile_check(function: dict[str, Any], arch: str, *, nvcc: str, flags: list
         start = time.perf_counter()
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp,
                                 start_new_session=True, env={**os.environ, "TMPDIR": tmp})
-        try:
-            out, _ = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            return CompileResult(arch, False, time.perf_counter() - start,
-                                 error=f"nvcc timed out after {timeout_s:g} s (killed)", source=source)
+        out = ""
+        while True:  # poll so that a cancel or the timeout kills nvcc's whole process group promptly
+            try:
+                out, _ = proc.communicate(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                elapsed = time.perf_counter() - start
+                if elapsed > timeout_s or (cancel is not None and cancel.is_set()):
+                    _kill_group(proc)
+                    why = "cancelled" if elapsed <= timeout_s else f"nvcc timed out after {timeout_s:g} s"
+                    return CompileResult(arch, False, elapsed, error=f"{why} (killed)", source=source)
         elapsed = time.perf_counter() - start
     log = out[-MAX_LOG_CHARS:]
     if proc.returncode != 0:

@@ -1,0 +1,70 @@
+"""kdb db init | check | convert | backup."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import Counter
+from pathlib import Path
+
+from console.cli.output import out, print_json
+from core.convert import convert_db
+from core.db.kernel_db import NNFUSION_DDL, KernelDB, Schema
+from core.db.state import state_dir
+from core.lint import lint_rows
+
+
+def main(args: argparse.Namespace) -> int:
+    return {"init": _init, "check": _check, "convert": _convert, "backup": _backup}[args.db_command](args)
+
+
+def _init(args: argparse.Namespace) -> int:
+    with KernelDB.open(args.db, create=True) as db:
+        out.print(f"{db.path}: KernelCache ready ({db.schema.value} schema)")
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    with KernelDB.open(args.db) as db:
+        integrity = db.integrity_check()
+        tables = db.tables()
+        result = {"db": str(db.path), "schema": db.schema.value, "integrity": integrity, "tables": tables}
+        findings = list(lint_rows(db.iter_raw())) if db.schema is Schema.CURRENT else []
+        result["rows"] = db.count() if db.schema is Schema.CURRENT else None
+    result["lint"] = dict(Counter(f.severity for f in findings))
+    extra = [t for t in tables if t != "KernelCache"]
+    ok = integrity == ["ok"] and not any(f.severity != "warning" for f in findings)
+    if args.json:
+        print_json({**result, "ok": ok, "other_tables": extra})
+    else:
+        out.print(f"{result['db']}: schema {result['schema']}, {result['rows']} rows, integrity "
+                  f"{'ok' if integrity == ['ok'] else '; '.join(integrity[:5])}")
+        if extra:
+            out.print(f"[yellow]other tables in the NNFusion file: {', '.join(extra)}[/]")
+        out.print(f"lint: {result['lint'] or 'no findings'} (`kdb lint` lists them)")
+        if db.schema is Schema.OSDI20:
+            out.print("older osdi20 schema: read-only here; `kdb db convert OLD NEW` rewrites it")
+    return 0 if ok else 1
+
+
+def _convert(args: argparse.Namespace) -> int:
+    report = convert_db(Path(args.old).expanduser(), Path(args.new).expanduser())
+    if args.json:
+        print_json({"converted": report.converted, "failed": report.failed, "dest": report.dest})
+    else:
+        out.print(f"{report.converted} rows converted into {report.dest}; {len(report.failed)} could not be")
+        for f in report.failed:
+            out.print(f"  row {f['rowid']}: {f['reason']}")
+    return 1 if report.failed else 0
+
+
+def _backup(args: argparse.Namespace) -> int:
+    with KernelDB.open(args.db) as db:
+        dest = Path(args.dest).expanduser() if args.dest else (
+            state_dir() / "backups" / f"{db.path.stem}-{time.strftime('%Y%m%d-%H%M%S')}.db")
+        db.backup(dest)
+    out.print(f"backup written: {dest}")
+    return 0
+
+
+__all__ = ["NNFUSION_DDL"]

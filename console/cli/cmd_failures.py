@@ -1,0 +1,63 @@
+"""kdb failures: every failed conversion (file, item, kernel, stage, reason); retry or dismiss them."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from console.cli.output import out, print_json, shorten
+from core.db.kernel_db import KernelDB, default_db_path
+from core.db.state import StateDB
+from core.errors import KdbError
+from core.inject import InjectOptions
+from core.retry import retry_failures
+from core.settings import load_settings
+
+
+def main(args: argparse.Namespace) -> int:
+    db_path = Path(args.db).expanduser() if args.db else default_db_path()
+    state = StateDB()
+    try:
+        open_failures = state.failures(db_path)
+        if args.action == "list":
+            if args.json:
+                print_json({"db": str(db_path), "failures": [
+                    {"id": f.id, **f.as_report(), "created_at": f.created_at} for f in open_failures]})
+            else:
+                _print(open_failures, db_path)
+            return 1 if open_failures else 0
+        ids = [f.id for f in open_failures if f.id is not None] if args.all else args.ids
+        if not ids:
+            raise KdbError("name failure IDs, or --all")
+        if args.action == "dismiss":
+            state.close_failures(ids, resolved=False)
+            out.print(f"dismissed {len(ids)} failure(s)")
+            return 0
+        settings = load_settings()
+        options = InjectOptions(archs=tuple(settings.archs), nvcc=settings.nvcc_path,
+                                nvcc_flags=tuple(settings.nvcc_flags), nvcc_timeout_s=settings.nvcc_timeout_s,
+                                workers=settings.effective_workers())
+        with KernelDB.open(db_path, create=True) as db:
+            report = retry_failures(ids, db, options, state)
+        if args.json:
+            print_json(report.as_json())
+        else:
+            out.print(f"retried: {report.injected} injected, {report.unchanged} unchanged, {report.failed} failed")
+        return 1 if report.failed else 0
+    finally:
+        state.close()
+
+
+def _print(failures: list, db_path: Path) -> None:  # type: ignore[type-arg]
+    from rich.table import Table
+
+    if not failures:
+        out.print(f"[green]no open failures for {db_path}[/]")
+        return
+    table = Table(caption=f"{len(failures)} open failures for {db_path}", caption_justify="left")
+    for col in ("id", "file", "item", "kernel", "stage", "reason"):
+        table.add_column(col, overflow="fold")
+    for f in failures:
+        table.add_row(str(f.id), shorten(Path(f.file).name, 40), "-" if f.item_index is None else str(f.item_index),
+                      shorten(f.name, 40), f.stage, f.reason)
+    out.print(table)

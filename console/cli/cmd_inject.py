@@ -1,0 +1,124 @@
+"""kdb inject: kernel JSON files -> the kernel DB, with progress and every failure reported."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import time
+from pathlib import Path
+from types import FrameType
+
+from console.cli.output import err, log, out, print_json, shorten
+from core.db.kernel_db import KernelDB
+from core.db.state import StateDB, state_dir
+from core.errors import KdbError
+from core.inject import STAGES, InjectOptions, InjectProgress, InjectReport, Injector
+from core.nvcc import find_nvcc, supported_archs
+from core.settings import load_settings
+
+
+def main(args: argparse.Namespace) -> int:
+    settings = load_settings()
+    archs = tuple(args.arch or settings.archs)
+    compile_check = not args.no_compile
+    if compile_check:
+        nvcc = find_nvcc(settings.nvcc_path)
+        known = supported_archs(nvcc)
+        bad = [a for a in archs if a not in known]
+        if bad:
+            raise KdbError(f"{', '.join(bad)} not supported by {nvcc} (it builds for {', '.join(known)})")
+    paths = [Path(p) for p in args.paths]
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        raise KdbError(f"no such file or directory: {', '.join(missing)}")
+    options = InjectOptions(
+        archs=archs, compile=compile_check, replace=args.replace, nvcc=settings.nvcc_path,
+        nvcc_flags=tuple(settings.nvcc_flags), nvcc_timeout_s=settings.nvcc_timeout_s,
+        workers=args.workers or settings.effective_workers(),
+    )
+    cancel = {"requested": False}
+
+    def on_sigint(signum: int, frame: FrameType | None) -> None:
+        if cancel["requested"]:
+            raise KeyboardInterrupt
+        cancel["requested"] = True
+        log("cancelling after the kernel in progress (Ctrl-C again to abort)")
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    state = StateDB()
+    try:
+        with KernelDB.open(args.db, create=True) as db:
+            backup = None
+            if args.replace and db.count() > 0:
+                backup = db.backup(state_dir() / "backups" / f"before-replace-{time.strftime('%Y%m%d-%H%M%S')}.db")
+                log(f"backup of {db.path} before --replace: {backup}")
+            with _Progress(enabled=err.is_terminal and not args.json) as progress:
+                injector = Injector(db, options, state=state, on_progress=progress.update,
+                                    should_cancel=lambda: cancel["requested"])
+                report = injector.run(paths)
+            report.backup = str(backup) if backup else None
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        state.close()
+    if args.json:
+        print_json(report.as_json())
+    else:
+        _print_report(report, db.path)
+    return 1 if report.failed or report.cancelled else 0
+
+
+class _Progress:
+    """One Rich progress bar per stage, refreshed at most ten times a second."""
+
+    def __init__(self, *, enabled: bool) -> None:
+        self.enabled = enabled
+        self.last = 0.0
+
+    def __enter__(self) -> _Progress:
+        if self.enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("{task.description:>9}"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("{task.fields[note]}"), TimeElapsedColumn(), console=err)
+            self.tasks = {s: self.bar.add_task(s, total=None, note="") for s in STAGES}
+            self.bar.start()
+        return self
+
+    def update(self, p: InjectProgress) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if now - self.last < 0.1 and p.current:
+            return
+        self.last = now
+        for stage, task in self.tasks.items():
+            note = f"[red]{p.failed_at[stage]} failed[/]" if p.failed_at[stage] else ""
+            if stage == "gpu":
+                note = "not run: no GPU stage yet"
+            self.bar.update(task, completed=p.passed[stage] + p.failed_at[stage], total=p.items_seen or None,
+                            note=note)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.enabled:
+            self.bar.stop()
+
+
+def _print_report(report: InjectReport, db_path: Path) -> None:
+    from rich.table import Table
+
+    status = "cancelled" if report.cancelled else "done"
+    out.print(f"[bold]{status}[/]: {report.injected} injected, {report.unchanged} unchanged, "
+              f"[{'red' if report.failed else 'green'}]{report.failed} failed[/] -> {db_path}")
+    if report.replaced_rows:
+        out.print(f"{report.replaced_rows} older rows replaced (backup: {report.backup})")
+    for note in report.notes:
+        out.print(f"[dim]{note}[/]")
+    if report.failures:
+        table = Table(title="failures", show_lines=False)
+        for col in ("file", "item", "kernel", "stage", "reason"):
+            table.add_column(col, overflow="fold")
+        for f in report.failures:
+            table.add_row(shorten(Path(f.file).name, 40), "-" if f.index is None else str(f.index),
+                          shorten(f.name, 40), f.stage, f.reason)
+        out.print(table)
+        out.print("[dim]`kdb failures` lists them again; `kdb failures retry --all` retries them[/]")

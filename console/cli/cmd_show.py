@@ -1,0 +1,66 @@
+"""kdb show: one kernel in full: attributes, launch config, shared memory, profile, lint, CUDA body."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from console.cli.output import out, print_json
+from core.db.kernel_db import KernelDB
+from core.errors import KdbError
+from core.kernel_row import KernelRow
+from core.lint import lint_row
+from core.rowview import describe_row
+
+
+def main(args: argparse.Namespace) -> int:
+    with KernelDB.open(args.db) as db:
+        rows = db.find(args.key)
+    if not rows:
+        raise KdbError(f"no kernel with Key or Identifier {args.key!r}")
+    if args.json:
+        for row in rows:
+            print_json(describe_row(row))
+        return 0
+    for row in rows:
+        _print(row)
+    return 0
+
+
+def _print(row: KernelRow) -> None:
+    from rich.panel import Panel
+    from rich.syntax import Syntax
+    from rich.table import Table
+
+    view = describe_row(row)
+    info = Table.grid(padding=(0, 2))
+    info.add_column(style="bold")
+    info.add_column(overflow="fold")
+    for label in ("key", "identifier", "op_type", "source", "device_type", "tags", "grid", "block",
+                  "num_syncthreads", "resource"):
+        info.add_row(label, str(view.get(label, "")))
+    info.add_row("attributes", json.dumps(view["attributes"]))
+    out.print(Panel(info, title=view.get("name") or "kernel"))
+    sm = view.get("shared_memory") or []
+    if sm:
+        t = Table(title="shared memory")
+        for col in ("symbol", "dtype", "size", "bytes"):
+            t.add_column(col)
+        for s in sm:
+            t.add_row(s["symbol"], s["dtype"], str(s["size"]), str(s["bytes"] if s["bytes"] is not None else "?"))
+        out.print(t)
+    prof = Table(title="profile")
+    for col in ("device", "time (us)", "resource", "time x resource"):
+        prof.add_column(col)
+    for p in view["profile"]:
+        prof.add_row(p["device"], f"{p['us']:.3f}", str(p["resource"]), f"{p['efficiency']:.0f}")
+    if not view["profile"]:
+        prof.add_row("-", "not measured", str(view.get("resource")), "-")
+    out.print(prof)
+    findings = lint_row((0, *row.values()))
+    for f in findings:
+        out.print(f"[{'red' if f.severity != 'warning' else 'yellow'}]{f.severity}[/] {f.check}: {f.message}")
+    if not findings:
+        out.print("[green]lint: ok[/]")
+    out.print(Syntax(view["signature"] + "\n{\n" + view["body"] + "\n}", "cuda", line_numbers=True,
+                     word_wrap=False))

@@ -1,0 +1,28 @@
+"""How the CLI talks: Rich for people (tables, progress on a terminal), plain JSON for scripts.
+
+Results go to stdout, logs and progress to stderr; NO_COLOR is honoured by Rich itself.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from rich.console import Console
+
+out = Console(soft_wrap=False)
+err = Console(stderr=True)
+
+
+def print_json(value: Any) -> None:
+    sys.stdout.write(json.dumps(value, ensure_ascii=False, indent=None, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def log(message: str) -> None:
+    err.print(message, markup=False, highlight=False)
+
+
+def shorten(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"

@@ -1,0 +1,116 @@
+"""Argument parsing for the `kdb` CLI. Each command lives in its own module, imported on use.
+
+The CLI only parses and reports: all work is done by `core`.
+Exit status: 0 success, 1 the command ran but found failures (failed kernels, lint findings),
+2 the command could not run (bad arguments, unusable DB, missing tool), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    # name: (module, one-line help)
+    "console": ("console.cli.cmd_console", "open the console (the default with no arguments)"),
+    "inject": ("console.cli.cmd_inject", "inject kernel JSON files or directories into the kernel DB"),
+    "ls": ("console.cli.cmd_ls", "list kernels in the DB"),
+    "show": ("console.cli.cmd_show", "show one kernel (by Key, Key prefix or Identifier)"),
+    "lint": ("console.cli.cmd_lint", "report rows the compiler could never fetch or would crash on"),
+    "failures": ("console.cli.cmd_failures", "list, retry or dismiss failed conversions"),
+    "db": ("console.cli.cmd_db", "init | check | convert | backup the kernel DB"),
+    "settings": ("console.cli.cmd_settings", "show or change the GPU/SM settings"),
+}
+
+
+def _db_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--db", metavar="PATH", help="kernel DB file (default: $KDB_DB or ~/.cache/nnfusion/kernel_cache.db)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kdb",
+        description="Fill and inspect NNFusion's kernel DB. With no command, opens the console.",
+        epilog="Exit status: 0 ok, 1 failures found, 2 could not run, 130 interrupted.",
+    )
+    parser.add_argument("--version", action="version", version="kdb 0.1.0")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("console", help=COMMANDS["console"][1])
+    _db_option(p)
+
+    p = sub.add_parser("inject", help=COMMANDS["inject"][1])
+    _db_option(p)
+    p.add_argument("paths", nargs="+", metavar="PATH", help="kernel JSON files or directories of them")
+    p.add_argument("--arch", action="append", metavar="sm_XX", help="SM arch for the compile check (repeatable; "
+                   "default: the settings' archs)")
+    p.add_argument("--no-compile", action="store_true", help="skip the nvcc compile check")
+    p.add_argument("--replace", action="store_true",
+                   help="rewrite rows with the same Key and drop other rows of the same identifier")
+    p.add_argument("--workers", type=int, metavar="N", help="parallel workers (default: settings, or one per core)")
+    p.add_argument("--json", action="store_true", help="print one JSON object with the counts and failures")
+
+    p = sub.add_parser("ls", help=COMMANDS["ls"][1])
+    _db_option(p)
+    p.add_argument("--op", metavar="OPTYPE", help="only this OpType")
+    p.add_argument("--limit", type=int, default=0, metavar="N", help="at most N rows (default: all)")
+    p.add_argument("--json", action="store_true", help="JSON lines, one object per row")
+
+    p = sub.add_parser("show", help=COMMANDS["show"][1])
+    _db_option(p)
+    p.add_argument("key", metavar="KEY_OR_IDENTIFIER")
+    p.add_argument("--json", action="store_true", help="the rows as JSON (columns parsed)")
+
+    p = sub.add_parser("lint", help=COMMANDS["lint"][1])
+    _db_option(p)
+    p.add_argument("--json", action="store_true", help="findings as a JSON object")
+
+    p = sub.add_parser("failures", help=COMMANDS["failures"][1])
+    _db_option(p)
+    p.add_argument("action", nargs="?", choices=["list", "retry", "dismiss"], default="list")
+    p.add_argument("ids", nargs="*", type=int, metavar="ID")
+    p.add_argument("--all", action="store_true", help="retry/dismiss every open failure of this DB")
+    p.add_argument("--json", action="store_true", help="JSON output")
+
+    p = sub.add_parser("db", help=COMMANDS["db"][1])
+    dbsub = p.add_subparsers(dest="db_command", metavar="ACTION", required=True)
+    q = dbsub.add_parser("init", help="create the DB file with NNFusion's exact table")
+    _db_option(q)
+    q = dbsub.add_parser("check", help="integrity, schema and lint summary")
+    _db_option(q)
+    q.add_argument("--json", action="store_true")
+    q = dbsub.add_parser("convert", help="rewrite an osdi20-schema DB into the current schema")
+    q.add_argument("old", metavar="OLD")
+    q.add_argument("new", metavar="NEW")
+    q.add_argument("--json", action="store_true")
+    q = dbsub.add_parser("backup", help="consistent copy via SQLite's online backup API")
+    _db_option(q)
+    q.add_argument("dest", nargs="?", metavar="DEST", help="default: the state dir's backups/ folder")
+
+    p = sub.add_parser("settings", help=COMMANDS["settings"][1])
+    p.add_argument("assignments", nargs="*", metavar="KEY=VALUE",
+                   help="change settings, e.g. archs=sm_80,sm_90 product_name='NVIDIA H200'")
+    p.add_argument("--json", action="store_true")
+    return parser
+
+
+def run(argv: list[str]) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    module = importlib.import_module(COMMANDS[args.command][0])
+    try:
+        return int(module.main(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # one place turns engine errors into a message and exit status 2
+        from core.errors import KdbError
+
+        if isinstance(exc, KdbError):
+            print(f"kdb {args.command}: {exc}", file=sys.stderr)
+            return 2
+        raise

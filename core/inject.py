@@ -1,0 +1,373 @@
+"""The injection pipeline: kernel JSON files -> rows in NNFusion's kernel DB, every failure kept.
+
+    read -> validate -> parse -> barriers -> compile (nvcc, optional) -> gpu (not yet) -> insert
+
+CPU stages run in worker processes when asked (workers > 1), nvcc checks in a thread pool (each is
+its own process anyway); results come back in input order and are inserted one kernel per
+transaction by this process, the single writer. A bad file or item fails alone: the batch goes on.
+Cancellation is honoured between kernels, never inside a write.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from core.cuda.barriers import count_barriers
+from core.cuda.source import parse_kernel
+from core.db.kernel_db import InsertOutcome, KernelDB
+from core.db.state import Failure, StateDB, state_dir
+from core.errors import InputError, KdbError
+from core.kernel_json import iter_json_files, load_items, validate_item
+from core.kernel_row import KernelRow, build_row
+from core.nvcc import CompileResult, compile_check, find_nvcc
+
+STAGES = ("read", "validate", "parse", "barriers", "compile", "gpu", "insert")
+GPU_NOT_RUN = "gpu stages (barrier count on the GPU, verification, timing): not run: no GPU stage yet"
+
+
+@dataclass(frozen=True)
+class InjectOptions:
+    archs: tuple[str, ...] = ("sm_90",)
+    compile: bool = True
+    replace: bool = False
+    nvcc: str = ""
+    nvcc_flags: tuple[str, ...] = ()
+    nvcc_timeout_s: float = 120.0
+    workers: int = 1  # processes for the CPU stages; nvcc checks run this many at a time too
+    workdir: Path | None = None  # scratch space for nvcc (default: the state dir)
+
+
+@dataclass
+class ItemFailure:
+    file: str
+    index: int | None  # None: the whole file failed
+    name: str
+    stage: str
+    reason: str
+    detail: dict[str, Any] = field(default_factory=dict)
+    input: str | None = None  # the raw item, kept for retry
+
+    def as_report(self) -> dict[str, Any]:
+        return {"file": self.file, "index": self.index, "name": self.name, "stage": self.stage,
+                "reason": self.reason}
+
+
+@dataclass
+class Prepared:
+    """What the CPU stages made of one item: a row, or the failure."""
+
+    file: str
+    index: int
+    name: str
+    row: KernelRow | None = None
+    failure: ItemFailure | None = None
+    raw: Any = None
+
+
+@dataclass
+class InjectProgress:
+    files_total: int = 0
+    files_done: int = 0
+    items_seen: int = 0
+    items_done: int = 0
+    injected: int = 0
+    unchanged: int = 0
+    failed: int = 0
+    passed: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STAGES, 0))
+    failed_at: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STAGES, 0))
+    current: str = ""
+
+
+@dataclass
+class InjectReport:
+    injected: int = 0
+    unchanged: int = 0
+    failed: int = 0
+    failures: list[ItemFailure] = field(default_factory=list)
+    cancelled: bool = False
+    notes: list[str] = field(default_factory=list)
+    run_id: int | None = None
+    replaced_rows: int = 0
+    backup: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"injected": self.injected, "unchanged": self.unchanged, "failed": self.failed,
+                "failures": [f.as_report() for f in self.failures]}
+
+
+# ---------------------------------------------------------------------------------------------
+# The CPU stages (run in worker processes: keep them free of shared state)
+
+
+def prepare(file: str, index: int, raw: Any) -> Prepared:
+    name = raw.get("tvm_func_name", "") if isinstance(raw, dict) else ""
+    name = name if isinstance(name, str) else ""
+    out = Prepared(file, index, name[:200])
+
+    def fail(stage: str, reason: str, **detail: Any) -> Prepared:
+        out.failure = ItemFailure(file, index, out.name, stage, reason, detail, _dump_input(raw))
+        return out
+
+    try:
+        spec = validate_item(raw)
+    except InputError as exc:
+        return fail("validate", exc.reason, field=exc.where)
+    try:
+        src = parse_kernel(spec.code)
+    except InputError as exc:
+        return fail("parse", exc.reason)
+    barriers = count_barriers(src, spec.block, spec.grid)
+    if not barriers.known:
+        return fail("barriers", f"{barriers.reason}; the GPU count is not run: no GPU stage yet")
+    try:
+        out.row = build_row(spec, src, barriers, extra_miscs={"from": f"{Path(file).name}#{index}"})
+    except InputError as exc:
+        return fail("parse", exc.reason, field=exc.where)
+    out.raw = raw
+    return out
+
+
+def _dump_input(raw: Any) -> str | None:
+    try:
+        return json.dumps(raw, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError):
+        return None
+
+
+class _InlineExecutor(Executor):
+    """Runs each task at submit time: the single-process path, same interface as the pools."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        fut: Future[Any] = Future()
+        try:
+            fut.set_result(fn(*args, **kwargs))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future
+            fut.set_exception(exc)
+        return fut
+
+
+# ---------------------------------------------------------------------------------------------
+# The driver
+
+
+class Injector:
+    """One injection run against one DB. Drive it with run(paths) or run_items(items)."""
+
+    def __init__(
+        self,
+        db: KernelDB,
+        options: InjectOptions,
+        *,
+        state: StateDB | None = None,
+        on_progress: Callable[[InjectProgress], None] | None = None,
+        should_cancel: Callable[[], bool] | None = None,
+    ) -> None:
+        self.db = db
+        self.options = options
+        self.state = state
+        self.on_progress = on_progress
+        self.should_cancel = should_cancel or (lambda: False)
+        self.progress = InjectProgress()
+        self.report = InjectReport(notes=[GPU_NOT_RUN])
+        self._cancel_event = threading.Event()
+        self._nvcc = find_nvcc(options.nvcc) if options.compile else ""
+        self._workdir = options.workdir or state_dir() / "tmp"
+
+    # -- public ------------------------------------------------------------------------------
+
+    def run(self, paths: list[Path], *, kind: str = "inject") -> InjectReport:
+        files = list(iter_json_files(paths))
+        self.progress.files_total = len(files)
+        return self._run(self._items_from_files(files), kind=kind, args={"paths": [str(p) for p in paths]})
+
+    def run_items(self, items: list[tuple[str, int, Any]], *, kind: str = "retry") -> InjectReport:
+        """Process given (file, index, raw item) triples, e.g. failures being retried."""
+        self.progress.files_total = len({f for f, _, _ in items})
+        self.progress.items_seen = len(items)
+        return self._run(iter(items), kind=kind, args={"items": len(items)})
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _items_from_files(self, files: list[Path]) -> Iterator[tuple[str, int, Any]]:
+        for path in files:
+            self.progress.current = str(path)
+            try:
+                items = load_items(path)
+            except InputError as exc:
+                self._fail(ItemFailure(str(path), None, "", "read", exc.reason))
+                self.progress.files_done += 1
+                continue
+            self.progress.items_seen += len(items)
+            self.progress.passed["read"] += len(items)
+            self._emit()
+            for index, raw in enumerate(items):
+                yield str(path), index, raw
+            self.progress.files_done += 1
+
+    def _run(self, items: Iterator[tuple[str, int, Any]], *, kind: str, args: dict[str, Any]) -> InjectReport:
+        if self.state is not None:
+            self.report.run_id = self.state.start_run(kind, self.db.path, {**args, **_options_dict(self.options)})
+        workers = max(1, self.options.workers)
+        cpu: Executor = _InlineExecutor() if workers == 1 else ProcessPoolExecutor(
+            max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+        nvcc_pool = ThreadPoolExecutor(max_workers=workers) if self.options.compile else None
+        prepared: deque[Future[Prepared]] = deque()
+        compiling: deque[tuple[Prepared, Future[list[CompileResult]]]] = deque()
+        try:
+            for file, index, raw in items:
+                if self._cancelled():
+                    break
+                if file != self.progress.current:
+                    self.progress.current = file
+                prepared.append(cpu.submit(prepare, file, index, raw))
+                while prepared and (len(prepared) >= 4 * workers or prepared[0].done()):
+                    self._after_prepare(prepared.popleft().result(), nvcc_pool, compiling)
+                    self._drain_compiles(compiling, block=len(compiling) >= 2 * workers)
+                    if self._cancelled():
+                        break
+            while prepared and not self._cancelled():
+                self._after_prepare(prepared.popleft().result(), nvcc_pool, compiling)
+                self._drain_compiles(compiling, block=len(compiling) >= 2 * workers)
+            while compiling and not self._cancelled():
+                self._drain_compiles(compiling, block=True)
+        finally:
+            if self._cancelled():
+                self._cancel_event.set()
+                self.report.cancelled = True
+            for fut in prepared:
+                fut.cancel()
+            cpu.shutdown(wait=True, cancel_futures=True)
+            if nvcc_pool is not None:
+                nvcc_pool.shutdown(wait=True, cancel_futures=True)
+            if self.state is not None and self.report.run_id is not None:
+                self.state.finish_run(self.report.run_id, injected=self.report.injected,
+                                      unchanged=self.report.unchanged, failed=self.report.failed,
+                                      cancelled=self.report.cancelled)
+            self.progress.current = ""
+            self._emit()
+        return self.report
+
+    def _cancelled(self) -> bool:
+        if not self._cancel_event.is_set() and self.should_cancel():
+            self._cancel_event.set()
+        return self._cancel_event.is_set()
+
+    def _after_prepare(self, item: Prepared, nvcc_pool: ThreadPoolExecutor | None,
+                       compiling: deque[tuple[Prepared, Future[list[CompileResult]]]]) -> None:
+        passed = self.progress.passed
+        if item.failure is not None:
+            for stage in STAGES[1:STAGES.index(item.failure.stage)]:
+                passed[stage] += 1
+            self._fail(item.failure)
+            return
+        passed["validate"] += 1
+        passed["parse"] += 1
+        passed["barriers"] += 1
+        assert item.row is not None
+        if not self.options.replace and self.db.has_key(item.row.key):
+            self._count_unchanged()
+            return
+        if nvcc_pool is None:
+            self._insert(item, [])
+            return
+        function = json.loads(item.row.function)
+        fut = nvcc_pool.submit(self._compile_all, function)
+        compiling.append((item, fut))
+
+    def _compile_all(self, function: dict[str, Any]) -> list[CompileResult]:
+        results = []
+        for arch in self.options.archs:
+            res = compile_check(function, arch, nvcc=self._nvcc, flags=self.options.nvcc_flags,
+                                timeout_s=self.options.nvcc_timeout_s, workdir=self._workdir,
+                                cancel=self._cancel_event)
+            results.append(res)
+            if not res.ok:
+                break
+        return results
+
+    def _drain_compiles(self, compiling: deque[tuple[Prepared, Future[list[CompileResult]]]], *,
+                        block: bool) -> None:
+        while compiling and (block or compiling[0][1].done()):
+            item, fut = compiling.popleft()
+            results = fut.result()
+            block = False
+            if self._cancel_event.is_set():
+                return
+            bad = next((r for r in results if not r.ok), None)
+            if bad is not None:
+                self._fail(ItemFailure(item.file, item.index, item.name, "compile", bad.error,
+                                       {"arch": bad.arch, "line": bad.error_line, "log": bad.log,
+                                        "source": bad.source}, _dump_input(item.raw)))
+                continue
+            self.progress.passed["compile"] += 1
+            self._insert(item, results)
+
+    def _insert(self, item: Prepared, compiled: list[CompileResult]) -> None:
+        row = item.row
+        assert row is not None
+        if compiled:
+            miscs = json.loads(row.miscs)
+            miscs["kdb"]["compile"] = {r.arch: r.summary() for r in compiled}
+            row = replace(row, miscs=json.dumps(miscs, ensure_ascii=False, allow_nan=False))
+        try:
+            result = self.db.insert(row, replace=self.options.replace)
+        except KdbError as exc:
+            self._fail(ItemFailure(item.file, item.index, item.name, "insert", exc.reason, {},
+                                   _dump_input(item.raw)))
+            return
+        except Exception as exc:  # a DB error must not end the batch: record it with its cause
+            self._fail(ItemFailure(item.file, item.index, item.name, "insert", f"{type(exc).__name__}: {exc}",
+                                   {}, _dump_input(item.raw)))
+            return
+        self.progress.passed["insert"] += 1
+        if result.outcome is InsertOutcome.UNCHANGED:
+            self._count_unchanged()
+            return
+        self.report.injected += 1
+        self.report.replaced_rows += len(result.replaced)
+        self.progress.injected += 1
+        self.progress.items_done += 1
+        self._emit()
+
+    def _count_unchanged(self) -> None:
+        self.report.unchanged += 1
+        self.progress.unchanged += 1
+        self.progress.items_done += 1
+        self._emit()
+
+    def _fail(self, failure: ItemFailure) -> None:
+        self.report.failures.append(failure)
+        self.report.failed += 1
+        self.progress.failed += 1
+        self.progress.failed_at[failure.stage] += 1
+        if failure.index is not None:
+            self.progress.items_done += 1
+        if self.state is not None:
+            self.state.record_failures([Failure(
+                run_id=self.report.run_id, db_path=str(self.db.path), file=failure.file,
+                item_index=failure.index, name=failure.name, stage=failure.stage, reason=failure.reason,
+                detail=json.dumps(failure.detail, ensure_ascii=False, default=str), input=failure.input,
+            )])
+        self._emit()
+
+    def _emit(self) -> None:
+        if self.on_progress is not None:
+            self.on_progress(self.progress)
+
+
+def _options_dict(options: InjectOptions) -> dict[str, Any]:
+    return {"archs": list(options.archs), "compile": options.compile, "replace": options.replace,
+            "workers": options.workers}
+
+
+def default_workers() -> int:
+    return max(1, os.cpu_count() or 1)

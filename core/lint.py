@@ -1,0 +1,171 @@
+"""Find every row the compiler could never fetch, or would crash on, and say why.
+
+The checks mirror how NNFusion reads the file (KernelCacheManager::fetch_all and the cache emitters):
+non-NULL text in every column, JSON that nlohmann::json parses, a supported OpType (one bad row
+poisons every fetch of its identifier), CUDA_GPU rows, BlockCudaEmitter on External rows, a profile
+string std::stof accepts, a Function the emitters can read, and an Identifier that matches what the
+row's Attributes describe.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from core.errors import InputError
+from core.ops import DEVICE_TYPE, SUPPORTED_OP_TYPES
+from core.opsig import signature_from_attributes
+from core.profile import parse_profile
+
+# Severity: "crash" - the compiler fails when it reads the row; "unreachable" - the row (or others)
+# can never be fetched; "warning" - works, but is probably not what was meant.
+CRASH, UNREACHABLE, WARNING = "crash", "unreachable", "warning"
+KNOWN_DEVICE_TYPES = frozenset({"CUDA_GPU", "ROCM_GPU", "GENERIC_CPU", "HLSL", "GraphCore", "UNKNOWN"})
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    rowid: int
+    key: str
+    identifier: str
+    severity: str
+    check: str
+    message: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"rowid": self.rowid, "key": self.key, "identifier": self.identifier, "severity": self.severity,
+                "check": self.check, "message": self.message}
+
+
+def _strict_json(text: str) -> Any:
+    def reject(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
+    return json.loads(text, parse_constant=reject)
+
+
+def lint_row(raw: tuple[Any, ...]) -> list[Finding]:
+    """Findings for one row given as (rowid, Key, Identifier, OpType, Attributes, Source, DeviceType,
+    Function, Tags, Miscs) exactly as stored."""
+    rowid, key, ident, op_type, attrs, source, device, function, tags, miscs = raw
+    key_s = key if isinstance(key, str) else repr(key)
+    ident_s = ident if isinstance(ident, str) else repr(ident)
+    out: list[Finding] = []
+
+    def add(severity: str, check: str, message: str) -> None:
+        out.append(Finding(rowid, key_s, ident_s, severity, check, message))
+
+    names = ("Key", "Identifier", "OpType", "Attributes", "Source", "DeviceType", "Function", "Tags", "Miscs")
+    values = (key, ident, op_type, attrs, source, device, function, tags, miscs)
+    for name, value in zip(names, values, strict=True):
+        if value is None:
+            add(CRASH, "null", f"{name} is NULL: the compiler builds a std::string from it and crashes")
+        elif isinstance(value, bytes):
+            add(WARNING, "not-text", f"{name} is stored as a BLOB")
+        elif not isinstance(value, str):
+            add(WARNING, "not-text", f"{name} is stored as {type(value).__name__}, not TEXT")
+    parsed: dict[str, Any] = {}
+    for name, value in (("Attributes", attrs), ("Function", function), ("Miscs", miscs)):
+        if not isinstance(value, str):
+            continue
+        try:
+            parsed[name] = _strict_json(value)
+        except (ValueError, RecursionError) as exc:
+            what = "empty" if value == "" else f"not valid JSON ({exc})"
+            add(CRASH, "json", f"{name} is {what}: nlohmann::json::parse throws")
+    if isinstance(op_type, str) and op_type not in SUPPORTED_OP_TYPES:
+        add(UNREACHABLE, "op-type", f"OpType {op_type!r} is not supported: every fetch of this identifier "
+                                    "returns nothing, for all its rows")
+    if isinstance(device, str) and device != DEVICE_TYPE:
+        sev = WARNING if device in KNOWN_DEVICE_TYPES else UNREACHABLE
+        add(sev, "device-type", f"DeviceType {device!r}: never fetched for CUDA (expected {DEVICE_TYPE})")
+    tag_list = tags.split(",") if isinstance(tags, str) and tags else []
+    if isinstance(tags, str) and (" " in tags or "" in tag_list):
+        add(WARNING, "tags", f"Tags {tags!r} hold spaces or empty entries (the compiler splits on ',' only)")
+    if source == "External" and "BlockCudaEmitter" not in tag_list:
+        add(CRASH, "tags", "External row without the BlockCudaEmitter tag: the compiler CHECK-fails on it")
+    if "Miscs" in parsed:
+        _check_miscs(parsed["Miscs"], add)
+    if "Function" in parsed:
+        _check_function(parsed["Function"], "BlockCudaEmitter" in tag_list, add)
+    if "Attributes" in parsed and isinstance(op_type, str) and isinstance(ident, str) \
+            and op_type in SUPPORTED_OP_TYPES and op_type != "Matched_Pattern":
+        try:
+            expected = signature_from_attributes(op_type, parsed["Attributes"]).identifier
+        except InputError as exc:
+            add(WARNING, "identifier", f"cannot rebuild the identifier from Attributes: {exc}")
+        else:
+            if expected != ident:
+                add(UNREACHABLE, "identifier",
+                    f"Identifier does not match its Attributes, which describe {expected!r}: "
+                    "the compiler looks the op up by the latter")
+    return out
+
+
+def _check_miscs(miscs: Any, add: Any) -> None:
+    if not isinstance(miscs, dict) or "external_profile" not in miscs:
+        return
+    prof = miscs["external_profile"]
+    if not isinstance(prof, dict):
+        add(CRASH, "profile", "external_profile is not an object")
+        return
+    if not isinstance(prof.get("time"), str):
+        add(CRASH, "profile", "external_profile.time is missing or not a string")
+    else:
+        try:
+            parse_profile(prof["time"])
+        except InputError as exc:
+            sev = WARNING if "does not end with ';'" in exc.reason else CRASH
+            add(sev, "profile", f"malformed profile string: {exc.reason}")
+    res = prof.get("resource")
+    if isinstance(res, bool) or not isinstance(res, int | float):
+        add(CRASH, "profile", "external_profile.resource is missing or not a number")
+
+
+def _check_function(fn: Any, block: bool, add: Any) -> None:
+    if not isinstance(fn, dict):
+        add(CRASH, "function", "Function is not a JSON object")
+        return
+    for name in ("function_signature", "function_body"):
+        if not isinstance(fn.get(name), str):
+            add(CRASH, "function", f"Function.{name} is missing or not a string")
+    for name in ("grid_dim", "block_dim"):
+        dims = fn.get(name)
+        if not (isinstance(dims, list) and len(dims) == 3
+                and all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in dims)):
+            add(CRASH, "function", f"Function.{name} must be 3 positive integers, got {json.dumps(dims)[:40]}")
+    if not block:
+        return
+    if not isinstance(fn.get("block_function_body"), str):
+        add(CRASH, "function", "Function.block_function_body is missing or not a string")
+    sm = fn.get("shared_memory")
+    if not isinstance(sm, dict):
+        add(CRASH, "function", "Function.shared_memory is missing (BlockCudaEmitter CHECK-fails)")
+    else:
+        lists = [sm.get(k) for k in ("symbol", "dtype", "size")]
+        if sm and (not all(isinstance(v, list) for v in lists) or len({len(v) for v in lists}) != 1  # type: ignore[arg-type]
+                   or not all(isinstance(n, int) and n > 0 for n in lists[2])):  # type: ignore[union-attr]
+            add(CRASH, "function", "Function.shared_memory needs equal-length symbol/dtype/size lists, sizes > 0")
+    n = fn.get("num_syncthreads")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        add(CRASH, "function", "Function.num_syncthreads is missing or not a non-negative integer")
+
+
+def lint_rows(rows: Iterable[tuple[Any, ...]]) -> Iterator[Finding]:
+    """Findings for every row, plus the identifiers a bad OpType poisons for its neighbours."""
+    poisoned: dict[tuple[str, str], str] = {}
+    members: dict[tuple[str, str], list[tuple[int, str]]] = defaultdict(list)
+    for raw in rows:
+        yield from lint_row(raw)
+        rowid, key, ident, op_type, device = raw[0], raw[1], raw[2], raw[3], raw[6]
+        if isinstance(ident, str) and isinstance(device, str):
+            members[(ident, device)].append((rowid, key if isinstance(key, str) else repr(key)))
+            if isinstance(op_type, str) and op_type not in SUPPORTED_OP_TYPES:
+                poisoned[(ident, device)] = op_type
+    for (ident, device), bad in poisoned.items():
+        for rowid, key in members[(ident, device)]:
+            yield Finding(rowid, key, ident, UNREACHABLE, "poisoned",
+                          f"shares its identifier with a row of unsupported OpType {bad!r}: never fetched")
