@@ -82,7 +82,8 @@ def count_barriers(src: KernelSource, block: tuple[int, int, int], grid: tuple[i
     """Barriers executed by thread 0 of block 0, or the reason that cannot be proven statically."""
     start, end = src.body_span
     masked = src.masked
-    if masked.find("__syncthreads", start, end) < 0:
+    if masked.find("__syncthreads", start, end) < 0 and src.code.find("asm", start, end) < 0 \
+            and masked.find("sync", start, end) < 0:
         return BarrierCount(0)
     barrier_positions = find_words(masked, "__syncthreads", start, end)
     try:
@@ -337,7 +338,8 @@ class _Builder:
         try:
             return cexpr.parse(text)
         except cexpr.ParseError:
-            raise _Unresolvable(f"line {self.line(pos)}: cannot read {' '.join(text.split())[:60]!r}") from None
+            # Not integer arithmetic we can read (array reads, floats...): its value is unknown.
+            return ("opaque", " ".join(text.split())[:60])
 
     def writes(self, name: str, a: int, b: int) -> int:
         """How many times `name` is assigned, incremented or has its address taken in [a, b)."""

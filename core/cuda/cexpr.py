@@ -209,6 +209,8 @@ def evaluate(expr: Expr, env: Mapping[str, int | None]) -> int:
         if fn is None:
             raise Unknown(f"call to {expr[1]}() is not evaluated statically")
         return fn(*(evaluate(a, env) for a in expr[2]))
+    if tag == "opaque":
+        raise Unknown(f"`{expr[1]}` is not integer arithmetic on known values")
     raise Unknown(f"{expr[1]} is not an integer")
 
 

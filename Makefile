@@ -1,0 +1,29 @@
+# Two entry points: `make run` (the console on a demo kernel DB) and `make test`.
+# Everything installs into .venv from this project's own pyproject.toml.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[tvm,dev]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/kdb console --demo
+
+test: $(STAMP)
+	$(BIN)/ruff check core console tests bench
+	$(BIN)/lint-imports
+	$(BIN)/pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check core console tests bench
+	$(BIN)/lint-imports
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache
