@@ -369,7 +369,7 @@ def _split_declaration(stmt: str, line: int, notes: list[str]) -> list[tuple[str
     if "volatile" in words:
         notes.append(f"line {line}: volatile is dropped by hoisting the shared array")
     type_words = [w for w in words[:-1] if w not in _DECL_SPECIFIERS and w not in _QUALIFIERS]
-    if not type_words or "*" in first:
+    if not type_words or "*" in first.split("[")[0]:
         raise InputError(f"cannot read the __shared__ declaration at line {line}: {text[:60]!r}", where="code")
     dtype = " ".join(type_words)
     declarators = [first[first.rfind(words[-1]):] if words else first, *rest]
