@@ -150,7 +150,7 @@ class _InlineExecutor(Executor):
         fut: Future[Any] = Future()
         try:
             fut.set_result(fn(*args, **kwargs))
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future
+        except BaseException as exc:
             fut.set_exception(exc)
         return fut
 

@@ -169,3 +169,36 @@ def lint_rows(rows: Iterable[tuple[Any, ...]]) -> Iterator[Finding]:
         for rowid, key in members[(ident, device)]:
             yield Finding(rowid, key, ident, UNREACHABLE, "poisoned",
                           f"shares its identifier with a row of unsupported OpType {bad!r}: never fetched")
+
+
+def quick_problem(op_type: Any, attributes: Any, identifier: Any, source: Any, device: Any, tags: Any,
+                  function_ok: Any, miscs_ok: Any, profile_time: Any, resource: Any) -> str:
+    """The first problem of a row found without reading its big Function column ('' when none).
+
+    Registered as an SQL function so the Kernels browser can show and filter lint status per page
+    without loading bodies; the detail view runs the full lint_row.
+    """
+    if None in (op_type, identifier, source, device, tags, attributes):
+        return "NULL column"
+    if not function_ok or not miscs_ok:
+        return "Function or Miscs is not valid JSON"
+    if op_type not in SUPPORTED_OP_TYPES:
+        return f"unsupported OpType {op_type}"
+    if device != DEVICE_TYPE:
+        return f"DeviceType {device}"
+    if source == "External" and "BlockCudaEmitter" not in str(tags).split(","):
+        return "External row without BlockCudaEmitter"
+    if profile_time is not None:
+        try:
+            parse_profile(profile_time)
+        except InputError as exc:
+            return f"profile: {exc.reason}"
+        if isinstance(resource, bool) or not isinstance(resource, int | float):
+            return "profile resource missing"
+    if op_type == "Matched_Pattern":
+        return ""
+    try:
+        expected = signature_from_attributes(op_type, _strict_json(attributes)).identifier
+    except (InputError, ValueError, RecursionError):
+        return "Attributes unreadable"
+    return "" if expected == identifier else "Identifier does not match Attributes"

@@ -15,7 +15,7 @@ from typing import Any
 from core.db.kernel_db import KernelDB
 from core.db.state import StateDB
 from core.errors import InputError
-from core.inject import InjectOptions, InjectProgress, InjectReport, Injector, ItemFailure
+from core.inject import InjectOptions, Injector, InjectProgress, InjectReport, ItemFailure
 from core.kernel_json import load_items
 
 

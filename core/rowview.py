@@ -27,7 +27,7 @@ def describe_row(row: KernelRow) -> dict[str, Any]:
     profile, profile_error = [], ""
     try:
         times = parse_profile(prof.get("time", "")) if prof else {}
-    except Exception as exc:  # noqa: BLE001 - shown to the user as the row's problem
+    except Exception as exc:
         times, profile_error = {}, str(exc)
     for device, us in times.items():
         profile.append({"device": device, "us": us, "resource": resource,

@@ -81,9 +81,9 @@ def load_settings(path: Path | None = None) -> Settings:
         if key not in known:
             continue
         default = getattr(settings, key)
-        if isinstance(default, bool) or not isinstance(value, type(default)) and not (
+        if isinstance(default, bool) or (not isinstance(value, type(default)) and not (
             isinstance(default, float) and isinstance(value, int)
-        ):
+        )):
             raise InputError(f"{key} must be a {type(default).__name__}", where=str(path))
         setattr(settings, key, float(value) if isinstance(default, float) else value)
     settings.validate()

@@ -55,7 +55,7 @@ def test_fused_add_relu_signature_puts_the_bias_before_the_output(tmp_path: Path
     db = tmp_path / "k.db"
     src = tmp_path / "one.json"
     src.write_text(json.dumps(item))
-    proc, report = run_kdb_json("inject", "--db", str(db), "--no-compile", str(src))
+    _, report = run_kdb_json("inject", "--db", str(db), "--no-compile", str(src))
     assert report["injected"] == 1, report
     fn = json.loads(sqlite3.connect(db).execute("SELECT Function FROM KernelCache").fetchone()[0])
     assert fn["function_signature"] == (

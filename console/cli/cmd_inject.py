@@ -12,7 +12,7 @@ from console.cli.output import err, log, out, print_json, shorten
 from core.db.kernel_db import KernelDB
 from core.db.state import StateDB, state_dir
 from core.errors import KdbError
-from core.inject import STAGES, InjectOptions, InjectProgress, InjectReport, Injector
+from core.inject import STAGES, InjectOptions, Injector, InjectProgress, InjectReport
 from core.nvcc import find_nvcc, supported_archs
 from core.settings import load_settings
 

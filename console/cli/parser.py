@@ -25,7 +25,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def _db_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--db", metavar="PATH", help="kernel DB file (default: $KDB_DB or ~/.cache/nnfusion/kernel_cache.db)")
+    p.add_argument("--db", metavar="PATH",
+                   help="kernel DB file (default: $KDB_DB or ~/.cache/nnfusion/kernel_cache.db)")
 
 
 def build_parser() -> argparse.ArgumentParser:

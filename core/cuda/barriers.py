@@ -38,7 +38,8 @@ _FOR_STEP = re.compile(
     r"|(?P<asg>[A-Za-z_]\w*)\s*=\s*(?P<asgexpr>.+))\s*",
     re.S,
 )
-_FOR_INIT = re.compile(r"\s*(?:(?:const\s+)?(?:unsigned\s+)?(?:int|long|size_t|short)\s+)?([A-Za-z_]\w*)\s*=\s*(.+?)\s*", re.S)
+_FOR_INIT = re.compile(
+    r"\s*(?:(?:const\s+)?(?:unsigned\s+)?(?:int|long|size_t|short)\s+)?([A-Za-z_]\w*)\s*=\s*(.+?)\s*", re.S)
 _CONTROL_WORDS = ("for", "if", "while", "do", "switch", "else")
 _RARE_WORDS = ("break", "continue", "case", "default")  # when present, read statement by statement
 # A statement (after a ';') that assigns a plain name, possibly declaring it.
@@ -435,7 +436,7 @@ class _Runner:
 
     def run_for(self, node: tuple, env: dict[str, int | None]) -> int:
         _, var, init, cond, (op, step), body, line = node
-        outer = env.get(var, None) if var in env else _MISSING
+        outer = env.get(var) if var in env else _MISSING
         env[var] = self.value(init, env, f"the start of loop {var}", line)
         total = 0
         independent = var not in _names(body) and not _has_return(body)

@@ -30,8 +30,8 @@ _TOKEN = re.compile(
 )
 
 _INT_TYPES = frozenset(
-    "int unsigned signed long short char size_t int32_t int64_t uint32_t uint64_t int16_t uint16_t "
-    "int8_t uint8_t bool".split()
+    ["int", "unsigned", "signed", "long", "short", "char", "size_t", "int32_t", "int64_t", "uint32_t",
+     "uint64_t", "int16_t", "uint16_t", "int8_t", "uint8_t", "bool"]
 )
 
 # Binary operators: precedence (higher binds tighter) and C semantics.
@@ -149,8 +149,8 @@ class _Parser:
     def primary(self) -> Expr:
         kind, tok = self.take()
         if kind == "num":
-            return ("num", int(tok, 0) if not tok.startswith("0") or tok.lower().startswith("0x") or tok == "0"
-                    else int(tok, 8))
+            octal = tok.startswith("0") and tok != "0" and not tok.lower().startswith("0x")
+            return ("num", int(tok, 8) if octal else int(tok, 0))
         if kind == "float":
             return ("float", tok)
         if kind == "name":

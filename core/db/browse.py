@@ -11,8 +11,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import sqlalchemy as sa
+
 from core.db.kernel_db import KernelDB
 from core.kernel_row import shared_bytes
+from core.lint import quick_problem
 from core.profile import parse_profile
 
 SORTABLE = {
@@ -28,19 +31,26 @@ SORTABLE = {
 }
 
 
+LINT_SQL = ("kdb_quick_problem(OpType, Attributes, Identifier, Source, DeviceType, Tags, json_valid(Function), "
+            "json_valid(Miscs), CASE WHEN json_valid(Miscs) THEN json_extract(Miscs, '$.external_profile.time') END, "
+            "CASE WHEN json_valid(Miscs) THEN json_extract(Miscs, '$.external_profile.resource') END)")
+
+
 @dataclass(frozen=True)
 class KernelFilter:
-    text: str = ""  # substring of the identifier (or Key prefix)
+    text: str = ""  # substring of the identifier or kernel name, or a Key prefix
     op_type: str = ""
     source: str = ""
     tag: str = ""
     device: str = ""
+    lint: str = ""  # "", "ok" or "problems"
 
     def where(self) -> tuple[str, list[Any]]:
         clauses, params = [], []
         if self.text:
-            clauses.append("(instr(Identifier, ?) > 0 OR substr(Key, 1, ?) = ?)")
-            params += [self.text, len(self.text), self.text]
+            clauses.append("(instr(Identifier, ?) > 0 OR substr(Key, 1, ?) = ? OR instr(CASE WHEN json_valid(Miscs) "
+                           "THEN json_extract(Miscs, '$.kdb.name') END, ?) > 0)")
+            params += [self.text, len(self.text), self.text, self.text]
         if self.op_type:
             clauses.append("OpType = ?")
             params.append(self.op_type)
@@ -53,6 +63,10 @@ class KernelFilter:
         if self.device:
             clauses.append("DeviceType = ?")
             params.append(self.device)
+        if self.lint == "ok":
+            clauses.append(f"{LINT_SQL} = ''")
+        elif self.lint == "problems":
+            clauses.append(f"{LINT_SQL} != ''")
         return ("WHERE " + " AND ".join(clauses)) if clauses else "", params
 
 
@@ -72,6 +86,7 @@ class KernelSummary:
     profile_error: str = ""
     resource: int | None = None
     name: str = ""
+    problem: str = ""  # first lint problem found without reading bodies ('' when none)
 
     def best_time(self) -> tuple[str, float] | None:
         if not self.times:
@@ -80,7 +95,7 @@ class KernelSummary:
         return device, self.times[device]
 
 
-_SUMMARY_SQL = """
+_SUMMARY_SQL_TEMPLATE = """
 SELECT Key, Identifier, OpType, Source, DeviceType, Tags,
   CASE WHEN json_valid(Function) THEN json_extract(Function, '$.grid_dim') END,
   CASE WHEN json_valid(Function) THEN json_extract(Function, '$.block_dim') END,
@@ -88,15 +103,17 @@ SELECT Key, Identifier, OpType, Source, DeviceType, Tags,
   CASE WHEN json_valid(Function) THEN json_extract(Function, '$.shared_memory') END,
   CASE WHEN json_valid(Miscs) THEN json_extract(Miscs, '$.external_profile.time') END,
   CASE WHEN json_valid(Miscs) THEN json_extract(Miscs, '$.external_profile.resource') END,
-  CASE WHEN json_valid(Miscs) THEN json_extract(Miscs, '$.kdb.name') END
+  CASE WHEN json_valid(Miscs) THEN json_extract(Miscs, '$.kdb.name') END,
+  {lint}
 FROM (SELECT *,
   CASE WHEN json_valid(Function) THEN json_extract(Function, '$.num_syncthreads') END AS barriers,
-  CASE WHEN json_valid(Function) THEN json_extract(Function, '$.block_dim[0]') * json_extract(Function, '$.block_dim[1]')
-       * json_extract(Function, '$.block_dim[2]') END AS threads,
+  CASE WHEN json_valid(Function) THEN json_extract(Function, '$.block_dim[0]')
+       * json_extract(Function, '$.block_dim[1]') * json_extract(Function, '$.block_dim[2]') END AS threads,
   CASE WHEN json_valid(Function) THEN json_extract(Function, '$.grid_dim[0]') * json_extract(Function, '$.grid_dim[1]')
        * json_extract(Function, '$.grid_dim[2]') END AS blocks
   FROM KernelCache)
 """
+_SUMMARY_SQL = _SUMMARY_SQL_TEMPLATE.replace("{lint}", LINT_SQL)
 
 
 def _summary(r: tuple[Any, ...]) -> KernelSummary:
@@ -118,13 +135,14 @@ def _summary(r: tuple[Any, ...]) -> KernelSummary:
     if isinstance(r[10], str):
         try:
             times = parse_profile(r[10])
-        except Exception as exc:  # noqa: BLE001 - shown as the row's profile problem
+        except Exception as exc:
             err = str(exc)
     return KernelSummary(
         key=r[0], identifier=r[1], op_type=r[2], source=r[3] or "", device_type=r[4] or "", tags=r[5] or "",
         grid=as_list(r[6]), block=as_list(r[7]), barriers=r[8] if isinstance(r[8], int) else None,
         shared_bytes=sm, times=times, profile_error=err,
         resource=r[11] if isinstance(r[11], int) else None, name=r[12] if isinstance(r[12], str) else "",
+        problem=r[13] or "",
     )
 
 
@@ -136,6 +154,7 @@ def list_kernels(db: KernelDB, flt: KernelFilter | None = None, *, sort: str = "
     order = f"{column} {'DESC' if descending else 'ASC'}, Key"
     sql = f"{_SUMMARY_SQL} {where} ORDER BY {order} LIMIT ? OFFSET ?"
     conn = db.connection()
+    register_functions(conn)
     with conn.begin():
         rows = conn.exec_driver_sql(sql, (*params, limit if limit > 0 else -1, offset)).fetchall()
     return [_summary(tuple(r)) for r in rows]
@@ -143,7 +162,17 @@ def list_kernels(db: KernelDB, flt: KernelFilter | None = None, *, sort: str = "
 
 def count_kernels(db: KernelDB, flt: KernelFilter | None = None) -> int:
     where, params = (flt or KernelFilter()).where()
+    register_functions(db.connection())
     return db.count(where, params)
+
+
+def register_functions(conn: sa.Connection) -> None:
+    """The SQL functions the browser's queries use (once per connection)."""
+    if conn.info.get("kdb_functions"):
+        return
+    raw = conn.connection.driver_connection
+    raw.create_function("kdb_quick_problem", 10, quick_problem, deterministic=True)  # type: ignore[union-attr]
+    conn.info["kdb_functions"] = True
 
 
 def op_types(db: KernelDB) -> list[tuple[str, int]]:

@@ -1,19 +1,15 @@
-// kdb_compat_reader DB_PATH [DEVICE_TYPE]
-//
-// Reads every row of an NNFusion kernel DB the way the NNFusion compiler does (its
-// KernelCacheManager::fetch_all, then the CacheBlockCudaEmitter / CacheCudaEmitter reads) and
-// reports, per row, whatever would crash the compiler or make the row unreachable. Our own code,
-// written from a description of the compiler's behaviour; the reads mirror its types and order so
-// that the same rows throw the same exceptions.
-//
-// Output: one line per problem, `row <rowid> key=<key> <identifier>: <severity>: <reason>`, then
-// `rows=N fetched=M crash=C unreachable=U`. Exit 0 if clean, 1 on crash/unreachable rows,
-// 2 on usage or open errors.
+// kdb_compat_reader DB_PATH [DEVICE_TYPE]: read every row of a kernel DB the way the NNFusion
+// compiler does (KernelCacheManager::fetch_all, then the cache emitters' reads of Function) and
+// report what would crash it or make a row unreachable. Our own code, written from a description
+// of the compiler; the reads keep its order and its types, so the same rows throw the same way.
+// Prints `row <rowid> key=<key> <identifier>: <severity>: <reason>` per problem, then `rows=N
+// fetched=M crash=C unreachable=U`. Exit 0 if clean, 1 if not, 2 on usage/open/read errors.
 #include <sqlite3.h>
 
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -38,11 +34,10 @@ const std::set<std::string> kSupportedOps = {
 const char* kFetchSql =
     "SELECT Key, Identifier, OpType, Attributes, Source, DeviceType, Function, Tags, Miscs "
     "FROM KernelCache WHERE (Identifier = ?) AND (DeviceType = ?);";
-const char* kColumns[] = {"Key",    "Identifier", "OpType", "Attributes", "Source",
-                          "DeviceType", "Function", "Tags", "Miscs"};
+const char* kColumns[] = {"Key", "Identifier", "OpType", "Attributes", "Source", "DeviceType",
+                          "Function", "Tags", "Miscs"};
 
-// What fetch_all builds for one row.
-struct Entry {
+struct Entry {  // what fetch_all builds for one row
   std::string key, identifier, op_type, source, device_type;
   json attributes, function, miscs;
   std::set<std::string> tags;
@@ -50,10 +45,21 @@ struct Entry {
   int resource = 0;
 };
 
-// How a row is named in the report.
-struct Label {
-  std::string rowid, key, identifier;
-};
+struct Label { std::string rowid, key, identifier; };  // how a row is named in the report
+
+// The compiler does std::string((char*)sqlite3_column_text(...)): UB (a crash) on NULL, and it
+// stops at the first NUL byte. Check first, then build the string the same way.
+std::string text(sqlite3_stmt* st, int col) {
+  const unsigned char* p = sqlite3_column_text(st, col);
+  if (!p) throw std::runtime_error(std::string("NULL column ") + kColumns[col]);
+  return std::string(reinterpret_cast<const char*>(p));
+}
+
+// A column as text, or `null_as` for NULL (for labels and bookkeeping, not the compiler's reads).
+std::string text_or(sqlite3_stmt* st, int col, const char* null_as) {
+  const unsigned char* p = sqlite3_column_text(st, col);
+  return p ? std::string(reinterpret_cast<const char*>(p)) : std::string(null_as);
+}
 
 struct Reader {
   sqlite3* db = nullptr;
@@ -65,23 +71,18 @@ struct Reader {
   void report(const Label& l, const char* severity, const std::string& why) {
     std::cout << "row " << l.rowid << " key=" << l.key.substr(0, 20) << " "
               << l.identifier.substr(0, 60) << ": " << severity << ": " << why << "\n";
-    if (std::string(severity) == "crash") ++crash;
-    if (std::string(severity) == "unreachable") ++unreachable;
+    crash += std::string(severity) == "crash";
+    unreachable += std::string(severity) == "unreachable";
   }
 
-  // Read the label without std::string-from-NULL, before the compiler-order reads.
+  // Name the fetched row (rowid through its Key) and mark it seen.
   Label label_of(sqlite3_stmt* st) {
-    auto raw = [&](int col) {
-      const unsigned char* p = sqlite3_column_text(st, col);
-      return p ? std::string(reinterpret_cast<const char*>(p)) : std::string("(NULL)");
-    };
-    Label l{"?", raw(0), raw(1)};
-    if (sqlite3_column_type(st, 0) != SQLITE_NULL) {
-      auto it = rowid_of_key.find(l.key);
-      if (it != rowid_of_key.end()) {
-        l.rowid = std::to_string(it->second);
-        seen.insert(it->second);
-      }
+    Label l{"?", text_or(st, 0, "(NULL)"), text_or(st, 1, "(NULL)")};
+    auto it = sqlite3_column_type(st, 0) == SQLITE_NULL ? rowid_of_key.end()
+                                                         : rowid_of_key.find(l.key);
+    if (it != rowid_of_key.end()) {
+      seen.insert(it->second);
+      l.rowid = std::to_string(it->second);
     }
     return l;
   }
@@ -89,22 +90,14 @@ struct Reader {
   void fetch(const std::string& identifier);
 };
 
-// The compiler does std::string((char*)sqlite3_column_text(...)): UB (a crash) on NULL, and it
-// stops at the first NUL byte. Check first, then build the string the same way.
-std::string text(sqlite3_stmt* st, int col) {
-  const unsigned char* p = sqlite3_column_text(st, col);
-  if (!p) throw std::runtime_error(std::string("NULL column ") + kColumns[col]);
-  return std::string(reinterpret_cast<const char*>(p));
-}
-
 // std::stof's own what() is just "stof"; say which text it choked on.
 float stof_checked(const std::string& s) {
   try {
     return std::stof(s);
-  } catch (const std::invalid_argument&) {
-    throw std::runtime_error("std::stof(\"" + s + "\") throws std::invalid_argument");
-  } catch (const std::out_of_range&) {
-    throw std::runtime_error("std::stof(\"" + s + "\") throws std::out_of_range");
+  } catch (const std::logic_error& ex) {  // std::invalid_argument or std::out_of_range
+    bool range = dynamic_cast<const std::out_of_range*>(&ex) != nullptr;
+    throw std::runtime_error("std::stof(\"" + s + "\") throws std::" +
+                             (range ? "out_of_range" : "invalid_argument"));
   }
 }
 
@@ -126,17 +119,16 @@ void read_profile(Entry& e, std::string& stage) {
   e.resource = miscs["external_profile"]["resource"].get<int>();
 }
 
-// The emitters' reads of Function. Returns warnings (odd but harmless to the compiler).
-std::vector<std::string> emitter_reads(const Entry& e, std::string& stage) {
-  std::vector<std::string> warnings;
-  json f = e.function;  // the emitters index a copy with operator[]; same throws
-  stage = "Function";
-  if (f.is_null()) throw std::runtime_error("CHECK failed: Function is JSON null");
+// The emitters' reads of Function, in their order and with the types they convert to.
+void emitter_reads(const Entry& e, std::string& stage) {
   bool block = e.tags.count("BlockCudaEmitter") > 0;
   // Kernel selection hands External rows to CacheBlockCudaEmitter after this CHECK.
   stage = "Tags";
   if (e.source == "External" && !block)
     throw std::runtime_error("CHECK failed: Source External without tag BlockCudaEmitter");
+  json f = e.function;  // the emitters index a copy with operator[]; same throws
+  stage = "Function";   // the emitter's constructor CHECKs this
+  if (f.is_null()) throw std::runtime_error("CHECK failed: Function is JSON null");
   stage = "Function.function_signature";
   f["function_signature"].get<std::string>();
   stage = "Function.function_body";  // CacheCudaEmitter's body
@@ -145,41 +137,37 @@ std::vector<std::string> emitter_reads(const Entry& e, std::string& stage) {
     stage = std::string("Function.") + dim;
     for (int i = 0; i < 3; ++i) f[dim][i].get<unsigned>();
   }
-  if (!block) return warnings;
+  if (!block) return;
   // CacheBlockCudaEmitter::emit_function_body.
   stage = "Function.shared_memory";
-  if (f.find("shared_memory") == f.end())
-    throw std::runtime_error("CHECK failed: Function has no shared_memory");
+  if (f.find("shared_memory") == f.end()) throw std::runtime_error("CHECK failed: no such key");
   json& sm = f["shared_memory"];
   if (sm.size() > 0) {
-    // The loop runs over symbol's length; a shorter dtype/size grows with nulls and throws.
+    // The loop runs over symbol's length: a shorter dtype/size grows with nulls and throws,
+    // a longer one is ignored.
     for (size_t i = 0; i < sm["symbol"].size(); ++i) {
+      stage = "Function.shared_memory[" + std::to_string(i) + "]";
       sm["symbol"][i].get<std::string>();
       sm["dtype"][i].get<std::string>();
       sm["size"][i].get<size_t>();
     }
-    if (sm["dtype"].size() != sm["symbol"].size() || sm["size"].size() != sm["symbol"].size())
-      warnings.push_back("shared_memory dtype/size longer than symbol (extra entries ignored)");
   }
   stage = "Function.num_syncthreads";
-  if (f.find("num_syncthreads") == f.end())
-    throw std::runtime_error("CHECK failed: Function has no num_syncthreads");
+  if (f.find("num_syncthreads") == f.end()) throw std::runtime_error("CHECK failed: no such key");
   f["num_syncthreads"].get<int>();
   stage = "Function.block_function_body";
   f["block_function_body"].get<std::string>();
-  return warnings;
 }
 
 void Reader::fetch(const std::string& identifier) {
   sqlite3_stmt* st = nullptr;
   if (sqlite3_prepare(db, kFetchSql, -1, &st, nullptr) != SQLITE_OK)
-    throw std::runtime_error(std::string("prepare failed: ") + sqlite3_errmsg(db));
+    throw std::runtime_error(std::string("cannot prepare the fetch: ") + sqlite3_errmsg(db));
   sqlite3_bind_text(st, 1, identifier.data(), static_cast<int>(identifier.size()), SQLITE_STATIC);
   sqlite3_bind_text(st, 2, device.data(), static_cast<int>(device.size()), SQLITE_STATIC);
 
   std::vector<std::pair<Label, Entry>> rows;  // what fetch_all would return
-  bool dropped = false;  // an unsupported OpType empties the whole fetch
-  Label dropper;
+  std::optional<Label> dropper;               // a row whose OpType empties the whole fetch
   while (sqlite3_step(st) == SQLITE_ROW) {
     Label l = label_of(st);
     Entry e;
@@ -195,10 +183,9 @@ void Reader::fetch(const std::string& identifier) {
       stage = "Function";   e.function = json::parse(text(st, 6));
       stage = "Miscs";      e.miscs = json::parse(text(st, 8));
       if (!kSupportedOps.count(e.op_type)) {  // the compiler clears the result and stops reading
-        dropped = true;
         dropper = l;
-        report(l, "unreachable", "OpType '" + e.op_type +
-                                     "' is not supported: the compiler drops every row of this identifier");
+        report(l, "unreachable", "OpType '" + e.op_type + "' is not supported: the compiler "
+                                 "drops every row of this identifier");
         break;
       }
       stage = "Tags";  // split on ',' into a set
@@ -212,19 +199,21 @@ void Reader::fetch(const std::string& identifier) {
       report(l, "crash", stage + ": " + ex.what());
     }
   }
-  if (dropped) {
-    std::string why = "fetch emptied by unsupported OpType in row " + dropper.rowid;
+  if (dropper) {
+    std::string why = "fetch emptied by unsupported OpType in row " + dropper->rowid;
     for (auto& r : rows) report(r.first, "unreachable", why);
-    while (sqlite3_step(st) == SQLITE_ROW) report(label_of(st), "unreachable", why + " (never read)");
-    sqlite3_finalize(st);
-    return;
+    while (sqlite3_step(st) == SQLITE_ROW)
+      report(label_of(st), "unreachable", why + " (never read)");
   }
-  sqlite3_finalize(st);
+  // The compiler CHECKs finalize: a step that failed (corrupt file, lock) would crash it.
+  if (sqlite3_finalize(st) != SQLITE_OK)
+    throw std::runtime_error(std::string("fetch failed: ") + sqlite3_errmsg(db));
+  if (dropper) return;
   fetched += static_cast<long long>(rows.size());
   for (auto& r : rows) {
     std::string stage;
     try {
-      for (auto& w : emitter_reads(r.second, stage)) report(r.first, "warn", w);
+      emitter_reads(r.second, stage);
     } catch (const std::exception& ex) {
       report(r.first, "crash", stage + ": " + ex.what());
     }
@@ -235,50 +224,46 @@ void Reader::fetch(const std::string& identifier) {
 
 int main(int argc, char** argv) {
   if (argc < 2 || argc > 3) {
-    std::cerr << "usage: " << argv[0] << " DB_PATH [DEVICE_TYPE]   (DEVICE_TYPE default CUDA_GPU)\n";
+    std::cerr << "usage: " << argv[0] << " DB_PATH [DEVICE_TYPE]  (default CUDA_GPU)\n";
     return 2;
   }
   Reader r;
   r.device = argc == 3 ? argv[2] : "CUDA_GPU";
-  if (sqlite3_open_v2(argv[1], &r.db, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) {
-    std::cerr << "cannot open " << argv[1] << ": " << sqlite3_errmsg(r.db) << "\n";
+  auto fail = [&](const std::string& what) {
+    std::cerr << argv[1] << ": " << what << "\n";
     sqlite3_close(r.db);
     return 2;
-  }
-  auto col = [](sqlite3_stmt* st, int i) {
-    const unsigned char* p = sqlite3_column_text(st, i);
-    return p ? std::string(reinterpret_cast<const char*>(p)) : std::string();
   };
+  if (sqlite3_open_v2(argv[1], &r.db, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK)
+    return fail(std::string("cannot open: ") + sqlite3_errmsg(r.db));
   // Every row, for the totals and to find rows no fetch ever returns.
   struct Row { long long rowid; bool has_key; std::string key, identifier, device; };
   std::vector<Row> all;
   std::set<std::pair<std::string, std::string>> pairs;
   sqlite3_stmt* st = nullptr;
   if (sqlite3_prepare_v2(r.db, "SELECT rowid, Key, Identifier, DeviceType FROM KernelCache", -1,
-                         &st, nullptr) != SQLITE_OK) {
-    std::cerr << "cannot read KernelCache in " << argv[1] << ": " << sqlite3_errmsg(r.db) << "\n";
-    sqlite3_close(r.db);
-    return 2;
-  }
-  while (sqlite3_step(st) == SQLITE_ROW) {
-    Row row{sqlite3_column_int64(st, 0), sqlite3_column_type(st, 1) != SQLITE_NULL, col(st, 1),
-            col(st, 2), col(st, 3)};
+                         &st, nullptr) != SQLITE_OK)
+    return fail(std::string("cannot read KernelCache: ") + sqlite3_errmsg(r.db));
+  int rc;
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+    Row row{sqlite3_column_int64(st, 0), sqlite3_column_type(st, 1) != SQLITE_NULL,
+            text_or(st, 1, ""), text_or(st, 2, ""), text_or(st, 3, "")};
     if (row.has_key) r.rowid_of_key[row.key] = row.rowid;
     // The compiler only ever asks for a real identifier; NULL ones are caught below.
     if (sqlite3_column_type(st, 2) != SQLITE_NULL) pairs.emplace(row.identifier, row.device);
     all.push_back(std::move(row));
   }
+  std::string error = rc == SQLITE_DONE ? "" : sqlite3_errmsg(r.db);
   sqlite3_finalize(st);
+  if (!error.empty()) return fail("cannot read KernelCache: " + error);
 
-  long long other_device = 0;
-  try {
+  try {  // every (Identifier, DeviceType) pair of our device, as the compiler would ask
     for (auto& p : pairs)
       if (p.second == r.device) r.fetch(p.first);
   } catch (const std::exception& ex) {
-    std::cerr << ex.what() << "\n";
-    sqlite3_close(r.db);
-    return 2;
+    return fail(ex.what());
   }
+  long long other_device = 0;
   for (auto& row : all) {
     if (row.device != r.device) { ++other_device; continue; }
     if (row.has_key && !r.seen.count(row.rowid))  // e.g. NULL or BLOB Identifier/DeviceType

@@ -1,0 +1,113 @@
+"""The console: a small App of modes (one screen each), global bindings and the command palette.
+
+Screens own their layout and their workers; the App only switches modes, keeps the shared context,
+shows the open DB and device in the header, and handles every worker failure in one place.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar
+
+from textual import work
+from textual.app import App
+from textual.binding import Binding, BindingType
+from textual.worker import Worker, WorkerState
+
+from console.commands import ActionCommands
+from console.context import ConsoleContext
+from console.screens.failures import FailuresScreen
+from console.screens.help import HelpScreen
+from console.screens.inject import InjectScreen
+from console.screens.kernels import KernelsScreen
+from console.screens.settings import SettingsScreen
+from core.db.kernel_db import default_db_path
+
+STYLES = Path(__file__).resolve().parent.parent / "styles"
+
+
+class KdbApp(App[int]):
+    TITLE = "kdb"
+    CSS_PATH = STYLES / "app.tcss"
+    COMMANDS: ClassVar = App.COMMANDS | {ActionCommands}
+    MODES: ClassVar = {
+        "kernels": KernelsScreen,
+        "inject": InjectScreen,
+        "failures": FailuresScreen,
+        "settings": SettingsScreen,
+    }
+    DEFAULT_MODE = "kernels"
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("1", "switch_mode('kernels')", "Kernels"),
+        Binding("2", "switch_mode('inject')", "Inject"),
+        Binding("3", "switch_mode('failures')", "Failures"),
+        Binding("4", "switch_mode('settings')", "GPU & SM"),
+        Binding("question_mark,f1", "help", "Help"),
+        Binding("ctrl+t", "toggle_theme", "Light/dark"),
+        Binding("q", "quit", "Quit"),
+    ]
+
+    def __init__(self, context: ConsoleContext) -> None:
+        super().__init__()
+        self.context = context
+
+    def on_mount(self) -> None:
+        self.sub_title = f"{self.context.db_path} · {self.context.device_summary}"
+        self.detect_device()
+
+    @work(thread=True, exit_on_error=False, group="device")
+    def detect_device(self) -> None:
+        from core.gpu.inventory import detect_devices
+
+        devices, reason = detect_devices()
+        summary = ", ".join(f"{d.name} ({d.arch})" for d in devices) if devices else reason
+        self.call_from_thread(self._set_device, summary)
+
+    def _set_device(self, summary: str) -> None:
+        self.context.device_summary = summary
+        self.sub_title = f"{self.context.db_path} · {summary}"
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    def action_toggle_theme(self) -> None:
+        self.theme = "textual-light" if self.theme == "textual-dark" else "textual-dark"
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        """The one place worker failures surface: a notification with the cause, and the log."""
+        if event.state is WorkerState.ERROR and event.worker.error is not None:
+            error = event.worker.error
+            from core.errors import KdbError
+
+            message = str(error) if isinstance(error, KdbError) else f"{type(error).__name__}: {error}"
+            self.log.error(f"worker {event.worker.name} failed: {message}")
+            self.notify(message, title=f"{event.worker.name or 'task'} failed", severity="error", timeout=10)
+
+
+def run_app(db_path: str | None = None, *, demo: bool = False) -> int:
+    if demo and db_path is None:
+        path = _demo_db()
+    else:
+        path = Path(db_path).expanduser() if db_path else default_db_path()
+    app = KdbApp(ConsoleContext(db_path=path, demo=demo))
+    return app.run() or 0
+
+
+def _demo_db() -> Path:
+    """Build the demo DB on first use (compile-checked when nvcc is here), then reuse it."""
+    from core.demo import build_demo_db, demo_db_path
+    from core.errors import ToolError
+    from core.nvcc import find_nvcc
+    from core.settings import load_settings
+
+    if demo_db_path().exists():
+        return demo_db_path()
+    print("building the demo kernel DB (first run only)…", flush=True)
+    settings = load_settings()
+    try:
+        nvcc = find_nvcc(settings.nvcc_path)
+    except ToolError:
+        nvcc = ""
+    path, _ = build_demo_db(compile_check=bool(nvcc), archs=tuple(settings.archs), nvcc=nvcc,
+                            workers=settings.effective_workers())
+    return path

@@ -1,0 +1,21 @@
+"""What every screen of the console needs to know, handed down from the App ("attributes down")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from core.db.kernel_db import KernelDB
+from core.settings import Settings, load_settings
+
+
+@dataclass
+class ConsoleContext:
+    db_path: Path
+    settings: Settings = field(default_factory=load_settings)
+    demo: bool = False
+    device_summary: str = "detecting GPU…"
+
+    def open_db(self, *, write: bool = False) -> KernelDB:
+        """A short-lived handle for one worker's job (each worker opens its own: no shared connection)."""
+        return KernelDB.open(self.db_path, write=write)

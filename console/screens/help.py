@@ -1,0 +1,50 @@
+"""The help screen: what each view is for and the keys that drive it."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Markdown
+
+HELP = """\
+# kdb console
+
+Fill and inspect NNFusion's kernel DB. Every view works with the keyboard alone (and the mouse).
+
+| key | anywhere |
+| --- | --- |
+| `1` `2` `3` `4` | Kernels · Inject · Failures · GPU & SM settings |
+| `ctrl+p` | command palette: every action, searchable |
+| `ctrl+t` | light / dark theme |
+| `?` `f1` | this help · `q` quit |
+
+**Kernels**: the rows of the DB, paged from SQL (big DBs stay instant). Type to filter by identifier;
+pick op type, source, tag, device or lint status; click a header to sort. `n`/`p` next/previous page,
+`space` marks rows, `d` deletes (asks first; `u` undoes until you quit), `e` exports the marked rows (or
+the current one) as kernel JSON, `c` copies the identifier, `b` the CUDA body.
+
+**Inject**: pick files or directories in the tree (`space` adds, `enter` opens), set the SM archs and
+options, `ctrl+r` runs the pipeline with a progress bar per stage; `escape` cancels between kernels.
+
+**Failures**: every conversion that failed, grouped by stage and reason. The detail shows the cause and
+the offending place (the nvcc error line, the JSON field). `r` retries the selected one, `R` all of them
+(for instance after changing the SM arch), `e` edits the item and retries, `x` dismisses.
+
+**GPU & SM**: the CUDA devices found here, target SM archs, the product name written into profiles (it
+must equal NNFusion's `-fproduct_name`), nvcc and timeouts. Saved to the same TOML file the CLI reads.
+"""
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,q,question_mark,f1", "close", "Close")]
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(classes="dialog dialog-wide"):
+            yield Markdown(HELP)
+
+    def action_close(self) -> None:
+        self.dismiss(None)

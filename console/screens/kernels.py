@@ -1,0 +1,367 @@
+"""Kernels: browse the DB a page at a time, filter as you type, sort, inspect, delete/undo, export, copy.
+
+All DB work happens in thread workers that post messages back; the screen applies them. Each reload
+carries a generation number so a slow, stale page never overwrites a newer one.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import ClassVar
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import Button, DataTable, Footer, Header, Input, Select, Static
+
+from console.widgets.dialogs import ConfirmDialog, PathDialog
+from console.widgets.kernel_detail import KernelDetail
+from console.widgets.kernel_table import COLUMNS, KernelTable
+from core.db.browse import KernelFilter, KernelSummary, count_kernels, list_kernels, op_types
+from core.db.kernel_db import KernelDB, Schema
+from core.kernel_row import KernelRow
+
+PAGE_SIZE = 100
+ALL = "__all__"
+
+
+class KernelsScreen(Screen[None]):
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("slash", "focus_filter", "Filter"),
+        Binding("n", "page(1)", "Next page"),
+        Binding("p", "page(-1)", "Prev page"),
+        Binding("space", "mark", "Mark", show=False),
+        Binding("d", "delete", "Delete"),
+        Binding("u", "undo", "Undo delete"),
+        Binding("e", "export", "Export JSON"),
+        Binding("c", "copy_identifier", "Copy id"),
+        Binding("b", "copy_body", "Copy body", show=False),
+        Binding("r", "reload", "Reload", show=False),
+        Binding("C", "convert", "Convert osdi20", show=False),
+    ]
+
+    @dataclass
+    class PageLoaded(Message):
+        generation: int
+        rows: list[KernelSummary]
+        total: int
+        offset: int
+        op_types: list[str]
+        schema: Schema
+
+    @dataclass
+    class DetailLoaded(Message):
+        key: str
+        view: dict | None
+        findings: list
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kernel_filter = KernelFilter()
+        self.sort, self.descending = "op", False
+        self.page_offset, self.total = 0, 0
+        self.generation = 0
+        self.marked: set[str] = set()
+        self.undo_stack: list[list[KernelRow]] = []
+        self.rows: list[KernelSummary] = []
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with Horizontal(id="banner", classes="hidden"):
+            yield Static(id="banner-text")
+            yield Button("Convert…", id="convert", variant="warning")
+        with Horizontal(id="filters"):
+            yield Input(placeholder="filter: identifier or key…", id="filter-text")
+            yield Select([], prompt="op type", id="filter-op", allow_blank=True)
+            yield Select([("External", "External"), ("NNFusion", "NNFusion"), ("Antares", "Antares")],
+                         prompt="source", id="filter-source")
+            yield Input(placeholder="tag", id="filter-tag", classes="narrow")
+            yield Select([("CUDA_GPU", "CUDA_GPU"), ("ROCM_GPU", "ROCM_GPU"), ("GENERIC_CPU", "GENERIC_CPU")],
+                         prompt="device", id="filter-device")
+            yield Select([("ok", "ok"), ("problems", "problems")], prompt="lint", id="filter-lint")
+        with Horizontal(id="kernels-main"):
+            with Vertical(id="kernels-left"):
+                yield KernelTable(id="kernel-table")
+                yield Static(id="page-status")
+            yield KernelDetail(id="kernel-detail")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one(KernelTable).focus()
+        self.reload()
+
+    # -- loading ----------------------------------------------------------------------------
+
+    def reload(self) -> None:
+        self.generation += 1
+        self.load_page(self.generation, self.kernel_filter, self.sort, self.descending, self.page_offset)
+
+    @work(thread=True, exit_on_error=False, group="page", exclusive=True)
+    def load_page(self, generation: int, flt: KernelFilter, sort: str, descending: bool, offset: int) -> None:
+        with self.app.context.open_db() as db:  # type: ignore[attr-defined]
+            if db.schema is not Schema.CURRENT:
+                self.post_message(self.PageLoaded(generation, [], 0, 0, [], db.schema))
+                return
+            total = count_kernels(db, flt)
+            rows = list_kernels(db, flt, sort=sort, descending=descending, offset=offset, limit=PAGE_SIZE)
+            ops = [op for op, _ in op_types(db)]
+        self.post_message(self.PageLoaded(generation, rows, total, offset, ops, db.schema))
+
+    def on_kernels_screen_page_loaded(self, message: PageLoaded) -> None:
+        if message.generation != self.generation:
+            return  # a newer request is on its way
+        self.rows, self.total, self.page_offset = message.rows, message.total, message.offset
+        with self.app.batch_update():
+            self.query_one(KernelTable).show(message.rows, self.marked)
+            self._update_op_choices(message.op_types)
+            self._update_banner(message.schema)
+            self._update_status()
+        if not message.rows:
+            self.query_one(KernelDetail).show(None, [])
+
+    def _update_op_choices(self, ops: list[str]) -> None:
+        select = self.query_one("#filter-op", Select)
+        wanted = [(op, op) for op in ops]
+        if getattr(select, "_kdb_ops", None) != wanted:
+            select._kdb_ops = wanted  # type: ignore[attr-defined]
+            with select.prevent(Select.Changed):
+                select.set_options(wanted)
+                if self.kernel_filter.op_type in ops:
+                    select.value = self.kernel_filter.op_type
+
+    def _update_banner(self, schema: Schema) -> None:
+        banner = self.query_one("#banner")
+        if schema is Schema.OSDI20:
+            self.query_one("#banner-text", Static).update(
+                "This DB uses the older osdi20 schema: shown read-only. Convert it into a new file to use it.")
+            banner.remove_class("hidden")
+        elif schema is Schema.EMPTY:
+            self.query_one("#banner-text", Static).update("This DB has no KernelCache table yet: inject kernels.")
+            banner.remove_class("hidden")
+            self.query_one("#convert", Button).display = False
+        else:
+            banner.add_class("hidden")
+
+    def _update_status(self) -> None:
+        sort = next((label for _, label, s, _ in COLUMNS if s == self.sort), self.sort)
+        end = min(self.page_offset + PAGE_SIZE, self.total)
+        pages = max(1, -(-self.total // PAGE_SIZE))
+        text = (f"rows {self.page_offset + 1 if self.total else 0}-{end} of {self.total:,} · page "
+                f"{self.page_offset // PAGE_SIZE + 1}/{pages} · sorted by {sort} {'↓' if self.descending else '↑'}")
+        if self.marked:
+            text += f" · {len(self.marked)} marked"
+        if self.undo_stack:
+            text += f" · u undoes the last delete ({len(self.undo_stack[-1])} rows)"
+        self.query_one("#page-status", Static).update(text)
+
+    @on(DataTable.RowHighlighted, "#kernel-table")
+    def row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if event.row_key is not None and event.row_key.value is not None:
+            self.load_detail(str(event.row_key.value))
+
+    @work(thread=True, exit_on_error=False, group="detail", exclusive=True)
+    def load_detail(self, key: str) -> None:
+        from core.lint import lint_row
+        from core.rowview import describe_row
+
+        with self.app.context.open_db() as db:  # type: ignore[attr-defined]
+            rows = db.find(key)
+        if not rows:
+            self.post_message(self.DetailLoaded(key, None, []))
+            return
+        row = rows[0]
+        self.post_message(self.DetailLoaded(key, describe_row(row), lint_row((0, *row.values()))))
+
+    def on_kernels_screen_detail_loaded(self, message: DetailLoaded) -> None:
+        if self.query_one(KernelTable).current_key() == message.key:
+            self.query_one(KernelDetail).show(message.view, message.findings)
+
+    # -- filtering and sorting ----------------------------------------------------------------
+
+    @on(Input.Changed, "#filter-text")
+    @on(Input.Changed, "#filter-tag")
+    def text_filter_changed(self) -> None:
+        # Debounce: typing fast reloads once, when the keys stop.
+        if getattr(self, "_debounce", None) is not None:
+            self._debounce.stop()
+        self._debounce = self.set_timer(0.15, self._apply_filters)
+
+    @on(Select.Changed)
+    def select_filter_changed(self) -> None:
+        self._apply_filters()
+
+    def _apply_filters(self) -> None:
+        def value(select_id: str) -> str:
+            v = self.query_one(select_id, Select).value
+            return v if isinstance(v, str) else ""
+
+        self.kernel_filter = KernelFilter(
+            text=self.query_one("#filter-text", Input).value.strip(),
+            op_type=value("#filter-op"), source=value("#filter-source"),
+            tag=self.query_one("#filter-tag", Input).value.strip(), device=value("#filter-device"),
+            lint=value("#filter-lint"),
+        )
+        self.page_offset = 0
+        self.reload()
+
+    @on(DataTable.HeaderSelected, "#kernel-table")
+    def header_selected(self, event: DataTable.HeaderSelected) -> None:
+        sort = next((s for key, _, s, _ in COLUMNS if key == event.column_key.value), None)
+        if sort is None:
+            self.notify("this column is not sortable", timeout=2)
+            return
+        self.descending = not self.descending if sort == self.sort else False
+        self.sort = sort
+        self.page_offset = 0
+        self.reload()
+
+    # -- actions -----------------------------------------------------------------------------
+
+    def action_focus_filter(self) -> None:
+        self.query_one("#filter-text", Input).focus()
+
+    def action_page(self, delta: int) -> None:
+        new = self.page_offset + delta * PAGE_SIZE
+        if 0 <= new < max(self.total, 1):
+            self.page_offset = new
+            self.reload()
+
+    def action_reload(self) -> None:
+        self.reload()
+
+    def action_mark(self) -> None:
+        key = self.query_one(KernelTable).current_key()
+        if key is None:
+            return
+        self.marked.symmetric_difference_update({key})
+        with self.app.batch_update():
+            self.query_one(KernelTable).show(self.rows, self.marked)
+            self._update_status()
+
+    def _selection(self) -> list[str]:
+        if self.marked:
+            return sorted(self.marked)
+        key = self.query_one(KernelTable).current_key()
+        return [key] if key else []
+
+    def action_delete(self) -> None:
+        keys = self._selection()
+        if not keys:
+            return
+
+        def confirmed(yes: bool | None) -> None:
+            if yes:
+                self.delete_rows(keys)
+
+        self.app.push_screen(ConfirmDialog(
+            f"Delete {len(keys)} kernel(s) from the DB?",
+            "The rows are kept in memory: `u` puts them back until you quit the console.",
+            confirm_label="Delete"), confirmed)
+
+    @work(thread=True, exit_on_error=False, group="write")
+    def delete_rows(self, keys: list[str]) -> None:
+        with self.app.context.open_db(write=True) as db:  # type: ignore[attr-defined]
+            removed = db.delete(keys)
+        self.app.call_from_thread(self._after_delete, removed)
+
+    def _after_delete(self, removed: list[KernelRow]) -> None:
+        if removed:
+            self.undo_stack.append(removed)
+        self.marked -= {r.key for r in removed}
+        self.notify(f"deleted {len(removed)} kernel(s); u to undo")
+        self.reload()
+
+    def action_undo(self) -> None:
+        if not self.undo_stack:
+            self.notify("nothing to undo", timeout=2)
+            return
+        self.restore_rows(self.undo_stack.pop())
+
+    @work(thread=True, exit_on_error=False, group="write")
+    def restore_rows(self, rows: list[KernelRow]) -> None:
+        with self.app.context.open_db(write=True) as db:  # type: ignore[attr-defined]
+            n = db.restore(rows)
+        self.app.call_from_thread(self.notify, f"restored {n} kernel(s)")
+        self.app.call_from_thread(self.reload)
+
+    def action_export(self) -> None:
+        keys = self._selection()
+        if not keys:
+            return
+        default = str(Path.cwd() / f"kdb-export-{time.strftime('%Y%m%d-%H%M%S')}.json")
+
+        def chosen(path: str | None) -> None:
+            if path:
+                self.export_rows(keys, Path(path).expanduser())
+
+        self.app.push_screen(PathDialog(f"Export {len(keys)} kernel(s) as kernel JSON to:", default), chosen)
+
+    @work(thread=True, exit_on_error=False, group="export")
+    def export_rows(self, keys: list[str], path: Path) -> None:
+        from core.export import row_to_item
+
+        with self.app.context.open_db() as db:  # type: ignore[attr-defined]
+            items = [row_to_item(r) for key in keys for r in db.find(key)]
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(items, indent=1), encoding="utf-8")
+        tmp.replace(path)
+        self.app.call_from_thread(self.notify, f"exported {len(items)} kernel(s) to {path}")
+
+    def _current(self) -> KernelSummary | None:
+        key = self.query_one(KernelTable).current_key()
+        return next((r for r in self.rows if r.key == key), None)
+
+    def action_copy_identifier(self) -> None:
+        row = self._current()
+        if row:
+            self.app.copy_to_clipboard(row.identifier)
+            self.notify("identifier copied")
+
+    def action_copy_body(self) -> None:
+        row = self._current()
+        if row:
+            self.copy_body(row.key)
+
+    @work(thread=True, exit_on_error=False, group="detail")
+    def copy_body(self, key: str) -> None:
+        with self.app.context.open_db() as db:  # type: ignore[attr-defined]
+            rows = db.find(key)
+        if rows:
+            body = json.loads(rows[0].function).get("function_body", "")
+            self.app.call_from_thread(self.app.copy_to_clipboard, body)
+            self.app.call_from_thread(self.notify, "CUDA body copied")
+
+    @on(Button.Pressed, "#convert")
+    def action_convert(self) -> None:
+        old: Path = self.app.context.db_path  # type: ignore[attr-defined]
+        default = str(old.with_name(old.stem + "-converted.db"))
+
+        def chosen(path: str | None) -> None:
+            if path:
+                self.convert(old, Path(path).expanduser())
+
+        self.app.push_screen(PathDialog("Convert this osdi20 DB into a new current-schema file:", default), chosen)
+
+    @work(thread=True, exit_on_error=False, group="write")
+    def convert(self, old: Path, new: Path) -> None:
+        from core.convert import convert_db
+
+        report = convert_db(old, new)
+        self.app.call_from_thread(
+            self.notify, f"{report.converted} rows converted into {new}; {len(report.failed)} could not be"
+            + ("" if not report.failed else f" (first: {report.failed[0]['reason']})"), timeout=10)
+
+    def set_db(self, path: Path) -> None:
+        """Open another DB (used after a conversion)."""
+        self.app.context.db_path = path  # type: ignore[attr-defined]
+        self.kernel_filter, self.page_offset = replace(self.kernel_filter), 0
+        self.reload()
+
+
+__all__ = ["KernelDB", "KernelsScreen"]

@@ -1,0 +1,80 @@
+"""The detail pane of the Kernels view: everything about one row, the CUDA body highlighted."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.console import Group
+from rich.syntax import Syntax
+from rich.table import Table
+from rich.text import Text
+from textual.containers import VerticalScroll
+from textual.widgets import Static
+
+from core.lint import Finding
+
+
+def render_detail(view: dict[str, Any], findings: list[Finding]) -> Group:
+    info = Table.grid(padding=(0, 1))
+    info.add_column(style="bold", no_wrap=True)
+    info.add_column(overflow="fold")
+    info.add_row("kernel", view.get("name") or "-")
+    info.add_row("identifier", view["identifier"])
+    info.add_row("key", view["key"])
+    info.add_row("op / source", f"{view['op_type']} · {view['source']} · {view['device_type']}")
+    info.add_row("tags", view["tags"])
+    info.add_row("attributes", json.dumps(view["attributes"]))
+    info.add_row("launch", f"grid {view['grid']} · block {view['block']} · resource {view['resource']}")
+    info.add_row("barriers", str(view["num_syncthreads"]))
+    parts: list[Any] = [info]
+
+    if view["shared_memory"]:
+        sm = Table(title="shared memory", title_justify="left", expand=False)
+        for col in ("symbol", "dtype", "size", "bytes"):
+            sm.add_column(col)
+        for s in view["shared_memory"]:
+            sm.add_row(s["symbol"], s["dtype"], str(s["size"]), "?" if s["bytes"] is None else f"{s['bytes']:,}")
+        parts.append(sm)
+
+    prof = Table(title="profile (NNFusion picks the smallest time, or time x resource with BlockFusion)",
+                 title_justify="left")
+    for col in ("device", "time", "resource", "time x resource"):
+        prof.add_column(col)
+    for p in view["profile"]:
+        prof.add_row(p["device"], f"{p['us']:.3f} us", str(p["resource"]), f"{p['efficiency']:,.0f}")
+    if not view["profile"]:
+        prof.add_row("-", "not measured", str(view["resource"]), "-")
+    parts.append(prof)
+    if view["profile_error"]:
+        parts.append(Text(f"profile: {view['profile_error']}", style="red"))
+
+    compiled = view.get("compile") or {}
+    for arch, kernels in compiled.items():
+        res = kernels.get("kdb_block_kernel") or next(iter(kernels.values()), {})
+        parts.append(Text(f"nvcc {arch}: {res.get('registers', '?')} registers, {res.get('shared_bytes', '?')} B smem, "
+                          f"{res.get('spill_stores', 0)}/{res.get('spill_loads', 0)} B spill st/ld"))
+    for note in view.get("notes") or []:
+        parts.append(Text(f"note: {note}", style="yellow"))
+    if findings:
+        for f in findings:
+            style = "bold red" if f.severity == "crash" else "magenta" if f.severity == "unreachable" else "yellow"
+            parts.append(Text(f"lint {f.severity}: {f.message}", style=style))
+    else:
+        parts.append(Text("lint: ok", style="green"))
+    parts.append(Syntax(view["signature"] + "\n{\n" + view["body"] + "\n}", "cuda", line_numbers=True,
+                        word_wrap=False, theme="ansi_dark"))
+    return Group(*parts)
+
+
+class KernelDetail(VerticalScroll):
+    def compose(self):  # type: ignore[no-untyped-def]
+        yield Static("Select a kernel to see its attributes, launch config, profile and CUDA body.", id="detail-body")
+
+    def show(self, view: dict[str, Any] | None, findings: list[Finding]) -> None:
+        body = self.query_one("#detail-body", Static)
+        if view is None:
+            body.update("No kernel selected.")
+            return
+        body.update(render_detail(view, findings))
+        self.scroll_home(animate=False)

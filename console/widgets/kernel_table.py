@@ -1,0 +1,78 @@
+"""The kernel table: one page of rows, updated by diffing on Key (no flicker, cursor kept)."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import DataTable
+
+from core.db.browse import KernelSummary
+
+COLUMNS = [  # (key, label, sort key or None, width)
+    ("mark", " ", None, 1),
+    ("op", "op type", "op", 18),
+    ("name", "kernel", "identifier", 34),
+    ("source", "source", "source", 8),
+    ("device", "device", "device", 8),
+    ("tags", "tags", "tags", 6),
+    ("launch", "grid / block", "blocks", 18),
+    ("smem", "smem B", None, 7),
+    ("barriers", "barriers", "barriers", 8),
+    ("time", "best time", None, 12),
+    ("lint", "lint", None, 24),
+]
+
+
+def _fit(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def cells(row: KernelSummary, marked: bool) -> list[object]:
+    best = row.best_time()
+    extra_tags = ",".join(t for t in row.tags.split(",") if t not in ("KernelEmitter", "CudaEmitter",
+                                                                       "BlockCudaEmitter"))
+    launch = f"{'x'.join(map(str, row.grid or []))} / {'x'.join(map(str, row.block or []))}"
+    return [
+        "●" if marked else " ",
+        _fit(row.op_type, 18),
+        _fit(row.name or row.identifier, 34),
+        row.source,
+        row.device_type,
+        extra_tags or "block",
+        launch,
+        "-" if row.shared_bytes is None else f"{row.shared_bytes:,}",
+        "?" if row.barriers is None else str(row.barriers),
+        Text(f"{best[1]:.2f} us", style="green") if best else Text("not measured", style="dim"),
+        Text("ok", style="green") if not row.problem else Text(_fit(row.problem, 24), style="bold red"),
+    ]
+
+
+class KernelTable(DataTable[object]):
+    """A DataTable that shows a page of KernelSummary rows keyed by Key."""
+
+    def on_mount(self) -> None:
+        self.cursor_type = "row"
+        self.zebra_stripes = True
+        for key, label, _, width in COLUMNS:
+            self.add_column(label, key=key, width=width)
+
+    def show(self, rows: list[KernelSummary], marked: set[str]) -> None:
+        """Bring the table to `rows` with as few changes as possible (call inside app.batch_update())."""
+        current = [str(k.value) for k in self.rows]
+        wanted = [r.key for r in rows]
+        if current != wanted:
+            keep = self.cursor_row
+            self.clear()
+            for r in rows:
+                self.add_row(*cells(r, r.key in marked), key=r.key)
+            if rows:
+                self.move_cursor(row=min(keep, len(rows) - 1))
+            return
+        for r in rows:
+            for (col, _, _, _), value in zip(COLUMNS, cells(r, r.key in marked), strict=True):
+                if str(self.get_cell(r.key, col)) != str(value):
+                    self.update_cell(r.key, col, value)
+
+    def current_key(self) -> str | None:
+        if not self.row_count:
+            return None
+        return str(self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value)

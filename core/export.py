@@ -1,0 +1,55 @@
+"""Rows back to kernel JSON (the artifact format), so kernels can move between DBs and be re-injected.
+
+The exported code is the row's own standalone kernel: `extern "C" __global__ void <name>(<signature
+parameters>) {<function_body>}`. Injecting it again gives the same Key, so a round trip is a no-op.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from core.errors import InputError
+from core.kernel_row import KernelRow
+from core.ops import CONV_FAMILY, POOLS
+
+_SAFE_NAME = re.compile(r"[^A-Za-z0-9_]")
+
+
+def row_to_item(row: KernelRow) -> dict[str, Any]:
+    try:
+        fn = json.loads(row.function)
+        attrs = json.loads(row.attributes)
+        miscs = json.loads(row.miscs) if row.miscs else {}
+    except ValueError as exc:
+        raise InputError(f"row {row.key[:20]} has a column that is not JSON: {exc}") from exc
+    if not isinstance(fn, dict) or not isinstance(attrs, dict):
+        raise InputError(f"row {row.key[:20]}: Function/Attributes are not JSON objects")
+    kdb = miscs.get("kdb", {}) if isinstance(miscs, dict) else {}
+    name = _SAFE_NAME.sub("_", str(kdb.get("name") or f"kdb_{row.key[4:16]}")) or "kdb_kernel"
+    if name[0].isdigit():
+        name = "k_" + name
+    sig = str(fn.get("function_signature", ""))
+    if "void (" not in sig:
+        raise InputError(f"row {row.key[:20]}: unexpected function_signature {sig[:60]!r}")
+    code = sig.replace("void (", f"void {name}(", 1) + " {" + str(fn.get("function_body", "")) + "}"
+    ins, outs = attrs.get("input_shape", []), attrs.get("output_shape", [])
+    p = attrs.get("parameters", {}) or {}
+    op = row.op_type
+    if op in CONV_FAMILY:
+        params: dict[str, Any] = {"input_shape": ins[0], "filter_shape": ins[1], "output_shape": outs[0], **p}
+    elif op == "Dot":
+        params = {"arg0_shape": ins[0], "arg1_shape": ins[1], "out_shape": outs[0],
+                  "transpose_A": bool(p.get("transpose_A", False)), "transpose_B": bool(p.get("transpose_B", False))}
+    elif op in POOLS:
+        params = {"input_shape": ins[0], "output_shape": outs[0], **p}
+    elif len(ins) == 1:
+        params = {"input_shape": ins[0], "output_shape": outs[0]}
+    else:
+        params = {"input_shapes": ins, "output_shape": outs[0]}
+    item: dict[str, Any] = {"tvm_func_name": name, "op_type": op, "parameters": params, "code": code,
+                            "gridDim": fn.get("grid_dim"), "blockDim": fn.get("block_dim")}
+    if attrs.get("dtype", "float") != "float":
+        item["dtype"] = attrs["dtype"]
+    return item

@@ -1,0 +1,45 @@
+"""Helpers for console tests: a small real DB built by the engine, and an app on it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from console.app import KdbApp
+from console.context import ConsoleContext
+from core.db.kernel_db import KernelDB
+from core.db.state import StateDB
+from core.demo import demo_kernels
+from core.inject import InjectOptions, Injector
+from core.settings import load_settings
+
+# Snapshot tests need the same path in the header on every run and machine.
+SNAPSHOT_DIR = Path("/tmp/kdb-snapshots")
+
+
+def build_small_db(path: Path, *, with_failure: bool = True) -> Path:
+    """The demo kernels (no nvcc, fast), injected by the engine; the unprovable one becomes a failure."""
+    for leftover in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        leftover.unlink(missing_ok=True)
+    items = demo_kernels() if with_failure else demo_kernels()[:-1]
+    src = path.parent / "small_kernels.json"
+    src.parent.mkdir(parents=True, exist_ok=True)
+    src.write_text(json.dumps(items), encoding="utf-8")
+    state = StateDB()
+    try:
+        with KernelDB.open(path, create=True) as db:
+            Injector(db, InjectOptions(compile=False), state=state).run([src])
+    finally:
+        state.close()
+    return path
+
+
+def make_app(db_path: Path) -> KdbApp:
+    return KdbApp(ConsoleContext(db_path=db_path, settings=load_settings(), device_summary="no CUDA device (test)"))
+
+
+class FixedDeviceApp(KdbApp):
+    """The app with device detection switched off, so snapshots do not depend on the machine."""
+
+    def detect_device(self) -> None:  # type: ignore[override]
+        self.sub_title = f"{self.context.db_path} · {self.context.device_summary}"

@@ -1,0 +1,123 @@
+"""Pilot tests of the Kernels view: page, filter as you type, sort, detail, mark, delete + undo, export."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from console_helpers import FixedDeviceApp, build_small_db
+
+from console.context import ConsoleContext
+from console.widgets.kernel_detail import KernelDetail
+from console.widgets.kernel_table import KernelTable
+from core.db.kernel_db import KernelDB
+from core.settings import load_settings
+
+
+@pytest.fixture
+def app(tmp_path: Path) -> FixedDeviceApp:
+    db = build_small_db(tmp_path / "k.db")
+    return FixedDeviceApp(ConsoleContext(db_path=db, settings=load_settings(), device_summary="no GPU (test)"))
+
+
+def shown_text(widget) -> str:
+    """What a Static shows, as plain text."""
+    from rich.console import Console
+
+    console = Console(width=200, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+    console.print(widget.content)
+    return console.export_text()
+
+
+async def wait_rows(pilot, table: KernelTable, n: int) -> None:
+    for _ in range(50):
+        await pilot.pause(0.05)
+        if table.row_count == n:
+            return
+    raise AssertionError(f"table has {table.row_count} rows, expected {n}")
+
+
+async def test_browse_filter_sort_and_detail(app: FixedDeviceApp):
+    async with app.run_test(size=(180, 50)) as pilot:
+        table = app.screen.query_one(KernelTable)
+        await wait_rows(pilot, table, 10)
+        await pilot.press("slash", *"Dot")
+        await wait_rows(pilot, table, 2)
+        await pilot.press("escape")
+        table.focus()
+        await pilot.press("down")
+        await pilot.pause(0.3)
+        detail = shown_text(app.screen.query_one("#detail-body"))
+        assert "Dot" in detail or "demo_dot" in detail
+        # sort by the kernel column, descending on the second click
+        await pilot.click("#kernel-table", offset=(30, 0))
+        await pilot.click("#kernel-table", offset=(30, 0))
+        await pilot.pause(0.3)
+        assert app.screen.sort == "identifier" and app.screen.descending
+
+
+async def test_lint_filter_shows_problem_rows_only(app: FixedDeviceApp, tmp_path: Path):
+    with KernelDB.open(app.context.db_path, write=True) as db:
+        conn = db.connection()
+        with conn.begin():
+            conn.exec_driver_sql("UPDATE KernelCache SET Tags = 'KernelEmitter' WHERE OpType = 'Relu'")
+    async with app.run_test(size=(180, 50)) as pilot:
+        table = app.screen.query_one(KernelTable)
+        await wait_rows(pilot, table, 10)
+        app.screen.query_one("#filter-lint").value = "problems"
+        await wait_rows(pilot, table, 1)
+
+
+async def test_delete_asks_then_undo_restores(app: FixedDeviceApp):
+    async with app.run_test(size=(180, 50)) as pilot:
+        table = app.screen.query_one(KernelTable)
+        await wait_rows(pilot, table, 10)
+        table.focus()
+        await pilot.press("space", "down", "space", "d")
+        await pilot.pause(0.2)
+        await pilot.press("y")
+        await wait_rows(pilot, table, 8)
+        with KernelDB.open(app.context.db_path) as db:
+            assert db.count() == 8
+        await pilot.press("u")
+        await wait_rows(pilot, table, 10)
+        with KernelDB.open(app.context.db_path) as db:
+            assert db.count() == 10
+
+
+async def test_export_writes_kernel_json_that_reinjects_unchanged(app: FixedDeviceApp, tmp_path: Path):
+    out = tmp_path / "export.json"
+    async with app.run_test(size=(180, 50)) as pilot:
+        table = app.screen.query_one(KernelTable)
+        await wait_rows(pilot, table, 10)
+        table.focus()
+        await pilot.press("e")
+        await pilot.pause(0.2)
+        field = app.screen.query_one("#path")
+        field.value = str(out)
+        await pilot.press("enter")
+        for _ in range(40):
+            await pilot.pause(0.05)
+            if out.exists():
+                break
+    items = json.loads(out.read_text())
+    assert len(items) == 1 and set(items[0]) >= {"tvm_func_name", "op_type", "parameters", "code", "gridDim"}
+    from core.db.state import StateDB
+    from core.inject import InjectOptions, Injector
+
+    with KernelDB.open(app.context.db_path, write=True) as db:
+        report = Injector(db, InjectOptions(compile=False), state=StateDB()).run([out])
+    assert report.unchanged == 1 and report.injected == 0 and report.failed == 0
+
+
+async def test_detail_pane_shows_shared_memory_and_not_measured(app: FixedDeviceApp):
+    async with app.run_test(size=(180, 50)) as pilot:
+        table = app.screen.query_one(KernelTable)
+        await wait_rows(pilot, table, 10)
+        await pilot.press("slash", *"dot_m64")
+        await wait_rows(pilot, table, 1)
+        table.focus()
+        await pilot.pause(0.4)
+        text = shown_text(app.screen.query_one(KernelDetail).query_one("#detail-body"))
+        assert "A_shared_kdb_flat" in text and "not measured" in text and "barriers" in text
