@@ -28,7 +28,7 @@ STYLES = Path(__file__).resolve().parent.parent / "styles"
 
 class KdbApp(App[int]):
     TITLE = "kdb"
-    CSS_PATH = STYLES / "app.tcss"
+    CSS_PATH: ClassVar = [STYLES / f"{name}.tcss" for name in ("app", "inject", "failures", "settings")]
     COMMANDS: ClassVar = App.COMMANDS | {ActionCommands}
     MODES: ClassVar = {
         "kernels": KernelsScreen,
