@@ -29,6 +29,7 @@ from core.errors import InputError, KdbError
 from core.kernel_json import iter_json_files, load_items, validate_item
 from core.kernel_row import KernelRow, build_row
 from core.nvcc import CompileResult, compile_check, find_nvcc
+from core.settings import Settings
 
 STAGES = ("read", "validate", "parse", "barriers", "compile", "gpu", "insert")
 GPU_NOT_RUN = "gpu stages (barrier count on the GPU, verification, timing): not run: no GPU stage yet"
@@ -44,6 +45,14 @@ class InjectOptions:
     nvcc_timeout_s: float = 120.0
     workers: int = 1  # processes for the CPU stages; nvcc checks run this many at a time too
     workdir: Path | None = None  # scratch space for nvcc (default: the state dir)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, *, archs: tuple[str, ...] | None = None, compile: bool = True,
+                      replace: bool = False, workers: int | None = None) -> InjectOptions:
+        """Options as the shared settings say, with what a command line or a form overrides."""
+        return cls(archs=archs or tuple(settings.archs), compile=compile, replace=replace,
+                   nvcc=settings.nvcc_path, nvcc_flags=tuple(settings.nvcc_flags),
+                   nvcc_timeout_s=settings.nvcc_timeout_s, workers=workers or settings.effective_workers())
 
 
 @dataclass

@@ -4,7 +4,7 @@
 Expectation: either one whole-file outcome (index None) or one outcome per item. An outcome's stage
 is where the file or item must fail, or "ok" (injected, or unchanged when it is already in the DB);
 a failure's reason must contain one of `mentions` (case-insensitive), the thing that makes it
-actionable: the field name, the cap, the construct.
+actionable: for a field problem the field's name, else the cap or the construct at fault.
 
 Every "ok" item is distinct from the others (its own shapes, so its own Key), except where a case
 repeats one on purpose.
@@ -427,6 +427,9 @@ items("lone_surrogates.json",
       bad(dot(1824, code=dot(1824)["code"].replace("float val = 0;", "float val = 0; // \udfff")),
           "validate", "code"),
       ok(relu(81)),
-      bad(without(dot(1856, name="bad\udbff"), "gridDim"), "validate", "gridDim"),
+      bad(without(dot(1856, name="bad\udbff"), "gridDim"), "validate", "gridDim", "tvm_func_name"),
       ok(conv(11)),
       into=_SURROGATE_CASES)
+# A file name that is not UTF-8 (byte 0xe9; Python spells it \udce9): legal on Linux, and only data.
+items("caf\udce9.json", ok(dot(1888)), ok(relu(82)), into=_SURROGATE_CASES)
+items("z_after.json", ok(dot(1920)), into=_SURROGATE_CASES)

@@ -34,9 +34,7 @@ def main(args: argparse.Namespace) -> int:
             out.print(f"dismissed {len(ids)} failure(s)")
             return 0
         settings = load_settings()
-        options = InjectOptions(archs=tuple(settings.archs), nvcc=settings.nvcc_path,
-                                nvcc_flags=tuple(settings.nvcc_flags), nvcc_timeout_s=settings.nvcc_timeout_s,
-                                workers=settings.effective_workers())
+        options = InjectOptions.from_settings(settings)
         with KernelDB.open(db_path, create=True) as db:
             report = retry_failures(ids, db, options, state)
         if args.json:

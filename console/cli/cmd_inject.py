@@ -31,11 +31,8 @@ def main(args: argparse.Namespace) -> int:
     missing = [str(p) for p in paths if not p.exists()]
     if missing:
         raise KdbError(f"no such file or directory: {', '.join(missing)}")
-    options = InjectOptions(
-        archs=archs, compile=compile_check, replace=args.replace, nvcc=settings.nvcc_path,
-        nvcc_flags=tuple(settings.nvcc_flags), nvcc_timeout_s=settings.nvcc_timeout_s,
-        workers=args.workers or settings.effective_workers(),
-    )
+    options = InjectOptions.from_settings(settings, archs=archs, compile=compile_check, replace=args.replace,
+                                          workers=args.workers)
     cancel = {"requested": False}
 
     def on_sigint(signum: int, frame: FrameType | None) -> None:
