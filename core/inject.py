@@ -282,11 +282,11 @@ class Injector:
         passed["parse"] += 1
         passed["barriers"] += 1
         assert item.row is not None
-        if not self.options.replace and self.db.has_key(item.row.key):
-            self._count_unchanged()
-            return
         if nvcc_pool is None:
-            self._insert(item, [])
+            self._insert(item, [])  # the insert itself finds an existing Key
+            return
+        if not self.options.replace and self.db.has_key(item.row.key):
+            self._count_unchanged()  # already stored: spare nvcc the work
             return
         function = json.loads(item.row.function)
         fut = nvcc_pool.submit(self._compile_all, function)

@@ -8,4 +8,4 @@ import argparse
 def main(args: argparse.Namespace) -> int:
     from console.app import run_app
 
-    return run_app(db_path=args.db)
+    return run_app(db_path=args.db, demo=args.demo)

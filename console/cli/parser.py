@@ -40,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("console", help=COMMANDS["console"][1])
     _db_option(p)
+    p.add_argument("--demo", action="store_true",
+                   help="open a demo DB the console builds itself on first use (no GPU needed)")
 
     p = sub.add_parser("inject", help=COMMANDS["inject"][1])
     _db_option(p)

@@ -96,6 +96,10 @@ class KernelsScreen(Screen[None]):
         self.query_one(KernelTable).focus()
         self.reload()
 
+    def on_screen_resume(self) -> None:
+        # Other views (Inject, Failures retries) change the DB: show the current state on return.
+        self.reload()
+
     # -- loading ----------------------------------------------------------------------------
 
     def reload(self) -> None:

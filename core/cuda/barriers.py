@@ -40,13 +40,9 @@ _FOR_STEP = re.compile(
 )
 _FOR_INIT = re.compile(
     r"\s*(?:(?:const\s+)?(?:unsigned\s+)?(?:int|long|size_t|short)\s+)?([A-Za-z_]\w*)\s*=\s*(.+?)\s*", re.S)
-_CONTROL_WORDS = ("for", "if", "while", "do", "switch", "else")
+_DECL_NEEDLES = ("int ", "long ", "_t ", "short ", "unsigned ")
+_ELSE = re.compile(r"\s*else\b")
 _RARE_WORDS = ("break", "continue", "case", "default")  # when present, read statement by statement
-# A statement (after a ';') that assigns a plain name, possibly declaring it.
-_RUN_ASSIGNMENT = re.compile(
-    r";\s*((?:(?:const|unsigned|signed|int|long|short|size_t|u?int(?:8|16|32|64)_t)\s+)*"
-    r"[A-Za-z_]\w*\s*(?:[-+*/%&|^]|<<|>>)?=(?!=)[^;]*)(?=;)"
-)
 _WRITE_AFTER = re.compile(r"\s*(?:(?:[-+*/%&|^]|<<|>>)?=(?!=)|\+\+|--)")
 _ASSIGNMENT = re.compile(r"\s*([A-Za-z_]\w*)\s*(?:[-+*/%&|^]|<<|>>)?=(?!=)")
 _OTHER_SYNC = re.compile(r"\b__syncthreads_(?:count|and|or)\b|\bthis_thread_block\b|\bgrid_group\b|\.sync\s*\(")
@@ -130,12 +126,10 @@ class _Builder:
         returns = find_words(self.m, "return", start, end)
         self.marks = sorted(barrier_positions + returns)
         self.last_barrier = barrier_positions[-1]
-        # Statement starts that need a look: keywords, barriers, braces. Between two of them lie only
-        # simple statements, read in one go for the integer locals they declare or change.
-        points = set(barrier_positions) | set(returns)
+        # Where to stop and look: barriers, returns and braces. Between two of them lie only simple
+        # statements, whose integer declarations are all that matters (found once, up front).
         self.fast = not any(find_words(self.m, w, start, end) for w in _RARE_WORDS if self.m.find(w, start, end) >= 0)
-        for word in _CONTROL_WORDS:
-            points.update(find_words(self.m, word, start, end))
+        points = set(barrier_positions) | set(returns)
         self.closing: dict[int, int] = {}
         stack: list[int] = []
         for brace in _BRACE.finditer(self.m, start, end):
@@ -145,6 +139,24 @@ class _Builder:
             elif stack:
                 self.closing[stack.pop()] = brace.start()
         self.points = sorted(points)
+        self.decls = self._find_decls(start, end)
+        self.decl_starts = [d[0] for d in self.decls]
+
+    def _find_decls(self, start: int, end: int) -> list[tuple[int, str]]:
+        """(statement start, statement text) of every integer declaration statement of the body."""
+        m = self.m
+        found: dict[int, str] = {}
+        for needle in _DECL_NEEDLES:
+            i = m.find(needle, start, end)
+            while i >= 0:
+                stmt_start = max(m.rfind(";", start, i), m.rfind("{", start, i), m.rfind("}", start, i)) + 1
+                if stmt_start not in found:
+                    semi = m.find(";", i, end)
+                    text = m[stmt_start:semi] if semi >= 0 else ""
+                    if semi >= 0 and _INT_DECL.fullmatch(text):
+                        found[stmt_start] = text
+                i = m.find(needle, i + len(needle), end)
+        return sorted(found.items())
 
     def close_brace(self, pos: int) -> int:
         close = self.closing.get(pos)
@@ -171,17 +183,24 @@ class _Builder:
             i = bisect.bisect_left(self.points, pos)
             nxt = min(self.points[i], b) if i < len(self.points) else b
             if self.fast and nxt > pos and self.m[pos:nxt].rstrip().endswith(";"):
-                self.simple_run(pos, nxt, nodes)
+                self.emit_decls(pos, nxt, nodes)  # a run of simple statements
                 pos = nxt
+            elif self.fast and nxt < b and self.m[nxt] == "{" and not self.relevant(pos, self.close_brace(nxt)) \
+                    and not _ELSE.match(self.m, self.close_brace(nxt) + 1):
+                # Simple statements, then a compound statement holding no barrier: skip it whole.
+                self.emit_decls(pos, nxt, nodes)
+                pos = self.close_brace(nxt) + 1
             else:
                 pos = self.statement(pos, b, nodes)
             pos = self.skip_ws(pos)
         return nodes
 
-    def simple_run(self, a: int, b: int, nodes: list[tuple]) -> None:
-        """Simple statements in [a, b): keep the integer locals they declare or assign."""
-        for m in _RUN_ASSIGNMENT.finditer(";" + self.m[a:b]):
-            self.note_assignment(m.group(1), nodes)
+    def emit_decls(self, a: int, b: int, nodes: list[tuple]) -> None:
+        """The integer declarations among the simple statements in [a, b)."""
+        i = bisect.bisect_left(self.decl_starts, a)
+        while i < len(self.decls) and self.decls[i][0] < b:
+            self.note_assignment(self.decls[i][1], nodes)
+            i += 1
 
     def statement(self, pos: int, limit: int, nodes: list[tuple]) -> int:
         """Parse the statement at pos, append its nodes, return the position after it."""

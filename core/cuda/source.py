@@ -68,14 +68,14 @@ def mask(code: str) -> str:
             pieces.append(code[pos:start + 1])
             pieces.append(_blank(code[start + 1:end]))
             pos = end
-            nxt = {t: (code.find(t, pos + 1) if i < pos + 1 else i) for t, i in nxt.items()}
+            nxt = {t: (code.find(t, pos + 1) if 0 <= i < pos + 1 else i) for t, i in nxt.items()}
             continue
         if end < 0:
             end = len(code)
         pieces.append(code[pos:start])
         pieces.append(_blank(code[start:end]))
         pos = end
-        nxt = {t: (code.find(t, pos) if i < pos else i) for t, i in nxt.items()}
+        nxt = {t: (code.find(t, pos) if 0 <= i < pos else i) for t, i in nxt.items()}
     if not pieces:
         return code
     pieces.append(code[pos:])

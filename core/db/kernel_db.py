@@ -193,9 +193,9 @@ class KernelDB:
         return InsertResult(InsertOutcome.REPLACED if removed else InsertOutcome.INSERTED, tuple(removed))
 
     def has_key(self, key: str) -> bool:
-        conn = self.connection()
-        with conn.begin():
-            return conn.exec_driver_sql("SELECT 1 FROM KernelCache WHERE Key = ?", (key,)).fetchone() is not None
+        # A plain autocommit read: no write lock, unlike the writer engine's transactions.
+        raw = self.connection().connection.driver_connection
+        return raw.execute("SELECT 1 FROM KernelCache WHERE Key = ?", (key,)).fetchone() is not None  # type: ignore[union-attr]
 
     def delete(self, keys: Sequence[str]) -> list[KernelRow]:
         """Delete rows by Key in one transaction; returns them so the caller can undo."""
