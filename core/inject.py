@@ -120,34 +120,40 @@ class InjectReport:
 def prepare(file: str, index: int, raw: Any) -> Prepared:
     name = raw.get("tvm_func_name", "") if isinstance(raw, dict) else ""
     name = name if isinstance(name, str) else ""
-    out = Prepared(file, index, name[:200])
+    out = Prepared(file, index, _printable(name[:200]))
 
     def fail(stage: str, reason: str, **detail: Any) -> Prepared:
         out.failure = ItemFailure(file, index, out.name, stage, reason, detail, _dump_input(raw))
         return out
 
+    stage = "validate"
     try:
         spec = validate_item(raw)
-    except InputError as exc:
-        return fail("validate", exc.reason, field=exc.where)
-    try:
+        stage = "parse"
         src = parse_kernel(spec.code)
+        stage = "barriers"
+        barriers = count_barriers(src, spec.block, spec.grid)
+        if not barriers.known:
+            return fail("barriers", f"{barriers.reason}; the GPU count is not run: no GPU stage yet")
+        stage = "parse"
+        out.row = build_row(spec, src, barriers, extra_miscs={"from": f"{_printable(Path(file).name)}#{index}"})
     except InputError as exc:
-        return fail("parse", exc.reason)
-    barriers = count_barriers(src, spec.block, spec.grid)
-    if not barriers.known:
-        return fail("barriers", f"{barriers.reason}; the GPU count is not run: no GPU stage yet")
-    try:
-        out.row = build_row(spec, src, barriers, extra_miscs={"from": f"{Path(file).name}#{index}"})
-    except InputError as exc:
-        return fail("parse", exc.reason, field=exc.where)
+        # str(exc) names the field or place ("parameters.output_shape[2]: ...").
+        return fail(stage, str(exc), field=exc.where)
+    except Exception as exc:  # a bug must fail this item, never the batch: keep the cause
+        return fail(stage, f"internal error: {type(exc).__name__}: {exc}")
     out.raw = raw
     return out
 
 
+def _printable(text: str) -> str:
+    """Text safe for SQLite and JSON: undecodable bytes of file names become backslash escapes."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _dump_input(raw: Any) -> str | None:
     try:
-        return json.dumps(raw, ensure_ascii=False, allow_nan=False)
+        return json.dumps(raw, ensure_ascii=True, allow_nan=False)  # ASCII: lone surrogates stay escaped
     except (TypeError, ValueError):
         return None
 
@@ -212,7 +218,7 @@ class Injector:
             try:
                 items = load_items(path)
             except InputError as exc:
-                self._fail(ItemFailure(str(path), None, "", "read", exc.reason))
+                self._fail(ItemFailure(_printable(str(path)), None, "", "read", exc.reason))
                 self.progress.files_done += 1
                 continue
             self.progress.items_seen += len(items)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,15 +64,21 @@ class KernelSpec:
 def load_items(path: Path, *, max_bytes: int = MAX_FILE_BYTES) -> list[Any]:
     """The raw items of one kernel JSON file. InputError (whole file) when it cannot be read."""
     try:
-        size = path.stat().st_size
+        info = path.stat()
     except OSError as exc:
         raise InputError(f"cannot read: {exc.strerror or exc}") from exc
-    if size > max_bytes:
-        raise InputError(f"file is {size:,} bytes, over the {max_bytes:,}-byte cap")
+    if not stat.S_ISREG(info.st_mode):
+        # Devices and FIFOs could be endless or block forever: refuse them before opening.
+        raise InputError("not a regular file")
+    if info.st_size > max_bytes:
+        raise InputError(f"file is {info.st_size:,} bytes, over the {max_bytes:,}-byte cap")
     try:
-        raw = path.read_bytes()
+        with path.open("rb") as f:
+            raw = f.read(max_bytes + 1)  # never more than the cap, whatever stat said
     except OSError as exc:
         raise InputError(f"cannot read: {exc.strerror or exc}") from exc
+    if len(raw) > max_bytes:
+        raise InputError(f"file is over the {max_bytes:,}-byte cap")
     return parse_items(raw)
 
 
@@ -114,6 +121,15 @@ def _int(value: Any, where: str, *, minimum: int = 0, maximum: int = MAX_DIM) ->
     if value < minimum or value > maximum:
         raise _fail(where, f"must be between {minimum} and {maximum}, got {value}")
     return value
+
+
+def _check_unicode(text: str, where: str) -> None:
+    """Lone surrogates (JSON "\\ud800") are not Unicode: SQLite and nlohmann::json both refuse them."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        line = text.count("\n", 0, exc.start) + 1
+        raise _fail(where, f"holds an invalid Unicode code point (U+{ord(text[exc.start]):04X}) at line {line}") from None
 
 
 def _brief(value: Any) -> str:
@@ -181,7 +197,7 @@ def validate_item(item: Any) -> KernelSpec:
 
     op_type = item.get("op_type")
     if not isinstance(op_type, str) or not op_type:
-        raise _fail("op_type", "missing" if op_type is None else f"must be a string, got {_brief(op_type)}")
+        raise _fail("op_type", "missing" if op_type is None else f"must be a non-empty string, got {_brief(op_type)}")
     if op_type not in INJECTABLE_OP_TYPES:
         hint = (
             " (NNFusion's import script accepts it, the compiler does not)"
@@ -197,6 +213,8 @@ def validate_item(item: Any) -> KernelSpec:
     code = item.get("code")
     if not isinstance(code, str) or not code.strip():
         raise _fail("code", "missing" if code is None else "must be a non-empty string of CUDA source")
+    _check_unicode(name, "tvm_func_name")
+    _check_unicode(code, "code")
     if len(code) > MAX_CODE_CHARS:
         raise _fail("code", f"is {len(code):,} characters, over the cap of {MAX_CODE_CHARS:,}")
 
@@ -243,14 +261,16 @@ def _conv(op_type: str, params: dict[str, Any], dtype: str) -> OpSignature:
         raise _fail("parameters.output_shape", f"{out[1]} channels, but filter_shape has {filt[0]} filters")
     for i in range(spatial):
         window = dilations[i] * (filt[2 + i] - 1) + 1
-        candidates = [pad_above[i]] if pad_above else range(0, window + strides[i])
-        possible = [(data[2 + i] + pad_below[i] + pa - window) // strides[i] + 1 for pa in candidates
-                    if data[2 + i] + pad_below[i] + pa >= window]
+        # Without padding_above_diff the padding is symmetric, or one more above (TF "SAME").
+        candidates = [pad_above[i]] if pad_above else [pad_below[i], pad_below[i] + 1]
+        possible = [(data[2 + i] + pad_below[i] + pa - window) // strides[i] + 1 if data[2 + i] + pad_below[i] + pa
+                    >= window else None for pa in candidates]
         if out[2 + i] not in possible:
-            expected = possible[0] if possible else "none (window larger than padded input)"
+            expected = possible[0] if possible[0] is not None else "none: the window is larger than the padded input"
+            hint = "" if pad_above else "; for asymmetric padding give padding_above_diff"
             raise _fail(f"parameters.output_shape[{2 + i}]",
                         f"{out[2 + i]} does not follow from input {data[2 + i]}, window {window}, "
-                        f"stride {strides[i]}, padding {pad_below[i]} (expected {expected})")
+                        f"stride {strides[i]}, padding {pad_below[i]} (expected {expected}{hint})")
     inputs: tuple[Shape, ...] = (data, filt)
     if op_type == "Fused_Convolution_Add_Relu":
         inputs = (data, filt, out)

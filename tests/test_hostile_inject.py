@@ -14,6 +14,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,51 +38,6 @@ RUN_LIMIT_S = 60  # the whole corpus, --no-compile; it takes a few seconds
 
 
 # ---------------------------------------------------------------------------------------------
-# Known kdb bugs: the tests below stay strict, these cases are expected to fail until kdb is fixed.
-
-FIELD_NOT_NAMED = (
-    "kdb bug: a validate-stage failure's reason omits the field it is about (inject reports "
-    "InputError.reason without InputError.where), e.g. just 'missing' or 'must be an integer, got 1.5'"
-)
-CONV_PAD_ABOVE_GUESS = (
-    "kdb bug: without padding_above_diff, conv output_shape is accepted if any pad-above in "
-    "[0, window+stride) fits, so an output the formula (in + 2*pad - dil*(k-1) - 1)//stride + 1 "
-    "rejects is injected"
-)
-CONV_WRONG_EXPECTED = (
-    "kdb bug: conv output_shape reason says 'expected 25' for input 27, 5x5 window, padding 2, stride 1 "
-    "(the formula gives 27: kdb quotes the pad-above=0 candidate)"
-)
-
-_FIELD_BUG_CASES = [
-    "mix.json#1",
-    *(f"validate/missing_fields.json#{i}" for i in range(6)),
-    *(f"validate/op_type.json#{i}" for i in (2, 3, 4)),
-    *(f"validate/name_and_code_types.json#{i}" for i in (0, 1, 4, 5, 6)),
-    "validate/code_over_cap.json#0",
-    *(f"validate/absurd_shapes.json#{i}" for i in range(12)),
-    *(f"validate/launch_dims.json#{i}" for i in (0, 2, 3, 4, 5, 6, 7, 8, 9, 10)),
-    *(f"validate/op_arithmetic.json#{i}" for i in (6, 7, 8)),
-    "more/deeper/still_more.json#1",
-]
-REASON_BUGS = {case: FIELD_NOT_NAMED for case in _FIELD_BUG_CASES}
-REASON_BUGS["validate/op_arithmetic.json#1"] = CONV_WRONG_EXPECTED
-SURROGATE_CRASH = (
-    "kdb bug: a lone surrogate in an item (JSON \\ud800 in tvm_func_name or code) or a non-UTF-8 file name "
-    "makes the row insert fail, then recording that failure in the state DB raises UnicodeEncodeError: "
-    "traceback, exit 1, no JSON, the rest of the batch (good items included) lost"
-)
-SPECIAL_FILE_READ = (
-    "kdb bug: the 64 MiB cap trusts st_size, so a non-regular file named on the command line is read to "
-    "the end: /dev/zero until MemoryError (traceback, exit 1, no JSON), a FIFO blocks forever"
-)
-OUTCOME_BUGS = {
-    "validate/op_arithmetic.json#3": CONV_PAD_ABOVE_GUESS,  # out 26 for in 27, k 5, pad 2: accepted
-    "validate/op_arithmetic.json#4": CONV_PAD_ABOVE_GUESS,  # 11x11 window over 4x4, no padding: accepted
-}
-
-
-# ---------------------------------------------------------------------------------------------
 # Running kdb
 
 
@@ -91,7 +47,7 @@ def kdb(*args: str, env: dict[str, str], timeout: float = RUN_LIMIT_S,
                           capture_output=True, timeout=timeout, check=False, **kw)
 
 
-def isolated_env(base: Path, settings: str = "") -> dict[str, str]:
+def sandbox_env(base: Path, settings: str = "") -> dict[str, str]:
     """HOME, state, settings and TMPDIR all under `base`; no XDG dir pointing elsewhere."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "KDB_"))}
     for name in ("home", "state", "tmpdir"):
@@ -123,7 +79,7 @@ def evil_tmp_entries() -> set[str]:
 
 def db_names(db: Path) -> list[str]:
     """kdb.name of every row (what `kdb show` prints as the kernel's name)."""
-    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+    with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
         rows = conn.execute("SELECT Miscs FROM KernelCache").fetchall()
     return [json.loads(miscs)["kdb"]["name"] for (miscs,) in rows]
 
@@ -166,7 +122,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> HostileRun:
     base = tmp_path_factory.mktemp("hostile")
     corpus = base / "corpus"
     expected = write_corpus(corpus)
-    env = isolated_env(base)
+    env = sandbox_env(base)
     db = base / "kernel.db"
     paths = [str(corpus)] + ([str(KERNELS)] if KERNELS.is_dir() else [])
     before = snapshot(base)
@@ -185,15 +141,14 @@ def case_id(name: str, outcome: Outcome) -> str:
     return name if outcome.index is None else f"{name}#{outcome.index}"
 
 
-def cases(*, failing_only: bool, bugs: dict[str, str]) -> list[Any]:
+def cases(*, failing_only: bool) -> list[Any]:
     out = []
     for name, expectation in expectations().items():
         for outcome in expectation.outcomes:
             if failing_only and outcome.stage == OK:
                 continue
             cid = case_id(name, outcome)
-            marks = [pytest.mark.xfail(reason=bugs[cid], strict=True)] if cid in bugs else []
-            out.append(pytest.param(name, outcome, id=cid, marks=marks))
+            out.append(pytest.param(name, outcome, id=cid))
     return out
 
 
@@ -232,7 +187,7 @@ def test_no_failure_beyond_the_expected_ones(run: HostileRun):
 # Each file and item
 
 
-@pytest.mark.parametrize(("name", "outcome"), cases(failing_only=False, bugs=OUTCOME_BUGS))
+@pytest.mark.parametrize(("name", "outcome"), cases(failing_only=False))
 def test_outcome(run: HostileRun, name: str, outcome: Outcome):
     found = run.failures_for(name, outcome.index)
     if outcome.stage == OK:
@@ -244,11 +199,10 @@ def test_outcome(run: HostileRun, name: str, outcome: Outcome):
     assert len(found) == 1, f"expected one {outcome.stage} failure, got {found}"
     assert found[0]["stage"] == outcome.stage, found[0]
     if outcome.index is None:
-        assert found[0]["name"] == ""
         assert not run.failures_for(name, 0), "a file that failed as a whole also failed item by item"
 
 
-@pytest.mark.parametrize(("name", "outcome"), cases(failing_only=True, bugs={**REASON_BUGS, **OUTCOME_BUGS}))
+@pytest.mark.parametrize(("name", "outcome"), cases(failing_only=True))
 def test_reason_says_what_is_wrong(run: HostileRun, name: str, outcome: Outcome):
     found = run.failures_for(name, outcome.index)
     assert found, "no failure recorded"
@@ -289,7 +243,7 @@ def test_nothing_written_outside_the_db_and_the_state_dir(run: HostileRun):
 
 
 def test_db_passes_integrity_check_and_holds_exactly_the_injected_rows(run: HostileRun):
-    with sqlite3.connect(f"file:{run.db}?mode=ro", uri=True) as conn:
+    with closing(sqlite3.connect(f"file:{run.db}?mode=ro", uri=True)) as conn:
         assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
         assert conn.execute("SELECT count(*) FROM KernelCache").fetchone()[0] == run.report["injected"]
 
@@ -334,7 +288,7 @@ def test_compile_check_fails_only_the_kernel_nvcc_rejects(tmp_path: Path):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     (corpus / "tiny.json").write_text(json.dumps([VALID_DOT, broken]), encoding="utf-8")
-    env = isolated_env(tmp_path, settings=f'nvcc_path = "{NVCC}"\narchs = ["sm_90"]\n')
+    env = sandbox_env(tmp_path, settings=f'nvcc_path = "{NVCC}"\narchs = ["sm_90"]\n')
     db = tmp_path / "kernel.db"
     git_before = git_status()
     proc = kdb("inject", "--db", str(db), "--json", str(corpus), env=env, timeout=300)
@@ -354,12 +308,11 @@ def test_compile_check_fails_only_the_kernel_nvcc_rejects(tmp_path: Path):
 # Inputs that take the whole batch down today: kept out of the shared run
 
 
-@pytest.mark.xfail(reason=SURROGATE_CRASH, strict=True)
 def test_lone_surrogates_and_non_utf8_file_names_fail_alone(tmp_path: Path):
     corpus = tmp_path / "corpus"
     expected = write_surrogate_corpus(corpus)
     db = tmp_path / "kernel.db"
-    proc = kdb("inject", "--db", str(db), "--json", "--no-compile", str(corpus), env=isolated_env(tmp_path))
+    proc = kdb("inject", "--db", str(db), "--json", "--no-compile", str(corpus), env=sandbox_env(tmp_path))
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert proc.returncode == 1, proc.stderr
     report = json.loads(proc.stdout)
@@ -381,14 +334,13 @@ def _two_gib_address_space() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
 
 
-@pytest.mark.xfail(reason=SPECIAL_FILE_READ, strict=True)
 @pytest.mark.parametrize("kind", ["dev_zero", "fifo"])
 def test_a_special_file_named_on_the_command_line_fails_at_read(tmp_path: Path, kind: str):
     path = Path("/dev/zero")
     if kind == "fifo":
         path = tmp_path / "pipe.json"
         os.mkfifo(path)
-    env = isolated_env(tmp_path)
+    env = sandbox_env(tmp_path)
     try:  # the address-space limit keeps a kdb that reads /dev/zero from eating the machine's memory
         proc = kdb("inject", "--db", str(tmp_path / "kernel.db"), "--json", "--no-compile", "--workers", "1",
                    str(path), env=env, timeout=10, preexec_fn=_two_gib_address_space)

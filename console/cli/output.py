@@ -16,7 +16,9 @@ err = Console(stderr=True)
 
 
 def print_json(value: Any) -> None:
-    sys.stdout.write(json.dumps(value, ensure_ascii=False, indent=None, default=str) + "\n")
+    text = json.dumps(value, ensure_ascii=False, indent=None, default=str) + "\n"
+    # Undecodable file names or lone surrogates leave as \\udcXX escapes: still valid JSON, never a crash.
+    sys.stdout.buffer.write(text.encode("utf-8", "backslashreplace"))
     sys.stdout.flush()
 
 

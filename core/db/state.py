@@ -30,6 +30,10 @@ def state_dir() -> Path:
     return Path(user_data_dir("kdb", appauthor=False))
 
 
+def _printable(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
@@ -112,6 +116,9 @@ class StateDB:
             for f in failures:
                 if f.input is not None and len(f.input) > MAX_KEPT_INPUT:
                     f.input = None
+                # File names and reasons may carry undecodable bytes: store them escaped, never fail.
+                f.file, f.name, f.reason = _printable(f.file), _printable(f.name), _printable(f.reason)
+                f.detail = _printable(f.detail)
                 s.add(f)
             s.commit()
 

@@ -1,0 +1,82 @@
+"""kdb lint finds every row the compiler could never fetch or would crash on."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+from conftest import run_kdb_json
+
+from core.db.kernel_db import NNFUSION_DDL
+from core.lint import lint_row, lint_rows
+from core.profile import format_profile, merge_profile, parse_profile
+
+GOOD_FN = {"function_signature": 'extern "C" __global__  void (float* input0, float* output0)',
+           "function_body": "", "grid_dim": [1, 1, 1], "block_dim": [32, 1, 1], "block_function_body": "",
+           "shared_memory": {"symbol": [], "dtype": [], "size": []}, "num_syncthreads": 0}
+GOOD = (1, "k", "Relu2,3;2,3floatfloat", "Relu", json.dumps({"input_shape": [[2, 3]], "output_shape": [[2, 3]]}),
+        "External", "CUDA_GPU", json.dumps(GOOD_FN), "KernelEmitter,CudaEmitter,BlockCudaEmitter",
+        json.dumps({"external_profile": {"time": "NVIDIA H200:1.5;", "resource": 32}}))
+
+
+def with_(**changes) -> tuple:
+    cols = ["rowid", "Key", "Identifier", "OpType", "Attributes", "Source", "DeviceType", "Function", "Tags", "Miscs"]
+    row = list(GOOD)
+    for name, value in changes.items():
+        row[cols.index(name)] = value
+    return tuple(row)
+
+
+def test_a_good_row_has_no_findings():
+    assert lint_row(GOOD) == []
+
+
+@pytest.mark.parametrize(("changes", "severity", "check"), [
+    ({"Miscs": None}, "crash", "null"),
+    ({"Function": ""}, "crash", "json"),
+    ({"Attributes": '{"x": NaN}'}, "crash", "json"),
+    ({"OpType": "Fused_Convolution_Batchnorm"}, "unreachable", "op-type"),
+    ({"DeviceType": "CUDA"}, "unreachable", "device-type"),
+    ({"Tags": "KernelEmitter,CudaEmitter"}, "crash", "tags"),
+    ({"Miscs": json.dumps({"external_profile": {"time": "H200:abc;", "resource": 1}})}, "crash", "profile"),
+    ({"Miscs": json.dumps({"external_profile": {"time": "H200:1.0;", "resource": "32"}})}, "crash", "profile"),
+    ({"Miscs": json.dumps({"external_profile": {"resource": 32}})}, "crash", "profile"),
+    ({"Function": json.dumps({**GOOD_FN, "grid_dim": [1, 1]})}, "crash", "function"),
+    ({"Function": json.dumps({k: v for k, v in GOOD_FN.items() if k != "num_syncthreads"})}, "crash", "function"),
+    ({"Identifier": "Relu2,3;2,3float"}, "unreachable", "identifier"),
+])
+def test_each_problem_is_found_with_its_severity(changes, severity, check):
+    findings = lint_row(with_(**changes))
+    assert any(f.severity == severity and f.check == check for f in findings), findings
+
+
+def test_an_unsupported_op_type_poisons_its_identifier_neighbours():
+    bad = with_(rowid=2, Key="k2", OpType="Fused_Convolution_Batchnorm")
+    findings = list(lint_rows([GOOD, bad]))
+    assert any(f.rowid == 1 and f.check == "poisoned" for f in findings)
+
+
+def test_kdb_lint_json_and_exit_status(tmp_path: Path):
+    db = tmp_path / "k.db"
+    conn = sqlite3.connect(db)
+    conn.execute(NNFUSION_DDL)
+    conn.execute("INSERT INTO KernelCache VALUES (?,?,?,?,?,?,?,?,?)", GOOD[1:])
+    conn.execute("INSERT INTO KernelCache VALUES (?,?,?,?,?,?,?,?,?)", with_(Key="k2", Tags="KernelEmitter")[1:])
+    conn.commit()
+    conn.close()
+    proc, out = run_kdb_json("lint", "--db", str(db))
+    assert proc.returncode == 1
+    assert out["rows"] == 2 and [f["key"] for f in out["findings"]] == ["k2"]
+
+
+def test_profile_strings_round_trip_and_reject_what_stof_would():
+    assert parse_profile("NVIDIA H200:12.5;Tesla V100-PCIE-16GB:30.1;") == {"NVIDIA H200": 12.5,
+                                                                           "Tesla V100-PCIE-16GB": 30.1}
+    assert merge_profile("Tesla V100:3;", "NVIDIA H200", 1.25) == "Tesla V100:3;NVIDIA H200:1.25;"
+    for bad in ("H200:abc;", "H200:1.0", ":1;", "H200:nan;", "H200:-1;", "H200;"):
+        with pytest.raises(Exception):  # noqa: B017 - InputError, named in the message
+            parse_profile(bad)
+    with pytest.raises(Exception):  # noqa: B017
+        format_profile({"a:b": 1.0})
