@@ -197,7 +197,8 @@ def validate_item(item: Any) -> KernelSpec:
 
     op_type = item.get("op_type")
     if not isinstance(op_type, str) or not op_type:
-        raise _fail("op_type", "missing" if op_type is None else f"must be a non-empty string, got {_brief(op_type)}")
+        got = "missing" if op_type is None else f"must be a non-empty string, got {_brief(op_type)}"
+        raise _fail("op_type", got)
     if op_type not in INJECTABLE_OP_TYPES:
         hint = (
             " (NNFusion's import script accepts it, the compiler does not)"
