@@ -129,7 +129,8 @@ def _check_unicode(text: str, where: str) -> None:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
         line = text.count("\n", 0, exc.start) + 1
-        raise _fail(where, f"holds an invalid Unicode code point (U+{ord(text[exc.start]):04X}) at line {line}") from None
+        point = ord(text[exc.start])
+        raise _fail(where, f"holds an invalid Unicode code point (U+{point:04X}) at line {line}") from None
 
 
 def _brief(value: Any) -> str:
