@@ -21,6 +21,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "failures": ("console.cli.cmd_failures", "list, retry or dismiss failed conversions"),
     "db": ("console.cli.cmd_db", "init | check | convert | backup the kernel DB"),
     "settings": ("console.cli.cmd_settings", "show or change the GPU/SM settings"),
+    "opconfig": ("console.cli.cmd_opconfig", "extract op configs from an ONNX model, or check op-config files"),
+    "coverage": ("console.cli.cmd_coverage", "which ops of an ONNX model have a kernel in the DB, which fall back"),
+    "autotvm": ("console.cli.cmd_autotvm", "summarise AutoTVM tuning logs"),
+    "codegen": ("console.cli.cmd_codegen", "generate CUDA kernels (kernel JSON) for op configs with TVM"),
 }
 
 
@@ -90,6 +94,35 @@ def build_parser() -> argparse.ArgumentParser:
     q = dbsub.add_parser("backup", help="consistent copy via SQLite's online backup API")
     _db_option(q)
     q.add_argument("dest", nargs="?", metavar="DEST", help="default: the state dir's backups/ folder")
+
+    p = sub.add_parser("opconfig", help=COMMANDS["opconfig"][1])
+    osub = p.add_subparsers(dest="opconfig_command", metavar="ACTION", required=True)
+    q = osub.add_parser("extract", help="op configs of an ONNX model (shape inference; fused Conv+Relu, Conv+Add+Relu)")
+    q.add_argument("model", metavar="MODEL.onnx")
+    q.add_argument("-o", "--output", metavar="FILE", help="write them to FILE (.toml, .json, else the line format)")
+    q.add_argument("--json", action="store_true")
+    q = osub.add_parser("check", help="validate op-config files (any form) and print them de-duplicated")
+    q.add_argument("files", nargs="+", metavar="FILE")
+    q.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("coverage", help=COMMANDS["coverage"][1])
+    _db_option(p)
+    p.add_argument("model", metavar="MODEL.onnx")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("autotvm", help=COMMANDS["autotvm"][1])
+    asub = p.add_subparsers(dest="autotvm_command", metavar="ACTION", required=True)
+    q = asub.add_parser("summary", help="workloads, trials, errors by kind, best time, matching op configs")
+    q.add_argument("log", metavar="LOG")
+    q.add_argument("--opconfigs", nargs="*", default=[], metavar="FILE", help="op-config files to match against")
+    q.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("codegen", help=COMMANDS["codegen"][1])
+    p.add_argument("inputs", nargs="+", metavar="OPCONFIGS", help="op-config files (lines, .toml, .json) or .onnx models")
+    p.add_argument("-o", "--output", metavar="FILE", help="kernel JSON output (default: stdout)")
+    p.add_argument("--arch", metavar="sm_XX", help="target SM arch (default: the first of the settings' archs)")
+    p.add_argument("--no-check", action="store_true", help="skip the CPU numerics check against numpy")
+    p.add_argument("--json", action="store_true", help="a JSON report on stdout (kernels go to -o)")
 
     p = sub.add_parser("settings", help=COMMANDS["settings"][1])
     p.add_argument("assignments", nargs="*", metavar="KEY=VALUE",

@@ -1,0 +1,343 @@
+"""Op configs: the ops to generate and tune kernels for, in the artifact's line format or TOML/JSON.
+
+Line format (the Rammer artifact's, extended the same way for the other ops):
+
+    cudnn_convolution_op_float|i+1_3_227_227|w+64_3_11_11|o+1_64_55_55|ws+4_4|wd+1_1|p+0_0
+        optional fields: g+G (groups: depthwise when G = channels), pa+.. (pad above),
+        fuse+relu or fuse+add_relu (the fused op types NNFusion fetches)
+    cublas_dot_op_float|a+M_K|b+K_N|o+M_N|ta+0|tb+0
+    cudnn_maxpool_op_float|i+..|o+..|win+3_3|ws+2_2|pb+1_1|pa+1_1      (cudnn_avgpool_op_float alike)
+    elementwise_relu_op_float|i+..|o+..                                 (one i+ per input)
+
+Every line keeps its own field order and prefix, so a file read and written back is byte for byte the
+same. Validation reuses the kernel-JSON checks (shape arithmetic, caps), so the two never disagree.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tomllib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from core.errors import InputError
+from core.kernel_json import MAX_FILE_BYTES, validate_item
+from core.ops import CONV_FAMILY, ELEMENTWISE_ARITY, POOLS
+from core.opsig import OpSignature
+
+_FUSE = {"relu": "Fused_Convolution_Relu", "add_relu": "Fused_Convolution_Add_Relu"}
+_FUSE_NAME = {v: k for k, v in _FUSE.items()}
+
+
+@dataclass(frozen=True)
+class OpConfig:
+    """One op to generate a kernel for: the op type and its parameters in kernel-JSON naming."""
+
+    op_type: str
+    params: dict[str, Any] = field(hash=False, compare=False)
+    groups: int = 1
+    dtype: str = "float"
+    line_format: tuple[str, tuple[str, ...]] | None = field(default=None, hash=False, compare=False)
+    source: str = field(default="", hash=False, compare=False)  # where it came from (file:line, ONNX node)
+
+    @property
+    def key(self) -> str:
+        """Identity for de-duplication: op type, dtype, groups and every parameter."""
+        return json.dumps([self.op_type, self.dtype, self.groups, self.params], sort_keys=True)
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, OpConfig) and other.key == self.key
+
+    def signature(self) -> OpSignature:
+        """The op as NNFusion's kernel DB knows it; InputError if the DB has no op type for it."""
+        if self.groups != 1:
+            raise InputError(f"grouped convolution (groups={self.groups}) has no kernel-DB op type in NNFusion: "
+                             "the compiler uses cuDNN for it", where=self.source)
+        return validate(self)
+
+    @property
+    def flops(self) -> int:
+        """Multiply-adds counted as 2 FLOPs; element-wise ops one per output element."""
+        p = self.params
+        if self.op_type in CONV_FAMILY:
+            out, filt = p["output_shape"], p["filter_shape"]
+            return 2 * math.prod(out) * math.prod(filt[1:])
+        if self.op_type == "Dot":
+            m, n = p["out_shape"]
+            k = p["arg0_shape"][0 if p.get("transpose_A") else 1]
+            return 2 * m * n * k
+        if self.op_type in POOLS:
+            return math.prod(p["output_shape"]) * math.prod(p["window_shape"])
+        return math.prod(p["output_shape"])
+
+    def describe(self) -> str:
+        p = self.params
+        if self.op_type in CONV_FAMILY:
+            text = (f"{self.op_type} in {_dims(p['input_shape'])} w {_dims(p['filter_shape'])} "
+                    f"out {_dims(p['output_shape'])} s{_dims(p['window_movement_strides'])} "
+                    f"p{_dims(p['padding_below_diff'])}")
+            return text + (f" g{self.groups}" if self.groups != 1 else "")
+        if self.op_type == "Dot":
+            return (f"Dot {_dims(p['arg0_shape'])} x {_dims(p['arg1_shape'])}"
+                    f"{' (tA)' if p.get('transpose_A') else ''}{' (tB)' if p.get('transpose_B') else ''}")
+        if self.op_type in POOLS:
+            return (f"{self.op_type} in {_dims(p['input_shape'])} out {_dims(p['output_shape'])} "
+                    f"win {_dims(p['window_shape'])} s{_dims(p['window_stride'])}")
+        return f"{self.op_type} {_dims(p['output_shape'])}"
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"op_type": self.op_type, **self.params}
+        if self.groups != 1:
+            out["groups"] = self.groups
+        if self.dtype != "float":
+            out["dtype"] = self.dtype
+        return out
+
+
+def _dims(values: Iterable[int]) -> str:
+    return "x".join(str(v) for v in values)
+
+
+def validate(config: OpConfig) -> OpSignature:
+    """Shape arithmetic and caps, exactly as for kernel JSON (one set of rules)."""
+    if config.groups != 1:
+        return _validate_grouped(config)
+    item = {"tvm_func_name": "opconfig", "op_type": config.op_type, "parameters": config.params,
+            "code": "__global__ void k() {}", "gridDim": [1], "blockDim": [1], "dtype": config.dtype}
+    try:
+        return validate_item(item).op
+    except InputError as exc:
+        raise InputError(str(exc), where=config.source) from None
+
+
+def _validate_grouped(config: OpConfig) -> OpSignature:
+    p = dict(config.params)
+    g = config.groups
+    data, filt, out = p.get("input_shape"), p.get("filter_shape"), p.get("output_shape")
+    if config.op_type not in CONV_FAMILY or not all(isinstance(s, list) and len(s) == 4 for s in (data, filt, out)):
+        raise InputError("groups apply to 2-D convolutions only", where=config.source)
+    if not isinstance(g, int) or g < 1 or data[1] % g or filt[0] % g or filt[1] * g != data[1]:
+        raise InputError(f"groups={g} does not divide the channels (input {data[1]}, filter {filt[:2]})",
+                         where=config.source)
+    # The arithmetic is the ungrouped one with the filter seen over all input channels.
+    check = OpConfig(config.op_type, {**p, "filter_shape": [filt[0], data[1], *filt[2:]]}, 1, config.dtype,
+                     source=config.source)
+    return validate(check)
+
+
+# ---------------------------------------------------------------------------------------------
+# The line format
+
+
+def _shape(text: str, where: str) -> list[int]:
+    try:
+        dims = [int(d) for d in text.split("_")]
+    except ValueError:
+        raise InputError(f"{text!r} is not a list of integers joined by '_'", where=where) from None
+    return dims
+
+
+def parse_line(line: str, where: str = "") -> OpConfig:
+    parts = line.split("|")
+    prefix, fields = parts[0], parts[1:]
+    values: dict[str, list[str]] = {}
+    order: list[str] = []
+    for f in fields:
+        name, sep, value = f.partition("+")
+        if not sep or not name:
+            raise InputError(f"field {f!r} is not NAME+VALUE", where=where)
+        values.setdefault(name, []).append(value)
+        order.append(name)
+
+    def one(name: str) -> str:
+        if name not in values:
+            raise InputError(f"field {name}+ is missing", where=where)
+        if len(values[name]) != 1:
+            raise InputError(f"field {name}+ appears {len(values[name])} times", where=where)
+        return values[name][0]
+
+    dtype = "float"
+    if not prefix.endswith("_op_float"):
+        raise InputError(f"prefix {prefix!r}: only fp32 (*_op_float) op configs are supported", where=where)
+    kind = prefix[: -len("_op_float")]
+    groups = 1
+    if kind.endswith("convolution"):
+        fuse = values.get("fuse", ["none"])[0]
+        if fuse not in ("none", *_FUSE):
+            raise InputError(f"fuse+{fuse}: expected relu or add_relu", where=where)
+        op_type = _FUSE.get(fuse, "Convolution")
+        params: dict[str, Any] = {
+            "input_shape": _shape(one("i"), where), "filter_shape": _shape(one("w"), where),
+            "output_shape": _shape(one("o"), where), "window_movement_strides": _shape(one("ws"), where),
+            "window_dilation_strides": _shape(one("wd"), where), "padding_below_diff": _shape(one("p"), where),
+        }
+        if "pa" in values:
+            params["padding_above_diff"] = _shape(one("pa"), where)
+        if "g" in values:
+            groups = _shape(one("g"), where)[0]
+    elif kind.endswith("dot"):
+        op_type = "Dot"
+        params = {"arg0_shape": _shape(one("a"), where), "arg1_shape": _shape(one("b"), where),
+                  "out_shape": _shape(one("o"), where), "transpose_A": one("ta") == "1" if "ta" in values else False,
+                  "transpose_B": one("tb") == "1" if "tb" in values else False}
+    elif kind.endswith(("maxpool", "avgpool")):
+        op_type = "MaxPool" if kind.endswith("maxpool") else "AvgPool"
+        params = {"input_shape": _shape(one("i"), where), "output_shape": _shape(one("o"), where),
+                  "window_shape": _shape(one("win"), where), "window_stride": _shape(one("ws"), where),
+                  "padding_below": _shape(one("pb"), where), "padding_above": _shape(one("pa"), where)}
+    elif kind.startswith("elementwise_"):
+        name = kind[len("elementwise_"):]
+        op_type = next((op for op in ELEMENTWISE_ARITY if op.lower() == name), "")
+        if not op_type:
+            raise InputError(f"element-wise op {name!r} is not one NNFusion knows", where=where)
+        inputs = [_shape(v, where) for v in values.get("i", [])]
+        params = {"input_shapes": inputs, "output_shape": _shape(one("o"), where)}
+    else:
+        raise InputError(f"prefix {prefix!r}: not a convolution, dot, pool or element-wise op config", where=where)
+    config = OpConfig(op_type, params, groups, dtype, (prefix, tuple(order)), where)
+    validate(config) if groups == 1 else _validate_grouped(config)
+    if format_line(config) != line:
+        raise InputError("the line does not read back the same (unknown or repeated fields?)", where=where)
+    return config
+
+
+def format_line(config: OpConfig) -> str:
+    p = config.params
+    op = config.op_type
+    fields: dict[str, str] = {}
+
+    def dims(values: list[int]) -> str:
+        return "_".join(str(v) for v in values)
+
+    if op in CONV_FAMILY:
+        prefix, default = "cudnn_convolution_op_float", ("i", "w", "o", "ws", "wd", "p")
+        fields = {"i": dims(p["input_shape"]), "w": dims(p["filter_shape"]), "o": dims(p["output_shape"]),
+                  "ws": dims(p["window_movement_strides"]), "wd": dims(p["window_dilation_strides"]),
+                  "p": dims(p["padding_below_diff"])}
+        if "padding_above_diff" in p:
+            fields["pa"] = dims(p["padding_above_diff"])
+        if config.groups != 1:
+            fields["g"] = str(config.groups)
+        if op != "Convolution":
+            fields["fuse"] = _FUSE_NAME[op]
+    elif op == "Dot":
+        prefix, default = "cublas_dot_op_float", ("a", "b", "o", "ta", "tb")
+        fields = {"a": dims(p["arg0_shape"]), "b": dims(p["arg1_shape"]), "o": dims(p["out_shape"]),
+                  "ta": str(int(bool(p.get("transpose_A")))), "tb": str(int(bool(p.get("transpose_B"))))}
+    elif op in POOLS:
+        prefix = f"cudnn_{'maxpool' if op == 'MaxPool' else 'avgpool'}_op_float"
+        default = ("i", "o", "win", "ws", "pb", "pa")
+        fields = {"i": dims(p["input_shape"]), "o": dims(p["output_shape"]), "win": dims(p["window_shape"]),
+                  "ws": dims(p["window_stride"]), "pb": dims(p["padding_below"]), "pa": dims(p["padding_above"])}
+    else:
+        prefix, default = f"elementwise_{op.lower()}_op_float", ()
+        shapes = p.get("input_shapes") or [p["input_shape"]]
+        parts = [f"i+{dims(s)}" for s in shapes] + [f"o+{dims(p['output_shape'])}"]
+        return "|".join([config.line_format[0] if config.line_format else prefix, *parts])
+    if config.line_format is not None:
+        prefix, order = config.line_format[0], config.line_format[1]
+    else:
+        order = tuple(n for n in (*default, "pa", "g", "fuse") if n in fields)
+    extra = [n for n in fields if n not in order]
+    return "|".join([prefix, *(f"{n}+{fields[n]}" for n in (*order, *extra) if n in fields)])
+
+
+@dataclass
+class OpConfigFile:
+    configs: list[OpConfig]
+    errors: list[InputError]
+    text_format: str = "lines"  # lines | toml | json
+    trailing_newline: bool = True
+
+
+def parse_lines(text: str, source: str = "") -> OpConfigFile:
+    configs, errors = [], []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        try:
+            configs.append(parse_line(line, where=f"{source}:{number}"))
+        except InputError as exc:
+            errors.append(exc)
+    return OpConfigFile(configs, errors, "lines", text.endswith("\n") or not text)
+
+
+def format_lines(configs: Iterable[OpConfig], *, trailing_newline: bool = True) -> str:
+    text = "\n".join(format_line(c) for c in configs)
+    return text + ("\n" if trailing_newline and text else "")
+
+
+# ---------------------------------------------------------------------------------------------
+# TOML / JSON: [[op]] tables with the kernel-JSON parameter names
+
+
+def _from_dict(entry: Any, where: str) -> OpConfig:
+    if not isinstance(entry, dict):
+        raise InputError("each op config must be a table/object", where=where)
+    entry = dict(entry)
+    op_type = entry.pop("op_type", None)
+    if not isinstance(op_type, str):
+        raise InputError("op_type missing", where=where)
+    groups = entry.pop("groups", 1)
+    dtype = entry.pop("dtype", "float")
+    config = OpConfig(op_type, entry, groups if isinstance(groups, int) else -1, dtype, None, where)
+    validate(config) if config.groups == 1 else _validate_grouped(config)
+    return config
+
+
+def parse_structured(text: str, fmt: str, source: str = "") -> OpConfigFile:
+    try:
+        data = tomllib.loads(text) if fmt == "toml" else json.loads(text)
+    except (tomllib.TOMLDecodeError, ValueError) as exc:
+        raise InputError(f"malformed {fmt.upper()}: {exc}", where=source) from exc
+    entries = data.get("op", []) if isinstance(data, dict) else data
+    if not isinstance(entries, list):
+        raise InputError("expected a list of op configs (TOML: [[op]] tables)", where=source)
+    configs, errors = [], []
+    for i, entry in enumerate(entries):
+        try:
+            configs.append(_from_dict(entry, f"{source}#{i}"))
+        except InputError as exc:
+            errors.append(exc)
+    return OpConfigFile(configs, errors, fmt)
+
+
+def format_structured(configs: Iterable[OpConfig], fmt: str) -> str:
+    entries = [c.to_dict() for c in configs]
+    if fmt == "json":
+        return json.dumps(entries, indent=1) + "\n"
+    # One [[op]] table per config, arrays inline: JSON scalars and arrays of them are valid TOML.
+    return "\n".join("[[op]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in e.items()) for e in entries)
+
+
+def read_opconfigs(path: Path) -> OpConfigFile:
+    """An op-config file in any of the three forms (by extension: .toml, .json, else lines)."""
+    try:
+        if path.stat().st_size > MAX_FILE_BYTES:
+            raise InputError(f"over the {MAX_FILE_BYTES:,}-byte cap", where=str(path))
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"not UTF-8 text: {exc.reason}", where=str(path)) from exc
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror or exc}", where=str(path)) from exc
+    suffix = path.suffix.lower()
+    if suffix in (".toml", ".json"):
+        return parse_structured(text, suffix[1:], str(path))
+    return parse_lines(text, str(path))
+
+
+def dedupe(configs: Iterable[OpConfig]) -> list[OpConfig]:
+    """First occurrence of each distinct op config, in order."""
+    seen: set[str] = set()
+    out = []
+    for c in configs:
+        if c.key not in seen:
+            seen.add(c.key)
+            out.append(c)
+    return out
