@@ -1,7 +1,7 @@
 """Settings shared by the console and the CLI, stored as TOML in the user config dir.
 
-`KDB_CONFIG` names another file (tests, CI). Unknown keys are ignored with a note; bad values are
-refused with the key and the reason, never silently replaced.
+`KDB_CONFIG` names another file (tests, CI). Unknown keys are ignored (a newer version's file still
+loads); bad values are refused with the key and the reason, never silently replaced.
 """
 
 from __future__ import annotations
@@ -104,3 +104,41 @@ def save_settings(settings: Settings, path: Path | None = None) -> Path:
 
 def settings_dict(settings: Settings) -> dict[str, Any]:
     return asdict(settings)
+
+
+def parse_value(key: str, text: str) -> Any:
+    """A setting's value from text, as the CLI (KEY=VALUE) and the console's form both read it.
+
+    Lists: archs split on commas or spaces; nvcc_flags split like a shell would (quotes kept together).
+    """
+    import shlex
+
+    kinds = {f.name: f for f in fields(Settings)}
+    if key not in kinds:
+        raise InputError(f"unknown setting; known: {', '.join(kinds)}", where=key)
+    current = getattr(Settings(), key)
+    try:
+        if key == "nvcc_flags":
+            return shlex.split(text)
+        if isinstance(current, list):
+            return [v for v in re.split(r"[,\s]+", text) if v]
+        if isinstance(current, int):
+            return int(text)
+        if isinstance(current, float):
+            return float(text)
+    except ValueError as exc:
+        raise InputError(f"{text!r} is not a valid {type(current).__name__}: {exc}", where=key) from None
+    return text
+
+
+def problems(settings: Settings) -> dict[str, str]:
+    """Every invalid field with its reason (validate() stops at the first)."""
+    found: dict[str, str] = {}
+    defaults = Settings()
+    for f in fields(Settings):
+        trial = Settings(**{**asdict(defaults), f.name: getattr(settings, f.name)})
+        try:
+            trial.validate()
+        except InputError as exc:
+            found[f.name] = exc.reason
+    return found

@@ -7,26 +7,18 @@ from dataclasses import fields
 
 from console.cli.output import out, print_json
 from core.errors import InputError
-from core.settings import Settings, load_settings, save_settings, settings_dict, settings_path
+from core.settings import Settings, load_settings, parse_value, save_settings, settings_dict, settings_path
 
 
 def main(args: argparse.Namespace) -> int:
     settings = load_settings()
     if args.assignments:
-        kinds = {f.name: f for f in fields(Settings)}
         for assignment in args.assignments:
             key, sep, value = assignment.partition("=")
-            if not sep or key not in kinds:
-                raise InputError(f"{assignment!r}: expected KEY=VALUE with KEY one of {', '.join(kinds)}")
-            current = getattr(settings, key)
-            if isinstance(current, list):
-                setattr(settings, key, [v for v in value.split(",") if v] if value else [])
-            elif isinstance(current, int):
-                setattr(settings, key, int(value))
-            elif isinstance(current, float):
-                setattr(settings, key, float(value))
-            else:
-                setattr(settings, key, value)
+            if not sep:
+                raise InputError(f"{assignment!r}: expected KEY=VALUE with KEY one of "
+                                 f"{', '.join(f.name for f in fields(Settings))}")
+            setattr(settings, key, parse_value(key, value))
         path = save_settings(settings)
         out.print(f"saved {path}")
     if args.json:

@@ -97,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("opconfig", help=COMMANDS["opconfig"][1])
     osub = p.add_subparsers(dest="opconfig_command", metavar="ACTION", required=True)
-    q = osub.add_parser("extract", help="op configs of an ONNX model (shape inference; fused Conv+Relu, Conv+Add+Relu)")
+    q = osub.add_parser("extract",
+                        help="op configs of an ONNX model (shape inference; fused Conv+Relu, Conv+Add+Relu)")
     q.add_argument("model", metavar="MODEL.onnx")
     q.add_argument("-o", "--output", metavar="FILE", help="write them to FILE (.toml, .json, else the line format)")
     q.add_argument("--json", action="store_true")
@@ -118,7 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--json", action="store_true")
 
     p = sub.add_parser("codegen", help=COMMANDS["codegen"][1])
-    p.add_argument("inputs", nargs="+", metavar="OPCONFIGS", help="op-config files (lines, .toml, .json) or .onnx models")
+    p.add_argument("inputs", nargs="+", metavar="OPCONFIGS",
+                   help="op-config files (lines, .toml, .json), .onnx models, or directories of them")
     p.add_argument("-o", "--output", metavar="FILE", help="kernel JSON output (default: stdout)")
     p.add_argument("--arch", metavar="sm_XX", help="target SM arch (default: the first of the settings' archs)")
     p.add_argument("--no-check", action="store_true", help="skip the CPU numerics check against numpy")

@@ -1,12 +1,442 @@
-"""Placeholder while the screen is being written (not committed as a feature)."""
+"""Inject: pick kernel JSON files or directories, set the options, run the engine's pipeline, read the summary.
 
+The run is one thread worker that owns its DB and state handles; it posts coalesced progress snapshots
+and returns the engine's report. Cancel sets a flag the engine reads between kernels (never mid-write).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import ClassVar
+
+from textual import on, work
 from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.content import Content
+from textual.markup import escape
+from textual.message import Message
+from textual.reactive import var
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Static
+from textual.widgets import Button, Checkbox, DirectoryTree, Footer, Header, Input, Label, OptionList, Static
+from textual.widgets.option_list import Option
+from textual.worker import Worker, WorkerState, get_current_worker
+
+from console.context import ConsoleContext
+from console.widgets.stage_progress import StageProgress
+from core.db.kernel_db import KernelDB
+from core.db.state import StateDB, state_dir
+from core.errors import ToolError
+from core.inject import STAGES, InjectOptions, Injector, InjectProgress, InjectReport
+from core.nvcc import find_nvcc, supported_archs
+from core.settings import ARCH_RE
+
+PROGRESS_INTERVAL_S = 0.05  # the engine reports per kernel; the screen needs no more than ~20 frames a second
+FAILURES_SHOWN = 3
+
+
+@dataclass(frozen=True)
+class RunProgress:
+    """An immutable copy of the engine's InjectProgress, which keeps changing in the worker thread."""
+
+    files_total: int
+    files_done: int
+    items_seen: int
+    injected: int
+    unchanged: int
+    failed: int
+    passed: Mapping[str, int]
+    failed_at: Mapping[str, int]
+    current: str
+
+    @classmethod
+    def of(cls, p: InjectProgress) -> RunProgress:
+        return cls(p.files_total, p.files_done, p.items_seen, p.injected, p.unchanged, p.failed,
+                   MappingProxyType(dict(p.passed)), MappingProxyType(dict(p.failed_at)), p.current)
+
+    def stage(self, name: str) -> tuple[int, int]:
+        """(done, total) for a stage's bar: kernels that left the stage of those that can still reach it."""
+        if name == "read":
+            return self.files_done, self.files_total
+        reachable = self.items_seen - sum(self.failed_at.get(s, 0) for s in STAGES[1:STAGES.index(name)])
+        if name in ("compile", "insert"):
+            reachable -= self.unchanged  # kernels already in the DB skip both
+        reachable = max(reachable, 0)
+        return min(self.passed.get(name, 0) + self.failed_at.get(name, 0), reachable), reachable
+
+
+@dataclass(frozen=True)
+class NvccProbe:
+    nvcc: str = ""
+    archs: tuple[str, ...] = ()
+    error: str = ""
+
+
+def parse_archs(text: str, probe: NvccProbe | None) -> tuple[tuple[str, ...], str]:
+    """The archs typed in the form, and an error to show inline ("" when they are fine)."""
+    archs = tuple(a for a in re.split(r"[,\s]+", text.strip()) if a)
+    if not archs:
+        return archs, "at least one SM arch is needed, like sm_90"
+    bad = [a for a in archs if not ARCH_RE.fullmatch(a)]
+    if bad:
+        return archs, f"{', '.join(bad)}: not an SM arch like sm_90"
+    if probe is not None and probe.archs:
+        unknown = [a for a in archs if a not in probe.archs]
+        if unknown:
+            return archs, (f"{', '.join(unknown)}: not supported by {probe.nvcc} "
+                           f"(it builds for {', '.join(probe.archs)})")
+    return archs, ""
+
+
+class PathTree(DirectoryTree):
+    """The file browser: directories and kernel JSON files only; space adds the highlighted entry."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("space", "screen.add_highlighted", "Add to the list", show=False),
+    ]
+
+    def filter_paths(self, paths: Iterable[Path]) -> Iterable[Path]:
+        return [p for p in paths if not p.name.startswith(".") and (p.suffix == ".json" or self._safe_is_dir(p))]
 
 
 class InjectScreen(Screen[None]):
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("ctrl+r", "start", "Start"),
+        Binding("escape", "cancel", "Cancel run"),
+        Binding("f", "show_failures", "Show failures"),
+        Binding("a", "add_highlighted", "Add highlighted path", show=False),
+        Binding("x,delete", "remove_chosen", "Remove chosen path", show=False),
+        Binding("slash", "focus_path", "Type a path", show=False),
+        Binding("ctrl+g", "browse_to", "Browse to typed path", show=False),
+    ]
+
+    running: var[bool] = var(False)
+
+    @dataclass
+    class Progressed(Message):
+        progress: RunProgress
+
+        def can_replace(self, message: Message) -> bool:
+            return isinstance(message, InjectScreen.Progressed)  # only the newest snapshot matters
+
+    @dataclass
+    class NvccProbed(Message):
+        probe: NvccProbe
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.chosen: list[Path] = []
+        self.probe: NvccProbe | None = None
+        self.report: InjectReport | None = None
+        self.cancel_requested = threading.Event()
+
+    @property
+    def context(self) -> ConsoleContext:
+        return self.app.context  # type: ignore[attr-defined]
+
     def compose(self) -> ComposeResult:
         yield Header()
-        yield Static("inject: being built")
+        with Horizontal(id="inject-main"):
+            with Vertical(id="inject-left"):
+                with Horizontal(id="path-row"):
+                    yield Input(placeholder="type or paste a file or directory, enter adds it", id="path")
+                    yield Button("Browse", id="browse", tooltip="show this directory in the tree (ctrl+g)")
+                yield PathTree(Path.cwd(), id="tree")
+                yield Button("Add highlighted (space)", id="add")
+                yield Label("Chosen", classes="section")
+                yield OptionList(id="chosen")
+                yield Static("nothing chosen yet: space adds the highlighted file or directory", id="chosen-empty")
+                yield Button("Remove (x)", id="remove")
+            with VerticalScroll(id="inject-right"):
+                with Vertical(id="options"):
+                    yield Label("Options", classes="section")
+                    with Horizontal(id="archs-row"):
+                        yield Label("SM archs", id="archs-label")
+                        yield Input(", ".join(self.context.settings.archs), id="archs",
+                                    placeholder="comma separated, like sm_80, sm_90")
+                    yield Static(id="archs-error", classes="hidden")
+                    yield Checkbox("compile check (nvcc)", True, id="compile", compact=True)
+                    yield Static(id="nvcc-note")
+                    yield Checkbox("replace existing", False, id="replace", compact=True)
+                with Horizontal(id="run-buttons"):
+                    yield Button("Start (ctrl+r)", variant="primary", id="start")
+                    yield Button("Cancel (esc)", variant="error", id="cancel", disabled=True)
+                yield Label("Stages", classes="section")
+                with Vertical(id="stages"):
+                    for stage in STAGES:
+                        yield StageProgress(stage)
+                yield Static(id="counts")
+                yield Static(id="current")
+                yield Static(id="summary")
+                yield Button("Show failures (f)", id="show-failures", classes="hidden")
         yield Footer()
+
+    def on_mount(self) -> None:
+        self._update_chosen()
+        self._reset_stages()
+        self.query_one(PathTree).focus()
+
+    def on_screen_resume(self) -> None:
+        # The settings view may have changed nvcc_path since we last looked.
+        if not self.running:
+            self.probe_nvcc(self.context.settings.nvcc_path)
+
+    # -- nvcc ----------------------------------------------------------------------------------
+
+    @work(thread=True, exit_on_error=False, group="nvcc", exclusive=True)
+    def probe_nvcc(self, configured: str) -> None:
+        try:
+            nvcc = find_nvcc(configured)
+            probe = NvccProbe(nvcc, supported_archs(nvcc))
+        except ToolError as exc:  # not a failure of the screen: compile checks are just unavailable
+            probe = NvccProbe(error=exc.reason)
+        self.post_message(self.NvccProbed(probe))
+
+    def on_inject_screen_nvcc_probed(self, message: NvccProbed) -> None:
+        self.probe = message.probe
+        compile_box = self.query_one("#compile", Checkbox)
+        note = self.query_one("#nvcc-note", Static)
+        if message.probe.error:
+            compile_box.value, compile_box.disabled = False, True
+            note.update(f"compile check unavailable: {escape(message.probe.error)}")
+        else:
+            compile_box.disabled = self.running
+            compile_box.tooltip = f"with {message.probe.nvcc}"  # a tooltip: the path differs per machine
+        note.display = bool(message.probe.error)
+
+    # -- choosing paths ------------------------------------------------------------------------
+
+    def add_path(self, path: Path) -> None:
+        path = path.expanduser().resolve()
+        if not path.exists():
+            self.notify(f"no such file or directory: {path}", severity="error")
+            return
+        if path not in self.chosen:
+            self.chosen.append(path)
+            self._update_chosen()
+
+    def _update_chosen(self) -> None:
+        chosen = self.query_one("#chosen", OptionList)
+        highlighted = chosen.highlighted
+        chosen.clear_options()
+        chosen.add_options([Option(Content(f"{p}{'/' if p.is_dir() else ''}"), id=str(p)) for p in self.chosen])
+        if self.chosen:
+            chosen.highlighted = min(highlighted or 0, len(self.chosen) - 1)
+        chosen.display = bool(self.chosen)
+        self.query_one("#chosen-empty").display = not self.chosen
+
+    def _tree_path(self) -> Path | None:
+        node = self.query_one(PathTree).cursor_node
+        return node.data.path if node is not None and node.data is not None else None
+
+    def action_add_highlighted(self) -> None:
+        path = self._tree_path()
+        if path is not None:
+            self.add_path(path)
+
+    @on(Button.Pressed, "#add")
+    def add_pressed(self) -> None:
+        self.action_add_highlighted()
+
+    @on(DirectoryTree.FileSelected, "#tree")
+    def file_selected(self, event: DirectoryTree.FileSelected) -> None:
+        self.add_path(event.path)  # enter or a click on a file adds it; on a directory it opens it
+
+    @on(Input.Submitted, "#path")
+    def path_submitted(self, event: Input.Submitted) -> None:
+        if event.value.strip():
+            self.add_path(Path(event.value.strip()))
+
+    def action_focus_path(self) -> None:
+        self.query_one("#path", Input).focus()
+
+    @on(Button.Pressed, "#browse")
+    def action_browse_to(self) -> None:
+        text = self.query_one("#path", Input).value.strip()
+        path = Path(text).expanduser() if text else Path.cwd()
+        if not path.exists():
+            self.notify(f"no such file or directory: {path}", severity="error")
+            return
+        tree = self.query_one(PathTree)
+        tree.path = path if path.is_dir() else path.parent
+        tree.focus()
+
+    @on(Button.Pressed, "#remove")
+    def action_remove_chosen(self) -> None:
+        index = self.query_one("#chosen", OptionList).highlighted
+        if index is not None and index < len(self.chosen) and not self.running:
+            del self.chosen[index]
+            self._update_chosen()
+
+    # -- running -------------------------------------------------------------------------------
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "start":
+            return not self.running
+        if action == "cancel":
+            return self.running
+        if action == "show_failures":
+            return self.report is not None and self.report.failed > 0
+        return True
+
+    @on(Button.Pressed, "#start")
+    def action_start(self) -> None:
+        if self.running:
+            return
+        if not self.chosen:
+            self.notify("choose files or directories first: space adds the highlighted one", severity="warning")
+            return
+        archs, error = parse_archs(self.query_one("#archs", Input).value, self.probe)
+        self._show_archs_error(error)
+        if error:
+            return
+        compile_check = self.query_one("#compile", Checkbox).value
+        if compile_check and self.probe is None:
+            self.notify("still looking for nvcc: try again in a moment", severity="warning")
+            return
+        options = InjectOptions.from_settings(self.context.settings, archs=archs, compile=compile_check,
+                                              replace=self.query_one("#replace", Checkbox).value)
+        self.report = None
+        self.cancel_requested = threading.Event()
+        self.running = True
+        self._reset_stages()
+        self._show_summary(None)
+        self.run_injection(list(self.chosen), options, self.context.db_path, self.cancel_requested)
+
+    def _show_archs_error(self, error: str) -> None:
+        field = self.query_one("#archs-error", Static)
+        field.update(error)
+        field.set_class(not error, "hidden")
+        self.query_one("#archs", Input).set_class(bool(error), "bad")
+
+    @on(Input.Changed, "#archs")
+    def archs_changed(self) -> None:
+        self._show_archs_error("")
+
+    @on(Checkbox.Changed, "#compile")
+    def compile_changed(self, event: Checkbox.Changed) -> None:
+        row = self.query_one("#stage-compile", StageProgress)
+        if event.value:
+            row.reset()
+        else:
+            row.skip("not run: compile check off")
+
+    @on(Button.Pressed, "#cancel")
+    def action_cancel(self) -> None:
+        if self.running and not self.cancel_requested.is_set():
+            self.cancel_requested.set()
+            self.query_one("#current", Static).update("cancelling after the kernel in progress…")
+
+    @work(thread=True, exit_on_error=False, group="inject", exclusive=True)
+    def run_injection(self, paths: list[Path], options: InjectOptions, db_path: Path,
+                      cancel: threading.Event) -> InjectReport:
+        worker = get_current_worker()
+        last_post = 0.0
+
+        def on_progress(progress: InjectProgress) -> None:
+            nonlocal last_post
+            now = time.monotonic()
+            if now - last_post >= PROGRESS_INTERVAL_S:
+                last_post = now
+                self.post_message(self.Progressed(RunProgress.of(progress)))
+
+        state = StateDB()
+        try:
+            with KernelDB.open(db_path, create=True) as db:
+                backup = None
+                if options.replace and db.count() > 0:  # replace deletes rows: keep a copy first, as the CLI does
+                    backup = db.backup(state_dir() / "backups" / f"before-replace-{time.strftime('%Y%m%d-%H%M%S')}.db")
+                injector = Injector(db, options, state=state, on_progress=on_progress,
+                                    should_cancel=lambda: cancel.is_set() or worker.is_cancelled)
+                report = injector.run(paths)
+                report.backup = str(backup) if backup else None
+        finally:
+            state.close()
+        self.post_message(self.Progressed(RunProgress.of(injector.progress)))  # the last one is never skipped
+        return report
+
+    def on_inject_screen_progressed(self, message: Progressed) -> None:
+        self._show_progress(message.progress)
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        # Only our own bookkeeping: the event goes on to the App, which reports errors.
+        if event.worker.group != "inject" or not event.worker.is_finished:
+            return
+        self.running = False
+        if event.state is WorkerState.SUCCESS and isinstance(event.worker.result, InjectReport):
+            self.report = event.worker.result
+            self._show_summary(self.report)
+        elif event.state is WorkerState.ERROR:
+            self.query_one("#summary", Static).update(f"[$error]the run stopped: {escape(str(event.worker.error))}[/]")
+        self.refresh_bindings()
+
+    def watch_running(self, running: bool) -> None:
+        self.query_one("#options").disabled = running
+        self.query_one("#compile", Checkbox).disabled = running or bool(self.probe and self.probe.error)
+        self.query_one("#start", Button).disabled = running
+        self.query_one("#cancel", Button).disabled = not running
+        self.query_one("#remove", Button).disabled = running
+        self.refresh_bindings()
+
+    def action_show_failures(self) -> None:
+        if self.report is not None and self.report.failed:
+            self.app.switch_mode("failures")
+
+    @on(Button.Pressed, "#show-failures")
+    def show_failures_pressed(self) -> None:
+        self.action_show_failures()
+
+    # -- showing progress and the summary ------------------------------------------------------
+
+    def _reset_stages(self) -> None:
+        compile_on = self.query_one("#compile", Checkbox).value
+        for row in self.query(StageProgress):
+            if row.stage == "gpu":
+                row.skip("not run: no GPU stage yet")
+            elif row.stage == "compile" and not compile_on:
+                row.skip("not run: compile check off")
+            else:
+                row.reset()
+        self.query_one("#counts", Static).update("")
+        self.query_one("#current", Static).update("")
+
+    def _show_progress(self, p: RunProgress) -> None:
+        with self.app.batch_update():
+            for row in self.query(StageProgress):
+                if row.has_class("skipped"):
+                    continue
+                done, total = p.stage(row.stage)
+                # Nothing reached this stage (yet): an empty bar, never a full one.
+                row.show(done, max(total, 1), passed=p.passed.get(row.stage, 0), failed=p.failed_at.get(row.stage, 0))
+            failed = f"[$error]{p.failed:,}[/]" if p.failed else "0"
+            self.query_one("#counts", Static).update(
+                f"injected {p.injected:,} · unchanged {p.unchanged:,} · failed {failed} · "
+                f"items seen {p.items_seen:,} · files {p.files_done:,}/{p.files_total:,}")
+            if not self.cancel_requested.is_set():
+                self.query_one("#current", Static).update(f"now: {escape(p.current)}" if p.current else "")
+
+    def _show_summary(self, report: InjectReport | None) -> None:
+        summary = self.query_one("#summary", Static)
+        self.query_one("#show-failures").set_class(report is None or not report.failed, "hidden")
+        if report is None:
+            summary.update("")
+            return
+        self.query_one("#current", Static).update("")
+        status = "[$warning]cancelled[/]" if report.cancelled else "[$success]done[/]"
+        failed = f"[$error]{report.failed:,} failed[/]" if report.failed else "0 failed"
+        lines = [f"[b]{status}[/b]: {report.injected:,} injected · {report.unchanged:,} unchanged · {failed}"]
+        if report.replaced_rows:
+            lines.append(f"{report.replaced_rows:,} older rows replaced (backup: {escape(str(report.backup))})")
+        for f in report.failures[:FAILURES_SHOWN]:
+            where = Path(f.file).name + ("" if f.index is None else f"#{f.index}")
+            lines.append(f"  ✗ {escape(where)} · {f.stage}: {escape(f.reason)}")
+        if report.failed > FAILURES_SHOWN:
+            lines.append(f"  … and {report.failed - FAILURES_SHOWN:,} more")
+        lines += [f"[dim]{escape(note)}[/]" for note in report.notes]
+        summary.update("\n".join(lines))

@@ -34,8 +34,7 @@ def _probe() -> dict[str, Any]:
     try:
         import pycuda.driver as cuda
     except ImportError as exc:
-        return {"devices": [], "reason": f"pycuda is not installed ({exc.name or exc}): no CUDA device, "
-                                          "compile checks only"}
+        return {"devices": [], "reason": f"pycuda is not installed ({exc}): no CUDA device, compile checks only"}
     try:
         cuda.init()
         attr = cuda.device_attribute

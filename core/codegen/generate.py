@@ -1,0 +1,133 @@
+"""Op configs -> kernel JSON with Apache TVM 0.27: define, schedule (one kernel), emit CUDA, check on CPU.
+
+The kernel JSON is the artifact's format ({tvm_func_name, op_type, parameters, code, gridDim, blockDim})
+so the injection pipeline takes it unchanged. Code generation needs no GPU. The math of every definition
+can be checked on the CPU (TVM's llvm target) against a float64 numpy reference.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.cuda.source import find_words, mask, match_close
+from core.errors import InputError, ToolError
+from core.opconfig import OpConfig, validate
+
+_NAME_PAREN = re.compile(r"\b(\w+)\s*\(")
+_DEFINITION = re.compile(r'extern\s+"\s*"\s+__global__')  # on masked text: "C" is blanked
+
+
+@dataclass
+class Generated:
+    config: OpConfig
+    item: dict[str, Any] | None = None  # the kernel JSON item
+    error: str = ""
+    stage: str = ""  # define | schedule | codegen | check
+    max_rel_error: float | None = None
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+def cuda_target(arch: str) -> Any:
+    import tvm
+
+    return tvm.target.Target({"kind": "cuda", "arch": arch, "max_threads_per_block": 1024,
+                              "max_shared_memory_per_block": 49152, "thread_warp_size": 32})
+
+
+def kernel_name(config: OpConfig) -> str:
+    digest = hashlib.sha1(config.key.encode()).hexdigest()[:10]
+    return f"kdb_{config.op_type.lower()}_{digest}_kernel0"
+
+
+def prim_func_module(config: OpConfig) -> tuple[Any, list[tuple[int, ...]]]:
+    """The op as an IRModule with one function `main`, and the shapes of its parameters in order."""
+    import tvm
+    from tvm import te
+
+    from core.codegen.te_ops import define
+
+    inputs, output = define(config)
+    shapes = [tuple(int(d) for d in t.shape) for t in (*inputs, output)]
+    return tvm.IRModule({"main": te.create_prim_func([*inputs, output])}), shapes
+
+
+def extract_kernel(source: str, name: str) -> str:
+    """The one kernel definition of TVM's CUDA source, renamed, with canonical parameter names."""
+    masked = mask(source)
+    definitions = []
+    for m in _DEFINITION.finditer(masked):
+        call = _NAME_PAREN.search(masked, m.end())
+        while call and call.group(1) == "__launch_bounds__":
+            call = _NAME_PAREN.search(masked, match_close(masked, call.end() - 1) + 1)
+        if call is None:
+            continue
+        close = match_close(masked, call.end() - 1)
+        after = masked[close + 1:].lstrip()
+        if after.startswith("{"):
+            definitions.append((m.start(), close))
+    if len(definitions) != 1:
+        raise InputError(f"the schedule produced {len(definitions)} kernels; a kernel-DB row holds exactly one")
+    start, close = definitions[0]
+    body_open = masked.index("{", close)
+    body_close = match_close(masked, body_open)
+    code = source[start:body_close + 1]
+    code = re.sub(r"\bmain_kernel\b", name, code, count=1)
+    # TVM names parameters <buffer>_ptr; our buffers are input0.., output0: drop the suffix.
+    for ptr in set(re.findall(r"\b((?:input|output)\d+)_ptr\b", code)):
+        code = re.sub(rf"\b{ptr}_ptr\b", ptr, code)
+    if find_words(mask(code), "main_kernel"):
+        raise InputError("the kernel calls another TVM function; a kernel-DB row holds one kernel")
+    return code + "\n"
+
+
+def generate(config: OpConfig, arch: str, *, scheduled: Any = None, check: bool = True) -> Generated:
+    """Kernel JSON for one op config (the default schedule unless `scheduled` is given)."""
+    import time
+
+    result = Generated(config)
+    start = time.perf_counter()
+    stage = "define"
+    try:
+        validate(config)
+        if config.groups != 1:
+            raise InputError(f"grouped convolution (groups={config.groups}): NNFusion's kernel DB has no op type "
+                             "for it (the compiler runs it with cuDNN), so no kernel JSON is written")
+        mod, shapes = prim_func_module(config)
+        stage = "schedule"
+        from core.codegen.schedule import default_schedule, launch_dims
+
+        scheduled = scheduled if scheduled is not None else default_schedule(mod)
+        grid, block = launch_dims(scheduled)
+        stage = "codegen"
+        import tvm
+
+        exe = tvm.compile(scheduled, target=cuda_target(arch))
+        source = exe.mod.imports[0].inspect_source()
+        name = kernel_name(config)
+        code = extract_kernel(source, name)
+        result.item = {"tvm_func_name": name, "op_type": config.op_type, "parameters": dict(config.params),
+                       "code": code, "gridDim": list(grid), "blockDim": list(block)}
+        if check:
+            stage = "check"
+            from core.codegen.reference import check_on_cpu
+
+            result.max_rel_error = check_on_cpu(config, mod, shapes)
+    except InputError as exc:
+        result.error, result.stage = str(exc), stage
+    except ToolError:
+        raise
+    except Exception as exc:  # TVM raises its own error types: keep the cause, fail this config only
+        result.error, result.stage = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:500]}", stage
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def require_tvm() -> None:
+    try:
+        import tvm  # noqa: F401
+    except ImportError as exc:
+        raise ToolError("Apache TVM is not installed: pip install -e '.[tvm]' (apache-tvm==0.27.0.post1)") from exc

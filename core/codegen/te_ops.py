@@ -1,0 +1,94 @@
+"""Tensor-expression definitions of the ops NNFusion fetches from its kernel DB (TVM 0.27, `tvm.te`).
+
+Tensors are named as the kernel DB wants them: inputs input0.., the result output0, so the generated
+kernel's parameters need no renaming beyond TVM's `_ptr` suffix. Layout NCHW; fp32.
+Semantics worth knowing: AvgPool excludes padding from the average (ONNX's count_include_pad=0);
+Fused_Convolution_Add_Relu adds a full output-shaped tensor (input2) before the ReLU.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from core.errors import InputError
+from core.opconfig import OpConfig
+from core.ops import CONV_FAMILY, POOLS
+
+# NNFusion element-wise op -> how TVM computes it (names of tvm.topi functions, or te lambdas).
+_UNARY = {"Relu": "nn.relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Exp": "exp", "Log": "log", "Sqrt": "sqrt",
+          "Abs": "abs", "Negative": "negative", "Erf": "erf", "Floor": "floor", "Ceiling": "ceil", "Sin": "sin",
+          "Cos": "cos", "Rsqrt": "rsqrt", "Square": None, "Relu6": None, "Gelu": None}
+_BINARY = {"Add": "add", "Subtract": "subtract", "Multiply": "multiply", "Divide": "divide",
+           "Maximum": "maximum", "Minimum": "minimum", "Power": "power"}
+
+
+def define(config: OpConfig) -> tuple[list[Any], Any]:
+    """(inputs, output) tensors for the op; output named output0. InputError if TVM cannot express it."""
+    from tvm import te, topi
+
+    p, op = config.params, config.op_type
+    if op in CONV_FAMILY:
+        data = te.placeholder(tuple(p["input_shape"]), name="input0")
+        weight = te.placeholder(tuple(p["filter_shape"]), name="input1")
+        pb = list(p["padding_below_diff"])
+        pa = list(p.get("padding_above_diff", pb))
+        padding = [*pb, *pa]
+        if config.groups == 1:
+            out = topi.nn.conv2d_nchw(data, weight, p["window_movement_strides"], padding,
+                                      p["window_dilation_strides"])
+        else:
+            out = topi.nn.group_conv2d_nchw(data, weight, p["window_movement_strides"], padding,
+                                            p["window_dilation_strides"], config.groups)
+        inputs = [data, weight]
+        if op == "Fused_Convolution_Add_Relu":
+            bias = te.placeholder(tuple(p["output_shape"]), name="input2")
+            inputs.append(bias)
+            out = topi.add(out, bias)
+        if op != "Convolution":
+            out = topi.nn.relu(out)
+    elif op == "Dot":
+        a = te.placeholder(tuple(p["arg0_shape"]), name="input0")
+        b = te.placeholder(tuple(p["arg1_shape"]), name="input1")
+        inputs, out = [a, b], topi.nn.matmul(a, b, transpose_a=bool(p.get("transpose_A")),
+                                             transpose_b=bool(p.get("transpose_B")))
+    elif op in POOLS:
+        data = te.placeholder(tuple(p["input_shape"]), name="input0")
+        inputs = [data]
+        out = topi.nn.pool2d(data, p["window_shape"], p["window_stride"], (1, 1),
+                             [*p["padding_below"], *p["padding_above"]], "max" if op == "MaxPool" else "avg",
+                             ceil_mode=False, layout="NCHW", count_include_pad=False)
+    else:
+        shapes = p.get("input_shapes") or [p["input_shape"]]
+        inputs = [te.placeholder(tuple(s), name=f"input{i}") for i, s in enumerate(shapes)]
+        out = _elementwise(op, inputs)
+    output = te.compute(out.shape, lambda *i: out(*i), name="output0")
+    if [int(d) for d in output.shape] != list(_out_shape(config)):
+        raise InputError(f"TVM's {op} gives shape {[int(d) for d in output.shape]}, the op config says "
+                         f"{_out_shape(config)}", where=config.source)
+    return inputs, output
+
+
+def _out_shape(config: OpConfig) -> list[int]:
+    return list(config.params.get("output_shape") or config.params["out_shape"])
+
+
+def _elementwise(op: str, inputs: list[Any]) -> Any:
+    from tvm import te, tirx, topi
+
+    if op in _BINARY:
+        return getattr(topi, _BINARY[op])(inputs[0], inputs[1])
+    x = inputs[0]
+    if op == "Square":
+        return te.compute(x.shape, lambda *i: x(*i) * x(*i), name="square")
+    if op == "Relu6":
+        return te.compute(x.shape, lambda *i: tirx.min(tirx.max(x(*i), 0.0), 6.0), name="relu6")
+    if op == "Gelu":
+        return te.compute(x.shape, lambda *i: x(*i) * 0.5 * (1.0 + tirx.erf(x(*i) * 0.7071067811865476)),
+                          name="gelu")
+    name = _UNARY.get(op)
+    if name is None:
+        raise InputError(f"no TVM definition for the element-wise op {op} yet")
+    fn: Any = topi
+    for part in name.split("."):
+        fn = getattr(fn, part)
+    return fn(x)
