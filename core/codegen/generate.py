@@ -109,13 +109,14 @@ def generate(config: OpConfig, arch: str, *, scheduled: Any = None, check: bool 
         source = exe.mod.imports[0].inspect_source()
         name = kernel_name(config)
         code = extract_kernel(source, name)
-        result.item = {"tvm_func_name": name, "op_type": config.op_type, "parameters": dict(config.params),
-                       "code": code, "gridDim": list(grid), "blockDim": list(block)}
+        item = {"tvm_func_name": name, "op_type": config.op_type, "parameters": dict(config.params),
+                "code": code, "gridDim": list(grid), "blockDim": list(block)}
         if check:
             stage = "check"
             from core.codegen.reference import check_on_cpu
 
             result.max_rel_error = check_on_cpu(config, mod, shapes)
+        result.item = item  # only a kernel whose math checked out (or was not asked to be checked)
     except InputError as exc:
         result.error, result.stage = str(exc), stage
     except ToolError:

@@ -1,0 +1,94 @@
+"""TVM 0.27 code generation: every op config gives one CUDA kernel whose math matches numpy and which the
+injection pipeline takes unchanged (compile-checked with nvcc for sm_90)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import ARTIFACT, needs_artifact
+
+pytest.importorskip("tvm")
+
+from core.codegen.batch import generate_all, load_configs  # noqa: E402
+from core.codegen.generate import extract_kernel, generate  # noqa: E402
+from core.db.kernel_db import KernelDB  # noqa: E402
+from core.db.state import StateDB  # noqa: E402
+from core.errors import InputError  # noqa: E402
+from core.inject import InjectOptions, Injector  # noqa: E402
+from core.opconfig import OpConfig, parse_line  # noqa: E402
+
+OTHER_OPS = [
+    "cublas_dot_op_float|a+16_256|b+256_128|o+16_128|ta+0|tb+0",
+    "cublas_dot_op_float|a+256_16|b+128_256|o+16_128|ta+1|tb+1",
+    "cudnn_maxpool_op_float|i+1_64_56_56|o+1_64_28_28|win+3_3|ws+2_2|pb+1_1|pa+0_0",
+    "cudnn_avgpool_op_float|i+1_32_28_28|o+1_32_28_28|win+3_3|ws+1_1|pb+1_1|pa+1_1",
+    "elementwise_relu_op_float|i+1_64_56_56|o+1_64_56_56",
+    "elementwise_add_op_float|i+4_1000|i+4_1000|o+4_1000",
+    "elementwise_sigmoid_op_float|i+4096|o+4096",
+    "cudnn_convolution_op_float|i+1_16_32_32|w+32_16_3_3|o+1_32_32_32|ws+1_1|wd+1_1|p+1_1|fuse+relu",
+    "cudnn_convolution_op_float|i+1_16_32_32|w+16_16_3_3|o+1_16_32_32|ws+1_1|wd+1_1|p+1_1|fuse+add_relu",
+    "cudnn_convolution_op_float|i+1_8_17_17|w+8_8_3_3|o+1_8_9_9|ws+2_2|wd+2_2|p+2_2",
+]
+
+
+def inject(items: list[dict], tmp_path: Path) -> tuple[int, list]:
+    src = tmp_path / "generated.json"
+    src.write_text(json.dumps(items))
+    with KernelDB.open(tmp_path / "k.db", create=True) as db:
+        report = Injector(db, InjectOptions(archs=("sm_90",), compile=True, workers=2), state=StateDB()).run([src])
+    return report.injected, report.failures
+
+
+@needs_artifact
+def test_every_shared_op_config_generates_checks_and_injects(tmp_path: Path):
+    configs, errors = load_configs([ARTIFACT / "op_configs"])
+    assert not errors and len(configs) == 19
+    report = generate_all(configs, "sm_90")
+    assert not report.failed, [(g.config.source, g.stage, g.error) for g in report.failed]
+    for g in report.generated:
+        assert g.max_rel_error is not None and g.max_rel_error < 1e-4, g.config.source
+    injected, failures = inject(report.items, tmp_path)
+    assert failures == [] and injected == 19
+
+
+def test_other_ops_and_fused_convolutions(tmp_path: Path):
+    configs = [parse_line(line, f"case{i}") for i, line in enumerate(OTHER_OPS)]
+    report = generate_all(configs, "sm_90")
+    assert not report.failed, [(g.config.source, g.stage, g.error) for g in report.failed]
+    assert all(g.max_rel_error is not None and g.max_rel_error < 1e-4 for g in report.generated)
+    injected, failures = inject(report.items, tmp_path)
+    assert failures == [] and injected == len(OTHER_OPS)
+    with KernelDB.open(tmp_path / "k.db") as db:
+        for g in report.generated:
+            rows = db.find(g.config.signature().identifier)
+            assert len(rows) == 1, g.config.describe()
+
+
+def test_grouped_convolution_is_refused_with_the_reason():
+    config = parse_line("cudnn_convolution_op_float|i+1_32_8_8|w+32_1_3_3|o+1_32_8_8|ws+1_1|wd+1_1|p+1_1|g+32", "dw")
+    result = generate(config, "sm_90")
+    assert result.item is None and "no op type" in result.error
+
+
+def test_a_wrong_definition_would_be_caught_by_the_numpy_check(monkeypatch: pytest.MonkeyPatch):
+    import core.codegen.reference as reference
+
+    config = parse_line("elementwise_relu_op_float|i+64|o+64", "x")
+    monkeypatch.setitem(reference._ELEMENTWISE, "Relu", lambda a: a)  # pretend ReLU were the identity
+    result = generate(config, "sm_90")
+    assert result.item is None and result.stage == "check" and "differs from numpy" in result.error
+
+
+def test_more_than_one_kernel_is_a_failure_not_a_guess():
+    two = ('extern "C" __global__ void main_kernel(float* a) { a[0] = 1; }\n'
+           'extern "C" __global__ void main_kernel_1(float* a) { a[1] = 1; }\n')
+    with pytest.raises(InputError, match="2 kernels"):
+        extract_kernel(two, "k")
+
+
+def test_invalid_config_fails_at_define():
+    bad = OpConfig("Relu", {"input_shape": [4], "output_shape": [5]}, source="bad")
+    result = generate(bad, "sm_90")
+    assert result.item is None and result.stage == "define" and "output_shape" in result.error
