@@ -1,9 +1,10 @@
-"""The demo kernel DB `make run` opens: kernels this project writes itself, injected by the engine.
+"""The demo kernel DB `make run` opens, made by the console itself and cached in the state dir.
 
-Small but real: element-wise ops, a shared-memory tiled Dot with barriers in a loop, direct
-convolutions (plain and fused with ReLU) and pools, all for fp32. One item is deliberately one the
-compiler could not use (a barrier inside a while loop), so the Failures view has something to show.
-Built once into the state dir and reused.
+With TVM installed (the normal case): the op configs of a small built-in network (TINY_NETWORK, a
+ResNet-style CNN) are code-generated and injected, exactly the path a user takes for a new model.
+Without TVM: hand-written kernels of the same kinds (demo_kernels) stand in. Either way one extra item is
+deliberately one the compiler could not use (a barrier inside a while loop), so the Failures view has
+something to show.
 """
 
 from __future__ import annotations
@@ -153,6 +154,32 @@ def demo_kernels() -> list[dict[str, Any]]:
     ]
 
 
+# A tiny ResNet-style CNN on 32x32 images, as op configs (the line format of core.opconfig).
+TINY_NETWORK = """\
+cudnn_convolution_op_float|i+1_3_32_32|w+16_3_3_3|o+1_16_32_32|ws+1_1|wd+1_1|p+1_1|fuse+relu
+cudnn_maxpool_op_float|i+1_16_32_32|o+1_16_16_16|win+2_2|ws+2_2|pb+0_0|pa+0_0
+cudnn_convolution_op_float|i+1_16_16_16|w+16_16_3_3|o+1_16_16_16|ws+1_1|wd+1_1|p+1_1|fuse+relu
+cudnn_convolution_op_float|i+1_16_16_16|w+16_16_3_3|o+1_16_16_16|ws+1_1|wd+1_1|p+1_1|fuse+add_relu
+cudnn_convolution_op_float|i+1_16_16_16|w+32_16_3_3|o+1_32_8_8|ws+2_2|wd+1_1|p+1_1|fuse+relu
+cudnn_avgpool_op_float|i+1_32_8_8|o+1_32_1_1|win+8_8|ws+8_8|pb+0_0|pa+0_0
+cublas_dot_op_float|a+1_32|b+32_10|o+1_10|ta+0|tb+0
+elementwise_relu_op_float|i+1_16_32_32|o+1_16_32_32
+"""
+
+
+def tiny_network_kernels(arch: str) -> list[dict[str, Any]]:
+    """Kernel JSON for TINY_NETWORK, generated with TVM (default schedules, checked against numpy)."""
+    from core.codegen.batch import generate_all
+    from core.opconfig import parse_lines
+
+    parsed = parse_lines(TINY_NETWORK, "tiny-network")
+    report = generate_all(parsed.configs, arch)
+    if report.failed:
+        bad = report.failed[0]
+        raise RuntimeError(f"the built-in network failed to generate: {bad.config.describe()}: {bad.error}")
+    return report.items
+
+
 def demo_db_path() -> Path:
     return state_dir() / "demo" / "kernel_cache.db"
 
@@ -165,7 +192,11 @@ def build_demo_db(*, compile_check: bool, archs: tuple[str, ...] = ("sm_90",), n
         return path, None
     src = path.parent / "demo_kernels.json"
     src.parent.mkdir(parents=True, exist_ok=True)
-    src.write_text(json.dumps(demo_kernels(), indent=1), encoding="utf-8")
+    try:
+        items = [*tiny_network_kernels(archs[0]), _unprovable()]
+    except ImportError:  # no TVM here: hand-written kernels of the same kinds
+        items = demo_kernels()
+    src.write_text(json.dumps(items, indent=1), encoding="utf-8")
     tmp = path.with_name("building.db")
     for leftover in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
         leftover.unlink(missing_ok=True)
