@@ -74,6 +74,9 @@ class KdbApp(App[int]):
         self.theme = "textual-light" if self.theme == "textual-dark" else "textual-dark"
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        self.report_worker_failure(event)
+
+    def report_worker_failure(self, event: Worker.StateChanged) -> None:
         """The one place worker failures surface: a notification with the cause, and the log."""
         if event.state is WorkerState.ERROR and event.worker.error is not None:
             error = event.worker.error

@@ -21,14 +21,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from core.cuda.barriers import count_barriers
-from core.cuda.source import parse_kernel
+from core.cuda.barriers import BarrierCount, count_barriers
+from core.cuda.source import KernelSource, parse_kernel
 from core.db.kernel_db import InsertOutcome, KernelDB
 from core.db.state import Failure, StateDB, state_dir
 from core.errors import InputError, KdbError
-from core.kernel_json import iter_json_files, load_items, validate_item
+from core.gpu.jobs import GpuSession, job_for_row
+from core.kernel_json import KernelSpec, iter_json_files, load_items, validate_item
 from core.kernel_row import KernelRow, build_row
 from core.nvcc import CompileResult, compile_check, find_nvcc
+from core.profile import merge_profile
 from core.settings import Settings
 
 STAGES = ("read", "validate", "parse", "barriers", "compile", "gpu", "insert")
@@ -45,14 +47,26 @@ class InjectOptions:
     nvcc_timeout_s: float = 120.0
     workers: int = 1  # processes for the CPU stages; nvcc checks run this many at a time too
     workdir: Path | None = None  # scratch space for nvcc (default: the state dir)
+    verify: bool = False  # GPU: run on random inputs, compare with a float64 reference
+    profile: bool = False  # GPU: time with CUDA events, write the profile NNFusion reads
+    product_name: str = ""  # device name in profile strings (empty: the CUDA device's own name)
+    gpu_timeout_s: float = 60.0
+
+    @property
+    def gpu(self) -> bool:
+        """Any GPU stage asked for; then barriers that static analysis cannot count are counted on the GPU."""
+        return self.verify or self.profile
 
     @classmethod
     def from_settings(cls, settings: Settings, *, archs: tuple[str, ...] | None = None, compile: bool = True,
-                      replace: bool = False, workers: int | None = None) -> InjectOptions:
+                      replace: bool = False, workers: int | None = None, verify: bool = False,
+                      profile: bool = False) -> InjectOptions:
         """Options as the shared settings say, with what a command line or a form overrides."""
         return cls(archs=archs or tuple(settings.archs), compile=compile, replace=replace,
                    nvcc=settings.nvcc_path, nvcc_flags=tuple(settings.nvcc_flags),
-                   nvcc_timeout_s=settings.nvcc_timeout_s, workers=workers or settings.effective_workers())
+                   nvcc_timeout_s=settings.nvcc_timeout_s, workers=workers or settings.effective_workers(),
+                   verify=verify, profile=profile, product_name=settings.product_name,
+                   gpu_timeout_s=settings.gpu_timeout_s)
 
 
 @dataclass
@@ -80,6 +94,7 @@ class Prepared:
     row: KernelRow | None = None
     failure: ItemFailure | None = None
     raw: Any = None
+    needs_gpu_barriers: tuple[KernelSpec, KernelSource] | None = None  # static count failed: count on the GPU
 
 
 @dataclass
@@ -117,7 +132,7 @@ class InjectReport:
 # The CPU stages (run in worker processes: keep them free of shared state)
 
 
-def prepare(file: str, index: int, raw: Any) -> Prepared:
+def prepare(file: str, index: int, raw: Any, gpu_barriers: bool = False) -> Prepared:
     name = raw.get("tvm_func_name", "") if isinstance(raw, dict) else ""
     name = name if isinstance(name, str) else ""
     out = Prepared(file, index, _printable(name[:200]))
@@ -134,7 +149,10 @@ def prepare(file: str, index: int, raw: Any) -> Prepared:
         stage = "barriers"
         barriers = count_barriers(src, spec.block, spec.grid)
         if not barriers.known:
-            return fail("barriers", f"{barriers.reason}; the GPU count is not run: no GPU stage yet")
+            if gpu_barriers:
+                out.needs_gpu_barriers, out.raw = (spec, src), raw
+                return out
+            return fail("barriers", f"{barriers.reason}; the GPU count was not run (no GPU stage asked for)")
         stage = "parse"
         out.row = build_row(spec, src, barriers, extra_miscs={"from": f"{_printable(Path(file).name)}#{index}"})
     except InputError as exc:
@@ -192,7 +210,10 @@ class Injector:
         self.on_progress = on_progress
         self.should_cancel = should_cancel or (lambda: False)
         self.progress = InjectProgress()
-        self.report = InjectReport(notes=[GPU_NOT_RUN])
+        self.report = InjectReport(notes=[] if options.gpu else [GPU_NOT_RUN])
+        self._gpu: GpuSession | None = None
+        self._gpu_counts = {"verified": 0, "timed": 0, "barriers counted": 0}
+        self._device = ""
         self._cancel_event = threading.Event()
         self._nvcc = find_nvcc(options.nvcc) if options.compile else ""
         self._workdir = options.workdir or state_dir() / "tmp"
@@ -243,7 +264,7 @@ class Injector:
                     break
                 if file != self.progress.current:
                     self.progress.current = file
-                prepared.append(cpu.submit(prepare, file, index, raw))
+                prepared.append(cpu.submit(prepare, file, index, raw, self.options.gpu))
                 while prepared and (len(prepared) >= 4 * workers or prepared[0].done()):
                     self._after_prepare(prepared.popleft().result(), nvcc_pool, compiling)
                     self._drain_compiles(compiling, block=len(compiling) >= 2 * workers)
@@ -263,6 +284,10 @@ class Injector:
             cpu.shutdown(wait=True, cancel_futures=True)
             if nvcc_pool is not None:
                 nvcc_pool.shutdown(wait=True, cancel_futures=True)
+            if self._gpu is not None:
+                self._gpu.close()
+                done = ", ".join(f"{n} {what}" for what, n in self._gpu_counts.items())
+                self.report.notes.append(f"gpu ({self._device or 'no answer'}): {done}")
             if self.state is not None and self.report.run_id is not None:
                 self.state.finish_run(self.report.run_id, injected=self.report.injected,
                                       unchanged=self.report.unchanged, failed=self.report.failed,
@@ -286,6 +311,8 @@ class Injector:
             return
         passed["validate"] += 1
         passed["parse"] += 1
+        if item.needs_gpu_barriers is not None and not self._count_barriers_on_gpu(item):
+            return
         passed["barriers"] += 1
         assert item.row is not None
         if nvcc_pool is None:
@@ -297,6 +324,65 @@ class Injector:
         function = json.loads(item.row.function)
         fut = nvcc_pool.submit(self._compile_all, function)
         compiling.append((item, fut))
+
+    # -- GPU stages (one device, so they run here, one kernel at a time, each in the child process) --
+
+    def _gpu_session(self) -> GpuSession:
+        if self._gpu is None:
+            self._gpu = GpuSession(timeout_s=self.options.gpu_timeout_s)
+        return self._gpu
+
+    def _gpu_fail(self, item: Prepared, reason: str, stage: str = "gpu") -> None:
+        self._fail(ItemFailure(item.file, item.index, item.name, stage, reason, {}, _dump_input(item.raw)))
+
+    def _count_barriers_on_gpu(self, item: Prepared) -> bool:
+        """Static analysis could not count the barriers: count them with an instrumented run."""
+        assert item.needs_gpu_barriers is not None
+        spec, src = item.needs_gpu_barriers
+        extra = {"from": f"{_printable(Path(item.file).name)}#{item.index}"}
+        try:
+            probe = build_row(spec, src, BarrierCount(0), extra_miscs=extra)  # the count is not needed to run it
+            result = self._gpu_session().run(job_for_row(probe, "barriers"))
+        except InputError as exc:
+            self._gpu_fail(item, str(exc), "parse")
+            return False
+        self._device = result.device or self._device
+        if not result.ok or result.barriers is None:
+            self._gpu_fail(item, f"barrier count on the GPU failed: {result.reason}", "barriers")
+            return False
+        self._gpu_counts["barriers counted"] += 1
+        item.row = build_row(spec, src, BarrierCount(result.barriers),
+                             extra_miscs={**extra, "barriers": "counted on the GPU (instrumented run)"})
+        item.needs_gpu_barriers = None
+        return True
+
+    def _gpu_stages(self, item: Prepared, row: KernelRow) -> KernelRow | None:
+        """Verify and/or time the kernel on the GPU; the row with its profile, or None if it failed."""
+        session = self._gpu_session()
+        if self.options.verify:
+            result = session.run(job_for_row(row, "verify"))
+            self._device = result.device or self._device
+            if not result.ok:
+                self._gpu_fail(item, f"verification failed: {result.reason}")
+                return None
+            self._gpu_counts["verified"] += 1
+        if self.options.profile:
+            result = session.run(job_for_row(row, "time"))
+            self._device = result.device or self._device
+            if not result.ok or result.microseconds is None:
+                self._gpu_fail(item, f"timing failed: {result.reason}")
+                return None
+            device = self.options.product_name or result.device
+            miscs = json.loads(row.miscs)
+            profile = miscs.setdefault("external_profile", {})
+            profile["time"] = merge_profile(profile.get("time", ""), device, result.microseconds)
+            miscs["kdb"].setdefault("profile", {})[device] = {
+                "us": result.microseconds, "p10_us": result.spread[0] if result.spread else None,
+                "p90_us": result.spread[1] if result.spread else None, "launches": result.launches}
+            row = replace(row, miscs=json.dumps(miscs, ensure_ascii=False, allow_nan=False))
+            self._gpu_counts["timed"] += 1
+        self.progress.passed["gpu"] += 1
+        return row
 
     def _compile_all(self, function: dict[str, Any]) -> list[CompileResult]:
         results = []
@@ -333,6 +419,11 @@ class Injector:
             miscs = json.loads(row.miscs)
             miscs["kdb"]["compile"] = {r.arch: r.summary() for r in compiled}
             row = replace(row, miscs=json.dumps(miscs, ensure_ascii=False, allow_nan=False))
+        if self.options.gpu:
+            gpu_row = self._gpu_stages(item, row)
+            if gpu_row is None:
+                return
+            row = gpu_row
         try:
             result = self.db.insert(row, replace=self.options.replace)
         except KdbError as exc:

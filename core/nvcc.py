@@ -80,6 +80,13 @@ def supported_archs(nvcc: str) -> tuple[str, ...]:
     return tuple(archs)
 
 
+def standalone_source(function: dict[str, Any], name: str = "kdb_kernel") -> str:
+    """The row's kernel as NNFusion's non-block emitter writes it, under `name` (what GPU jobs launch)."""
+    sig = str(function["function_signature"])
+    head = "#include <cuda_fp16.h>\n" if "half" in sig else ""
+    return f"{head}{sig.replace('void (', f'void {name}(', 1)}\n{{\n{function['function_body']}\n}}\n"
+
+
 def translation_unit(function: dict[str, Any]) -> str:
     """The source nvcc checks: the row's kernel as NNFusion emits it, standalone and in block form."""
     sig = str(function["function_signature"])

@@ -11,13 +11,13 @@ from conftest import ARTIFACT, needs_artifact
 
 pytest.importorskip("tvm")
 
-from core.codegen.batch import generate_all, load_configs  # noqa: E402
-from core.codegen.generate import extract_kernel, generate  # noqa: E402
-from core.db.kernel_db import KernelDB  # noqa: E402
-from core.db.state import StateDB  # noqa: E402
-from core.errors import InputError  # noqa: E402
-from core.inject import InjectOptions, Injector  # noqa: E402
-from core.opconfig import OpConfig, parse_line  # noqa: E402
+from core.codegen.batch import generate_all, load_configs
+from core.codegen.generate import extract_kernel, generate
+from core.db.kernel_db import KernelDB
+from core.db.state import StateDB
+from core.errors import InputError
+from core.inject import InjectOptions, Injector
+from core.opconfig import OpConfig, parse_line
 
 OTHER_OPS = [
     "cublas_dot_op_float|a+16_256|b+256_128|o+16_128|ta+0|tb+0",

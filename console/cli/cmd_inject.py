@@ -12,6 +12,7 @@ from console.cli.output import err, log, out, print_json, shorten
 from core.db.kernel_db import KernelDB
 from core.db.state import StateDB, state_dir
 from core.errors import KdbError
+from core.gpu.jobs import require_gpu
 from core.inject import STAGES, InjectOptions, Injector, InjectProgress, InjectReport
 from core.nvcc import find_nvcc, supported_archs
 from core.settings import load_settings
@@ -32,7 +33,9 @@ def main(args: argparse.Namespace) -> int:
     if missing:
         raise KdbError(f"no such file or directory: {', '.join(missing)}")
     options = InjectOptions.from_settings(settings, archs=archs, compile=compile_check, replace=args.replace,
-                                          workers=args.workers)
+                                          workers=args.workers, verify=args.verify, profile=args.profile)
+    if options.gpu:
+        require_gpu()  # say so now, plainly, rather than fail every kernel
     cancel = {"requested": False}
 
     def on_sigint(signum: int, frame: FrameType | None) -> None:
@@ -49,7 +52,7 @@ def main(args: argparse.Namespace) -> int:
             if args.replace and db.count() > 0:
                 backup = db.backup(state_dir() / "backups" / f"before-replace-{time.strftime('%Y%m%d-%H%M%S')}.db")
                 log(f"backup of {db.path} before --replace: {backup}")
-            with _Progress(enabled=err.is_terminal and not args.json) as progress:
+            with _Progress(enabled=err.is_terminal and not args.json, gpu=options.gpu) as progress:
                 injector = Injector(db, options, state=state, on_progress=progress.update,
                                     should_cancel=lambda: cancel["requested"])
                 report = injector.run(paths)
@@ -67,8 +70,9 @@ def main(args: argparse.Namespace) -> int:
 class _Progress:
     """One Rich progress bar per stage, refreshed at most ten times a second."""
 
-    def __init__(self, *, enabled: bool) -> None:
+    def __init__(self, *, enabled: bool, gpu: bool = False) -> None:
         self.enabled = enabled
+        self.gpu_enabled = gpu
         self.last = 0.0
 
     def __enter__(self) -> _Progress:
@@ -90,8 +94,8 @@ class _Progress:
         self.last = now
         for stage, task in self.tasks.items():
             note = f"[red]{p.failed_at[stage]} failed[/]" if p.failed_at[stage] else ""
-            if stage == "gpu":
-                note = "not run: no GPU stage yet"
+            if stage == "gpu" and not (self.gpu_enabled):
+                note = "not run (--verify/--profile run it)"
             self.bar.update(task, completed=p.passed[stage] + p.failed_at[stage], total=p.items_seen or None,
                             note=note)
 

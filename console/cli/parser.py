@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "coverage": ("console.cli.cmd_coverage", "which ops of an ONNX model have a kernel in the DB, which fall back"),
     "autotvm": ("console.cli.cmd_autotvm", "summarise AutoTVM tuning logs"),
     "codegen": ("console.cli.cmd_codegen", "generate CUDA kernels (kernel JSON) for op configs with TVM"),
+    "gpu": ("console.cli.cmd_gpu", "CUDA devices; verify or time kernels already in the DB"),
 }
 
 
@@ -56,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replace", action="store_true",
                    help="rewrite rows with the same Key and drop other rows of the same identifier")
     p.add_argument("--workers", type=int, metavar="N", help="parallel workers (default: settings, or one per core)")
+    p.add_argument("--verify", action="store_true", help="GPU: run each kernel and compare with a float64 reference")
+    p.add_argument("--profile", action="store_true",
+                   help="GPU: time each kernel with CUDA events and write the profile NNFusion reads")
     p.add_argument("--json", action="store_true", help="print one JSON object with the counts and failures")
 
     p = sub.add_parser("ls", help=COMMANDS["ls"][1])
@@ -125,6 +129,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arch", metavar="sm_XX", help="target SM arch (default: the first of the settings' archs)")
     p.add_argument("--no-check", action="store_true", help="skip the CPU numerics check against numpy")
     p.add_argument("--json", action="store_true", help="a JSON report on stdout (kernels go to -o)")
+
+    p = sub.add_parser("gpu", help=COMMANDS["gpu"][1])
+    gsub = p.add_subparsers(dest="gpu_command", metavar="ACTION", required=True)
+    q = gsub.add_parser("devices", help="the CUDA devices here (pycuda)")
+    q.add_argument("--json", action="store_true")
+    for action, text in (("verify", "run kernels on random inputs and compare with a float64 reference"),
+                         ("profile", "time kernels with CUDA events; write the profile into the DB")):
+        q = gsub.add_parser(action, help=text)
+        _db_option(q)
+        q.add_argument("keys", nargs="*", metavar="KEY_OR_IDENTIFIER")
+        q.add_argument("--all", action="store_true", help="every kernel in the DB")
+        q.add_argument("--op", metavar="OPTYPE", help="only this OpType (with --all)")
+        q.add_argument("--json", action="store_true")
 
     p = sub.add_parser("settings", help=COMMANDS["settings"][1])
     p.add_argument("assignments", nargs="*", metavar="KEY=VALUE",

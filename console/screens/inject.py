@@ -23,12 +23,12 @@ from textual.content import Content
 from textual.markup import escape
 from textual.message import Message
 from textual.reactive import var
-from textual.screen import Screen
 from textual.widgets import Button, Checkbox, DirectoryTree, Footer, Header, Input, Label, OptionList, Static
 from textual.widgets.option_list import Option
 from textual.worker import Worker, WorkerState, get_current_worker
 
 from console.context import ConsoleContext
+from console.screens.base import KdbScreen
 from console.widgets.stage_progress import StageProgress
 from core.db.kernel_db import KernelDB
 from core.db.state import StateDB, state_dir
@@ -105,7 +105,7 @@ class PathTree(DirectoryTree):
         return [p for p in paths if not p.name.startswith(".") and (p.suffix == ".json" or self._safe_is_dir(p))]
 
 
-class InjectScreen(Screen[None]):
+class InjectScreen(KdbScreen):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("ctrl+r", "start", "Start"),
         Binding("escape", "cancel", "Cancel run"),
@@ -365,7 +365,7 @@ class InjectScreen(Screen[None]):
         self._show_progress(message.progress)
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
-        # Only our own bookkeeping: the event goes on to the App, which reports errors.
+        super().on_worker_state_changed(event)  # failures are reported by the App
         if event.worker.group != "inject" or not event.worker.is_finished:
             return
         self.running = False

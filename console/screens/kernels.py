@@ -17,9 +17,9 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
-from textual.screen import Screen
 from textual.widgets import Button, DataTable, Footer, Header, Input, Select, Static
 
+from console.screens.base import KdbScreen
 from console.widgets.dialogs import ConfirmDialog, PathDialog
 from console.widgets.kernel_detail import KernelDetail
 from console.widgets.kernel_table import COLUMNS, KernelTable
@@ -31,7 +31,7 @@ PAGE_SIZE = 100
 ALL = "__all__"
 
 
-class KernelsScreen(Screen[None]):
+class KernelsScreen(KdbScreen):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("slash", "focus_filter", "Filter"),
         Binding("n", "page(1)", "Next page"),
@@ -108,6 +108,10 @@ class KernelsScreen(Screen[None]):
 
     @work(thread=True, exit_on_error=False, group="page", exclusive=True)
     def load_page(self, generation: int, flt: KernelFilter, sort: str, descending: bool, offset: int) -> None:
+        if not self.app.context.db_path.exists():  # type: ignore[attr-defined]
+            # Not an error: the first injection creates it.
+            self.post_message(self.PageLoaded(generation, [], 0, 0, [], Schema.EMPTY))
+            return
         with self.app.context.open_db() as db:  # type: ignore[attr-defined]
             if db.schema is not Schema.CURRENT:
                 self.post_message(self.PageLoaded(generation, [], 0, 0, [], db.schema))
@@ -146,7 +150,8 @@ class KernelsScreen(Screen[None]):
                 "This DB uses the older osdi20 schema: shown read-only. Convert it into a new file to use it.")
             banner.remove_class("hidden")
         elif schema is Schema.EMPTY:
-            self.query_one("#banner-text", Static).update("This DB has no KernelCache table yet: inject kernels.")
+            self.query_one("#banner-text", Static).update(
+                f"No kernels yet in {self.app.context.db_path}: inject some (2) to create it.")  # type: ignore[attr-defined]
             banner.remove_class("hidden")
             self.query_one("#convert", Button).display = False
         else:

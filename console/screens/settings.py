@@ -19,10 +19,10 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.content import Content
 from textual.message import Message
-from textual.screen import Screen
 from textual.timer import Timer
 from textual.widgets import Button, DataTable, Footer, Header, Input, Label, Static
 
+from console.screens.base import KdbScreen
 from core.errors import InputError, ToolError
 from core.gpu.inventory import DeviceInfo, detect_devices
 from core.nvcc import find_nvcc, supported_archs
@@ -145,7 +145,7 @@ def copy_settings(source: Settings, target: Settings) -> None:
 
 # -- the screen --------------------------------------------------------------------------------------
 
-class SettingsScreen(Screen[None]):
+class SettingsScreen(KdbScreen):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("ctrl+s", "save", "Save"),
         Binding("ctrl+z", "revert", "Revert"),

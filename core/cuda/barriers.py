@@ -94,7 +94,7 @@ def count_barriers(src: KernelSource, block: tuple[int, int, int], grid: tuple[i
             raise _Unresolvable(f"line {line_of(src.code, other.start())}: {other.group(0).strip()!r} "
                                 "is a barrier the static count does not model")
         if not barrier_positions:
-            raise _Unresolvable("__syncthreads is used other than as a call")
+            return BarrierCount(0)  # "sync" only in other names (__shfl_down_sync, __syncwarp...)
         if find_words(masked, "goto", start, end):
             raise _Unresolvable("the kernel uses goto")
         builder = _Builder(src, barrier_positions)

@@ -1,0 +1,61 @@
+"""Code generation time per kernel for the shared op configs (TVM 0.27, default schedule, no GPU).
+
+    .venv/bin/python bench/bench_codegen.py            # prints a table and a ratio, writes bench/results/codegen.json
+
+Each op config is generated in each of its three kernel-DB forms (Convolution, Fused_Convolution_Relu,
+Fused_Convolution_Add_Relu), with and without the CPU numerics check. TVM's import is timed apart.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+OPCONFIGS = REPO.parent / "shared" / "nnfusion-artifact" / "op_configs"
+RESULTS = REPO / "bench" / "results"
+sys.path.insert(0, str(REPO))
+
+
+def main() -> None:
+    start = time.perf_counter()
+    import tvm  # noqa: F401
+
+    import_s = time.perf_counter() - start
+    from core.codegen.generate import generate
+    from core.opconfig import read_opconfigs
+
+    rows = []
+    for path in sorted(OPCONFIGS.glob("*.txt")):
+        for config in read_opconfigs(path).configs:
+            for op in ("Convolution", "Fused_Convolution_Relu", "Fused_Convolution_Add_Relu"):
+                c = replace(config, op_type=op, line_format=None)
+                gen = generate(c, "sm_90", check=False)
+                checked = generate(c, "sm_90", check=True)
+                rows.append({"model": path.stem.split("_")[0], "op": op, "config": c.describe(),
+                             "codegen_s": gen.seconds, "with_check_s": checked.seconds,
+                             "ok": gen.item is not None and checked.item is not None,
+                             "max_rel_error": checked.max_rel_error})
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    gen_ms = [r["codegen_s"] * 1000 for r in rows]
+    chk_ms = [r["with_check_s"] * 1000 for r in rows]
+    print(f"{'model':10} {'op type':28} {'codegen ms':>10} {'+check ms':>10} {'max rel err':>12}")
+    for r in rows:
+        err = "-" if r["max_rel_error"] is None else f"{r['max_rel_error']:.1e}"
+        print(f"{r['model']:10} {r['op']:28} {r['codegen_s'] * 1000:10.1f} {r['with_check_s'] * 1000:10.1f} {err:>12}")
+    summary = {"kernels": len(rows), "all_ok": all(r["ok"] for r in rows), "tvm_import_s": import_s,
+               "codegen_ms_median": statistics.median(gen_ms), "codegen_ms_max": max(gen_ms),
+               "with_check_ms_median": statistics.median(chk_ms), "with_check_ms_max": max(chk_ms)}
+    print(f"\n{len(rows)} kernels, all ok: {summary['all_ok']}; TVM import {import_s:.2f} s (once per process)")
+    print(f"ratio: {summary['codegen_ms_median']:.0f} ms per kernel median (max {summary['codegen_ms_max']:.0f}); "
+          f"with the CPU numerics check {summary['with_check_ms_median']:.0f} ms median "
+          f"(max {summary['with_check_ms_max']:.0f})")
+    (RESULTS / "codegen.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

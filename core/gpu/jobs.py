@@ -1,0 +1,158 @@
+"""GPU jobs (verify, time, count barriers) run in a child process, so a hung or crashing kernel never
+freezes the console or the CLI: each job has a timeout, after which the child's whole process group is
+killed and a fresh child takes the next job.
+
+The parent side needs no pycuda: it only builds job payloads from kernel rows and reads the answers.
+The child (core.gpu.worker) holds the CUDA context, compiles with pycuda and launches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.errors import InputError, ToolError
+from core.export import row_to_item
+from core.kernel_row import KernelRow
+from core.nvcc import standalone_source
+
+DTYPE_TOLERANCE = {"float": 1e-4, "double": 1e-10, "half": 1e-2}  # max |got - want| / max |want|
+
+
+@dataclass
+class GpuResult:
+    ok: bool
+    kind: str  # verify | time | barriers | devices
+    reason: str = ""
+    max_rel_error: float | None = None
+    microseconds: float | None = None  # median of the timed launches
+    spread: tuple[float, float] | None = None  # (p10, p90) of the timed launches, us
+    launches: int = 0
+    barriers: int | None = None
+    device: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def job_for_row(row: KernelRow, kind: str, *, repeats: int = 100, tolerance: float | None = None) -> dict[str, Any]:
+    """The payload the child needs: the row's standalone kernel, launch config and op parameters."""
+    try:
+        function = json.loads(row.function)
+        attrs = json.loads(row.attributes)
+    except ValueError as exc:
+        raise InputError(f"row {row.key[:20]}: Function/Attributes are not JSON: {exc}") from exc
+    item = row_to_item(row)
+    dtype = attrs.get("dtype", "float") if isinstance(attrs, dict) else "float"
+    return {
+        "kind": kind,
+        "name": item["tvm_func_name"],
+        "source": standalone_source(function),
+        "kernel": "kdb_kernel",
+        "grid": function["grid_dim"],
+        "block": function["block_dim"],
+        "op_type": row.op_type,
+        "params": item["parameters"],
+        "dtype": dtype,
+        "tolerance": tolerance if tolerance is not None else DTYPE_TOLERANCE.get(dtype, 1e-4),
+        "repeats": repeats,
+    }
+
+
+class GpuSession:
+    """A child process that runs GPU jobs one at a time; restarted after a timeout or a crash."""
+
+    def __init__(self, *, timeout_s: float = 60.0, python: str = sys.executable) -> None:
+        self.timeout_s = timeout_s
+        self.python = python
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> GpuSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = subprocess.Popen([self.python, "-m", "core.gpu.worker"], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                                         cwd=os.getcwd())
+        return self.proc
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.close()
+                self.proc.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                self._kill()
+        self.proc = None
+
+    def _kill(self) -> str:
+        """Kill the child's whole process group; return what it wrote on stderr (the cause, often)."""
+        if self.proc is None:
+            return ""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            _, err = self.proc.communicate(timeout=5)
+        except (subprocess.TimeoutExpired, ValueError, OSError):
+            err = b""
+        self.proc = None
+        return (err or b"").decode("utf-8", "replace")[-2000:]
+
+    def run(self, job: dict[str, Any]) -> GpuResult:
+        proc = self._start()
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            proc.stdin.write((json.dumps(job) + "\n").encode())
+            proc.stdin.flush()
+        except OSError:
+            stderr = self._kill()
+            return GpuResult(False, job["kind"], f"GPU worker died before the job: {stderr.strip()[-500:]}")
+        deadline = time.monotonic() + self.timeout_s
+        line = b""
+        while not line.endswith(b"\n"):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self._kill()
+                return GpuResult(False, job["kind"], f"timed out after {self.timeout_s:g} s (hung kernel?): "
+                                                     "the GPU job was killed")
+            ready, _, _ = select.select([proc.stdout], [], [], min(left, 0.5))
+            if ready:
+                chunk = os.read(proc.stdout.fileno(), 1 << 20)
+                if not chunk:
+                    stderr = self._kill()
+                    return GpuResult(False, job["kind"], f"GPU worker crashed: {stderr.strip()[-500:] or 'no message'}")
+                line += chunk
+        answer = json.loads(line.decode())
+        spread = answer.get("spread")
+        return GpuResult(ok=answer["ok"], kind=answer["kind"], reason=answer.get("reason", ""),
+                         max_rel_error=answer.get("max_rel_error"), microseconds=answer.get("microseconds"),
+                         spread=tuple(spread) if spread else None, launches=answer.get("launches", 0),
+                         barriers=answer.get("barriers"), device=answer.get("device", ""),
+                         extra=answer.get("extra", {}))
+
+
+def gpu_available() -> tuple[bool, str]:
+    """Whether pycuda and a CUDA device are here (asked in a child, like every GPU question)."""
+    from core.gpu.inventory import detect_devices
+
+    devices, reason = detect_devices()
+    return (True, devices[0].name) if devices else (False, reason)
+
+
+def require_gpu() -> str:
+    ok, what = gpu_available()
+    if not ok:
+        raise ToolError(what)
+    return what

@@ -1,0 +1,103 @@
+"""Verify and time kernels already in the DB (the console's "verify/profile selected kernels")."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from core.db.kernel_db import KernelDB
+from core.errors import InputError
+from core.gpu.jobs import GpuResult, GpuSession, job_for_row
+from core.kernel_row import KernelRow
+from core.profile import merge_profile
+
+
+@dataclass
+class RowCheck:
+    key: str
+    name: str
+    verified: GpuResult | None = None
+    timed: GpuResult | None = None
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.error and all(r is None or r.ok for r in (self.verified, self.timed))
+
+
+@dataclass
+class RowsReport:
+    checks: list[RowCheck] = field(default_factory=list)
+    device: str = ""
+    cancelled: bool = False
+
+    def as_json(self) -> dict:
+        return {"device": self.device, "cancelled": self.cancelled, "kernels": [{
+            "key": c.key, "name": c.name, "ok": c.ok, "error": c.error,
+            "max_rel_error": c.verified.max_rel_error if c.verified else None,
+            "verify": None if c.verified is None else (c.verified.reason or "ok"),
+            "us": c.timed.microseconds if c.timed else None} for c in self.checks]}
+
+
+def check_rows(db: KernelDB, rows: Iterable[KernelRow], *, verify: bool, profile: bool, product_name: str = "",
+               timeout_s: float = 60.0, on_result: Callable[[RowCheck], None] | None = None,
+               should_cancel: Callable[[], bool] | None = None) -> RowsReport:
+    """Run the asked GPU jobs for each row; timed rows get their profile merged into Miscs."""
+    report = RowsReport()
+    with GpuSession(timeout_s=timeout_s) as session:
+        for row in rows:
+            if should_cancel is not None and should_cancel():
+                report.cancelled = True
+                break
+            name = _name(row)
+            check = RowCheck(row.key, name)
+            try:
+                if verify:
+                    check.verified = session.run(job_for_row(row, "verify"))
+                    report.device = check.verified.device or report.device
+                if profile and (check.verified is None or check.verified.ok):
+                    check.timed = session.run(job_for_row(row, "time"))
+                    report.device = check.timed.device or report.device
+                    if check.timed.ok and check.timed.microseconds is not None:
+                        _store_profile(db, row, product_name or check.timed.device, check.timed)
+            except InputError as exc:
+                check.error = str(exc)
+            report.checks.append(check)
+            if on_result is not None:
+                on_result(check)
+    return report
+
+
+def _name(row: KernelRow) -> str:
+    try:
+        return str(json.loads(row.miscs).get("kdb", {}).get("name", "")) or row.key[:20]
+    except (ValueError, AttributeError):
+        return row.key[:20]
+
+
+def _store_profile(db: KernelDB, row: KernelRow, device: str, timed: GpuResult) -> None:
+    try:
+        miscs = json.loads(row.miscs) if row.miscs else {}
+    except ValueError:
+        miscs = {}
+    if not isinstance(miscs, dict):
+        miscs = {}
+    profile = miscs.get("external_profile") if isinstance(miscs.get("external_profile"), dict) else {}
+    if "resource" not in profile:
+        fn = json.loads(row.function)
+        from math import ceil, prod
+
+        profile["resource"] = ceil(prod(fn["block_dim"]) / 32) * 32 * prod(fn["grid_dim"])
+    try:
+        profile["time"] = merge_profile(profile.get("time", "") if isinstance(profile.get("time"), str) else "",
+                                        device, timed.microseconds or 0.0)
+    except InputError:  # an unreadable old profile string: replace it rather than keep a broken one
+        profile["time"] = merge_profile("", device, timed.microseconds or 0.0)
+    miscs["external_profile"] = profile
+    kdb = miscs.setdefault("kdb", {}) if isinstance(miscs.get("kdb", {}), dict) else {}
+    kdb.setdefault("profile", {})[device] = {"us": timed.microseconds, "launches": timed.launches,
+                                             "p10_us": timed.spread[0] if timed.spread else None,
+                                             "p90_us": timed.spread[1] if timed.spread else None}
+    miscs["kdb"] = kdb
+    db.update_miscs(row.key, miscs)

@@ -1,0 +1,191 @@
+"""The GPU child process: reads one JSON job per line on stdin, answers one JSON line on stdout.
+
+Jobs (built by core.gpu.jobs.job_for_row):
+  verify   random inputs, outputs poisoned with NaN, one launch, compared with a float64 numpy reference
+  time     CUDA-event timing: warm-up, then the median of many launches, inputs rotated when they fit in L2
+  barriers an instrumented copy counts the __syncthreads() executed by thread 0 of block 0
+  devices  the inventory
+Anything that goes wrong in a job is answered as {"ok": false, "reason": ...}; a kernel that hangs or
+kills the process is handled by the parent (timeout, restart).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import traceback
+from typing import Any
+
+import numpy as np
+
+_state: dict[str, Any] = {}
+L2_ROTATE_FACTOR = 4  # rotate through enough input copies to cover this many times the L2 size
+MAX_COPIES = 64
+
+
+def _cuda() -> Any:
+    if "cuda" not in _state:
+        import pycuda.driver as cuda
+
+        cuda.init()
+        device = cuda.Device(0)
+        _state["cuda"] = cuda
+        _state["device"] = device
+        _state["context"] = device.make_context()
+        _state["l2"] = device.get_attribute(cuda.device_attribute.L2_CACHE_SIZE)
+    return _state["cuda"]
+
+
+def _arch() -> str:
+    major, minor = _state["device"].compute_capability()
+    return f"sm_{major}{minor}"
+
+
+def _compile(source: str, name: str) -> Any:
+    from pycuda.compiler import SourceModule
+
+    module = SourceModule(source, no_extern_c=True, arch=_arch(), options=["-lineinfo"])
+    return module, module.get_function(name)
+
+
+def _shapes(job: dict[str, Any]) -> tuple[list[tuple[int, ...]], tuple[int, ...]]:
+    from core.codegen.te_ops import _out_shape
+    from core.opconfig import OpConfig
+
+    config = OpConfig(job["op_type"], job["params"])
+    p, op = job["params"], job["op_type"]
+    if "filter_shape" in p:
+        ins = [p["input_shape"], p["filter_shape"]]
+        if op == "Fused_Convolution_Add_Relu":
+            ins.append(p["output_shape"])
+    elif op == "Dot":
+        ins = [p["arg0_shape"], p["arg1_shape"]]
+    elif "window_shape" in p:
+        ins = [p["input_shape"]]
+    else:
+        ins = p.get("input_shapes") or [p["input_shape"]]
+    return [tuple(s) for s in ins], tuple(_out_shape(config))
+
+
+def _inputs(job: dict[str, Any]) -> tuple[list[np.ndarray], tuple[int, ...]]:
+    from core.codegen.reference import inputs_for
+    from core.opconfig import OpConfig
+
+    shapes, out = _shapes(job)
+    return inputs_for(OpConfig(job["op_type"], job["params"]), shapes, seed=1), out
+
+
+def _launch(fn: Any, buffers: list[Any], job: dict[str, Any], extra: list[Any] | None = None) -> None:
+    fn(*buffers, *(extra or []), block=tuple(job["block"]), grid=tuple(job["grid"]))
+
+
+def verify(job: dict[str, Any]) -> dict[str, Any]:
+    from core.codegen.reference import reference
+    from core.opconfig import OpConfig
+
+    cuda = _cuda()
+    _, fn = _compile(job["source"], job["kernel"])
+    arrays, out_shape = _inputs(job)
+    dev_in = [cuda.to_device(a) for a in arrays]
+    poison = np.full(out_shape, np.nan, dtype=np.float32)
+    dev_out = cuda.to_device(poison)
+    _launch(fn, [*dev_in, dev_out], job)
+    cuda.Context.synchronize()
+    got = cuda.from_device(dev_out, out_shape, np.float32)
+    want = reference(OpConfig(job["op_type"], job["params"]), arrays)
+    unwritten = int(np.isnan(got).sum())
+    if unwritten:
+        return {"ok": False, "reason": f"{unwritten} of {got.size} outputs never written (still NaN)"}
+    scale = max(float(np.abs(want).max()), 1e-30)
+    err = float(np.abs(got.astype(np.float64) - want).max()) / scale
+    ok = err <= job["tolerance"]
+    reason = "" if ok else f"max relative error {err:.2e} over the {job['tolerance']:g} allowed for {job['dtype']}"
+    return {"ok": ok, "reason": reason, "max_rel_error": err}
+
+
+def time_kernel(job: dict[str, Any]) -> dict[str, Any]:
+    cuda = _cuda()
+    _, fn = _compile(job["source"], job["kernel"])
+    arrays, out_shape = _inputs(job)
+    nbytes = sum(a.nbytes for a in arrays) + int(np.prod(out_shape)) * 4
+    copies = 1 if nbytes * 2 > _state["l2"] else min(MAX_COPIES, -(-L2_ROTATE_FACTOR * _state["l2"] // nbytes))
+    sets = [[cuda.to_device(a) for a in arrays] + [cuda.mem_alloc(int(np.prod(out_shape)) * 4)]
+            for _ in range(copies)]
+    start, stop = cuda.Event(), cuda.Event()
+    for i in range(10):  # warm-up: clocks up, code loaded
+        _launch(fn, sets[i % copies], job)
+    cuda.Context.synchronize()
+    times = []
+    for i in range(job["repeats"]):
+        buffers = sets[i % copies]
+        start.record()
+        _launch(fn, buffers, job)
+        stop.record()
+        stop.synchronize()
+        times.append(stop.time_since(start) * 1000.0)  # ms -> us
+    times.sort()
+    return {"ok": True, "microseconds": float(np.median(times)), "launches": len(times),
+            "spread": [times[len(times) // 10], times[(9 * len(times)) // 10]], "extra": {"input_copies": copies}}
+
+
+_SYNC = re.compile(r"\b__syncthreads\s*\(\s*\)")
+
+
+def instrument(source: str, kernel: str) -> str:
+    """The kernel with every __syncthreads() counted for thread 0 of block 0 into an extra parameter."""
+    from core.cuda.source import mask
+
+    masked = mask(source)
+    pieces, pos = [], 0
+    for m in _SYNC.finditer(masked):
+        pieces += [source[pos:m.start()], "kdb_counted_sync(kdb_barrier_count)"]
+        pos = m.end()
+    pieces.append(source[pos:])
+    body = "".join(pieces)
+    body = re.sub(rf"\b{kernel}\s*\(", f"{kernel}(unsigned int* __restrict__ kdb_barrier_count, ", body, count=1)
+    helper = ("__device__ __forceinline__ void kdb_counted_sync(unsigned int* count) {\n"
+              "  if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0 && blockIdx.x == 0 && blockIdx.y == 0\n"
+              "      && blockIdx.z == 0) atomicAdd(count, 1u);\n  __syncthreads();\n}\n")
+    return helper + body
+
+
+def count_barriers(job: dict[str, Any]) -> dict[str, Any]:
+    cuda = _cuda()
+    _, fn = _compile(instrument(job["source"], job["kernel"]), job["kernel"])
+    arrays, out_shape = _inputs(job)
+    counter = cuda.to_device(np.zeros(1, dtype=np.uint32))
+    fn(counter, *[cuda.to_device(a) for a in arrays], cuda.mem_alloc(int(np.prod(out_shape)) * 4),
+       block=tuple(job["block"]), grid=tuple(job["grid"]))
+    cuda.Context.synchronize()
+    return {"ok": True, "barriers": int(cuda.from_device(counter, (1,), np.uint32)[0])}
+
+
+def devices(job: dict[str, Any]) -> dict[str, Any]:
+    from core.gpu.inventory import _probe
+
+    return {"ok": True, "extra": _probe()}
+
+
+JOBS = {"verify": verify, "time": time_kernel, "barriers": count_barriers, "devices": devices}
+
+
+def main() -> None:
+    for line in sys.stdin:
+        job = json.loads(line)
+        try:
+            answer = JOBS[job["kind"]](job)
+        except Exception as exc:  # the job fails, the worker lives on: the parent gets the cause
+            answer = {"ok": False, "reason": f"{type(exc).__name__}: {str(exc).strip()[:1500]}",
+                      "extra": {"traceback": traceback.format_exc()[-3000:]}}
+        answer["kind"] = job["kind"]
+        if "device" in _state:
+            answer["device"] = _state["device"].name()
+        sys.stdout.write(json.dumps(answer) + "\n")
+        sys.stdout.flush()
+    if "context" in _state:
+        _state["context"].pop()
+
+
+if __name__ == "__main__":
+    main()
