@@ -57,8 +57,9 @@ class OpConfig:
     def signature(self) -> OpSignature:
         """The op as NNFusion's kernel DB knows it; InputError if the DB has no op type for it."""
         if self.groups != 1:
-            raise InputError(f"grouped convolution (groups={self.groups}) has no kernel-DB op type in NNFusion: "
-                             "the compiler uses cuDNN for it", where=self.source)
+            raise InputError(f"grouped convolution (groups={self.groups}) has no kernel-DB op type in NNFusion "
+                             "(depthwise becomes DepthwiseConv2dNative, which the kernel DB cannot hold)",
+                             where=self.source)
         return validate(self)
 
     @property
@@ -243,7 +244,7 @@ def format_line(config: OpConfig) -> str:
     if config.line_format is not None:
         prefix, order = config.line_format[0], config.line_format[1]
     else:
-        order = tuple(n for n in (*default, "pa", "g", "fuse") if n in fields)
+        order = tuple(n for n in dict.fromkeys((*default, "pa", "g", "fuse")) if n in fields)
     extra = [n for n in fields if n not in order]
     return "|".join([prefix, *(f"{n}+{fields[n]}" for n in (*order, *extra) if n in fields)])
 

@@ -1,0 +1,56 @@
+"""kdb coverage: which op configs of an ONNX model have a kernel in the DB, which to tune, which fall back."""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+from pathlib import Path
+
+from console.cli.output import out, print_json
+from core.coverage import IN_DB, MISSING, CoverageEntry, coverage
+from core.db.kernel_db import KernelDB
+from core.onnx_extract import extract
+from core.ops import DEVICE_TYPE
+
+
+def main(args: argparse.Namespace) -> int:
+    extraction = extract(Path(args.model))
+    with KernelDB.open(args.db) as db:
+        entries = coverage(extraction, db, DEVICE_TYPE)
+    summary = Counter(_kind(e) for e in entries)
+    if args.json:
+        print_json({"model": extraction.model_name, "db": str(db.path), "device_type": DEVICE_TYPE,
+                    "summary": dict(summary), "flops_in_db": _flops_share(entries),
+                    "entries": [e.to_dict() for e in entries],
+                    "unmapped": [u._asdict() for u in extraction.unmapped]})
+        return 0
+    from rich.table import Table
+
+    table = Table(caption=f"{extraction.model_name} against {db.path} ({DEVICE_TYPE}): {summary[IN_DB]} in DB, "
+                  f"{summary[MISSING]} missing (tune these), {summary['falls back']} fall back; DB kernels cover "
+                  f"{_flops_share(entries):.0%} of the FLOPs of these ops", caption_justify="left")
+    for col in ("status", "op type", "description", "count", "kernels", "fallback"):
+        table.add_column(col, overflow="fold", justify="right" if col in ("count", "kernels") else "left")
+    style = {IN_DB: "green", MISSING: "yellow", "falls back": "magenta"}
+    for e in entries:
+        description = e.config.describe().removeprefix(e.config.op_type).strip()
+        table.add_row(f"[{style[_kind(e)]}]{_kind(e)}[/]", e.config.op_type, description, str(e.count),
+                      str(e.kernels), e.fallback)
+    out.print(table)
+    for status in dict.fromkeys(e.status for e in entries if _kind(e) == "falls back"):
+        out.print(status, markup=False, highlight=False, soft_wrap=True)
+    if extraction.unmapped:
+        out.print(f"{len(extraction.unmapped)} nodes map to no kernel-DB op (`kdb opconfig extract` lists them)",
+                  highlight=False)
+    return 0
+
+
+def _kind(entry: CoverageEntry) -> str:
+    return entry.status if entry.status in (IN_DB, MISSING) else "falls back"
+
+
+def _flops_share(entries: list[CoverageEntry]) -> float:
+    """Share of the model's FLOPs (in these ops) that run a DB kernel: what tuning has covered so far."""
+    total = sum(e.config.flops * e.count for e in entries)
+    covered = sum(e.config.flops * e.count for e in entries if e.status == IN_DB)
+    return covered / total if total else 0.0

@@ -1,0 +1,110 @@
+"""kdb opconfig: extract the op configs of an ONNX model, or check op-config files."""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+from pathlib import Path
+
+from console.cli.output import out, print_json, shorten
+from core.errors import InputError
+from core.onnx_extract import Extraction, extract
+from core.opconfig import OpConfig, dedupe, format_lines, format_structured, read_opconfigs
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.opconfig_command == "extract":
+        return _extract(args)
+    return _check(args)
+
+
+def _extract(args: argparse.Namespace) -> int:
+    extraction = extract(Path(args.model))
+    written = write_opconfigs(extraction.configs, Path(args.output)) if args.output else None
+    if args.json:
+        print_json({**extraction.to_dict(), "written": str(written) if written else None})
+        return 0
+    print_extraction(extraction)
+    if written:
+        out.print(f"written: {written}", markup=False, highlight=False, soft_wrap=True)
+    return 0
+
+
+def write_opconfigs(configs: list[OpConfig], path: Path) -> Path:
+    """Write in the form the extension picks: .toml, .json, else the line format."""
+    suffix = path.suffix.lower()
+    if suffix in (".toml", ".json"):
+        text = format_structured(configs, suffix[1:])
+    elif any(c.dtype != "float" for c in configs):
+        raise InputError("the line format holds fp32 op configs only; write .toml or .json", where=str(path))
+    else:
+        text = format_lines(configs)
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"cannot write: {exc.strerror or exc}", where=str(path)) from None
+    return path
+
+
+def _description(config: OpConfig) -> str:
+    # describe() starts with the op type, which has its own column.
+    return config.describe().removeprefix(config.op_type).strip()
+
+
+def print_extraction(extraction: Extraction) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    ops = sum(extraction.count(c) for c in extraction.configs)
+    table = Table(caption=f"{extraction.model_name}: {extraction.node_count} nodes -> {len(extraction.configs)} "
+                  f"distinct op configs ({ops} ops), {len(extraction.unmapped)} not mapped", caption_justify="left")
+    for col in ("op type", "description", "count", "nodes"):
+        table.add_column(col, overflow="fold", justify="right" if col == "count" else "left")
+    for c in extraction.configs:
+        nodes = ["+".join(n) for n in extraction.nodes[c.key]]
+        more = f" (+{len(nodes) - 3})" if len(nodes) > 3 else ""
+        table.add_row(c.op_type, _description(c), str(extraction.count(c)), escape(", ".join(nodes[:3]) + more))
+    out.print(table)
+    if extraction.unmapped:
+        table = Table(title="not mapped to a kernel-DB op", title_justify="left")
+        for col in ("node", "op type", "reason"):
+            table.add_column(col, overflow="fold")
+        for u in extraction.unmapped:
+            table.add_row(escape(shorten(u.node, 40)), escape(u.op_type), escape(u.reason))
+        out.print(table)
+    for note in extraction.notes:
+        out.print(f"note: {note.node}: {note.text}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _check(args: argparse.Namespace) -> int:
+    configs: list[OpConfig] = []
+    errors: list[InputError] = []
+    for name in args.files:
+        try:
+            parsed = read_opconfigs(Path(name))
+        except InputError as exc:  # the whole file is unusable; the others are still checked
+            errors.append(exc)
+            continue
+        configs.extend(parsed.configs)
+        errors.extend(parsed.errors)
+    counts = Counter(c.key for c in configs)
+    distinct = dedupe(configs)
+    if args.json:
+        print_json({"files": len(args.files), "total": len(configs),
+                    "configs": [{"config": c.to_dict(), "description": c.describe(), "count": counts[c.key],
+                                 "first": c.source} for c in distinct],
+                    "errors": [{"where": e.where, "reason": e.reason} for e in errors]})
+        return 1 if errors else 0
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(caption=f"{len(configs)} op configs in {len(args.files)} files, {len(distinct)} distinct, "
+                  f"{len(errors)} errors", caption_justify="left")
+    for col in ("op type", "description", "count", "first at"):
+        table.add_column(col, overflow="fold", justify="right" if col == "count" else "left")
+    for c in distinct:
+        table.add_row(c.op_type, _description(c), str(counts[c.key]), escape(c.source))
+    out.print(table)
+    for e in errors:
+        out.print(f"[red]error[/] {escape(str(e))}", highlight=False)
+    return 1 if errors else 0

@@ -1,0 +1,115 @@
+"""Small ONNX models built with onnx.helper for the extraction and coverage tests (no downloads).
+
+BatchNorm is folded away as an exporter does for inference: convolutions carry no BN, and the
+ResNet ones no bias either. Weights are random (seeded) float32 initializers.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from onnx import ModelProto, TensorProto, helper, numpy_helper, save
+
+OPSET = 17
+
+
+class GraphBuilder:
+    """Nodes and weights of one graph; every helper returns the name of the tensor it produced."""
+
+    def __init__(self, inputs: dict[str, list[Any]], seed: int = 0) -> None:
+        self.inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs.items()]
+        self.nodes: list[Any] = []
+        self.initializers: list[Any] = []
+        self.rng = np.random.default_rng(seed)
+        self.used: Counter[str] = Counter()
+
+    def unique(self, prefix: str) -> str:
+        self.used[prefix] += 1
+        return prefix if self.used[prefix] == 1 else f"{prefix}_{self.used[prefix]}"
+
+    def weight(self, prefix: str, shape: list[int]) -> str:
+        name = self.unique(prefix)
+        data = (self.rng.standard_normal(shape) * 0.01).astype(np.float32)
+        self.initializers.append(numpy_helper.from_array(data, name))
+        return name
+
+    def node(self, op_type: str, inputs: list[str], name: str | None = None, **attrs: Any) -> str:
+        name = self.unique(name or op_type.lower())
+        self.nodes.append(helper.make_node(op_type, inputs, [f"{name}_out"], name=name, **attrs))
+        return f"{name}_out"
+
+    def conv(self, x: str, cin: int, cout: int, k: int, *, stride: int = 1, pad: int | None = None, group: int = 1,
+             bias: bool = False, name: str = "conv") -> str:
+        pad = k // 2 if pad is None else pad
+        inputs = [x, self.weight(f"{name}_w", [cout, cin // group, k, k])]
+        if bias:
+            inputs.append(self.weight(f"{name}_b", [cout]))
+        return self.node("Conv", inputs, name, kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4,
+                         group=group)
+
+    def model(self, output: str, name: str = "model") -> ModelProto:
+        # The output's shape is left to shape inference, as for most exported models.
+        graph = helper.make_graph(self.nodes, name, self.inputs,
+                                  [helper.make_tensor_value_info(output, TensorProto.FLOAT, None)],
+                                  initializer=self.initializers)
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+
+
+def basic_block(g: GraphBuilder, x: str, cin: int, cout: int, stride: int = 1, prefix: str = "") -> str:
+    """ResNet's BasicBlock: conv-relu, conv, + shortcut (a strided 1x1 conv when the shape changes), relu."""
+    y = g.node("Relu", [g.conv(x, cin, cout, 3, stride=stride, name=f"{prefix}conv1")], f"{prefix}relu1")
+    y = g.conv(y, cout, cout, 3, name=f"{prefix}conv2")
+    shortcut = x if stride == 1 and cin == cout else g.conv(x, cin, cout, 1, stride=stride, name=f"{prefix}down")
+    return g.node("Relu", [g.node("Add", [y, shortcut], f"{prefix}add")], f"{prefix}relu2")
+
+
+def resnet_block(channels: int = 64, size: int = 56) -> ModelProto:
+    """One basic block: conv1, relu1, conv2, add (the residual), relu2."""
+    g = GraphBuilder({"x": [1, channels, size, size]})
+    return g.model(basic_block(g, "x", channels, channels), "resnet_block")
+
+
+def mlp(batch: int = 8, sizes: tuple[int, ...] = (784, 256, 128, 10)) -> ModelProto:
+    """Gemm+Relu twice (PyTorch's Linear: transB=1 with a bias), then a bias-free MatMul."""
+    g = GraphBuilder({"x": [batch, sizes[0]]})
+    y = "x"
+    for i, (n_in, n_out) in enumerate(pairwise(sizes[:-1]), start=1):
+        y = g.node("Gemm", [y, g.weight(f"fc{i}_w", [n_out, n_in]), g.weight(f"fc{i}_b", [n_out])], f"gemm{i}",
+                   transB=1)
+        y = g.node("Relu", [y], f"relu{i}")
+    y = g.node("MatMul", [y, g.weight("head_w", [sizes[-2], sizes[-1]])], "matmul")
+    return g.model(y, "mlp")
+
+
+def depthwise_block(channels: int = 32, out: int = 64, size: int = 56) -> ModelProto:
+    """MobileNet's separable conv: depthwise 3x3 (group = channels), relu, pointwise 1x1, relu."""
+    g = GraphBuilder({"x": [1, channels, size, size]})
+    y = g.node("Relu", [g.conv("x", channels, channels, 3, group=channels, name="dw")], "relu1")
+    y = g.node("Relu", [g.conv(y, channels, out, 1, name="pw")], "relu2")
+    return g.model(y, "depthwise_block")
+
+
+def resnet(widths: tuple[int, ...] = (64, 128, 256, 512), blocks: tuple[int, ...] = (3, 4, 10, 3), size: int = 224,
+           classes: int = 1000) -> ModelProto:
+    """A ResNet of basic blocks (the default has 109 nodes): stem, stages, global pool, classifier."""
+    g = GraphBuilder({"x": [1, 3, size, size]})
+    y = g.node("Relu", [g.conv("x", 3, widths[0], 7, stride=2, name="stem")], "stem_relu")
+    y = g.node("MaxPool", [y], "stem_pool", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    cin = widths[0]
+    for stage, (width, count) in enumerate(zip(widths, blocks, strict=True), start=1):
+        for block in range(count):
+            stride = 2 if block == 0 and stage > 1 else 1
+            y = basic_block(g, y, cin, width, stride, prefix=f"s{stage}b{block}_")
+            cin = width
+    y = g.node("Flatten", [g.node("GlobalAveragePool", [y], "pool")], "flatten")
+    y = g.node("Gemm", [y, g.weight("fc_w", [classes, cin]), g.weight("fc_b", [classes])], "fc", transB=1)
+    return g.model(y, "resnet")
+
+
+def write(model: ModelProto, path: Path) -> Path:
+    save(model, str(path))
+    return path

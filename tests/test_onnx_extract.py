@@ -1,0 +1,344 @@
+"""ONNX model -> op configs: exact configs for small models, NNFusion's fusions, every unmapped node's reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("onnx")
+
+from conftest import run_kdb, run_kdb_json
+from onnx_models import GraphBuilder, depthwise_block, mlp, resnet, resnet_block, write
+
+from core.errors import InputError
+from core.onnx_extract import Extraction, extract
+from core.opconfig import OpConfig, read_opconfigs
+
+
+def conv_params(cin: int, cout: int, k: int, size: int, out: int, stride: int = 1, pad: int = 1,
+                batch: int = 1) -> dict:
+    return {"input_shape": [batch, cin, size, size], "filter_shape": [cout, cin, k, k],
+            "output_shape": [batch, cout, out, out], "window_movement_strides": [stride, stride],
+            "window_dilation_strides": [1, 1], "padding_below_diff": [pad, pad]}
+
+
+def summary(extraction: Extraction) -> list[tuple[str, dict, int, int, list]]:
+    return [(c.op_type, c.params, c.groups, extraction.count(c), extraction.nodes[c.key]) for c in extraction.configs]
+
+
+def accounted(extraction: Extraction, path: Path) -> set[str]:
+    """Every node's name is in an op config or in unmapped."""
+    import onnx
+
+    names = {n.name for n in onnx.load(str(path)).graph.node}
+    mapped = {name for occurrences in extraction.nodes.values() for nodes in occurrences for name in nodes}
+    unmapped = {u.node for u in extraction.unmapped}
+    assert names == mapped | unmapped
+    return names
+
+
+@pytest.fixture
+def model_path(tmp_path: Path):
+    def save(model, name: str = "model.onnx") -> Path:
+        return write(model, tmp_path / name)
+
+    return save
+
+
+# -- the three small models --------------------------------------------------------------------
+
+
+def test_resnet_basic_block_fuses_conv_relu_and_conv_add_relu(model_path):
+    path = model_path(resnet_block())
+    ext = extract(path)
+    conv = conv_params(64, 64, 3, 56, 56)
+    assert (ext.model_name, ext.node_count) == ("resnet_block", 5)
+    assert summary(ext) == [
+        ("Fused_Convolution_Relu", conv, 1, 1, [("conv1", "relu1")]),
+        ("Fused_Convolution_Add_Relu", conv, 1, 1, [("conv2", "add", "relu2")]),
+    ]
+    assert ext.unmapped == [] and ext.notes == []
+    assert [c.source for c in ext.configs] == ["conv1+relu1", "conv2+add+relu2"]
+    conv_id = ("Convolution1,64,56,56;64,64,3,3;1,64,56,56floatfloatfloat"
+               "Strides{1, 1}Strides{1, 1}CoordinateDiff{1, 1}")
+    assert ext.configs[0].signature().identifier == conv_id + "Relu1,64,56,56;1,64,56,56floatfloat"
+    assert ext.configs[1].signature().identifier == (
+        conv_id + "Add1,64,56,56;1,64,56,56;1,64,56,56floatfloatfloatRelu1,64,56,56;1,64,56,56floatfloat")
+    accounted(ext, path)
+
+
+def test_mlp_gemms_and_matmul_are_dots_and_bias_adds_are_unmapped(model_path):
+    path = model_path(mlp())
+    ext = extract(path)
+    assert summary(ext) == [
+        ("Dot", {"arg0_shape": [8, 784], "arg1_shape": [256, 784], "out_shape": [8, 256], "transpose_A": False,
+                 "transpose_B": True}, 1, 1, [("gemm1",)]),
+        ("Relu", {"input_shapes": [[8, 256]], "output_shape": [8, 256]}, 1, 1, [("relu1",)]),
+        ("Dot", {"arg0_shape": [8, 256], "arg1_shape": [128, 256], "out_shape": [8, 128], "transpose_A": False,
+                 "transpose_B": True}, 1, 1, [("gemm2",)]),
+        ("Relu", {"input_shapes": [[8, 128]], "output_shape": [8, 128]}, 1, 1, [("relu2",)]),
+        ("Dot", {"arg0_shape": [8, 128], "arg1_shape": [128, 10], "out_shape": [8, 10], "transpose_A": False,
+                 "transpose_B": False}, 1, 1, [("matmul",)]),
+    ]
+    assert [(u.node, u.op_type) for u in ext.unmapped] == [("gemm1", "Gemm"), ("gemm2", "Gemm")]
+    assert all(u.reason.startswith("bias add: C [") and "broadcast" in u.reason for u in ext.unmapped)
+    assert ext.configs[0].signature().identifier == "Dot8,784;256,784;8,256floatfloatfloat"
+    accounted(ext, path)
+
+
+def test_depthwise_block_keeps_groups_and_does_not_fuse_them(model_path):
+    path = model_path(depthwise_block())
+    ext = extract(path)
+    assert summary(ext) == [
+        ("Convolution", {**conv_params(32, 32, 3, 56, 56), "filter_shape": [32, 1, 3, 3]}, 32, 1, [("dw",)]),
+        ("Relu", {"input_shapes": [[1, 32, 56, 56]], "output_shape": [1, 32, 56, 56]}, 1, 1, [("relu1",)]),
+        ("Fused_Convolution_Relu", conv_params(32, 64, 1, 56, 56, pad=0), 1, 1, [("pw", "relu2")]),
+    ]
+    assert ext.unmapped == []
+    with pytest.raises(InputError, match="grouped convolution"):
+        ext.configs[0].signature()
+    accounted(ext, path)
+
+
+def test_a_resnet_of_100_plus_nodes_repeats_configs_and_accounts_for_every_node(model_path):
+    path = model_path(resnet(widths=(8, 16, 32, 64), size=64))
+    ext = extract(path)
+    assert ext.node_count == 109
+    accounted(ext, path)
+    by_type: dict[str, int] = {}
+    for c in ext.configs:
+        by_type[c.op_type] = by_type.get(c.op_type, 0) + ext.count(c)
+    # 20 blocks: each one Conv+Relu and one Conv+Add+Relu; the stem's conv fuses its Relu too;
+    # three strided 1x1 shortcut convs stay plain (their Add is taken by the block's second conv).
+    assert by_type == {"Fused_Convolution_Relu": 21, "Fused_Convolution_Add_Relu": 20, "Convolution": 3,
+                       "MaxPool": 1, "AvgPool": 1, "Dot": 1}
+    assert max(ext.count(c) for c in ext.configs) == 10  # stage 3's Conv+Add+Relu
+    assert [(u.node, u.op_type) for u in ext.unmapped] == [("flatten", "Flatten"), ("fc", "Gemm")]
+    pool = next(c for c in ext.configs if c.op_type == "AvgPool")
+    assert pool.params == {"input_shape": [1, 64, 2, 2], "output_shape": [1, 64, 1, 1], "window_shape": [2, 2],
+                           "window_stride": [1, 1], "padding_below": [0, 0], "padding_above": [0, 0]}
+
+
+# -- NNFusion's fusion rules ---------------------------------------------------------------------
+
+
+def test_conv_bias_fuses_with_a_relu_and_is_an_unmapped_broadcast_without_one(model_path):
+    g = GraphBuilder({"x": [1, 8, 16, 16]})
+    y = g.node("Relu", [g.conv("x", 8, 8, 3, bias=True, name="biased")], "relu")
+    y = g.node("Sigmoid", [g.conv(y, 8, 8, 3, bias=True, name="plain")], "sigmoid")
+    ext = extract(model_path(g.model(y)))
+    conv = conv_params(8, 8, 3, 16, 16)
+    assert [(c.op_type, c.params, ext.nodes[c.key]) for c in ext.configs] == [
+        ("Fused_Convolution_Add_Relu", conv, [("biased", "relu")]),
+        ("Convolution", conv, [("plain",)]),
+        ("Sigmoid", {"input_shapes": [[1, 8, 16, 16]], "output_shape": [1, 8, 16, 16]}, [("sigmoid",)]),
+    ]
+    [bias] = ext.unmapped
+    assert (bias.node, bias.op_type) == ("plain", "Conv")
+    assert bias.reason.startswith("bias add: the [8] bias is broadcast over [1, 8, 16, 16]")
+
+
+def test_conv_add_relu_with_a_broadcast_bias_fuses_and_says_so(model_path):
+    # Conv-BN folded into Conv + Add(bias[C,1,1]) + Relu: NNFusion broadcasts the bias, then fuses.
+    g = GraphBuilder({"x": [1, 8, 16, 16]})
+    y = g.node("Add", [g.conv("x", 8, 8, 3), g.weight("bn_bias", [8, 1, 1])], "add")
+    ext = extract(model_path(g.model(g.node("Relu", [y], "relu"))))
+    assert [(c.op_type, ext.nodes[c.key]) for c in ext.configs] == [
+        ("Fused_Convolution_Add_Relu", [("conv", "add", "relu")])]
+    assert [n.node for n in ext.notes] == ["add"] and "broadcast" in ext.notes[0].text
+
+
+def test_no_fusion_when_the_conv_output_has_another_consumer(model_path):
+    g = GraphBuilder({"x": [1, 8, 16, 16]})
+    c = g.conv("x", 8, 8, 3)
+    y = g.node("Add", [g.node("Relu", [c], "relu"), g.node("Sigmoid", [c], "sigmoid")], "add")
+    ext = extract(model_path(g.model(y)))
+    assert [(c.op_type, ext.nodes[c.key]) for c in ext.configs] == [
+        ("Convolution", [("conv",)]), ("Relu", [("relu",)]), ("Sigmoid", [("sigmoid",)]), ("Add", [("add",)])]
+
+
+def test_no_fusion_when_the_add_is_not_followed_by_a_relu_alone(model_path):
+    g = GraphBuilder({"x": [1, 8, 16, 16]})
+    added = g.node("Add", [g.conv("x", 8, 8, 3), "x"], "add")
+    y = g.node("Mul", [g.node("Relu", [added], "relu"), added], "mul")  # the Add has two consumers
+    ext = extract(model_path(g.model(y)))
+    assert [(c.op_type, ext.nodes[c.key]) for c in ext.configs] == [
+        ("Convolution", [("conv",)]), ("Add", [("add",)]), ("Relu", [("relu",)]), ("Multiply", [("mul",)])]
+
+
+def test_a_conv_that_is_a_graph_output_does_not_fuse(model_path):
+    g = GraphBuilder({"x": [1, 8, 16, 16]})
+    c = g.conv("x", 8, 8, 3)
+    g.node("Relu", [c], "relu")
+    ext = extract(model_path(g.model(c)))
+    assert [c.op_type for c in ext.configs] == ["Convolution", "Relu"]
+
+
+# -- shapes and attributes -------------------------------------------------------------------------
+
+
+def test_asymmetric_and_auto_pads(model_path):
+    g = GraphBuilder({"x": [1, 4, 8, 8]})
+    y = g.node("Conv", ["x", g.weight("w", [4, 4, 3, 3])], "asym", kernel_shape=[3, 3], strides=[2, 2],
+               pads=[0, 0, 1, 1])
+    y = g.node("Conv", [y, g.weight("w", [4, 4, 3, 3])], "same", kernel_shape=[3, 3], strides=[2, 2],
+               auto_pad="SAME_UPPER")
+    ext = extract(model_path(g.model(y)))
+    assert [c.params for c in ext.configs] == [
+        {**conv_params(4, 4, 3, 8, 4, stride=2, pad=0), "padding_above_diff": [1, 1]},
+        {**conv_params(4, 4, 3, 4, 2, stride=2, pad=0), "padding_above_diff": [1, 1]},
+    ]
+
+
+def test_pools(model_path):
+    g = GraphBuilder({"x": [1, 4, 9, 9]})
+    a = g.node("MaxPool", ["x"], "ceil", kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1)  # 5x5, not floor's 4x4
+    b = g.node("AveragePool", ["x"], "avg", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
+               count_include_pad=1)
+    c = g.node("GlobalMaxPool", ["x"], "gmax")
+    g.node("Concat", [g.node("Flatten", [a]), g.node("Flatten", [b]), g.node("Flatten", [c])], "cat", axis=1)
+    ext = extract(model_path(g.model("cat_out")))
+    assert [(c.op_type, c.params) for c in ext.configs] == [
+        ("AvgPool", {"input_shape": [1, 4, 9, 9], "output_shape": [1, 4, 5, 5], "window_shape": [3, 3],
+                     "window_stride": [2, 2], "padding_below": [1, 1], "padding_above": [1, 1]}),
+        ("MaxPool", {"input_shape": [1, 4, 9, 9], "output_shape": [1, 4, 1, 1], "window_shape": [9, 9],
+                     "window_stride": [1, 1], "padding_below": [0, 0], "padding_above": [0, 0]}),
+    ]
+    reasons = {u.node: u.reason for u in ext.unmapped}
+    assert reasons["ceil"].startswith("ceil_mode=1 gives spatial [5, 5]")
+    assert reasons["cat"] == "layout/shape op: no kernel-DB op type"
+    assert [n.node for n in ext.notes] == ["avg"] and "counts in the average" in ext.notes[0].text
+
+
+def test_unmapped_reasons(model_path):
+    g = GraphBuilder({"x": [4, 16], "dyn": ["N", 16], "seq": [2, 4, 16], "ids": [4, 16]})
+    g.inputs[3].type.tensor_type.elem_type = 7  # INT64
+    outs = [
+        g.node("Mul", ["x", g.weight("scale", [16])], "scale_mul"),
+        g.node("Softmax", ["x"], "softmax"),
+        g.node("Relu", ["dyn"], "dyn_relu"),
+        g.node("MatMul", ["seq", g.weight("w", [16, 8])], "batched"),
+        g.node("Add", ["ids", "ids"], "int_add"),
+        g.node("Max", ["x", "x", "x"], "max3"),
+        g.node("LeakyRelu", ["x"], "leaky"),
+    ]
+    g.nodes.append(__import__("onnx").helper.make_node("Relu", ["x"], ["anon_out"]))  # a node without a name
+    ext = extract(model_path(g.model(outs[0])))
+    reasons = {(u.node, u.op_type): u.reason for u in ext.unmapped}
+    assert reasons == {
+        ("scale_mul", "Mul"): "broadcast: inputs [4, 16] and [16] -> [4, 16] (NNFusion puts a Broadcast node, "
+                              "which has no kernel-DB op type, in front)",
+        ("softmax", "Softmax"): "no kernel-DB op type",
+        ("dyn_relu", "Relu"): "dynamic shape: 'dyn' has dimension 'N'",
+        ("batched", "MatMul"): "batched MatMul [2, 4, 16] x [16, 8]: NNFusion emits BatchMatMul, which has no "
+                               "kernel-DB op type",
+        ("int_add", "Add"): "element type INT64: op configs cover float, half and double",
+        ("max3", "Max"): "3 inputs: NNFusion's Maximum takes 2",
+        ("leaky", "LeakyRelu"): "no kernel-DB op type",
+    }
+    assert [(c.op_type, ext.nodes[c.key]) for c in ext.configs] == [("Relu", [("Relu#7",)])]
+
+
+def test_reshape_shapes_come_through_while_weight_values_are_not_needed(model_path):
+    import numpy as np
+    from onnx import numpy_helper
+
+    g = GraphBuilder({"x": [1, 8, 4, 4]})
+    g.initializers.append(numpy_helper.from_array(np.array([1, 128], dtype=np.int64), "shape"))
+    y = g.node("MatMul", [g.node("Reshape", ["x", "shape"], "reshape"), g.weight("w", [128, 2000])], "matmul")
+    ext = extract(model_path(g.model(g.node("Relu", [y], "relu"))))
+    assert [(c.op_type, c.params) for c in ext.configs] == [
+        ("Dot", {"arg0_shape": [1, 128], "arg1_shape": [128, 2000], "out_shape": [1, 2000], "transpose_A": False,
+                 "transpose_B": False}),
+        ("Relu", {"input_shapes": [[1, 2000]], "output_shape": [1, 2000]})]
+    assert [(u.node, u.reason) for u in ext.unmapped] == [("reshape", "layout/shape op: no kernel-DB op type")]
+
+
+def test_half_models_give_half_configs_which_the_line_format_refuses(model_path, tmp_path: Path):
+    g = GraphBuilder({"x": [2, 8]})
+    g.inputs[0].type.tensor_type.elem_type = 10  # FLOAT16
+    model = g.model(g.node("Relu", ["x"], "relu"))
+    model.graph.output[0].type.tensor_type.elem_type = 10
+    path = model_path(model)
+    [config] = extract(path).configs
+    assert (config.op_type, config.dtype) == ("Relu", "half")
+    proc = run_kdb("opconfig", "extract", str(path), "-o", str(tmp_path / "half.txt"))
+    assert proc.returncode == 2 and "fp32 op configs only" in proc.stderr
+    assert run_kdb("opconfig", "extract", str(path), "-o", str(tmp_path / "half.toml")).returncode == 0
+    assert read_opconfigs(tmp_path / "half.toml").configs == [config]
+
+
+# -- bad files -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("content", [b"hello, not a model\n", b"", "truncated"])
+def test_a_file_that_is_not_a_model_is_an_input_error_naming_it(tmp_path: Path, content):
+    path = tmp_path / "bad.onnx"
+    data = resnet_block(channels=4, size=8).SerializeToString()
+    path.write_bytes(data[: len(data) // 2] if content == "truncated" else content)
+    with pytest.raises(InputError) as exc:
+        extract(path)
+    assert exc.value.where == str(path)
+    proc = run_kdb("opconfig", "extract", str(path))
+    assert proc.returncode == 2 and str(path) in proc.stderr and "Traceback" not in proc.stderr
+    proc = run_kdb("coverage", str(path))
+    assert proc.returncode == 2 and str(path) in proc.stderr
+
+
+def test_a_missing_model_is_an_input_error(tmp_path: Path):
+    with pytest.raises(InputError, match="cannot read"):
+        extract(tmp_path / "nope.onnx")
+
+
+# -- the CLI ---------------------------------------------------------------------------------------
+
+
+def test_cli_extract_json(model_path):
+    proc, data = run_kdb_json("opconfig", "extract", str(model_path(resnet_block())))
+    assert proc.returncode == 0
+    assert (data["model"], data["nodes"], data["unmapped"], data["written"]) == ("resnet_block", 5, [], None)
+    assert [(c["config"]["op_type"], c["count"], c["nodes"]) for c in data["configs"]] == [
+        ("Fused_Convolution_Relu", 1, ["conv1+relu1"]), ("Fused_Convolution_Add_Relu", 1, ["conv2+add+relu2"])]
+    assert data["configs"][0]["config"]["filter_shape"] == [64, 64, 3, 3]
+
+
+# core.opconfig.format_line writes pa+ twice for pools (default order already holds "pa"), so pool lines
+# do not read back; strict, so this flags the fix.
+
+
+@pytest.mark.parametrize("suffix", [pytest.param(".txt", marks=()), ".toml", ".json"])
+def test_cli_extract_writes_a_file_that_reads_back(model_path, tmp_path: Path, suffix: str):
+    path = model_path(resnet(widths=(8, 16, 32, 64), size=64))
+    out = tmp_path / f"configs{suffix}"
+    proc = run_kdb("opconfig", "extract", str(path), "-o", str(out), env={"COLUMNS": "200"})
+    assert proc.returncode == 0, proc.stderr
+    assert "Fused_Convolution_Add_Relu" in proc.stdout and "flatten" in proc.stdout
+    read = read_opconfigs(out)
+    assert read.errors == [] and read.configs == extract(path).configs
+
+
+def test_cli_extract_of_depthwise_lines_round_trips(model_path, tmp_path: Path):
+    out = tmp_path / "dw.txt"
+    assert run_kdb("opconfig", "extract", str(model_path(depthwise_block())), "-o", str(out)).returncode == 0
+    assert out.read_text().splitlines()[0] == (
+        "cudnn_convolution_op_float|i+1_32_56_56|w+32_1_3_3|o+1_32_56_56|ws+1_1|wd+1_1|p+1_1|g+32")
+    assert read_opconfigs(out).configs[0] == OpConfig("Convolution", {
+        **conv_params(32, 32, 3, 56, 56), "filter_shape": [32, 1, 3, 3]}, 32)
+
+
+def test_cli_check_dedupes_and_reports_every_error_with_its_line(tmp_path: Path):
+    good = "elementwise_relu_op_float|i+8_256|o+8_256\n"
+    (tmp_path / "a.txt").write_text(good * 2)
+    (tmp_path / "b.txt").write_text(good + "elementwise_relu_op_float|i+8_256|o+8_255\n")
+    (tmp_path / "c.json").write_text("{not json")
+    files = [str(tmp_path / n) for n in ("a.txt", "b.txt", "c.json")]
+    proc, data = run_kdb_json("opconfig", "check", *files)
+    assert proc.returncode == 1
+    assert (data["files"], data["total"]) == (3, 3)
+    assert [(c["config"]["op_type"], c["count"], c["first"]) for c in data["configs"]] == [
+        ("Relu", 3, f"{files[0]}:1")]
+    assert [e["where"] for e in data["errors"]] == [f"{files[1]}:2", files[2]]
+    proc = run_kdb("opconfig", "check", *files, env={"COLUMNS": "300"})
+    assert proc.returncode == 1 and f"{files[1]}:2" in proc.stdout
+    assert run_kdb("opconfig", "check", files[0]).returncode == 0
