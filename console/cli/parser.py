@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "autotvm": ("console.cli.cmd_autotvm", "summarise AutoTVM tuning logs"),
     "codegen": ("console.cli.cmd_codegen", "generate CUDA kernels (kernel JSON) for op configs with TVM"),
     "gpu": ("console.cli.cmd_gpu", "CUDA devices; verify or time kernels already in the DB"),
+    "tune": ("console.cli.cmd_tune", "tune op configs with MetaSchedule; verify and inject the best kernels"),
 }
 
 
@@ -129,6 +130,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arch", metavar="sm_XX", help="target SM arch (default: the first of the settings' archs)")
     p.add_argument("--no-check", action="store_true", help="skip the CPU numerics check against numpy")
     p.add_argument("--json", action="store_true", help="a JSON report on stdout (kernels go to -o)")
+
+    p = sub.add_parser("tune", help=COMMANDS["tune"][1])
+    _db_option(p)
+    p.add_argument("inputs", nargs="+", metavar="OPCONFIGS", help="op-config files, .onnx models or directories")
+    p.add_argument("--trials", type=int, metavar="N", help="trial budget per op (default: the settings')")
+    p.add_argument("--target", choices=["cuda", "llvm"], default="cuda",
+                   help="cuda (kernels for the DB) or llvm (measures on the CPU; the same code path)")
+    p.add_argument("--arch", metavar="sm_XX", help="SM arch (default: the first of the settings' archs)")
+    p.add_argument("--rpc", metavar="HOST:PORT:KEY", help="measure on TVM's RPC tracker (default: the settings')")
+    p.add_argument("--rpc-workers", type=int, default=1, metavar="N", help="measurements in flight over RPC")
+    p.add_argument("--no-inject", action="store_true", help="tune only; do not inject the kernels")
+    p.add_argument("--json", action="store_true", help="JSON lines of progress events on stdout")
 
     p = sub.add_parser("gpu", help=COMMANDS["gpu"][1])
     gsub = p.add_subparsers(dest="gpu_command", metavar="ACTION", required=True)

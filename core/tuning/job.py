@@ -1,0 +1,302 @@
+"""Tuning jobs on MetaSchedule (TVM 0.27): one op config, a trial budget, live events per measured trial.
+
+A job tunes in its own work dir (MetaSchedule's JSON database: one record per measured trial, appended),
+so it can be cancelled and resumed: a torn last record is cut off, the trials already recorded count
+against the budget, and the search starts again from the records there. The best kernel, and the
+"efficient" one (smallest time x resource, what NNFusion's BlockFusion prefers) become kernel JSON.
+
+Measurement is local, or spread over TVM's RPC tracker (one rpc_server per GPU, on any hosts).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from core.errors import InputError, ToolError
+from core.opconfig import OpConfig
+
+RECORDS = "database_tuning_record.json"
+WORKLOADS = "database_workload.json"
+FAILED_SECONDS = 1e9  # what MetaSchedule stores for a failed run (seen: 1e10)
+
+
+@dataclass(frozen=True)
+class RpcTarget:
+    host: str
+    port: int
+    key: str
+
+    @classmethod
+    def parse(cls, text: str) -> RpcTarget:
+        """HOST:PORT:KEY (or HOST:PORT, key "kdb")."""
+        parts = text.split(":")
+        if len(parts) not in (2, 3) or not parts[1].isdigit():
+            raise InputError(f"{text!r} is not HOST:PORT:KEY", where="--rpc")
+        return cls(parts[0], int(parts[1]), parts[2] if len(parts) == 3 and parts[2] else "kdb")
+
+
+@dataclass(frozen=True)
+class TuneJob:
+    config: OpConfig
+    trials: int
+    target: str = "cuda"  # cuda | llvm (llvm measures on the CPU: same code path, used in CI)
+    arch: str = "sm_90"
+    work_dir: Path | None = None
+    builder_timeout_s: float = 120.0  # the default 30 s kills nvcc on big unrolled kernels
+    runner_timeout_s: float = 30.0
+    trials_per_batch: int = 32
+    rpc: RpcTarget | None = None
+    rpc_workers: int = 1  # measurements in flight at once over RPC (one per server/GPU)
+    builder_workers: int | None = None  # parallel builds (default: one per core)
+    seed: int | None = None
+
+    @property
+    def name(self) -> str:
+        return self.config.describe()
+
+    def directory(self, root: Path) -> Path:
+        digest = hashlib.sha1(f"{self.config.key}|{self.target}|{self.arch}".encode()).hexdigest()[:12]
+        return self.work_dir or root / f"{self.config.op_type.lower()}-{digest}"
+
+
+@dataclass
+class TrialEvent:
+    """One measured trial (or a failed build/run), as the progress views show it."""
+
+    job: str
+    trial: int  # 1-based, counting resumed trials
+    total: int
+    seconds: float | None  # None: the build or the run failed
+    gflops: float | None
+    best_seconds: float | None
+    best_gflops: float | None
+    error: str = ""  # "build: ..." / "run: ..."
+    elapsed_s: float = 0.0
+
+
+@dataclass
+class TuneResult:
+    job: TuneJob
+    work_dir: Path
+    trials: int = 0  # recorded in the work dir, resumed ones included
+    new_trials: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    best_seconds: float | None = None
+    cancelled: bool = False
+    seconds: float = 0.0
+    kernels: dict[str, dict[str, Any]] = field(default_factory=dict)  # "best"/"efficient" -> kernel JSON item
+    candidates: list[dict[str, Any]] = field(default_factory=list)  # top records: seconds, resource, role
+
+    @property
+    def trials_per_minute(self) -> float:
+        return self.new_trials / (self.seconds / 60) if self.seconds > 0 else 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# The work dir: repair, count, resume
+
+
+def repair_work_dir(work_dir: Path) -> int:
+    """Cut a torn last record (a kill mid-write) from the JSON-lines databases; return records kept."""
+    kept = 0
+    for name in (WORKLOADS, RECORDS):
+        path = work_dir / name
+        if not path.exists():
+            continue
+        data = path.read_bytes()
+        lines = data.split(b"\n")
+        good: list[bytes] = []
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                json.loads(line)
+            except ValueError:
+                break  # only the last record can be torn: stop at the first bad one
+            good.append(line)
+        repaired = b"".join(g + b"\n" for g in good)
+        if repaired != data:
+            tmp = path.with_suffix(".json.repair")
+            tmp.write_bytes(repaired)
+            tmp.replace(path)
+        if name == RECORDS:
+            kept = len(good)
+    return kept
+
+
+def recorded_runs(work_dir: Path) -> list[float | None]:
+    """Seconds of every recorded trial in order (None for failed ones)."""
+    path = work_dir / RECORDS
+    out: list[float | None] = []
+    if not path.exists():
+        return out
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+            secs = record[1][1]
+        except (ValueError, IndexError, TypeError):
+            continue
+        valid = [float(s) for s in secs or [] if isinstance(s, int | float) and 0 < s < FAILED_SECONDS]
+        out.append(sum(valid) / len(valid) if valid else None)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Running
+
+
+def target_for(job: TuneJob) -> Any:
+    import tvm
+
+    if job.target == "llvm":
+        return tvm.target.Target({"kind": "llvm", "num-cores": 1})
+    if job.target == "cuda":
+        from core.codegen.generate import cuda_target
+
+        return cuda_target(job.arch)
+    raise InputError(f"target {job.target!r}: expected cuda or llvm", where="--target")
+
+
+def run_tune(job: TuneJob, root: Path, *, on_event: Callable[[TrialEvent], None] | None = None,
+             should_cancel: Callable[[], bool] | None = None) -> TuneResult:
+    """Tune one op config to its trial budget (resuming what the work dir holds)."""
+    try:
+        from tvm.ir.utils import derived_object
+        from tvm.s_tir import meta_schedule as ms
+    except ImportError as exc:
+        raise ToolError("Apache TVM is not installed: pip install -e '.[tvm]'") from exc
+    from core.codegen.generate import prim_func_module
+
+    work_dir = job.directory(root)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    done_before = repair_work_dir(work_dir)
+    history = recorded_runs(work_dir)
+    result = TuneResult(job, work_dir, trials=len(history))
+    flops = job.config.flops
+    best = min((s for s in history if s is not None), default=None)
+    state = {"trial": len(history), "best": best}
+    remaining = job.trials - done_before
+    mod, _ = prim_func_module(job.config)
+    target = target_for(job)
+    start = time.perf_counter()
+
+    @derived_object
+    class Progress(ms.measure_callback.PyMeasureCallback):
+        def apply(self, task_scheduler: Any, task_id: int, measure_candidates: Any, builder_results: Any,
+                  runner_results: Any) -> None:
+            for built, ran in zip(builder_results, runner_results, strict=False):
+                state["trial"] += 1
+                seconds, error = None, ""
+                if built.error_msg:
+                    error = "build: " + _first_line(built.error_msg)
+                elif ran.error_msg:
+                    error = "run: " + _first_line(ran.error_msg)
+                elif ran.run_secs:
+                    runs = [float(s) for s in ran.run_secs]
+                    seconds = sum(runs) / len(runs)
+                    if seconds >= FAILED_SECONDS:
+                        seconds, error = None, "run: failed"
+                if error:
+                    kind = f"{error.split(':')[0]}: {_error_kind(error)}"
+                    result.errors[kind] = result.errors.get(kind, 0) + 1
+                if seconds is not None and (state["best"] is None or seconds < state["best"]):
+                    state["best"] = seconds
+                result.new_trials += 1
+                if on_event is not None:
+                    best_s = state["best"]
+                    on_event(TrialEvent(
+                        job.name, state["trial"], job.trials, seconds, flops / seconds / 1e9 if seconds else None,
+                        best_s, flops / best_s / 1e9 if best_s else None, error, time.perf_counter() - start))
+            if should_cancel is not None and should_cancel():
+                result.cancelled = True
+                task_scheduler.terminate_task(task_id)
+
+    if remaining > 0 and not (should_cancel is not None and should_cancel()):
+        builder = ms.builder.LocalBuilder(timeout_sec=job.builder_timeout_s, max_workers=job.builder_workers)
+        if job.rpc is not None:
+            runner: Any = ms.runner.RPCRunner(
+                ms.runner.RPCConfig(job.rpc.host, job.rpc.port, job.rpc.key,
+                                    session_timeout_sec=int(max(job.runner_timeout_s, 10))),
+                max_workers=job.rpc_workers)
+        else:
+            runner = ms.runner.LocalRunner(timeout_sec=job.runner_timeout_s)
+        ms.tune_tir(mod, target=target, work_dir=str(work_dir), max_trials_global=remaining,
+                    num_trials_per_iter=min(job.trials_per_batch, remaining),
+                    builder=builder, runner=runner,
+                    measure_callbacks=[Progress(), *ms.MeasureCallback.create("default")],
+                    num_tuning_cores=job.builder_workers or "physical", seed=job.seed)
+    result.seconds = time.perf_counter() - start
+    history = recorded_runs(work_dir)
+    result.trials = len(history)
+    result.best_seconds = min((s for s in history if s is not None), default=None)
+    return result
+
+
+def _first_line(text: str) -> str:
+    lines = [ln.strip() for ln in str(text).strip().splitlines() if ln.strip()]
+    # TVM's messages end with the cause; a traceback's last line says the most.
+    return (lines[-1] if lines else "")[:300]
+
+
+def _error_kind(error: str) -> str:
+    text = error.lower()
+    for needle, kind in (("timeout", "timeout"), ("timed out", "timeout"), ("memory", "out of memory"),
+                         ("illegal", "illegal access"), ("launch", "launch failed"), ("nvcc", "nvcc error")):
+        if needle in text:
+            return kind
+    return "other"
+
+
+# ---------------------------------------------------------------------------------------------
+# From the records to kernels
+
+
+def best_kernels(job: TuneJob, work_dir: Path, *, top_k: int = 16, check: bool = True) -> TuneResult:
+    """Kernel JSON for the fastest record and for the most efficient one (time x resource)."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from core.codegen.generate import generate, prim_func_module
+    from core.codegen.schedule import launch_dims
+
+    if job.target != "cuda":
+        raise InputError("kernels for the kernel DB come from CUDA tuning (target cuda)")
+    result = TuneResult(job, work_dir)
+    mod, _ = prim_func_module(job.config)
+    database = ms.database.JSONDatabase(path_workload=str(work_dir / WORKLOADS),
+                                        path_tuning_record=str(work_dir / RECORDS))
+    records = database.get_top_k(database.commit_workload(mod), top_k)
+    scored = []
+    for record in records:
+        secs = [float(s) for s in record.run_secs or []]
+        if not secs or min(secs) >= FAILED_SECONDS:
+            continue
+        sch = tvm.s_tir.Schedule(mod)
+        record.trace.apply_to_schedule(sch, remove_postproc=False)
+        grid, block = launch_dims(sch.mod)
+        resource = math.ceil(math.prod(block) / 32) * 32 * math.prod(grid)
+        seconds = sum(secs) / len(secs)
+        scored.append((seconds, resource, sch.mod))
+    if not scored:
+        raise InputError(f"{job.name}: no successful trial recorded in {work_dir}")
+    fastest = min(scored, key=lambda s: s[0])
+    efficient = min(scored, key=lambda s: s[0] * s[1])
+    result.best_seconds = fastest[0]
+    result.candidates = [{"seconds": s, "resource": r, "role": ("best" if (s, r) == fastest[:2] else
+                          "efficient" if (s, r) == efficient[:2] else "")} for s, r, _ in scored]
+    for role, (_, _, scheduled) in (("best", fastest), ("efficient", efficient)):
+        if role == "efficient" and efficient is fastest:
+            continue
+        generated = generate(job.config, job.arch, scheduled=scheduled, check=check)
+        if generated.item is None:
+            raise InputError(f"{job.name}: the {role} schedule does not give a kernel: {generated.error}")
+        generated.item["tvm_func_name"] = generated.item["tvm_func_name"].replace("_kernel0", f"_{role}_kernel0")
+        result.kernels[role] = generated.item
+    return result
