@@ -16,10 +16,12 @@ from textual.worker import Worker, WorkerState
 
 from console.commands import ActionCommands
 from console.context import ConsoleContext
+from console.screens.autotvm import AutoTvmScreen
 from console.screens.failures import FailuresScreen
 from console.screens.help import HelpScreen
 from console.screens.inject import InjectScreen
 from console.screens.kernels import KernelsScreen
+from console.screens.opconfigs import OpConfigsScreen
 from console.screens.settings import SettingsScreen
 from core.db.kernel_db import default_db_path
 
@@ -28,13 +30,16 @@ STYLES = Path(__file__).resolve().parent.parent / "styles"
 
 class KdbApp(App[int]):
     TITLE = "kdb"
-    CSS_PATH: ClassVar = [STYLES / f"{name}.tcss" for name in ("app", "inject", "failures", "settings")]
+    CSS_PATH: ClassVar = [STYLES / f"{name}.tcss"
+                          for name in ("app", "inject", "failures", "settings", "opconfigs", "autotvm")]
     COMMANDS: ClassVar = App.COMMANDS | {ActionCommands}
     MODES: ClassVar = {
         "kernels": KernelsScreen,
         "inject": InjectScreen,
         "failures": FailuresScreen,
         "settings": SettingsScreen,
+        "opconfigs": OpConfigsScreen,
+        "autotvm": AutoTvmScreen,
     }
     DEFAULT_MODE = "kernels"
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -42,6 +47,8 @@ class KdbApp(App[int]):
         Binding("2", "switch_mode('inject')", "Inject"),
         Binding("3", "switch_mode('failures')", "Failures"),
         Binding("4", "switch_mode('settings')", "GPU & SM"),
+        Binding("5", "switch_mode('opconfigs')", "Op configs"),
+        Binding("6", "switch_mode('autotvm')", "AutoTVM logs"),
         Binding("question_mark,f1", "help", "Help"),
         Binding("ctrl+t", "toggle_theme", "Light/dark"),
         Binding("q", "quit", "Quit"),

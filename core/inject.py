@@ -366,6 +366,9 @@ class Injector:
                 self._gpu_fail(item, f"verification failed: {result.reason}")
                 return None
             self._gpu_counts["verified"] += 1
+            miscs = json.loads(row.miscs)
+            miscs["kdb"]["verified"] = {"device": result.device, "max_rel_error": result.max_rel_error}
+            row = replace(row, miscs=json.dumps(miscs, ensure_ascii=False, allow_nan=False))
         if self.options.profile:
             result = session.run(job_for_row(row, "time"))
             self._device = result.device or self._device

@@ -17,7 +17,7 @@ Fill and inspect NNFusion's kernel DB. Every view works with the keyboard alone 
 
 | key | anywhere |
 | --- | --- |
-| `1` `2` `3` `4` | Kernels · Inject · Failures · GPU & SM settings |
+| `1` … `6` | Kernels · Inject · Failures · GPU & SM settings · Op configs · AutoTVM logs |
 | `ctrl+p` | command palette: every action, searchable |
 | `ctrl+t` | light / dark theme |
 | `?` `f1` | this help · `q` quit |
@@ -36,6 +36,17 @@ the offending place (the nvcc error line, the JSON field). `r` retries the selec
 
 **GPU & SM**: the CUDA devices found here, target SM archs, the product name written into profiles (it
 must equal NNFusion's `-fproduct_name`), nvcc and timeouts. Saved to the same TOML file the CLI reads.
+
+**Op configs**: the ops to build kernels for (not saved: `x` exports the list as lines, `.toml` or `.json`).
+`a` adds one from a template and `e`/`enter` edits it, checked as you type (an invalid line is never
+added); `d` deletes, `D` clears. `i` imports an op-config file or an ONNX model (nodes with no kernel-DB
+op are listed with the reason). `c` checks the list against the open DB: in DB, missing (tune it) or
+falls back; from then on the check follows every change. `g` generates a kernel for each with TVM and
+injects them, with progress; `escape` cancels, `f` shows the injection failures.
+
+**AutoTVM logs**: `o` opens a tuning log. Each workload: its trials, successes, errors by kind and best
+time; the selected one's best-so-far curve (`l` switches log/linear scale) and best knob config. Lines
+that could not be read are listed with their line numbers.
 """
 
 

@@ -43,10 +43,16 @@ def _arch() -> str:
 
 
 def _compile(source: str, name: str) -> Any:
+    """Compile once per source: verify and time of one kernel share the module."""
     from pycuda.compiler import SourceModule
 
-    module = SourceModule(source, no_extern_c=True, arch=_arch(), options=["-lineinfo"])
-    return module, module.get_function(name)
+    cache: dict[tuple[str, str], Any] = _state.setdefault("modules", {})
+    if (source, name) not in cache:
+        if len(cache) > 64:
+            cache.clear()
+        module = SourceModule(source, no_extern_c=True, arch=_arch(), options=["-lineinfo"])
+        cache[(source, name)] = (module, module.get_function(name))
+    return cache[(source, name)]
 
 
 def _shapes(job: dict[str, Any]) -> tuple[list[tuple[int, ...]], tuple[int, ...]]:

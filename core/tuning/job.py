@@ -55,6 +55,7 @@ class TuneJob:
     rpc: RpcTarget | None = None
     rpc_workers: int = 1  # measurements in flight at once over RPC (one per server/GPU)
     builder_workers: int | None = None  # parallel builds (default: one per core)
+    min_repeat_ms: int = 20  # each measurement repeats the kernel at least this long (TVM's default: 100)
     seed: int | None = None
 
     @property
@@ -220,13 +221,14 @@ def run_tune(job: TuneJob, root: Path, *, on_event: Callable[[TrialEvent], None]
 
     if remaining > 0 and not (should_cancel is not None and should_cancel()):
         builder = ms.builder.LocalBuilder(timeout_sec=job.builder_timeout_s, max_workers=job.builder_workers)
+        evaluator = ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=job.min_repeat_ms)
         if job.rpc is not None:
             runner: Any = ms.runner.RPCRunner(
                 ms.runner.RPCConfig(job.rpc.host, job.rpc.port, job.rpc.key,
                                     session_timeout_sec=int(max(job.runner_timeout_s, 10))),
-                max_workers=job.rpc_workers)
+                evaluator_config=evaluator, max_workers=job.rpc_workers)
         else:
-            runner = ms.runner.LocalRunner(timeout_sec=job.runner_timeout_s)
+            runner = ms.runner.LocalRunner(timeout_sec=job.runner_timeout_s, evaluator_config=evaluator)
         ms.tune_tir(mod, target=target, work_dir=str(work_dir), max_trials_global=remaining,
                     num_trials_per_iter=min(job.trials_per_batch, remaining),
                     builder=builder, runner=runner,

@@ -1,0 +1,468 @@
+"""Op configs: the list of ops to build kernels for; add, edit, delete, import (files or ONNX models), export,
+check coverage against the open DB, and generate + inject kernels for all of them.
+
+The list lives in the screen (it is not persisted: export keeps it). It starts empty. Files, models and the
+DB are read in thread workers that post messages back; the generate run is one worker that owns its DB and
+state handles, posts coalesced progress snapshots and returns a GenerateResult.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, replace
+from datetime import datetime
+from pathlib import Path
+from typing import ClassVar
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.markup import escape
+from textual.message import Message
+from textual.reactive import var
+from textual.widgets import Button, DataTable, Footer, Header, Label, Static
+from textual.worker import Worker, WorkerState, get_current_worker
+
+from console.context import ConsoleContext
+from console.screens.base import KdbScreen
+from console.screens.inject import PROGRESS_INTERVAL_S, RunProgress
+from console.widgets.dialogs import ConfirmDialog, PathDialog
+from console.widgets.generate_panel import CodegenProgress, GeneratePanel, GenerateResult
+from console.widgets.opconfig_detail import ImportReport, OpConfigDetail
+from console.widgets.opconfig_dialog import DEFAULT_TEMPLATE, OpConfigDialog
+from console.widgets.opconfig_table import OpConfigTable
+from core.codegen.generate import Generated
+from core.coverage import IN_DB, MISSING, CoverageEntry
+from core.errors import InputError, ToolError
+from core.onnx_extract import Extraction
+from core.opconfig import OpConfig, dedupe, format_line, format_lines, format_structured, read_opconfigs
+from core.settings import Settings
+
+ARTIFACT_OPCONFIGS = Path(__file__).resolve().parents[3] / "shared" / "nnfusion-artifact" / "op_configs"
+EMPTY_HINT = ("No op configs yet. [b]a[/b] adds one (from a template, checked as you type), "
+              "[b]i[/b] imports an op-config file (lines, .toml, .json) or an ONNX model.")
+IMPORT_HINT = "i imports an op-config file or an ONNX model; unmapped ONNX nodes are listed here with the reason."
+
+
+def start_dir() -> Path:
+    return ARTIFACT_OPCONFIGS if ARTIFACT_OPCONFIGS.is_dir() else Path.cwd()
+
+
+def write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+class OpConfigsScreen(KdbScreen):
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("a", "add", "Add"),
+        Binding("e", "edit", "Edit"),
+        Binding("d,delete", "delete", "Delete"),
+        Binding("i", "import", "Import"),
+        Binding("x", "export", "Export"),
+        Binding("c", "coverage", "Coverage"),
+        Binding("g", "generate", "Generate & inject"),
+        Binding("escape", "cancel_run", "Cancel run"),
+        Binding("f", "show_failures", "Show failures"),
+        Binding("D", "clear", "Clear the list", show=False),
+    ]
+
+    running: var[bool] = var(False)
+
+    @dataclass
+    class Imported(Message):
+        path: Path
+        configs: list[OpConfig]
+        errors: list[InputError]  # lines or entries of an op-config file that were refused
+        extraction: Extraction | None  # set for an ONNX model
+
+    @dataclass
+    class Covered(Message):
+        generation: int  # a newer check supersedes this one
+        entries: list[CoverageEntry]
+
+    @dataclass
+    class CodegenProgressed(Message):
+        progress: CodegenProgress
+
+        def can_replace(self, message: Message) -> bool:
+            return isinstance(message, OpConfigsScreen.CodegenProgressed)
+
+    @dataclass
+    class InjectProgressed(Message):
+        progress: RunProgress
+
+        def can_replace(self, message: Message) -> bool:
+            return isinstance(message, OpConfigsScreen.InjectProgressed)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.configs: list[OpConfig] = []
+        self.coverage: dict[str, CoverageEntry] = {}  # by OpConfig.key, from the last check
+        self.coverage_checked = False
+        self.coverage_generation = 0
+        self.result: GenerateResult | None = None
+        self.cancel_requested = threading.Event()
+
+    @property
+    def context(self) -> ConsoleContext:
+        return self.app.context  # type: ignore[attr-defined]
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with Vertical(id="opconfigs-top"):
+            yield OpConfigTable(id="opconfig-table")
+            yield Static(EMPTY_HINT, id="opconfigs-empty")
+            yield Static(id="opconfigs-status")
+        with Horizontal(id="opconfigs-bottom"):
+            with VerticalScroll(id="opconfig-detail-pane"):
+                yield Label("Selected", classes="section")
+                yield OpConfigDetail(id="opconfig-detail")
+            with VerticalScroll(id="import-pane"):
+                yield Label("Import", classes="section")
+                yield ImportReport(IMPORT_HINT, id="import-report")
+            with VerticalScroll(id="generate-pane"):
+                yield Label("Generate and inject", classes="section")
+                yield GeneratePanel(id="generate-panel")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self._refresh()
+        self.query_one(OpConfigTable).focus()
+
+    def on_screen_resume(self) -> None:
+        # Other views change the DB (Inject, Kernels deletes, retries): a coverage shown must be current.
+        self._recheck_coverage()
+
+    def _recheck_coverage(self) -> None:
+        """Once coverage has been asked for (c), keep it current as the list or the DB changes."""
+        if self.coverage_checked and self.configs:
+            self.check_coverage()
+
+    def _list_changed(self) -> None:
+        self._refresh()
+        self._recheck_coverage()
+
+    # -- showing the list ----------------------------------------------------------------------
+
+    def _refresh(self) -> None:
+        table = self.query_one(OpConfigTable)
+        with self.app.batch_update():
+            table.show(self.configs, self.coverage)
+            table.display = bool(self.configs)
+            self.query_one("#opconfigs-empty").display = not self.configs
+            self._update_status()
+            self._update_detail()
+        self.refresh_bindings()
+
+    def _update_status(self) -> None:
+        total = sum(c.flops for c in self.configs) / 1e9
+        text = f"{len(self.configs)} op config{'s' if len(self.configs) != 1 else ''} · {total:,.3f} GFLOP in all"
+        entries = [self.coverage[c.key] for c in self.configs if c.key in self.coverage]
+        if entries:
+            in_db = sum(e.status == IN_DB for e in entries)
+            missing = sum(e.status == MISSING for e in entries)
+            text += (f" · coverage in {escape(self.context.db_path.name)}: {in_db} in DB · {missing} missing · "
+                     f"{len(entries) - in_db - missing} fall back")
+            if len(entries) < len(self.configs):
+                text += f" · {len(self.configs) - len(entries)} not checked (c)"
+        elif self.configs:
+            text += f" · c checks which have a kernel in {escape(self.context.db_path.name)}"
+        self.query_one("#opconfigs-status", Static).update(text)
+
+    def _current(self) -> OpConfig | None:
+        key = self.query_one(OpConfigTable).current_key()
+        return next((c for c in self.configs if c.key == key), None)
+
+    def _update_detail(self) -> None:
+        config = self._current()
+        self.query_one(OpConfigDetail).show(config, self.coverage.get(config.key) if config else None)
+
+    @on(DataTable.RowHighlighted, "#opconfig-table")
+    def row_highlighted(self) -> None:
+        self._update_detail()
+
+    @on(DataTable.RowSelected, "#opconfig-table")
+    def row_selected(self) -> None:
+        self.action_edit()  # enter, or a click on the highlighted row
+
+    # -- add, edit, delete ---------------------------------------------------------------------
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in ("edit", "delete", "export", "coverage", "clear"):
+            return True if self.configs else None
+        if action == "generate":
+            return False if self.running else (True if self.configs else None)
+        if action == "cancel_run":
+            return self.running
+        if action == "show_failures":
+            return bool(self.result and self.result.inject and self.result.inject.failed)
+        return True
+
+    def _taken(self, skip: str | None = None) -> dict[str, int]:
+        """Keys already listed and their row numbers (a duplicate is refused in the dialog, with the row)."""
+        return {c.key: n for n, c in enumerate(self.configs, start=1) if c.key != skip}
+
+    def _select(self, key: str) -> None:
+        table = self.query_one(OpConfigTable)
+        table.move_cursor(row=table.get_row_index(key))
+
+    def action_add(self) -> None:
+        current = self._current()
+        template = format_line(current) if current else DEFAULT_TEMPLATE
+
+        def added(config: OpConfig | None) -> None:
+            if config is not None:
+                self.configs.append(replace(config, source="typed in"))
+                self._list_changed()
+                self._select(config.key)
+
+        self.app.push_screen(OpConfigDialog("Add an op config (the artifact's line format)", template,
+                                            taken=self._taken()), added)
+
+    def action_edit(self) -> None:
+        current = self._current()
+        if current is None:
+            return
+
+        def edited(config: OpConfig | None) -> None:
+            if config is None or current not in self.configs:
+                return
+            source = current.source if current.source.endswith("(edited)") else f"{current.source} (edited)"
+            self.configs[self.configs.index(current)] = replace(config, source=source.strip())
+            self._list_changed()
+
+        self.app.push_screen(OpConfigDialog(f"Edit op config {self.configs.index(current) + 1}", format_line(current),
+                                            taken=self._taken(skip=current.key), save_label="Save"), edited)
+
+    def action_delete(self) -> None:
+        current = self._current()
+        if current is None:
+            return
+
+        def confirmed(yes: bool | None) -> None:
+            if yes and current in self.configs:
+                self.configs.remove(current)
+                self._refresh()
+
+        self.app.push_screen(ConfirmDialog(f"Delete op config {self.configs.index(current) + 1}?",
+                                           current.describe(), confirm_label="Delete"), confirmed)
+
+    def action_clear(self) -> None:
+        def confirmed(yes: bool | None) -> None:
+            if yes:
+                self.configs.clear()
+                self._refresh()
+
+        self.app.push_screen(ConfirmDialog(f"Clear the list of {len(self.configs)} op configs?",
+                                           "The list is not saved anywhere: x exports it first.",
+                                           confirm_label="Clear"), confirmed)
+
+    # -- import and export ---------------------------------------------------------------------
+
+    def action_import(self) -> None:
+        def chosen(path: str | None) -> None:
+            if path:
+                self.import_file(Path(path).expanduser())
+
+        self.app.push_screen(PathDialog("Import op configs (lines, .toml, .json) or an ONNX model:",
+                                        f"{start_dir()}/"), chosen)
+
+    @work(thread=True, exit_on_error=False, group="import")
+    def import_file(self, path: Path) -> None:
+        def short(source: str) -> str:  # the file's name instead of its full path: the table has room for that
+            return source.replace(str(path), path.name, 1) if source.startswith(str(path)) else source
+
+        if path.suffix.lower() == ".onnx":
+            from core.onnx_extract import extract
+
+            extraction = extract(path)
+            configs = [replace(c, source=f"{path.name}:{c.source}") for c in extraction.configs]
+            self.post_message(self.Imported(path, configs, [], extraction))
+            return
+        read = read_opconfigs(path)
+        errors = [InputError(e.reason, where=short(e.where)) for e in read.errors]
+        self.post_message(self.Imported(path, [replace(c, source=short(c.source)) for c in read.configs], errors,
+                                        None))
+
+    def on_op_configs_screen_imported(self, message: Imported) -> None:
+        known = {c.key for c in self.configs}
+        new = [c for c in dedupe(message.configs) if c.key not in known]
+        self.configs.extend(new)
+        self._list_changed()
+        if new:
+            self._select(new[0].key)
+        already = len(dedupe(message.configs)) - len(new)
+        self.query_one(ImportReport).show(message.path, message.configs, message.errors, message.extraction,
+                                          added=len(new), already=already)
+        severity = "information" if new else "warning"
+        self.notify(f"{len(new)} op config(s) added from {message.path.name}"
+                    + (f" ({already} already listed)" if already else ""), severity=severity)
+
+    def action_export(self) -> None:
+        def chosen(path: str | None) -> None:
+            if path:
+                self.export_list(list(self.configs), Path(path).expanduser())
+
+        self.app.push_screen(PathDialog(f"Export {len(self.configs)} op configs (.toml, .json, else lines) to:",
+                                        str(Path.cwd() / "opconfigs.txt")), chosen)
+
+    @work(thread=True, exit_on_error=False, group="export")
+    def export_list(self, configs: list[OpConfig], path: Path) -> None:
+        suffix = path.suffix.lower()
+        text = format_structured(configs, suffix[1:]) if suffix in (".toml", ".json") else format_lines(configs)
+        write_atomically(path, text)
+        self.app.call_from_thread(self.notify, f"exported {len(configs)} op configs to {path}")
+
+    # -- coverage ------------------------------------------------------------------------------
+
+    def action_coverage(self) -> None:
+        if self.configs:
+            self.check_coverage()
+
+    def check_coverage(self) -> None:
+        self.coverage_generation += 1
+        self.find_coverage(self.coverage_generation, list(self.configs))
+
+    @work(thread=True, exit_on_error=False, group="coverage", exclusive=True)
+    def find_coverage(self, generation: int, configs: list[OpConfig]) -> None:
+        from core.coverage import coverage
+
+        # The list as a "model" in which each op occurs once.
+        extraction = Extraction("op configs", len(configs), configs, {c.key: [(c.source,)] for c in configs})
+        with self.context.open_db() as db:
+            entries = coverage(extraction, db)
+        self.post_message(self.Covered(generation, entries))
+
+    def on_op_configs_screen_covered(self, message: Covered) -> None:
+        if message.generation != self.coverage_generation:
+            return
+        self.coverage = {e.config.key: e for e in message.entries}
+        self.coverage_checked = True
+        self._refresh()
+
+    # -- generate and inject -------------------------------------------------------------------
+
+    def action_generate(self) -> None:
+        if self.running or not self.configs:
+            return
+        self.result = None
+        self.cancel_requested = threading.Event()
+        self.running = True
+        self.query_one(GeneratePanel).reset()
+        self.generate_and_inject(list(self.configs), self.context.settings, self.context.db_path,
+                                 self.cancel_requested)
+
+    def action_cancel_run(self) -> None:
+        if self.running and not self.cancel_requested.is_set():
+            self.cancel_requested.set()
+            self._keep_cancel_note()
+
+    @work(thread=True, exit_on_error=False, group="generate", exclusive=True)
+    def generate_and_inject(self, configs: list[OpConfig], settings: Settings, db_path: Path,
+                            cancel: threading.Event) -> GenerateResult:
+        from core.codegen.batch import generate_all
+        from core.db.kernel_db import KernelDB
+        from core.db.state import StateDB, state_dir
+        from core.inject import InjectOptions, Injector, InjectProgress
+        from core.nvcc import find_nvcc
+
+        worker = get_current_worker()
+
+        def cancelled() -> bool:
+            return cancel.is_set() or worker.is_cancelled
+
+        notes: list[str] = []
+        try:
+            find_nvcc(settings.nvcc_path)
+            compile_check = True
+        except ToolError as exc:  # not a failure of the run: the compile check is just unavailable
+            compile_check = False
+            notes.append(f"compile check skipped: {exc.reason}")
+            self.app.call_from_thread(self._skip_compile, "no nvcc")
+        arch = settings.archs[0]
+        failed = 0
+
+        def on_result(result: Generated, done: int, total: int) -> None:
+            nonlocal failed
+            failed += result.item is None
+            current = configs[done].describe() if done < total else ""
+            self.post_message(self.CodegenProgressed(CodegenProgress(done, total, failed, current)))
+
+        self.post_message(self.CodegenProgressed(CodegenProgress(0, len(configs), 0, configs[0].describe())))
+        codegen = generate_all(configs, arch, check=True, on_result=on_result, should_cancel=cancelled)
+        if codegen.cancelled or not codegen.items:
+            return GenerateResult(codegen, None, None, notes)
+
+        kernels_file = state_dir() / "generated" / f"{datetime.now():%Y%m%d-%H%M%S-%f}.json"
+        kernels_file.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(kernels_file, json.dumps(codegen.items, indent=1))
+        notes.append(f"{len(codegen.items)} kernels for {arch} kept in {kernels_file}")
+        last_post = 0.0
+
+        def on_progress(progress: InjectProgress) -> None:
+            nonlocal last_post
+            if (now := time.monotonic()) - last_post >= PROGRESS_INTERVAL_S:
+                last_post = now
+                self.post_message(self.InjectProgressed(RunProgress.of(progress)))
+
+        options = InjectOptions.from_settings(settings, compile=compile_check)
+        state = StateDB()
+        try:
+            with KernelDB.open(db_path, create=True) as db:
+                injector = Injector(db, options, state=state, on_progress=on_progress, should_cancel=cancelled)
+                report = injector.run([kernels_file], kind="codegen")
+        finally:
+            state.close()
+        self.post_message(self.InjectProgressed(RunProgress.of(injector.progress)))  # the last is never skipped
+        return GenerateResult(codegen, report, kernels_file, notes)
+
+    def _skip_compile(self, reason: str) -> None:
+        self.query_one(GeneratePanel).skip_compile(reason)
+
+    def on_op_configs_screen_codegen_progressed(self, message: CodegenProgressed) -> None:
+        panel = self.query_one(GeneratePanel)
+        with self.app.batch_update():
+            panel.show_codegen(message.progress)
+            self._keep_cancel_note()
+
+    def on_op_configs_screen_inject_progressed(self, message: InjectProgressed) -> None:
+        panel = self.query_one(GeneratePanel)
+        with self.app.batch_update():
+            panel.show_inject(message.progress)
+            self._keep_cancel_note()
+
+    def _keep_cancel_note(self) -> None:
+        if self.cancel_requested.is_set():  # progress still arrives while the op in progress finishes
+            self.query_one(GeneratePanel).show_current("cancelling after the op in progress…")
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        super().on_worker_state_changed(event)  # failures are reported by the App
+        if event.worker.group != "generate" or not event.worker.is_finished:
+            return
+        self.running = False
+        panel = self.query_one(GeneratePanel)
+        if event.state is WorkerState.SUCCESS and isinstance(event.worker.result, GenerateResult):
+            self.result = event.worker.result
+            panel.show_result(self.result)
+            if self.result.inject is not None:
+                self.check_coverage()  # the DB changed: show what it holds now
+        elif event.state is WorkerState.ERROR:
+            panel.show_error(str(event.worker.error))
+        self.refresh_bindings()
+
+    def watch_running(self) -> None:
+        self.refresh_bindings()
+
+    def action_show_failures(self) -> None:
+        if self.result and self.result.inject and self.result.inject.failed:
+            self.app.switch_mode("failures")
+
+    @on(Button.Pressed, "#show-failures")
+    def show_failures_pressed(self) -> None:
+        self.action_show_failures()
+

@@ -1,0 +1,118 @@
+"""Generate and inject, as a panel: a codegen row, then one row per injection stage, the op in progress and a summary.
+
+Attributes down: the owner hands in immutable snapshots (CodegenProgress, the Inject view's RunProgress) and
+the final GenerateResult; the panel never reads the engine itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.markup import escape
+from textual.widgets import Button, Static
+
+from console.screens.inject import RunProgress
+from console.widgets.stage_progress import StageProgress
+from core.codegen.batch import CodegenReport
+from core.inject import STAGES, InjectReport
+
+FAILURES_SHOWN = 3
+
+
+@dataclass(frozen=True)
+class CodegenProgress:
+    done: int
+    total: int
+    failed: int
+    current: str  # the op being generated now; "" once all are done
+
+
+@dataclass
+class GenerateResult:
+    codegen: CodegenReport
+    inject: InjectReport | None  # None: nothing was generated, so nothing was injected
+    kernels_file: Path | None  # the kernel JSON handed to the injector
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def cancelled(self) -> bool:
+        return self.codegen.cancelled or bool(self.inject and self.inject.cancelled)
+
+
+class GeneratePanel(Vertical):
+    def compose(self) -> ComposeResult:
+        yield StageProgress("codegen")
+        for stage in STAGES:
+            yield StageProgress(stage)
+        yield Static(id="run-current")
+        yield Static(id="run-summary")
+        yield Button("Show failures (f)", id="show-failures", classes="hidden")
+
+    def on_mount(self) -> None:
+        self.reset()
+        self.query_one("#run-current", Static).update("g generates a kernel for every op config and injects them")
+
+    def reset(self) -> None:
+        for row in self.query(StageProgress):
+            if row.stage == "gpu":
+                row.skip("not run: no GPU stage yet")
+            else:
+                row.reset()
+        self.query_one("#run-current", Static).update("")
+        self.show_result(None)
+
+    def skip_compile(self, reason: str) -> None:
+        self.query_one("#stage-compile", StageProgress).skip(f"not run: {reason}")
+
+    def show_current(self, text: str) -> None:
+        self.query_one("#run-current", Static).update(escape(text))
+
+    def show_codegen(self, p: CodegenProgress) -> None:
+        self.query_one("#stage-codegen", StageProgress).show(p.done, max(p.total, 1), passed=p.done - p.failed,
+                                                              failed=p.failed)
+        self.show_current(f"generating {p.done + 1}/{p.total}: {p.current}" if p.current else "")
+
+    def show_inject(self, p: RunProgress) -> None:
+        for row in self.query(StageProgress):
+            if row.stage == "codegen" or row.has_class("skipped"):
+                continue
+            done, total = p.stage(row.stage)
+            row.show(done, max(total, 1), passed=p.passed.get(row.stage, 0), failed=p.failed_at.get(row.stage, 0))
+        self.show_current(f"injecting: {Path(p.current).name}" if p.current else "")
+
+    def show_result(self, result: GenerateResult | None) -> None:
+        summary = self.query_one("#run-summary", Static)
+        injected_failures = bool(result and result.inject and result.inject.failed)
+        self.query_one("#show-failures").set_class(not injected_failures, "hidden")
+        if result is None:
+            summary.update("")
+            return
+        self.show_current("")
+        summary.update("\n".join(summary_lines(result)))
+
+    def show_error(self, error: str) -> None:
+        self.show_current("")
+        self.query_one("#run-summary", Static).update(f"[$error]the run stopped: {escape(error)}[/]")
+
+
+def summary_lines(result: GenerateResult) -> list[str]:
+    codegen, inject = result.codegen, result.inject
+    status = "[$warning]cancelled[/]" if result.cancelled else "[$success]done[/]"
+    failed = len(codegen.failed) + (inject.failed if inject else 0)
+    failed_text = f"[$error]{failed} failed[/]" if failed else "0 failed"
+    injected = f"{inject.injected} injected · {inject.unchanged} unchanged" if inject else "nothing injected"
+    lines = [f"[b]{status}[/b]: {len(codegen.items)} generated · {injected} · {failed_text}"]
+    for g in codegen.failed[:FAILURES_SHOWN]:
+        lines.append(f"  ✗ {escape(g.config.describe())} · {g.stage}: {escape(g.error)}")
+    if len(codegen.failed) > FAILURES_SHOWN:
+        lines.append(f"  … and {len(codegen.failed) - FAILURES_SHOWN} more codegen failures")
+    if inject:
+        for f in inject.failures[:FAILURES_SHOWN]:
+            lines.append(f"  ✗ {escape(f.name)} · {f.stage}: {escape(f.reason)}")
+        if inject.failed > FAILURES_SHOWN:
+            lines.append(f"  … and {inject.failed - FAILURES_SHOWN} more in the Failures view")
+    lines += [f"[dim]{escape(note)}[/]" for note in result.notes]
+    return lines

@@ -1,0 +1,69 @@
+"""The Op configs view's two text panes: the selected op config, and what the last import brought in or left out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from textual.markup import escape
+from textual.widgets import Static
+
+from console.widgets.opconfig_table import coverage_status, gflop
+from core.coverage import IN_DB, CoverageEntry
+from core.errors import InputError
+from core.onnx_extract import Extraction
+from core.opconfig import OpConfig, format_line
+
+LISTED = 50  # refused lines or unmapped nodes listed before "… and N more"
+_MARKUP = {"dim": "dim", "success": "$success", "warning": "$warning", "error": "$error"}
+
+
+class OpConfigDetail(Static):
+    """Attributes down: the owner calls show() with the selected op config and its coverage, if checked."""
+
+    def show(self, config: OpConfig | None, entry: CoverageEntry | None) -> None:
+        if config is None:
+            self.update("[dim]nothing selected[/]")
+            return
+        try:
+            identifier = escape(config.signature().identifier)
+        except InputError as exc:
+            identifier = f"[$warning]none: {escape(exc.reason)}[/]"
+        status, level = coverage_status(entry)
+        kernels = f"[{_MARKUP[level]}]{escape(status)}[/]"
+        if entry is not None and entry.status != IN_DB:
+            kernels += f"\n[dim]until then NNFusion runs {escape(entry.fallback)}[/]"
+        self.update("\n".join([
+            f"[b]{escape(config.describe())}[/b]",
+            f"[dim]line[/]  {escape(format_line(config))}",
+            f"[dim]GFLOP[/]  {gflop(config)} · [dim]source[/] {escape(config.source or '-')}",
+            f"[dim]identifier[/]  {identifier}",
+            f"[dim]kernels[/]  {kernels}",
+        ]))
+
+
+class ImportReport(Static):
+    """What an import added, and what it could not: refused lines, ONNX nodes with no op config and why."""
+
+    def show(self, path: Path, configs: list[OpConfig], errors: list[InputError], extraction: Extraction | None,
+             *, added: int, already: int) -> None:
+        counts = f"{added} added" + (f", {already} already listed" if already else "")
+        name = escape(path.name)
+        if extraction is None:
+            lines = [f"[b]{name}[/b]: {len(configs)} op configs ({counts})"]
+            if errors:
+                lines.append(f"[$error]{len(errors)} refused:[/]")
+                lines += [f"  {escape(str(e))}" for e in errors[:LISTED]]
+                lines += [f"  … and {len(errors) - LISTED} more"] if len(errors) > LISTED else []
+            self.update("\n".join(lines))
+            return
+        lines = [f"[b]{name}[/b]: model {escape(extraction.model_name)}, {extraction.node_count} nodes -> "
+                 f"{len(extraction.configs)} distinct op configs ({counts})"]
+        unmapped = extraction.unmapped
+        if unmapped:
+            lines.append(f"[$warning]{len(unmapped)} nodes unmapped[/] (no kernel-DB op config):")
+            lines += [f"  {escape(u.node)} ({escape(u.op_type)}): {escape(u.reason)}" for u in unmapped[:LISTED]]
+            lines += [f"  … and {len(unmapped) - LISTED} more"] if len(unmapped) > LISTED else []
+        else:
+            lines.append("every node maps to an op config")
+        lines += [f"[dim]note: {escape(n.node)}: {escape(n.text)}[/]" for n in extraction.notes]
+        self.update("\n".join(lines))

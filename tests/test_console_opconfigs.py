@@ -1,0 +1,342 @@
+"""Pilot tests of the Op configs view: add (valid, invalid), edit, delete, import (lines, ONNX), export round trips,
+coverage against a small DB, generate + inject, and a snapshot."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from console_helpers import SNAPSHOT_DIR, FixedDeviceApp, build_small_db
+from textual.widgets import Input, Static
+
+from console.context import ConsoleContext
+from console.screens.opconfigs import OpConfigsScreen
+from console.widgets.dialogs import ConfirmDialog, PathDialog
+from console.widgets.opconfig_dialog import OpConfigDialog
+from console.widgets.opconfig_table import OpConfigTable
+from core.db.kernel_db import KernelDB
+from core.opconfig import parse_line
+from core.settings import Settings
+
+OP_CONFIGS = Path(__file__).resolve().parents[2] / "shared" / "nnfusion-artifact" / "op_configs"
+ALEXNET = OP_CONFIGS / "alexnet_conv_kernels.txt"
+
+RELU = "elementwise_relu_op_float|i+1_64_56_56|o+1_64_56_56"  # the small DB has it
+DOT = "cublas_dot_op_float|a+64_256|b+256_128|o+64_128|ta+0|tb+0"  # the small DB has it
+CONV = "cudnn_convolution_op_float|i+1_3_227_227|w+64_3_11_11|o+1_64_55_55|ws+4_4|wd+1_1|p+0_0"  # it has not
+DEPTHWISE = "cudnn_convolution_op_float|i+1_32_56_56|w+32_1_3_3|o+1_32_56_56|ws+1_1|wd+1_1|p+1_1|g+32"  # no op type
+MIXED = [RELU, DOT, CONV, DEPTHWISE]
+
+
+def make_app(db_path: Path) -> FixedDeviceApp:
+    # One worker: the CPU stages of an injection run inline, no process pool to spawn in a test.
+    return FixedDeviceApp(ConsoleContext(db_path=db_path, settings=Settings(workers=1),
+                                         device_summary="no CUDA device (test)"))
+
+
+async def wait_for(pilot, condition: Callable[[], bool], timeout: float = 60) -> None:
+    for _ in range(int(timeout / 0.05)):
+        if condition():
+            return
+        await pilot.pause(0.05)
+    raise AssertionError("timed out waiting")
+
+
+async def open_view(pilot) -> OpConfigsScreen:
+    await pilot.press("5")
+    screen = pilot.app.screen
+    assert isinstance(screen, OpConfigsScreen)
+    return screen
+
+
+def text(screen, selector: str) -> str:
+    return str(screen.query_one(selector, Static).render())
+
+
+def lines_of(screen: OpConfigsScreen) -> list[str]:
+    from core.opconfig import format_line
+
+    return [format_line(c) for c in screen.configs]
+
+
+async def type_line(pilot, line: str) -> OpConfigDialog:
+    dialog = pilot.app.screen
+    assert isinstance(dialog, OpConfigDialog)
+    dialog.query_one("#line", Input).value = line
+    await pilot.pause()
+    await pilot.press("enter")
+    return dialog
+
+
+async def import_path(pilot, screen: OpConfigsScreen, path: Path, expected: int) -> None:
+    await pilot.press("i")
+    assert isinstance(pilot.app.screen, PathDialog)
+    pilot.app.screen.query_one("#path", Input).value = str(path)
+    await pilot.press("enter")
+    await wait_for(pilot, lambda: len(screen.configs) == expected)
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+async def test_add_a_valid_line_and_refuse_an_invalid_one(tmp_path: Path):
+    app = make_app(tmp_path / "k.db")
+    async with app.run_test(size=(160, 45)) as pilot:
+        screen = await open_view(pilot)
+        assert screen.configs == [] and screen.query_one("#opconfigs-empty").display
+
+        await pilot.press("a")
+        await type_line(pilot, RELU)
+        assert app.screen is screen
+        assert lines_of(screen) == [RELU] and screen.configs[0].source == "typed in"
+        assert "Relu" in text(screen, "#opconfig-detail")
+
+        await pilot.press("a")
+        bad = CONV.replace("o+1_64_55_55", "o+1_64_54_55")
+        dialog = await type_line(pilot, bad)
+        assert app.screen is dialog  # still open: nothing invalid is added
+        assert dialog.query_one("#line", Input).value == bad  # the text is kept as typed
+        assert "does not follow from input 227" in text(dialog, "#line-check")
+        assert dialog.query_one("#line", Input).has_class("bad")
+
+        dialog = await type_line(pilot, RELU)  # a duplicate is refused too, naming the row
+        assert app.screen is dialog and "already in the list as row 1" in text(dialog, "#line-check")
+
+        await type_line(pilot, CONV)  # fixing the line lets it through
+        assert app.screen is screen
+        assert lines_of(screen) == [RELU, CONV]
+
+        await pilot.press("a")
+        await pilot.press("escape")
+        assert app.screen is screen and len(screen.configs) == 2
+
+
+async def test_edit_and_delete(tmp_path: Path):
+    app = make_app(tmp_path / "k.db")
+    async with app.run_test(size=(160, 45)) as pilot:
+        screen = await open_view(pilot)
+        await import_path(pilot, screen, write_lines(tmp_path / "ops.txt", [RELU, DOT]), 2)
+        table = screen.query_one(OpConfigTable)
+        table.focus()
+        table.move_cursor(row=1)
+
+        await pilot.press("e")
+        dialog = app.screen
+        assert isinstance(dialog, OpConfigDialog) and dialog.query_one("#line", Input).value == DOT
+        await type_line(pilot, RELU)  # the other row's op: refused inline
+        assert app.screen is dialog and "already in the list as row 1" in text(dialog, "#line-check")
+        edited = DOT.replace("tb+0", "tb+1").replace("b+256_128", "b+128_256")
+        await type_line(pilot, edited)
+        assert app.screen is screen
+        assert lines_of(screen) == [RELU, edited]
+        assert screen.configs[1].source == "ops.txt:2 (edited)"
+
+        await pilot.press("enter")  # enter on a row edits it too
+        assert isinstance(app.screen, OpConfigDialog)
+        await pilot.press("escape")
+        assert lines_of(screen) == [RELU, edited]
+
+        table.move_cursor(row=0)
+        await pilot.press("d")
+        assert isinstance(app.screen, ConfirmDialog)
+        await pilot.press("escape")  # cancelled: nothing deleted
+        assert len(screen.configs) == 2
+        await pilot.press("d", "y")
+        assert lines_of(screen) == [edited]
+        assert table.row_count == 1
+
+
+@pytest.mark.skipif(not ALEXNET.is_file(), reason="../shared/nnfusion-artifact is not present")
+async def test_import_the_shared_opconfig_file_and_a_bad_one(tmp_path: Path):
+    app = make_app(tmp_path / "k.db")
+    async with app.run_test(size=(160, 45)) as pilot:
+        screen = await open_view(pilot)
+        await import_path(pilot, screen, ALEXNET, 5)
+        assert lines_of(screen) == ALEXNET.read_text().splitlines()
+        assert screen.configs[0].source == "alexnet_conv_kernels.txt:1"
+        assert "alexnet_conv_kernels.txt: 5 op configs (5 added)" in text(screen, "#import-report")
+
+        bad = write_lines(tmp_path / "more.txt", [ALEXNET.read_text().splitlines()[0], "cudnn_convolution_op_float|i+1"])
+        await import_path(pilot, screen, bad, 5)
+        await wait_for(pilot, lambda: "more.txt" in text(screen, "#import-report"))
+        report = text(screen, "#import-report")
+        assert "0 added, 1 already listed" in report
+        assert "1 refused" in report and "more.txt:2: field w+ is missing" in report
+
+
+async def test_import_an_onnx_model_lists_unmapped_nodes(tmp_path: Path):
+    pytest.importorskip("onnx")
+    from onnx_models import mlp, write
+
+    model = write(mlp(), tmp_path / "mlp.onnx")
+    app = make_app(tmp_path / "k.db")
+    async with app.run_test(size=(160, 45)) as pilot:
+        screen = await open_view(pilot)
+        await import_path(pilot, screen, model, 5)
+        assert [c.op_type for c in screen.configs] == ["Dot", "Relu", "Dot", "Relu", "Dot"]
+        assert screen.configs[0].source == "mlp.onnx:gemm1"
+        report = text(screen, "#import-report")
+        assert "model mlp, 5 nodes -> 5 distinct op configs (5 added)" in report
+        assert "2 nodes unmapped" in report
+        assert "gemm1 (Gemm): bias add: C [256] is broadcast" in report
+
+
+@pytest.mark.parametrize("suffix", [".txt", ".toml", ".json"])
+async def test_export_round_trips(tmp_path: Path, suffix: str):
+    source = write_lines(tmp_path / "ops.txt", MIXED)
+    out = tmp_path / f"exported{suffix}"
+    app = make_app(tmp_path / "k.db")
+    async with app.run_test(size=(160, 45)) as pilot:
+        screen = await open_view(pilot)
+        await import_path(pilot, screen, source, 4)
+        before = list(screen.configs)
+
+        await pilot.press("x")
+        assert isinstance(app.screen, PathDialog)
+        app.screen.query_one("#path", Input).value = str(out)
+        await pilot.press("enter")
+        await wait_for(pilot, out.exists)
+
+        await pilot.press("D", "y")  # clear the list, then read the export back
+        assert screen.configs == []
+        await import_path(pilot, screen, out, 4)
+        assert [c.key for c in screen.configs] == [c.key for c in before]
+    if suffix == ".txt":
+        assert out.read_text() == source.read_text()  # the line format reads and writes byte for byte
+
+
+async def test_coverage_statuses(tmp_path: Path):
+    db_path = build_small_db(tmp_path / "k.db")
+    app = make_app(db_path)
+    async with app.run_test(size=(160, 45)) as pilot:
+        screen = await open_view(pilot)
+        await import_path(pilot, screen, write_lines(tmp_path / "ops.txt", MIXED), 4)
+        table = screen.query_one(OpConfigTable)
+        assert str(table.get_cell_at((0, 5))) == "not checked (c)"
+
+        await pilot.press("c")
+        await wait_for(pilot, lambda: len(screen.coverage) == 4)
+        column = [str(table.get_cell_at((row, 5))) for row in range(4)]
+        assert column[:3] == ["in DB (1 kernel)", "in DB (1 kernel)", "missing: tune it"]
+        assert column[3].startswith("falls back: depthwise")
+        assert "2 in DB · 1 missing · 1 fall back" in text(screen, "#opconfigs-status")
+
+        table.move_cursor(row=2)
+        await pilot.pause()
+        detail = text(screen, "#opconfig-detail")
+        assert "missing: tune it" in detail and "until then NNFusion runs cuDNN" in detail
+        assert parse_line(CONV).signature().identifier in detail.replace("\n", "")
+
+        await pilot.press("a")  # once checked, coverage follows the list
+        await type_line(pilot, "elementwise_tanh_op_float|i+1_4096|o+1_4096")
+        await wait_for(pilot, lambda: len(screen.coverage) == 5)
+        assert str(table.get_cell_at((4, 5))) == "in DB (1 kernel)"
+
+
+@pytest.mark.tvm
+@pytest.mark.skipif(importlib.util.find_spec("tvm") is None, reason="needs apache-tvm")
+async def test_generate_and_inject_two_ops(tmp_path: Path):
+    relu = "elementwise_relu_op_float|i+1_16_32_32|o+1_16_32_32"
+    dot = "cublas_dot_op_float|a+1_32|b+32_10|o+1_10|ta+0|tb+0"
+    db_path = tmp_path / "k.db"
+    app = make_app(db_path)
+    async with app.run_test(size=(160, 45)) as pilot:
+        screen = await open_view(pilot)
+        await import_path(pilot, screen, write_lines(tmp_path / "ops.txt", [relu, dot]), 2)
+        await pilot.press("g")
+        await wait_for(pilot, lambda: screen.result is not None and not screen.running, timeout=300)
+
+        result = screen.result
+        assert len(result.codegen.items) == 2 and not result.codegen.failed
+        assert (result.inject.injected, result.inject.failed) == (2, 0)
+        summary = text(screen, "#run-summary")
+        assert "done" in summary and "2 generated · 2 injected · 0 unchanged · 0 failed" in summary
+        bar = screen.query_one("#stage-codegen .stage-counts", Static)
+        assert "2 passed" in str(bar.render())
+        assert not screen.query_one("#show-failures").display  # nothing failed: nothing to show
+        await wait_for(pilot, lambda: len(screen.coverage) == 2)  # the DB changed: coverage is checked again
+        assert all(e.status == "in DB" for e in screen.coverage.values())
+    with KernelDB.open(db_path) as db:
+        assert db.count() == 2
+
+
+def test_snapshot_with_coverage(snap_compare):
+    folder = SNAPSHOT_DIR / "opconfigs"
+    shutil.rmtree(folder, ignore_errors=True)
+    db_path = build_small_db(folder / "kernel_cache.db")
+    ops = write_lines(folder / "ops.txt", MIXED)
+
+    async def run_before(pilot) -> None:
+        screen = await open_view(pilot)
+        await import_path(pilot, screen, ops, 4)
+        await pilot.press("c")
+        await wait_for(pilot, lambda: len(screen.coverage) == 4)
+        screen.query_one(OpConfigTable).move_cursor(row=2)
+        pilot.app.clear_notifications()
+        await pilot.pause(0.2)
+
+    assert snap_compare(make_app(db_path), terminal_size=(160, 45), run_before=run_before)
+
+
+@pytest.mark.tvm
+@pytest.mark.skipif(importlib.util.find_spec("tvm") is None, reason="needs apache-tvm")
+async def test_cancel_stops_between_ops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import asyncio
+    import time
+
+    import core.codegen.batch as batch
+
+    real_generate = batch.generate
+
+    def slow_generate(*args, **kwargs):  # type: ignore[no-untyped-def]
+        time.sleep(0.3)  # time for the test to press escape between two ops
+        return real_generate(*args, **kwargs)
+
+    monkeypatch.setattr(batch, "generate", slow_generate)
+    lines = [f"elementwise_relu_op_float|i+1_{n}|o+1_{n}" for n in range(8, 14)]
+    db_path = tmp_path / "k.db"
+    app = make_app(db_path)
+    async with app.run_test(size=(160, 45)) as pilot:
+        screen = await open_view(pilot)
+        await import_path(pilot, screen, write_lines(tmp_path / "ops.txt", lines), 6)
+        # pilot.press waits for the app to go idle, which a busy run never does: press g in a task.
+        start = asyncio.create_task(pilot.press("g"))
+        bar = screen.query_one("#stage-codegen .stage-counts", Static)
+        await wait_for(pilot, lambda: "1 passed" in str(bar.render()))
+        await pilot.press("escape")
+        await start
+        await wait_for(pilot, lambda: screen.result is not None and not screen.running)
+
+        result = screen.result
+        assert result.cancelled and 1 <= len(result.codegen.generated) < 6
+        assert result.inject is None  # a cancelled codegen injects nothing
+        assert "cancelled" in text(screen, "#run-summary")
+    assert not db_path.exists()
+
+
+@pytest.mark.tvm
+@pytest.mark.skipif(importlib.util.find_spec("tvm") is None, reason="needs apache-tvm")
+async def test_injection_failures_lead_to_the_failures_view(tmp_path: Path):
+    fake_nvcc = tmp_path / "nvcc"  # rejects every kernel, the way nvcc reports an error
+    fake_nvcc.write_text('#!/bin/sh\necho "kernel.cu(3): error: refused by the test"\nexit 1\n')
+    fake_nvcc.chmod(0o755)
+    app = FixedDeviceApp(ConsoleContext(db_path=tmp_path / "k.db", settings=Settings(workers=1, nvcc_path=str(fake_nvcc)),
+                                        device_summary="no CUDA device (test)"))
+    async with app.run_test(size=(160, 45)) as pilot:
+        screen = await open_view(pilot)
+        await import_path(pilot, screen, write_lines(tmp_path / "ops.txt", [RELU]), 1)
+        await pilot.press("g")
+        await wait_for(pilot, lambda: screen.result is not None and not screen.running, timeout=300)
+
+        assert (screen.result.inject.injected, screen.result.inject.failed) == (0, 1)
+        summary = text(screen, "#run-summary")
+        assert "1 generated · 0 injected" in summary and "compile: nvcc (sm_90): refused by the test" in summary
+        assert screen.query_one("#show-failures").display
+        await pilot.press("f")
+        assert app.current_mode == "failures"

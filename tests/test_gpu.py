@@ -1,0 +1,76 @@
+"""GPU tests: run on a machine with a CUDA GPU and pycuda (`pytest -m gpu`); CI skips them, saying why.
+
+They check the GPU side against itself and against the static analysis: verification catches a wrong
+kernel, barrier counts on the GPU equal the static counts, timing gives positive numbers, and a kernel
+that never returns is killed without taking the caller down.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import KERNELS, artifact_items
+
+from core.gpu.jobs import GpuSession, gpu_available, job_for_row
+
+available, why = gpu_available()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not available, reason=f"needs a CUDA GPU and pycuda: {why}")]
+
+
+def rows_of(items: list[dict]) -> list:
+    from core.cuda.barriers import count_barriers
+    from core.cuda.source import parse_kernel
+    from core.kernel_json import validate_item
+    from core.kernel_row import build_row
+
+    out = []
+    for item in items:
+        spec = validate_item(item)
+        src = parse_kernel(spec.code)
+        out.append(build_row(spec, src, count_barriers(src, spec.block, spec.grid)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def session():
+    with GpuSession(timeout_s=60) as s:
+        yield s
+
+
+def test_artifact_kernels_verify_and_gpu_barrier_counts_match_static_ones(session: GpuSession):
+    rows = rows_of([item for _, _, item in artifact_items()])
+    mismatched = []
+    for row in rows:
+        verified = session.run(job_for_row(row, "verify"))
+        assert verified.ok, f"{row.identifier}: {verified.reason}"
+        counted = session.run(job_for_row(row, "barriers"))
+        static = json.loads(row.function)["num_syncthreads"]
+        if counted.barriers != static:
+            mismatched.append((row.identifier, static, counted.barriers))
+    assert mismatched == []
+
+
+def test_a_wrong_kernel_fails_verification(session: GpuSession):
+    item = json.loads((KERNELS / "all_dense_nn_manual.json").read_text())[0]
+    item["code"] = item["code"].replace("atomicAdd(output0 + col_id, val);", "atomicAdd(output0 + col_id, 2 * val);")
+    result = session.run(job_for_row(rows_of([item])[0], "verify"))
+    assert not result.ok and "relative error" in result.reason
+
+
+def test_timing_gives_a_median_and_spread(session: GpuSession):
+    row = rows_of([json.loads((KERNELS / "all_dense_nn_manual.json").read_text())[0]])[0]
+    result = session.run(job_for_row(row, "time", repeats=50))
+    assert result.ok and result.microseconds and result.microseconds > 0 and result.launches == 50
+    assert result.spread is not None and result.spread[0] <= result.microseconds <= result.spread[1]
+
+
+def test_a_hung_kernel_is_killed_and_the_session_goes_on(tmp_path: Path):
+    item = json.loads((KERNELS / "all_dense_nn_manual.json").read_text())[0]
+    hung = dict(item, code=item["code"].replace("if (col_id < 256)", "while (input0[0] == input0[0]) { col_id += 0; }\n    if (col_id < 256)"))
+    with GpuSession(timeout_s=10) as session:
+        result = session.run(job_for_row(rows_of([hung])[0], "verify"))
+        assert not result.ok and "timed out" in result.reason
+        again = session.run(job_for_row(rows_of([item])[0], "verify"))
+        assert again.ok, again.reason
