@@ -34,6 +34,7 @@ ALL = "__all__"
 class KernelsScreen(KdbScreen):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("slash", "focus_filter", "Filter"),
+        Binding("escape", "focus_table", "Back to the table", show=False),
         Binding("n", "page(1)", "Next page"),
         Binding("p", "page(-1)", "Prev page"),
         Binding("space", "mark", "Mark", show=False),
@@ -234,6 +235,9 @@ class KernelsScreen(KdbScreen):
 
     def action_focus_filter(self) -> None:
         self.query_one("#filter-text", Input).focus()
+
+    def action_focus_table(self) -> None:
+        self.query_one(KernelTable).focus()
 
     def action_page(self, delta: int) -> None:
         new = self.page_offset + delta * PAGE_SIZE

@@ -1,0 +1,64 @@
+"""End to end: the real `kdb` command in a real terminal (tmux), driven by keys, read off the screen."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+from console_helpers import build_small_db
+
+pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+
+
+def screen(session: str) -> str:
+    return subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True).stdout
+
+
+def wait_for(session: str, text: str, timeout: float = 30.0) -> str:
+    deadline = time.monotonic() + timeout
+    shown = ""
+    while time.monotonic() < deadline:
+        shown = screen(session)
+        if text in shown:
+            return shown
+        time.sleep(0.2)
+    raise AssertionError(f"{text!r} never appeared; the screen shows:\n{shown}")
+
+
+def keys(session: str, *sequence: str) -> None:
+    for key in sequence:
+        subprocess.run(["tmux", "send-keys", "-t", session, key], check=True)
+        # A lone Escape is only told apart from Alt+key by the pause after it.
+        time.sleep(0.6 if key == "Escape" else 0.15)
+
+
+def test_kdb_in_a_terminal(tmp_path: Path):
+    db = build_small_db(tmp_path / "kernel_cache.db")
+    session = f"kdb-e2e-{os.getpid()}"
+    env = {"KDB_STATE_DIR": os.environ["KDB_STATE_DIR"], "KDB_CONFIG": os.environ["KDB_CONFIG"], "TERM": "xterm-256color"}
+    command = " ".join([f"{k}={v}" for k, v in env.items()] + [sys.executable, "-m", "console.entry", "console",
+                                                              "--db", str(db)])
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "200", "-y", "50", "-c", str(REPO), command],
+                   check=True)
+    subprocess.run(["tmux", "resize-window", "-t", session, "-x", "200", "-y", "50"], capture_output=True)
+    try:
+        wait_for(session, "rows 1-10 of 10")
+        keys(session, "/", "D", "o", "t")
+        wait_for(session, "of 2 ")
+        keys(session, "Escape", "3")  # the Failures view
+        wait_for(session, "barriers")
+        keys(session, "1", "?")  # back to Kernels, then help
+        wait_for(session, "command palette")
+        keys(session, "Escape", "q")
+        deadline = time.monotonic() + 15
+        while subprocess.run(["tmux", "has-session", "-t", session], capture_output=True).returncode == 0:
+            assert time.monotonic() < deadline, "kdb did not quit on q:\n" + screen(session)
+            time.sleep(0.2)
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
