@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
+# ../shared beside the checkout; on the device machine a copy travels as ./shared (git-ignored).
+SHARED = REPO.parent / "shared" if (REPO.parent / "shared").is_dir() else REPO / "shared"
 ARTIFACT = SHARED / "nnfusion-artifact"
 KERNELS = ARTIFACT / "kernels"
 
