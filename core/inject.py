@@ -5,7 +5,8 @@
 CPU stages run in worker processes when asked (workers > 1), nvcc checks in a thread pool (each is
 its own process anyway); results come back in input order and are inserted one kernel per
 transaction by this process, the single writer. A bad file or item fails alone: the batch goes on.
-Cancellation is honoured between kernels, never inside a write.
+Cancellation is honoured between kernels, never inside a write. With replace, a non-empty DB is
+backed up first (SQLite's online backup API) and the report says where.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import multiprocessing
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
@@ -23,6 +25,7 @@ from typing import Any
 
 from core.cuda.barriers import BarrierCount, count_barriers
 from core.cuda.source import KernelSource, parse_kernel
+from core.db.engine import DbLocked
 from core.db.kernel_db import InsertOutcome, KernelDB
 from core.db.state import Failure, StateDB, state_dir
 from core.errors import InputError, KdbError
@@ -95,6 +98,16 @@ class Prepared:
     failure: ItemFailure | None = None
     raw: Any = None
     needs_gpu_barriers: tuple[KernelSpec, KernelSource] | None = None  # static count failed: count on the GPU
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """One kernel whose insert transaction has committed: reported at once, so a killed run's log is exact."""
+
+    key: str
+    file: str
+    index: int
+    replaced: int = 0  # older rows this insert removed
 
 
 @dataclass
@@ -203,11 +216,13 @@ class Injector:
         state: StateDB | None = None,
         on_progress: Callable[[InjectProgress], None] | None = None,
         should_cancel: Callable[[], bool] | None = None,
+        on_commit: Callable[[Committed], None] | None = None,
     ) -> None:
         self.db = db
         self.options = options
         self.state = state
         self.on_progress = on_progress
+        self.on_commit = on_commit
         self.should_cancel = should_cancel or (lambda: False)
         self.progress = InjectProgress()
         self.report = InjectReport(notes=[] if options.gpu else [GPU_NOT_RUN])
@@ -250,6 +265,8 @@ class Injector:
             self.progress.files_done += 1
 
     def _run(self, items: Iterator[tuple[str, int, Any]], *, kind: str, args: dict[str, Any]) -> InjectReport:
+        if self.options.replace and self.report.backup is None:
+            self.report.backup = self._backup_before_replace()
         if self.state is not None:
             self.report.run_id = self.state.start_run(kind, self.db.path, {**args, **_options_dict(self.options)})
         workers = max(1, self.options.workers)
@@ -295,6 +312,22 @@ class Injector:
             self.progress.current = ""
             self._emit()
         return self.report
+
+    def _backup_before_replace(self) -> str | None:
+        """Replace deletes rows: copy a non-empty DB first (or fail before any write)."""
+        if self.db.count() == 0:
+            return None
+        folder = state_dir() / "backups"
+        folder.mkdir(parents=True, exist_ok=True)
+        stem = f"before-replace-{time.strftime('%Y%m%d-%H%M%S')}"
+        for n in range(1, 1000):
+            dest = folder / (f"{stem}.db" if n == 1 else f"{stem}-{n}.db")
+            try:
+                dest.open("x").close()  # claim the name: two runs in one second must not share a backup
+            except FileExistsError:
+                continue
+            return str(self.db.backup(dest))
+        raise KdbError(f"no free backup name in {folder}")
 
     def _cancelled(self) -> bool:
         if not self._cancel_event.is_set() and self.should_cancel():
@@ -367,7 +400,8 @@ class Injector:
                 return None
             self._gpu_counts["verified"] += 1
             miscs = json.loads(row.miscs)
-            miscs["kdb"]["verified"] = {"device": result.device, "max_rel_error": result.max_rel_error}
+            miscs["kdb"]["verified"] = {"device": result.device, "max_rel_error": result.max_rel_error,
+                                        **result.extra}
             row = replace(row, miscs=json.dumps(miscs, ensure_ascii=False, allow_nan=False))
         if self.options.profile:
             result = session.run(job_for_row(row, "time"))
@@ -429,6 +463,8 @@ class Injector:
             row = gpu_row
         try:
             result = self.db.insert(row, replace=self.options.replace)
+        except DbLocked:
+            raise  # every later kernel would wait out the same lock: end the run with its message
         except KdbError as exc:
             self._fail(ItemFailure(item.file, item.index, item.name, "insert", exc.reason, {},
                                    _dump_input(item.raw)))
@@ -441,6 +477,8 @@ class Injector:
         if result.outcome is InsertOutcome.UNCHANGED:
             self._count_unchanged()
             return
+        if self.on_commit is not None:
+            self.on_commit(Committed(row.key, item.file, item.index, len(result.replaced)))
         self.report.injected += 1
         self.report.replaced_rows += len(result.replaced)
         self.progress.injected += 1
