@@ -232,6 +232,16 @@ def part_tune(out: Path, n_ops: int, trials: int) -> None:
         jobs.append(TuneJob(replace(config, op_type=op, line_format=None), trials=trials, arch="sm_90",
                             builder_timeout_s=120, trials_per_batch=64, builder_workers=os.cpu_count()))
     events: list[dict] = []
+    finished: list[dict] = []
+
+    def on_job(e) -> None:  # type: ignore[no-untyped-def]
+        print(f"  {e.status}: {e.job}: {e.detail}", flush=True)
+        if e.result is not None and e.status in ("generating", "done", "failed", "cancelled"):
+            r = e.result
+            finished.append({"op": r.job.name, "status": e.status, "trials": r.new_trials, "seconds": r.seconds,
+                             "trials_per_minute": r.trials_per_minute, "best_us": (r.best_seconds or 0) * 1e6,
+                             "errors": r.errors, "detail": e.detail})
+            (out / "tune_progress.json").write_text(json.dumps({"jobs": finished, "events": events}, indent=1))
     start = time.perf_counter()
     report = run_queue(jobs, db_path=tmp / "tuned.db",
                        inject_options=InjectOptions(archs=("sm_90",), compile=True, workers=os.cpu_count() or 1,
@@ -239,7 +249,7 @@ def part_tune(out: Path, n_ops: int, trials: int) -> None:
                        on_trial=lambda e: events.append({"job": e.job, "trial": e.trial, "s": e.seconds,
                                                          "best_s": e.best_seconds, "error": e.error,
                                                          "t": e.elapsed_s}),
-                       on_job=lambda e: print(f"  {e.status}: {e.job}: {e.detail}", flush=True))
+                       on_job=on_job)
     total_s = time.perf_counter() - start
     tuned_db = tmp / "tuned.db"
     rows = rows_report(tuned_db, ceil, source="tuned here (MetaSchedule)") if tuned_db.exists() else []

@@ -103,9 +103,15 @@ def translation_unit(function: dict[str, Any]) -> str:
 def compile_check(function: dict[str, Any], arch: str, *, nvcc: str, flags: list[str] | tuple[str, ...],
                   timeout_s: float, workdir: Path, cancel: threading.Event | None = None) -> CompileResult:
     """Compile the row's kernel for one arch; never raises for a bad kernel (see CompileResult.ok)."""
+    return compile_source(translation_unit(function), arch, nvcc=nvcc, flags=flags, timeout_s=timeout_s,
+                          workdir=workdir, cancel=cancel)
+
+
+def compile_source(source: str, arch: str, *, nvcc: str, flags: list[str] | tuple[str, ...] = (),
+                   timeout_s: float = 120.0, workdir: Path, cancel: threading.Event | None = None) -> CompileResult:
+    """Compile one translation unit to a cubin; never raises for bad code (see CompileResult.ok)."""
     import time
 
-    source = translation_unit(function)
     workdir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="nvcc-", dir=workdir) as tmp:
         src = Path(tmp) / "kernel.cu"

@@ -1,22 +1,57 @@
 """SQLite engines the way both of our files need them: WAL, a busy timeout, BEGIN IMMEDIATE for writers.
 
 Readers use deferred transactions so they never take a write lock; writers begin IMMEDIATE so two
-writers queue on the busy timeout instead of dead-locking on a lock upgrade.
+writers queue on the busy timeout instead of dead-locking on a lock upgrade. A lock still held when
+the busy timeout ends becomes DbLocked, a message naming the lock (never a bare "database is locked").
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from pathlib import Path
 from urllib.request import pathname2url
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, ExceptionContext, create_engine, event
 from sqlalchemy.pool import NullPool
 
 from core.errors import DbError
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 DEFAULT_BUSY_TIMEOUT_S = 10.0
+BUSY_TIMEOUT_ENV = "KDB_BUSY_TIMEOUT_S"
+_SQLITE_BUSY, _SQLITE_LOCKED = 5, 6
+
+
+class DbLocked(DbError):
+    """Another connection held the DB's lock for longer than the busy timeout."""
+
+
+def busy_timeout() -> float:
+    """How long to wait for another writer's lock: $KDB_BUSY_TIMEOUT_S, else 10 s."""
+    text = os.environ.get(BUSY_TIMEOUT_ENV, "").strip()
+    if not text:
+        return DEFAULT_BUSY_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 3600:
+        raise DbError(f"{BUSY_TIMEOUT_ENV}={text!r}: expected seconds between 0 and 3600")
+    return value
+
+
+def is_locked(exc: BaseException) -> bool:
+    """SQLITE_BUSY or SQLITE_LOCKED (extended codes included), raw or wrapped by SQLAlchemy."""
+    orig = getattr(exc, "orig", None) or exc
+    code = getattr(orig, "sqlite_errorcode", None)
+    return isinstance(orig, sqlite3.OperationalError) and code is not None and code & 0xFF in (
+        _SQLITE_BUSY, _SQLITE_LOCKED)
+
+
+def locked_error(path: Path, timeout_s: float) -> DbLocked:
+    return DbLocked(f"{path} is locked by another process: its lock was still held after the {timeout_s:g} s "
+                    f"busy timeout (${BUSY_TIMEOUT_ENV} sets it); nothing was written, try again later")
 
 
 def check_sqlite_file(path: Path) -> None:
@@ -43,17 +78,41 @@ def check_sqlite_file(path: Path) -> None:
         raise DbError(f"{path} has a corrupt SQLite header (page size {page_size})")
 
 
-def make_engine(path: Path, *, readonly: bool, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S) -> Engine:
-    """An engine on one SQLite file. Read-only engines open with mode=ro and never create the file."""
+def quick_check(path: Path, timeout_s: float | None = None) -> None:
+    """Refuse a DB damaged inside before anything writes to it: PRAGMA quick_check on a read-only connection.
+
+    O(size) but cheap (no index cross-checks); the header alone (check_sqlite_file) misses damaged pages.
+    """
+    timeout_s = busy_timeout() if timeout_s is None else timeout_s
+    try:
+        conn = sqlite3.connect(f"file:{pathname2url(str(path.resolve()))}?mode=ro", uri=True, timeout=timeout_s)
+        try:
+            problems = [str(r[0]) for r in conn.execute("PRAGMA quick_check(1)")]
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        if is_locked(exc):
+            raise locked_error(path, timeout_s) from exc
+        raise DbError(f"{path} is damaged: {exc} (a backup, or `kdb db check`, may help)") from exc
+    if problems != ["ok"]:
+        raise DbError(f"{path} is damaged: {'; '.join(problems)} (a backup, or `kdb db check`, may help)")
+
+
+def make_engine(path: Path, *, readonly: bool, busy_timeout_s: float | None = None) -> Engine:
+    """An engine on one SQLite file. Read-only engines open with mode=ro and never create the file.
+
+    busy_timeout_s: how long to wait for another connection's lock (default: busy_timeout()).
+    """
+    timeout_s = busy_timeout() if busy_timeout_s is None else busy_timeout_s
 
     def connect() -> sqlite3.Connection:
         uri = f"file:{pathname2url(str(path.resolve()))}" + ("?mode=ro" if readonly else "")
         try:
-            conn = sqlite3.connect(uri, uri=True, timeout=busy_timeout_s, check_same_thread=False,
+            conn = sqlite3.connect(uri, uri=True, timeout=timeout_s, check_same_thread=False,
                                    isolation_level=None)
         except sqlite3.Error as exc:
             raise DbError(f"cannot open {path}: {exc}") from exc
-        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+        conn.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
         if not readonly:
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()
             if mode and str(mode[0]).lower() != "wal":
@@ -67,5 +126,11 @@ def make_engine(path: Path, *, readonly: bool, busy_timeout_s: float = DEFAULT_B
     @event.listens_for(engine, "begin")
     def _begin(conn) -> None:  # type: ignore[no-untyped-def]
         conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
+
+    @event.listens_for(engine, "handle_error")
+    def _locked(ctx: ExceptionContext) -> None:
+        # The busy timeout has run out by now: say which file and why, not "database is locked".
+        if is_locked(ctx.original_exception):
+            raise locked_error(path, timeout_s) from ctx.original_exception
 
     return engine

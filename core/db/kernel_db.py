@@ -18,7 +18,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlmodel import Field, SQLModel
 
-from core.db.engine import check_sqlite_file, make_engine
+from core.db.engine import check_sqlite_file, make_engine, quick_check
 from core.errors import DbError
 from core.kernel_row import COLUMNS, KernelRow
 
@@ -102,9 +102,19 @@ class KernelDB:
             if not create:
                 raise DbError(f"no kernel DB at {path} (`kdb db init` creates one)")
             path.parent.mkdir(parents=True, exist_ok=True)
+        elif (write or create) and path.stat().st_size > 0:
+            # Look before writing: even the switch to WAL writes the header, so what a writer must refuse
+            # (damage inside, which the header check misses; the osdi20 layout) is found read-only first.
+            quick_check(path)
+            with cls.open(path) as probe:
+                if probe.schema is Schema.OSDI20:
+                    raise _osdi20_is_read_only(path)
         engine = make_engine(path, readonly=not (write or create))
         try:
             schema = _detect_schema(engine)
+        except DbError:
+            engine.dispose()
+            raise
         except sa.exc.DatabaseError as exc:
             engine.dispose()
             raise DbError(f"{path} cannot be read as a kernel DB: {exc.orig or exc}") from exc
@@ -113,8 +123,7 @@ class KernelDB:
             raise DbError(f"{path} has a KernelCache table of an unknown layout")
         if schema is Schema.OSDI20 and (write or create):
             engine.dispose()
-            raise DbError(f"{path} uses the older osdi20 schema: it opens read-only; "
-                          "`kdb db convert OLD NEW` rewrites it into the current schema")
+            raise _osdi20_is_read_only(path)
         db = cls(path, readonly=not (write or create), schema=schema, engine=engine)
         if create and schema is Schema.EMPTY:
             db.init()
@@ -332,6 +341,11 @@ class KernelDB:
         finally:
             raw.close()
         return dest
+
+
+def _osdi20_is_read_only(path: Path) -> DbError:
+    return DbError(f"{path} uses the older osdi20 schema: it opens read-only; "
+                   "`kdb db convert OLD NEW` rewrites it into the current schema")
 
 
 def _detect_schema(engine: sa.Engine) -> Schema:

@@ -288,17 +288,35 @@ def best_kernels(job: TuneJob, work_dir: Path, *, top_k: int = 16, check: bool =
         scored.append((seconds, resource, sch.mod))
     if not scored:
         raise InputError(f"{job.name}: no successful trial recorded in {work_dir}")
-    fastest = min(scored, key=lambda s: s[0])
-    efficient = min(scored, key=lambda s: s[0] * s[1])
-    result.best_seconds = fastest[0]
-    result.candidates = [{"seconds": s, "resource": r, "role": ("best" if (s, r) == fastest[:2] else
-                          "efficient" if (s, r) == efficient[:2] else "")} for s, r, _ in scored]
-    for role, (_, _, scheduled) in (("best", fastest), ("efficient", efficient)):
-        if role == "efficient" and efficient is fastest:
-            continue
-        generated = generate(job.config, job.arch, scheduled=scheduled, check=check)
-        if generated.item is None:
-            raise InputError(f"{job.name}: the {role} schedule does not give a kernel: {generated.error}")
-        generated.item["tvm_func_name"] = generated.item["tvm_func_name"].replace("_kernel0", f"_{role}_kernel0")
-        result.kernels[role] = generated.item
+    result.best_seconds = min(s[0] for s in scored)
+    skipped: list[str] = []
+    for role, order in (("best", lambda s: s[0]), ("efficient", lambda s: s[0] * s[1])):
+        # Walk the records from the best down: a schedule may lean on TVM helper functions (cp.async...)
+        # that live outside the kernel, which NNFusion cannot store; the first self-contained one wins.
+        for seconds, resource, scheduled in sorted(scored, key=order):
+            generated = generate(job.config, job.arch, scheduled=scheduled, check=check)
+            problem = generated.error or _standalone_problem(generated.item, job.arch, work_dir)
+            if not problem:
+                assert generated.item is not None
+                generated.item["tvm_func_name"] = generated.item["tvm_func_name"].replace(
+                    "_kernel0", f"_{role}_kernel0")
+                if generated.item["code"] not in [k["code"] for k in result.kernels.values()]:
+                    result.kernels[role] = generated.item
+                result.candidates.append({"role": role, "seconds": seconds, "resource": resource})
+                break
+            skipped.append(f"{seconds * 1e6:.2f} us: {problem[:200]}")
+    result.errors = {f"skipped schedule ({len(skipped)})": len(skipped)} if skipped else {}
+    if not result.kernels:
+        raise InputError(f"{job.name}: none of the {len(scored)} best schedules gives a self-contained kernel "
+                         f"(first: {skipped[0] if skipped else '?'})")
     return result
+
+
+def _standalone_problem(item: dict[str, Any] | None, arch: str, work_dir: Path) -> str:
+    """Why the kernel's code does not compile on its own (the way NNFusion will hold it), or ''."""
+    from core.nvcc import compile_source, find_nvcc
+
+    if item is None:
+        return "no kernel"
+    result = compile_source(item["code"], arch, nvcc=find_nvcc(), workdir=work_dir / "check")
+    return "" if result.ok else result.error
