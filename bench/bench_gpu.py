@@ -174,7 +174,7 @@ def geomean(values: list[float]) -> float:
     return math.exp(statistics.fmean(math.log(v) for v in values)) if values else float("nan")
 
 
-def part_artifact(out: Path) -> None:
+def part_artifact(out: Path, only: str = "*.json") -> None:
     from core.db.kernel_db import KernelDB
     from core.db.state import StateDB
     from core.inject import InjectOptions, Injector
@@ -188,7 +188,7 @@ def part_artifact(out: Path) -> None:
     with KernelDB.open(tmp / "artifact.db", create=True) as db:
         report = Injector(db, InjectOptions(archs=("sm_90",), compile=True, workers=os.cpu_count() or 1,
                                             verify=True, profile=True, gpu_timeout_s=120),
-                          state=StateDB()).run([SHARED / "nnfusion-artifact" / "kernels"])
+                          state=StateDB()).run(sorted((SHARED / "nnfusion-artifact" / "kernels").glob(only)))
     inject_s = time.perf_counter() - start
     print(f"inject --verify --profile: {report.injected} injected, {report.unchanged} unchanged (duplicates), "
           f"{report.failed} failed in {inject_s:.0f} s; {'; '.join(report.notes)}")
@@ -200,7 +200,7 @@ def part_artifact(out: Path) -> None:
     print(f"ratio: artifact kernels vs cuDNN/cuBLAS geometric mean {geomean(ratios):.2f}x "
           f"({sum(r < 1 for r in ratios)} of {len(ratios)} faster than the library); "
           f"{len([r for r in rows if r['max_rel_error'] is not None])} verified")
-    (out / "artifact.json").write_text(json.dumps({"ceilings": ceil, "inject_seconds": inject_s,
+    (out / f"artifact{'' if only == '*.json' else '-' + only.strip('*.json')}.json").write_text(json.dumps({"ceilings": ceil, "inject_seconds": inject_s,
                                                    "failures": [f.as_report() for f in report.failures],
                                                    "notes": report.notes, "rows": rows}, indent=1))
 
@@ -280,10 +280,11 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     ap.add_argument("--ops", type=int, default=4)
     ap.add_argument("--trials", type=int, default=64)
+    ap.add_argument("--only", default="*.json", help="artifact kernel files to take (a glob)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.part == "artifact":
-        part_artifact(args.out)
+        part_artifact(args.out, args.only)
     else:
         part_tune(args.out, args.ops, args.trials)
 
