@@ -200,7 +200,8 @@ def part_artifact(out: Path, only: str = "*.json") -> None:
     print(f"ratio: artifact kernels vs cuDNN/cuBLAS geometric mean {geomean(ratios):.2f}x "
           f"({sum(r < 1 for r in ratios)} of {len(ratios)} faster than the library); "
           f"{len([r for r in rows if r['max_rel_error'] is not None])} verified")
-    (out / f"artifact{'' if only == '*.json' else '-' + only.strip('*.json')}.json").write_text(json.dumps({"ceilings": ceil, "inject_seconds": inject_s,
+    name = "artifact.json" if only == "*.json" else f"artifact-{only.replace('*', '').replace('.json', '')}.json"
+    (out / name).write_text(json.dumps({"ceilings": ceil, "inject_seconds": inject_s,
                                                    "failures": [f.as_report() for f in report.failures],
                                                    "notes": report.notes, "rows": rows}, indent=1))
 
