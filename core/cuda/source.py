@@ -354,9 +354,8 @@ def _split_declaration(stmt: str, line: int, notes: list[str]) -> list[tuple[str
     text = stmt.strip()
     if "=" in text:
         raise InputError(f"__shared__ variable with an initializer at line {line}: CUDA forbids it", where="code")
-    align = re.search(r"__align__\s*\(\s*(\d+)\s*\)", text)
-    if align:
-        notes.append(f"line {line}: __align__({align.group(1)}) is dropped by hoisting the shared array")
+    for align in re.finditer(r"(?:__align__|alignas)\s*\(\s*(\d+)\s*\)", text):
+        notes.append(f"line {line}: {align.group(0)} is dropped by hoisting the shared array")
         text = text.replace(align.group(0), " ")
     first, *rest = _split_top_commas(text)
     words = _IDENT.findall(first.split("[")[0])
