@@ -92,3 +92,31 @@ def test_invalid_config_fails_at_define():
     bad = OpConfig("Relu", {"input_shape": [4], "output_shape": [5]}, source="bad")
     result = generate(bad, "sm_90")
     assert result.item is None and result.stage == "define" and "output_shape" in result.error
+
+
+def test_launch_dims_of_metaschedule_schedules_with_annotations():
+    """A tuned schedule's bindings carry annotations; the grid must still be read (found on the H200:
+    a (1, 1, 1) grid left 99.8% of the outputs unwritten, and verification caught it)."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from core.codegen.generate import cuda_target, prim_func_module
+    from core.codegen.schedule import launch_dims
+
+    config = parse_line("cudnn_convolution_op_float|i+1_64_27_27|w+192_64_5_5|o+1_192_27_27|ws+1_1|wd+1_1|p+2_2"
+                        "|fuse+relu", "x")
+    mod, _ = prim_func_module(config)
+    ctx = ms.TuneContext(mod=mod, target=cuda_target("sm_90"), space_generator="post-order-apply",
+                         search_strategy="replay-trace", task_name="main", rand_state=7)
+    space = ctx.generate_design_space()[0]
+    sch = tvm.s_tir.Schedule(mod)
+    space.trace.apply_to_schedule(sch, remove_postproc=False)
+    for postproc in ctx.space_generator.postprocs:
+        postproc.apply(sch)
+    import re
+
+    grid, block = launch_dims(sch.mod)
+    script = sch.mod.script()
+    assert "annotations" in script
+    bound = {tag: int(n) for n, tag in re.findall(r'thread_binding\((\d+), thread="(blockIdx\.x|threadIdx\.x)"', script)}
+    assert (grid[0], block[0]) == (bound["blockIdx.x"], bound["threadIdx.x"])

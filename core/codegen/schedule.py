@@ -14,7 +14,8 @@ from typing import Any
 from core.errors import InputError
 
 THREADS = 128
-_BINDING = re.compile(r'T\.thread_binding\((?:\d+,\s*)?(\d+),\s*thread="(blockIdx|threadIdx)\.([xyz])"\)')
+# MetaSchedule's bindings carry annotations after the thread (`..., thread="blockIdx.x", annotations={...})`).
+_BINDING = re.compile(r'T\.thread_binding\((?:\d+,\s*)?(\d+),\s*thread="(blockIdx|threadIdx)\.([xyz])"')
 _LAUNCH = re.compile(r'T\.launch_thread\("(blockIdx|threadIdx)\.([xyz])",\s*(\d+)\)')
 
 
