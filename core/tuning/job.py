@@ -91,6 +91,7 @@ class TuneResult:
     errors: dict[str, int] = field(default_factory=dict)
     best_seconds: float | None = None
     cancelled: bool = False
+    requeued: int = 0  # trials measured again after their RPC server died
     seconds: float = 0.0
     kernels: dict[str, dict[str, Any]] = field(default_factory=dict)  # "best"/"efficient" -> kernel JSON item
     candidates: list[dict[str, Any]] = field(default_factory=list)  # top records: seconds, resource, role
@@ -223,10 +224,12 @@ def run_tune(job: TuneJob, root: Path, *, on_event: Callable[[TrialEvent], None]
         builder = ms.builder.LocalBuilder(timeout_sec=job.builder_timeout_s, max_workers=job.builder_workers)
         evaluator = ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=job.min_repeat_ms)
         if job.rpc is not None:
-            runner: Any = ms.runner.RPCRunner(
+            from core.tuning.resilient import ResilientRunner
+
+            runner: Any = ResilientRunner(ms.runner.RPCRunner(
                 ms.runner.RPCConfig(job.rpc.host, job.rpc.port, job.rpc.key,
                                     session_timeout_sec=int(max(job.runner_timeout_s, 10))),
-                evaluator_config=evaluator, max_workers=job.rpc_workers)
+                evaluator_config=evaluator, max_workers=job.rpc_workers))
         else:
             runner = ms.runner.LocalRunner(timeout_sec=job.runner_timeout_s, evaluator_config=evaluator)
         ms.tune_tir(mod, target=target, work_dir=str(work_dir), max_trials_global=remaining,
@@ -234,6 +237,7 @@ def run_tune(job: TuneJob, root: Path, *, on_event: Callable[[TrialEvent], None]
                     builder=builder, runner=runner,
                     measure_callbacks=[Progress(), *ms.MeasureCallback.create("default")],
                     num_tuning_cores=job.builder_workers or "physical", seed=job.seed)
+        result.requeued = getattr(runner, "requeued", 0)
     result.seconds = time.perf_counter() - start
     history = recorded_runs(work_dir)
     result.trials = len(history)

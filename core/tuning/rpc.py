@@ -84,10 +84,11 @@ class RpcCluster:
     def add_server(self, name: str, *, gpu: int | None = None) -> None:
         """Start one rpc_server registered under our key; pinned to one GPU when `gpu` is given."""
         env = {"CUDA_VISIBLE_DEVICES": str(gpu)} if gpu is not None else {}
+        port = free_port()
         self.servers[name] = self._spawn(
             ["-m", "tvm.exec.rpc_server", "--tracker", f"{self.host}:{self.port}", "--key", self.key,
-             "--host", "127.0.0.1", "--port", str(free_port()), "--port-end", str(free_port() + 50),
-             "--no-fork", "--silent"], env)
+             "--host", "127.0.0.1", "--port", str(port), "--port-end", str(port + 50), "--no-fork", "--silent"],
+            env)
 
     def wait_for_servers(self, n: int, timeout_s: float = 60.0) -> TrackerStatus:
         return self._wait(lambda s: s.reachable and s.queue.get(self.key, {}).get("free", 0) >= n,

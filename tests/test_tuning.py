@@ -1,0 +1,88 @@
+"""Tuning on MetaSchedule with the llvm target (measures on the CPU: the same code path as CUDA, runs in CI):
+live events, resume from a torn work dir with the budget honoured, measurement over TVM's RPC tracker
+with several servers, and a server dying mid-job."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("tvm")
+
+from tvm.s_tir.meta_schedule.runner import RunnerResult  # noqa: E402
+
+from core.opconfig import parse_line  # noqa: E402
+from core.tuning.job import RpcTarget, TuneJob, recorded_runs, repair_work_dir, run_tune  # noqa: E402
+from core.tuning.resilient import RequeuedFuture, is_session_error  # noqa: E402
+from core.tuning.rpc import RpcCluster  # noqa: E402
+
+pytestmark = pytest.mark.slow
+DOT = parse_line("cublas_dot_op_float|a+16_16|b+16_16|o+16_16|ta+0|tb+0", "dot16")
+
+
+def job(trials: int, **kw) -> TuneJob:
+    return TuneJob(DOT, trials=trials, target="llvm", trials_per_batch=3, builder_workers=2, seed=3, **kw)
+
+
+def test_events_per_trial_and_resume_after_a_torn_record(tmp_path: Path):
+    events = []
+    first = run_tune(job(3), tmp_path, on_event=events.append)
+    assert first.trials == 3 and [e.trial for e in events] == [1, 2, 3]
+    assert all(e.total == 3 for e in events) and events[-1].best_seconds == first.best_seconds
+    records = first.work_dir / "database_tuning_record.json"
+    records.write_bytes(records.read_bytes()[:-25])  # a kill in the middle of the last write
+    assert repair_work_dir(first.work_dir) == 2
+    events.clear()
+    resumed = run_tune(job(5), tmp_path, on_event=events.append)
+    assert resumed.trials == 5 and resumed.new_trials == 3  # 2 kept + 3 new: the budget of 5 honoured
+    assert [e.trial for e in events] == [3, 4, 5]
+    for line in records.read_text().splitlines():
+        json.loads(line)
+    assert len(recorded_runs(first.work_dir)) == 5
+
+
+def test_rpc_tracker_with_two_servers_and_one_dying_mid_job(tmp_path: Path):
+    with RpcCluster(key="kdb-test") as cluster:
+        cluster.add_server("a")
+        cluster.add_server("b")
+        status = cluster.wait_for_servers(2)
+        assert status.reachable and len(status.servers) == 2 and status.queue["kdb-test"]["free"] == 2
+        killed = threading.Event()
+
+        def on_event(event) -> None:  # type: ignore[no-untyped-def]
+            if not killed.is_set():  # after the first measured batch, one server goes away
+                cluster.kill_server("a")
+                killed.set()
+
+        result = run_tune(job(6, rpc=RpcTarget("127.0.0.1", cluster.port, "kdb-test"), rpc_workers=2),
+                          tmp_path, on_event=on_event)
+    assert killed.is_set()
+    assert result.trials == 6 and result.best_seconds is not None
+    assert not any(k.startswith("run") for k in result.errors), result.errors  # no trial lost to the dead server
+
+
+class _FakeRunner:
+    """Stands in for RPCRunner in the re-queue unit test: fails the first run of each input like a lost session."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.requeued = 0
+
+    def run(self, inputs):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        outcome = (RunnerResult(None, "RPCRunner: An exception occurred\nConnection reset by peer")
+                   if self.calls == 1 else RunnerResult([1e-5], None))
+        return [type("F", (), {"done": lambda self: True, "result": lambda self, o=outcome: o})() for _ in inputs]
+
+
+def test_a_trial_lost_with_its_session_is_measured_again():
+    inner = _FakeRunner()
+    owner = type("Owner", (), {"inner": inner, "requeued": 0})()
+    future = RequeuedFuture(owner, "input", inner.run(["input"])[0], retries=2)
+    result = future.result()
+    assert result.error_msg is None and [float(s) for s in result.run_secs] == [1e-5] and owner.requeued == 1
+    assert is_session_error("RPCRunner: Timeout, killed after 10 seconds")
+    assert not is_session_error("CUDA error: an illegal memory access was encountered")
