@@ -12,12 +12,12 @@ import pytest
 
 pytest.importorskip("tvm")
 
-from tvm.s_tir.meta_schedule.runner import RunnerResult  # noqa: E402
+from tvm.s_tir.meta_schedule.runner import RunnerResult
 
-from core.opconfig import parse_line  # noqa: E402
-from core.tuning.job import RpcTarget, TuneJob, recorded_runs, repair_work_dir, run_tune  # noqa: E402
-from core.tuning.resilient import RequeuedFuture, is_session_error  # noqa: E402
-from core.tuning.rpc import RpcCluster  # noqa: E402
+from core.opconfig import parse_line
+from core.tuning.job import RpcTarget, TuneJob, recorded_runs, repair_work_dir, run_tune
+from core.tuning.resilient import RequeuedFuture, is_session_error
+from core.tuning.rpc import RpcCluster
 
 pytestmark = pytest.mark.slow
 DOT = parse_line("cublas_dot_op_float|a+16_16|b+16_16|o+16_16|ta+0|tb+0", "dot16")
