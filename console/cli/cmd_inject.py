@@ -1,19 +1,26 @@
-"""kdb inject: kernel JSON files -> the kernel DB, with progress and every failure reported."""
+"""kdb inject: kernel JSON files -> the kernel DB, with progress and every failure reported.
+
+With --jsonl, stdout carries JSON lines as the run goes: {"event": "committed", "key", "file", "index"}
+printed and flushed right after each kernel's transaction commits, {"event": "failed", ...} per failure,
+and a final {"event": "summary", ...}. A script that kills the run knows exactly what was committed
+(at most the kernel in flight may be committed and not yet reported).
+"""
 
 from __future__ import annotations
 
 import argparse
 import signal
 import time
+from dataclasses import asdict
 from pathlib import Path
 from types import FrameType
 
 from console.cli.output import err, log, out, print_json, shorten
 from core.db.kernel_db import KernelDB
-from core.db.state import StateDB, state_dir
+from core.db.state import StateDB
 from core.errors import KdbError
 from core.gpu.jobs import require_gpu
-from core.inject import STAGES, InjectOptions, Injector, InjectProgress, InjectReport
+from core.inject import STAGES, Committed, InjectOptions, Injector, InjectProgress, InjectReport
 from core.nvcc import find_nvcc, supported_archs
 from core.settings import load_settings
 
@@ -48,23 +55,46 @@ def main(args: argparse.Namespace) -> int:
     state = StateDB()
     try:
         with KernelDB.open(args.db, create=True) as db:
-            backup = None
-            if args.replace and db.count() > 0:
-                backup = db.backup(state_dir() / "backups" / f"before-replace-{time.strftime('%Y%m%d-%H%M%S')}.db")
-                log(f"backup of {db.path} before --replace: {backup}")
-            with _Progress(enabled=err.is_terminal and not args.json, gpu=options.gpu) as progress:
-                injector = Injector(db, options, state=state, on_progress=progress.update,
-                                    should_cancel=lambda: cancel["requested"])
+            lines = _JsonLines() if args.jsonl else None
+            with _Progress(enabled=err.is_terminal and not (args.json or args.jsonl), gpu=options.gpu) as progress:
+                injector = Injector(db, options, state=state,
+                                    on_progress=lines.progress if lines else progress.update,
+                                    should_cancel=lambda: cancel["requested"],
+                                    on_commit=lines.committed if lines else None)
+                if lines:
+                    lines.report = injector.report
                 report = injector.run(paths)
-            report.backup = str(backup) if backup else None
     finally:
         signal.signal(signal.SIGINT, previous)
         state.close()
+    if report.backup:
+        log(f"backup of {db.path} before --replace: {report.backup}")
     if args.json:
         print_json(report.as_json())
+    elif args.jsonl:
+        print_json({"event": "summary", **report.as_json(), "cancelled": report.cancelled,
+                    "replaced_rows": report.replaced_rows, "backup": report.backup})
     else:
         _print_report(report, db.path)
     return 1 if report.failed or report.cancelled else 0
+
+
+class _JsonLines:
+    """--jsonl: each commit and each failure as one flushed JSON line, the moment it happens."""
+
+    def __init__(self) -> None:
+        self.report: InjectReport | None = None
+        self.failures_shown = 0
+
+    def committed(self, c: Committed) -> None:
+        print_json({"event": "committed", **asdict(c)})
+
+    def progress(self, p: InjectProgress) -> None:
+        # Failures are appended to the report before each progress call: print the new ones.
+        failures = self.report.failures if self.report is not None else []
+        for f in failures[self.failures_shown:]:
+            print_json({"event": "failed", **f.as_report()})
+        self.failures_shown = len(failures)
 
 
 class _Progress:

@@ -31,6 +31,14 @@ def main(args: argparse.Namespace) -> int:
         raise InputError("no op configs to tune")
     rpc_text = args.rpc or (f"{settings.rpc_tracker}:{settings.rpc_key}" if settings.rpc_tracker else "")
     rpc = RpcTarget.parse(rpc_text) if rpc_text else None
+    cluster = None
+    if args.gpus:
+        from core.tuning.rpc import local_gpu_cluster
+
+        cluster = local_gpu_cluster(args.gpus, key=settings.rpc_key)
+        rpc = RpcTarget(cluster.host, cluster.port, cluster.key)
+        args.rpc_workers = len(cluster.servers)
+        log(f"measuring on {len(cluster.servers)} GPU(s) through a local tracker at {cluster.host}:{cluster.port}")
     inject = None
     if args.target == "cuda":
         from core.gpu.jobs import gpu_available
@@ -60,6 +68,8 @@ def main(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGINT, previous)
         view.stop()
+        if cluster is not None:
+            cluster.stop()
     summary = {"event": "summary", "cancelled": report.cancelled, "failures": report.failures,
                "jobs": [{"op": r.job.name, "trials": r.trials, "new_trials": r.new_trials,
                          "best_us": r.best_seconds * 1e6 if r.best_seconds else None,

@@ -61,7 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verify", action="store_true", help="GPU: run each kernel and compare with a float64 reference")
     p.add_argument("--profile", action="store_true",
                    help="GPU: time each kernel with CUDA events and write the profile NNFusion reads")
-    p.add_argument("--json", action="store_true", help="print one JSON object with the counts and failures")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="print one JSON object with the counts and failures")
+    fmt.add_argument("--jsonl", action="store_true",
+                     help="JSON lines as it goes: one per kernel right after its commit, one per failure, "
+                     "then a summary (a killed run's log says exactly what was committed)")
 
     p = sub.add_parser("ls", help=COMMANDS["ls"][1])
     _db_option(p)
@@ -140,6 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arch", metavar="sm_XX", help="SM arch (default: the first of the settings' archs)")
     p.add_argument("--rpc", metavar="HOST:PORT:KEY", help="measure on TVM's RPC tracker (default: the settings')")
     p.add_argument("--rpc-workers", type=int, default=1, metavar="N", help="measurements in flight over RPC")
+    p.add_argument("--gpus", type=int, default=0, metavar="N",
+                   help="measure on N GPUs of this host: a local tracker and one rpc_server per GPU (-1: all)")
     p.add_argument("--no-inject", action="store_true", help="tune only; do not inject the kernels")
     p.add_argument("--json", action="store_true", help="JSON lines of progress events on stdout")
 
@@ -181,4 +187,18 @@ def run(argv: list[str]) -> int:
         if isinstance(exc, KdbError):
             print(f"kdb {args.command}: {exc}", file=sys.stderr)
             return 2
+        sqlite_error = _sqlite_error(exc)
+        if sqlite_error:  # a file damaged past the header check surfaces mid-read: say so, no traceback
+            where = getattr(args, "db", None) or "the kernel DB"
+            print(f"kdb {args.command}: {where} cannot be read: {sqlite_error} (`kdb db check` tells more)",
+                  file=sys.stderr)
+            return 2
         raise
+
+
+def _sqlite_error(exc: BaseException) -> str:
+    """SQLite's own message when exc is (or wraps) one of its database errors; "" otherwise."""
+    import sqlite3
+
+    orig = getattr(exc, "orig", None) or exc
+    return str(orig) if isinstance(orig, sqlite3.DatabaseError) else ""

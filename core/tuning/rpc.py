@@ -122,6 +122,28 @@ class RpcCluster:
         return status
 
 
+def local_gpu_cluster(n: int, *, key: str = "kdb") -> RpcCluster:
+    """A tracker and one rpc_server per GPU of this host (n < 0: every GPU), already registered."""
+    from core.gpu.inventory import detect_devices
+
+    devices, reason = detect_devices()
+    if not devices:
+        raise ToolError(f"no GPU to measure on: {reason}")
+    count = len(devices) if n < 0 else n
+    if count > len(devices):
+        raise ToolError(f"{count} GPUs asked for, {len(devices)} here")
+    cluster = RpcCluster(key=key)
+    cluster.__enter__()
+    try:
+        for gpu in range(count):
+            cluster.add_server(f"gpu{gpu}", gpu=gpu)
+        cluster.wait_for_servers(count)
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
 def _kill(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         try:
