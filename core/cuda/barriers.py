@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from core.cuda import cexpr
-from core.cuda.source import _BRACE, _PAREN, KernelSource, find_words, line_of, match_close
+from core.cuda.source import _PAREN, KernelSource, find_words, line_of, match_close
 
 MAX_STEPS = 2_000_000  # interpretation budget per kernel (loop iterations x program nodes)
 
@@ -130,14 +130,10 @@ class _Builder:
         # statements, whose integer declarations are all that matters (found once, up front).
         self.fast = not any(find_words(self.m, w, start, end) for w in _RARE_WORDS if self.m.find(w, start, end) >= 0)
         points = set(barrier_positions) | set(returns)
-        self.closing: dict[int, int] = {}
-        stack: list[int] = []
-        for brace in _BRACE.finditer(self.m, start, end):
-            points.add(brace.start())
-            if brace.group(0) == "{":
-                stack.append(brace.start())
-            elif stack:
-                self.closing[stack.pop()] = brace.start()
+        self.closing = src.braces
+        for opening, closing in src.braces.items():
+            if start <= opening < end:
+                points.update((opening, closing))
         self.points = sorted(points)
         self.decls = self._find_decls(start, end)
         self.decl_starts = [d[0] for d in self.decls]

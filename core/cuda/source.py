@@ -124,6 +124,31 @@ def match_close(masked: str, open_pos: int, pattern: re.Pattern[str] = _BRACE) -
     raise InputError(f"unbalanced {kind} opened at line {line_of(masked, open_pos)}", where="code")
 
 
+def brace_pairs(masked: str, start: int) -> dict[int, int]:
+    """'{' position -> matching '}' for the braces from `start` until the one at `start` closes.
+
+    Vectorised: a TVM kernel has hundreds of braces, too many for a Python loop on the hot path.
+    Braces sorted by nesting level alternate open/close within a level, so pairs are neighbours.
+    """
+    import numpy as np
+
+    chars = np.frombuffer(masked[start:].encode("utf-32-le"), dtype=np.uint32)
+    where = np.flatnonzero((chars == 123) | (chars == 125))  # '{' and '}'
+    if where.size == 0:
+        return {}
+    step = np.where(chars[where] == 123, 1, -1)
+    depth = np.cumsum(step)
+    closed = np.flatnonzero(depth == 0)
+    end = int(closed[0]) + 1 if closed.size else where.size  # up to the brace closing the first one
+    where, step, depth = where[:end], step[:end], depth[:end]
+    level = np.where(step == 1, depth, depth + 1)
+    order = np.argsort(level, kind="stable")
+    ordered, kinds = where[order], step[order]
+    opens = np.flatnonzero(kinds[:-1] == 1)
+    opens = opens[kinds[opens + 1] == -1]  # an unclosed '{' has no partner: leave it out
+    return dict(zip((ordered[opens] + start).tolist(), (ordered[opens + 1] + start).tolist(), strict=True))
+
+
 @dataclass(frozen=True, slots=True)
 class Param:
     name: str
@@ -166,6 +191,7 @@ class KernelSource:
     shared: tuple[SharedDecl, ...]
     launch_bounds: int | None
     notes: tuple[str, ...]  # harmless things worth telling (dropped preamble, lost qualifiers)
+    braces: dict[int, int]  # each '{' of the body (and its own) -> its matching '}'; computed once
 
     @property
     def body(self) -> str:
@@ -223,7 +249,10 @@ def parse_kernel(code: str) -> KernelSource:
     if body_open_m is None or body_open_m.group(1) != "{":
         raise InputError(f"kernel {name} has no body", where="code")
     body_open = body_open_m.start(1)
-    body_close = match_close(masked, body_open)
+    braces = brace_pairs(masked, body_open)
+    body_close = braces.get(body_open)
+    if body_close is None:
+        raise InputError(f"unbalanced brace opened at line {line_of(masked, body_open)}", where="code")
     params = _parse_params(masked[params_open + 1:params_close], code[params_open + 1:params_close])
 
     decl_start = _declaration_start(masked, glob)
@@ -235,6 +264,7 @@ def parse_kernel(code: str) -> KernelSource:
         name=name,
         params=params,
         body_span=(body_open + 1, body_close),
+        braces=braces,
         shared=shared,
         launch_bounds=launch_bounds,
         notes=tuple(notes + shared_notes),
