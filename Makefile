@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench clean
+.PHONY: run test fuzz lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,7 @@ test: $(STAMP)
 	$(BIN)/ruff check core console tests bench
 	$(BIN)/lint-imports
 	$(BIN)/pytest -q
+	$(BIN)/pytest -q -m fuzz tests/test_fuzz.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check core console tests bench
