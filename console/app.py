@@ -23,6 +23,7 @@ from console.screens.inject import InjectScreen
 from console.screens.kernels import KernelsScreen
 from console.screens.opconfigs import OpConfigsScreen
 from console.screens.settings import SettingsScreen
+from console.screens.tuning import TuningScreen
 from core.db.kernel_db import default_db_path
 
 STYLES = Path(__file__).resolve().parent.parent / "styles"
@@ -31,7 +32,7 @@ STYLES = Path(__file__).resolve().parent.parent / "styles"
 class KdbApp(App[int]):
     TITLE = "kdb"
     CSS_PATH: ClassVar = [STYLES / f"{name}.tcss"
-                          for name in ("app", "inject", "failures", "settings", "opconfigs", "autotvm")]
+                          for name in ("app", "inject", "failures", "settings", "opconfigs", "autotvm", "tuning")]
     COMMANDS: ClassVar = App.COMMANDS | {ActionCommands}
     MODES: ClassVar = {
         "kernels": KernelsScreen,
@@ -40,6 +41,7 @@ class KdbApp(App[int]):
         "settings": SettingsScreen,
         "opconfigs": OpConfigsScreen,
         "autotvm": AutoTvmScreen,
+        "tuning": TuningScreen,
     }
     DEFAULT_MODE = "kernels"
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -49,6 +51,7 @@ class KdbApp(App[int]):
         Binding("4", "switch_mode('settings')", "GPU & SM"),
         Binding("5", "switch_mode('opconfigs')", "Op configs"),
         Binding("6", "switch_mode('autotvm')", "AutoTVM logs"),
+        Binding("7", "switch_mode('tuning')", "Tuning"),
         Binding("question_mark,f1", "help", "Help"),
         Binding("ctrl+t", "toggle_theme", "Light/dark"),
         Binding("q", "quit", "Quit"),

@@ -17,7 +17,7 @@ Fill and inspect NNFusion's kernel DB. Every view works with the keyboard alone 
 
 | key | anywhere |
 | --- | --- |
-| `1` … `6` | Kernels · Inject · Failures · GPU & SM settings · Op configs · AutoTVM logs |
+| `1` … `7` | Kernels · Inject · Failures · GPU & SM settings · Op configs · AutoTVM logs · Tuning |
 | `ctrl+p` | command palette: every action, searchable |
 | `ctrl+t` | light / dark theme |
 | `?` `f1` | this help · `q` quit |
@@ -25,7 +25,8 @@ Fill and inspect NNFusion's kernel DB. Every view works with the keyboard alone 
 **Kernels**: the rows of the DB, paged from SQL (big DBs stay instant). Type to filter by identifier;
 pick op type, source, tag, device or lint status; click a header to sort. `n`/`p` next/previous page,
 `space` marks rows, `d` deletes (asks first; `u` undoes until you quit), `e` exports the marked rows (or
-the current one) as kernel JSON, `c` copies the identifier, `b` the CUDA body.
+the current one) as kernel JSON, `c` copies the identifier, `b` the CUDA body. `v` verifies the marked
+rows (or the current one) on the GPU against a reference; `P` also times them and stores the profile.
 
 **Inject**: pick files or directories in the tree (`space` adds, `enter` opens), set the SM archs and
 options, `ctrl+r` runs the pipeline with a progress bar per stage; `escape` cancels between kernels.
@@ -47,6 +48,14 @@ injects them, with progress; `escape` cancels, `f` shows the injection failures.
 **AutoTVM logs**: `o` opens a tuning log. Each workload: its trials, successes, errors by kind and best
 time; the selected one's best-so-far curve (`l` switches log/linear scale) and best knob config. Lines
 that could not be read are listed with their line numbers.
+
+**Tuning**: tune the ops with MetaSchedule. The list is the Op configs view's (`o` takes it again), or `i`
+imports an op-config file or an ONNX model. Set the trials per op, the target (cuda; llvm tunes on this
+CPU) and the SM arch; `ctrl+r` starts. Each op's row shows its status, trials, best time, GFLOPS and
+errors live; below, the selected op's best-so-far curve (`l`: log/linear) and the run's log. `escape` cancels after the
+batch in flight and keeps the trials: `ctrl+r` again resumes from them. With cuda, the best kernels are
+verified, timed (when there is a GPU) and injected. The RPC tracker set in GPU & SM is shown with its
+servers and queue (refreshed every few seconds); its servers measure the trials when it is set.
 """
 
 

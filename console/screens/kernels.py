@@ -43,6 +43,8 @@ class KernelsScreen(KdbScreen):
         Binding("e", "export", "Export JSON"),
         Binding("c", "copy_identifier", "Copy id"),
         Binding("b", "copy_body", "Copy body", show=False),
+        Binding("v", "check_on_gpu(False)", "Verify on GPU"),
+        Binding("P", "check_on_gpu(True)", "Profile on GPU"),
         Binding("r", "reload", "Reload", show=False),
         Binding("C", "convert", "Convert osdi20", show=False),
     ]
@@ -325,6 +327,37 @@ class KernelsScreen(KdbScreen):
         tmp.write_text(json.dumps(items, indent=1), encoding="utf-8")
         tmp.replace(path)
         self.app.call_from_thread(self.notify, f"exported {len(items)} kernel(s) to {path}")
+
+    def action_check_on_gpu(self, profile: bool) -> None:
+        keys = self._selection()
+        if keys:
+            self.notify(f"{'profiling' if profile else 'verifying'} {len(keys)} kernel(s) on the GPU…", timeout=3)
+            self.check_on_gpu(keys, profile)
+
+    @work(thread=True, exit_on_error=False, group="gpu", exclusive=True)
+    def check_on_gpu(self, keys: list[str], profile: bool) -> None:
+        from core.gpu.jobs import gpu_available
+        from core.gpu.rows import check_rows
+
+        available, what = gpu_available()
+        if not available:
+            self.app.call_from_thread(self.notify, f"no CUDA device: {what}", severity="warning", timeout=10)
+            return
+        settings = self.app.context.settings  # type: ignore[attr-defined]
+        with self.app.context.open_db(write=profile) as db:  # type: ignore[attr-defined]
+            rows = [r for key in keys for r in db.find(key)]
+            report = check_rows(db, rows, verify=True, profile=profile, product_name=settings.product_name,
+                                timeout_s=settings.gpu_timeout_s)
+        failed = [c for c in report.checks if not c.ok]
+        text = (f"{len(report.checks)} kernel(s) {'profiled' if profile else 'verified'} on {report.device}: "
+                f"{len(report.checks) - len(failed)} ok, {len(failed)} failed")
+        if failed:
+            c = failed[0]
+            why = c.error or next((r.reason for r in (c.verified, c.timed) if r is not None and not r.ok), "")
+            text += f" (first: {c.name}: {why})"
+        self.app.call_from_thread(self.notify, text, severity="error" if failed else "information", timeout=10)
+        if profile:
+            self.app.call_from_thread(self.reload)  # the profiles are in the rows now
 
     def _current(self) -> KernelSummary | None:
         key = self.query_one(KernelTable).current_key()

@@ -44,6 +44,10 @@ def tracker_status(host: str, port: int, timeout_s: float = 5.0) -> TrackerStatu
         from tvm import rpc
     except ImportError as exc:
         return TrackerStatus(False, error=f"Apache TVM is not installed ({exc})")
+    try:  # a port nobody listens on answers at once here; TVM's client would retry it for 60 s
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as exc:
+        return TrackerStatus(False, error=f"cannot connect to {host}:{port}: {exc}")
     try:
         summary = rpc.connect_tracker(host, port).summary()
     except Exception as exc:

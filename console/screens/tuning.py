@@ -1,0 +1,570 @@
+"""Tuning: tune a list of op configs with MetaSchedule, watch every op's trials live, cancel and resume.
+
+The list comes from the Op configs view (taken whenever it changed there; o takes it again) or from an
+op-config file or ONNX model (i). The run is one thread worker around the engine's run_queue: it posts
+coalesced snapshots of every op's state and of MetaSchedule's log tail, and returns the QueueReport. Cancel
+sets a flag the engine reads after each measured batch; the trials stay in each op's work dir, so starting
+again resumes. Ops not in a run show what their work dir holds. The settings' RPC tracker is read in a worker
+every few seconds while the view is shown.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import ClassVar
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.markup import escape
+from textual.message import Message
+from textual.reactive import var
+from textual.widgets import Button, Checkbox, DataTable, Footer, Header, Input, Label, Select, Static
+from textual.worker import Worker, WorkerState, get_current_worker
+
+from console.context import ConsoleContext
+from console.screens.base import KdbScreen
+from console.screens.opconfigs import OpConfigsScreen, start_dir
+from console.widgets.best_so_far_plot import BestSoFarPlot, microseconds
+from console.widgets.dialogs import PathDialog
+from console.widgets.log_tail import LogTail, LogTailView, MetaScheduleTap
+from console.widgets.tracker_panel import TrackerPanel
+from console.widgets.tune_table import IDLE, OpRun, TuneTable, curve
+from core.errors import InputError
+from core.inject import InjectOptions
+from core.opconfig import OpConfig
+from core.settings import ARCH_RE
+from core.tuning.job import RpcTarget, TrialEvent, TuneJob, recorded_runs
+from core.tuning.queue import JobEvent, QueueReport, run_queue, tuning_root
+from core.tuning.rpc import TrackerStatus, tracker_status
+
+TRACKER_REFRESH_S = 3.0
+TRACKER_CONNECT_S = 2.0
+EMPTY_HINT = ("Nothing to tune yet. The list comes from the Op configs view (5; [b]o[/b] takes it again), "
+              "or [b]i[/b] imports an op-config file (lines, .toml, .json) or an ONNX model.")
+NO_GPU = ("[$warning]CUDA tuning measures every trial on a GPU, and there is none here[/] ({reason}). Set an RPC "
+          "tracker with GPU servers in GPU & SM settings (4), or pick target llvm to tune on this CPU.")
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
+def read_tracker(address: str) -> TrackerStatus:
+    host, _, port = address.rpartition(":")
+    if not port.isdigit():
+        return TrackerStatus(False, error=f"{address!r} is not HOST:PORT")
+    return tracker_status(host, int(port), timeout_s=TRACKER_CONNECT_S)
+
+
+class TuningScreen(KdbScreen):
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("ctrl+r", "start", "Start / resume"),
+        Binding("escape", "cancel_run", "Cancel run"),
+        Binding("i", "import", "Import"),
+        Binding("o", "take_opconfigs", "Use Op configs list"),
+        Binding("l", "toggle_scale", "Log/linear scale"),
+        Binding("r", "refresh_tracker", "Refresh tracker", show=False),
+    ]
+
+    running: var[bool] = var(False)
+
+    @dataclass
+    class Imported(Message):
+        path: Path
+        configs: list[OpConfig]
+        errors: list[InputError]
+
+    @dataclass
+    class HistoryLoaded(Message):
+        generation: int  # a newer load supersedes this one
+        runs: dict[str, tuple[float | None, ...]]  # by OpConfig.key: what each op's work dir holds
+
+    @dataclass
+    class Progressed(Message):
+        runs: Mapping[str, OpRun]  # every op of the run, by OpConfig.key
+
+        def can_replace(self, message: Message) -> bool:
+            return isinstance(message, TuningScreen.Progressed)
+
+    @dataclass
+    class Logged(Message):
+        tail: LogTail
+
+        def can_replace(self, message: Message) -> bool:
+            return isinstance(message, TuningScreen.Logged)
+
+    @dataclass
+    class GpuProbed(Message):
+        available: bool
+        what: str  # the device's name, or why there is none
+
+    @dataclass
+    class TrackerRead(Message):
+        address: str
+        status: TrackerStatus
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.configs: list[OpConfig] = []
+        self.source = ""
+        self.taken: tuple[str, ...] = ()  # the Op configs view's list when it was last taken
+        self.history: dict[str, tuple[float | None, ...]] = {}
+        self.history_generation = 0
+        self.live: dict[str, OpRun] = {}  # the last run's ops (kept after it ends)
+        self.report: QueueReport | None = None
+        self.run_error = ""
+        self.explanation = ""  # why Start refused, until an option changes
+        self.gpu: tuple[bool, str] | None = None
+        self.tracker: TrackerStatus | None = None
+        self.tracker_address = ""  # the address self.tracker was read from
+        self.tracker_busy = False
+        self.plotted: tuple[str, OpRun] | None = None
+        self.cancel_requested = threading.Event()
+
+    @property
+    def context(self) -> ConsoleContext:
+        return self.app.context  # type: ignore[attr-defined]
+
+    def compose(self) -> ComposeResult:
+        settings = self.context.settings
+        yield Header()
+        with Horizontal(id="tuning-top"):
+            with Vertical(id="tuning-left"):
+                yield TuneTable(id="tune-table")
+                yield Static(EMPTY_HINT, id="tuning-empty")
+                yield Static(id="tuning-status")
+            with VerticalScroll(id="tuning-right"):
+                with Vertical(id="tune-options"):
+                    yield Label("Options", classes="section")
+                    with Horizontal(classes="option-row"):
+                        yield Label("Trials per op", classes="option-label")
+                        yield Input(str(settings.tune_trials), type="integer", compact=True, id="trials")
+                    with Horizontal(classes="option-row"):
+                        yield Label("Target", classes="option-label")
+                        yield Select([("cuda (GPU)", "cuda"), ("llvm (this CPU)", "llvm")], value="cuda",
+                                     allow_blank=False, compact=True, id="target")
+                    with Horizontal(classes="option-row"):
+                        yield Label("SM arch", classes="option-label")
+                        yield Input(settings.archs[0], placeholder="like sm_90", compact=True, id="arch")
+                    yield Static(id="measure-note")
+                    yield Checkbox("measure on the tracker's servers", True, id="use-rpc", compact=True)
+                yield Label("RPC tracker", classes="section", id="tracker-title")
+                yield TrackerPanel(id="tracker")
+                with Horizontal(id="tune-buttons"):
+                    yield Button("Start (ctrl+r)", variant="primary", id="start")
+                    yield Button("Cancel (esc)", variant="error", id="cancel", disabled=True)
+                yield Static(id="run-note")
+        with Horizontal(id="tuning-bottom"):
+            with Vertical(id="tune-curve-pane"):
+                yield Static(id="tune-selected")
+                yield BestSoFarPlot(id="tune-curve")
+            with Vertical(id="tune-log-pane"):
+                yield Label("Log (MetaSchedule and the queue, last 200 lines)", classes="section")
+                yield LogTailView(id="tune-log")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.tracker_timer = self.set_interval(TRACKER_REFRESH_S, self.poll_tracker)
+        self.probe_gpu()
+        self.query_one(TuneTable).focus()
+
+    def on_screen_resume(self) -> None:
+        # The Op configs view may have a new list, the settings a new tracker, another run new trials.
+        self.tracker_timer.resume()
+        if not self.running:
+            self.follow_opconfigs()
+            self.load_history()
+        self.poll_tracker()
+        self.refresh_view()
+
+    def on_screen_suspend(self) -> None:
+        self.tracker_timer.pause()
+
+    # -- the list ------------------------------------------------------------------------------
+
+    def _opconfigs_list(self) -> list[OpConfig] | None:
+        """The Op configs view's list, if that view was opened."""
+        try:
+            stack = self.app.get_screen_stack("opconfigs")
+        except KeyError:
+            return None
+        return list(stack[0].configs) if stack and isinstance(stack[0], OpConfigsScreen) else None
+
+    def follow_opconfigs(self, *, force: bool = False) -> None:
+        configs = self._opconfigs_list()
+        if force and not configs:
+            self.notify("the Op configs view (5) has no list yet", severity="warning")
+            return
+        if configs is None:
+            return
+        keys = tuple(c.key for c in configs)
+        if force or keys != self.taken:
+            self.taken = keys
+            self.set_configs(configs, "the Op configs view")
+
+    def set_configs(self, configs: list[OpConfig], source: str) -> None:
+        self.configs, self.source = configs, source
+        self.live = {k: v for k, v in self.live.items() if k in {c.key for c in configs}}
+        self.load_history()
+        self.refresh_view()
+
+    def action_take_opconfigs(self) -> None:
+        if not self.running:
+            self.follow_opconfigs(force=True)
+
+    def action_import(self) -> None:
+        def chosen(path: str | None) -> None:
+            if path:
+                self.import_file(Path(path).expanduser())
+
+        self.app.push_screen(PathDialog("Tune the op configs of a file (lines, .toml, .json) or an ONNX model:",
+                                        f"{start_dir()}/"), chosen)
+
+    @work(thread=True, exit_on_error=False, group="import")
+    def import_file(self, path: Path) -> None:
+        from core.codegen.batch import load_configs
+
+        configs, errors = load_configs([path])
+        self.post_message(self.Imported(path, configs, errors))
+
+    def on_tuning_screen_imported(self, message: Imported) -> None:
+        refused = f"; {len(message.errors)} refused (first: {message.errors[0]})" if message.errors else ""
+        if not message.configs:
+            self.notify(f"no op configs in {message.path.name}{refused}", severity="error", timeout=10)
+            return
+        if self.running:
+            self.notify("a run is on: the list changes once it ends", severity="warning")
+            return
+        self.set_configs(message.configs, message.path.name)
+        self.notify(f"{plural(len(message.configs), 'op config')} to tune from {message.path.name}{refused}",
+                    severity="warning" if message.errors else "information")
+
+    # -- what each op's work dir holds ---------------------------------------------------------
+
+    def load_history(self) -> None:
+        self.history_generation += 1
+        self.read_history(self.history_generation, list(self.configs), self._target(), self._arch())
+
+    @work(thread=True, exit_on_error=False, group="history", exclusive=True)
+    def read_history(self, generation: int, configs: list[OpConfig], target: str, arch: str) -> None:
+        root = tuning_root()
+        runs = {c.key: tuple(recorded_runs(TuneJob(c, 1, target, arch).directory(root))) for c in configs}
+        self.post_message(self.HistoryLoaded(generation, runs))
+
+    def on_tuning_screen_history_loaded(self, message: HistoryLoaded) -> None:
+        if message.generation != self.history_generation:
+            return
+        self.history = message.runs
+        if not self.running:  # the work dirs are the truth once a run is over
+            self.live = {k: replace(v, runs=self.history.get(k, v.runs)) for k, v in self.live.items()}
+        self.refresh_view()
+
+    # -- showing -------------------------------------------------------------------------------
+
+    def run_of(self, key: str) -> OpRun:
+        return self.live.get(key) or OpRun(IDLE, self.history.get(key, ()))
+
+    def refresh_view(self) -> None:
+        table = self.query_one(TuneTable)
+        with self.app.batch_update():
+            table.show(self.configs, self.run_of, self._budget())
+            table.display = bool(self.configs)
+            self.query_one("#tuning-empty").display = not self.configs
+            self._update_status()
+            self._update_measure_note()
+            self._update_run_note()
+            self._update_selected()
+        self.refresh_bindings()
+
+    def _update_status(self) -> None:
+        text = f"{plural(len(self.configs), 'op')} from {escape(self.source)}" if self.configs else ""
+        self.query_one("#tuning-status", Static).update(text)
+
+    def _update_measure_note(self) -> None:
+        address = self.context.settings.rpc_tracker
+        use_rpc = self.query_one("#use-rpc", Checkbox)
+        use_rpc.display = bool(address)
+        if self._target() == "llvm":
+            text = "llvm: every trial is built and timed on this machine's CPU; nothing is injected"
+        elif self.gpu is None:
+            text = "looking for a CUDA device…"
+        elif self.gpu[0]:
+            text = (f"GPU: {escape(self.gpu[1])} · the best kernels are verified, timed and injected into "
+                    f"{escape(self.context.db_path.name)}")
+        elif address and use_rpc.value:
+            text = ("no CUDA device here: trials are measured on the tracker's servers; the best kernels are "
+                    "injected unverified")
+        else:
+            text = f"[$warning]no CUDA device here[/]: {escape(self.gpu[1])}"
+        self.query_one("#measure-note", Static).update(text)
+
+    def _update_run_note(self) -> None:
+        lines = [self.explanation]
+        if self.running:
+            lines.append("cancelling after the batch in flight (its trials are kept)…"
+                         if self.cancel_requested.is_set() else "tuning… esc cancels after the batch in flight")
+        else:
+            lines += self._summary_lines()
+            lines.append(self._next_step())
+        self.query_one("#run-note", Static).update("\n".join(line for line in lines if line))
+
+    def _summary_lines(self) -> list[str]:
+        if self.run_error:
+            return [f"[$error]the run stopped: {escape(self.run_error)}[/]"]
+        if self.report is None:
+            return []
+        states = [run.status for run in self.live.values()]
+        status = "[$warning]cancelled[/]" if self.report.cancelled else "[$success]done[/]"
+        failed = states.count("failed")
+        lines = [f"[b]{status}[/b]: {states.count('done')} tuned · "
+                 + (f"[$error]{failed} failed[/]" if failed else "0 failed")
+                 + (f" · {states.count('cancelled')} cancelled" if self.report.cancelled else "")]
+        lines += [f"  ✗ {escape(job)}: {escape(reason)}" for job, reason in self.report.failures[:3]]
+        return lines
+
+    def _next_step(self) -> str:
+        if not self.configs:
+            return ""
+        budget = self._budget()
+        todo = [r for r in map(self.run_of, (c.key for c in self.configs)) if r.status != "done" and r.trials < budget]
+        kept = sum(r.trials for r in todo)
+        if not todo:
+            return f"[dim]every op has its {plural(budget, 'trial')}: raise the trials per op to tune further[/]"
+        if kept:
+            return f"ctrl+r resumes: it continues from the {plural(kept, 'trial')} kept"
+        return f"ctrl+r tunes {plural(len(todo), 'op')}, {plural(budget, 'trial')} each"
+
+    def _current(self) -> OpConfig | None:
+        key = self.query_one(TuneTable).current_key()
+        return next((c for c in self.configs if c.key == key), None)
+
+    def _update_selected(self) -> None:
+        config = self._current()
+        selected = self.query_one("#tune-selected", Static)
+        plot = self.query_one(BestSoFarPlot)
+        if config is None:
+            selected.update("")
+            if self.plotted is not None:
+                self.plotted = None
+                plot.show(None)
+            return
+        run = self.run_of(config.key)
+        status = run.status_text(self._budget())
+        best = f" · best {microseconds(run.best_seconds)}" if run.best_seconds is not None else ""
+        detail = f"\n[dim]{escape(run.detail)}[/]" if run.detail else ""
+        selected.update(f"[b]{escape(config.describe())}[/b] · {status} · {plural(run.trials, 'trial')}{best}{detail}")
+        if self.plotted != (config.key, run):  # redraw only when the curve changed
+            self.plotted = (config.key, run)
+            plot.show(curve(config, run))
+
+    @on(DataTable.RowHighlighted, "#tune-table")
+    def row_highlighted(self) -> None:
+        self._update_selected()
+
+    def action_toggle_scale(self) -> None:
+        plot = self.query_one(BestSoFarPlot)
+        plot.log_scale = not plot.log_scale
+
+    # -- options -------------------------------------------------------------------------------
+
+    def _budget(self) -> int:
+        text = self.query_one("#trials", Input).value.strip()
+        return int(text) if text.isdigit() and 1 <= int(text) <= 100000 else self.context.settings.tune_trials
+
+    def _target(self) -> str:
+        value = self.query_one("#target", Select).value
+        return value if isinstance(value, str) else "cuda"
+
+    def _arch(self) -> str:
+        return self.query_one("#arch", Input).value.strip() or self.context.settings.archs[0]
+
+    @on(Input.Changed, "#trials")
+    def trials_changed(self) -> None:
+        self.query_one("#trials", Input).remove_class("bad")
+        self.refresh_view()
+
+    @on(Select.Changed, "#target")
+    @on(Input.Changed, "#arch")
+    def work_dirs_changed(self) -> None:
+        # Another target or arch is another work dir per op: what the last run showed is not about it.
+        self.query_one("#arch", Input).remove_class("bad")
+        self.live, self.report, self.run_error, self.explanation = {}, None, "", ""
+        self.load_history()
+        self.refresh_view()
+
+    @on(Checkbox.Changed, "#use-rpc")
+    def use_rpc_changed(self) -> None:
+        self.explanation = ""
+        self.refresh_view()
+
+    # -- the GPU and the tracker ---------------------------------------------------------------
+
+    @work(thread=True, exit_on_error=False, group="gpu")
+    def probe_gpu(self) -> None:
+        from core.gpu.jobs import gpu_available
+
+        self.post_message(self.GpuProbed(*gpu_available()))
+
+    def on_tuning_screen_gpu_probed(self, message: GpuProbed) -> None:
+        self.gpu = (message.available, message.what)
+        self._update_measure_note()
+
+    def poll_tracker(self) -> None:
+        address = self.context.settings.rpc_tracker
+        if address != self.tracker_address:  # the settings name another tracker (or none)
+            self.tracker, self.tracker_address = None, address
+        self.query_one(TrackerPanel).show(address, self.context.settings.rpc_key, self.tracker)
+        if address and not self.tracker_busy:  # one read at a time: an unreachable host takes seconds to say so
+            self.tracker_busy = True
+            self.read_tracker_status(address)
+
+    def action_refresh_tracker(self) -> None:
+        self.poll_tracker()
+
+    @work(thread=True, exit_on_error=False, group="tracker")
+    def read_tracker_status(self, address: str) -> None:
+        self.post_message(self.TrackerRead(address, read_tracker(address)))
+
+    def on_tuning_screen_tracker_read(self, message: TrackerRead) -> None:
+        if message.address != self.context.settings.rpc_tracker:
+            return  # the settings changed meanwhile
+        self.tracker, self.tracker_address = message.status, message.address
+        self.query_one(TrackerPanel).show(message.address, self.context.settings.rpc_key, message.status)
+
+    def _rpc(self) -> RpcTarget | None:
+        settings = self.context.settings
+        if not settings.rpc_tracker or not self.query_one("#use-rpc", Checkbox).value:
+            return None
+        return RpcTarget.parse(f"{settings.rpc_tracker}:{settings.rpc_key}")
+
+    # -- running -------------------------------------------------------------------------------
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "start":
+            return False if self.running else (True if self.configs else None)
+        if action == "cancel_run":
+            return self.running
+        if action in ("import", "take_opconfigs"):
+            return not self.running
+        if action == "refresh_tracker":
+            return bool(self.context.settings.rpc_tracker)
+        return True
+
+    @on(Button.Pressed, "#start")
+    def action_start(self) -> None:
+        if self.running:
+            return
+        if not self.configs:
+            self.notify("nothing to tune: build a list in Op configs (5) or import one (i)", severity="warning")
+            return
+        trials_text = self.query_one("#trials", Input).value.strip()
+        if not (trials_text.isdigit() and 1 <= int(trials_text) <= 100000):
+            self.query_one("#trials", Input).add_class("bad")
+            self.notify("trials per op: a whole number from 1 to 100000", severity="error")
+            return
+        arch, target, rpc = self._arch(), self._target(), self._rpc()
+        if target == "cuda" and not ARCH_RE.fullmatch(arch):
+            self.query_one("#arch", Input).add_class("bad")
+            self.notify(f"{arch}: not an SM arch like sm_90", severity="error")
+            return
+        inject = None
+        if target == "cuda":
+            if self.gpu is None:
+                self.notify("still looking for a CUDA device: try again in a moment", severity="warning")
+                return
+            has_gpu, what = self.gpu
+            if not has_gpu and rpc is None:
+                self.explanation = NO_GPU.format(reason=escape(what))
+                self._update_run_note()
+                self.notify("no CUDA device and no RPC tracker: nothing to measure CUDA kernels on",
+                            severity="warning")
+                return
+            inject = InjectOptions.from_settings(self.context.settings, verify=has_gpu, profile=has_gpu)
+        if rpc is not None and self.tracker is not None and not self.tracker.reachable:
+            self.notify(f"the RPC tracker {rpc.host}:{rpc.port} does not answer: {self.tracker.error}",
+                        severity="warning")
+            return
+        free = self.tracker.queue.get(rpc.key, {}).get("free", 0) if rpc and self.tracker else 0
+        timeout_s = self.context.settings.tune_builder_timeout_s
+        jobs = [TuneJob(c, int(trials_text), target, arch, builder_timeout_s=timeout_s, rpc=rpc,
+                        rpc_workers=max(1, free)) for c in self.configs]
+        self.cancel_requested = threading.Event()
+        self.live, self.report, self.run_error, self.explanation = {}, None, "", ""
+        self.query_one(LogTailView).reset()
+        self.running = True
+        self.tune(jobs, self.context.db_path if inject else None, inject, self.cancel_requested)
+        self.refresh_view()
+
+    @on(Button.Pressed, "#cancel")
+    def action_cancel_run(self) -> None:
+        if self.running and not self.cancel_requested.is_set():
+            self.cancel_requested.set()
+            self._update_run_note()
+
+    @work(thread=True, exit_on_error=False, group="tune", exclusive=True)
+    def tune(self, jobs: list[TuneJob], db_path: Path | None, inject: InjectOptions | None,
+             cancel: threading.Event) -> QueueReport:
+        worker = get_current_worker()
+        root = tuning_root()
+        keys = [job.config.key for job in jobs]
+        runs = {job.config.key: OpRun("queued", tuple(recorded_runs(job.directory(root)))) for job in jobs}
+        tap = MetaScheduleTap(lambda tail: self.post_message(self.Logged(tail)))
+        current = 0
+
+        def post() -> None:
+            self.post_message(self.Progressed(MappingProxyType(dict(runs))))
+
+        def on_job(event: JobEvent) -> None:
+            nonlocal current
+            current, key = event.index, keys[event.index]
+            runs[key] = replace(runs[key], status=event.status, detail=event.detail)
+            if event.status == "tuning":
+                tap.note(f"{event.job} ({event.index + 1}/{len(jobs)}): tuning on from "
+                         f"{plural(runs[key].trials, 'trial')} kept in {jobs[event.index].directory(root)}")
+            elif event.status != "queued":
+                tap.note(f"{event.job}: {event.status}" + (f": {event.detail}" if event.detail else ""))
+            post()
+
+        def on_trial(event: TrialEvent) -> None:
+            key = keys[current]
+            runs[key] = replace(runs[key], runs=(*runs[key].runs, event.seconds))
+            if event.error:
+                tap.note(f"{event.job}: trial {event.trial} failed: {event.error}")
+            post()
+
+        with tap:
+            return run_queue(jobs, db_path=db_path, inject_options=inject, on_trial=on_trial, on_job=on_job,
+                             should_cancel=lambda: cancel.is_set() or worker.is_cancelled)
+
+    def on_tuning_screen_progressed(self, message: Progressed) -> None:
+        self.live = dict(message.runs)
+        self.refresh_view()
+
+    def on_tuning_screen_logged(self, message: Logged) -> None:
+        self.query_one(LogTailView).show(message.tail)
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        super().on_worker_state_changed(event)  # failures are reported by the App
+        if event.worker.group == "tracker" and event.worker.is_finished:
+            self.tracker_busy = False
+        if event.worker.group != "tune" or not event.worker.is_finished:
+            return
+        self.running = False
+        if event.state is WorkerState.SUCCESS and isinstance(event.worker.result, QueueReport):
+            self.report = event.worker.result
+        elif event.state is WorkerState.ERROR:
+            self.run_error = str(event.worker.error)
+        self.load_history()
+        self.refresh_view()
+
+    def watch_running(self, running: bool) -> None:
+        self.query_one("#tune-options").disabled = running
+        self.query_one("#start", Button).disabled = running
+        self.query_one("#cancel", Button).disabled = not running
+        self.refresh_bindings()

@@ -1,0 +1,116 @@
+"""The tuning queue as a table: one row per op config keyed by OpConfig.key, updated by diffing (cursor kept).
+
+Attributes down: the screen hands in the configs, each one's OpRun (an immutable snapshot) and the trial budget.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from rich.text import Text
+from textual.widgets import DataTable
+
+from console.widgets.opconfig_table import description, fit
+from core.autotvm_log import WorkloadSummary
+from core.opconfig import OpConfig
+
+IDLE = "idle"  # not in a run of this session: the row shows what the op's work dir holds
+
+COLUMNS = [  # (key, label, width)
+    ("n", "#", 2),
+    ("op", "op type", 16),
+    ("desc", "description", 26),
+    ("status", "status", 11),
+    ("trials", "trials", 9),
+    ("best", "best µs", 9),
+    ("gflops", "GFLOPS", 8),
+    ("errors", "errors", 6),
+]
+
+_STATUS_STYLES = {"done": "green", "tuned": "green", "failed": "bold red", "cancelled": "yellow",
+                  "resumable": "yellow", "tuning": "bold yellow", "generating": "bold yellow",
+                  "injecting": "bold yellow"}
+
+
+@dataclass(frozen=True)
+class OpRun:
+    """One op of the queue: its status (a JobEvent's, or IDLE) and the seconds of every trial recorded so far."""
+
+    status: str = IDLE
+    runs: tuple[float | None, ...] = ()  # resumed trials first; None: the build or the run failed
+    detail: str = ""
+
+    @property
+    def trials(self) -> int:
+        return len(self.runs)
+
+    @property
+    def errors(self) -> int:
+        return sum(s is None for s in self.runs)
+
+    @property
+    def best_seconds(self) -> float | None:
+        return min((s for s in self.runs if s is not None), default=None)
+
+    def status_text(self, budget: int) -> str:
+        if self.status != IDLE:
+            return self.status
+        return "not started" if not self.runs else "tuned" if self.trials >= budget else "resumable"
+
+
+def curve(config: OpConfig, run: OpRun) -> WorkloadSummary:
+    """The op's trials as the best-so-far plot reads them."""
+    summary = WorkloadSummary(config.op_type, [], config, trials=run.trials)
+    for trial, seconds in enumerate(run.runs, start=1):
+        if seconds is not None:
+            summary.successes += 1
+            if summary.best_seconds is None or seconds < summary.best_seconds:
+                summary.best_seconds, summary.best_trial = seconds, trial
+        summary.best_so_far.append(math.inf if summary.best_seconds is None else summary.best_seconds)
+    return summary
+
+
+def cells(number: int, config: OpConfig, run: OpRun, budget: int) -> list[object]:
+    best = run.best_seconds
+    status = run.status_text(budget)
+    return [
+        str(number),
+        fit(config.op_type, 16),
+        fit(description(config), 26),
+        Text(status, style=_STATUS_STYLES.get(status, "dim")),
+        f"{run.trials:,}/{budget:,}",
+        f"{best * 1e6:,.2f}" if best is not None else Text("-", style="dim"),
+        f"{config.flops / best / 1e9:,.1f}" if best else Text("-", style="dim"),
+        Text(f"{run.errors:,}", style="red") if run.errors else Text("0", style="dim"),
+    ]
+
+
+class TuneTable(DataTable[object]):
+    def on_mount(self) -> None:
+        self.cursor_type = "row"
+        self.zebra_stripes = True
+        for key, label, width in COLUMNS:
+            self.add_column(label, key=key, width=width)
+
+    def show(self, configs: Sequence[OpConfig], run_of: Callable[[str], OpRun], budget: int) -> None:
+        """Bring the table to `configs` with as few changes as possible (call inside app.batch_update())."""
+        wanted = [c.key for c in configs]
+        if [str(k.value) for k in self.rows] != wanted:
+            keep = self.cursor_row
+            self.clear()
+            for number, config in enumerate(configs, start=1):
+                self.add_row(*cells(number, config, run_of(config.key), budget), key=config.key)
+            if configs:
+                self.move_cursor(row=min(keep, len(configs) - 1))
+            return
+        for number, config in enumerate(configs, start=1):
+            for (column, _, _), value in zip(COLUMNS, cells(number, config, run_of(config.key), budget), strict=True):
+                if str(self.get_cell(config.key, column)) != str(value):
+                    self.update_cell(config.key, column, value)
+
+    def current_key(self) -> str | None:
+        if not self.row_count:
+            return None
+        return str(self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value)
