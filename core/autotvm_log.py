@@ -218,7 +218,12 @@ def _record(line: bytes | None) -> _Record | None:
         raise InputError(f"not JSON: {exc.msg} at column {exc.colno}") from None
     except RecursionError:
         raise InputError("JSON nested too deeply") from None
-    return _checked(obj)
+    except ValueError as exc:  # e.g. an integer of more than 4,300 digits
+        raise InputError(f"not JSON Python can read: {exc}") from None
+    try:
+        return _checked(obj)
+    except OverflowError as exc:  # an integer past float range where a time belongs
+        raise InputError(f"a number out of range: {exc}") from None
 
 
 def _checked(obj: Any) -> _Record:

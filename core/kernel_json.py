@@ -96,6 +96,8 @@ def parse_items(raw: bytes | str) -> list[Any]:
         raise InputError(f"malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from exc
     except RecursionError as exc:
         raise InputError("JSON is nested too deeply") from exc
+    except ValueError as exc:  # e.g. an integer literal of more than 4,300 digits
+        raise InputError(f"JSON Python cannot read: {exc}") from exc
     if isinstance(data, dict):
         return [data]
     if isinstance(data, list):
@@ -134,7 +136,10 @@ def _check_unicode(text: str, where: str) -> None:
 
 
 def _brief(value: Any) -> str:
-    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    try:
+        text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    except (TypeError, ValueError):  # not a JSON value (a TOML date, say)
+        text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
 

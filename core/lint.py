@@ -180,6 +180,8 @@ def quick_problem(op_type: Any, attributes: Any, identifier: Any, source: Any, d
     """
     if None in (op_type, identifier, source, device, tags, attributes):
         return "NULL column"
+    if not all(isinstance(v, str) for v in (op_type, identifier, source, device, tags, attributes)):
+        return "a text column holds a number or blob"
     if not function_ok or not miscs_ok:
         return "Function or Miscs is not valid JSON"
     if op_type not in SUPPORTED_OP_TYPES:

@@ -43,6 +43,15 @@ class OpConfig:
     line_format: tuple[str, tuple[str, ...]] | None = field(default=None, hash=False, compare=False)
     source: str = field(default="", hash=False, compare=False)  # where it came from (file:line, ONNX node)
 
+    def __post_init__(self) -> None:
+        # One spelling for a one-input element-wise op (kernel JSON allows two), so configs read from any
+        # format compare equal and the line format, which writes i+ per input, reads back the same.
+        p = self.params
+        if self.op_type in ELEMENTWISE_ARITY and "input_shape" in p and "input_shapes" not in p:
+            params = {("input_shapes" if k == "input_shape" else k): ([v] if k == "input_shape" else v)
+                      for k, v in p.items()}
+            object.__setattr__(self, "params", params)
+
     @property
     def key(self) -> str:
         """Identity for de-duplication: op type, dtype, groups and every parameter."""
@@ -123,6 +132,8 @@ def _validate_grouped(config: OpConfig) -> OpSignature:
     data, filt, out = p.get("input_shape"), p.get("filter_shape"), p.get("output_shape")
     if config.op_type not in CONV_FAMILY or not all(isinstance(s, list) and len(s) == 4 for s in (data, filt, out)):
         raise InputError("groups apply to 2-D convolutions only", where=config.source)
+    if not all(type(d) is int for s in (data, filt, out) for d in s):
+        raise InputError("input, filter and output shapes must be lists of integers", where=config.source)
     if not isinstance(g, int) or g < 1 or data[1] % g or filt[0] % g or filt[1] * g != data[1]:
         raise InputError(f"groups={g} does not divide the channels (input {data[1]}, filter {filt[:2]})",
                          where=config.source)
@@ -137,6 +148,8 @@ def _validate_grouped(config: OpConfig) -> OpSignature:
 
 
 def _shape(text: str, where: str) -> list[int]:
+    if not text:
+        return []  # rank 0: a scalar
     try:
         dims = [int(d) for d in text.split("_")]
     except ValueError:
@@ -209,6 +222,10 @@ def parse_line(line: str, where: str = "") -> OpConfig:
 
 
 def format_line(config: OpConfig) -> str:
+    """The config as one line; InputError for what the fp32-only line format cannot hold."""
+    if config.dtype != "float":
+        raise InputError(f"the line format holds fp32 op configs only, not {config.dtype}; use TOML or JSON",
+                         where=config.source)
     p = config.params
     op = config.op_type
     fields: dict[str, str] = {}
@@ -297,6 +314,8 @@ def parse_structured(text: str, fmt: str, source: str = "") -> OpConfigFile:
         data = tomllib.loads(text) if fmt == "toml" else json.loads(text)
     except (tomllib.TOMLDecodeError, ValueError) as exc:
         raise InputError(f"malformed {fmt.upper()}: {exc}", where=source) from exc
+    except RecursionError:
+        raise InputError(f"malformed {fmt.upper()}: nested too deeply", where=source) from None
     entries = data.get("op", []) if isinstance(data, dict) else data
     if not isinstance(entries, list):
         raise InputError("expected a list of op configs (TOML: [[op]] tables)", where=source)

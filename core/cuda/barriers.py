@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from core.cuda import cexpr
 from core.cuda.source import _PAREN, KernelSource, find_words, line_of, match_close
+from core.errors import InputError
 
 MAX_STEPS = 2_000_000  # interpretation budget per kernel (loop iterations x program nodes)
 
@@ -42,6 +43,7 @@ _FOR_INIT = re.compile(
     r"\s*(?:(?:const\s+)?(?:unsigned\s+)?(?:int|long|size_t|short)\s+)?([A-Za-z_]\w*)\s*=\s*(.+?)\s*", re.S)
 _DECL_NEEDLES = ("int ", "long ", "_t ", "short ", "unsigned ")
 _ELSE = re.compile(r"\s*else\b")
+_OPERAND_END = re.compile(r"[\w)\]]\s*$")  # what precedes a binary '&' (so it is not an address-of)
 _RARE_WORDS = ("break", "continue", "case", "default")  # when present, read statement by statement
 _WRITE_AFTER = re.compile(r"\s*(?:(?:[-+*/%&|^]|<<|>>)?=(?!=)|\+\+|--)")
 _ASSIGNMENT = re.compile(r"\s*([A-Za-z_]\w*)\s*(?:[-+*/%&|^]|<<|>>)?=(?!=)")
@@ -70,7 +72,7 @@ class _Returned(Exception):
         self.count = count
 
 
-# Program nodes: ("barrier",), ("return",), ("decl", name, expr|None), ("taint", name),
+# Program nodes: ("barrier",), ("return",), ("decl", name, expr|None, unsigned), ("taint", name),
 # ("if", cond_expr, cond_text, then_nodes, else_nodes, line),
 # ("for", var, init_expr, cond_expr, step, body_nodes, line)   step = (op, expr)
 
@@ -113,6 +115,10 @@ def count_barriers(src: KernelSource, block: tuple[int, int, int], grid: tuple[i
             return BarrierCount(ret.count)
     except _Unresolvable as exc:
         return BarrierCount(None, f"barrier count not provable statically: {exc}")
+    except InputError as exc:  # unbalanced brackets and the like: the code is broken, not countable
+        return BarrierCount(None, f"barrier count not provable statically: {exc.reason}")
+    except RecursionError:
+        return BarrierCount(None, "barrier count not provable statically: the code is nested too deeply")
 
 
 class _Builder:
@@ -145,7 +151,9 @@ class _Builder:
         for needle in _DECL_NEEDLES:
             i = m.find(needle, start, end)
             while i >= 0:
-                stmt_start = max(m.rfind(";", start, i), m.rfind("{", start, i), m.rfind("}", start, i)) + 1
+                # From the statement's first non-blank character: block() reaches statements there.
+                stmt_start = self.skip_ws(
+                    max(m.rfind(";", start, i), m.rfind("{", start, i), m.rfind("}", start, i), start - 1) + 1)
                 if stmt_start not in found:
                     semi = m.find(";", i, end)
                     text = m[stmt_start:semi] if semi >= 0 else ""
@@ -182,7 +190,7 @@ class _Builder:
                 self.emit_decls(pos, nxt, nodes)  # a run of simple statements
                 pos = nxt
             elif self.fast and nxt < b and self.m[nxt] == "{" and not self.relevant(pos, self.close_brace(nxt)) \
-                    and not _ELSE.match(self.m, self.close_brace(nxt) + 1):
+                    and not _ELSE.match(self.m, self.close_brace(nxt) + 1) and not find_words(self.m, "do", pos, nxt):
                 # Simple statements, then a compound statement holding no barrier: skip it whole.
                 self.emit_decls(pos, nxt, nodes)
                 pos = self.close_brace(nxt) + 1
@@ -346,8 +354,9 @@ class _Builder:
             raise _Unresolvable(f"line {self.line(pos)}: break/continue in a loop that holds barriers")
         body_nodes: list[tuple] = []
         self.statement(self.skip_ws(h_close + 1), end, body_nodes)
+        unsigned = bool(re.match(r"\s*(?:const\s+)?(?:unsigned|size_t|uint)", parts[0]))
         nodes.append(("for", var, self.expr(init.group(2), pos), self.expr(parts[1], pos), step_node,
-                      body_nodes, self.line(pos)))
+                      body_nodes, self.line(pos), unsigned))
         return end
 
     def expr(self, text: str, pos: int) -> cexpr.Expr:
@@ -362,9 +371,9 @@ class _Builder:
         m = self.m
         count = 0
         for i in find_words(m, name, a, b):
-            before = m[max(a, i - 3):i].rstrip()
-            if (_WRITE_AFTER.match(m, i + len(name))
-                    or before.endswith(("++", "--")) or (before.endswith("&") and not before.endswith("&&"))):
+            before = m[max(a, i - 40):i].rstrip()
+            address_of = before.endswith("&") and not before.endswith("&&") and not _OPERAND_END.search(before[:-1])
+            if _WRITE_AFTER.match(m, i + len(name)) or before.endswith(("++", "--")) or address_of:
                 count += 1
         return count
 
@@ -379,7 +388,8 @@ class _Builder:
                     expr = cexpr.parse(d.group(2))
                 except cexpr.ParseError:
                     expr = None
-            nodes.append(("decl", name, expr))
+            unsigned = bool(re.match(r"\s*(?:const\s+)?(?:unsigned|size_t|uint)", stmt))
+            nodes.append(("decl", name, expr, unsigned))
             return
         a = _ASSIGNMENT.match(stmt)
         if a:
@@ -411,7 +421,8 @@ class _Runner:
             elif kind == "return":
                 raise _Returned(count)
             elif kind == "decl":
-                env[node[1]] = self._try(node[2], env)
+                value = self._try(node[2], env)
+                env[node[1]] = cexpr.U(value % cexpr.MASK32) if value is not None and node[3] else value
             elif kind == "taint":
                 env[node[1]] = None
             else:
@@ -450,9 +461,11 @@ class _Runner:
         return self.run(then_nodes if taken else else_nodes, env)
 
     def run_for(self, node: tuple, env: dict[str, int | None]) -> int:
-        _, var, init, cond, (op, step), body, line = node
+        _, var, init, cond, (op, step), body, line = node[:7]
         outer = env.get(var) if var in env else _MISSING
-        env[var] = self.value(init, env, f"the start of loop {var}", line)
+        unsigned = bool(node[7]) if len(node) > 7 else False
+        wrap = (lambda v: cexpr.U(v % cexpr.MASK32)) if unsigned else (lambda v: v)
+        env[var] = wrap(self.value(init, env, f"the start of loop {var}", line))
         total = 0
         independent = var not in _names(body) and not _has_return(body)
         body_count: int | None = None
@@ -466,7 +479,7 @@ class _Runner:
                     raise _Returned(total + ret.count) from None
             total += body_count
             delta = self.value(step, env, f"the step of loop {var}", line)
-            env[var] = delta if op == "=" else env[var] + (delta if op == "+" else -delta)  # type: ignore[operator]
+            env[var] = wrap(delta if op == "=" else env[var] + (delta if op == "+" else -delta))  # type: ignore[operator]
         if outer is _MISSING:
             env.pop(var, None)
         else:

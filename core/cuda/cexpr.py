@@ -80,12 +80,23 @@ def _tokens(text: str) -> list[tuple[str, str]]:
         kind = m.lastgroup
         if kind == "suffix":
             kind = "num"
-        value = m.group(kind) if kind != "num" else m.group("num")
+        value = m.group(kind) if kind != "num" else m.group("num") + m.group("suffix")
         if kind == "name":
             value = re.sub(r"\s+", "", value)
         out.append((kind or "", value))
         pos = m.end()
     return out
+
+
+class U(int):
+    """A value of C type `unsigned int` (threadIdx.x and friends are unsigned: `threadIdx.x - 1` wraps)."""
+
+
+MASK32 = 1 << 32
+UNSIGNED_BUILTINS = frozenset(f"{v}.{a}" for v in ("threadIdx", "blockIdx", "blockDim", "gridDim") for a in "xyz")
+_SIGNED32_CASTS = frozenset(["int", "signed", "int32_t", "signed int"])
+_UNSIGNED32_CASTS = frozenset(["unsigned", "unsigned int", "uint32_t", "uint"])
+MAX_LITERAL_DIGITS = 40
 
 
 class _Parser:
@@ -127,11 +138,10 @@ class _Parser:
 
     def unary(self) -> Expr:
         kind, tok = self.peek()
-        if kind == "op" and tok in "-+!~" and tok:
+        if kind == "op" and tok in ("-", "+", "!", "~"):
             self.take()
             return ("un", tok, self.unary())
         if kind == "op" and tok == "(":
-            # A cast to an integer type is the identity here; anything else is a parenthesis.
             j = self.i + 1
             names = []
             while j < len(self.toks) and self.toks[j][0] == "name":
@@ -139,7 +149,7 @@ class _Parser:
                 j += 1
             if names and j < len(self.toks) and self.toks[j][1] == ")" and all(n in _INT_TYPES for n in names):
                 self.i = j + 1
-                return self.unary()
+                return ("cast", " ".join(names), self.unary())
             self.take("(")
             inner = self.expression()
             self.take(")")
@@ -149,8 +159,16 @@ class _Parser:
     def primary(self) -> Expr:
         kind, tok = self.take()
         if kind == "num":
-            octal = tok.startswith("0") and tok != "0" and not tok.lower().startswith("0x")
-            return ("num", int(tok, 8) if octal else int(tok, 0))
+            digits, suffix = re.fullmatch(r"(0[xX][0-9a-fA-F]+|\d+)([uUlL]*)", tok).groups()  # type: ignore[union-attr]
+            if len(digits) > MAX_LITERAL_DIGITS:
+                raise ParseError(f"integer literal of {len(digits)} digits")
+            octal = digits.startswith("0") and digits != "0" and not digits.lower().startswith("0x")
+            if octal and not re.fullmatch(r"0[0-7]+", digits):
+                raise ParseError(f"{digits} is not an octal number")
+            value = int(digits, 8) if octal else int(digits, 0)
+            # C: a 'u' suffix is unsigned; so is a hex literal that does not fit in int but fits unsigned.
+            hex_unsigned = digits.lower().startswith("0x") and MASK32 // 2 <= value < MASK32
+            return ("num", value, "u" in suffix.lower() or hex_unsigned)
         if kind == "float":
             return ("float", tok)
         if kind == "name":
@@ -165,50 +183,94 @@ class _Parser:
                 self.take(")")
                 return ("call", tok, tuple(args))
             if tok in ("true", "false"):
-                return ("num", int(tok == "true"))
+                return ("num", int(tok == "true"), False)
             return ("name", tok)
         raise ParseError(f"unexpected {tok!r}")
 
 
 def parse(text: str) -> Expr:
     """Parse a C expression; ParseError if it is not one this evaluator understands."""
-    parser = _Parser(_tokens(text))
-    if parser.peek()[0] == "end":
-        raise ParseError("empty expression")
-    expr = parser.expression()
+    try:
+        parser = _Parser(_tokens(text))
+        if parser.peek()[0] == "end":
+            raise ParseError("empty expression")
+        expr = parser.expression()
+    except RecursionError:
+        raise ParseError("expression nested too deeply") from None
     if parser.peek()[0] != "end":
         raise ParseError(f"unexpected {parser.peek()[1]!r}")
     return expr
 
 
 def evaluate(expr: Expr, env: Mapping[str, int | None]) -> int:
-    """Value of `expr` in `env` (a name mapped to None is known to be unknown)."""
+    """Value of `expr` in `env` (a name mapped to None is known to be unknown; U(...) values are unsigned).
+
+    C's rules for 32-bit unsigned arithmetic apply: an operation with an unsigned operand is done
+    unsigned (wrapping), and so are comparisons.
+    """
+    try:
+        return _eval(expr, env)[0]
+    except RecursionError:
+        raise Unknown("expression nested too deeply") from None
+
+
+def _eval(expr: Expr, env: Mapping[str, int | None]) -> tuple[int, bool]:
     tag = expr[0]
     if tag == "num":
-        return expr[1]
+        return expr[1], bool(expr[2]) if len(expr) > 2 else False
     if tag == "name":
         value = env.get(expr[1])
         if value is None:
             raise Unknown(f"{expr[1]} is not known statically")
-        return value
+        unsigned = isinstance(value, U) or expr[1] in UNSIGNED_BUILTINS
+        return (int(value) % MASK32, True) if unsigned else (int(value), False)
     if tag == "bin":
         op = expr[1]
-        left = evaluate(expr[2], env)
-        if op == "&&" and not left:
-            return 0
-        if op == "||" and left:
-            return 1
-        return _BINARY[op][1](left, evaluate(expr[3], env))
+        left, lu = _eval(expr[2], env)
+        if op in ("&&", "||"):
+            if (op == "&&" and not left) or (op == "||" and left):
+                return int(op == "||"), False
+            return int(bool(_eval(expr[3], env)[0])), False
+        right, ru = _eval(expr[3], env)
+        if op in ("<<", ">>"):
+            unsigned = lu  # a shift has the type of its left operand
+        else:
+            unsigned = lu or ru
+            if unsigned:
+                left, right = left % MASK32, right % MASK32
+        result = _BINARY[op][1](left, right)
+        if op in ("<", "<=", ">", ">=", "==", "!="):
+            return result, False
+        return (result % MASK32, True) if unsigned else (result, False)
     if tag == "un":
-        value = evaluate(expr[2], env)
-        return {"-": -value, "+": value, "!": int(not value), "~": ~value}[expr[1]]
+        value, unsigned = _eval(expr[2], env)
+        if expr[1] == "!":
+            return int(not value), False
+        result = {"-": -value, "+": value, "~": ~value}[expr[1]]
+        return (result % MASK32, True) if unsigned else (result, False)
+    if tag == "cast":
+        value, _ = _eval(expr[2], env)
+        if expr[1] in _UNSIGNED32_CASTS:
+            return value % MASK32, True
+        if expr[1] in _SIGNED32_CASTS:
+            value %= MASK32
+            return (value - MASK32 if value >= MASK32 // 2 else value), False
+        if value < 0 and ("unsigned" in expr[1] or expr[1].startswith(("size_t", "uint"))):
+            raise Unknown(f"({expr[1]}) of a negative value")
+        return value, False
     if tag == "?":
-        return evaluate(expr[2] if evaluate(expr[1], env) else expr[3], env)
+        return _eval(expr[2] if _eval(expr[1], env)[0] else expr[3], env)
     if tag == "call":
         fn = _FUNCTIONS.get(expr[1])
         if fn is None:
             raise Unknown(f"call to {expr[1]}() is not evaluated statically")
-        return fn(*(evaluate(a, env) for a in expr[2]))
+        if len(expr[2]) != 2:
+            raise Unknown(f"{expr[1]}() with {len(expr[2])} arguments")
+        (a, au), (b, bu) = (_eval(x, env) for x in expr[2])
+        unsigned = au or bu
+        if unsigned:
+            a, b = a % MASK32, b % MASK32
+        return fn(a, b), unsigned
     if tag == "opaque":
         raise Unknown(f"`{expr[1]}` is not integer arithmetic on known values")
     raise Unknown(f"{expr[1]} is not an integer")
@@ -221,9 +283,9 @@ def names(expr: Expr) -> set[str]:
         return {expr[1]}
     if tag == "call":
         return set().union(*(names(a) for a in expr[2])) if expr[2] else set()
-    if tag in ("bin",):
+    if tag == "bin":
         return names(expr[2]) | names(expr[3])
-    if tag == "un":
+    if tag in ("un", "cast"):
         return names(expr[2])
     if tag == "?":
         return names(expr[1]) | names(expr[2]) | names(expr[3])

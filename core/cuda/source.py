@@ -44,6 +44,8 @@ def mask(code: str) -> str:
         skip_from = start + 1
         if token == "//":
             end = code.find("\n", start)
+            while end > 0 and code[end - 1] == "\\":  # a backslash-newline splices the next line in
+                end = code.find("\n", end + 1)
         elif token == "/*":
             end = code.find("*/", start + 2)
             end = end + 2 if end >= 0 else -1
