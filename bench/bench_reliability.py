@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.request import pathname2url
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
@@ -107,9 +108,13 @@ def row_problems(values: tuple[Any, ...]) -> list[str]:
     return problems
 
 
+def read_only(db: Path) -> sqlite3.Connection:
+    return sqlite3.connect(f"file:{pathname2url(str(db.resolve()))}?mode=ro", uri=True)
+
+
 def read_rows(db: Path) -> dict[str, tuple[Any, ...]]:
     """Every row by Key, after PRAGMA integrity_check, through a read-only connection (as the next start finds it)."""
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    conn = read_only(db)
     try:
         integrity = [r[0] for r in conn.execute("PRAGMA integrity_check")]
         check(integrity == ["ok"], f"integrity_check of {db}: {integrity[:5]}")
@@ -137,73 +142,91 @@ def percentile(values: list[float], q: float) -> float:
 class KillStats:
     kernels: int = 0
     kills: int = 0
+    startup_kills: int = 0  # kills aimed before the first commit (opening, WAL recovery, look-ups)
+    kills_mid_insert: int = 0  # kills that landed after the run had committed kernels of its own
     finished_before_kill: int = 0  # runs that ended before their kill moment (not counted as kills)
-    kills_mid_insert: int = 0  # kills that landed after the run had committed new kernels
     committed_reported: int = 0
     in_flight_unreported: int = 0  # kills after which one committed kernel had not been printed yet
     rows_verified: int = 0  # rows checked after the kills: new ones in full, the others unchanged
-    delays: list[float] = field(default_factory=list)
+    moments: list[float] = field(default_factory=list)  # seconds from the start to each kill
     full_run_s: float = 0.0
-    rerun_s: float = 0.0
+    first_commit_s: float = 0.0
     final: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
 
 
-def _inject_cmd(db: Path, files: list[Path]) -> list[str]:
-    return kdb_argv("inject", "--db", str(db), "--jsonl", "--no-compile", "--workers", "2", *map(str, files))
+def _start_inject(db: Path, files: list[Path], log: Path) -> subprocess.Popen[bytes]:
+    argv = kdb_argv("inject", "--db", str(db), "--jsonl", "--no-compile", "--workers", "2", *map(str, files))
+    with log.open("wb") as out, log.with_suffix(".err").open("wb") as err:
+        return subprocess.Popen(argv, cwd=REPO, stdout=out, stderr=err, start_new_session=True)
 
 
-def _run_to_end(db: Path, files: list[Path], log: Path) -> tuple[float, list[dict[str, Any]]]:
-    start = time.perf_counter()
-    with log.open("wb") as out:
-        proc = subprocess.run(_inject_cmd(db, files), cwd=REPO, stdout=out, stderr=subprocess.PIPE, timeout=600)
-    check(proc.returncode == 0, f"kdb inject exited {proc.returncode}: {proc.stderr.decode()[-2000:]}")
-    return time.perf_counter() - start, read_events(log)
+def _first_output(proc: subprocess.Popen[bytes], log: Path, started: float) -> float | None:
+    """Seconds from the start to the run's first line (its first commit), or None if it ended first."""
+    while proc.poll() is None:
+        if log.stat().st_size:
+            return time.perf_counter() - started
+        time.sleep(0.002)
+    return None
 
 
 def kill_loop(corpus: Path, db: Path, work: Path, *, kills: int = 20, seed: int = 0,
               say: Any = print) -> KillStats:
-    """SIGKILL `kdb inject --jsonl --workers 2` at `kills` random moments into one DB, checking after each."""
+    """SIGKILL `kdb inject --jsonl --workers 2` at `kills` random moments into one DB, checking after each.
+
+    A measured full run (into a scratch DB) gives every kernel's Key, the time to the first commit and the
+    time per kernel. Every 4th kill lands at a random moment before the first commit (opening the DB,
+    recovering the WAL the last kill left, looking kernels up); the others at a random moment in the window
+    after the run's first commit in which it commits, on average, 1/kills of the corpus, so that every kill
+    interrupts commits and the corpus lasts the whole loop.
+    """
     began = time.perf_counter()
     work.mkdir(parents=True, exist_ok=True)
     files = sorted(corpus.glob("*.json"))
     stats = KillStats()
-    # One full run (into a scratch DB) gives the run's length and every kernel's Key; a second, all unchanged.
     scratch = work / "measure.db"
-    stats.full_run_s, events = _run_to_end(scratch, files, work / "measure.jsonl")
+    started = time.perf_counter()
+    proc = _start_inject(scratch, files, work / "measure.jsonl")
+    stats.first_commit_s = _first_output(proc, work / "measure.jsonl", started) or 0.0
+    proc.wait(timeout=600)
+    stats.full_run_s = time.perf_counter() - started
+    events = read_events(work / "measure.jsonl")
+    check(proc.returncode == 0 and events and events[-1]["event"] == "summary", f"the measured run: {events[-1:]}")
     expected = {e["key"]: (Path(e["file"]).name, e["index"]) for e in events if e["event"] == "committed"}
-    stats.rerun_s, events = _run_to_end(scratch, files, work / "measure2.jsonl")
-    check(events[-1].get("unchanged") == len(expected), f"the re-run did not find every kernel: {events[-1]}")
     for p in (scratch, Path(f"{scratch}-wal"), Path(f"{scratch}-shm")):
         p.unlink(missing_ok=True)
     n = stats.kernels = len(expected)
-    say(f"  one run: {stats.full_run_s:.1f} s for {n} kernels; all unchanged: {stats.rerun_s:.1f} s")
+    window_s = 2 * (stats.full_run_s - stats.first_commit_s) / kills
+    say(f"  one run: {stats.full_run_s:.1f} s for {n} kernels, first commit at {stats.first_commit_s:.1f} s; "
+        f"kills up to {window_s:.2f} s after a run's first commit")
 
     rng = random.Random(seed)
     before: dict[str, int] = {}  # Key -> hash of the row, as the DB held it when this start began
     attempt = 0
     while stats.kills < kills:
         attempt += 1
-        check(attempt <= 3 * kills, "the runs keep finishing before their kill moment")
-        # Spread over this run's expected length (shorter once most kernels are there: they are only looked up);
-        # the files go in a random order so that the kernels still missing are met all along the run.
-        expected_s = stats.rerun_s + (stats.full_run_s - stats.rerun_s) * (n - len(before)) / n
-        delay = rng.uniform(0.05, expected_s)
+        check(attempt <= 2 * kills, "the runs keep finishing before their kill moment")
         order = files[:]
-        rng.shuffle(order)
+        rng.shuffle(order)  # each run meets the kernels still missing in other places
+        startup_kill = stats.kills % 4 == 3
         log = work / f"run{attempt:02d}.jsonl"
-        with log.open("wb") as out:
-            proc = subprocess.Popen(_inject_cmd(db, order), cwd=REPO, stdout=out,
-                                    stderr=log.with_suffix(".err").open("wb"), start_new_session=True)
+        started = time.perf_counter()
+        proc = _start_inject(db, order, log)
+        if startup_kill:
+            moment: float | None = rng.uniform(0.05, stats.first_commit_s)
+        else:
+            first = _first_output(proc, log, started)
+            moment = None if first is None else first + rng.uniform(0, window_s)
+        finished = True
+        if moment is not None:
             try:
-                proc.wait(timeout=delay)
-                finished = True
+                proc.wait(timeout=max(0.0, started + moment - time.perf_counter()))
             except subprocess.TimeoutExpired:
                 os.kill(proc.pid, signal.SIGKILL)  # the writer itself, mid-run
-                proc.wait()
                 finished = False
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)  # its CPU workers, orphaned by the kill
+        proc.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # its CPU workers, orphaned by the kill
         events = read_events(log)
         reported = {e["key"]: (Path(e["file"]).name, e["index"]) for e in events if e["event"] == "committed"}
         rows = read_rows(db)
@@ -228,19 +251,22 @@ def kill_loop(corpus: Path, db: Path, work: Path, *, kills: int = 20, seed: int 
             check(proc.returncode == 0 and events and events[-1]["event"] == "summary",
                   f"a run that was not killed exited {proc.returncode}")
         else:
+            assert moment is not None
             stats.kills += 1
-            stats.delays.append(delay)
+            stats.moments.append(moment)
+            stats.startup_kills += startup_kill
             stats.kills_mid_insert += bool(new)
             stats.in_flight_unreported += bool(unreported)
-        say(f"  {'finished' if finished else 'killed'} at {delay:5.2f} s: {len(reported):4d} reported, "
+        say(f"  {'finished' if finished else 'killed'} at {moment or 0:5.2f} s: {len(reported):4d} reported, "
             f"{len(unreported)} unreported, {len(rows):4d} rows ok")
         before = {k: hash(v) for k, v in rows.items()}
 
-    _, events = _run_to_end(db, files, work / "final.jsonl")
-    stats.final = events[-1]
+    proc = _start_inject(db, files, work / "final.jsonl")
+    proc.wait(timeout=600)
+    stats.final = read_events(work / "final.jsonl")[-1]
     rows = read_rows(db)
-    check(stats.final["injected"] + stats.final["unchanged"] == n and stats.final["failed"] == 0,
-          f"the final run: {stats.final}")
+    check(stats.final.get("event") == "summary" and stats.final["failed"] == 0
+          and stats.final["injected"] + stats.final["unchanged"] == n, f"the final run: {stats.final}")
     check(set(rows) == set(expected), f"{len(rows)} rows, {len(set(rows) ^ set(expected))} differ from the corpus")
     check(all(not row_problems(v) for v in rows.values()), "an incomplete row after the final run")
     stats.rows_verified += len(rows)
@@ -328,8 +354,9 @@ class Contention:
         for proc in self._procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=max(0.0, deadline - time.perf_counter()))
-        for proc in self._procs:
-            if proc.poll() is None:
+        for i, proc in enumerate(self._procs[:len(self.corpora)]):  # the deleter stops at its own deadline
+            done = any(e["event"] == "summary" for e in read_events(self.work / f"inject{i}.out"))
+            if proc.poll() is None and not done:  # past its summary, SIGINT would only hit the exit
                 proc.send_signal(signal.SIGINT)
         for proc in self._procs:
             try:
@@ -489,7 +516,7 @@ def backup_under_write(corpus: Path, db: Path, work: Path, *, head_start: int = 
             check(writer.poll() is None, "the writer ended before the backup did: nothing was written meanwhile")
         finally:
             writer.wait(timeout=600)
-    conn = sqlite3.connect(f"file:{dest}?mode=ro", uri=True)
+    conn = read_only(dest)
     try:
         stats.integrity = [r[0] for r in conn.execute("PRAGMA integrity_check")]
         rows = {r[0]: tuple(r) for r in conn.execute(
@@ -526,7 +553,7 @@ def main() -> None:
     ap.add_argument("--kills", type=int, default=20)
     ap.add_argument("--kernels", type=int, default=2000, help="corpus of the kill loop")
     ap.add_argument("--seconds", type=float, default=20.0, help="length of the contention run")
-    ap.add_argument("--per-injector", type=int, default=1500, help="kernels each contending injector has")
+    ap.add_argument("--per-injector", type=int, default=2500, help="kernels each contending injector has")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -537,8 +564,8 @@ def main() -> None:
         print(f"kill loop: {args.kills} SIGKILLs of `kdb inject --jsonl --workers 2` on {args.kernels} kernels")
         write_corpus(args.kernels, tmp / "corpus")
         kills = kill_loop(tmp / "corpus", tmp / "kill.db", tmp / "kill", kills=args.kills, seed=args.seed)
-        results["kills"] = {k: v for k, v in asdict(kills).items() if k != "delays"} | {
-            "delay_min_s": round(min(kills.delays), 2), "delay_max_s": round(max(kills.delays), 2)}
+        results["kills"] = {k: v for k, v in asdict(kills).items() if k != "moments"} | {
+            "moments_s": [round(m, 2) for m in sorted(kills.moments)]}
 
         print(f"\ncontention: 2 injectors x {args.per_injector} kernels, 1 deleter, a compiler-like reader "
               f"(timeout=0), a console-like pager, {args.seconds:g} s")
@@ -552,6 +579,7 @@ def main() -> None:
         resurrected = c.deleted & set(rows)
         results["contention"] = c.figures() | {
             "committed": len(c.committed), "deleted": len(c.deleted), "rows": len(rows), "lost_writes": len(lost),
+            "db_mb": round((tmp / "busy.db").stat().st_size / 1e6, 1),
             "deleted_but_present": len(resurrected), "locked_in_stderr": sum("locked" in e for e in c.stderr),
             "exit_codes": c.exit_codes, "pager_errors": c.pager_errors[:5], "reader_errors": c.reader_errors[:5]}
 
@@ -564,7 +592,8 @@ def main() -> None:
     print(f"\n{'figure':<52}{'value':>16}")
     for label, value in [
         ("kills survived (SIGKILL mid-run)", f"{k['kills']}"),
-        ("  of them after new commits (mid-insert)", f"{k['kills_mid_insert']}"),
+        ("  aimed before a first commit / landed after commits", f"{k['startup_kills']} / {k['kills_mid_insert']}"),
+        ("  kill moments (s from start)", f"{min(k['moments_s']):.2f}..{max(k['moments_s']):.2f}"),
         ("  committed but unreported at a kill (<= 1 each)", f"{k['in_flight_unreported']}"),
         ("rows verified after the kills", f"{k['rows_verified']:,}"),
         ("final run: injected + unchanged", f"{k['final']['injected']} + {k['final']['unchanged']}"),
@@ -573,7 +602,7 @@ def main() -> None:
         ("insert max under contention", f"{c2['insert_max_ms']:.1f} ms"),
         ("delete p50 / p99 under contention", f"{c2['delete_p50_ms']:.1f} / {c2['delete_p99_ms']:.1f} ms"),
         ("inserts / deletes in the contention run", f"{c2['inserts']:,} / {c2['deletes']:,}"),
-        ("largest -wal file", f"{c2['max_wal_mb']:.1f} MB"),
+        ("largest -wal file (the DB file at the end)", f"{c2['max_wal_mb']:.0f} MB ({c2['db_mb']:.0f} MB)"),
         ("compiler-reader queries / SQLITE_BUSY", f"{c2['reader_queries']:,} / {c2['reader_busy']}"),
         ("console-like pages read / errors", f"{c2['pager_pages']} / {len(c2['pager_errors'])}"),
         ("lost writes / deleted rows back / 'locked' in stderr",

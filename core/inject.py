@@ -15,7 +15,6 @@ import json
 import multiprocessing
 import os
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
@@ -317,17 +316,7 @@ class Injector:
         """Replace deletes rows: copy a non-empty DB first (or fail before any write)."""
         if self.db.count() == 0:
             return None
-        folder = state_dir() / "backups"
-        folder.mkdir(parents=True, exist_ok=True)
-        stem = f"before-replace-{time.strftime('%Y%m%d-%H%M%S')}"
-        for n in range(1, 1000):
-            dest = folder / (f"{stem}.db" if n == 1 else f"{stem}-{n}.db")
-            try:
-                dest.open("x").close()  # claim the name: two runs in one second must not share a backup
-            except FileExistsError:
-                continue
-            return str(self.db.backup(dest))
-        raise KdbError(f"no free backup name in {folder}")
+        return str(self.db.backup_to_new_file(state_dir() / "backups", "before-replace"))
 
     def _cancelled(self) -> bool:
         if not self._cancel_event.is_set() and self.should_cancel():

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -60,9 +59,10 @@ def _convert(args: argparse.Namespace) -> int:
 
 def _backup(args: argparse.Namespace) -> int:
     with KernelDB.open(args.db) as db:
-        dest = Path(args.dest).expanduser() if args.dest else (
-            state_dir() / "backups" / f"{db.path.stem}-{time.strftime('%Y%m%d-%H%M%S')}.db")
-        db.backup(dest)
+        if args.dest:
+            dest = db.backup(Path(args.dest).expanduser())
+        else:
+            dest = db.backup_to_new_file(state_dir() / "backups", db.path.stem)
     out.print(f"backup written: {dest}")
     return 0
 

@@ -64,18 +64,19 @@ def main(args: argparse.Namespace) -> int:
                 if lines:
                     lines.report = injector.report
                 report = injector.run(paths)
+        # Still under our SIGINT handler: a Ctrl-C now must not cut the report short.
+        if report.backup:
+            log(f"backup of {db.path} before --replace: {report.backup}")
+        if args.json:
+            print_json(report.as_json())
+        elif args.jsonl:
+            print_json({"event": "summary", **report.as_json(), "cancelled": report.cancelled,
+                        "replaced_rows": report.replaced_rows, "backup": report.backup})
+        else:
+            _print_report(report, db.path)
     finally:
         signal.signal(signal.SIGINT, previous)
         state.close()
-    if report.backup:
-        log(f"backup of {db.path} before --replace: {report.backup}")
-    if args.json:
-        print_json(report.as_json())
-    elif args.jsonl:
-        print_json({"event": "summary", **report.as_json(), "cancelled": report.cancelled,
-                    "replaced_rows": report.replaced_rows, "backup": report.backup})
-    else:
-        _print_report(report, db.path)
     return 1 if report.failed or report.cancelled else 0
 
 

@@ -196,9 +196,14 @@ def run(argv: list[str]) -> int:
         raise
 
 
+# SQLite result codes about the file itself (not the query): READONLY, IOERR, CORRUPT, FULL, CANTOPEN, NOTADB.
+_FILE_ERRORS = {8, 10, 11, 13, 14, 26}
+
+
 def _sqlite_error(exc: BaseException) -> str:
-    """SQLite's own message when exc is (or wraps) one of its database errors; "" otherwise."""
+    """SQLite's own message when exc is (or wraps) an error about the DB file; "" otherwise."""
     import sqlite3
 
     orig = getattr(exc, "orig", None) or exc
-    return str(orig) if isinstance(orig, sqlite3.DatabaseError) else ""
+    code = (getattr(orig, "sqlite_errorcode", None) or 0) & 0xFF
+    return str(orig) if isinstance(orig, sqlite3.DatabaseError) and code in _FILE_ERRORS else ""

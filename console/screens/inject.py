@@ -31,7 +31,7 @@ from console.context import ConsoleContext
 from console.screens.base import KdbScreen
 from console.widgets.stage_progress import StageProgress
 from core.db.kernel_db import KernelDB
-from core.db.state import StateDB, state_dir
+from core.db.state import StateDB
 from core.errors import ToolError
 from core.inject import STAGES, InjectOptions, Injector, InjectProgress, InjectReport
 from core.nvcc import find_nvcc, supported_archs
@@ -348,14 +348,10 @@ class InjectScreen(KdbScreen):
 
         state = StateDB()
         try:
-            with KernelDB.open(db_path, create=True) as db:
-                backup = None
-                if options.replace and db.count() > 0:  # replace deletes rows: keep a copy first, as the CLI does
-                    backup = db.backup(state_dir() / "backups" / f"before-replace-{time.strftime('%Y%m%d-%H%M%S')}.db")
+            with KernelDB.open(db_path, create=True) as db:  # with replace, the engine backs the DB up first
                 injector = Injector(db, options, state=state, on_progress=on_progress,
                                     should_cancel=lambda: cancel.is_set() or worker.is_cancelled)
                 report = injector.run(paths)
-                report.backup = str(backup) if backup else None
         finally:
             state.close()
         self.post_message(self.Progressed(RunProgress.of(injector.progress)))  # the last one is never skipped

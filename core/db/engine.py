@@ -17,10 +17,9 @@ from sqlalchemy.pool import NullPool
 
 from core.errors import DbError
 
-SQLITE_MAGIC = b"SQLite format 3\x00"
 DEFAULT_BUSY_TIMEOUT_S = 10.0
 BUSY_TIMEOUT_ENV = "KDB_BUSY_TIMEOUT_S"
-_SQLITE_BUSY, _SQLITE_LOCKED = 5, 6
+_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_CORRUPT, _SQLITE_NOTADB = 5, 6, 11, 26
 
 
 class DbLocked(DbError):
@@ -55,7 +54,12 @@ def locked_error(path: Path, timeout_s: float) -> DbLocked:
 
 
 def check_sqlite_file(path: Path) -> None:
-    """Refuse what is not an SQLite database before SQLite touches it (empty or missing is fine)."""
+    """Refuse what is not an SQLite database (empty or missing is fine), through a read-only SQLite connection.
+
+    Never with open(): closing any descriptor of a file drops every POSIX lock this process holds on it, those
+    of its live SQLite connections included; another process may then checkpoint and delete the WAL under
+    them (their reads fail with "database disk image is malformed", their commits can be lost).
+    """
     try:
         if path.is_symlink() and not path.exists():
             raise DbError(f"{path} is a dangling symbolic link")
@@ -63,19 +67,28 @@ def check_sqlite_file(path: Path) -> None:
             return
         if not path.is_file():
             raise DbError(f"{path} is not a regular file")
-        with path.open("rb") as f:
-            header = f.read(100)
+        size = path.stat().st_size
+        if size == 0:
+            return
+        if size < 512:  # SQLite itself takes a file of a few bytes for an empty DB, and would write over it
+            raise DbError(f"{path} is not an SQLite database ({size} bytes: smaller than one SQLite page)")
     except OSError as exc:
         raise DbError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    if not header:
-        return
-    if len(header) < 100 or not header.startswith(SQLITE_MAGIC):
-        raise DbError(f"{path} is not an SQLite database (no SQLite header)")
-    page_size = int.from_bytes(header[16:18], "big")
-    if page_size == 1:
-        page_size = 65536
-    if page_size < 512 or page_size & (page_size - 1):
-        raise DbError(f"{path} has a corrupt SQLite header (page size {page_size})")
+    try:
+        conn = sqlite3.connect(f"file:{pathname2url(str(path.resolve()))}?mode=ro", uri=True, timeout=0)
+        try:
+            conn.execute("PRAGMA schema_version").fetchone()  # reads the header and the first page
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        if is_locked(exc):
+            return  # a lock says nothing of the format; the caller's own open waits for it
+        code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
+        if code == _SQLITE_NOTADB:
+            raise DbError(f"{path} is not an SQLite database ({exc})") from exc
+        if code == _SQLITE_CORRUPT:
+            raise damaged(path, str(exc)) from exc
+        raise DbError(f"cannot read {path}: {exc}") from exc
 
 
 def quick_check(path: Path, timeout_s: float | None = None) -> None:
@@ -93,9 +106,13 @@ def quick_check(path: Path, timeout_s: float | None = None) -> None:
     except sqlite3.Error as exc:
         if is_locked(exc):
             raise locked_error(path, timeout_s) from exc
-        raise DbError(f"{path} is damaged: {exc} (a backup, or `kdb db check`, may help)") from exc
+        raise damaged(path, str(exc)) from exc
     if problems != ["ok"]:
-        raise DbError(f"{path} is damaged: {'; '.join(problems)} (a backup, or `kdb db check`, may help)")
+        raise damaged(path, "; ".join(problems))
+
+
+def damaged(path: Path, detail: str) -> DbError:
+    return DbError(f"{path} is damaged: {detail} (restore a backup; `kdb db check` tells more)")
 
 
 def make_engine(path: Path, *, readonly: bool, busy_timeout_s: float | None = None) -> Engine:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -325,6 +326,19 @@ class KernelDB:
     def integrity_check(self) -> list[str]:
         with self.engine.connect() as conn:
             return [str(r[0]) for r in conn.exec_driver_sql("PRAGMA integrity_check")]
+
+    def backup_to_new_file(self, folder: Path, prefix: str) -> Path:
+        """Back up into folder under a fresh time-stamped name (never over an earlier backup)."""
+        folder.mkdir(parents=True, exist_ok=True)
+        stem = f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
+        for n in range(1, 1000):
+            dest = folder / (f"{stem}.db" if n == 1 else f"{stem}-{n}.db")
+            try:
+                dest.open("x").close()  # claim the name: two backups in one second must not share a file
+            except FileExistsError:
+                continue
+            return self.backup(dest)
+        raise DbError(f"no free backup name in {folder}")
 
     def backup(self, dest: Path) -> Path:
         """A consistent copy through SQLite's online backup API (never a file copy of a live DB)."""

@@ -235,7 +235,8 @@ def run_tune(job: TuneJob, root: Path, *, on_event: Callable[[TrialEvent], None]
         ms.tune_tir(mod, target=target, work_dir=str(work_dir), max_trials_global=remaining,
                     num_trials_per_iter=min(job.trials_per_batch, remaining),
                     builder=builder, runner=runner,
-                    measure_callbacks=[Progress(), *ms.MeasureCallback.create("default")],
+                    # Progress last: a trial is reported only once the default callbacks recorded it.
+                    measure_callbacks=[*ms.MeasureCallback.create("default"), Progress()],
                     num_tuning_cores=job.builder_workers or "physical", seed=job.seed)
         result.requeued = getattr(runner, "requeued", 0)
     result.seconds = time.perf_counter() - start
