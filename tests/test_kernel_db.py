@@ -113,3 +113,20 @@ def test_missing_db_is_not_created_by_readers(tmp_path: Path):
     with pytest.raises(DbError, match="kdb db init"):
         KernelDB.open(tmp_path / "nope.db")
     assert not (tmp_path / "nope.db").exists()
+
+
+def test_the_wal_is_cut_back_once_readers_let_go(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr("core.db.engine.WAL_SIZE_LIMIT_BYTES", 100_000)
+    wal = tmp_path / "k.db-wal"
+    with KernelDB.open(tmp_path / "k.db", create=True) as db:
+        db.insert(row(key="first"))
+        reader = sqlite3.connect(db.path)
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM KernelCache").fetchone()  # a snapshot the WAL must keep
+        for i in range(20):  # about 4 MB that cannot be checkpointed past the reader
+            db.insert(row(key=f"k{i}", miscs=json.dumps({"pad": "x" * 200_000})))
+        assert wal.stat().st_size > 2_000_000
+        reader.close()
+        sqlite3.connect(db.path).execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        db.insert(row(key="last"))  # the first write after a full checkpoint restarts the WAL
+        assert wal.stat().st_size <= 100_000

@@ -95,8 +95,16 @@ class KernelSummary:
         return device, self.times[device]
 
 
+_FILTER_SQL = """SELECT rowid, *,
+  CASE WHEN json_valid(Function) THEN json_extract(Function, '$.num_syncthreads') END AS barriers,
+  CASE WHEN json_valid(Function) THEN json_extract(Function, '$.block_dim[0]')
+       * json_extract(Function, '$.block_dim[1]') * json_extract(Function, '$.block_dim[2]') END AS threads,
+  CASE WHEN json_valid(Function) THEN json_extract(Function, '$.grid_dim[0]') * json_extract(Function, '$.grid_dim[1]')
+       * json_extract(Function, '$.grid_dim[2]') END AS blocks
+  FROM KernelCache"""
+
 _SUMMARY_SQL_TEMPLATE = """
-SELECT Key, Identifier, OpType, Source, DeviceType, Tags,
+SELECT rowid, Key, Identifier, OpType, Source, DeviceType, Tags,
   CASE WHEN json_valid(Function) THEN json_extract(Function, '$.grid_dim') END,
   CASE WHEN json_valid(Function) THEN json_extract(Function, '$.block_dim') END,
   CASE WHEN json_valid(Function) THEN json_extract(Function, '$.num_syncthreads') END,
@@ -105,13 +113,7 @@ SELECT Key, Identifier, OpType, Source, DeviceType, Tags,
   CASE WHEN json_valid(Miscs) THEN json_extract(Miscs, '$.external_profile.resource') END,
   CASE WHEN json_valid(Miscs) THEN json_extract(Miscs, '$.kdb.name') END,
   {lint}
-FROM (SELECT *,
-  CASE WHEN json_valid(Function) THEN json_extract(Function, '$.num_syncthreads') END AS barriers,
-  CASE WHEN json_valid(Function) THEN json_extract(Function, '$.block_dim[0]')
-       * json_extract(Function, '$.block_dim[1]') * json_extract(Function, '$.block_dim[2]') END AS threads,
-  CASE WHEN json_valid(Function) THEN json_extract(Function, '$.grid_dim[0]') * json_extract(Function, '$.grid_dim[1]')
-       * json_extract(Function, '$.grid_dim[2]') END AS blocks
-  FROM KernelCache)
+FROM KernelCache
 """
 _SUMMARY_SQL = _SUMMARY_SQL_TEMPLATE.replace("{lint}", LINT_SQL)
 
@@ -152,12 +154,19 @@ def list_kernels(db: KernelDB, flt: KernelFilter | None = None, *, sort: str = "
     where, params = flt.where()
     column = SORTABLE.get(sort, "OpType")
     order = f"{column} {'DESC' if descending else 'ASC'}, Key"
-    sql = f"{_SUMMARY_SQL} {where} ORDER BY {order} LIMIT ? OFFSET ?"
+    # Two steps: the page's rowids first, so the summary columns (which read every row's Function) are
+    # computed for the page alone; SQLite's sorter would otherwise evaluate them for the whole table.
+    page_sql = f"SELECT rowid FROM ({_FILTER_SQL}) {where} ORDER BY {order} LIMIT ? OFFSET ?"
     conn = db.connection()
     register_functions(conn)
     with conn.begin():
-        rows = conn.exec_driver_sql(sql, (*params, limit if limit > 0 else -1, offset)).fetchall()
-    return [_summary(tuple(r)) for r in rows]
+        rowids = [r[0] for r in conn.exec_driver_sql(page_sql, (*params, limit if limit > 0 else -1, offset))]
+        rows: dict[int, Any] = {}
+        for start in range(0, len(rowids), 500):  # within SQLite's bound-parameter limit
+            chunk = rowids[start:start + 500]
+            sql = f"{_SUMMARY_SQL} WHERE rowid IN ({', '.join('?' * len(chunk))})"
+            rows.update((r[0], r[1:]) for r in conn.exec_driver_sql(sql, tuple(chunk)))
+    return [_summary(tuple(rows[i])) for i in rowids if i in rows]
 
 
 def count_kernels(db: KernelDB, flt: KernelFilter | None = None) -> int:

@@ -18,6 +18,7 @@ from sqlalchemy.pool import NullPool
 from core.errors import DbError
 
 DEFAULT_BUSY_TIMEOUT_S = 10.0
+WAL_SIZE_LIMIT_BYTES = 64 * 2**20
 BUSY_TIMEOUT_ENV = "KDB_BUSY_TIMEOUT_S"
 _SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_CORRUPT, _SQLITE_NOTADB = 5, 6, 11, 26
 
@@ -136,6 +137,9 @@ def make_engine(path: Path, *, readonly: bool, busy_timeout_s: float | None = No
                 conn.close()
                 raise DbError(f"{path}: cannot switch to WAL mode (journal_mode={mode[0]})")
             conn.execute("PRAGMA synchronous = NORMAL")
+            # Readers that keep overlapping let the WAL grow as large as the DB; cut it back whenever a
+            # checkpoint gets to restart it (the file is reused, not shrunk, without this).
+            conn.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT_BYTES}")
         return conn
 
     engine = create_engine("sqlite://", creator=connect, poolclass=NullPool if readonly else None)
