@@ -7,12 +7,14 @@ per job state change, and a final {"event": "summary", ...}.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
+import sys
 from dataclasses import asdict
 from pathlib import Path
 from types import FrameType
 
-from console.cli.output import err, log, out, print_json
+from console.cli.output import err, log, print_json
 from core.codegen.batch import load_configs
 from core.db.kernel_db import default_db_path
 from core.errors import InputError, ToolError
@@ -62,9 +64,11 @@ def main(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGINT, on_sigint)
     view = _Live(json_lines=args.json)
     try:
-        report = run_queue(jobs, db_path=Path(args.db).expanduser() if args.db else default_db_path(),
-                           inject_options=inject, on_trial=view.trial, on_job=view.job,
-                           should_cancel=lambda: cancel["requested"])
+        # MetaSchedule logs its task tables to sys.stdout: they go to stderr so stdout stays ours (JSON lines).
+        with contextlib.redirect_stdout(sys.stderr):
+            report = run_queue(jobs, db_path=Path(args.db).expanduser() if args.db else default_db_path(),
+                               inject_options=inject, on_trial=view.trial, on_job=view.job,
+                               should_cancel=lambda: cancel["requested"])
     finally:
         signal.signal(signal.SIGINT, previous)
         view.stop()
@@ -76,7 +80,7 @@ def main(args: argparse.Namespace) -> int:
                          "trials_per_minute": round(r.trials_per_minute, 1), "errors": r.errors,
                          "kernels": sorted(r.kernels)} for r in report.results]}
     if args.json:
-        print_json(summary)
+        print_json(summary, view.stdout)
     failed = bool(report.failures) or any(i.failed for i in report.injects)
     return 1 if failed or report.cancelled else 0
 
@@ -86,6 +90,7 @@ class _Live:
 
     def __init__(self, *, json_lines: bool) -> None:
         self.json_lines = json_lines
+        self.stdout = sys.stdout  # taken before tuning redirects sys.stdout
         self.bar = None
         self.tasks: dict[str, int] = {}
         if err.is_terminal and not json_lines:
@@ -97,7 +102,7 @@ class _Live:
 
     def trial(self, event: TrialEvent) -> None:
         if self.json_lines:
-            print_json({"event": "trial", **asdict(event)})
+            print_json({"event": "trial", **asdict(event)}, self.stdout)
         elif self.bar is not None:
             task = self.tasks.setdefault(event.job, self.bar.add_task(event.job[:48], total=event.total, best=""))
             best = f"best {event.best_seconds * 1e6:.2f} us" if event.best_seconds else "no success yet"
@@ -106,9 +111,13 @@ class _Live:
     def job(self, event: JobEvent) -> None:
         if self.json_lines:
             print_json({"event": "job", "job": event.job, "index": event.index, "status": event.status,
-                        "detail": event.detail})
+                        "detail": event.detail}, self.stdout)
         elif event.status in ("done", "failed", "cancelled"):
-            (err if self.bar is not None else out).print(f"{event.status}: {event.job}: {event.detail}")
+            line = f"{event.status}: {event.job}: {event.detail}"
+            if self.bar is not None:
+                err.print(line)
+            else:
+                print(line, file=self.stdout, flush=True)
 
     def stop(self) -> None:
         if self.bar is not None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import Any, TextIO
 
 from rich.console import Console
 
@@ -15,11 +15,12 @@ out = Console(soft_wrap=False)
 err = Console(stderr=True)
 
 
-def print_json(value: Any) -> None:
+def print_json(value: Any, stream: TextIO | None = None) -> None:
+    stream = stream or sys.stdout
     text = json.dumps(value, ensure_ascii=False, indent=None, default=str) + "\n"
     # Undecodable file names or lone surrogates leave as \\udcXX escapes: still valid JSON, never a crash.
-    sys.stdout.buffer.write(text.encode("utf-8", "backslashreplace"))
-    sys.stdout.flush()
+    stream.buffer.write(text.encode("utf-8", "backslashreplace"))
+    stream.flush()
 
 
 def log(message: str) -> None:
