@@ -14,6 +14,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from core.db.kernel_db import KernelDB
+from core.db.summary_index import ROW_COLUMNS, SELECTIVE_LIMIT, SummaryIndex
 from core.kernel_row import shared_bytes
 from core.lint import quick_problem
 from core.profile import parse_profile
@@ -36,9 +37,16 @@ LINT_SQL = ("kdb_quick_problem(OpType, Attributes, Identifier, Source, DeviceTyp
             "CASE WHEN json_valid(Miscs) THEN json_extract(Miscs, '$.external_profile.resource') END)")
 
 
+TAG_SQL = "(',' || {tags} || ',') LIKE ? ESCAPE '\\'"
+
+
+def tag_pattern(tag: str) -> str:
+    return "%," + tag.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + ",%"
+
+
 @dataclass(frozen=True)
 class KernelFilter:
-    text: str = ""  # substring of the identifier or kernel name, or a Key prefix
+    text: str = ""  # part of the identifier, kernel name or Key, ignoring ASCII case
     op_type: str = ""
     source: str = ""
     tag: str = ""
@@ -48,9 +56,9 @@ class KernelFilter:
     def where(self) -> tuple[str, list[Any]]:
         clauses, params = [], []
         if self.text:
-            clauses.append("(instr(Identifier, ?) > 0 OR substr(Key, 1, ?) = ? OR instr(CASE WHEN json_valid(Miscs) "
-                           "THEN json_extract(Miscs, '$.kdb.name') END, ?) > 0)")
-            params += [self.text, len(self.text), self.text, self.text]
+            clauses.append("instr(lower(Identifier || char(10) || coalesce(CASE WHEN json_valid(Miscs) THEN "
+                           "json_extract(Miscs, '$.kdb.name') END, '') || char(10) || Key), ?) > 0")
+            params.append(self.text.lower())
         if self.op_type:
             clauses.append("OpType = ?")
             params.append(self.op_type)
@@ -58,8 +66,8 @@ class KernelFilter:
             clauses.append("Source = ?")
             params.append(self.source)
         if self.tag:
-            clauses.append("(',' || Tags || ',') LIKE ? ESCAPE '\\'")
-            params.append("%," + self.tag.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + ",%")
+            clauses.append(TAG_SQL.format(tags="Tags"))
+            params.append(tag_pattern(self.tag))
         if self.device:
             clauses.append("DeviceType = ?")
             params.append(self.device)
@@ -153,7 +161,8 @@ def list_kernels(db: KernelDB, flt: KernelFilter | None = None, *, sort: str = "
     flt = flt or KernelFilter()
     where, params = flt.where()
     column = SORTABLE.get(sort, "OpType")
-    order = f"{column} {'DESC' if descending else 'ASC'}, Key"
+    direction = "DESC" if descending else "ASC"
+    order = f"{column} {direction}, Key {direction}"
     # Two steps: the page's rowids first, so the summary columns (which read every row's Function) are
     # computed for the page alone; SQLite's sorter would otherwise evaluate them for the whole table.
     page_sql = f"SELECT rowid FROM ({_FILTER_SQL}) {where} ORDER BY {order} LIMIT ? OFFSET ?"
@@ -189,3 +198,74 @@ def op_types(db: KernelDB) -> list[tuple[str, int]]:
     with conn.begin():
         return [(r[0], r[1]) for r in conn.exec_driver_sql(
             "SELECT OpType, count(*) FROM KernelCache GROUP BY OpType ORDER BY OpType")]
+
+
+# -- the same views answered from the browse index (core/db/summary_index.py) --------------------------
+
+INDEX_SORTABLE = {"op": "op", "identifier": "identifier", "source": "source", "device": "device", "tags": "tags",
+                  "barriers": "barriers", "threads": "threads", "blocks": "blocks", "key": "key"}
+
+
+def _index_where(flt: KernelFilter, prefix: str = "s.") -> tuple[list[str], list[Any]]:
+    """Every filter but the text one, over the summary table."""
+    clauses, params = [], []
+    for value, column in ((flt.op_type, "op"), (flt.source, "source"), (flt.device, "device")):
+        if value:
+            clauses.append(f"{prefix}{column} = ?")
+            params.append(value)
+    if flt.tag:
+        clauses.append(TAG_SQL.format(tags=f"{prefix}tags"))
+        params.append(tag_pattern(flt.tag))
+    if flt.lint == "ok":
+        clauses.append(f"{prefix}problem = ''")
+    elif flt.lint == "problems":
+        clauses.append(f"{prefix}problem != ''")
+    return clauses, params
+
+
+def _index_plan(index: SummaryIndex, flt: KernelFilter) -> tuple[str, list[str], list[Any]]:
+    """FROM clause, WHERE clauses and their parameters for a filter.
+
+    Text matches identifier, kernel name or Key, ignoring ASCII case. A text that few rows contain is looked
+    up in the trigram index (its LIKE treats _ and % as wildcards, so the exact test follows); a short or
+    common one is tested row by row while a sort index is walked, which finds a page of matches early.
+    """
+    clauses, params = _index_where(flt)
+    source = "summary AS s"
+    if flt.text:
+        needle = flt.text.lower()
+        if len(needle) >= 3:
+            like = f"%{needle}%"
+            found = index.query("SELECT count(*) FROM (SELECT rowid FROM search_text WHERE search LIKE ? LIMIT ?)",
+                                (like, SELECTIVE_LIMIT))[0][0]
+            if found < SELECTIVE_LIMIT:
+                # CROSS JOIN keeps the few matches as the outer loop: no walk over the whole table.
+                source = "(SELECT rowid AS rid FROM search_text WHERE search LIKE ?) AS m CROSS JOIN summary AS s " \
+                         "ON s.rid = m.rid"
+                params.insert(0, like)
+        clauses.append("instr(lower(s.search), ?) > 0")
+        params.append(needle)
+    return source, clauses, params
+
+
+def list_kernels_indexed(index: SummaryIndex, flt: KernelFilter | None = None, *, sort: str = "op",
+                         descending: bool = False, offset: int = 0, limit: int = 100) -> list[KernelSummary]:
+    """Like list_kernels, from the browse index (which may be a sync behind the DB)."""
+    flt = flt or KernelFilter()
+    source, clauses, params = _index_plan(index, flt)
+    where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
+    direction = "DESC" if descending else "ASC"
+    column = INDEX_SORTABLE.get(sort, "op")
+    columns = ", ".join(f"s.{c.strip()}" for c in ROW_COLUMNS.split(","))
+    sql = (f"SELECT {columns} FROM {source} {where} ORDER BY s.{column} {direction}, s.key {direction} "
+           f"LIMIT ? OFFSET ?")
+    return [_summary(r) for r in index.query(sql, (*params, limit if limit > 0 else -1, offset))]
+
+
+def count_kernels_indexed(index: SummaryIndex, flt: KernelFilter | None = None) -> int:
+    flt = flt or KernelFilter()
+    if flt == KernelFilter():
+        return index.rows
+    source, clauses, params = _index_plan(index, flt)
+    where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
+    return index.query(f"SELECT count(*) FROM {source} {where}", tuple(params))[0][0]

@@ -240,7 +240,16 @@ class KernelDB:
         text = json.dumps(miscs, ensure_ascii=False, allow_nan=False)
         conn = self.connection()
         with conn.begin():
-            conn.exec_driver_sql("UPDATE KernelCache SET Miscs = ? WHERE Key = ?", (text, key))
+            # Moved to a new rowid rather than updated in place: the browse index (core/db/summary_index.py)
+            # sees changed rows by their (rowid, Key) pair without reading any bodies.
+            row = conn.exec_driver_sql(f"SELECT {', '.join(COLUMNS)} FROM KernelCache WHERE Key = ?",
+                                       (key,)).fetchone()
+            if row is None:
+                return
+            conn.exec_driver_sql("DELETE FROM KernelCache WHERE Key = ?", (key,))
+            values = tuple(text if name == "Miscs" else value for name, value in zip(COLUMNS, row, strict=True))
+            conn.exec_driver_sql(
+                f"INSERT INTO KernelCache ({', '.join(COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", values)
 
     # -- reading ---------------------------------------------------------------------------
 
