@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import sqlite3
@@ -98,9 +99,7 @@ def test_sync_follows_inserts_deletes_replacements_and_profile_updates(db: Kerne
         conn.close()
         writer.insert(kernel(100))
         writer.delete(["kdb:0001", "kdb:0002"])
-        replacement = kernel(3)
-        writer.insert(KernelRow(*(replacement.values()[:2] + ("Relu",) + replacement.values()[3:])),
-                      replace=True)  # same Key, new content: the old row goes, the new one has a new rowid
+        writer.insert(dataclasses.replace(kernel(3), op_type="Relu"), replace=True)  # same Key, new content: the old row goes, the new one has a new rowid
         writer.update_miscs("kdb:0004", {"external_profile": {"time": "NVIDIA H200:0.5;", "resource": 1}})
         assert not index.fresh
         report = index.sync()

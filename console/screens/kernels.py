@@ -1,7 +1,9 @@
 """Kernels: browse the DB a page at a time, filter as you type, sort, inspect, delete/undo, export, copy.
 
 All DB work happens in thread workers that post messages back; the screen applies them. Each reload
-carries a generation number so a slow, stale page never overwrites a newer one.
+carries a generation number so a slow, stale page never overwrites a newer one. Pages come from the browse
+index (core/db/summary_index.py) once it exists; a worker of its own keeps it in step with the DB, and the
+page is shown first, its row count after (counting a million rows takes longer than painting 100).
 """
 
 from __future__ import annotations
@@ -18,16 +20,26 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.widgets import Button, DataTable, Footer, Header, Input, Select, Static
+from textual.worker import get_current_worker
 
 from console.screens.base import KdbScreen
 from console.widgets.dialogs import ConfirmDialog, PathDialog
 from console.widgets.kernel_detail import KernelDetail
 from console.widgets.kernel_table import COLUMNS, KernelTable
-from core.db.browse import KernelFilter, KernelSummary, count_kernels, list_kernels, op_types
+from core.db.browse import (
+    KernelFilter,
+    KernelSummary,
+    count_kernels,
+    count_kernels_indexed,
+    list_kernels,
+    list_kernels_indexed,
+)
 from core.db.kernel_db import KernelDB, Schema
+from core.db.summary_index import SummaryIndex
 from core.kernel_row import KernelRow
 
 PAGE_SIZE = 100
+DEBOUNCE_S = 0.04  # typing fast reloads once, when the keys stop
 ALL = "__all__"
 
 
@@ -46,6 +58,7 @@ class KernelsScreen(KdbScreen):
         Binding("v", "check_on_gpu(False)", "Verify on GPU"),
         Binding("P", "check_on_gpu(True)", "Profile on GPU"),
         Binding("r", "reload", "Reload", show=False),
+        Binding("R", "rebuild_index", "Rebuild the browse index", show=False),
         Binding("C", "convert", "Convert osdi20", show=False),
     ]
 
@@ -53,10 +66,31 @@ class KernelsScreen(KdbScreen):
     class PageLoaded(Message):
         generation: int
         rows: list[KernelSummary]
-        total: int
         offset: int
-        op_types: list[str]
         schema: Schema
+        sort: str  # what the page is sorted by (Key while there is no index yet and no filter)
+        op_types: list[str] | None = None  # None: unchanged
+
+    @dataclass
+    class Counted(Message):
+        generation: int
+        total: int
+
+    @dataclass
+    class IndexProgress(Message):
+        done: int
+        total: int
+
+        def can_replace(self, message: Message) -> bool:
+            return isinstance(message, KernelsScreen.IndexProgress)
+
+    @dataclass
+    class IndexSynced(Message):
+        changed: bool
+
+    @dataclass
+    class IndexStale(Message):
+        """A page came from an index that the DB has moved on from."""
 
     @dataclass
     class DetailLoaded(Message):
@@ -68,7 +102,11 @@ class KernelsScreen(KdbScreen):
         super().__init__()
         self.kernel_filter = KernelFilter()
         self.sort, self.descending = "op", False
-        self.page_offset, self.total = 0, 0
+        self.page_offset = 0
+        self.total: int | None = 0  # None while counting
+        self.shown_sort = "op"
+        self.index_state = ""  # what the status line says of the browse index
+        self.syncing, self.sync_again, self.rebuild_next = False, False, False
         self.generation = 0
         self.marked: set[str] = set()
         self.undo_stack: list[list[KernelRow]] = []
@@ -98,10 +136,15 @@ class KernelsScreen(KdbScreen):
     def on_mount(self) -> None:
         self.query_one(KernelTable).focus()
         self.reload()
+        self.request_sync()
+        # Another process (an injection in another terminal) may write at any time; a sync of an unchanged
+        # file costs a stat() and one small query.
+        self.set_interval(3.0, self.request_sync)
 
     def on_screen_resume(self) -> None:
         # Other views (Inject, Failures retries) change the DB: show the current state on return.
         self.reload()
+        self.request_sync()
 
     # -- loading ----------------------------------------------------------------------------
 
@@ -111,30 +154,99 @@ class KernelsScreen(KdbScreen):
 
     @work(thread=True, exit_on_error=False, group="page", exclusive=True)
     def load_page(self, generation: int, flt: KernelFilter, sort: str, descending: bool, offset: int) -> None:
-        if not self.app.context.db_path.exists():  # type: ignore[attr-defined]
+        context = self.app.context  # type: ignore[attr-defined]
+        if not context.db_path.exists():
             # Not an error: the first injection creates it.
-            self.post_message(self.PageLoaded(generation, [], 0, 0, [], Schema.EMPTY))
+            self.post_message(self.PageLoaded(generation, [], 0, Schema.EMPTY, sort, []))
+            self.post_message(self.Counted(generation, 0))
             return
-        with self.app.context.open_db() as db:  # type: ignore[attr-defined]
+        with context.open_db() as db:
             if db.schema is not Schema.CURRENT:
-                self.post_message(self.PageLoaded(generation, [], 0, 0, [], db.schema))
+                self.post_message(self.PageLoaded(generation, [], 0, db.schema, sort, []))
+                self.post_message(self.Counted(generation, 0))
                 return
-            total = count_kernels(db, flt)
+            with SummaryIndex.open(db.path) as index:
+                if index.ready:
+                    rows = list_kernels_indexed(index, flt, sort=sort, descending=descending, offset=offset,
+                                                limit=PAGE_SIZE)
+                    ops = [op for op, _ in index.op_types()]
+                    self.post_message(self.PageLoaded(generation, rows, offset, db.schema, sort, ops))
+                    if not index.fresh:
+                        self.post_message(self.IndexStale())
+                    if not get_current_worker().is_cancelled:
+                        self.post_message(self.Counted(generation, count_kernels_indexed(index, flt)))
+                    return
+            # No index yet (it is being built): ask the DB itself. Unfiltered pages follow the Key index,
+            # which gives a first page at once however big the DB is.
+            if flt == KernelFilter():
+                sort = "key"
             rows = list_kernels(db, flt, sort=sort, descending=descending, offset=offset, limit=PAGE_SIZE)
-            ops = [op for op, _ in op_types(db)]
-        self.post_message(self.PageLoaded(generation, rows, total, offset, ops, db.schema))
+            self.post_message(self.PageLoaded(generation, rows, offset, db.schema, sort))
+            if not get_current_worker().is_cancelled:
+                self.post_message(self.Counted(generation, count_kernels(db, flt)))
 
     def on_kernels_screen_page_loaded(self, message: PageLoaded) -> None:
         if message.generation != self.generation:
             return  # a newer request is on its way
-        self.rows, self.total, self.page_offset = message.rows, message.total, message.offset
+        self.rows, self.page_offset, self.shown_sort = message.rows, message.offset, message.sort
+        self.total = None
         with self.app.batch_update():
             self.query_one(KernelTable).show(message.rows, self.marked)
-            self._update_op_choices(message.op_types)
+            if message.op_types is not None:
+                self._update_op_choices(message.op_types)
             self._update_banner(message.schema)
             self._update_status()
         if not message.rows:
             self.query_one(KernelDetail).show(None, [])
+
+    def on_kernels_screen_counted(self, message: Counted) -> None:
+        if message.generation == self.generation:
+            self.total = message.total
+            self._update_status()
+
+    def request_sync(self, rebuild: bool = False) -> None:
+        """One sync at a time (a build of a big DB must not be restarted by every change); asked for again
+        while one runs, it runs once more after."""
+        if self.syncing:
+            self.sync_again, self.rebuild_next = True, self.rebuild_next or rebuild
+            return
+        self.syncing = True
+        self.sync_index(rebuild)
+
+    def on_kernels_screen_index_stale(self, message: IndexStale) -> None:
+        self.request_sync()
+
+    @work(thread=True, exit_on_error=False, group="index")
+    def sync_index(self, rebuild: bool = False) -> None:
+        context = self.app.context  # type: ignore[attr-defined]
+        changed = False
+        try:
+            if context.db_path.exists():
+                with context.open_db() as db:
+                    current = db.schema is Schema.CURRENT
+                if current:
+                    worker = get_current_worker()
+                    with SummaryIndex.open(context.db_path) as index:
+                        changed = index.sync(lambda done, total: self.post_message(self.IndexProgress(done, total)),
+                                             lambda: worker.is_cancelled, force_rebuild=rebuild).changed
+        finally:  # a failure goes to the App's handler; the next request must still be able to run
+            self.post_message(self.IndexSynced(changed))
+
+    def on_kernels_screen_index_progress(self, message: IndexProgress) -> None:
+        share = f"{message.done / message.total:.0%}" if message.total else ""
+        self.index_state = f"browse index: {message.done:,}/{message.total:,} rows {share}"
+        self._update_status()
+
+    def on_kernels_screen_index_synced(self, message: IndexSynced) -> None:
+        self.index_state = ""
+        self.syncing = False
+        if self.sync_again:
+            rebuild, self.sync_again, self.rebuild_next = self.rebuild_next, False, False
+            self.request_sync(rebuild)
+        if message.changed:
+            self.reload()
+        else:
+            self._update_status()
 
     def _update_op_choices(self, ops: list[str]) -> None:
         select = self.query_one("#filter-op", Select)
@@ -161,11 +273,16 @@ class KernelsScreen(KdbScreen):
             banner.add_class("hidden")
 
     def _update_status(self) -> None:
-        sort = next((label for _, label, s, _ in COLUMNS if s == self.sort), self.sort)
-        end = min(self.page_offset + PAGE_SIZE, self.total)
-        pages = max(1, -(-self.total // PAGE_SIZE))
-        text = (f"rows {self.page_offset + 1 if self.total else 0}-{end} of {self.total:,} · page "
-                f"{self.page_offset // PAGE_SIZE + 1}/{pages} · sorted by {sort} {'↓' if self.descending else '↑'}")
+        sort = next((label for _, label, s, _ in COLUMNS if s == self.shown_sort), self.shown_sort)
+        first, end = self.page_offset + 1 if self.rows else 0, self.page_offset + len(self.rows)
+        if self.total is None:
+            text = f"rows {first}-{end} of … (counting) · page {self.page_offset // PAGE_SIZE + 1}"
+        else:
+            pages = max(1, -(-self.total // PAGE_SIZE))
+            text = f"rows {first}-{end} of {self.total:,} · page {self.page_offset // PAGE_SIZE + 1}/{pages}"
+        text += f" · sorted by {sort} {'↓' if self.descending else '↑'}"
+        if self.index_state:
+            text += f" · {self.index_state}"
         if self.marked:
             text += f" · {len(self.marked)} marked"
         if self.undo_stack:
@@ -202,7 +319,7 @@ class KernelsScreen(KdbScreen):
         # Debounce: typing fast reloads once, when the keys stop.
         if getattr(self, "_debounce", None) is not None:
             self._debounce.stop()
-        self._debounce = self.set_timer(0.15, self._apply_filters)
+        self._debounce = self.set_timer(DEBOUNCE_S, self._apply_filters)
 
     @on(Select.Changed)
     def select_filter_changed(self) -> None:
@@ -243,12 +360,18 @@ class KernelsScreen(KdbScreen):
 
     def action_page(self, delta: int) -> None:
         new = self.page_offset + delta * PAGE_SIZE
-        if 0 <= new < max(self.total, 1):
+        more = len(self.rows) == PAGE_SIZE if self.total is None else new < self.total
+        if new >= 0 and (delta < 0 or more):
             self.page_offset = new
             self.reload()
 
     def action_reload(self) -> None:
         self.reload()
+        self.request_sync()
+
+    def action_rebuild_index(self) -> None:
+        """Another tool may have UPDATEd rows in place, which a sync cannot see: read every row again."""
+        self.request_sync(rebuild=True)
 
     def action_mark(self) -> None:
         key = self.query_one(KernelTable).current_key()
@@ -283,6 +406,8 @@ class KernelsScreen(KdbScreen):
     def delete_rows(self, keys: list[str]) -> None:
         with self.app.context.open_db(write=True) as db:  # type: ignore[attr-defined]
             removed = db.delete(keys)
+        with SummaryIndex.open(db.path) as index:
+            index.forget([r.key for r in removed])  # gone from the pages at once, before the next sync
         self.app.call_from_thread(self._after_delete, removed)
 
     def _after_delete(self, removed: list[KernelRow]) -> None:
@@ -291,6 +416,7 @@ class KernelsScreen(KdbScreen):
         self.marked -= {r.key for r in removed}
         self.notify(f"deleted {len(removed)} kernel(s); u to undo")
         self.reload()
+        self.request_sync()
 
     def action_undo(self) -> None:
         if not self.undo_stack:
@@ -303,7 +429,7 @@ class KernelsScreen(KdbScreen):
         with self.app.context.open_db(write=True) as db:  # type: ignore[attr-defined]
             n = db.restore(rows)
         self.app.call_from_thread(self.notify, f"restored {n} kernel(s)")
-        self.app.call_from_thread(self.reload)
+        self.app.call_from_thread(self.request_sync)
 
     def action_export(self) -> None:
         keys = self._selection()
