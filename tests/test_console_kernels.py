@@ -121,3 +121,28 @@ async def test_detail_pane_shows_shared_memory_and_not_measured(app: FixedDevice
         await pilot.pause(0.4)
         text = shown_text(app.screen.query_one(KernelDetail).query_one("#detail-body"))
         assert "A_shared_kdb_flat" in text and "not measured" in text and "barriers" in text
+
+
+async def test_rows_written_by_another_process_show_up_without_a_keypress(app: FixedDeviceApp):
+    """The page comes from the browse index; its worker notices the DB file changed and catches up."""
+    import sqlite3
+
+    async with app.run_test(size=(180, 50)) as pilot:
+        table = app.screen.query_one(KernelTable)
+        await wait_rows(pilot, table, 10)
+        for _ in range(100):  # the index is built in the background after the first page
+            await pilot.pause(0.05)
+            if not app.screen.syncing:
+                break
+        conn = sqlite3.connect(app.context.db_path)  # another tool: no notification reaches the console
+        conn.execute("INSERT INTO KernelCache SELECT 'other-tool', Identifier, OpType, Attributes, Source, "
+                     "DeviceType, Function, Tags, Miscs FROM KernelCache LIMIT 1")
+        conn.execute("DELETE FROM KernelCache WHERE Key = (SELECT min(Key) FROM KernelCache WHERE Key != 'other-tool')")
+        conn.commit()
+        conn.close()
+        for _ in range(120):  # the check runs every 3 s
+            await pilot.pause(0.05)
+            keys = {str(k.value) for k in table.rows}
+            if "other-tool" in keys:
+                break
+        assert "other-tool" in keys and len(keys) == 10 and app.screen.total == 10
