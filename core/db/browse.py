@@ -162,7 +162,7 @@ def list_kernels(db: KernelDB, flt: KernelFilter | None = None, *, sort: str = "
     where, params = flt.where()
     column = SORTABLE.get(sort, "OpType")
     direction = "DESC" if descending else "ASC"
-    order = f"{column} {direction}, Key {direction}"
+    order = f"{column} {direction}, rowid {direction}"  # rowid: the browse index breaks ties the same way
     # Two steps: the page's rowids first, so the summary columns (which read every row's Function) are
     # computed for the page alone; SQLite's sorter would otherwise evaluate them for the whole table.
     page_sql = f"SELECT rowid FROM ({_FILTER_SQL}) {where} ORDER BY {order} LIMIT ? OFFSET ?"
@@ -243,7 +243,7 @@ def _index_plan(index: SummaryIndex, flt: KernelFilter) -> tuple[str, list[str],
                 source = "(SELECT rowid AS rid FROM search_text WHERE search LIKE ?) AS m CROSS JOIN summary AS s " \
                          "ON s.rid = m.rid"
                 params.insert(0, like)
-        clauses.append("instr(lower(s.search), ?) > 0")
+        clauses.append("instr(lower(s.identifier || char(10) || coalesce(s.name, '') || char(10) || s.key), ?) > 0")
         params.append(needle)
     return source, clauses, params
 
@@ -257,7 +257,7 @@ def list_kernels_indexed(index: SummaryIndex, flt: KernelFilter | None = None, *
     direction = "DESC" if descending else "ASC"
     column = INDEX_SORTABLE.get(sort, "op")
     columns = ", ".join(f"s.{c.strip()}" for c in ROW_COLUMNS.split(","))
-    sql = (f"SELECT {columns} FROM {source} {where} ORDER BY s.{column} {direction}, s.key {direction} "
+    sql = (f"SELECT {columns} FROM {source} {where} ORDER BY s.{column} {direction}, s.rid {direction} "
            f"LIMIT ? OFFSET ?")
     return [_summary(r) for r in index.query(sql, (*params, limit if limit > 0 else -1, offset))]
 

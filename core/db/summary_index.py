@@ -27,7 +27,7 @@ from core.db.engine import busy_timeout, is_locked, locked_error
 from core.db.state import state_dir
 from core.lint import quick_problem
 
-FORMAT_VERSION = "1"
+FORMAT_VERSION = "2"
 BATCH_ROWS = 5000
 # Substring filters shorter than a trigram cannot use the full-text index; nor is it worth it when a
 # string matches this many rows: walking a sort index and testing each row finds a page sooner.
@@ -55,29 +55,34 @@ CREATE TABLE summary(
   rid INTEGER PRIMARY KEY,      -- KernelCache's rowid
   key TEXT NOT NULL, identifier, op, source, device, tags, grid, block, barriers, shared, profile,
   resource, name, problem,
-  threads, blocks,              -- sortable products of block_dim and grid_dim
-  search TEXT                   -- what the text filter looks in: identifier, kernel name, Key
+  threads, blocks               -- sortable products of block_dim and grid_dim
 );
+-- What the text filter looks in; computed, not stored (a million rows would carry 150 MB more).
+CREATE VIEW summary_search AS
+  SELECT rid, identifier || char(10) || coalesce(name, '') || char(10) || key AS search FROM summary;
 CREATE TABLE meta(name TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 _INDEXES = """
-CREATE INDEX by_op ON summary(op, key);
-CREATE INDEX by_identifier ON summary(identifier, key);
-CREATE INDEX by_source ON summary(source, key);
-CREATE INDEX by_device ON summary(device, key);
-CREATE INDEX by_tags ON summary(tags, key);
-CREATE INDEX by_barriers ON summary(barriers, key);
-CREATE INDEX by_threads ON summary(threads, key);
-CREATE INDEX by_blocks ON summary(blocks, key);
+-- Ties are broken by rowid, which every index entry carries: (op, rid) order costs no extra bytes.
+CREATE INDEX by_op ON summary(op);
+CREATE INDEX by_identifier ON summary(identifier);
+CREATE INDEX by_source ON summary(source);
+CREATE INDEX by_device ON summary(device);
+CREATE INDEX by_tags ON summary(tags);
+CREATE INDEX by_barriers ON summary(barriers);
+CREATE INDEX by_threads ON summary(threads);
+CREATE INDEX by_blocks ON summary(blocks);
 CREATE INDEX by_key ON summary(key);
-CREATE INDEX by_problem ON summary(problem != '', key);
-CREATE VIRTUAL TABLE search_text USING fts5(search, content='summary', content_rowid='rid', tokenize='trigram',
-                                            detail='none');
+CREATE INDEX by_problem ON summary(problem != '');
+CREATE VIRTUAL TABLE search_text USING fts5(search, content='summary_search', content_rowid='rid',
+                                            tokenize='trigram', detail='none');
 CREATE TRIGGER summary_added AFTER INSERT ON summary BEGIN
-  INSERT INTO search_text(rowid, search) VALUES (new.rid, new.search);
+  INSERT INTO search_text(rowid, search)
+    VALUES (new.rid, new.identifier || char(10) || coalesce(new.name, '') || char(10) || new.key);
 END;
 CREATE TRIGGER summary_removed AFTER DELETE ON summary BEGIN
-  INSERT INTO search_text(search_text, rowid, search) VALUES ('delete', old.rid, old.search);
+  INSERT INTO search_text(search_text, rowid, search)
+    VALUES ('delete', old.rid, old.identifier || char(10) || coalesce(old.name, '') || char(10) || old.key);
 END;
 """
 def _aliased_summary_columns() -> str:
@@ -108,11 +113,10 @@ def _split_top_level(sql: str) -> list[str]:
 
 
 _SELECT_NEW = f"""
-INSERT INTO summary(rid, {ROW_COLUMNS}, threads, blocks, search)
+INSERT INTO summary(rid, {ROW_COLUMNS}, threads, blocks)
 SELECT rid, {ROW_COLUMNS},
   json_extract(block, '$[0]') * json_extract(block, '$[1]') * json_extract(block, '$[2]'),
-  json_extract(grid, '$[0]') * json_extract(grid, '$[1]') * json_extract(grid, '$[2]'),
-  identifier || char(10) || coalesce(name, '') || char(10) || key
+  json_extract(grid, '$[0]') * json_extract(grid, '$[1]') * json_extract(grid, '$[2]')
 FROM (SELECT rowid AS rid, {_aliased_summary_columns()} FROM k.KernelCache WHERE {{where}})
 """
 
@@ -250,7 +254,8 @@ class SummaryIndex:
         # executescript commits on its own: the layout is dropped and re-created in one script.
         self.conn.executescript(
             "DROP TRIGGER IF EXISTS summary_added; DROP TRIGGER IF EXISTS summary_removed;"
-            "DROP TABLE IF EXISTS search_text; DROP TABLE IF EXISTS summary; DROP TABLE IF EXISTS meta;" + _TABLES)
+            "DROP TABLE IF EXISTS search_text; DROP VIEW IF EXISTS summary_search; DROP TABLE IF EXISTS summary; "
+            "DROP TABLE IF EXISTS meta;" + _TABLES)
         total = self.conn.execute("SELECT count(*) FROM k.KernelCache").fetchone()[0]
         done, last = 0, -(2**63)
         while True:
