@@ -146,3 +146,25 @@ async def test_rows_written_by_another_process_show_up_without_a_keypress(app: F
             if "other-tool" in keys:
                 break
         assert "other-tool" in keys and len(keys) == 10 and app.screen.total == 10
+
+
+async def test_on_a_big_db_filters_wait_for_the_browse_index(app: FixedDeviceApp, monkeypatch: pytest.MonkeyPatch):
+    """Before the index exists a big DB shows its first page in Key order; a filter waits (reading every body
+    of a million rows would take minutes) and applies itself once the index is built."""
+    import console.screens.kernels as kernels_view
+
+    monkeypatch.setattr(kernels_view, "DIRECT_FILTER_LIMIT", 5)  # "big": more than 5 rows
+    real_request = kernels_view.KernelsScreen.request_sync
+    monkeypatch.setattr(kernels_view.KernelsScreen, "request_sync", lambda self, rebuild=False: None)
+    async with app.run_test(size=(180, 50)) as pilot:
+        screen = app.screen
+        table = screen.query_one(KernelTable)
+        await wait_rows(pilot, table, 10)
+        assert screen.shown_sort == "key" and [str(k.value) for k in table.rows] == sorted(
+            str(k.value) for k in table.rows)
+        await pilot.press("slash", *"Dot")
+        await wait_rows(pilot, table, 0)
+        assert "waits for the browse index" in shown_text(screen.query_one("#page-status"))
+        real_request(screen)
+        await wait_rows(pilot, table, 2)
+        assert "waits" not in shown_text(screen.query_one("#page-status"))

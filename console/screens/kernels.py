@@ -40,6 +40,7 @@ from core.kernel_row import KernelRow
 
 PAGE_SIZE = 100
 DEBOUNCE_S = 0.04  # typing fast reloads once, when the keys stop
+DIRECT_FILTER_LIMIT = 50_000  # rows above which filters wait for the browse index rather than read the DB
 ALL = "__all__"
 
 
@@ -70,6 +71,7 @@ class KernelsScreen(KdbScreen):
         schema: Schema
         sort: str  # what the page is sorted by (Key while there is no index yet and no filter)
         op_types: list[str] | None = None  # None: unchanged
+        waiting: bool = False  # the filter waits for the browse index
 
     @dataclass
     class Counted(Message):
@@ -105,6 +107,7 @@ class KernelsScreen(KdbScreen):
         self.page_offset = 0
         self.total: int | None = 0  # None while counting
         self.shown_sort = "op"
+        self.waiting = False
         self.index_state = ""  # what the status line says of the browse index
         self.syncing, self.sync_again, self.rebuild_next = False, False, False
         self.generation = 0
@@ -177,19 +180,24 @@ class KernelsScreen(KdbScreen):
                         self.post_message(self.Counted(generation, count_kernels_indexed(index, flt)))
                     return
             # No index yet (it is being built): ask the DB itself. Unfiltered pages follow the Key index,
-            # which gives a first page at once however big the DB is.
+            # which gives a first page at once however big the DB is; a filter or sort over a big DB would read
+            # every body (minutes at a million rows) and waits for the index instead.
+            total = count_kernels(db)  # the Key index: milliseconds
             if flt == KernelFilter():
                 sort = "key"
+            elif total > DIRECT_FILTER_LIMIT:
+                self.post_message(self.PageLoaded(generation, [], offset, db.schema, sort, waiting=True))
+                return
             rows = list_kernels(db, flt, sort=sort, descending=descending, offset=offset, limit=PAGE_SIZE)
             self.post_message(self.PageLoaded(generation, rows, offset, db.schema, sort))
             if not get_current_worker().is_cancelled:
-                self.post_message(self.Counted(generation, count_kernels(db, flt)))
+                self.post_message(self.Counted(generation, total if flt == KernelFilter() else count_kernels(db, flt)))
 
     def on_kernels_screen_page_loaded(self, message: PageLoaded) -> None:
         if message.generation != self.generation:
             return  # a newer request is on its way
         self.rows, self.page_offset, self.shown_sort = message.rows, message.offset, message.sort
-        self.total = None
+        self.total, self.waiting = None, message.waiting
         with self.app.batch_update():
             self.query_one(KernelTable).show(message.rows, self.marked)
             if message.op_types is not None:
@@ -275,7 +283,9 @@ class KernelsScreen(KdbScreen):
     def _update_status(self) -> None:
         sort = next((label for _, label, s, _ in COLUMNS if s == self.shown_sort), self.shown_sort)
         first, end = self.page_offset + 1 if self.rows else 0, self.page_offset + len(self.rows)
-        if self.total is None:
+        if self.waiting:
+            text = "this filter or sort waits for the browse index (a big DB: reading it directly takes minutes)"
+        elif self.total is None:
             text = f"rows {first}-{end} of … (counting) · page {self.page_offset // PAGE_SIZE + 1}"
         else:
             pages = max(1, -(-self.total // PAGE_SIZE))
