@@ -27,7 +27,7 @@ from core.db.engine import busy_timeout, is_locked, locked_error
 from core.db.state import state_dir
 from core.lint import quick_problem
 
-FORMAT_VERSION = "2"
+FORMAT_VERSION = "3"
 BATCH_ROWS = 5000
 # Substring filters shorter than a trigram cannot use the full-text index; nor is it worth it when a
 # string matches this many rows: walking a sort index and testing each row finds a page sooner.
@@ -64,7 +64,9 @@ CREATE TABLE meta(name TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 _INDEXES = """
 -- Ties are broken by rowid, which every index entry carries: (op, rid) order costs no extra bytes.
-CREATE INDEX by_op ON summary(op);
+-- The default sort's index also holds what the text filter tests, so a walk along it reads a row only
+-- when it matches (1M rows, a filter matching a third of them: 370 -> 70 ms).
+CREATE INDEX by_op ON summary(op, rid, identifier, name, key);
 CREATE INDEX by_identifier ON summary(identifier);
 CREATE INDEX by_source ON summary(source);
 CREATE INDEX by_device ON summary(device);
