@@ -20,7 +20,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.widgets import Button, DataTable, Footer, Header, Input, Select, Static
-from textual.worker import get_current_worker
+from textual.worker import Worker, WorkerState, get_current_worker
 
 from console.screens.base import KdbScreen
 from console.widgets.dialogs import ConfirmDialog, PathDialog
@@ -39,7 +39,6 @@ from core.db.summary_index import SummaryIndex
 from core.kernel_row import KernelRow
 
 PAGE_SIZE = 100
-DEBOUNCE_S = 0.04  # typing fast reloads once, when the keys stop
 DIRECT_FILTER_LIMIT = 50_000  # rows above which filters wait for the browse index rather than read the DB
 ALL = "__all__"
 
@@ -110,6 +109,7 @@ class KernelsScreen(KdbScreen):
         self.waiting = False
         self.index_state = ""  # what the status line says of the browse index
         self.syncing, self.sync_again, self.rebuild_next = False, False, False
+        self.awaiting_page, self.filter_pending = False, False
         self.generation = 0
         self.marked: set[str] = set()
         self.undo_stack: list[list[KernelRow]] = []
@@ -153,6 +153,7 @@ class KernelsScreen(KdbScreen):
 
     def reload(self) -> None:
         self.generation += 1
+        self.awaiting_page = True
         self.load_page(self.generation, self.kernel_filter, self.sort, self.descending, self.page_offset)
 
     @work(thread=True, exit_on_error=False, group="page", exclusive=True)
@@ -196,6 +197,11 @@ class KernelsScreen(KdbScreen):
     def on_kernels_screen_page_loaded(self, message: PageLoaded) -> None:
         if message.generation != self.generation:
             return  # a newer request is on its way
+        self.awaiting_page = False
+        if self.filter_pending:  # keys typed meanwhile: this page is already out of date
+            self.filter_pending = False
+            self._apply_filters()
+            return
         self.rows, self.page_offset, self.shown_sort = message.rows, message.offset, message.sort
         self.total, self.waiting = None, message.waiting
         with self.app.batch_update():
@@ -206,6 +212,11 @@ class KernelsScreen(KdbScreen):
             self._update_status()
         if not message.rows:
             self.query_one(KernelDetail).show(None, [])
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        super().on_worker_state_changed(event)
+        if event.worker.group == "page" and event.state is WorkerState.ERROR:
+            self.awaiting_page = False  # no page is coming: typing must not wait for it
 
     def on_kernels_screen_counted(self, message: Counted) -> None:
         if message.generation == self.generation:
@@ -326,10 +337,12 @@ class KernelsScreen(KdbScreen):
     @on(Input.Changed, "#filter-text")
     @on(Input.Changed, "#filter-tag")
     def text_filter_changed(self) -> None:
-        # Debounce: typing fast reloads once, when the keys stop.
-        if getattr(self, "_debounce", None) is not None:
-            self._debounce.stop()
-        self._debounce = self.set_timer(DEBOUNCE_S, self._apply_filters)
+        # The first key queries at once; keys typed while that page is on its way are applied together
+        # when it arrives, so fast typing runs one query per page shown, never one per key.
+        if self.awaiting_page:
+            self.filter_pending = True
+        else:
+            self._apply_filters()
 
     @on(Select.Changed)
     def select_filter_changed(self) -> None:
