@@ -22,8 +22,10 @@ Fill and inspect NNFusion's kernel DB. Every view works with the keyboard alone 
 | `ctrl+t` | light / dark theme |
 | `?` `f1` | this help · `q` quit |
 
-**Kernels**: the rows of the DB, paged from SQL (big DBs stay instant). Type to filter by identifier;
-pick op type, source, tag, device or lint status; click a header to sort. `n`/`p` next/previous page,
+**Kernels**: the rows of the DB, paged from a browse index kept beside your state (a million rows stay
+instant; it is built in the background the first time, and follows every write). Type to filter by
+identifier, kernel name or Key (any case); pick op type, source, tag, device or lint status; click a header
+to sort. `r` reloads, `R` rebuilds the index (after another tool edited rows in place). `n`/`p` next/previous page,
 `space` marks rows, `d` deletes (asks first; `u` undoes until you quit), `e` exports the marked rows (or
 the current one) as kernel JSON, `c` copies the identifier, `b` the CUDA body. `v` verifies the marked
 rows (or the current one) on the GPU against a reference; `P` also times them and stores the profile.
