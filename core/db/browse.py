@@ -14,7 +14,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from core.db.kernel_db import KernelDB
-from core.db.summary_index import ROW_COLUMNS, SELECTIVE_LIMIT, SummaryIndex
+from core.db.summary_index import LINT_SQL, ROW_COLUMNS, SELECTIVE_LIMIT, SUMMARY_COLUMNS, SummaryIndex
 from core.kernel_row import shared_bytes
 from core.lint import quick_problem
 from core.profile import parse_profile
@@ -31,10 +31,6 @@ SORTABLE = {
     "key": "Key",
 }
 
-
-LINT_SQL = ("kdb_quick_problem(OpType, Attributes, Identifier, Source, DeviceType, Tags, json_valid(Function), "
-            "json_valid(Miscs), CASE WHEN json_valid(Miscs) THEN json_extract(Miscs, '$.external_profile.time') END, "
-            "CASE WHEN json_valid(Miscs) THEN json_extract(Miscs, '$.external_profile.resource') END)")
 
 
 TAG_SQL = "(',' || {tags} || ',') LIKE ? ESCAPE '\\'"
@@ -123,19 +119,7 @@ _FILTER_SQL = """SELECT rowid, *,
        * json_extract(Function, '$.grid_dim[2]') END AS blocks
   FROM KernelCache"""
 
-_SUMMARY_SQL_TEMPLATE = """
-SELECT rowid, Key, Identifier, OpType, Source, DeviceType, Tags,
-  CASE WHEN json_valid(Function) THEN json_extract(Function, '$.grid_dim') END,
-  CASE WHEN json_valid(Function) THEN json_extract(Function, '$.block_dim') END,
-  CASE WHEN json_valid(Function) THEN json_extract(Function, '$.num_syncthreads') END,
-  CASE WHEN json_valid(Function) THEN json_extract(Function, '$.shared_memory') END,
-  CASE WHEN json_valid(Miscs) THEN json_extract(Miscs, '$.external_profile.time') END,
-  CASE WHEN json_valid(Miscs) THEN json_extract(Miscs, '$.external_profile.resource') END,
-  CASE WHEN json_valid(Miscs) THEN json_extract(Miscs, '$.kdb.name') END,
-  {lint}
-FROM KernelCache
-"""
-_SUMMARY_SQL = _SUMMARY_SQL_TEMPLATE.replace("{lint}", LINT_SQL)
+_SUMMARY_SQL = f"SELECT rowid, {SUMMARY_COLUMNS} FROM KernelCache"
 
 
 def _summary(r: tuple[Any, ...]) -> KernelSummary:

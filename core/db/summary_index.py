@@ -33,6 +33,11 @@ BATCH_ROWS = 5000
 # string matches this many rows: walking a sort index and testing each row finds a page sooner.
 SELECTIVE_LIMIT = 2000
 
+# The first problem the compiler would have with a row, found without reading its bodies (core.lint).
+LINT_SQL = ("kdb_quick_problem(OpType, Attributes, Identifier, Source, DeviceType, Tags, json_valid(Function), "
+            "json_valid(Miscs), CASE WHEN json_valid(Miscs) THEN json_extract(Miscs, '$.external_profile.time') END, "
+            "CASE WHEN json_valid(Miscs) THEN json_extract(Miscs, '$.external_profile.resource') END)")
+# What the browser shows of a KernelCache row, read from it without its bodies.
 SUMMARY_COLUMNS = """
   Key, Identifier, OpType, Source, DeviceType, Tags,
   CASE WHEN json_valid(Function) THEN json_extract(Function, '$.grid_dim') END,
@@ -42,10 +47,7 @@ SUMMARY_COLUMNS = """
   CASE WHEN json_valid(Miscs) THEN json_extract(Miscs, '$.external_profile.time') END,
   CASE WHEN json_valid(Miscs) THEN json_extract(Miscs, '$.external_profile.resource') END,
   CASE WHEN json_valid(Miscs) THEN json_extract(Miscs, '$.kdb.name') END,
-  kdb_quick_problem(OpType, Attributes, Identifier, Source, DeviceType, Tags, json_valid(Function),
-    json_valid(Miscs), CASE WHEN json_valid(Miscs) THEN json_extract(Miscs, '$.external_profile.time') END,
-    CASE WHEN json_valid(Miscs) THEN json_extract(Miscs, '$.external_profile.resource') END)
-"""
+""" + LINT_SQL
 # The summary row, in the order core.db.browse's KernelSummary reads it.
 ROW_COLUMNS = ("key, identifier, op, source, device, tags, grid, block, barriers, shared, profile, resource, "
                "name, problem")
