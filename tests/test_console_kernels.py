@@ -168,3 +168,18 @@ async def test_on_a_big_db_filters_wait_for_the_browse_index(app: FixedDeviceApp
         real_request(screen)
         await wait_rows(pilot, table, 2)
         assert "waits" not in shown_text(screen.query_one("#page-status"))
+
+
+async def test_without_a_usable_state_dir_pages_come_from_the_db(app: FixedDeviceApp, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the state dir should be")
+    monkeypatch.setenv("KDB_STATE_DIR", str(blocker))
+    async with app.run_test(size=(180, 50)) as pilot:
+        table = app.screen.query_one(KernelTable)
+        await wait_rows(pilot, table, 10)
+        await pilot.press("slash", *"Dot")
+        await wait_rows(pilot, table, 2)
+        await pilot.pause(3.5)  # past the periodic sync: the failure is reported once, not every 3 s
+        errors = [n.message for n in app._notifications if n.severity == "error"]
+        assert len(errors) == 1 and "not-a-dir" in errors[0], [n.title for n in app._notifications]

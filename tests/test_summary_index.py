@@ -131,3 +131,11 @@ def test_forget_hides_deleted_rows_before_the_next_sync(db: KernelDB):
         index.sync()
         index.forget(["kdb:0010"])
         assert not list_kernels_indexed(index, KernelFilter(text="kdb:0010"))
+
+
+def test_an_index_file_that_is_not_a_database_is_started_again(db: KernelDB):
+    path = summary_index.index_path_for(db.path)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"not an sqlite file, " * 100)
+    with SummaryIndex.open(db.path) as index:
+        assert index.sync().rebuilt and index.rows == 60

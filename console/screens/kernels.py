@@ -9,6 +9,7 @@ page is shown first, its row count after (counting a million rows takes longer t
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -36,6 +37,7 @@ from core.db.browse import (
 )
 from core.db.kernel_db import KernelDB, Schema
 from core.db.summary_index import SummaryIndex
+from core.errors import DbError
 from core.kernel_row import KernelRow
 
 PAGE_SIZE = 100
@@ -88,6 +90,7 @@ class KernelsScreen(KdbScreen):
     @dataclass
     class IndexSynced(Message):
         changed: bool
+        failed: bool = False  # the worker's error reaches the App's handler; this only stops retries
 
     @dataclass
     class IndexStale(Message):
@@ -110,6 +113,7 @@ class KernelsScreen(KdbScreen):
         self.index_state = ""  # what the status line says of the browse index
         self.syncing, self.sync_again, self.rebuild_next = False, False, False
         self.awaiting_page, self.filter_pending = False, False
+        self.index_failed = False
         self.generation = 0
         self.marked: set[str] = set()
         self.undo_stack: list[list[KernelRow]] = []
@@ -142,7 +146,7 @@ class KernelsScreen(KdbScreen):
         self.request_sync()
         # Another process (an injection in another terminal) may write at any time; a sync of an unchanged
         # file costs a stat() and one small query.
-        self.set_interval(3.0, self.request_sync)
+        self.set_interval(3.0, self._periodic_sync)
 
     def on_screen_resume(self) -> None:
         # Other views (Inject, Failures retries) change the DB: show the current state on return.
@@ -169,17 +173,8 @@ class KernelsScreen(KdbScreen):
                 self.post_message(self.PageLoaded(generation, [], 0, db.schema, sort, []))
                 self.post_message(self.Counted(generation, 0))
                 return
-            with SummaryIndex.open(db.path) as index:
-                if index.ready:
-                    rows = list_kernels_indexed(index, flt, sort=sort, descending=descending, offset=offset,
-                                                limit=PAGE_SIZE)
-                    ops = [op for op, _ in index.op_types()]
-                    self.post_message(self.PageLoaded(generation, rows, offset, db.schema, sort, ops))
-                    if not index.fresh:
-                        self.post_message(self.IndexStale())
-                    if not get_current_worker().is_cancelled:
-                        self.post_message(self.Counted(generation, count_kernels_indexed(index, flt)))
-                    return
+            if self._page_from_index(generation, db, flt, sort, descending, offset):
+                return
             # No index yet (it is being built): ask the DB itself. Unfiltered pages follow the Key index,
             # which gives a first page at once however big the DB is; a filter or sort over a big DB would read
             # every body (minutes at a million rows) and waits for the index instead.
@@ -193,6 +188,29 @@ class KernelsScreen(KdbScreen):
             self.post_message(self.PageLoaded(generation, rows, offset, db.schema, sort))
             if not get_current_worker().is_cancelled:
                 self.post_message(self.Counted(generation, total if flt == KernelFilter() else count_kernels(db, flt)))
+
+    def _page_from_index(self, generation: int, db: KernelDB, flt: KernelFilter, sort: str, descending: bool,
+                         offset: int) -> bool:
+        """Post the page (and then its count) from the browse index; False when there is no usable index."""
+        try:
+            index = SummaryIndex.open(db.path)
+        except (sqlite3.Error, DbError, OSError):
+            return False  # an unwritable state dir, say: the sync worker reports it; pages come from the DB
+        with index:
+            try:
+                if not index.ready:
+                    return False
+                rows = list_kernels_indexed(index, flt, sort=sort, descending=descending, offset=offset,
+                                            limit=PAGE_SIZE)
+                ops = [op for op, _ in index.op_types()]
+            except sqlite3.DatabaseError:
+                return False  # a damaged cache: the sync worker rebuilds it
+            self.post_message(self.PageLoaded(generation, rows, offset, db.schema, sort, ops))
+            if not index.fresh:
+                self.post_message(self.IndexStale())
+            if not get_current_worker().is_cancelled:
+                self.post_message(self.Counted(generation, count_kernels_indexed(index, flt)))
+        return True
 
     def on_kernels_screen_page_loaded(self, message: PageLoaded) -> None:
         if message.generation != self.generation:
@@ -214,7 +232,7 @@ class KernelsScreen(KdbScreen):
             self.query_one(KernelDetail).show(None, [])
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
-        super().on_worker_state_changed(event)
+        # KdbScreen's handler (the App's report) runs too: Textual calls each class's handler in the MRO.
         if event.worker.group == "page" and event.state is WorkerState.ERROR:
             self.awaiting_page = False  # no page is coming: typing must not wait for it
 
@@ -232,13 +250,18 @@ class KernelsScreen(KdbScreen):
         self.syncing = True
         self.sync_index(rebuild)
 
+    def _periodic_sync(self) -> None:
+        if not self.index_failed:  # reported once; r or R tries again
+            self.request_sync()
+
     def on_kernels_screen_index_stale(self, message: IndexStale) -> None:
-        self.request_sync()
+        if not self.index_failed:
+            self.request_sync()
 
     @work(thread=True, exit_on_error=False, group="index")
     def sync_index(self, rebuild: bool = False) -> None:
         context = self.app.context  # type: ignore[attr-defined]
-        changed = False
+        changed, finished = False, False
         try:
             if context.db_path.exists():
                 with context.open_db() as db:
@@ -248,8 +271,9 @@ class KernelsScreen(KdbScreen):
                     with SummaryIndex.open(context.db_path) as index:
                         changed = index.sync(lambda done, total: self.post_message(self.IndexProgress(done, total)),
                                              lambda: worker.is_cancelled, force_rebuild=rebuild).changed
+            finished = True
         finally:  # a failure goes to the App's handler; the next request must still be able to run
-            self.post_message(self.IndexSynced(changed))
+            self.post_message(self.IndexSynced(changed, failed=not finished))
 
     def on_kernels_screen_index_progress(self, message: IndexProgress) -> None:
         share = f"{message.done / message.total:.0%}" if message.total else ""
@@ -259,7 +283,10 @@ class KernelsScreen(KdbScreen):
     def on_kernels_screen_index_synced(self, message: IndexSynced) -> None:
         self.index_state = ""
         self.syncing = False
-        if self.sync_again:
+        self.index_failed = message.failed
+        if self.sync_again and message.failed:
+            self.sync_again = self.rebuild_next = False  # r or R tries again
+        elif self.sync_again:
             rebuild, self.sync_again, self.rebuild_next = self.rebuild_next, False, False
             self.request_sync(rebuild)
         if message.changed:
@@ -389,11 +416,13 @@ class KernelsScreen(KdbScreen):
             self.reload()
 
     def action_reload(self) -> None:
+        self.index_failed = False
         self.reload()
         self.request_sync()
 
     def action_rebuild_index(self) -> None:
         """Another tool may have UPDATEd rows in place, which a sync cannot see: read every row again."""
+        self.index_failed = False
         self.request_sync(rebuild=True)
 
     def action_mark(self) -> None:

@@ -14,6 +14,7 @@ an in-place UPDATE by another tool is only seen by `rebuild()` (the console's re
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import sqlite3
@@ -166,14 +167,13 @@ class SummaryIndex:
     def open(cls, db_path: Path, path: Path | None = None) -> SummaryIndex:
         path = path or index_path_for(db_path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        timeout_s = busy_timeout()
-        conn = sqlite3.connect(f"file:{pathname2url(str(path.resolve()))}", uri=True, timeout=timeout_s,
-                               isolation_level=None, check_same_thread=False)
-        conn.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("PRAGMA synchronous = NORMAL")
-        conn.create_function("kdb_quick_problem", 10, quick_problem, deterministic=True)
-        return cls(path, db_path, conn)
+        try:
+            return cls(path, db_path, _connect(path))
+        except sqlite3.DatabaseError as exc:
+            if is_locked(exc):
+                raise locked_error(path, busy_timeout()) from exc
+            _discard(path)  # not a database (any more): it is only a cache, start it again
+            return cls(path, db_path, _connect(path))
 
     def close(self) -> None:
         self.conn.close()
@@ -236,12 +236,19 @@ class SummaryIndex:
             ops = self.conn.execute("SELECT op, count(*) FROM summary GROUP BY op ORDER BY op").fetchall()
             self._write_meta(signature=signature, rows=str(total), op_types=json.dumps(ops))
             return report
-        except sqlite3.OperationalError as exc:
+        except sqlite3.DatabaseError as exc:
             if is_locked(exc):
                 raise locked_error(self.path, busy_timeout()) from exc
-            raise
+            if isinstance(exc, sqlite3.OperationalError) or force_rebuild:
+                raise
+            # Damaged pages of the cache (never of the DB: that one is attached read-only): build it again.
+            self.conn.close()
+            _discard(self.path)
+            self.conn = _connect(self.path)
+            return self.sync(on_progress, should_cancel, force_rebuild=True)
         finally:
-            self.conn.execute("DETACH DATABASE k")
+            with contextlib.suppress(sqlite3.Error):
+                self.conn.execute("DETACH DATABASE k")
 
     def _attach(self) -> None:
         uri = f"file:{pathname2url(str(self.db_path.resolve()))}?mode=ro"
@@ -310,6 +317,26 @@ class SummaryIndex:
     def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         with self._transaction(read=True):
             return self.conn.execute(sql, params).fetchall()
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    timeout_s = busy_timeout()
+    conn = sqlite3.connect(f"file:{pathname2url(str(path.resolve()))}", uri=True, timeout=timeout_s,
+                           isolation_level=None, check_same_thread=False)
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
+        conn.execute("PRAGMA journal_mode = WAL")  # the first read of the file: a non-database fails here
+        conn.execute("PRAGMA synchronous = NORMAL")
+    except sqlite3.Error:
+        conn.close()
+        raise
+    conn.create_function("kdb_quick_problem", 10, quick_problem, deterministic=True)
+    return conn
+
+
+def _discard(path: Path) -> None:
+    for name in (path.name, path.name + "-wal", path.name + "-shm"):
+        path.with_name(name).unlink(missing_ok=True)
 
 
 class _Transaction:
