@@ -183,3 +183,23 @@ async def test_without_a_usable_state_dir_pages_come_from_the_db(app: FixedDevic
         await pilot.pause(3.5)  # past the periodic sync: the failure is reported once, not every 3 s
         errors = [n.message for n in app._notifications if n.severity == "error"]
         assert len(errors) == 1 and "not-a-dir" in errors[0], [n.title for n in app._notifications]
+
+
+@pytest.mark.parametrize("mode", ["kernels", "inject", "failures", "settings", "opconfigs", "autotvm", "tuning"])
+async def test_a_failing_worker_is_reported_once_on_every_view(app: FixedDeviceApp, mode: str):
+    """Textual calls each class's handler along the MRO: a view that also called super() reported twice."""
+    def fail() -> None:
+        raise RuntimeError("the one failure")
+
+    async with app.run_test(size=(180, 50)) as pilot:
+        await app.switch_mode(mode)
+        await pilot.pause(0.2)
+        app.screen.run_worker(fail, thread=True, exit_on_error=False, group="test")
+        for _ in range(40):
+            await pilot.pause(0.05)
+            errors = [n.message for n in app._notifications if "the one failure" in n.message]
+            if errors:
+                break
+        await pilot.pause(0.2)
+        assert [n.message for n in app._notifications if "the one failure" in n.message] == [
+            "RuntimeError: the one failure"]

@@ -96,7 +96,7 @@ class AutoTvmScreen(KdbScreen):
         self.post_message(self.LogLoaded(read_log(path)))
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
-        super().on_worker_state_changed(event)  # failures are reported by the App
+        # Failures are reported by KdbScreen's handler, which Textual calls too (each class's, along the MRO).
         if event.worker.group == "log" and event.state is WorkerState.ERROR:
             self.query_one("#log-status", Static).update(f"[$error]{escape(str(event.worker.error))}[/]")
 

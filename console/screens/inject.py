@@ -361,7 +361,7 @@ class InjectScreen(KdbScreen):
         self._show_progress(message.progress)
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
-        super().on_worker_state_changed(event)  # failures are reported by the App
+        # Failures are reported by KdbScreen's handler, which Textual calls too (each class's, along the MRO).
         if event.worker.group != "inject" or not event.worker.is_finished:
             return
         self.running = False

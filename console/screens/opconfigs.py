@@ -441,7 +441,7 @@ class OpConfigsScreen(KdbScreen):
             self.query_one(GeneratePanel).show_current("cancelling after the op in progress…")
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
-        super().on_worker_state_changed(event)  # failures are reported by the App
+        # Failures are reported by KdbScreen's handler, which Textual calls too (each class's, along the MRO).
         if event.worker.group != "generate" or not event.worker.is_finished:
             return
         self.running = False

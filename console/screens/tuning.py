@@ -550,7 +550,7 @@ class TuningScreen(KdbScreen):
         self.query_one(LogTailView).show(message.tail)
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
-        super().on_worker_state_changed(event)  # failures are reported by the App
+        # Failures are reported by KdbScreen's handler, which Textual calls too (each class's, along the MRO).
         if event.worker.group == "tracker" and event.worker.is_finished:
             self.tracker_busy = False
         if event.worker.group != "tune" or not event.worker.is_finished:
