@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test fuzz lint clean
+.PHONY: run test bench-smoke fuzz lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,13 @@ test: $(STAMP)
 	$(BIN)/lint-imports
 	$(BIN)/pytest -q
 	$(BIN)/pytest -q -m fuzz tests/test_fuzz.py
+	$(MAKE) bench-smoke
+
+# The benchmark scripts end to end at small sizes (the figures in docs/BENCHMARKS.md come from full runs).
+bench-smoke: $(STAMP)
+	$(BIN)/python bench/bench_inject.py --sizes 100 300 --nvcc-kernels 4 --json $${TMPDIR:-/tmp}/kdb-bench/inject.json
+	$(BIN)/python bench/bench_browse.py --sizes 2000 5000 --reps 1 --dir $${TMPDIR:-/tmp}/kdb-bench/browse \
+		--json $${TMPDIR:-/tmp}/kdb-bench/browse.json
 
 lint: $(STAMP)
 	$(BIN)/ruff check core console tests bench

@@ -18,8 +18,7 @@ process per size and launch (so peak RSS is that run's own). "first" launch: a f
   first paint   from constructing the app to `#kernel-table` holding rows (plus process spawn -> first paint,
                 and the imports, reported apart);
   keystroke     the query typed key by key into `#filter-text`; from the last key press until the screen's
-                `rows` list has been replaced by a result matching the query and the table shows it (the
-                screen's typing debounce is inside this figure; it is printed when it can be read);
+                `rows` list has been replaced by a result matching the query and the table shows it;
   clear         the input emptied -> the unfiltered page shown again;
   page          `n` / `p` on the focused table -> the next / previous page shown.
 Each wait is a task polling every 2 ms while the pilot presses the key (Pilot.press itself returns only when
@@ -45,7 +44,6 @@ import json  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
 import random  # noqa: E402
-import re  # noqa: E402
 import resource  # noqa: E402
 import shutil  # noqa: E402
 import sqlite3  # noqa: E402
@@ -597,18 +595,6 @@ def run_child(db: Path, state: Path, config: Path, args: argparse.Namespace) -> 
 # The report
 
 
-def debounce_s() -> float | None:
-    """The typing debounce of the Kernels screen: set_timer's delay, a literal or a module constant."""
-    text = (REPO / "console" / "screens" / "kernels.py").read_text(encoding="utf-8")
-    for arg in re.findall(r"set_timer\(\s*([A-Za-z_]\w*|[0-9.]+)\s*,", text):
-        if arg[0].isdigit() or arg[0] == ".":
-            return float(arg)
-        const = re.search(rf"^{arg}\s*(?::[^=]+)?=\s*([0-9.]+)", text, re.M)
-        if const:
-            return float(const.group(1))
-    return None
-
-
 def fmt(v: Any, spec: str = ".0f") -> str:
     return "-" if v is None else format(v, spec)
 
@@ -728,9 +714,8 @@ def main() -> None:
     args.dir.mkdir(parents=True, exist_ok=True)
     sizes = sorted(set(args.sizes))
     print(sample_check(), file=sys.stderr)
-    deb = debounce_s()
     results: dict[str, Any] = {"cpus": os.cpu_count(), "python": sys.version.split()[0], "queries": QUERIES,
-                               "debounce_s": deb, "dbs": [], "runs": []}
+                               "dbs": [], "runs": []}
     for n in sizes:
         info = ensure_db(args.dir, n)
         results["dbs"].append(info)
@@ -747,9 +732,7 @@ def main() -> None:
             results["dbs"][-1]["state_dir_mb"] = round(state_mb, 1)
 
     print("\nKernels browser through the real app (ms; med/max over the repetitions; '!' = a wait timed out)")
-    print("queries: " + ", ".join(f"{k} = {v!r}" for k, v in QUERIES.items())
-          + (f"; typing debounce in console/screens/kernels.py: {deb:g} s (inside the keystroke figures)"
-             if deb is not None else "; no typing debounce found in console/screens/kernels.py"))
+    print("queries: " + ", ".join(f"{k} = {v!r}" for k, v in QUERIES.items()))
     print_table(results["runs"])
     for info in results["dbs"]:
         gen = f"generated in {info['seconds']:.0f} s" if info.get("generated") else "reused"
@@ -760,6 +743,17 @@ def main() -> None:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
     print(f"results: {args.json}")
+    broken = [f"{r['rows']:,} {r['launch']}: {what}" for r in results["runs"] for what in _failures(r["measure"])]
+    if broken:  # a missed target is a figure; a run that could not measure is an error
+        sys.exit("measurement failed: " + "; ".join(broken))
+
+
+def _failures(measure: dict) -> list[str]:
+    if "failed" in measure:
+        return [str(measure["failed"])]
+    waits = {f"query {label}": q for label, q in measure.get("queries", {}).items()}
+    waits["paging"] = measure.get("page", {})
+    return [f"{name} timed out" for name, got in waits.items() if got.get("failed")]
 
 
 if __name__ == "__main__":
