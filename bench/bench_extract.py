@@ -11,6 +11,7 @@ extraction can skip.
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
@@ -63,6 +64,9 @@ def measure(name: str, kwargs: dict, tmp: Path) -> dict:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", type=Path, default=RESULTS / "extract.json", help="results file")
+    out = ap.parse_args().json
     with tempfile.TemporaryDirectory(prefix="kdb-bench-") as tmp:
         rows = [measure(name, kwargs, Path(tmp)) for name, kwargs in MODELS.items()]
     cols = [("model", "model", ""), ("nodes", "nodes", "d"), ("configs", "op configs", "d"), ("ops", "ops", "d"),
@@ -77,10 +81,9 @@ def main() -> None:
     for r in rows:
         print(f"  ratio: {r['ms_per_node']:.3f} ms per node ({r['beyond_load_ms_per_node']:.3f} ms per node beyond "
               f"onnx.load: shape inference and mapping) for {r['model']}")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "extract.json").write_text(json.dumps({"python": sys.version.split()[0], "runs": RUNS,
-                                                      "models": rows}, indent=1))
-    print(f"\nwritten: {RESULTS / 'extract.json'}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"python": sys.version.split()[0], "runs": RUNS, "models": rows}, indent=1))
+    print(f"\nwritten: {out}")
 
 
 if __name__ == "__main__":
