@@ -25,7 +25,7 @@ from textual.worker import Worker, WorkerState, get_current_worker
 
 from console.screens.base import KdbScreen
 from console.widgets.dialogs import ConfirmDialog, PathDialog
-from console.widgets.kernel_detail import KernelDetail
+from console.widgets.kernel_detail import KernelDetail, highlight_source
 from console.widgets.kernel_table import COLUMNS, KernelTable
 from core.db.browse import (
     KernelFilter,
@@ -287,8 +287,9 @@ class KernelsScreen(KdbScreen):
         if self.sync_again and message.failed:
             self.sync_again = self.rebuild_next = False  # r or R tries again
         elif self.sync_again:
+            # A DB written without pause would keep a sync running back to back: leave the UI a breath.
             rebuild, self.sync_again, self.rebuild_next = self.rebuild_next, False, False
-            self.request_sync(rebuild)
+            self.set_timer(1.0, lambda: self.request_sync(rebuild))
         if message.changed:
             self.reload()
         else:
@@ -353,7 +354,9 @@ class KernelsScreen(KdbScreen):
             self.post_message(self.DetailLoaded(key, None, []))
             return
         row = rows[0]
-        self.post_message(self.DetailLoaded(key, describe_row(row), lint_row((0, *row.values()))))
+        view = describe_row(row)
+        view["highlighted"] = highlight_source(view["signature"], view["body"])  # here, not on the UI thread
+        self.post_message(self.DetailLoaded(key, view, lint_row((0, *row.values()))))
 
     def on_kernels_screen_detail_loaded(self, message: DetailLoaded) -> None:
         if self.query_one(KernelTable).current_key() == message.key:

@@ -62,9 +62,23 @@ def render_detail(view: dict[str, Any], findings: list[Finding]) -> Group:
             parts.append(Text(f"lint {f.severity}: {f.message}", style=style))
     else:
         parts.append(Text("lint: ok", style="green"))
-    parts.append(Syntax(view["signature"] + "\n{\n" + view["body"] + "\n}", "cuda", line_numbers=True,
-                        word_wrap=False, theme="ansi_dark"))
+    parts.append(view.get("highlighted") or highlight_source(view["signature"], view["body"]))
     return Group(*parts)
+
+
+def highlight_source(signature: str, body: str) -> Text:
+    """The kernel's CUDA, highlighted and numbered. Pygments takes a second or two on a 30 KB TVM body:
+    workers call this, so the UI thread only lays the result out."""
+    code = signature + "\n{\n" + body + "\n}"
+    lines = Syntax(code, "cuda", theme="ansi_dark").highlight(code).split("\n", allow_blank=True)
+    width = len(str(len(lines)))
+    numbered = Text(no_wrap=True, overflow="crop")
+    for number, line in enumerate(lines, start=1):
+        numbered.append(f"{number:>{width}} ", style="dim")
+        numbered.append_text(line)
+        numbered.append("\n")
+    numbered.rstrip()
+    return numbered
 
 
 class KernelDetail(VerticalScroll):
