@@ -7,8 +7,10 @@ timeout and would fail on a long-held lock. The older osdi20 schema is recognise
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -137,6 +139,13 @@ class KernelDB:
 
     def close(self) -> None:
         if self._conn is not None:
+            if not self.readonly:
+                # The last connection to close takes an exclusive lock while it checkpoints and removes the WAL;
+                # a reader opening then (the compiler has no busy timeout) gets SQLITE_BUSY. Checkpointing now,
+                # without waiting on anyone, leaves that window next to nothing to copy.
+                raw = self._conn.connection.driver_connection  # autocommit: no BEGIN around the checkpoint
+                with contextlib.suppress(sqlite3.Error):  # best effort: closing goes on whatever it says
+                    raw.execute("PRAGMA wal_checkpoint(PASSIVE)")  # type: ignore[union-attr]
             self._conn.close()
             self._conn = None
         self.engine.dispose()
