@@ -194,7 +194,10 @@ def parse_line(line: str, where: str = "") -> OpConfig:
         if "pa" in values:
             params["padding_above_diff"] = _shape(one("pa"), where)
         if "g" in values:
-            groups = _shape(one("g"), where)[0]
+            group_field = _shape(one("g"), where)
+            if len(group_field) != 1:
+                raise InputError(f"g+{one('g')}: expected one group count", where=where)
+            groups = group_field[0]
     elif kind.endswith("dot"):
         op_type = "Dot"
         params = {"arg0_shape": _shape(one("a"), where), "arg1_shape": _shape(one("b"), where),
