@@ -64,3 +64,11 @@ def test_mask_keeps_length_and_blanks_comments_strings_and_directives():
     masked = mask(code)
     assert len(masked) == len(code)
     assert "}" not in masked.replace('"', "") and "{" not in masked and "c;" in masked
+
+
+def test_a_lone_surrogate_in_the_body_does_not_break_brace_matching():
+    """Found by the fuzz run: text decoded with surrogateescape kept a lone surrogate; the vectorised
+    brace matcher's UTF-32 encode raised UnicodeEncodeError instead of reading past it."""
+    from core.cuda.source import brace_pairs
+
+    assert brace_pairs("a{\ud800{}}", 1) == {1: 5, 3: 4}

@@ -134,7 +134,8 @@ def brace_pairs(masked: str, start: int) -> dict[int, int]:
     """
     import numpy as np
 
-    chars = np.frombuffer(masked[start:].encode("utf-32-le"), dtype=np.uint32)
+    # surrogatepass: one uint32 per code point even for lone surrogates (text read with errors kept)
+    chars = np.frombuffer(masked[start:].encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
     where = np.flatnonzero((chars == 123) | (chars == 125))  # '{' and '}'
     if where.size == 0:
         return {}
