@@ -38,20 +38,22 @@ SELECTIVE_LIMIT = 2000
 LINT_SQL = ("kdb_quick_problem(OpType, Attributes, Identifier, Source, DeviceType, Tags, json_valid(Function), "
             "json_valid(Miscs), CASE WHEN json_valid(Miscs) THEN json_extract(Miscs, '$.external_profile.time') END, "
             "CASE WHEN json_valid(Miscs) THEN json_extract(Miscs, '$.external_profile.resource') END)")
-# What the browser shows of a KernelCache row, read from it without its bodies.
-SUMMARY_COLUMNS = """
-  Key, Identifier, OpType, Source, DeviceType, Tags,
-  CASE WHEN json_valid(Function) THEN json_extract(Function, '$.grid_dim') END,
-  CASE WHEN json_valid(Function) THEN json_extract(Function, '$.block_dim') END,
-  CASE WHEN json_valid(Function) THEN json_extract(Function, '$.num_syncthreads') END,
-  CASE WHEN json_valid(Function) THEN json_extract(Function, '$.shared_memory') END,
-  CASE WHEN json_valid(Miscs) THEN json_extract(Miscs, '$.external_profile.time') END,
-  CASE WHEN json_valid(Miscs) THEN json_extract(Miscs, '$.external_profile.resource') END,
-  CASE WHEN json_valid(Miscs) THEN json_extract(Miscs, '$.kdb.name') END,
-""" + LINT_SQL
-# The summary row, in the order core.db.browse's KernelSummary reads it.
-ROW_COLUMNS = ("key, identifier, op, source, device, tags, grid, block, barriers, shared, profile, resource, "
-               "name, problem")
+# What the browser shows of a KernelCache row, read from it without its bodies: (summary column, expression),
+# in the order core.db.browse's KernelSummary reads them.
+_SUMMARY = (
+    ("key", "Key"), ("identifier", "Identifier"), ("op", "OpType"), ("source", "Source"),
+    ("device", "DeviceType"), ("tags", "Tags"),
+    ("grid", "CASE WHEN json_valid(Function) THEN json_extract(Function, '$.grid_dim') END"),
+    ("block", "CASE WHEN json_valid(Function) THEN json_extract(Function, '$.block_dim') END"),
+    ("barriers", "CASE WHEN json_valid(Function) THEN json_extract(Function, '$.num_syncthreads') END"),
+    ("shared", "CASE WHEN json_valid(Function) THEN json_extract(Function, '$.shared_memory') END"),
+    ("profile", "CASE WHEN json_valid(Miscs) THEN json_extract(Miscs, '$.external_profile.time') END"),
+    ("resource", "CASE WHEN json_valid(Miscs) THEN json_extract(Miscs, '$.external_profile.resource') END"),
+    ("name", "CASE WHEN json_valid(Miscs) THEN json_extract(Miscs, '$.kdb.name') END"),
+    ("problem", LINT_SQL),
+)
+SUMMARY_COLUMNS = ", ".join(expr for _, expr in _SUMMARY)
+ROW_COLUMNS = ", ".join(name for name, _ in _SUMMARY)
 
 _TABLES = """
 CREATE TABLE summary(
@@ -90,39 +92,13 @@ CREATE TRIGGER summary_removed AFTER DELETE ON summary BEGIN
     VALUES ('delete', old.rid, old.identifier || char(10) || coalesce(old.name, '') || char(10) || old.key);
 END;
 """
-def _aliased_summary_columns() -> str:
-    names = [n.strip() for n in ROW_COLUMNS.split(",")]
-    exprs = _split_top_level(SUMMARY_COLUMNS)
-    return ", ".join(f"{e} AS {n}" for e, n in zip(exprs, names, strict=True))
-
-
-def _split_top_level(sql: str) -> list[str]:
-    """The comma-separated expressions of a select list (commas inside parentheses or quotes do not split)."""
-    parts, depth, quote, current = [], 0, "", []
-    for ch in sql:
-        if quote:
-            quote = "" if ch == quote else quote
-        elif ch in "'\"":
-            quote = ch
-        elif ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            parts.append("".join(current).strip())
-            current = []
-            continue
-        current.append(ch)
-    parts.append("".join(current).strip())
-    return parts
-
-
 _SELECT_NEW = f"""
 INSERT INTO summary(rid, {ROW_COLUMNS}, threads, blocks)
 SELECT rid, {ROW_COLUMNS},
   json_extract(block, '$[0]') * json_extract(block, '$[1]') * json_extract(block, '$[2]'),
   json_extract(grid, '$[0]') * json_extract(grid, '$[1]') * json_extract(grid, '$[2]')
-FROM (SELECT rowid AS rid, {_aliased_summary_columns()} FROM k.KernelCache WHERE {{where}})
+FROM (SELECT rowid AS rid, {', '.join(f'{expr} AS {name}' for name, expr in _SUMMARY)}
+      FROM k.KernelCache WHERE {{where}})
 """
 
 
