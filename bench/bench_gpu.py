@@ -219,6 +219,8 @@ TUNE_SET = [  # (file, line index, op type): AlexNet conv+relu layers and ResNeX
 def part_tune(out: Path, n_ops: int, trials: int) -> None:
     from dataclasses import replace
 
+    from tvm.s_tir import meta_schedule as ms
+
     from core.inject import InjectOptions
     from core.opconfig import read_opconfigs
     from core.tuning.job import TuneJob
@@ -243,14 +245,18 @@ def part_tune(out: Path, n_ops: int, trials: int) -> None:
                              "trials_per_minute": r.trials_per_minute, "best_us": (r.best_seconds or 0) * 1e6,
                              "errors": r.errors, "detail": e.detail})
             (out / "tune_progress.json").write_text(json.dumps({"jobs": finished, "events": events}, indent=1))
+
     start = time.perf_counter()
-    report = run_queue(jobs, db_path=tmp / "tuned.db",
-                       inject_options=InjectOptions(archs=("sm_90",), compile=True, workers=os.cpu_count() or 1,
-                                                    verify=True, profile=True, gpu_timeout_s=120),
-                       on_trial=lambda e: events.append({"job": e.job, "trial": e.trial, "s": e.seconds,
-                                                         "best_s": e.best_seconds, "error": e.error,
-                                                         "t": e.elapsed_s}),
-                       on_job=on_job)
+    with ms.Profiler() as profiler:  # where tuning time goes: search, builds, measurements
+        report = run_queue(jobs, db_path=tmp / "tuned.db",
+                           inject_options=InjectOptions(archs=("sm_90",), compile=True, workers=os.cpu_count() or 1,
+                                                        verify=True, profile=True, gpu_timeout_s=120),
+                           on_trial=lambda e: events.append({"job": e.job, "trial": e.trial, "s": e.seconds,
+                                                             "best_s": e.best_seconds, "error": e.error,
+                                                             "t": e.elapsed_s}),
+                           on_job=on_job)
+    phases = {name: round(seconds, 1) for name, seconds in profiler.get().items()}
+    print(profiler.table())
     total_s = time.perf_counter() - start
     tuned_db = tmp / "tuned.db"
     rows = rows_report(tuned_db, ceil, source="tuned here (MetaSchedule)") if tuned_db.exists() else []
@@ -269,6 +275,7 @@ def part_tune(out: Path, n_ops: int, trials: int) -> None:
           f"(target >= 60); whole run {total_s:.0f} s")
     (out / "tune.json").write_text(json.dumps({"ceilings": ceil, "rows": rows, "events": events,
                                                "trials_per_minute": trials / (tune_s / 60) if tune_s else None,
+                                               "phases_s": phases,
                                                "failures": report.failures,
                                                "jobs": [{"op": r.job.name, "trials": r.new_trials, "seconds": r.seconds,
                                                          "errors": r.errors, "best_us": (r.best_seconds or 0) * 1e6}

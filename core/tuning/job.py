@@ -221,7 +221,8 @@ def run_tune(job: TuneJob, root: Path, *, on_event: Callable[[TrialEvent], None]
                 task_scheduler.terminate_task(task_id)
 
     if remaining > 0 and not (should_cancel is not None and should_cancel()):
-        builder = ms.builder.LocalBuilder(timeout_sec=job.builder_timeout_s, max_workers=job.builder_workers)
+        builder = ms.builder.LocalBuilder(timeout_sec=job.builder_timeout_s, max_workers=job.builder_workers,
+                                          f_export=export_shared_library)
         evaluator = ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=job.min_repeat_ms)
         if job.rpc is not None:
             from core.tuning.resilient import ResilientRunner
@@ -244,6 +245,20 @@ def run_tune(job: TuneJob, root: Path, *, on_event: Callable[[TrialEvent], None]
     result.trials = len(history)
     result.best_seconds = min((s for s in history if s is not None), default=None)
     return result
+
+
+def export_shared_library(module: Any) -> str:
+    """The builder's export: link each candidate into a .so in the (parallel) build workers.
+
+    MetaSchedule's default exports a .tar, which the runner links with g++ before every measurement, one
+    candidate at a time: on the H200 that serial link was a large share of each trial.
+    """
+    import os
+    import tempfile
+
+    path = os.path.join(tempfile.mkdtemp(prefix="kdb-candidate-"), "candidate.so")
+    module.export_library(path)
+    return path
 
 
 def _first_line(text: str) -> str:
