@@ -255,7 +255,7 @@ def part_tune(out: Path, n_ops: int, trials: int) -> None:
                                                              "best_s": e.best_seconds, "error": e.error,
                                                              "t": e.elapsed_s}),
                            on_job=on_job)
-    phases = {name: round(seconds, 1) for name, seconds in profiler.get().items()}
+    phases = {str(name): round(float(seconds), 1) for name, seconds in profiler.get().items()}
     print(profiler.table())
     total_s = time.perf_counter() - start
     tuned_db = tmp / "tuned.db"

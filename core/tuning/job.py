@@ -222,7 +222,7 @@ def run_tune(job: TuneJob, root: Path, *, on_event: Callable[[TrialEvent], None]
 
     if remaining > 0 and not (should_cancel is not None and should_cancel()):
         builder = ms.builder.LocalBuilder(timeout_sec=job.builder_timeout_s, max_workers=job.builder_workers,
-                                          f_export=export_shared_library)
+                                          f_build=build_candidate, f_export=export_shared_library)
         evaluator = ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=job.min_repeat_ms)
         if job.rpc is not None:
             from core.tuning.resilient import ResilientRunner
@@ -245,6 +245,19 @@ def run_tune(job: TuneJob, root: Path, *, on_event: Callable[[TrialEvent], None]
     result.trials = len(history)
     result.best_seconds = min((s for s in history if s is not None), default=None)
     return result
+
+
+def build_candidate(mod: Any, target: Any, _params: Any) -> Any:
+    """The builder's build: MetaSchedule's default without `import tvm.s_tir.tensor_intrin`.
+
+    That import registers every tensor intrinsic through TVMScript: 19 s per build worker here, paid again
+    by each batch's fresh worker pool, for nothing (candidates arrive already scheduled; the CUDA rules we
+    tune with never tensorize).
+    """
+    from tvm.driver import build
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    return build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target)
 
 
 def export_shared_library(module: Any) -> str:
