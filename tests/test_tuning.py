@@ -86,3 +86,31 @@ def test_a_trial_lost_with_its_session_is_measured_again():
     assert result.error_msg is None and [float(s) for s in result.run_secs] == [1e-5] and owner.requeued == 1
     assert is_session_error("RPCRunner: Timeout, killed after 10 seconds")
     assert not is_session_error("CUDA error: an illegal memory access was encountered")
+
+
+def test_the_cuda_design_space_drops_async_pipelines_and_keeps_metaschedules_rules():
+    """sm_90 spaces with cp.async pipelines give kernels that lean on helpers outside the kernel body."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from core.codegen.generate import cuda_target, prim_func_module
+    from core.tuning.space import self_contained_cuda_space, uses_async_pipeline
+
+    conv = parse_line("cudnn_convolution_op_float|i+1_64_27_27|w+192_64_5_5|o+1_192_27_27|ws+1_1|wd+1_1|p+2_2", "conv")
+    mod, _ = prim_func_module(conv)
+
+    def spaces(generator):  # type: ignore[no-untyped-def]
+        context = ms.TuneContext(mod=mod, target=cuda_target("sm_90"), space_generator=generator, task_name="t")
+        return context.space_generator, context.space_generator.generate_design_space(mod)
+
+    default, default_spaces = spaces("post-order-apply")
+    ours, our_spaces = spaces(self_contained_cuda_space())
+    assert any(uses_async_pipeline(s) for s in default_spaces)
+    assert our_spaces and not any(uses_async_pipeline(s) for s in our_spaces)
+    assert len(our_spaces) == sum(not uses_async_pipeline(s) for s in default_spaces)
+
+    def names(objects) -> list[str]:  # type: ignore[no-untyped-def]
+        return [type(o).__name__ for o in objects]
+
+    assert names(ours.sch_rules) == names(default.sch_rules)
+    assert names(ours.postprocs) == names(default.postprocs)
+    assert names(ours.mutator_probs) == names(default.mutator_probs)

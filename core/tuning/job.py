@@ -233,7 +233,13 @@ def run_tune(job: TuneJob, root: Path, *, on_event: Callable[[TrialEvent], None]
                 evaluator_config=evaluator, max_workers=job.rpc_workers))
         else:
             runner = ms.runner.LocalRunner(timeout_sec=job.runner_timeout_s, evaluator_config=evaluator)
-        ms.tune_tir(mod, target=target, work_dir=str(work_dir), max_trials_global=remaining,
+        if job.target == "cuda":
+            from core.tuning.space import self_contained_cuda_space
+
+            space: Any = self_contained_cuda_space()
+        else:
+            space = "post-order-apply"
+        ms.tune_tir(mod, target=target, work_dir=str(work_dir), max_trials_global=remaining, space=space,
                     num_trials_per_iter=min(job.trials_per_batch, remaining),
                     builder=builder, runner=runner,
                     # Progress last: a trial is reported only once the default callbacks recorded it.
