@@ -113,6 +113,9 @@ async def cursor_to(pilot, tree: FailureTree, name: str) -> None:
     for _ in range(tree.last_line + 1):
         node = tree.cursor_node
         if node is not None and node.data is not None and node.data.leaf and node.data.failures[0].name == name:
+            title = tree.screen.query_one("#failure-place-title")
+            # the place is highlighted in a worker: wait for it
+            await wait_until(pilot, lambda t=title: "highlighting" not in shown_text(t), "the highlighted place")
             await pilot.pause(0.1)
             return
         await pilot.press("down")

@@ -26,7 +26,7 @@ from textual.worker import Worker, get_current_worker
 from console.context import ConsoleContext
 from console.screens.base import KdbScreen
 from console.widgets.dialogs import ConfirmDialog, EditTextDialog
-from console.widgets.failure_detail import FailureDetail, item_label, pretty_item
+from console.widgets.failure_detail import FailureDetail, Place, item_label, offending_place, pretty_item
 from core.db.kernel_db import KernelDB
 from core.db.state import Failure, StateDB
 from core.inject import STAGES, InjectOptions, InjectProgress, InjectReport
@@ -152,6 +152,11 @@ class FailuresScreen(KdbScreen):
         failures: list[Failure]
 
     @dataclass
+    class PlaceReady(Message):
+        failure_id: int | None
+        place: Place | None
+
+    @dataclass
     class RetryProgress(Message):
         done: int
         total: int
@@ -232,8 +237,18 @@ class FailuresScreen(KdbScreen):
                              "Kernels that fail to convert during injection are listed here, with the reason.")
         elif entry.leaf:
             detail.show_failure(entry.failures[0])
+            self.find_place(entry.failures[0])
         else:
             detail.show_group(entry.title, list(entry.failures))
+
+    @work(thread=True, exit_on_error=False, group="failure-place", exclusive=True)
+    def find_place(self, failure: Failure) -> None:
+        self.post_message(self.PlaceReady(failure.id, offending_place(failure)))
+
+    def on_failures_screen_place_ready(self, message: PlaceReady) -> None:
+        current = self._current()
+        if current is not None and current.leaf and current.failures[0].id == message.failure_id:
+            self.query_one(FailureDetail).show_place(message.place)  # else the selection moved on
 
     @on(Tree.NodeHighlighted, "#failure-tree")
     def node_highlighted(self, event: Tree.NodeHighlighted[Entry]) -> None:

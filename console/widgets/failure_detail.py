@@ -16,20 +16,18 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import RenderableType
-from rich.style import Style
-from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import ScrollableContainer, Vertical
 from textual.widgets import Static
 
+from console.widgets.highlight import numbered_listing
 from core.db.state import Failure
 
 HINT = "Select a failure to see its cause and the place it points at; select a group to act on all of it."
 LOG_LINES = 8
 CONTEXT_ABOVE = 6  # source lines kept visible above the highlighted one
-MARK = Style(color="white", bgcolor="dark_red", bold=True)
 _REASON_LINE = re.compile(r"\bline (\d+)\b")
 _LOG_ERROR_LINE = re.compile(r"kernel\.cu\((\d+)\): (?:catastrophic )?error")
 _SCRATCH_PATH = re.compile(r"[^\s(\"']*/(kernel\.cu)")  # nvcc's scratch dir is gone: keep the file name
@@ -128,15 +126,12 @@ def item_label(failure: Failure) -> str:
     return f"{name} (whole file)" if failure.item_index is None else f"{name}#{failure.item_index}"
 
 
-def listing(code: str, language: str, marked: set[int]) -> Syntax:
-    syntax = Syntax(code, language, line_numbers=True, highlight_lines=marked, word_wrap=False,
-                    theme="ansi_dark")
-    for line in marked:
-        syntax.stylize_range(MARK, (line, 0), (line + 1, 0))
-    return syntax
+def listing(code: str, language: str, marked: set[int]) -> Text:
+    return numbered_listing(code, language, marked)
 
 
 def offending_place(failure: Failure) -> Place | None:
+    """Where the failure points, highlighted: slow on big items, so the view calls it in a worker."""
     detail = failure.detail_dict()
     if failure.stage == "compile" and detail.get("source"):
         line = detail.get("line")
@@ -206,10 +201,14 @@ class FailureDetail(Vertical):
         yield Static(id="failure-log")
 
     def show_failure(self, failure: Failure) -> None:
+        """The summary and nvcc's log at once; the place follows via show_place (built off the UI thread)."""
         self.query_one("#failure-summary", Static).update(summary(failure))
-        self._show_place(offending_place(failure))
+        self._show_place(Place("highlighting…", Text("")) if failure.input or failure.stage == "compile" else None)
         log = failure.detail_dict().get("log") if failure.stage == "compile" else None
         self._show_log(str(log) if log else "")
+
+    def show_place(self, place: Place | None) -> None:
+        self._show_place(place)
 
     def show_group(self, title: str, failures: list[Failure]) -> None:
         self.query_one("#failure-summary", Static).update(group_summary(title, failures))

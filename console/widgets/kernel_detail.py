@@ -6,12 +6,12 @@ import json
 from typing import Any
 
 from rich.console import Group
-from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
+from console.widgets.highlight import numbered_listing
 from core.lint import Finding
 
 
@@ -67,18 +67,8 @@ def render_detail(view: dict[str, Any], findings: list[Finding]) -> Group:
 
 
 def highlight_source(signature: str, body: str) -> Text:
-    """The kernel's CUDA, highlighted and numbered. Pygments takes a second or two on a 30 KB TVM body:
-    workers call this, so the UI thread only lays the result out."""
-    code = signature + "\n{\n" + body + "\n}"
-    lines = Syntax(code, "cuda", theme="ansi_dark").highlight(code).split("\n", allow_blank=True)
-    width = len(str(len(lines)))
-    numbered = Text(no_wrap=True, overflow="crop")
-    for number, line in enumerate(lines, start=1):
-        numbered.append(f"{number:>{width}} ", style="dim")
-        numbered.append_text(line)
-        numbered.append("\n")
-    numbered.rstrip()
-    return numbered
+    """The kernel's CUDA, highlighted and numbered (workers call this: see console.widgets.highlight)."""
+    return numbered_listing(signature + "\n{\n" + body + "\n}", "cuda")
 
 
 class KernelDetail(VerticalScroll):
