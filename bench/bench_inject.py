@@ -78,6 +78,42 @@ def child(n: int, workers: int, compile_check: bool, archs: tuple[str, ...]) -> 
             "peak_rss_mb": self_kb / 1024, "worker_peak_rss_mb": child_kb / 1024, "db_mb": db_mb}
 
 
+def sqlite_ceiling(n: int) -> dict:
+    """The same N rows inserted by bare sqlite3 (same DDL and pragmas, one transaction per row), with no
+    parsing, counting, ORM or worker processes: what SQLite alone manages for these row sizes here."""
+    import sqlite3
+
+    from core.db.kernel_db import COLUMNS, KernelDB
+    from core.inject import prepare
+
+    base = artifact_items()
+    rows = []
+    for i in range(n):  # built untimed, as write_corpus + prepare would give them
+        item = dict(base[i % len(base)])
+        brace = item["code"].index("{")
+        item["code"] = item["code"][: brace + 1] + f"\n  // copy {i}\n" + item["code"][brace + 1:]
+        item["tvm_func_name"] = f"{item['tvm_func_name']}_copy{i}"
+        row = prepare("corpus.json", i, item).row
+        assert row is not None
+        rows.append(row.values())
+    with tempfile.TemporaryDirectory(prefix="kdb-bench-") as tmp:
+        path = Path(tmp) / "k.db"
+        KernelDB.open(path, create=True).close()
+        conn = sqlite3.connect(path, isolation_level=None)
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        insert = f"INSERT INTO KernelCache ({', '.join(COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        start = time.perf_counter()
+        for values in rows:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(insert, values)
+            conn.execute("COMMIT")
+        elapsed = time.perf_counter() - start
+        conn.close()
+    return {"n": n, "seconds": elapsed, "per_s": n / elapsed,
+            "row_kb": sum(len(str(v)) for r in rows for v in r) / len(rows) / 1000}
+
+
 def run_child(n: int, workers: int, compile_check: bool = False, archs: tuple[str, ...] = ("sm_90",)) -> dict:
     cmd = [sys.executable, __file__, "--child", str(n), "--workers", str(workers), "--archs", *archs]
     if compile_check:
@@ -111,6 +147,7 @@ def table(title: str, rows: list[dict], cols: list[tuple[str, str, str]]) -> Non
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--child", type=int)
+    ap.add_argument("--ceiling-child", type=int)
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--archs", nargs="+", default=["sm_90"])
@@ -120,6 +157,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(args.child, args.workers, args.compile, tuple(args.archs))))
+        return
+    if args.ceiling_child:
+        print(json.dumps(sqlite_ceiling(args.ceiling_child)))
         return
     args.json.parent.mkdir(parents=True, exist_ok=True)
     results: dict = {"cpus": os.cpu_count(), "python": sys.version.split()[0]}
@@ -131,8 +171,14 @@ def main() -> None:
            ("peak_rss_mb", "main RSS MB", ".0f"), ("worker_peak_rss_mb", "worker RSS MB", ".0f"),
            ("db_mb", "DB MB", ".0f")])
     first, last = runs[0], runs[-1]
+    out = subprocess.run([sys.executable, __file__, "--ceiling-child", str(last["n"])], capture_output=True,
+                         text=True, check=True, cwd=REPO)
+    ceiling = results["sqlite_ceiling"] = json.loads(out.stdout.strip().splitlines()[-1])
     print(f"  ratio: {last['per_s']:.0f} kernels/s at N={last['n']} (target >= 2000); main RSS "
           f"{last['peak_rss_mb'] / first['peak_rss_mb']:.2f}x from N={first['n']} to N={last['n']} (flat: ~1.0x)")
+    print(f"  ceiling: bare sqlite3 inserts of the same {ceiling['n']} rows ({ceiling['row_kb']:.0f} KB each, one "
+          f"transaction each, nothing else): {ceiling['per_s']:.0f} rows/s; the injector reaches "
+          f"{last['per_s'] / ceiling['per_s']:.0%} of it")
 
     nv = [run_child(args.nvcc_kernels, w, compile_check=True, archs=tuple(args.archs)) for w in (1, args.workers)]
     results["nvcc"] = nv

@@ -162,7 +162,7 @@ def prepare(file: str, index: int, raw: Any, gpu_barriers: bool = False) -> Prep
         barriers = count_barriers(src, spec.block, spec.grid)
         if not barriers.known:
             if gpu_barriers:
-                out.needs_gpu_barriers, out.raw = (spec, src), raw
+                out.needs_gpu_barriers = (spec, src)
                 return out
             return fail("barriers", f"{barriers.reason}; the GPU count was not run (no GPU stage asked for)")
         stage = "parse"
@@ -172,8 +172,13 @@ def prepare(file: str, index: int, raw: Any, gpu_barriers: bool = False) -> Prep
         return fail(stage, str(exc), field=exc.where)
     except Exception as exc:  # a bug must fail this item, never the batch: keep the cause
         return fail(stage, f"internal error: {type(exc).__name__}: {exc}")
-    out.raw = raw
-    return out
+    return out  # without the raw item: the caller has it, and shipping it back doubles the IPC
+
+
+def _with_raw(future: Future[Prepared], raw: Any) -> Prepared:
+    item = future.result()
+    item.raw = raw
+    return item
 
 
 def _printable(text: str) -> str:
@@ -272,7 +277,7 @@ class Injector:
         cpu: Executor = _InlineExecutor() if workers == 1 else ProcessPoolExecutor(
             max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
         nvcc_pool = ThreadPoolExecutor(max_workers=workers) if self.options.compile else None
-        prepared: deque[Future[Prepared]] = deque()
+        prepared: deque[tuple[Future[Prepared], Any]] = deque()  # with the raw item, kept here for failures
         compiling: deque[tuple[Prepared, Future[list[CompileResult]]]] = deque()
         try:
             for file, index, raw in items:
@@ -280,14 +285,14 @@ class Injector:
                     break
                 if file != self.progress.current:
                     self.progress.current = file
-                prepared.append(cpu.submit(prepare, file, index, raw, self.options.gpu))
-                while prepared and (len(prepared) >= 4 * workers or prepared[0].done()):
-                    self._after_prepare(prepared.popleft().result(), nvcc_pool, compiling)
+                prepared.append((cpu.submit(prepare, file, index, raw, self.options.gpu), raw))
+                while prepared and (len(prepared) >= 4 * workers or prepared[0][0].done()):
+                    self._after_prepare(_with_raw(*prepared.popleft()), nvcc_pool, compiling)
                     self._drain_compiles(compiling, block=len(compiling) >= 2 * workers)
                     if self._cancelled():
                         break
             while prepared and not self._cancelled():
-                self._after_prepare(prepared.popleft().result(), nvcc_pool, compiling)
+                self._after_prepare(_with_raw(*prepared.popleft()), nvcc_pool, compiling)
                 self._drain_compiles(compiling, block=len(compiling) >= 2 * workers)
             while compiling and not self._cancelled():
                 self._drain_compiles(compiling, block=True)
@@ -295,7 +300,7 @@ class Injector:
             if self._cancelled():
                 self._cancel_event.set()
                 self.report.cancelled = True
-            for fut in prepared:
+            for fut, _ in prepared:
                 fut.cancel()
             cpu.shutdown(wait=True, cancel_futures=True)
             if nvcc_pool is not None:

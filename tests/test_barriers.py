@@ -22,6 +22,14 @@ def count(body: str, block=(64, 1, 1), grid=(4, 1, 1)):
     ("for (int i = 8; i > 0; i--) { __syncthreads(); }", 8),
     ("for (int a = 0; a < 4; ++a) { for (int b = 0; b < a; ++b) { __syncthreads(); } }", 6),
     ("for (int a = 0; a < 3; ++a) { __syncthreads(); for (int b = 0; b < 2; ++b) { x[b] = 1; } __syncthreads(); }", 6),
+    # counted loops (bound and step untouched by the body) are multiplied out, not walked: same counts
+    ("for (int i = 0; i <= 10; i += 3) { __syncthreads(); }", 4),
+    ("for (int i = 5; i < 5; ++i) { __syncthreads(); }", 0),
+    ("for (int i = 7; i < 3; ++i) { __syncthreads(); }", 0),
+    ("for (int i = -6; i < 6; i += 4) { __syncthreads(); }", 3),
+    ("int n = 3; for (int i = 0; i < n; ++i) { int t = 2; for (int j = 0; j < t; ++j) { __syncthreads(); } }", 6),
+    ("for (int i = 0; i < 4; ++i) { if (threadIdx.x < 8) { __syncthreads(); } }", 4),
+    ("int s = 2; for (int i = 0; i < 9; i += s) { __syncthreads(); }", 5),
     # conditions on thread and block indices are evaluated for thread 0 of block 0
     ("if (((int)threadIdx.x) < 46) { __syncthreads(); }", 1),
     ("if (threadIdx.x >= 32) { __syncthreads(); } else { __syncthreads(); __syncthreads(); }", 2),
@@ -55,6 +63,9 @@ def test_exact_counts(body: str, expected: int):
     ("int n = 4; if (threadIdx.x == 0) { n = 8; } for (int i = 0; i < n; ++i) { __syncthreads(); }", "n"),
     ("for (int i = 0; i < 8; ++i) { __syncthreads(); i += 1; }", "changes inside the loop"),
     ("for (int i = 0; i < 8; ++i) { __syncthreads(); if (i == 3) break; }", "break"),
+    # a body that changes the bound is walked, not multiplied out, and then the bound is unknown
+    ("int n = 8; for (int i = 0; i < n; ++i) { __syncthreads(); n = (int)input0[0]; }", "n"),
+    ("for (int i = 0; i < 100000000; ++i) { __syncthreads(); }", "loop steps"),
     ("int c = __syncthreads_count(1);", "__syncthreads_count"),
     ("for (int i = 0; i < 100000000; ++i) { for (int j = 0; j < 100; ++j) { if (j == i) __syncthreads(); } }", "loop steps"),
     ('asm volatile("bar.sync 0;");', "bar"),

@@ -468,6 +468,12 @@ class _Runner:
         env[var] = wrap(self.value(init, env, f"the start of loop {var}", line))
         total = 0
         independent = var not in _names(body) and not _has_return(body)
+        trips = self._trip_count(node, env) if independent and not unsigned else None
+        if trips is not None:  # a counted loop whose body never varies: one pass, times the trips
+            total = self.run(body, env) * trips if trips else 0
+            self.tick(max(trips - 1, 0))
+            self._restore(env, var, outer)
+            return total
         body_count: int | None = None
         while self.value(cond, env, f"the bound of loop {var}", line):
             if independent and body_count is not None:
@@ -480,11 +486,38 @@ class _Runner:
             total += body_count
             delta = self.value(step, env, f"the step of loop {var}", line)
             env[var] = wrap(delta if op == "=" else env[var] + (delta if op == "+" else -delta))  # type: ignore[operator]
+        self._restore(env, var, outer)
+        return total
+
+    @staticmethod
+    def _restore(env: dict[str, int | None], var: str, outer: object) -> None:
         if outer is _MISSING:
             env.pop(var, None)
         else:
             env[var] = outer  # type: ignore[assignment]
-        return total
+
+    @staticmethod
+    def _trip_count(node: tuple, env: dict[str, int | None]) -> int | None:
+        """Iterations of `for (var = start; var < bound; var += step)` with a body that changes neither
+        bound nor step, or None for any other shape (then the loop is walked)."""
+        _, var, _, cond, (op, step), body = node[:6]
+        if op != "+" or cond[0] != "bin" or cond[1] not in ("<", "<=") or cond[2] != ("name", var):
+            return None
+        bound = cond[3]
+        read = cexpr.names(bound) | cexpr.names(step)
+        if var in read or read & _assigned(body):
+            return None
+        try:
+            limit, limit_unsigned = cexpr.evaluate_typed(bound, env)
+            delta, delta_unsigned = cexpr.evaluate_typed(step, env)
+        except cexpr.Unknown:
+            return None
+        if limit_unsigned or delta_unsigned or delta <= 0:
+            return None
+        start = env[var]
+        assert start is not None
+        span = limit - start + (1 if cond[1] == "<=" else 0)
+        return max(0, -(-span // delta))
 
 
 _MISSING = object()
@@ -500,6 +533,20 @@ def _names(nodes: list[tuple]) -> set[str]:
             out |= cexpr.names(node[1]) | _names(node[3]) | _names(node[4])
         elif kind == "for":
             out |= cexpr.names(node[2]) | cexpr.names(node[3]) | cexpr.names(node[4][1]) | _names(node[5])
+    return out
+
+
+def _assigned(nodes: list[tuple]) -> set[str]:
+    """Every name the nodes declare, taint or use as a loop variable."""
+    out: set[str] = set()
+    for node in nodes:
+        kind = node[0]
+        if kind in ("decl", "taint"):
+            out.add(node[1])
+        elif kind == "if":
+            out |= _assigned(node[3]) | _assigned(node[4])
+        elif kind == "for":
+            out |= {node[1]} | _assigned(node[5])
     return out
 
 

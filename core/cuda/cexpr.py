@@ -214,6 +214,14 @@ def evaluate(expr: Expr, env: Mapping[str, int | None]) -> int:
         raise Unknown("expression nested too deeply") from None
 
 
+def evaluate_typed(expr: Expr, env: Mapping[str, int | None]) -> tuple[int, bool]:
+    """Like evaluate, with whether C would treat the value as unsigned."""
+    try:
+        return _eval(expr, env)
+    except RecursionError:
+        raise Unknown("expression nested too deeply") from None
+
+
 def _eval(expr: Expr, env: Mapping[str, int | None]) -> tuple[int, bool]:
     tag = expr[0]
     if tag == "num":

@@ -21,7 +21,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlmodel import Field, SQLModel
 
-from core.db.engine import check_sqlite_file, make_engine, quick_check
+from core.db.engine import busy_timeout, check_sqlite_file, is_locked, locked_error, make_engine, quick_check
 from core.errors import DbError
 from core.kernel_row import COLUMNS, KernelRow
 
@@ -175,46 +175,59 @@ class KernelDB:
 
         With replace, every other row of the same Identifier and DeviceType is removed too, so the DB
         then holds exactly this kernel for that op.
+
+        The hot path of injection, so it speaks to sqlite3 directly: SQLAlchemy's per-statement
+        bookkeeping cost about as much as SQLite's own work on a 65 KB row.
         """
         self._require_writable()
-        conn = self.connection()
+        raw = self._driver()
         values = row.values()
-        with conn.begin():
-            existing = conn.exec_driver_sql(
-                "SELECT Key, Identifier, OpType, Attributes, Source, DeviceType, Function, Tags, Miscs "
-                "FROM KernelCache WHERE Key = ?", (row.key,)
-            ).fetchone()
-            removed: list[KernelRow] = []
-            if replace:
-                others = conn.exec_driver_sql(
-                    "SELECT Key, Identifier, OpType, Attributes, Source, DeviceType, Function, Tags, Miscs "
-                    "FROM KernelCache WHERE Identifier = ? AND DeviceType = ? AND Key != ?",
-                    (row.identifier, row.device_type, row.key),
-                ).fetchall()
-                removed = [KernelRow.from_values(tuple(o)) for o in others]
+        select = f"SELECT {', '.join(COLUMNS)} FROM KernelCache"
+        try:
+            raw.execute("BEGIN IMMEDIATE")
+            try:
+                result = self._insert_in_transaction(raw, row, values, select, replace)
+            except BaseException:
+                raw.execute("ROLLBACK")
+                raise
+            raw.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if is_locked(exc):
+                raise locked_error(self.path, busy_timeout()) from exc
+            raise
+        return result
+
+    @staticmethod
+    def _insert_in_transaction(raw: sqlite3.Connection, row: KernelRow, values: tuple[str, ...], select: str,
+                               replace: bool) -> InsertResult:
+        existing = raw.execute(f"{select} WHERE Key = ?", (row.key,)).fetchone()
+        removed: list[KernelRow] = []
+        if replace:
+            others = raw.execute(f"{select} WHERE Identifier = ? AND DeviceType = ? AND Key != ?",
+                                 (row.identifier, row.device_type, row.key)).fetchall()
+            removed = [KernelRow.from_values(tuple(o)) for o in others]
+            if removed:
+                raw.execute("DELETE FROM KernelCache WHERE Identifier = ? AND DeviceType = ? AND Key != ?",
+                            (row.identifier, row.device_type, row.key))
+        if existing is not None:
+            same = tuple(existing) == values
+            if same or not replace:
                 if removed:
-                    conn.exec_driver_sql(
-                        "DELETE FROM KernelCache WHERE Identifier = ? AND DeviceType = ? AND Key != ?",
-                        (row.identifier, row.device_type, row.key),
-                    )
-            if existing is not None:
-                same = tuple(existing) == values
-                if same or not replace:
-                    if removed:
-                        return InsertResult(InsertOutcome.REPLACED, tuple(removed))
-                    note = "" if same else "a row with this Key differs (use --replace to rewrite it)"
-                    return InsertResult(InsertOutcome.UNCHANGED, note=note)
-                removed.append(KernelRow.from_values(tuple(existing)))
-                conn.exec_driver_sql("DELETE FROM KernelCache WHERE Key = ?", (row.key,))
-            conn.exec_driver_sql(
-                f"INSERT INTO KernelCache ({', '.join(COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", values
-            )
+                    return InsertResult(InsertOutcome.REPLACED, tuple(removed))
+                note = "" if same else "a row with this Key differs (use --replace to rewrite it)"
+                return InsertResult(InsertOutcome.UNCHANGED, note=note)
+            removed.append(KernelRow.from_values(tuple(existing)))
+            raw.execute("DELETE FROM KernelCache WHERE Key = ?", (row.key,))
+        raw.execute(f"INSERT INTO KernelCache ({', '.join(COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", values)
         return InsertResult(InsertOutcome.REPLACED if removed else InsertOutcome.INSERTED, tuple(removed))
+
+    def _driver(self) -> sqlite3.Connection:
+        """The kept connection's sqlite3 object (autocommit: transactions are explicit)."""
+        return self.connection().connection.driver_connection  # type: ignore[return-value]
 
     def has_key(self, key: str) -> bool:
         # A plain autocommit read: no write lock, unlike the writer engine's transactions.
-        raw = self.connection().connection.driver_connection
-        return raw.execute("SELECT 1 FROM KernelCache WHERE Key = ?", (key,)).fetchone() is not None  # type: ignore[union-attr]
+        return self._driver().execute("SELECT 1 FROM KernelCache WHERE Key = ?", (key,)).fetchone() is not None
 
     def delete(self, keys: Sequence[str]) -> list[KernelRow]:
         """Delete rows by Key in one transaction; returns them so the caller can undo."""
