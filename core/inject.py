@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from core.settings import Settings
 
 STAGES = ("read", "validate", "parse", "barriers", "compile", "gpu", "insert")
 GPU_NOT_RUN = "gpu stages (barrier count on the GPU, verification, timing): not run: no GPU stage yet"
+CHUNK = 8  # items per worker task: the IPC of one task costs about as much as parsing a small kernel
 
 
 @dataclass(frozen=True)
@@ -175,10 +177,13 @@ def prepare(file: str, index: int, raw: Any, gpu_barriers: bool = False) -> Prep
     return out  # without the raw item: the caller has it, and shipping it back doubles the IPC
 
 
-def _with_raw(future: Future[Prepared], raw: Any) -> Prepared:
-    item = future.result()
-    item.raw = raw
-    return item
+def _batched(items: Iterator[tuple[str, int, Any]], size: int) -> Iterator[tuple[tuple[str, int, Any], ...]]:
+    while batch := tuple(islice(items, size)):
+        yield batch
+
+
+def prepare_chunk(items: tuple[tuple[str, int, Any], ...], gpu_barriers: bool = False) -> list[Prepared]:
+    return [prepare(file, index, raw, gpu_barriers) for file, index, raw in items]
 
 
 def _printable(text: str) -> str:
@@ -277,31 +282,39 @@ class Injector:
         cpu: Executor = _InlineExecutor() if workers == 1 else ProcessPoolExecutor(
             max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
         nvcc_pool = ThreadPoolExecutor(max_workers=workers) if self.options.compile else None
-        prepared: deque[tuple[Future[Prepared], Any]] = deque()  # with the raw item, kept here for failures
+        # Items go to the workers in chunks (per-task IPC costs as much as a small kernel's parse); the raw
+        # items stay here for failure records.
+        prepared: deque[tuple[Future[list[Prepared]], list[Any]]] = deque()
         compiling: deque[tuple[Prepared, Future[list[CompileResult]]]] = deque()
+        chunk = 1 if workers == 1 else CHUNK
+
+        def take_results() -> None:
+            future, raws = prepared.popleft()
+            for item, raw in zip(future.result(), raws, strict=True):
+                item.raw = raw
+                self._after_prepare(item, nvcc_pool, compiling)
+                self._drain_compiles(compiling, block=len(compiling) >= 2 * workers)
+
         try:
-            for file, index, raw in items:
+            for batch in _batched(items, chunk):
                 if self._cancelled():
                     break
-                if file != self.progress.current:
-                    self.progress.current = file
-                prepared.append((cpu.submit(prepare, file, index, raw, self.options.gpu), raw))
+                self.progress.current = batch[-1][0]
+                prepared.append((cpu.submit(prepare_chunk, batch, self.options.gpu), [raw for _, _, raw in batch]))
                 while prepared and (len(prepared) >= 4 * workers or prepared[0][0].done()):
-                    self._after_prepare(_with_raw(*prepared.popleft()), nvcc_pool, compiling)
-                    self._drain_compiles(compiling, block=len(compiling) >= 2 * workers)
+                    take_results()
                     if self._cancelled():
                         break
             while prepared and not self._cancelled():
-                self._after_prepare(_with_raw(*prepared.popleft()), nvcc_pool, compiling)
-                self._drain_compiles(compiling, block=len(compiling) >= 2 * workers)
+                take_results()
             while compiling and not self._cancelled():
                 self._drain_compiles(compiling, block=True)
         finally:
             if self._cancelled():
                 self._cancel_event.set()
                 self.report.cancelled = True
-            for fut, _ in prepared:
-                fut.cancel()
+            for future, _ in prepared:
+                future.cancel()
             cpu.shutdown(wait=True, cancel_futures=True)
             if nvcc_pool is not None:
                 nvcc_pool.shutdown(wait=True, cancel_futures=True)
