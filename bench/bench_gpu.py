@@ -65,7 +65,7 @@ def ceilings() -> dict:
 
 
 def library_us(op_type: str, p: dict, repeats: int = 200) -> float:
-    """cuDNN/cuBLAS through PyTorch inside CUDA graph replays; inputs rotated as our timing does."""
+    """cuDNN/cuBLAS through PyTorch inside CUDA graph replays, median GPU time of one replay."""
     torch = torch_setup()
     import torch.nn.functional as F
 
@@ -95,32 +95,30 @@ def library_us(op_type: str, p: dict, repeats: int = 200) -> float:
             tensors = [a, b]
         return fn, sum(t.numel() * 4 for t in tensors)
 
-    fn, nbytes = make()
-    copies = 1 if nbytes * 2 > l2 else min(64, -(-4 * l2 // nbytes))
-    fns = [fn] + [make()[0] for _ in range(copies - 1)]
+    fn, _ = make()
+    # Timed as core.gpu.worker times our kernels: each replay after a memset over twice the L2 (cold
+    # inputs; the GPU stays busy while Python queues the next replay), per-replay events, the median.
+    flush = torch.empty(2 * l2 // 4, dtype=torch.int32, device="cuda")
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        for f in fns:
-            for _ in range(3):
-                f()
+        for _ in range(3):
+            fn()
     torch.cuda.current_stream().wait_stream(stream)
-    graphs = []
-    for f in fns:
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            f()
-        graphs.append(g)
-    for g in graphs:
-        g.replay()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for _ in range(10):
+        graph.replay()
     torch.cuda.synchronize()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for i in range(repeats):
-        graphs[i % copies].replay()
-    stop.record()
-    stop.synchronize()
-    return start.elapsed_time(stop) * 1000 / repeats
+    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
+    for start, stop in pairs:
+        flush.zero_()
+        start.record()
+        graph.replay()
+        stop.record()
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(stop) * 1000 for start, stop in pairs)
 
 
 def op_bytes(op_type: str, p: dict) -> int:
@@ -262,8 +260,9 @@ def part_tune(out: Path, n_ops: int, trials: int) -> None:
     rows = rows_report(tuned_db, ceil, source="tuned here (MetaSchedule)") if tuned_db.exists() else []
     print_rows(rows)
     for r in report.results:
+        chosen = ", ".join(f"{c['role']} {c['seconds'] * 1e6:.1f} us" for c in r.candidates)
         print(f"  {r.job.name}: {r.new_trials} trials in {r.seconds:.0f} s = {r.trials_per_minute:.0f}/min; "
-              f"errors {r.errors}")
+              f"errors {r.errors}; MetaSchedule's time of the records injected: {chosen or '-'}")
     trials = sum(r.new_trials for r in report.results)
     tune_s = sum(r.seconds for r in report.results)
     best = {}
@@ -278,7 +277,8 @@ def part_tune(out: Path, n_ops: int, trials: int) -> None:
                                                "phases_s": phases,
                                                "failures": report.failures,
                                                "jobs": [{"op": r.job.name, "trials": r.new_trials, "seconds": r.seconds,
-                                                         "errors": r.errors, "best_us": (r.best_seconds or 0) * 1e6}
+                                                         "errors": r.errors, "best_us": (r.best_seconds or 0) * 1e6,
+                                                         "injected_records": r.candidates}
                                                         for r in report.results]}, indent=1))
 
 

@@ -16,6 +16,7 @@ from tvm.s_tir.meta_schedule.runner import RunnerResult
 
 from core.opconfig import parse_line
 from core.tuning.job import RpcTarget, TuneJob, recorded_runs, repair_work_dir, run_tune
+from core.tuning.measure import COLD_RUNS
 from core.tuning.resilient import RequeuedFuture, is_session_error
 from core.tuning.rpc import RpcCluster
 
@@ -44,6 +45,16 @@ def test_events_per_trial_and_resume_after_a_torn_record(tmp_path: Path):
     assert len(recorded_runs(first.work_dir)) == 5
 
 
+def test_cold_l2_timing_runs_each_trial_singly_after_a_flush(tmp_path: Path):
+    # What CUDA tuning uses (on by default there), run here through the same LocalRunner worker on the CPU.
+    result = run_tune(job(2, cold_l2=True), tmp_path)
+    runs = [json.loads(line)[1][1] for line in (result.work_dir / "database_tuning_record.json").read_text().splitlines()]
+    assert len(runs) == 2 and all(len(r) == COLD_RUNS and all(0 < s < 1 for s in r) for r in runs)
+    warm = run_tune(job(1, cold_l2=False), tmp_path / "warm")
+    warm_runs = json.loads((warm.work_dir / "database_tuning_record.json").read_text().splitlines()[0])[1][1]
+    assert len(warm_runs) == 1  # MetaSchedule's own evaluator: one average of back-to-back runs
+
+
 def test_rpc_tracker_with_two_servers_and_one_dying_mid_job(tmp_path: Path):
     with RpcCluster(key="kdb-test") as cluster:
         cluster.add_server("a")
@@ -57,10 +68,13 @@ def test_rpc_tracker_with_two_servers_and_one_dying_mid_job(tmp_path: Path):
                 cluster.kill_server("a")
                 killed.set()
 
-        result = run_tune(job(6, rpc=RpcTarget("127.0.0.1", cluster.port, "kdb-test"), rpc_workers=2),
+        # cold_l2: the servers time each run after an L2 flush, as CUDA tuning does over RPC
+        result = run_tune(job(6, rpc=RpcTarget("127.0.0.1", cluster.port, "kdb-test"), rpc_workers=2, cold_l2=True),
                           tmp_path, on_event=on_event)
     assert killed.is_set()
     assert result.trials == 6 and result.best_seconds is not None
+    records = (result.work_dir / "database_tuning_record.json").read_text().splitlines()
+    assert all(len(json.loads(line)[1][1]) == COLD_RUNS for line in records)
     assert not any(k.startswith("run") for k in result.errors), result.errors  # no trial lost to the dead server
 
 

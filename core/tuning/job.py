@@ -55,7 +55,8 @@ class TuneJob:
     rpc: RpcTarget | None = None
     rpc_workers: int = 1  # measurements in flight at once over RPC (one per server/GPU)
     builder_workers: int | None = None  # parallel builds (default: one per core)
-    min_repeat_ms: int = 20  # each measurement repeats the kernel at least this long (TVM's default: 100)
+    min_repeat_ms: int = 20  # warm timing: each measurement repeats the kernel at least this long
+    cold_l2: bool | None = None  # time each run after an L2 flush (measure.py); default: on for cuda
     seed: int | None = None
 
     @property
@@ -224,15 +225,23 @@ def run_tune(job: TuneJob, root: Path, *, on_event: Callable[[TrialEvent], None]
         builder = ms.builder.LocalBuilder(timeout_sec=job.builder_timeout_s, max_workers=job.builder_workers,
                                           f_build=build_candidate, f_export=export_shared_library)
         evaluator = ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=job.min_repeat_ms)
+        run_evaluator = rpc_run_evaluator = None
+        # A network meets a layer's weights cold: on CUDA, trials are timed that way (measure.py).
+        if job.cold_l2 if job.cold_l2 is not None else job.target == "cuda":
+            from core.tuning import measure
+
+            evaluator = measure.cold_evaluator_config()
+            run_evaluator, rpc_run_evaluator = measure.cold_run_evaluator, measure.cold_rpc_run_evaluator
         if job.rpc is not None:
             from core.tuning.resilient import ResilientRunner
 
             runner: Any = ResilientRunner(ms.runner.RPCRunner(
                 ms.runner.RPCConfig(job.rpc.host, job.rpc.port, job.rpc.key,
                                     session_timeout_sec=int(max(job.runner_timeout_s, 10))),
-                evaluator_config=evaluator, max_workers=job.rpc_workers))
+                evaluator_config=evaluator, max_workers=job.rpc_workers, f_run_evaluator=rpc_run_evaluator))
         else:
-            runner = ms.runner.LocalRunner(timeout_sec=job.runner_timeout_s, evaluator_config=evaluator)
+            runner = ms.runner.LocalRunner(timeout_sec=job.runner_timeout_s, evaluator_config=evaluator,
+                                           f_run_evaluator=run_evaluator)
         if job.target == "cuda":
             from core.tuning.space import self_contained_cuda_space
 
