@@ -214,7 +214,7 @@ TUNE_SET = [  # (file, line index, op type): AlexNet conv+relu layers and ResNeX
 ]
 
 
-def part_tune(out: Path, n_ops: int, trials: int) -> None:
+def part_tune(out: Path, n_ops: int, trials: int, pick: list[int] | None = None) -> None:
     from dataclasses import replace
 
     from tvm.s_tir import meta_schedule as ms
@@ -228,7 +228,8 @@ def part_tune(out: Path, n_ops: int, trials: int) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="kdb-tune-"))
     os.environ["KDB_STATE_DIR"] = str(tmp / "state")
     jobs = []
-    for file, index, op in TUNE_SET[:n_ops]:
+    chosen = [TUNE_SET[i - 1] for i in pick] if pick else TUNE_SET[:n_ops]
+    for file, index, op in chosen:
         config = read_opconfigs(SHARED / "nnfusion-artifact" / "op_configs" / file).configs[index]
         jobs.append(TuneJob(replace(config, op_type=op, line_format=None), trials=trials, arch="sm_90",
                             builder_timeout_s=120, trials_per_batch=64, builder_workers=os.cpu_count()))
@@ -288,13 +289,14 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     ap.add_argument("--ops", type=int, default=4)
     ap.add_argument("--trials", type=int, default=64)
+    ap.add_argument("--pick", type=int, nargs="+", help="ops of the set to tune (1-based)")
     ap.add_argument("--only", default="*.json", help="artifact kernel files to take (a glob)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.part == "artifact":
         part_artifact(args.out, args.only)
     else:
-        part_tune(args.out, args.ops, args.trials)
+        part_tune(args.out, args.ops, args.trials, args.pick)
 
 
 if __name__ == "__main__":
