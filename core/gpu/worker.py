@@ -51,7 +51,14 @@ def _compile(source: str, name: str) -> Any:
             cache.clear()
         module = SourceModule(source, no_extern_c=True, arch=_arch(), options=["-lineinfo"])
         cache[(source, name)] = (module, module.get_function(name))
+    _phase_done("compiled")
     return cache[(source, name)]
+
+
+def _phase_done(phase: str) -> None:
+    """Tell the parent a phase is over: its clock for the launches starts now (nvcc may take minutes)."""
+    sys.stdout.write(json.dumps({"phase": phase}) + "\n")
+    sys.stdout.flush()
 
 
 def _shapes(job: dict[str, Any]) -> tuple[list[tuple[int, ...]], tuple[int, ...]]:
