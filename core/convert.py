@@ -10,6 +10,7 @@ The new file is written under a temporary name and renamed when complete: never 
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from typing import Any
 
 from core.db.kernel_db import KernelDB, Schema
 from core.errors import DbError, InputError, KdbError
-from core.kernel_row import KernelRow, kernel_key
+from core.kernel_row import KernelRow, kernel_key, nnfusion_signature
 from core.ops import CONV_FAMILY, DEVICE_TYPE, EXTERNAL_SOURCE, INJECTABLE_OP_TYPES, POOLS, tags_for
 from core.opsig import ConvParams, DotParams, OpSignature, PoolParams
 from core.profile import format_profile, parse_profile
@@ -84,7 +85,7 @@ def convert_osdi20_row(identifier: Any, platform: Any, function: Any, tags: Any,
     if not isinstance(num_sync, int):
         raise InputError("num_sync missing: the barrier count is unknown")
     inputs = [f"input{i}" for i in range(len(ins))]
-    signature = 'extern "C" __global__  void (' + ", ".join(f"float* {n}" for n in [*inputs, "output0"]) + ")"
+    signature = nnfusion_signature([f"float* {n}" for n in [*inputs, "output0"]], math.prod(block))
     function_body = decls + block_body
     fn = {"function_signature": signature, "function_body": function_body, "grid_dim": list(grid),
           "block_dim": list(block), "block_function_body": block_body, "shared_memory": sm,

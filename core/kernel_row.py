@@ -98,6 +98,14 @@ def map_parameters(op_type: str, params: tuple[Param, ...], dtype: str) -> list[
     return mapped
 
 
+def nnfusion_signature(params: list[str], threads_per_block: int) -> str:
+    """The signature as NNFusion's own CudaEmitter writes it into the kernel cache (the compiler uses it
+    verbatim): with __launch_bounds__ of the block size. Without it nvcc may give a thread more registers
+    than a big block can have, and the launch fails ("too many resources requested", seen on the H200
+    with a tuned conv); NNFusion's import script leaves it out."""
+    return f'extern "C" __launch_bounds__({threads_per_block}) __global__ void (' + ", ".join(params) + ")"
+
+
 def build_row(
     spec: KernelSpec,
     src: KernelSource,
@@ -118,7 +126,7 @@ def build_row(
     canonical = map_parameters(spec.op.op_type, src.params, dtype)
     inputs = sorted(n for n in canonical if n.startswith("input"))
     outputs = sorted(n for n in canonical if n.startswith("output"))
-    signature = 'extern "C" __global__  void (' + ", ".join(f"{dtype}* {n}" for n in inputs + outputs) + ")"
+    signature = nnfusion_signature([f"{dtype}* {n}" for n in inputs + outputs], spec.threads_per_block)
     aliases = [
         f"{'const ' if p.is_const else ''}{p.base_type}* {p.name} = {name};"
         for p, name in zip(src.params, canonical, strict=True)

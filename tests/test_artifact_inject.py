@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import sqlite3
 from pathlib import Path
@@ -41,7 +42,10 @@ def test_artifact_directory_injects_with_compile_check(tmp_path: Path):
     for fn, miscs, tags in conn.execute("SELECT Function, Miscs, Tags FROM KernelCache"):
         function, misc = json.loads(fn), json.loads(miscs)
         assert "BlockCudaEmitter" in tags.split(",")
-        assert function["function_signature"].startswith('extern "C" __global__  void (float* input0')
+        # NNFusion's own CudaEmitter form: the block size as launch bounds (registers fit the block)
+        threads = math.prod(function["block_dim"])
+        assert function["function_signature"].startswith(
+            f'extern "C" __launch_bounds__({threads}) __global__ void (float* input0')
         assert not re.search(r"__shared__\s+float\s+\w+\s*\[", function["block_function_body"])
         assert misc["external_profile"]["time"] == ""  # nothing measured, nothing claimed
         assert misc["kdb"]["compile"]["sm_90"]["kdb_block_kernel"]["registers"] > 0
@@ -58,8 +62,8 @@ def test_fused_add_relu_signature_puts_the_bias_before_the_output(tmp_path: Path
     _, report = run_kdb_json("inject", "--db", str(db), "--no-compile", str(src))
     assert report["injected"] == 1, report
     fn = json.loads(sqlite3.connect(db).execute("SELECT Function FROM KernelCache").fetchone()[0])
-    assert fn["function_signature"] == (
-        'extern "C" __global__  void (float* input0, float* input1, float* input2, float* output0)')
+    assert fn["function_signature"] == (f'extern "C" __launch_bounds__({math.prod(item["blockDim"])}) __global__ void '
+                                        "(float* input0, float* input1, float* input2, float* output0)")
     assert fn["block_function_body"].startswith("float* compute = output0;")
     assert fn["shared_memory"] == {"symbol": ["pad_temp_shared", "input1_shared"], "dtype": ["float", "float"],
                                    "size": [227, 88]}
