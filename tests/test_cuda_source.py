@@ -18,6 +18,15 @@ def test_parameters_and_qualifiers():
     assert src.launch_bounds == 128
 
 
+def test_launch_bounds_in_nnfusions_own_order_before_global():
+    # How NNFusion's CudaEmitter (and our rows, and `kdb export`) write it; the name may follow `void`.
+    src = parse_kernel('extern "C" __launch_bounds__(2 * 32) __global__ void k(float* input0, float* output0) '
+                       "{ output0[threadIdx.x] = input0[threadIdx.x]; }")
+    assert src.launch_bounds == 64 and [p.name for p in src.params] == ["input0", "output0"] and not src.notes
+    with pytest.raises(InputError, match="code outside the kernel"):
+        parse_kernel('extern "C" int x; __launch_bounds__(64) __global__ void k(float* a) { a[0] = 1; }')
+
+
 def test_shared_declarations_are_hoisted_and_casts_stay():
     code = HEAD + (
         "  __shared__ float A_shared[1024];\n"

@@ -232,11 +232,7 @@ def parse_kernel(code: str) -> KernelSource:
     while name_m and name_m.group(1) in ("__launch_bounds__", "__attribute__"):
         close = match_close(masked, name_m.end() - 1, _PAREN)
         if name_m.group(1) == "__launch_bounds__":
-            arg = masked[name_m.end():close].split(",")[0]
-            try:
-                launch_bounds = cexpr.evaluate(cexpr.parse(arg), {})
-            except (cexpr.ParseError, cexpr.Unknown):
-                launch_bounds = None
+            launch_bounds = _bound_value(masked[name_m.end():close])
         name_m = re.compile(r"\b([A-Za-z_]\w*)\s*\(").search(masked, close + 1)
     if name_m is None:
         raise InputError("cannot find the kernel's name and parameter list", where="code")
@@ -259,6 +255,10 @@ def parse_kernel(code: str) -> KernelSource:
     params = _parse_params(masked[params_open + 1:params_close], code[params_open + 1:params_close])
 
     decl_start = _declaration_start(masked, glob)
+    # NNFusion's own emitter writes the bounds before __global__: extern "C" __launch_bounds__(N) __global__
+    before = _LAUNCH_BOUNDS.search(masked, decl_start, glob)
+    if before and launch_bounds is None:
+        launch_bounds = _bound_value(before.group(1))
     notes = _outside_kernel(code, masked, decl_start, body_close + 1)
     shared, shared_notes = _shared_decls(code, masked, body_open + 1, body_close)
     return KernelSource(
@@ -274,11 +274,23 @@ def parse_kernel(code: str) -> KernelSource:
     )
 
 
+_LAUNCH_BOUNDS = re.compile(r"\b__launch_bounds__\s*\(([^()]*)\)")
+_SPECIFIERS = re.compile(
+    r'(?:\b(?:extern\s+"\s*"|extern|static|inline|__forceinline__)\s+|\b__launch_bounds__\s*\([^()]*\)\s*)+$')
+
+
+def _bound_value(args: str) -> int | None:
+    """The max-threads argument of __launch_bounds__(...), when it is a constant."""
+    try:
+        return cexpr.evaluate(cexpr.parse(args.split(",")[0]), {})
+    except (cexpr.ParseError, cexpr.Unknown):
+        return None
+
+
 def _declaration_start(masked: str, glob: int) -> int:
-    """Where the kernel's declaration starts: include `extern "C"`/`static` before __global__."""
-    m = re.compile(r'(?:\b(?:extern\s+"\s*"|extern|static|inline|__forceinline__)\s+)+$').search(
-        masked[:glob]
-    )
+    """Where the kernel's declaration starts: include `extern "C"`/`static`/`__launch_bounds__(N)` before
+    __global__."""
+    m = _SPECIFIERS.search(masked[:glob])
     return m.start() if m else glob
 
 
