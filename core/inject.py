@@ -12,7 +12,6 @@ backed up first (SQLite's online backup API) and the report says where.
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import threading
 from collections import deque
@@ -33,6 +32,7 @@ from core.gpu.jobs import GpuSession, job_for_row
 from core.kernel_json import KernelSpec, iter_json_files, load_items, validate_item
 from core.kernel_row import KernelRow, build_row
 from core.nvcc import CompileResult, compile_check, find_nvcc
+from core.processes import spawn_context
 from core.profile import merge_profile
 from core.settings import Settings
 
@@ -280,7 +280,7 @@ class Injector:
             self.report.run_id = self.state.start_run(kind, self.db.path, {**args, **_options_dict(self.options)})
         workers = max(1, self.options.workers)
         cpu: Executor = _InlineExecutor() if workers == 1 else ProcessPoolExecutor(
-            max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+            max_workers=workers, mp_context=spawn_context())
         nvcc_pool = ThreadPoolExecutor(max_workers=workers) if self.options.compile else None
         # Items go to the workers in chunks (per-task IPC costs as much as a small kernel's parse); the raw
         # items stay here for failure records.

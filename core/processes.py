@@ -1,0 +1,38 @@
+"""Child processes started from any host, a terminal UI included."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+from multiprocessing.context import SpawnContext
+from typing import Any
+
+
+def _has_descriptor(stream: Any) -> bool:
+    try:
+        return stream is not None and stream.fileno() >= 0
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+def spawn_context() -> SpawnContext:
+    """multiprocessing's spawn context, safe where sys.stderr has no file descriptor.
+
+    The first spawn starts multiprocessing's resource tracker and hands it sys.stderr's descriptor. A host that
+    replaced sys.stderr (Textual's capture answers -1) makes that, and so every process pool, fail with
+    "bad value(s) in fds_to_keep". Start the tracker first, pointed at the process's real stderr (or devnull).
+    """
+    if not _has_descriptor(sys.stderr):
+        from multiprocessing import resource_tracker
+
+        host_stderr = sys.stderr
+        fallback = sys.__stderr__ if _has_descriptor(sys.__stderr__) else open(os.devnull, "w")  # noqa: SIM115
+        sys.stderr = fallback
+        try:
+            resource_tracker.ensure_running()
+        finally:
+            sys.stderr = host_stderr
+            if fallback is not sys.__stderr__:
+                fallback.close()
+    return multiprocessing.get_context("spawn")
