@@ -84,7 +84,7 @@ def sqlite_ceiling(n: int) -> dict:
     import sqlite3
 
     from core.db.kernel_db import COLUMNS, KernelDB
-    from core.inject import prepare
+    from core.prepare import prepare
 
     base = artifact_items()
     rows = []

@@ -22,16 +22,16 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from core.cuda.barriers import BarrierCount, count_barriers
-from core.cuda.source import KernelSource, parse_kernel
+from core.cuda.barriers import BarrierCount
 from core.db.engine import DbLocked
 from core.db.kernel_db import InsertOutcome, KernelDB
 from core.db.state import Failure, StateDB, state_dir
 from core.errors import InputError, KdbError
 from core.gpu.jobs import GpuSession, job_for_row
-from core.kernel_json import KernelSpec, iter_json_files, load_items, validate_item
+from core.kernel_json import iter_json_files, load_items
 from core.kernel_row import KernelRow, build_row
 from core.nvcc import CompileResult, compile_check, find_nvcc
+from core.prepare import ItemFailure, Prepared, dump_input, prepare_chunk, printable
 from core.processes import spawn_context
 from core.profile import merge_profile
 from core.settings import Settings
@@ -71,34 +71,6 @@ class InjectOptions:
                    nvcc_timeout_s=settings.nvcc_timeout_s, workers=workers or settings.effective_workers(),
                    verify=verify, profile=profile, product_name=settings.product_name,
                    gpu_timeout_s=settings.gpu_timeout_s)
-
-
-@dataclass
-class ItemFailure:
-    file: str
-    index: int | None  # None: the whole file failed
-    name: str
-    stage: str
-    reason: str
-    detail: dict[str, Any] = field(default_factory=dict)
-    input: str | None = None  # the raw item, kept for retry
-
-    def as_report(self) -> dict[str, Any]:
-        return {"file": self.file, "index": self.index, "name": self.name, "stage": self.stage,
-                "reason": self.reason}
-
-
-@dataclass
-class Prepared:
-    """What the CPU stages made of one item: a row, or the failure."""
-
-    file: str
-    index: int
-    name: str
-    row: KernelRow | None = None
-    failure: ItemFailure | None = None
-    raw: Any = None
-    needs_gpu_barriers: tuple[KernelSpec, KernelSource] | None = None  # static count failed: count on the GPU
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,60 +114,9 @@ class InjectReport:
                 "failures": [f.as_report() for f in self.failures]}
 
 
-# ---------------------------------------------------------------------------------------------
-# The CPU stages (run in worker processes: keep them free of shared state)
-
-
-def prepare(file: str, index: int, raw: Any, gpu_barriers: bool = False) -> Prepared:
-    name = raw.get("tvm_func_name", "") if isinstance(raw, dict) else ""
-    name = name if isinstance(name, str) else ""
-    out = Prepared(file, index, _printable(name[:200]))
-
-    def fail(stage: str, reason: str, **detail: Any) -> Prepared:
-        out.failure = ItemFailure(file, index, out.name, stage, reason, detail, _dump_input(raw))
-        return out
-
-    stage = "validate"
-    try:
-        spec = validate_item(raw)
-        stage = "parse"
-        src = parse_kernel(spec.code)
-        stage = "barriers"
-        barriers = count_barriers(src, spec.block, spec.grid)
-        if not barriers.known:
-            if gpu_barriers:
-                out.needs_gpu_barriers = (spec, src)
-                return out
-            return fail("barriers", f"{barriers.reason}; the GPU count was not run (no GPU stage asked for)")
-        stage = "parse"
-        out.row = build_row(spec, src, barriers, extra_miscs={"from": f"{_printable(Path(file).name)}#{index}"})
-    except InputError as exc:
-        # str(exc) names the field or place ("parameters.output_shape[2]: ...").
-        return fail(stage, str(exc), field=exc.where)
-    except Exception as exc:  # a bug must fail this item, never the batch: keep the cause
-        return fail(stage, f"internal error: {type(exc).__name__}: {exc}")
-    return out  # without the raw item: the caller has it, and shipping it back doubles the IPC
-
-
 def _batched(items: Iterator[tuple[str, int, Any]], size: int) -> Iterator[tuple[tuple[str, int, Any], ...]]:
     while batch := tuple(islice(items, size)):
         yield batch
-
-
-def prepare_chunk(items: tuple[tuple[str, int, Any], ...], gpu_barriers: bool = False) -> list[Prepared]:
-    return [prepare(file, index, raw, gpu_barriers) for file, index, raw in items]
-
-
-def _printable(text: str) -> str:
-    """Text safe for SQLite and JSON: undecodable bytes of file names become backslash escapes."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def _dump_input(raw: Any) -> str | None:
-    try:
-        return json.dumps(raw, ensure_ascii=True, allow_nan=False)  # ASCII: lone surrogates stay escaped
-    except (TypeError, ValueError):
-        return None
 
 
 class _InlineExecutor(Executor):
@@ -263,7 +184,7 @@ class Injector:
             try:
                 items = load_items(path)
             except InputError as exc:
-                self._fail(ItemFailure(_printable(str(path)), None, "", "read", exc.reason))
+                self._fail(ItemFailure(printable(str(path)), None, "", "read", exc.reason))
                 self.progress.files_done += 1
                 continue
             self.progress.items_seen += len(items)
@@ -373,13 +294,13 @@ class Injector:
         return self._gpu
 
     def _gpu_fail(self, item: Prepared, reason: str, stage: str = "gpu") -> None:
-        self._fail(ItemFailure(item.file, item.index, item.name, stage, reason, {}, _dump_input(item.raw)))
+        self._fail(ItemFailure(item.file, item.index, item.name, stage, reason, {}, dump_input(item.raw)))
 
     def _count_barriers_on_gpu(self, item: Prepared) -> bool:
         """Static analysis could not count the barriers: count them with an instrumented run."""
         assert item.needs_gpu_barriers is not None
         spec, src = item.needs_gpu_barriers
-        extra = {"from": f"{_printable(Path(item.file).name)}#{item.index}"}
+        extra = {"from": f"{printable(Path(item.file).name)}#{item.index}"}
         try:
             probe = build_row(spec, src, BarrierCount(0), extra_miscs=extra)  # the count is not needed to run it
             result = self._gpu_session().run(job_for_row(probe, "barriers"))
@@ -451,7 +372,7 @@ class Injector:
             if bad is not None:
                 self._fail(ItemFailure(item.file, item.index, item.name, "compile", bad.error,
                                        {"arch": bad.arch, "line": bad.error_line, "log": bad.log,
-                                        "source": bad.source}, _dump_input(item.raw)))
+                                        "source": bad.source}, dump_input(item.raw)))
                 continue
             self.progress.passed["compile"] += 1
             self._insert(item, results)
@@ -474,11 +395,11 @@ class Injector:
             raise  # every later kernel would wait out the same lock: end the run with its message
         except KdbError as exc:
             self._fail(ItemFailure(item.file, item.index, item.name, "insert", exc.reason, {},
-                                   _dump_input(item.raw)))
+                                   dump_input(item.raw)))
             return
         except Exception as exc:  # a DB error must not end the batch: record it with its cause
             self._fail(ItemFailure(item.file, item.index, item.name, "insert", f"{type(exc).__name__}: {exc}",
-                                   {}, _dump_input(item.raw)))
+                                   {}, dump_input(item.raw)))
             return
         self.progress.passed["insert"] += 1
         if result.outcome is InsertOutcome.UNCHANGED:

@@ -19,8 +19,9 @@ from core.db.kernel_db import KernelDB
 from core.db.state import Failure, StateDB
 from core.demo import _elementwise
 from core.errors import ToolError
-from core.inject import InjectOptions, Injector, prepare
+from core.inject import InjectOptions, Injector
 from core.nvcc import find_nvcc, translation_unit
+from core.prepare import prepare
 from core.settings import load_settings
 
 
