@@ -32,7 +32,7 @@ from core.kernel_json import iter_json_files, load_items
 from core.kernel_row import KernelRow, build_row
 from core.nvcc import CompileResult, compile_check, find_nvcc
 from core.prepare import ItemFailure, Prepared, dump_input, prepare_chunk, printable
-from core.processes import spawn_context
+from core.processes import exit_with_parent, spawn_context
 from core.profile import merge_profile
 from core.settings import Settings
 
@@ -201,7 +201,8 @@ class Injector:
             self.report.run_id = self.state.start_run(kind, self.db.path, {**args, **_options_dict(self.options)})
         workers = max(1, self.options.workers)
         cpu: Executor = _InlineExecutor() if workers == 1 else ProcessPoolExecutor(
-            max_workers=workers, mp_context=spawn_context())
+            max_workers=workers, mp_context=spawn_context(),
+            initializer=exit_with_parent, initargs=(os.getpid(),))
         nvcc_pool = ThreadPoolExecutor(max_workers=workers) if self.options.compile else None
         # Items go to the workers in chunks (per-task IPC costs as much as a small kernel's parse); the raw
         # items stay here for failure records.

@@ -36,3 +36,20 @@ def spawn_context() -> SpawnContext:
             if fallback is not sys.__stderr__:
                 fallback.close()
     return multiprocessing.get_context("spawn")
+
+
+def exit_with_parent(parent_pid: int) -> None:
+    """Pool worker initializer: the worker dies with the process that started it.
+
+    Without it a `kdb inject --workers N` killed with SIGKILL leaves its workers blocked on the task queue for
+    good (seen: still there minutes later). Linux's parent-death signal is tied to the thread that spawned the
+    worker, so a pool using this must be fed from one thread (the injector's is).
+    """
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != parent_pid:  # the parent died before the signal was asked for
+        os._exit(1)

@@ -1,13 +1,18 @@
-"""Process pools started under a host that replaced sys.stderr, as Textual does while the console runs."""
+"""Process pools of injection: they start under a host that replaced sys.stderr (as Textual does while the
+console runs), and they die with a killed parent."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
+import pytest
 from conftest import KERNELS, REPO, needs_artifact
 
 # A fresh interpreter: in this one an earlier test may have started multiprocessing's resource tracker already,
@@ -47,3 +52,66 @@ def test_a_pool_of_workers_starts_when_stderr_has_no_descriptor(tmp_path: Path):
     outcome = json.loads(proc.stdout)
     assert "error" not in outcome, outcome["error"]
     assert outcome["failures"] == [] and outcome["injected"] > 0
+
+
+def children_of(pid: int) -> list[int]:
+    """Live child processes of pid, from /proc (no psutil, no pgrep needed)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        if fields[0] != "Z" and int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def pool_workers(pid: int) -> list[int]:
+    def cmdline(child: int) -> bytes:
+        try:
+            return Path(f"/proc/{child}/cmdline").read_bytes()
+        except OSError:
+            return b""
+
+    return [child for child in children_of(pid) if b"spawn_main" in cmdline(child)]
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@needs_artifact
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_workers_die_with_a_killed_inject(tmp_path: Path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    items = [item for path in sorted(KERNELS.glob("*.json")) for item in json.loads(path.read_text())]
+    for copy in range(12):  # distinct names and bodies: every item is work, none is "unchanged"
+        batch = [{**item, "tvm_func_name": f"{item['tvm_func_name']}_c{copy}",
+                  "code": item["code"] + f"\n// copy {copy}\n"} for item in items]
+        (corpus / f"part{copy:02d}.json").write_text(json.dumps(batch))
+    proc = subprocess.Popen([sys.executable, "-m", "console.entry", "inject", "--db", str(tmp_path / "k.db"),
+                             "--no-compile", "--workers", "2", "--json", str(corpus)], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(workers := pool_workers(proc.pid)) < 2 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(workers) == 2, "the workers never started"
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 20
+        while any(alive(w) for w in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        survivors = [w for w in workers if alive(w)]
+        assert not survivors, f"workers {survivors} outlived their killed parent"
+    finally:  # never leave strays behind, whatever failed (after the kill they belong to init)
+        proc.kill()
+        for w in workers + children_of(proc.pid):
+            if alive(w):
+                os.kill(w, signal.SIGKILL)
