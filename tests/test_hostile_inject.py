@@ -351,3 +351,16 @@ def test_a_special_file_named_on_the_command_line_fails_at_read(tmp_path: Path, 
     (failure,) = json.loads(proc.stdout)["failures"]
     assert (failure["file"], failure["index"], failure["stage"]) == (str(path), None, "read")
     assert any(m in failure["reason"].lower() for m in ("regular file", "not a file", "device", "fifo", "pipe"))
+
+
+def test_off_a_terminal_a_failure_reason_stays_on_one_line(tmp_path: Path):
+    """A CI log or a pipe: Rich would fold the failures table at 80 columns and split each reason."""
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([{"tvm_func_name": "k", "op_type": "NotAnOp", "parameters": {}, "code": "x",
+                                "gridDim": [1, 1, 1], "blockDim": [1, 1, 1]}]))
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    proc = subprocess.run([sys.executable, "-m", "console.entry", "inject", "--db", str(tmp_path / "k.db"),
+                           "--no-compile", str(bad)], cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 1
+    assert "'NotAnOp' is not an op type the compiler fetches from the kernel DB" in proc.stdout, proc.stdout
+    assert "not run: no GPU stage yet" in proc.stdout

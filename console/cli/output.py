@@ -6,13 +6,26 @@ Results go to stdout, logs and progress to stderr; NO_COLOR is honoured by Rich 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any, TextIO
 
 from rich.console import Console
 
-out = Console(soft_wrap=False)
-err = Console(stderr=True)
+
+def _width(stream: TextIO) -> int | None:
+    """Rich's width for a stream: the terminal's on a terminal (None: Rich finds it, or COLUMNS says it).
+    Off a terminal Rich would fold every table and message at 80 columns, splitting failure reasons
+    across lines of a CI log; there a wide page keeps one line per row."""
+    try:
+        tty = stream.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    return None if tty or os.environ.get("COLUMNS") else 200
+
+
+out = Console(soft_wrap=False, width=_width(sys.stdout))
+err = Console(stderr=True, width=_width(sys.stderr))
 
 
 def print_json(value: Any, stream: TextIO | None = None) -> None:
