@@ -26,3 +26,9 @@ class DbError(KdbError):
 
 class ToolError(KdbError):
     """An external tool (nvcc, TVM, the GPU) is missing, hung or failed."""
+
+
+def printable(text: str) -> str:
+    """Text safe to keep in a failure record, SQLite and JSON: undecodable bytes (of file names, say) become
+    backslash escapes."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")

@@ -26,12 +26,12 @@ from core.cuda.barriers import BarrierCount
 from core.db.engine import DbLocked
 from core.db.kernel_db import InsertOutcome, KernelDB
 from core.db.state import Failure, StateDB, state_dir
-from core.errors import InputError, KdbError
+from core.errors import InputError, KdbError, printable
 from core.gpu.jobs import GpuSession, job_for_row
 from core.kernel_json import iter_json_files, load_items
 from core.kernel_row import KernelRow, build_row
 from core.nvcc import CompileResult, compile_check, find_nvcc
-from core.prepare import ItemFailure, Prepared, dump_input, prepare_chunk, printable
+from core.prepare import ItemFailure, Prepared, dump_input, item_origin, prepare_chunk
 from core.processes import exit_with_parent, spawn_context
 from core.profile import merge_profile
 from core.settings import Settings
@@ -301,7 +301,7 @@ class Injector:
         """Static analysis could not count the barriers: count them with an instrumented run."""
         assert item.needs_gpu_barriers is not None
         spec, src = item.needs_gpu_barriers
-        extra = {"from": f"{printable(Path(item.file).name)}#{item.index}"}
+        extra = {"from": item_origin(item.file, item.index)}
         try:
             probe = build_row(spec, src, BarrierCount(0), extra_miscs=extra)  # the count is not needed to run it
             result = self._gpu_session().run(job_for_row(probe, "barriers"))

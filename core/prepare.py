@@ -14,7 +14,7 @@ from typing import Any
 
 from core.cuda.barriers import count_barriers
 from core.cuda.source import KernelSource, parse_kernel
-from core.errors import InputError
+from core.errors import InputError, printable
 from core.kernel_json import KernelSpec, validate_item
 from core.kernel_row import KernelRow, build_row
 
@@ -69,7 +69,7 @@ def prepare(file: str, index: int, raw: Any, gpu_barriers: bool = False) -> Prep
                 return out
             return fail("barriers", f"{barriers.reason}; the GPU count was not run (no GPU stage asked for)")
         stage = "parse"
-        out.row = build_row(spec, src, barriers, extra_miscs={"from": f"{printable(Path(file).name)}#{index}"})
+        out.row = build_row(spec, src, barriers, extra_miscs={"from": item_origin(file, index)})
     except InputError as exc:
         # str(exc) names the field or place ("parameters.output_shape[2]: ...").
         return fail(stage, str(exc), field=exc.where)
@@ -82,9 +82,9 @@ def prepare_chunk(items: tuple[tuple[str, int, Any], ...], gpu_barriers: bool = 
     return [prepare(file, index, raw, gpu_barriers) for file, index, raw in items]
 
 
-def printable(text: str) -> str:
-    """Text safe for SQLite and JSON: undecodable bytes of file names become backslash escapes."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+def item_origin(file: str, index: int) -> str:
+    """Where a row came from, as its Miscs record it: "file.json#3"."""
+    return f"{printable(Path(file).name)}#{index}"
 
 
 def dump_input(raw: Any) -> str | None:

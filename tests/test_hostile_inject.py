@@ -359,8 +359,7 @@ def test_off_a_terminal_a_failure_reason_stays_on_one_line(tmp_path: Path):
     bad.write_text(json.dumps([{"tvm_func_name": "k", "op_type": "NotAnOp", "parameters": {}, "code": "x",
                                 "gridDim": [1, 1, 1], "blockDim": [1, 1, 1]}]))
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
-    proc = subprocess.run([sys.executable, "-m", "console.entry", "inject", "--db", str(tmp_path / "k.db"),
-                           "--no-compile", str(bad)], cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+    proc = kdb("inject", "--db", str(tmp_path / "k.db"), "--no-compile", str(bad), env=env)
     assert proc.returncode == 1
     assert "'NotAnOp' is not an op type the compiler fetches from the kernel DB" in proc.stdout, proc.stdout
     assert "not run: no GPU stage yet" in proc.stdout

@@ -54,17 +54,23 @@ def test_a_pool_of_workers_starts_when_stderr_has_no_descriptor(tmp_path: Path):
     assert outcome["failures"] == [] and outcome["injected"] > 0
 
 
+def proc_stat(pid: int | str) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state, ppid, ...); None once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def alive(pid: int) -> bool:
+    fields = proc_stat(pid)
+    return fields is not None and fields[0] != "Z"
+
+
 def children_of(pid: int) -> list[int]:
     """Live child processes of pid, from /proc (no psutil, no pgrep needed)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:  # gone meanwhile
-            continue
-        if fields[0] != "Z" and int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
-    return found
+    return [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()
+            and (fields := proc_stat(entry.name)) is not None and fields[0] != "Z" and int(fields[1]) == pid]
 
 
 def pool_workers(pid: int) -> list[int]:
@@ -75,13 +81,6 @@ def pool_workers(pid: int) -> list[int]:
             return b""
 
     return [child for child in children_of(pid) if b"spawn_main" in cmdline(child)]
-
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @needs_artifact

@@ -17,6 +17,7 @@ from sqlalchemy import Engine
 from sqlmodel import Field, Session, SQLModel, col, select
 
 from core.db.engine import check_sqlite_file, make_engine
+from core.errors import printable
 
 MAX_KEPT_INPUT = 8 * 1024 * 1024  # larger inputs are kept by path only
 
@@ -28,10 +29,6 @@ def state_dir() -> Path:
     from platformdirs import user_data_dir
 
     return Path(user_data_dir("kdb", appauthor=False))
-
-
-def _printable(text: str) -> str:
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def now() -> str:
@@ -117,8 +114,8 @@ class StateDB:
                 if f.input is not None and len(f.input) > MAX_KEPT_INPUT:
                     f.input = None
                 # File names and reasons may carry undecodable bytes: store them escaped, never fail.
-                f.file, f.name, f.reason = _printable(f.file), _printable(f.name), _printable(f.reason)
-                f.detail = _printable(f.detail)
+                f.file, f.name, f.reason = printable(f.file), printable(f.name), printable(f.reason)
+                f.detail = printable(f.detail)
                 s.add(f)
             s.commit()
 
