@@ -12,6 +12,7 @@ import re
 
 from core.errors import InputError
 
+_C_SPACE = " \t\n\v\f\r"  # what std::stof skips; str.strip() would also take \x1c-\x1f, which float() refuses
 _NUMBER = re.compile(r"[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?|\.[0-9]+(?:[eE][-+]?[0-9]+)?")
 
 
@@ -30,9 +31,10 @@ def parse_profile(text: str) -> dict[str, float]:
             raise InputError(f"profile entry {entry[:60]!r} has no ':'")
         if not device:
             raise InputError(f"profile entry {entry[:60]!r} has no device name")
-        if not _NUMBER.fullmatch(value.strip()):
+        number = value.strip(_C_SPACE)
+        if not _NUMBER.fullmatch(number):
             raise InputError(f"profile entry {entry[:60]!r}: {value[:30]!r} is not a time in microseconds")
-        time = float(value)
+        time = float(number)
         if not math.isfinite(time) or time <= 0:
             raise InputError(f"profile entry {entry[:60]!r}: time must be positive and finite")
         if device in out:

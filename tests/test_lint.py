@@ -10,6 +10,7 @@ import pytest
 from conftest import run_kdb_json
 
 from core.db.kernel_db import NNFUSION_DDL
+from core.errors import InputError
 from core.lint import lint_row, lint_rows
 from core.profile import format_profile, merge_profile, parse_profile
 
@@ -80,3 +81,11 @@ def test_profile_strings_round_trip_and_reject_what_stof_would():
             parse_profile(bad)
     with pytest.raises(Exception):  # noqa: B017
         format_profile({"a:b": 1.0})
+
+
+def test_a_profile_time_with_a_control_character_is_an_input_error():
+    """Found by the fuzz test: str.strip() took '\x1f' for whitespace, float() did not, and a ValueError escaped."""
+    assert parse_profile("H200: 12.5 ;") == {"H200": 12.5}  # the whitespace std::stof skips
+    for bad in ("H200:0\x1f;", "H200:\x1c1;", "H200:1\x85;"):
+        with pytest.raises(InputError, match="is not a time in microseconds"):
+            parse_profile(bad)
