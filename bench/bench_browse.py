@@ -9,7 +9,7 @@ Targets (issue): first rows painted under 1 s at 1M rows, filter keystroke to re
 memory flat in DB size (here: peak RSS at 1M under 1.5x that at 100k).
 
 The DBs (DIR/kernels-N.db) are generated once, deterministically (seeded), with NNFusion's DDL and rows shaped
-like the ones core/kernel_row.py builds (bodies of about 1.5 KB: the size of real element-wise kernels; about
+like the ones core/kernels/kernel_row.py builds (bodies of about 1.5 KB: the size of real element-wise kernels; about
 1% of rows carry a lint problem), and reused on later runs when their row count matches.
 
 Every measurement goes through the real app: the Kernels screen in a Textual `run_test` pilot, in a fresh
@@ -147,8 +147,8 @@ class RowMaker:
     """Row i of the benchmark DB of N rows; deterministic for a given (seed, N)."""
 
     def __init__(self, n: int, seed: int = SEED) -> None:
-        from core.ops import tags_for
-        from core.opsig import ConvParams, DotParams, OpSignature, PoolParams
+        from core.kernels.ops import tags_for
+        from core.kernels.opsig import ConvParams, DotParams, OpSignature, PoolParams
 
         self.n, self.rng = n, random.Random(seed)
         self.tags_for, self.Sig = tags_for, OpSignature
@@ -352,7 +352,7 @@ def sample_check(n: int = 3000) -> str:
     """A small DB from the same generator must go through lint and the browser's queries without surprises."""
     from core.db.browse import KernelFilter, count_kernels, list_kernels
     from core.db.kernel_db import KernelDB
-    from core.lint import lint_rows
+    from core.kernels.lint import lint_rows
 
     with tempfile.TemporaryDirectory(prefix="kdb-bench-sample-") as tmp:
         path = Path(tmp) / "sample.db"

@@ -31,7 +31,7 @@ def main() -> None:
 
     import_s = time.perf_counter() - start
     from core.codegen.generate import generate
-    from core.opconfig import read_opconfigs
+    from core.opconfigs.opconfig import read_opconfigs
 
     rows = []
     for path in sorted(OPCONFIGS.glob("*.txt")):

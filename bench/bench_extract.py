@@ -50,7 +50,7 @@ def load(path: Path) -> object:
 def measure(name: str, kwargs: dict, tmp: Path) -> dict:
     from onnx_models import resnet, write
 
-    from core.onnx_extract import extract
+    from core.opconfigs.onnx_extract import extract
 
     path = write(resnet(**kwargs), tmp / "model.onnx")
     extraction = extract(path)  # warm-up (imports), and the counts

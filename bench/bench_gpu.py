@@ -132,8 +132,8 @@ def op_bytes(op_type: str, p: dict) -> int:
 
 def rows_report(db_path: Path, ceil: dict, *, source: str) -> list[dict]:
     from core.db.kernel_db import KernelDB
-    from core.export import row_to_item
-    from core.opconfig import OpConfig
+    from core.kernels.export import row_to_item
+    from core.opconfigs.opconfig import OpConfig
 
     rows = []
     with KernelDB.open(db_path) as db:
@@ -175,7 +175,7 @@ def geomean(values: list[float]) -> float:
 def part_artifact(out: Path, only: str = "*.json") -> None:
     from core.db.kernel_db import KernelDB
     from core.db.state import StateDB
-    from core.inject import InjectOptions, Injector
+    from core.inject.pipeline import InjectOptions, Injector
 
     ceil = ceilings()
     print(f"ceilings measured here: fp32 GEMM {ceil['fp32_flops'] / 1e12:.1f} TFLOP/s (TF32 off), "
@@ -219,8 +219,8 @@ def part_tune(out: Path, n_ops: int, trials: int, pick: list[int] | None = None)
 
     from tvm.s_tir import meta_schedule as ms
 
-    from core.inject import InjectOptions
-    from core.opconfig import read_opconfigs
+    from core.inject.pipeline import InjectOptions
+    from core.opconfigs.opconfig import read_opconfigs
     from core.tuning.job import TuneJob
     from core.tuning.queue import run_queue
 

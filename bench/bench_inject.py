@@ -56,7 +56,7 @@ def child(n: int, workers: int, compile_check: bool, archs: tuple[str, ...]) -> 
     """One measured run in a fresh process (so peak RSS is this run's own)."""
     from core.db.kernel_db import KernelDB
     from core.db.state import StateDB
-    from core.inject import InjectOptions, Injector
+    from core.inject.pipeline import InjectOptions, Injector
 
     with tempfile.TemporaryDirectory(prefix="kdb-bench-") as tmp:
         tmp_path = Path(tmp)
@@ -84,7 +84,7 @@ def sqlite_ceiling(n: int) -> dict:
     import sqlite3
 
     from core.db.kernel_db import COLUMNS, KernelDB
-    from core.prepare import prepare
+    from core.inject.prepare import prepare
 
     base = artifact_items()
     rows = []

@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO))
 
 
 def run(n_gpus: int, trials: int) -> dict:
-    from core.opconfig import read_opconfigs
+    from core.opconfigs.opconfig import read_opconfigs
     from core.tuning.job import RpcTarget, TuneJob, run_tune
     from core.tuning.rpc import local_gpu_cluster
 

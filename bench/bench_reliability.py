@@ -85,7 +85,7 @@ def read_events(path: Path) -> list[dict[str, Any]]:
 
 def row_problems(values: tuple[Any, ...]) -> list[str]:
     """Why a stored row is not a complete kernel (empty: it is one)."""
-    from core.kernel_row import kernel_key
+    from core.kernels.kernel_row import kernel_key
 
     if len(values) != 9 or any(not isinstance(v, str) for v in values):
         return ["a column is NULL or not text"]

@@ -108,9 +108,9 @@ def run_app(db_path: str | None = None, *, demo: bool = False) -> int:
 
 def _demo_db() -> Path:
     """Build the demo DB on first use (compile-checked when nvcc is here), then reuse it."""
+    from core.cuda.nvcc import find_nvcc
     from core.demo import build_demo_db, demo_db_path
     from core.errors import ToolError
-    from core.nvcc import find_nvcc
     from core.settings import load_settings
 
     if demo_db_path().exists():

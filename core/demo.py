@@ -16,7 +16,7 @@ from typing import Any
 
 from core.db.kernel_db import KernelDB
 from core.db.state import StateDB, state_dir
-from core.inject import InjectOptions, Injector, InjectReport
+from core.inject.pipeline import InjectOptions, Injector, InjectReport
 
 
 def _elementwise(op: str, shape: list[int], expr: str, inputs: int) -> dict[str, Any]:
@@ -154,7 +154,7 @@ def demo_kernels() -> list[dict[str, Any]]:
     ]
 
 
-# A tiny ResNet-style CNN on 32x32 images, as op configs (the line format of core.opconfig).
+# A tiny ResNet-style CNN on 32x32 images, as op configs (the line format of core.opconfigs.opconfig).
 TINY_NETWORK = """\
 cudnn_convolution_op_float|i+1_3_32_32|w+16_3_3_3|o+1_16_32_32|ws+1_1|wd+1_1|p+1_1|fuse+relu
 cudnn_maxpool_op_float|i+1_16_32_32|o+1_16_16_16|win+2_2|ws+2_2|pb+0_0|pa+0_0
@@ -170,7 +170,7 @@ elementwise_relu_op_float|i+1_16_32_32|o+1_16_32_32
 def tiny_network_kernels(arch: str) -> list[dict[str, Any]]:
     """Kernel JSON for TINY_NETWORK, generated with TVM (default schedules, checked against numpy)."""
     from core.codegen.batch import generate_all
-    from core.opconfig import parse_lines
+    from core.opconfigs.opconfig import parse_lines
 
     parsed = parse_lines(TINY_NETWORK, "tiny-network")
     report = generate_all(parsed.configs, arch)

@@ -10,7 +10,7 @@ from console.context import ConsoleContext
 from core.db.kernel_db import KernelDB
 from core.db.state import StateDB
 from core.demo import demo_kernels
-from core.inject import InjectOptions, Injector
+from core.inject.pipeline import InjectOptions, Injector
 from core.settings import load_settings
 
 # Snapshot tests need the same path in the header on every run and machine.

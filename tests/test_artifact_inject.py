@@ -12,7 +12,7 @@ from conftest import KERNELS, artifact_items, needs_artifact, run_kdb_json
 
 from core.cuda.barriers import count_barriers
 from core.cuda.source import parse_kernel
-from core.kernel_json import validate_item
+from core.kernels.kernel_json import validate_item
 
 pytestmark = needs_artifact
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from conftest import ARTIFACT, run_kdb, run_kdb_json
 
-from core.autotvm_log import MAX_LINE_BYTES, LogSummary, match, read_log, workload_key
 from core.errors import InputError
-from core.opconfig import read_opconfigs
+from core.opconfigs.autotvm_log import MAX_LINE_BYTES, LogSummary, match, read_log, workload_key
+from core.opconfigs.opconfig import read_opconfigs
 
 LOGS = ARTIFACT / "autotvm_logs"
 OP_CONFIGS = ARTIFACT / "op_configs"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from core.db.browse import KernelFilter, count_kernels, list_kernels
 from core.db.kernel_db import KernelDB
-from core.kernel_row import KernelRow
+from core.kernels.kernel_row import KernelRow
 
 
 def kernel(key: str, barriers: int, op: str = "Relu") -> KernelRow:

@@ -16,8 +16,8 @@ from core.codegen.generate import extract_kernel, generate
 from core.db.kernel_db import KernelDB
 from core.db.state import StateDB
 from core.errors import InputError
-from core.inject import InjectOptions, Injector
-from core.opconfig import OpConfig, parse_line
+from core.inject.pipeline import InjectOptions, Injector
+from core.opconfigs.opconfig import OpConfig, parse_line
 
 OTHER_OPS = [
     "cublas_dot_op_float|a+16_256|b+256_128|o+16_128|ta+0|tb+0",

@@ -15,13 +15,13 @@ from textual.widgets import TextArea
 from console.context import ConsoleContext
 from console.screens.failures import FailureTree, group_failures
 from console.widgets.failure_detail import field_line, json_lines, log_excerpt
+from core.cuda.nvcc import find_nvcc, translation_unit
 from core.db.kernel_db import KernelDB
 from core.db.state import Failure, StateDB
 from core.demo import _elementwise
 from core.errors import ToolError
-from core.inject import InjectOptions, Injector
-from core.nvcc import find_nvcc, translation_unit
-from core.prepare import prepare
+from core.inject.pipeline import InjectOptions, Injector
+from core.inject.prepare import prepare
 from core.settings import load_settings
 
 
@@ -311,7 +311,7 @@ async def test_escape_cancels_a_retry_between_kernels(tmp_path: Path):
         await wait_retry_done(pilot, app)
         assert any(n.message.startswith("cancelled:") for n in app._notifications)
         assert not app.screen.query_one("#retry-progress").display
-    assert len(open_failures(db)) == 8  # a cancelled retry closes none (see core.retry)
+    assert len(open_failures(db)) == 8  # a cancelled retry closes none (see core.inject.retry)
     assert kernel_count(db) < 18
 
 

@@ -104,7 +104,7 @@ async def test_export_writes_kernel_json_that_reinjects_unchanged(app: FixedDevi
     items = json.loads(out.read_text())
     assert len(items) == 1 and set(items[0]) >= {"tvm_func_name", "op_type", "parameters", "code", "gridDim"}
     from core.db.state import StateDB
-    from core.inject import InjectOptions, Injector
+    from core.inject.pipeline import InjectOptions, Injector
 
     with KernelDB.open(app.context.db_path, write=True) as db:
         report = Injector(db, InjectOptions(compile=False), state=StateDB()).run([out])

@@ -18,7 +18,7 @@ from console.widgets.dialogs import ConfirmDialog, PathDialog
 from console.widgets.opconfig_dialog import OpConfigDialog
 from console.widgets.opconfig_table import OpConfigTable
 from core.db.kernel_db import KernelDB
-from core.opconfig import parse_line
+from core.opconfigs.opconfig import parse_line
 from core.settings import Settings
 
 OP_CONFIGS = Path(__file__).resolve().parents[2] / "shared" / "nnfusion-artifact" / "op_configs"
@@ -57,7 +57,7 @@ def text(screen, selector: str) -> str:
 
 
 def lines_of(screen: OpConfigsScreen) -> list[str]:
-    from core.opconfig import format_line
+    from core.opconfigs.opconfig import format_line
 
     return [format_line(c) for c in screen.configs]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from conftest import run_kdb, run_kdb_json
 
 from core.db.kernel_db import KernelDB, Schema
-from core.lint import lint_rows
+from core.kernels.lint import lint_rows
 
 
 def make_osdi20(path: Path) -> None:

@@ -14,12 +14,12 @@ import sqlalchemy as sa
 from conftest import run_kdb, run_kdb_json
 from onnx_models import depthwise_block, mlp, resnet, resnet_block, write
 
-from core.coverage import IN_DB, MISSING, coverage
 from core.db.kernel_db import KernelDB
-from core.kernel_row import KernelRow
-from core.onnx_extract import extract
-from core.opconfig import OpConfig
-from core.ops import BASE_TAGS
+from core.kernels.kernel_row import KernelRow
+from core.kernels.ops import BASE_TAGS
+from core.opconfigs.coverage import IN_DB, MISSING, coverage
+from core.opconfigs.onnx_extract import extract
+from core.opconfigs.opconfig import OpConfig
 
 FUNCTION = {"function_signature": 'extern "C" __global__  void (float* input0, float* input1, float* output0)',
             "function_body": "", "grid_dim": [1, 1, 1], "block_dim": [1, 1, 1], "block_function_body": "",

@@ -25,16 +25,16 @@ import tomli_w
 from hypothesis import HealthCheck, example, given, reject, settings
 from hypothesis import strategies as st
 
-from core.autotvm_log import CONV_TASK, MATMUL_TASK, MAX_LINE_BYTES, MAX_REPORTED_BAD_LINES, read_log
 from core.cuda import cexpr
 from core.cuda.barriers import BarrierCount, count_barriers
 from core.cuda.source import mask, parse_kernel
 from core.errors import InputError
-from core.kernel_json import GRID_LIMITS, KernelSpec, parse_items, validate_item
-from core.lint import CRASH, UNREACHABLE, WARNING, Finding, lint_row, lint_rows, quick_problem
-from core.opconfig import OpConfig, format_line, format_structured, parse_line, parse_lines, parse_structured
-from core.ops import CONV_FAMILY, DTYPES, ELEMENTWISE_ARITY
-from core.profile import format_profile, merge_profile, parse_profile
+from core.kernels.kernel_json import GRID_LIMITS, KernelSpec, parse_items, validate_item
+from core.kernels.lint import CRASH, UNREACHABLE, WARNING, Finding, lint_row, lint_rows, quick_problem
+from core.kernels.ops import CONV_FAMILY, DTYPES, ELEMENTWISE_ARITY
+from core.kernels.profile import format_profile, merge_profile, parse_profile
+from core.opconfigs.autotvm_log import CONV_TASK, MATMUL_TASK, MAX_LINE_BYTES, MAX_REPORTED_BAD_LINES, read_log
+from core.opconfigs.opconfig import OpConfig, format_line, format_structured, parse_line, parse_lines, parse_structured
 from core.settings import Settings, parse_value
 
 FUZZ_EXAMPLES = int(os.environ.get("KDB_FUZZ_EXAMPLES", "10000"))

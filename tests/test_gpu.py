@@ -22,8 +22,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not available, reason=f"needs 
 def rows_of(items: list[dict]) -> list:
     from core.cuda.barriers import count_barriers
     from core.cuda.source import parse_kernel
-    from core.kernel_json import validate_item
-    from core.kernel_row import build_row
+    from core.kernels.kernel_json import validate_item
+    from core.kernels.kernel_row import build_row
 
     out = []
     for item in items:

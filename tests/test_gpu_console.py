@@ -36,7 +36,7 @@ async def test_tune_a_layer_from_the_console_and_find_it_verified_and_timed_in_t
     from console.widgets.best_so_far_plot import BestSoFarPlot
     from console.widgets.tune_table import TuneTable
     from core.db.kernel_db import KernelDB
-    from core.profile import parse_profile
+    from core.kernels.profile import parse_profile
     from core.settings import Settings
 
     monkeypatch.setenv("KDB_STATE_DIR", str(tmp_path / "state"))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from core.opsig import ConvParams, DotParams, OpSignature, PoolParams, signature_from_attributes
+from core.kernels.opsig import ConvParams, DotParams, OpSignature, PoolParams, signature_from_attributes
 
 
 def conv(op: str = "Convolution") -> OpSignature:

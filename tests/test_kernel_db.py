@@ -10,7 +10,7 @@ import pytest
 
 from core.db.kernel_db import NNFUSION_DDL, InsertOutcome, KernelDB, Schema
 from core.errors import DbError
-from core.kernel_row import KernelRow
+from core.kernels.kernel_row import KernelRow
 
 EXPECTED_SQL = """CREATE TABLE KernelCache(
    Key        TEXT NOT NULL,

@@ -11,8 +11,8 @@ from conftest import run_kdb_json
 
 from core.db.kernel_db import NNFUSION_DDL
 from core.errors import InputError
-from core.lint import lint_row, lint_rows
-from core.profile import format_profile, merge_profile, parse_profile
+from core.kernels.lint import lint_row, lint_rows
+from core.kernels.profile import format_profile, merge_profile, parse_profile
 
 GOOD_FN = {"function_signature": 'extern "C" __global__  void (float* input0, float* output0)',
            "function_body": "", "grid_dim": [1, 1, 1], "block_dim": [32, 1, 1], "block_function_body": "",

@@ -12,8 +12,8 @@ from conftest import run_kdb, run_kdb_json
 from onnx_models import GraphBuilder, depthwise_block, mlp, resnet, resnet_block, write
 
 from core.errors import InputError
-from core.onnx_extract import Extraction, extract
-from core.opconfig import OpConfig, read_opconfigs
+from core.opconfigs.onnx_extract import Extraction, extract
+from core.opconfigs.opconfig import OpConfig, read_opconfigs
 
 
 def conv_params(cin: int, cout: int, k: int, size: int, out: int, stride: int = 1, pad: int = 1,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from core.errors import InputError
-from core.opconfig import parse_line
+from core.opconfigs.opconfig import parse_line
 
 CONV = "convolution_op_float|ws+1_1|w+10_1_1_1|g+{g}|i+1_2_1_1|wd+1_1|p+0_0|pa+0_0|o+1_10_1_1"
 

@@ -21,7 +21,7 @@ SCRIPT = textwrap.dedent("""
     import json, sys
     from pathlib import Path
     from core.db.kernel_db import KernelDB
-    from core.inject import InjectOptions, Injector
+    from core.inject.pipeline import InjectOptions, Injector
 
     class NoDescriptor:  # what Textual puts in sys.stderr while an app runs
         def write(self, text): return len(text)

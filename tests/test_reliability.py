@@ -386,7 +386,7 @@ def test_a_lock_that_outlasts_the_busy_timeout_mid_run_ends_the_run(tmp_path: Pa
     ends with DbLocked; it does not fail every later kernel after a wait of its own."""
     from core.db.engine import DbLocked
     from core.db.state import StateDB
-    from core.inject import InjectOptions, Injector
+    from core.inject.pipeline import InjectOptions, Injector
 
     monkeypatch.setenv(BUSY_TIMEOUT_ENV, "0.5")
     src = kernels_file(tmp_path / "k.json", good_kernels())

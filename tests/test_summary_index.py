@@ -20,7 +20,7 @@ from core.db.browse import (
 )
 from core.db.kernel_db import KernelDB
 from core.db.summary_index import SummaryIndex
-from core.kernel_row import KernelRow
+from core.kernels.kernel_row import KernelRow
 
 
 def kernel(i: int) -> KernelRow:

@@ -14,7 +14,7 @@ pytest.importorskip("tvm")
 
 from tvm.s_tir.meta_schedule.runner import RunnerResult
 
-from core.opconfig import parse_line
+from core.opconfigs.opconfig import parse_line
 from core.tuning.job import RpcTarget, TuneJob, recorded_runs, repair_work_dir, run_tune
 from core.tuning.measure import COLD_RUNS
 from core.tuning.resilient import RequeuedFuture, is_session_error

@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 from console.cli.output import log, out, print_json
-from core.autotvm_log import LogSummary, Workload, WorkloadSummary, match, read_log
 from core.errors import InputError
-from core.opconfig import OpConfig, read_opconfigs
+from core.opconfigs.autotvm_log import LogSummary, Workload, WorkloadSummary, match, read_log
+from core.opconfigs.opconfig import OpConfig, read_opconfigs
 
 MAX_SHOWN_BAD_LINES = 20
 

@@ -7,10 +7,10 @@ from collections import Counter
 from pathlib import Path
 
 from console.cli.output import out, print_json
-from core.coverage import IN_DB, MISSING, CoverageEntry, coverage
 from core.db.kernel_db import KernelDB
-from core.onnx_extract import extract
-from core.ops import DEVICE_TYPE
+from core.kernels.ops import DEVICE_TYPE
+from core.opconfigs.coverage import IN_DB, MISSING, CoverageEntry, coverage
+from core.opconfigs.onnx_extract import extract
 
 
 def main(args: argparse.Namespace) -> int:

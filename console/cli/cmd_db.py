@@ -7,10 +7,10 @@ from collections import Counter
 from pathlib import Path
 
 from console.cli.output import out, print_json
-from core.convert import convert_db
+from core.db.convert import convert_db
 from core.db.kernel_db import NNFUSION_DDL, KernelDB, Schema
 from core.db.state import state_dir
-from core.lint import lint_rows
+from core.kernels.lint import lint_rows
 
 
 def main(args: argparse.Namespace) -> int:

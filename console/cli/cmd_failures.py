@@ -9,8 +9,8 @@ from console.cli.output import out, print_json, shorten
 from core.db.kernel_db import KernelDB, default_db_path
 from core.db.state import StateDB
 from core.errors import KdbError
-from core.inject import InjectOptions
-from core.retry import retry_failures
+from core.inject.pipeline import InjectOptions
+from core.inject.retry import retry_failures
 from core.settings import load_settings
 
 

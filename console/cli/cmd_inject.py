@@ -16,12 +16,12 @@ from pathlib import Path
 from types import FrameType
 
 from console.cli.output import err, log, out, print_json, shorten
+from core.cuda.nvcc import find_nvcc, supported_archs
 from core.db.kernel_db import KernelDB
 from core.db.state import StateDB
 from core.errors import KdbError
 from core.gpu.jobs import require_gpu
-from core.inject import STAGES, Committed, InjectOptions, Injector, InjectProgress, InjectReport
-from core.nvcc import find_nvcc, supported_archs
+from core.inject.pipeline import STAGES, Committed, InjectOptions, Injector, InjectProgress, InjectReport
 from core.settings import load_settings
 
 

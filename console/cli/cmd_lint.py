@@ -7,7 +7,7 @@ from collections import Counter
 
 from console.cli.output import out, print_json, shorten
 from core.db.kernel_db import KernelDB, Schema
-from core.lint import lint_rows
+from core.kernels.lint import lint_rows
 
 
 def main(args: argparse.Namespace) -> int:

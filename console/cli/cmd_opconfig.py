@@ -8,8 +8,8 @@ from pathlib import Path
 
 from console.cli.output import out, print_json, shorten
 from core.errors import InputError
-from core.onnx_extract import Extraction, extract
-from core.opconfig import OpConfig, dedupe, format_lines, format_structured, read_opconfigs
+from core.opconfigs.onnx_extract import Extraction, extract
+from core.opconfigs.opconfig import OpConfig, dedupe, format_lines, format_structured, read_opconfigs
 
 
 def main(args: argparse.Namespace) -> int:

@@ -8,9 +8,9 @@ import json
 from console.cli.output import out, print_json
 from core.db.kernel_db import KernelDB
 from core.errors import KdbError
-from core.kernel_row import KernelRow
-from core.lint import lint_row
-from core.rowview import describe_row
+from core.kernels.kernel_row import KernelRow
+from core.kernels.lint import lint_row
+from core.kernels.rowview import describe_row
 
 
 def main(args: argparse.Namespace) -> int:

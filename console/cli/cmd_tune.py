@@ -18,7 +18,7 @@ from console.cli.output import err, log, print_json
 from core.codegen.batch import load_configs
 from core.db.kernel_db import default_db_path
 from core.errors import InputError, ToolError
-from core.inject import InjectOptions
+from core.inject.pipeline import InjectOptions
 from core.settings import load_settings
 from core.tuning.job import RpcTarget, TrialEvent, TuneJob
 from core.tuning.queue import JobEvent, run_queue

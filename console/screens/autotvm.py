@@ -24,7 +24,7 @@ from console.screens.base import KdbScreen
 from console.widgets.best_so_far_plot import BestSoFarPlot, microseconds
 from console.widgets.dialogs import PathDialog
 from console.widgets.workload_table import WorkloadTable
-from core.autotvm_log import LogSummary, WorkloadSummary
+from core.opconfigs.autotvm_log import LogSummary, WorkloadSummary
 
 ARTIFACT_LOGS = Path(__file__).resolve().parents[3] / "shared" / "nnfusion-artifact" / "autotvm_logs"
 BAD_LINES_SHOWN = 200
@@ -91,7 +91,7 @@ class AutoTvmScreen(KdbScreen):
 
     @work(thread=True, exit_on_error=False, group="log", exclusive=True)
     def load_log(self, path: Path) -> None:
-        from core.autotvm_log import read_log
+        from core.opconfigs.autotvm_log import read_log
 
         self.post_message(self.LogLoaded(read_log(path)))
 

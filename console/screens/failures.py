@@ -29,8 +29,8 @@ from console.widgets.dialogs import ConfirmDialog, EditTextDialog
 from console.widgets.failure_detail import FailureDetail, Place, item_label, offending_place, pretty_item
 from core.db.kernel_db import KernelDB
 from core.db.state import Failure, StateDB
-from core.inject import STAGES, InjectOptions, InjectProgress, InjectReport
-from core.retry import retry_failures
+from core.inject.pipeline import STAGES, InjectOptions, InjectProgress, InjectReport
+from core.inject.retry import retry_failures
 
 REASON_WIDTH = 60
 _NUMBER = re.compile(r"(?<![\w.])\d+(?![\w])")

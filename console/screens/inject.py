@@ -30,11 +30,11 @@ from textual.worker import Worker, WorkerState, get_current_worker
 from console.context import ConsoleContext
 from console.screens.base import KdbScreen
 from console.widgets.stage_progress import StageProgress
+from core.cuda.nvcc import find_nvcc, supported_archs
 from core.db.kernel_db import KernelDB
 from core.db.state import StateDB
 from core.errors import ToolError
-from core.inject import STAGES, InjectOptions, Injector, InjectProgress, InjectReport
-from core.nvcc import find_nvcc, supported_archs
+from core.inject.pipeline import STAGES, InjectOptions, Injector, InjectProgress, InjectReport
 from core.settings import ARCH_RE
 
 PROGRESS_INTERVAL_S = 0.05  # the engine reports per kernel; the screen needs no more than ~20 frames a second

@@ -38,7 +38,7 @@ from core.db.browse import (
 from core.db.kernel_db import KernelDB, Schema
 from core.db.summary_index import SummaryIndex
 from core.errors import DbError
-from core.kernel_row import KernelRow
+from core.kernels.kernel_row import KernelRow
 
 PAGE_SIZE = 100
 DIRECT_FILTER_LIMIT = 50_000  # rows above which filters wait for the browse index rather than read the DB
@@ -345,8 +345,8 @@ class KernelsScreen(KdbScreen):
 
     @work(thread=True, exit_on_error=False, group="detail", exclusive=True)
     def load_detail(self, key: str) -> None:
-        from core.lint import lint_row
-        from core.rowview import describe_row
+        from core.kernels.lint import lint_row
+        from core.kernels.rowview import describe_row
 
         with self.app.context.open_db() as db:  # type: ignore[attr-defined]
             rows = db.find(key)
@@ -500,7 +500,7 @@ class KernelsScreen(KdbScreen):
 
     @work(thread=True, exit_on_error=False, group="export")
     def export_rows(self, keys: list[str], path: Path) -> None:
-        from core.export import row_to_item
+        from core.kernels.export import row_to_item
 
         with self.app.context.open_db() as db:  # type: ignore[attr-defined]
             items = [row_to_item(r) for key in keys for r in db.find(key)]
@@ -577,7 +577,7 @@ class KernelsScreen(KdbScreen):
 
     @work(thread=True, exit_on_error=False, group="write")
     def convert(self, old: Path, new: Path) -> None:
-        from core.convert import convert_db
+        from core.db.convert import convert_db
 
         report = convert_db(old, new)
         self.app.call_from_thread(

@@ -35,10 +35,10 @@ from console.widgets.opconfig_detail import ImportReport, OpConfigDetail
 from console.widgets.opconfig_dialog import DEFAULT_TEMPLATE, OpConfigDialog
 from console.widgets.opconfig_table import OpConfigTable
 from core.codegen.generate import Generated
-from core.coverage import IN_DB, MISSING, CoverageEntry
 from core.errors import InputError, ToolError
-from core.onnx_extract import Extraction
-from core.opconfig import OpConfig, dedupe, format_line, format_lines, format_structured, read_opconfigs
+from core.opconfigs.coverage import IN_DB, MISSING, CoverageEntry
+from core.opconfigs.onnx_extract import Extraction
+from core.opconfigs.opconfig import OpConfig, dedupe, format_line, format_lines, format_structured, read_opconfigs
 from core.settings import Settings
 
 ARTIFACT_OPCONFIGS = Path(__file__).resolve().parents[3] / "shared" / "nnfusion-artifact" / "op_configs"
@@ -278,7 +278,7 @@ class OpConfigsScreen(KdbScreen):
             return source.replace(str(path), path.name, 1) if source.startswith(str(path)) else source
 
         if path.suffix.lower() == ".onnx":
-            from core.onnx_extract import extract
+            from core.opconfigs.onnx_extract import extract
 
             extraction = extract(path)
             configs = [replace(c, source=f"{path.name}:{c.source}") for c in extraction.configs]
@@ -330,7 +330,7 @@ class OpConfigsScreen(KdbScreen):
 
     @work(thread=True, exit_on_error=False, group="coverage", exclusive=True)
     def find_coverage(self, generation: int, configs: list[OpConfig]) -> None:
-        from core.coverage import coverage
+        from core.opconfigs.coverage import coverage
 
         # The list as a "model" in which each op occurs once.
         extraction = Extraction("op configs", len(configs), configs, {c.key: [(c.source,)] for c in configs})
@@ -366,10 +366,10 @@ class OpConfigsScreen(KdbScreen):
     def generate_and_inject(self, configs: list[OpConfig], settings: Settings, db_path: Path,
                             cancel: threading.Event) -> GenerateResult:
         from core.codegen.batch import generate_all
+        from core.cuda.nvcc import find_nvcc
         from core.db.kernel_db import KernelDB
         from core.db.state import StateDB, state_dir
-        from core.inject import InjectOptions, Injector, InjectProgress
-        from core.nvcc import find_nvcc
+        from core.inject.pipeline import InjectOptions, Injector, InjectProgress
 
         worker = get_current_worker()
 

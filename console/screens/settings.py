@@ -23,9 +23,9 @@ from textual.timer import Timer
 from textual.widgets import Button, DataTable, Footer, Header, Input, Label, Static
 
 from console.screens.base import KdbScreen
+from core.cuda.nvcc import find_nvcc, supported_archs
 from core.errors import InputError, ToolError
 from core.gpu.inventory import DeviceInfo, detect_devices
-from core.nvcc import find_nvcc, supported_archs
 from core.settings import Settings, load_settings, save_settings, settings_path
 
 NO_DEVICE = "no CUDA device: compile checks only"

@@ -36,8 +36,8 @@ from console.widgets.log_tail import LogTail, LogTailView, MetaScheduleTap
 from console.widgets.tracker_panel import TrackerPanel
 from console.widgets.tune_table import IDLE, OpRun, TuneTable, curve
 from core.errors import InputError
-from core.inject import InjectOptions
-from core.opconfig import OpConfig
+from core.inject.pipeline import InjectOptions
+from core.opconfigs.opconfig import OpConfig
 from core.settings import ARCH_RE
 from core.tuning.job import RpcTarget, TrialEvent, TuneJob, recorded_runs
 from core.tuning.queue import JobEvent, QueueReport, run_queue, tuning_root

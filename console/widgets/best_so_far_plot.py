@@ -16,7 +16,7 @@ from textual.reactive import reactive
 from textual.widget import Widget
 from textual.widgets import Label, Sparkline, Static
 
-from core.autotvm_log import WorkloadSummary
+from core.opconfigs.autotvm_log import WorkloadSummary
 
 Y_LABEL_WIDTH = 12
 

@@ -17,7 +17,7 @@ from textual.widgets import Button, Static
 from console.screens.inject import RunProgress
 from console.widgets.stage_progress import StageProgress
 from core.codegen.batch import CodegenReport
-from core.inject import STAGES, InjectReport
+from core.inject.pipeline import STAGES, InjectReport
 
 FAILURES_SHOWN = 3
 

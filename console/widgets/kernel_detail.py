@@ -12,7 +12,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Static
 
 from console.widgets.highlight import numbered_listing
-from core.lint import Finding
+from core.kernels.lint import Finding
 
 
 def render_detail(view: dict[str, Any], findings: list[Finding]) -> Group:

@@ -8,10 +8,10 @@ from textual.markup import escape
 from textual.widgets import Static
 
 from console.widgets.opconfig_table import coverage_status, gflop
-from core.coverage import IN_DB, CoverageEntry
 from core.errors import InputError
-from core.onnx_extract import Extraction
-from core.opconfig import OpConfig, format_line
+from core.opconfigs.coverage import IN_DB, CoverageEntry
+from core.opconfigs.onnx_extract import Extraction
+from core.opconfigs.opconfig import OpConfig, format_line
 
 LISTED = 50  # refused lines or unmapped nodes listed before "… and N more"
 _MARKUP = {"dim": "dim", "success": "$success", "warning": "$warning", "error": "$error"}

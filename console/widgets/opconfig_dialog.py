@@ -18,7 +18,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Static
 
 from core.errors import InputError
-from core.opconfig import OpConfig, parse_line
+from core.opconfigs.opconfig import OpConfig, parse_line
 
 TEMPLATES: dict[str, str] = {
     "Convolution": "cudnn_convolution_op_float|i+1_64_56_56|w+64_64_3_3|o+1_64_56_56|ws+1_1|wd+1_1|p+1_1",

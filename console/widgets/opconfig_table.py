@@ -7,8 +7,8 @@ from collections.abc import Mapping, Sequence
 from rich.text import Text
 from textual.widgets import DataTable
 
-from core.coverage import IN_DB, MISSING, CoverageEntry
-from core.opconfig import OpConfig
+from core.opconfigs.coverage import IN_DB, MISSING, CoverageEntry
+from core.opconfigs.opconfig import OpConfig
 
 COLUMNS = [  # (key, label, width)
     ("n", "#", 3),

@@ -13,8 +13,8 @@ from rich.text import Text
 from textual.widgets import DataTable
 
 from console.widgets.opconfig_table import description, fit
-from core.autotvm_log import WorkloadSummary
-from core.opconfig import OpConfig
+from core.opconfigs.autotvm_log import WorkloadSummary
+from core.opconfigs.opconfig import OpConfig
 
 IDLE = "idle"  # not in a run of this session: the row shows what the op's work dir holds
 

@@ -8,7 +8,7 @@ from rich.text import Text
 from textual.widgets import DataTable
 
 from console.widgets.opconfig_table import fit
-from core.autotvm_log import WorkloadSummary
+from core.opconfigs.autotvm_log import WorkloadSummary
 
 COLUMNS = [  # (key, label, width)
     ("n", "#", 2),

@@ -9,7 +9,7 @@ from typing import Any
 
 from core.codegen.generate import Generated, generate, require_tvm
 from core.errors import InputError
-from core.opconfig import OpConfig, dedupe, read_opconfigs
+from core.opconfigs.opconfig import OpConfig, dedupe, read_opconfigs
 
 
 @dataclass
@@ -54,7 +54,7 @@ def load_configs(paths: list[Path]) -> tuple[list[OpConfig], list[InputError]]:
     for path in files:
         try:
             if path.suffix.lower() == ".onnx":
-                from core.onnx_extract import extract
+                from core.opconfigs.onnx_extract import extract
 
                 configs.extend(extract(path).configs)
             else:

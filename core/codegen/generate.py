@@ -14,7 +14,7 @@ from typing import Any
 
 from core.cuda.source import find_words, mask, match_close
 from core.errors import InputError, ToolError
-from core.opconfig import OpConfig, validate
+from core.opconfigs.opconfig import OpConfig, validate
 
 _NAME_PAREN = re.compile(r"\b(\w+)\s*\(")
 _DEFINITION = re.compile(r'extern\s+"\s*"\s+__global__')  # on masked text: "C" is blanked

@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 
 from core.errors import InputError
-from core.opconfig import OpConfig
-from core.ops import CONV_FAMILY, POOLS
+from core.kernels.ops import CONV_FAMILY, POOLS
+from core.opconfigs.opconfig import OpConfig
 
 TOLERANCE = 1e-4  # relative error (max |a-b| / max |b|) allowed between fp32 TVM and fp64 numpy
 MAX_CHECK_ELEMENTS = 1 << 26  # skip configs whose tensors would take GBs on the CPU

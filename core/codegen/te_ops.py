@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from core.errors import InputError
-from core.opconfig import OpConfig
-from core.ops import CONV_FAMILY, POOLS
+from core.kernels.ops import CONV_FAMILY, POOLS
+from core.opconfigs.opconfig import OpConfig
 
 # NNFusion element-wise op -> how TVM computes it (names of tvm.topi functions, or te lambdas).
 _UNARY = {"Relu": "nn.relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Exp": "exp", "Log": "log", "Sqrt": "sqrt",

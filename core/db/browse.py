@@ -15,9 +15,9 @@ import sqlalchemy as sa
 
 from core.db.kernel_db import KernelDB
 from core.db.summary_index import LINT_SQL, ROW_COLUMNS, SELECTIVE_LIMIT, SUMMARY_COLUMNS, SummaryIndex
-from core.kernel_row import shared_bytes
-from core.lint import quick_problem
-from core.profile import parse_profile
+from core.kernels.kernel_row import shared_bytes
+from core.kernels.lint import quick_problem
+from core.kernels.profile import parse_profile
 
 SORTABLE = {
     "op": "OpType",

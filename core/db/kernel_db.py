@@ -23,7 +23,7 @@ from sqlmodel import Field, SQLModel
 
 from core.db.engine import busy_timeout, check_sqlite_file, is_locked, locked_error, make_engine, quick_check
 from core.errors import DbError
-from core.kernel_row import COLUMNS, KernelRow
+from core.kernels.kernel_row import COLUMNS, KernelRow
 
 # Byte for byte the DDL of NNFusion's KernelCacheManager (engine/cache/manager.cpp).
 NNFUSION_DDL = """CREATE TABLE IF NOT EXISTS KernelCache(

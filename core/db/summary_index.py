@@ -26,7 +26,7 @@ from urllib.request import pathname2url
 
 from core.db.engine import busy_timeout, is_locked, locked_error
 from core.db.state import state_dir
-from core.lint import quick_problem
+from core.kernels.lint import quick_problem
 
 FORMAT_VERSION = "3"
 BATCH_ROWS = 5000
@@ -34,7 +34,7 @@ BATCH_ROWS = 5000
 # string matches this many rows: walking a sort index and testing each row finds a page sooner.
 SELECTIVE_LIMIT = 2000
 
-# The first problem the compiler would have with a row, found without reading its bodies (core.lint).
+# The first problem the compiler would have with a row, found without reading its bodies (core.kernels.lint).
 LINT_SQL = ("kdb_quick_problem(OpType, Attributes, Identifier, Source, DeviceType, Tags, json_valid(Function), "
             "json_valid(Miscs), CASE WHEN json_valid(Miscs) THEN json_extract(Miscs, '$.external_profile.time') END, "
             "CASE WHEN json_valid(Miscs) THEN json_extract(Miscs, '$.external_profile.resource') END)")

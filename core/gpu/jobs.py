@@ -18,10 +18,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.cuda.nvcc import standalone_source
 from core.errors import InputError, ToolError
-from core.export import row_to_item
-from core.kernel_row import KernelRow
-from core.nvcc import standalone_source
+from core.kernels.export import row_to_item
+from core.kernels.kernel_row import KernelRow
 
 DTYPE_TOLERANCE = {"float": 1e-4, "double": 1e-10, "half": 1e-2}  # max |got - want| / max |want|
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from core.db.kernel_db import KernelDB
 from core.errors import InputError
 from core.gpu.jobs import GpuResult, GpuSession, job_for_row
-from core.kernel_row import KernelRow
-from core.profile import merge_profile
+from core.kernels.kernel_row import KernelRow
+from core.kernels.profile import merge_profile
 
 
 @dataclass

@@ -63,7 +63,7 @@ def _phase_done(phase: str) -> None:
 
 def _shapes(job: dict[str, Any]) -> tuple[list[tuple[int, ...]], tuple[int, ...]]:
     from core.codegen.te_ops import _out_shape
-    from core.opconfig import OpConfig
+    from core.opconfigs.opconfig import OpConfig
 
     config = OpConfig(job["op_type"], job["params"])
     p, op = job["params"], job["op_type"]
@@ -82,7 +82,7 @@ def _shapes(job: dict[str, Any]) -> tuple[list[tuple[int, ...]], tuple[int, ...]
 
 def _inputs(job: dict[str, Any]) -> tuple[list[np.ndarray], tuple[int, ...]]:
     from core.codegen.reference import inputs_for
-    from core.opconfig import OpConfig
+    from core.opconfigs.opconfig import OpConfig
 
     shapes, out = _shapes(job)
     return inputs_for(OpConfig(job["op_type"], job["params"]), shapes, seed=1), out
@@ -94,7 +94,7 @@ def _launch(fn: Any, buffers: list[Any], job: dict[str, Any], extra: list[Any] |
 
 def verify(job: dict[str, Any]) -> dict[str, Any]:
     from core.codegen.reference import reference
-    from core.opconfig import OpConfig
+    from core.opconfigs.opconfig import OpConfig
 
     cuda = _cuda()
     _, fn = _compile(job["source"], job["kernel"])

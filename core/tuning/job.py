@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import InputError, ToolError
-from core.opconfig import OpConfig
+from core.opconfigs.opconfig import OpConfig
 
 RECORDS = "database_tuning_record.json"
 WORKLOADS = "database_workload.json"
@@ -362,7 +362,7 @@ def best_kernels(job: TuneJob, work_dir: Path, *, top_k: int = 16, check: bool =
 
 def _standalone_problem(item: dict[str, Any] | None, arch: str, work_dir: Path) -> str:
     """Why the kernel's code does not compile on its own (the way NNFusion will hold it), or ''."""
-    from core.nvcc import compile_source, find_nvcc
+    from core.cuda.nvcc import compile_source, find_nvcc
 
     if item is None:
         return "no kernel"

@@ -13,7 +13,7 @@ from typing import Any
 from core.db.kernel_db import KernelDB
 from core.db.state import StateDB, state_dir
 from core.errors import KdbError
-from core.inject import InjectOptions, Injector, InjectReport
+from core.inject.pipeline import InjectOptions, Injector, InjectReport
 from core.tuning.job import TrialEvent, TuneJob, TuneResult, best_kernels, run_tune
 
 

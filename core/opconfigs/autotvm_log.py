@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from core.errors import InputError
-from core.opconfig import OpConfig, validate
+from core.opconfigs.opconfig import OpConfig, validate
 
 MAX_LINE_BYTES = 1 << 20
 MAX_REPORTED_BAD_LINES = 1000  # a garbage file of any size still gives a short report (all are counted)

@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import InputError
-from core.kernel_json import MAX_FILE_BYTES, validate_item
-from core.ops import CONV_FAMILY, ELEMENTWISE_ARITY, POOLS
-from core.opsig import OpSignature
+from core.kernels.kernel_json import MAX_FILE_BYTES, validate_item
+from core.kernels.ops import CONV_FAMILY, ELEMENTWISE_ARITY, POOLS
+from core.kernels.opsig import OpSignature
 
 _FUSE = {"relu": "Fused_Convolution_Relu", "add_relu": "Fused_Convolution_Add_Relu"}
 _FUSE_NAME = {v: k for k, v in _FUSE.items()}

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import InputError
-from core.ops import CONV_FAMILY, DTYPES, ELEMENTWISE_ARITY, INJECTABLE_OP_TYPES, POOLS
-from core.opsig import ConvParams, DotParams, OpSignature, PoolParams, Shape
+from core.kernels.ops import CONV_FAMILY, DTYPES, ELEMENTWISE_ARITY, INJECTABLE_OP_TYPES, POOLS
+from core.kernels.opsig import ConvParams, DotParams, OpSignature, PoolParams, Shape
 
 MAX_FILE_BYTES = 64 * 1024 * 1024
 MAX_CODE_CHARS = 4 * 1024 * 1024

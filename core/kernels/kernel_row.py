@@ -16,9 +16,9 @@ from typing import Any
 from core.cuda.barriers import BarrierCount
 from core.cuda.source import KernelSource, Param
 from core.errors import InputError
-from core.kernel_json import KernelSpec
-from core.ops import DEVICE_TYPE, EXTERNAL_SOURCE, parameter_order, tags_for
-from core.opsig import DotParams
+from core.kernels.kernel_json import KernelSpec
+from core.kernels.ops import DEVICE_TYPE, EXTERNAL_SOURCE, parameter_order, tags_for
+from core.kernels.opsig import DotParams
 
 COLUMNS = ("Key", "Identifier", "OpType", "Attributes", "Source", "DeviceType", "Function", "Tags", "Miscs")
 

@@ -11,8 +11,8 @@ import re
 from typing import Any
 
 from core.errors import InputError
-from core.kernel_row import KernelRow
-from core.ops import CONV_FAMILY, POOLS
+from core.kernels.kernel_row import KernelRow
+from core.kernels.ops import CONV_FAMILY, POOLS
 
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9_]")
 

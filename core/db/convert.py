@@ -19,10 +19,10 @@ from typing import Any
 
 from core.db.kernel_db import KernelDB, Schema
 from core.errors import DbError, InputError, KdbError
-from core.kernel_row import KernelRow, kernel_key, nnfusion_signature
-from core.ops import CONV_FAMILY, DEVICE_TYPE, EXTERNAL_SOURCE, INJECTABLE_OP_TYPES, POOLS, tags_for
-from core.opsig import ConvParams, DotParams, OpSignature, PoolParams
-from core.profile import format_profile, parse_profile
+from core.kernels.kernel_row import KernelRow, kernel_key, nnfusion_signature
+from core.kernels.ops import CONV_FAMILY, DEVICE_TYPE, EXTERNAL_SOURCE, INJECTABLE_OP_TYPES, POOLS, tags_for
+from core.kernels.opsig import ConvParams, DotParams, OpSignature, PoolParams
+from core.kernels.profile import format_profile, parse_profile
 
 
 @dataclass

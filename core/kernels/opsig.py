@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.errors import InputError
-from core.ops import CONV_FAMILY, DTYPES, ELEMENTWISE_ARITY, POOLS, SUPPORTED_OP_TYPES
+from core.kernels.ops import CONV_FAMILY, DTYPES, ELEMENTWISE_ARITY, POOLS, SUPPORTED_OP_TYPES
 
 Shape = tuple[int, ...]
 

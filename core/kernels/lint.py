@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.errors import InputError
-from core.ops import DEVICE_TYPE, SUPPORTED_OP_TYPES
-from core.opsig import signature_from_attributes
-from core.profile import parse_profile
+from core.kernels.ops import DEVICE_TYPE, SUPPORTED_OP_TYPES
+from core.kernels.opsig import signature_from_attributes
+from core.kernels.profile import parse_profile
 
 # Severity: "crash" - the compiler fails when it reads the row; "unreachable" - the row (or others)
 # can never be fetched; "warning" - works, but is probably not what was meant.

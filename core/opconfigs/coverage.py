@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 from core.db.kernel_db import KernelDB
 from core.errors import InputError
-from core.onnx_extract import Extraction
-from core.opconfig import OpConfig
-from core.ops import CONV_FAMILY, DEVICE_TYPE, POOLS
+from core.kernels.ops import CONV_FAMILY, DEVICE_TYPE, POOLS
+from core.opconfigs.onnx_extract import Extraction
+from core.opconfigs.opconfig import OpConfig
 
 IN_DB = "in DB"
 MISSING = "missing: tune it"

@@ -45,8 +45,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from core.errors import InputError
-from core.opconfig import OpConfig, dedupe, validate
-from core.ops import ELEMENTWISE_ARITY
+from core.kernels.ops import ELEMENTWISE_ARITY
+from core.opconfigs.opconfig import OpConfig, dedupe, validate
 
 # ONNX op -> NNFusion's element-wise op (as its ONNX importer translates them).
 ONNX_ELEMENTWISE: dict[str, str] = {

@@ -15,8 +15,8 @@ from typing import Any
 from core.db.kernel_db import KernelDB
 from core.db.state import StateDB
 from core.errors import InputError
-from core.inject import InjectOptions, Injector, InjectProgress, InjectReport, ItemFailure
-from core.kernel_json import load_items
+from core.inject.pipeline import InjectOptions, Injector, InjectProgress, InjectReport, ItemFailure
+from core.kernels.kernel_json import load_items
 
 
 def retry_failures(

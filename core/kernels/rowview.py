@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from core.kernel_row import KernelRow, shared_bytes
-from core.profile import parse_profile
+from core.kernels.kernel_row import KernelRow, shared_bytes
+from core.kernels.profile import parse_profile
 
 
 def _load(text: str) -> Any:

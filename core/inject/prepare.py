@@ -15,8 +15,8 @@ from typing import Any
 from core.cuda.barriers import count_barriers
 from core.cuda.source import KernelSource, parse_kernel
 from core.errors import InputError, printable
-from core.kernel_json import KernelSpec, validate_item
-from core.kernel_row import KernelRow, build_row
+from core.kernels.kernel_json import KernelSpec, validate_item
+from core.kernels.kernel_row import KernelRow, build_row
 
 
 @dataclass

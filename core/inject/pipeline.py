@@ -23,17 +23,17 @@ from pathlib import Path
 from typing import Any
 
 from core.cuda.barriers import BarrierCount
+from core.cuda.nvcc import CompileResult, compile_check, find_nvcc
 from core.db.engine import DbLocked
 from core.db.kernel_db import InsertOutcome, KernelDB
 from core.db.state import Failure, StateDB, state_dir
 from core.errors import InputError, KdbError, printable
 from core.gpu.jobs import GpuSession, job_for_row
-from core.kernel_json import iter_json_files, load_items
-from core.kernel_row import KernelRow, build_row
-from core.nvcc import CompileResult, compile_check, find_nvcc
-from core.prepare import ItemFailure, Prepared, dump_input, item_origin, prepare_chunk
+from core.inject.prepare import ItemFailure, Prepared, dump_input, item_origin, prepare_chunk
+from core.kernels.kernel_json import iter_json_files, load_items
+from core.kernels.kernel_row import KernelRow, build_row
+from core.kernels.profile import merge_profile
 from core.processes import exit_with_parent, spawn_context
-from core.profile import merge_profile
 from core.settings import Settings
 
 STAGES = ("read", "validate", "parse", "barriers", "compile", "gpu", "insert")

@@ -1,0 +1,1 @@
+"""The NNFusion row format: identifiers, kernel JSON, the nine columns, profiles, lint, export."""
