@@ -24,13 +24,10 @@ test: $(STAMP)
 	$(MAKE) bench-smoke
 
 # Every benchmark script end to end (injection and browsing at small sizes; the figures in
-# docs/BENCHMARKS.md come from full runs). About 2 minutes.
+# docs/BENCHMARKS.md come from full runs). About 2 minutes. `make test` runs it too, with no ../shared
+# in reach (tests/test_bench_smoke.py).
 bench-smoke: $(STAMP)
-	$(BIN)/python bench/bench_inject.py --sizes 100 300 --nvcc-kernels 4 --json $${TMPDIR:-/tmp}/kdb-bench/inject.json
-	$(BIN)/python bench/bench_browse.py --sizes 2000 5000 --reps 1 --dir $${TMPDIR:-/tmp}/kdb-bench/browse \
-		--json $${TMPDIR:-/tmp}/kdb-bench/browse.json
-	$(BIN)/python bench/bench_codegen.py --json $${TMPDIR:-/tmp}/kdb-bench/codegen.json
-	$(BIN)/python bench/bench_extract.py --json $${TMPDIR:-/tmp}/kdb-bench/extract.json
+	$(BIN)/python bench/smoke.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check core console tests bench

@@ -4,9 +4,11 @@
     .venv/bin/python bench/bench_inject.py --sizes 1000 10000 --workers 2
     .venv/bin/python bench/bench_inject.py --sizes 100 300 --nvcc-kernels 4 --json /tmp/inject.json  # CI's smoke run
 
-The corpus is the artifact's kernels (../shared/nnfusion-artifact/kernels) repeated to N; every copy gets
-a distinct body (a comment naming the copy) and name, so nothing is deduplicated: each kernel goes through
-validate, parse, barrier count, row building and its own insert transaction.
+The corpus is the artifact's kernels (../shared/nnfusion-artifact/kernels) where they are present, else the
+demo kernels the project writes itself (core/demo.py), repeated to N; every copy gets a distinct body (a
+comment naming the copy) and name, so nothing is deduplicated: each kernel goes through validate, parse,
+barrier count, row building and its own insert transaction. The figures in docs/BENCHMARKS.md are the
+artifact's.
 """
 
 from __future__ import annotations
@@ -23,33 +25,11 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-KERNELS = REPO.parent / "shared" / "nnfusion-artifact" / "kernels"
 RESULTS = REPO / "bench" / "results"
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
 
-
-def artifact_items() -> list[dict]:
-    items = []
-    for path in sorted(KERNELS.glob("*.json")):
-        items.extend(json.loads(path.read_text()))
-    return items
-
-
-def write_corpus(n: int, dest: Path, per_file: int = 100) -> None:
-    base = artifact_items()
-    dest.mkdir(parents=True, exist_ok=True)
-    batch: list[dict] = []
-    for i in range(n):
-        item = dict(base[i % len(base)])
-        brace = item["code"].index("{")
-        item["code"] = item["code"][: brace + 1] + f"\n  // copy {i}\n" + item["code"][brace + 1:]
-        item["tvm_func_name"] = f"{item['tvm_func_name']}_copy{i}"
-        batch.append(item)
-        if len(batch) == per_file:
-            (dest / f"part{i // per_file:05d}.json").write_text(json.dumps(batch))
-            batch = []
-    if batch:
-        (dest / f"part{n // per_file:05d}.json").write_text(json.dumps(batch))
+from shared_data import distinct_copies, kernel_corpus, write_corpus  # noqa: E402
 
 
 def child(n: int, workers: int, compile_check: bool, archs: tuple[str, ...]) -> dict:
@@ -62,6 +42,7 @@ def child(n: int, workers: int, compile_check: bool, archs: tuple[str, ...]) -> 
         tmp_path = Path(tmp)
         os.environ["KDB_STATE_DIR"] = str(tmp_path / "state")
         corpus = tmp_path / "corpus"
+        source, base = kernel_corpus()
         write_corpus(n, corpus)
         state = StateDB()
         with KernelDB.open(tmp_path / "k.db", create=True) as db:
@@ -73,7 +54,8 @@ def child(n: int, workers: int, compile_check: bool, archs: tuple[str, ...]) -> 
         db_mb = (tmp_path / "k.db").stat().st_size / 1e6
     self_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     child_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return {"n": n, "workers": workers, "compile": compile_check, "seconds": elapsed, "per_s": n / elapsed,
+    return {"n": n, "workers": workers, "compile": compile_check, "corpus": f"{len(base)} kernels of {source}",
+            "seconds": elapsed, "per_s": n / elapsed,
             "injected": report.injected, "failed": report.failed, "rows": rows,
             "peak_rss_mb": self_kb / 1024, "worker_peak_rss_mb": child_kb / 1024, "db_mb": db_mb}
 
@@ -86,13 +68,8 @@ def sqlite_ceiling(n: int) -> dict:
     from core.db.kernel_db import COLUMNS, KernelDB
     from core.inject.prepare import prepare
 
-    base = artifact_items()
     rows = []
-    for i in range(n):  # built untimed, as write_corpus + prepare would give them
-        item = dict(base[i % len(base)])
-        brace = item["code"].index("{")
-        item["code"] = item["code"][: brace + 1] + f"\n  // copy {i}\n" + item["code"][brace + 1:]
-        item["tvm_func_name"] = f"{item['tvm_func_name']}_copy{i}"
+    for i, item in enumerate(distinct_copies(n)):  # built untimed, as write_corpus + prepare would give them
         row = prepare("corpus.json", i, item).row
         assert row is not None
         rows.append(row.values())
@@ -114,12 +91,19 @@ def sqlite_ceiling(n: int) -> dict:
             "row_kb": sum(len(str(v)) for r in rows for v in r) / len(rows) / 1000}
 
 
+def child_result(*args: str) -> dict:
+    """Run this script again as a measured child; its result is its last stdout line. When the child fails,
+    exit with the child's own error (its stderr), not the bare exit status."""
+    proc = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, cwd=REPO)
+    if proc.returncode != 0:
+        sys.exit(f"bench_inject.py {' '.join(args)}: the child exited {proc.returncode}:\n"
+                 f"{proc.stderr.strip() or proc.stdout.strip()}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def run_child(n: int, workers: int, compile_check: bool = False, archs: tuple[str, ...] = ("sm_90",)) -> dict:
-    cmd = [sys.executable, __file__, "--child", str(n), "--workers", str(workers), "--archs", *archs]
-    if compile_check:
-        cmd.append("--compile")
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=REPO)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return child_result("--child", str(n), "--workers", str(workers), "--archs", *archs,
+                        *(["--compile"] if compile_check else []))
 
 
 def cold_start(repeats: int = 15) -> dict:
@@ -166,14 +150,14 @@ def main() -> None:
 
     runs = [run_child(n, args.workers) for n in args.sizes]
     results["throughput"] = runs
+    results["corpus"] = runs[0]["corpus"]
+    print(f"corpus: {runs[0]['corpus']}, repeated to N")
     table(f"injection without nvcc ({args.workers} workers, distinct kernels, one transaction each)", runs,
           [("n", "kernels", "d"), ("seconds", "seconds", ".2f"), ("per_s", "kernels/s", ".0f"),
            ("peak_rss_mb", "main RSS MB", ".0f"), ("worker_peak_rss_mb", "worker RSS MB", ".0f"),
            ("db_mb", "DB MB", ".0f")])
     first, last = runs[0], runs[-1]
-    out = subprocess.run([sys.executable, __file__, "--ceiling-child", str(last["n"])], capture_output=True,
-                         text=True, check=True, cwd=REPO)
-    ceiling = results["sqlite_ceiling"] = json.loads(out.stdout.strip().splitlines()[-1])
+    ceiling = results["sqlite_ceiling"] = child_result("--ceiling-child", str(last["n"]))
     print(f"  ratio: {last['per_s']:.0f} kernels/s at N={last['n']} (target >= 2000); main RSS "
           f"{last['peak_rss_mb'] / first['peak_rss_mb']:.2f}x from N={first['n']} to N={last['n']} (flat: ~1.0x)")
     print(f"  ceiling: bare sqlite3 inserts of the same {ceiling['n']} rows ({ceiling['row_kb']:.0f} KB each, one "

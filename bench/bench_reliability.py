@@ -38,9 +38,9 @@ from urllib.request import pathname2url
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO / "tests"))
 
-from bench_inject import write_corpus  # noqa: E402
+from shared_data import write_corpus  # noqa: E402
 
 # NNFusion's own fetch (engine/cache/manager.cpp), as the compiler runs it.
 FETCH = ("SELECT Key, Identifier, OpType, Attributes, Source, DeviceType, Function, Tags, Miscs FROM KernelCache "

@@ -1,22 +1,31 @@
-"""Shared test fixtures: every test gets its own state dir, settings file and DB path."""
+"""Shared test fixtures: every test gets its own state dir, settings file and DB path.
+
+Tests that use ../shared (tests/shared_data.py says where it is) skip where it is absent, saying what
+they need; the run ends with one line that counts those skips.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
+from shared_data import ARTIFACT_KERNELS, REPO, read_items, shared_dir, shared_label, shared_path
 
-REPO = Path(__file__).resolve().parents[1]
-# ../shared beside the checkout; on the device machine a copy travels as ./shared (git-ignored).
-SHARED = REPO.parent / "shared" if (REPO.parent / "shared").is_dir() else REPO / "shared"
-ARTIFACT = SHARED / "nnfusion-artifact"
-KERNELS = ARTIFACT / "kernels"
+KERNELS = shared_path(ARTIFACT_KERNELS)
 
-needs_artifact = pytest.mark.skipif(not KERNELS.is_dir(), reason="../shared/nnfusion-artifact is not present")
+
+def needs_shared(relative: str, what: str) -> pytest.MarkDecorator:
+    """Skip where ../shared/RELATIVE is absent; the reason names what it is and where it was looked for."""
+    return pytest.mark.skipif(not shared_path(relative).exists(), reason=f"needs {what}: {shared_label(relative)}")
+
+
+needs_artifact = needs_shared(ARTIFACT_KERNELS, "the Rammer artifact's kernels")
 
 
 @pytest.fixture(autouse=True)
@@ -40,9 +49,35 @@ def run_kdb_json(*args: str, **kw):
     return proc, json.loads(proc.stdout)
 
 
-def artifact_items() -> list[tuple[str, int, dict]]:
-    out = []
-    for path in sorted(KERNELS.glob("*.json")):
-        for i, item in enumerate(json.loads(path.read_text())):
-            out.append((path.name, i, item))
-    return out
+def kernel_items(folder: Path = KERNELS) -> list[tuple[str, int, dict]]:
+    """(file name, index, item) of every kernel JSON item in a folder (the artifact's by default)."""
+    return [(path.name, i, item) for path in sorted(folder.glob("*.json")) for i, item in enumerate(read_items(path))]
+
+
+# -- one line at the very end: what was skipped for lack of ../shared --------------------------------------
+
+def shared_need(reason: str) -> str | None:
+    """The ../shared path a skip reason names (as ../shared/... or by its resolved path), or None."""
+    resolved = re.escape(str(shared_dir()).rstrip("/"))
+    found = re.search(rf"(?:\.\./shared|{resolved})(/[\w.+-]+(?:/[\w.+-]+)*)?", reason)
+    if found is None:
+        return None
+    return "../shared" + (found.group(1) or "")
+
+
+def skip_reason(report: pytest.TestReport | pytest.CollectReport) -> str:
+    longrepr = report.longrepr
+    return longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None or hasattr(config, "workerinput"):  # xdist workers: the controller counts
+        return
+    needs = Counter(need for report in reporter.stats.get("skipped", [])
+                    if (need := shared_need(skip_reason(report))) is not None)
+    if not needs:
+        reporter.write_line(f"skipped for lack of ../shared: none ({shared_dir()})")
+        return
+    detail = ", ".join(f"{n} need {need}" for need, n in needs.most_common())
+    reporter.write_line(f"skipped for lack of ../shared: {sum(needs.values())} tests ({detail})", yellow=True)

@@ -1,27 +1,34 @@
-"""AutoTVM logs: every shared log parses, best times agree with an independent count, bad lines are reported."""
+"""AutoTVM logs: the demo network's (written by the tests) and every shared log parse, best times agree with
+an independent count, bad lines are reported."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import ARTIFACT, run_kdb, run_kdb_json
+from autotvm_logs import LogPlan, demo_network_convolutions, demo_network_dots, demo_network_log
+from conftest import needs_shared, run_kdb, run_kdb_json
+from shared_data import ARTIFACT_LOGS, ARTIFACT_OPCONFIGS, shared_path
 
 from core.errors import InputError
-from core.opconfigs.autotvm_log import MAX_LINE_BYTES, LogSummary, match, read_log, workload_key
-from core.opconfigs.opconfig import read_opconfigs
+from core.opconfigs.autotvm_log import CONV_TASK, MAX_LINE_BYTES, LogSummary, match, read_log, workload_key
+from core.opconfigs.opconfig import format_lines, read_opconfigs
 
-LOGS = ARTIFACT / "autotvm_logs"
-OP_CONFIGS = ARTIFACT / "op_configs"
+LOGS = shared_path(ARTIFACT_LOGS)
+OP_CONFIGS = shared_path(ARTIFACT_OPCONFIGS)
 ALEXNET = "alexnet_nchw_tuned_conv2d.1000.log"
 DEEPSPEECH2 = "deepspeech2_tuned_conv2d.1000.log"
 TILING_NN = "all_tuned_tilling_dense_nn.1000.log"
 TOPI_DENSE = "all_tuned_topi_dense.1000.log"
+DEMO_TILING, DEMO_TOPI = "demo-tiling", "demo-topi"  # the demo network's logs, one per dense template
 
-pytestmark = pytest.mark.skipif(not LOGS.is_dir(), reason="../shared/nnfusion-artifact/autotvm_logs is not present")
+needs_logs = needs_shared(ARTIFACT_LOGS, "the Rammer artifact's AutoTVM logs")
+needs_logs_and_configs = [needs_logs, needs_shared(ARTIFACT_OPCONFIGS, "the Rammer artifact's op configs")]
 
 # Counted once by hand from the files (json per line, grouped by (task, args)).
 TOPI_TRIALS = {
@@ -31,7 +38,17 @@ TOPI_TRIALS = {
     (4, 256, 256): 9, (4, 256, 512): 9, (4, 3008, 1024): 14, (4, 512, 1024): 10, (75, 256, 29): 1000,
     (1, 1056, 1000): 24, (1, 2048, 1000): 12,
 }
-EXPECTED = {  # file: (workloads, trials per workload (None: see TOPI_TRIALS), successes, errors by kind)
+
+
+@dataclass(frozen=True)
+class Expected:
+    workloads: int
+    trials: dict[str, int]  # per workload, by args_key
+    successes: int
+    errors: dict[str, int]
+
+
+SHARED_EXPECTED = {  # file: (workloads, trials per workload (None: see TOPI_TRIALS), successes, errors by kind)
     ALEXNET: (5, 1000, 4550, {"INSTANTIATION_ERROR": 360, "RUNTIME_DEVICE": 50, "BUILD_TIMEOUT": 40}),
     DEEPSPEECH2: (2, 1000, 1766, {"INSTANTIATION_ERROR": 195, "RUNTIME_DEVICE": 36, "BUILD_TIMEOUT": 3}),
     TILING_NN: (8, 1000, 5924, {"INSTANTIATION_ERROR": 633, "COMPILE_HOST": 1417, "RUNTIME_DEVICE": 19,
@@ -39,45 +56,73 @@ EXPECTED = {  # file: (workloads, trials per workload (None: see TOPI_TRIALS), s
     TOPI_DENSE: (22, None, 814, {"INSTANTIATION_ERROR": 309, "COMPILE_HOST": 120, "RUNTIME_DEVICE": 3,
                                  "BUILD_TIMEOUT": 20}),
 }
+LOG_NAMES = [DEMO_TILING, DEMO_TOPI, *(pytest.param(name, marks=needs_logs) for name in SHARED_EXPECTED)]
 
 
 @pytest.fixture(scope="module")
-def summaries() -> dict[str, LogSummary]:
-    return {name: read_log(LOGS / name) for name in EXPECTED}
+def demo_logs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, LogPlan]:
+    folder = tmp_path_factory.mktemp("autotvm")
+    return {DEMO_TILING: demo_network_log(folder / "demo_tiling.log", "tiling"),
+            DEMO_TOPI: demo_network_log(folder / "demo_topi.log", "topi")}
 
 
-@pytest.mark.parametrize("name", EXPECTED)
-def test_every_shared_log_parses_with_the_expected_counts(summaries: dict[str, LogSummary], name: str) -> None:
-    summary = summaries[name]
-    count, trials, successes, errors = EXPECTED[name]
+@pytest.fixture
+def log_path(demo_logs: dict[str, LogPlan]):
+    """A log's path by name: the demo network's or a shared one."""
+    return lambda name: demo_logs[name].path if name in demo_logs else LOGS / name
+
+
+def expected(name: str, demo_logs: dict[str, LogPlan]) -> Expected:
+    if name in demo_logs:  # what the writer counted as it wrote
+        plan = demo_logs[name]
+        return Expected(len(plan.workloads), {args_key(w.args): w.trials for w in plan.workloads},
+                        sum(w.successes for w in plan.workloads), dict(plan.errors()))
+    count, trials, successes, errors = SHARED_EXPECTED[name]
+    summary = summary_of(LOGS / name)
+    per_workload = ({args_key(args): n for args, n in TOPI_TRIALS.items()} if trials is None
+                    else {args_key(w.args): trials for w in summary.workloads})
+    return Expected(count, per_workload, successes, errors)
+
+
+def args_key(args: list | tuple) -> str:
+    return json.dumps(list(args))
+
+
+@functools.cache
+def summary_of(path: Path) -> LogSummary:
+    return read_log(path)
+
+
+@pytest.mark.parametrize("name", LOG_NAMES)
+def test_every_log_parses_with_the_expected_counts(demo_logs: dict[str, LogPlan], log_path, name: str) -> None:
+    summary = summary_of(log_path(name))
+    want = expected(name, demo_logs)
     assert summary.bad_lines == [] and summary.bad_line_count == 0
-    assert len(summary.workloads) == count
-    if trials is None:
-        assert {tuple(w.args): w.trials for w in summary.workloads} == TOPI_TRIALS
-    else:
-        assert all(w.trials == trials for w in summary.workloads)
+    assert len(summary.workloads) == want.workloads
+    assert {args_key(w.args): w.trials for w in summary.workloads} == want.trials
     assert summary.records == sum(w.trials for w in summary.workloads)
-    assert sum(w.successes for w in summary.workloads) == successes
+    assert sum(w.successes for w in summary.workloads) == want.successes
     total: Counter[str] = Counter()
     for w in summary.workloads:
         total.update(w.errors_by_kind)
         assert w.successes + sum(w.errors_by_kind.values()) == w.trials
         assert w.op_config is not None, w.op_config_note
-    assert dict(total) == errors
+    assert dict(total) == want.errors
 
 
-@pytest.mark.parametrize("name", EXPECTED)
-def test_best_time_and_curve_match_an_independent_count(summaries: dict[str, LogSummary], name: str) -> None:
+@pytest.mark.parametrize("name", LOG_NAMES)
+def test_best_time_and_curve_match_an_independent_count(log_path, name: str) -> None:
+    path = log_path(name)
     times: dict[tuple[str, str], list[float]] = {}  # per workload, per trial: mean cost, inf when it failed
     stamps: dict[tuple[str, str], list[float]] = {}
-    with (LOGS / name).open() as f:
+    with path.open() as f:
         for line in f:
             record = json.loads(line)
             key = workload_key(record["i"][1], record["i"][2])
             costs, error_no, _, stamp = record["r"]
             times.setdefault(key, []).append(sum(costs) / len(costs) if error_no == 0 else math.inf)
             stamps.setdefault(key, []).append(stamp)
-    for w in summaries[name].workloads:
+    for w in summary_of(path).workloads:
         trial_times = times[w.workload]
         best = min(trial_times)
         assert w.best_seconds == best
@@ -87,39 +132,61 @@ def test_best_time_and_curve_match_an_independent_count(summaries: dict[str, Log
         assert w.best_config and all(len(knob) == 3 for knob in w.best_config)
 
 
-@pytest.mark.parametrize(("log", "opconfigs"), [(ALEXNET, "alexnet_conv_kernels.txt"),
-                                                 (DEEPSPEECH2, "deepspeech2_conv_kernels.txt")])
-def test_conv_workloads_match_the_shared_op_configs_one_to_one(summaries: dict[str, LogSummary], log: str,
-                                                               opconfigs: str) -> None:
-    configs = read_opconfigs(OP_CONFIGS / opconfigs)
+def demo_opconfigs(folder: Path) -> Path:
+    """The demo network's convolutions (as the conv2d template tunes them, unfused) and dot, as a file."""
+    path = folder / "demo_opconfigs.txt"
+    path.write_text(format_lines([*demo_network_convolutions(), *demo_network_dots()]), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(("log", "opconfigs"), [
+    (DEMO_TILING, None),
+    pytest.param(ALEXNET, "alexnet_conv_kernels.txt", marks=needs_logs_and_configs),
+    pytest.param(DEEPSPEECH2, "deepspeech2_conv_kernels.txt", marks=needs_logs_and_configs)])
+def test_conv_workloads_match_the_op_configs_one_to_one(log_path, tmp_path: Path, log: str,
+                                                        opconfigs: str | None) -> None:
+    configs = read_opconfigs(OP_CONFIGS / opconfigs if opconfigs else demo_opconfigs(tmp_path))
     assert configs.errors == []
-    summary = summaries[log]
-    matched = match(summary, configs.configs)
-    assert set(matched) == {w.workload for w in summary.workloads}
-    assert sorted(c.source for c in matched.values()) == sorted(c.source for c in configs.configs)
-    assert all(w.op_config is not None and w.op_config.op_type == "Convolution" for w in summary.workloads)
+    convs = [c for c in configs.configs if c.op_type == "Convolution"]
+    summary = summary_of(log_path(log))
+    conv_workloads = {w.workload for w in summary.workloads if w.task == CONV_TASK}
+    matched = match(summary, convs)
+    assert set(matched) == conv_workloads and len(conv_workloads) == len(convs)
+    assert sorted(c.source for c in matched.values()) == sorted(c.source for c in convs)
+    assert all(w.op_config is not None and w.op_config.op_type == "Convolution"
+               for w in summary.workloads if w.task == CONV_TASK)
 
 
-def test_dense_templates_get_the_right_transposes(summaries: dict[str, LogSummary], tmp_path: Path) -> None:
-    for w in summaries[TILING_NN].workloads:  # A[M, K] x B[K, N]
+@pytest.mark.parametrize(("tiling", "topi"), [(DEMO_TILING, DEMO_TOPI),
+                                              pytest.param(TILING_NN, TOPI_DENSE, marks=needs_logs)])
+def test_dense_templates_get_the_right_transposes(log_path, tmp_path: Path, tiling: str, topi: str) -> None:
+    tiled, dense = summary_of(log_path(tiling)), summary_of(log_path(topi))
+    for w in tiled.workloads:  # A[M, K] x B[K, N]
+        if w.task == CONV_TASK:
+            continue
         _, k, n = w.args
         assert w.op_config is not None and w.op_config.params["arg1_shape"] == [k, n]
         assert not w.op_config.params["transpose_B"]
-    for w in summaries[TOPI_DENSE].workloads:  # TOPI dense: B is [N, K]
+    for w in dense.workloads:  # TOPI dense: B is [N, K]
+        if w.task == CONV_TASK:
+            continue
         _, k, n = w.args
         assert w.op_config is not None and w.op_config.params["arg1_shape"] == [n, k]
         assert w.op_config.params["transpose_B"]
+    m, k, n = min({tuple(w.args) for w in tiled.workloads if w.task != CONV_TASK}
+                  & {tuple(w.args) for w in dense.workloads if w.task != CONV_TASK})
     dots = tmp_path / "dots.txt"
-    dots.write_text("cublas_dot_op_float|a+16_256|b+256_512|o+16_512|ta+0|tb+0\n"
-                    "cublas_dot_op_float|a+16_256|b+512_256|o+16_512|ta+0|tb+1\n")
+    dots.write_text(f"cublas_dot_op_float|a+{m}_{k}|b+{k}_{n}|o+{m}_{n}|ta+0|tb+0\n"
+                    f"cublas_dot_op_float|a+{m}_{k}|b+{n}_{k}|o+{m}_{n}|ta+0|tb+1\n")
     configs = read_opconfigs(dots).configs
-    assert [c.source for c in match(summaries[TILING_NN], configs).values()] == [f"{dots}:1"]
-    assert [c.source for c in match(summaries[TOPI_DENSE], configs).values()] == [f"{dots}:2"]
+    assert [c.source for c in match(tiled, configs).values()] == [f"{dots}:1"]
+    assert [c.source for c in match(dense, configs).values()] == [f"{dots}:2"]
 
 
-def _corrupted_copy(tmp_path: Path) -> tuple[Path, dict[int, str]]:
-    """The TOPI log with four bad lines inserted; returns the path and {line number: what is wrong}."""
-    lines = (LOGS / TOPI_DENSE).read_text().splitlines(keepends=True)
+def _corrupted_copy(source: Path, tmp_path: Path) -> tuple[Path, dict[int, str]]:
+    """A copy of a log (1,000 lines at least) with four bad lines inserted; the path and {line number: what is
+    wrong}."""
+    lines = source.read_text().splitlines(keepends=True)
     success = next(line for line in lines if json.loads(line)["r"][1] == 0)
     nan = json.loads(success)
     nan["r"][0] = [math.nan]
@@ -136,14 +203,15 @@ def _corrupted_copy(tmp_path: Path) -> tuple[Path, dict[int, str]]:
     return path, {10: "truncated", 100: "not JSON", 500: '"i" must be', 1000: "cost nan"}
 
 
-def test_a_corrupted_copy_reports_exactly_its_bad_lines(summaries: dict[str, LogSummary], tmp_path: Path) -> None:
-    path, expected = _corrupted_copy(tmp_path)
+@pytest.mark.parametrize("name", [DEMO_TOPI, pytest.param(TOPI_DENSE, marks=needs_logs)])
+def test_a_corrupted_copy_reports_exactly_its_bad_lines(log_path, tmp_path: Path, name: str) -> None:
+    path, expected_bad = _corrupted_copy(log_path(name), tmp_path)
     summary = read_log(path)
-    assert [exc.where for exc in summary.bad_lines] == [f"{path}:{n}" for n in expected]
-    for exc, reason in zip(summary.bad_lines, expected.values(), strict=True):
+    assert [exc.where for exc in summary.bad_lines] == [f"{path}:{n}" for n in expected_bad]
+    for exc, reason in zip(summary.bad_lines, expected_bad.values(), strict=True):
         assert reason in exc.reason, exc
     assert summary.bad_line_count == 4
-    assert [w.as_dict() for w in summary.workloads] == [w.as_dict() for w in summaries[TOPI_DENSE].workloads]
+    assert [w.as_dict() for w in summary.workloads] == [w.as_dict() for w in summary_of(log_path(name)).workloads]
 
 
 def _record(task: str, args: list, error_no: int = 0, cost: float = 1e-5, knobs: list | None = None) -> str:
@@ -189,24 +257,30 @@ def test_an_unreadable_log_raises_input_error(tmp_path: Path, make) -> None:
         read_log(make(tmp_path))
 
 
-def test_cli_json(tmp_path: Path) -> None:
-    opconfigs = OP_CONFIGS / "alexnet_conv_kernels.txt"
-    proc, data = run_kdb_json("autotvm", "summary", str(LOGS / ALEXNET), "--opconfigs", str(opconfigs))
+@pytest.mark.parametrize(("name", "opconfigs"), [
+    (DEMO_TILING, None), pytest.param(ALEXNET, "alexnet_conv_kernels.txt", marks=needs_logs_and_configs)])
+def test_cli_json(demo_logs: dict[str, LogPlan], log_path, tmp_path: Path, name: str, opconfigs: str | None) -> None:
+    log = log_path(name)
+    configs = OP_CONFIGS / opconfigs if opconfigs else demo_opconfigs(tmp_path)
+    want = expected(name, demo_logs)
+    proc, data = run_kdb_json("autotvm", "summary", str(log), "--opconfigs", str(configs))
     assert proc.returncode == 0, proc.stderr
-    assert data["log"] == str(LOGS / ALEXNET) and data["bad_lines"] == []
-    assert len(data["workloads"]) == 5
-    assert all(w["matched_op_config"].startswith(f"{opconfigs}:") for w in data["workloads"])
-    assert all(len(w["best_so_far"]) == w["trials"] == 1000 for w in data["workloads"])
+    assert data["log"] == str(log) and data["bad_lines"] == []
+    assert len(data["workloads"]) == want.workloads
+    assert all(w["matched_op_config"].startswith(f"{configs}:") for w in data["workloads"])
+    assert all(len(w["best_so_far"]) == w["trials"] == want.trials[args_key(w["args"])] for w in data["workloads"])
 
-    path, expected = _corrupted_copy(tmp_path)
+    path, expected_bad = _corrupted_copy(log, tmp_path)
     proc, data = run_kdb_json("autotvm", "summary", str(path))
     assert proc.returncode == 1
-    assert [b["line"] for b in data["bad_lines"]] == list(expected)
+    assert [b["line"] for b in data["bad_lines"]] == list(expected_bad)
 
 
-def test_cli_table_and_exit_codes(tmp_path: Path) -> None:
-    proc = run_kdb("autotvm", "summary", str(LOGS / DEEPSPEECH2), env={"COLUMNS": "200"})  # cells unfolded
+@pytest.mark.parametrize("name", [DEMO_TILING, pytest.param(DEEPSPEECH2, marks=needs_logs)])
+def test_cli_table_and_exit_codes(log_path, tmp_path: Path, name: str) -> None:
+    log = log_path(name)
+    proc = run_kdb("autotvm", "summary", str(log), env={"COLUMNS": "200"})  # cells unfolded
     assert proc.returncode == 0, proc.stderr
-    assert "conv2d_nchw" in proc.stdout and "2000 records" in proc.stdout
+    assert "conv2d_nchw" in proc.stdout and f"{summary_of(log).records} records" in proc.stdout
     proc = run_kdb("autotvm", "summary", str(tmp_path / "missing.log"))
     assert proc.returncode == 2 and "cannot read" in proc.stderr

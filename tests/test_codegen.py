@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import ARTIFACT, needs_artifact
+from conftest import needs_shared
+from shared_data import ARTIFACT_OPCONFIGS, shared_path
 
 pytest.importorskip("tvm")
 
@@ -41,9 +42,9 @@ def inject(items: list[dict], tmp_path: Path) -> tuple[int, list]:
     return report.injected, report.failures
 
 
-@needs_artifact
+@needs_shared(ARTIFACT_OPCONFIGS, "the Rammer artifact's op configs")
 def test_every_shared_op_config_generates_checks_and_injects(tmp_path: Path):
-    configs, errors = load_configs([ARTIFACT / "op_configs"])
+    configs, errors = load_configs([shared_path(ARTIFACT_OPCONFIGS)])
     assert not errors and len(configs) == 19
     report = generate_all(configs, "sm_90")
     assert not report.failed, [(g.config.source, g.stage, g.error) for g in report.failed]

@@ -1,8 +1,9 @@
 """The C++ compatibility reader (tests/compat) reads kdb's DB the way NNFusion's compiler does.
 
 It is built with g++ against the system's sqlite3 and nlohmann/json, run on a DB that `kdb inject`
-fills from the Rammer artifact (every row must be fetched, none may crash), and on copies of that
-DB with one hand-made bad row each (the reader must name that row and the right severity).
+fills with the demo kernels, and the Rammer artifact's where ../shared has them (every row must be
+fetched, none may crash), and on copies of that DB with one hand-made bad row each (the reader must name
+that row and the right severity).
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from conftest import KERNELS, REPO
+from shared_data import project_kernels
 
-REPO = Path(__file__).resolve().parents[1]
-KERNELS = Path(__file__).resolve().parents[2] / "shared" / "nnfusion-artifact" / "kernels"
 COMPAT = REPO / "tests" / "compat"
 HEADERS = (Path("/usr/include/nlohmann/json.hpp"), Path("/usr/include/sqlite3.h"))
 SUMMARY = re.compile(r"^rows=(\d+) fetched=(\d+) crash=(\d+) unreachable=(\d+)$", re.M)
@@ -43,15 +44,16 @@ def reader(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def artifact_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The artifact's kernels injected by the real `kdb inject`, once for the module."""
-    if not KERNELS.is_dir():
-        pytest.skip(f"{KERNELS} is not present")
+    """The demo kernels, and the artifact's where ../shared has them, injected by the real `kdb inject`."""
     tmp = tmp_path_factory.mktemp("kdb")
     env = {**os.environ, "KDB_STATE_DIR": str(tmp / "state"), "KDB_CONFIG": str(tmp / "settings.toml"),
            "KDB_DB": str(tmp / "default.db")}
     db = tmp / "k.db"
+    demo = tmp / "demo.json"
+    demo.write_text(json.dumps(project_kernels()), encoding="utf-8")
+    sources = [str(demo)] + ([str(KERNELS)] if KERNELS.is_dir() else [])
     proc = subprocess.run([sys.executable, "-m", "console.entry", "inject", "--db", str(db), "--no-compile",
-                           str(KERNELS)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+                           *sources], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return db
 
@@ -69,7 +71,7 @@ def row_count(db: Path) -> int:
         return conn.execute("SELECT count(*) FROM KernelCache").fetchone()[0]
 
 
-def test_every_artifact_row_is_fetched_without_a_crash(reader: Path, artifact_db: Path):
+def test_every_row_is_fetched_without_a_crash(reader: Path, artifact_db: Path):
     rc, out, counts = run_reader(reader, artifact_db)
     n = row_count(artifact_db)
     assert n > 0

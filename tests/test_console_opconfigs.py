@@ -9,7 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from conftest import needs_shared
 from console_helpers import SNAPSHOT_DIR, FixedDeviceApp, build_small_db
+from shared_data import ARTIFACT_OPCONFIGS, shared_path
 from textual.widgets import Input, Static
 
 from console.context import ConsoleContext
@@ -18,11 +20,11 @@ from console.widgets.dialogs import ConfirmDialog, PathDialog
 from console.widgets.opconfig_dialog import OpConfigDialog
 from console.widgets.opconfig_table import OpConfigTable
 from core.db.kernel_db import KernelDB
+from core.demo import TINY_NETWORK
 from core.opconfigs.opconfig import parse_line
 from core.settings import Settings
 
-OP_CONFIGS = Path(__file__).resolve().parents[2] / "shared" / "nnfusion-artifact" / "op_configs"
-ALEXNET = OP_CONFIGS / "alexnet_conv_kernels.txt"
+ALEXNET = shared_path(ARTIFACT_OPCONFIGS) / "alexnet_conv_kernels.txt"
 
 RELU = "elementwise_relu_op_float|i+1_64_56_56|o+1_64_56_56"  # the small DB has it
 DOT = "cublas_dot_op_float|a+64_256|b+256_128|o+64_128|ta+0|tb+0"  # the small DB has it
@@ -152,18 +154,27 @@ async def test_edit_and_delete(tmp_path: Path):
         assert table.row_count == 1
 
 
-@pytest.mark.skipif(not ALEXNET.is_file(), reason="../shared/nnfusion-artifact is not present")
-async def test_import_the_shared_opconfig_file_and_a_bad_one(tmp_path: Path):
+def demo_network_file(tmp_path: Path) -> Path:
+    return write_lines(tmp_path / "tiny_network.txt", TINY_NETWORK.splitlines())
+
+
+@pytest.mark.parametrize("make_file", [
+    pytest.param(demo_network_file, id="demo-network"),
+    pytest.param(lambda _: ALEXNET, id="alexnet",
+                 marks=needs_shared(f"{ARTIFACT_OPCONFIGS}/{ALEXNET.name}", "the artifact's AlexNet op configs"))])
+async def test_import_an_opconfig_file_and_a_bad_one(tmp_path: Path, make_file: Callable[[Path], Path]):
+    path = make_file(tmp_path)
+    lines = path.read_text().splitlines()
     app = make_app(tmp_path / "k.db")
     async with app.run_test(size=(160, 45)) as pilot:
         screen = await open_view(pilot)
-        await import_path(pilot, screen, ALEXNET, 5)
-        assert lines_of(screen) == ALEXNET.read_text().splitlines()
-        assert screen.configs[0].source == "alexnet_conv_kernels.txt:1"
-        assert "alexnet_conv_kernels.txt: 5 op configs (5 added)" in text(screen, "#import-report")
+        await import_path(pilot, screen, path, len(lines))
+        assert lines_of(screen) == lines
+        assert screen.configs[0].source == f"{path.name}:1"
+        assert f"{path.name}: {len(lines)} op configs ({len(lines)} added)" in text(screen, "#import-report")
 
-        bad = write_lines(tmp_path / "more.txt", [ALEXNET.read_text().splitlines()[0], "cudnn_convolution_op_float|i+1"])
-        await import_path(pilot, screen, bad, 5)
+        bad = write_lines(tmp_path / "more.txt", [lines[0], "cudnn_convolution_op_float|i+1"])
+        await import_path(pilot, screen, bad, len(lines))
         await wait_for(pilot, lambda: "more.txt" in text(screen, "#import-report"))
         report = text(screen, "#import-report")
         assert "0 added, 1 already listed" in report

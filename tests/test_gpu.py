@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import KERNELS, artifact_items
+from conftest import KERNELS, kernel_items
 
 from core.gpu.jobs import GpuSession, gpu_available, job_for_row
 
@@ -40,7 +40,7 @@ def session():
 
 
 def test_artifact_kernels_verify_and_gpu_barrier_counts_match_static_ones(session: GpuSession):
-    rows = rows_of([item for _, _, item in artifact_items()])
+    rows = rows_of([item for _, _, item in kernel_items()])
     mismatched = []
     for row in rows:
         verified = session.run(job_for_row(row, "verify"))

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import KERNELS, REPO
 from hostile_corpus import (
     EVIL_NAMES,
     OK,
@@ -30,8 +31,6 @@ from hostile_corpus import (
     write_surrogate_corpus,
 )
 
-REPO = Path(__file__).resolve().parents[1]
-KERNELS = Path(__file__).resolve().parents[2] / "shared" / "nnfusion-artifact" / "kernels"
 NVCC = Path("/usr/local/cuda/bin/nvcc")
 EVIL_TMP_GLOBS = ("kdb_evil*", "kdb_pwned*")
 RUN_LIMIT_S = 60  # the whole corpus, --no-compile; it takes a few seconds

@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import KERNELS, REPO, needs_artifact
+from conftest import REPO
+from shared_data import project_kernels, write_corpus
 
 # A fresh interpreter: in this one an earlier test may have started multiprocessing's resource tracker already,
 # and then the bug cannot show.
@@ -41,11 +42,11 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-@needs_artifact
 def test_a_pool_of_workers_starts_when_stderr_has_no_descriptor(tmp_path: Path):
     script = tmp_path / "inject_without_stderr.py"
     script.write_text(SCRIPT, encoding="utf-8")
-    kernels = sorted(KERNELS.glob("*.json"))[0]
+    kernels = tmp_path / "demo.json"
+    kernels.write_text(json.dumps(project_kernels()), encoding="utf-8")
     proc = subprocess.run([sys.executable, str(script), str(tmp_path / "k.db"), str(kernels)], cwd=REPO,
                           capture_output=True, text=True, timeout=300, env={"PYTHONPATH": str(REPO), "PATH": ""})
     assert proc.returncode == 0, proc.stderr
@@ -83,16 +84,10 @@ def pool_workers(pid: int) -> list[int]:
     return [child for child in children_of(pid) if b"spawn_main" in cmdline(child)]
 
 
-@needs_artifact
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
 def test_workers_die_with_a_killed_inject(tmp_path: Path):
     corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    items = [item for path in sorted(KERNELS.glob("*.json")) for item in json.loads(path.read_text())]
-    for copy in range(12):  # distinct names and bodies: every item is work, none is "unchanged"
-        batch = [{**item, "tvm_func_name": f"{item['tvm_func_name']}_c{copy}",
-                  "code": item["code"] + f"\n// copy {copy}\n"} for item in items]
-        (corpus / f"part{copy:02d}.json").write_text(json.dumps(batch))
+    write_corpus(2000, corpus)  # distinct names and bodies: every item is work, none is "unchanged"
     proc = subprocess.Popen([sys.executable, "-m", "console.entry", "inject", "--db", str(tmp_path / "k.db"),
                              "--no-compile", "--workers", "2", "--json", str(corpus)], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, needs_artifact, run_kdb
+from conftest import REPO, run_kdb
+from shared_data import project_kernels, write_corpus
 
 sys.path.insert(0, str(REPO / "bench"))
 
-from bench_inject import write_corpus
 from bench_reliability import (
     Contention,
     backup_under_write,
@@ -40,7 +40,6 @@ from bench_reliability import (
 
 from core.db.engine import BUSY_TIMEOUT_ENV, busy_timeout
 from core.db.kernel_db import KernelDB
-from core.demo import demo_kernels
 from core.errors import DbError
 from core.tuning.job import RECORDS, recorded_runs, repair_work_dir
 
@@ -51,14 +50,9 @@ def kernels_file(path: Path, items: list[dict[str, Any]]) -> Path:
     return path
 
 
-def good_kernels() -> list[dict[str, Any]]:
-    """The demo kernels without the one whose barriers cannot be counted statically."""
-    return [k for k in demo_kernels() if "spin" not in k["tvm_func_name"]]
-
-
 def small_db(path: Path, tmp: Path) -> Path:
     """A real DB of the demo kernels, checkpointed into the one file (no -wal left)."""
-    src = kernels_file(tmp / "k.json", good_kernels())
+    src = kernels_file(tmp / "k.json", project_kernels())
     proc = run_kdb("inject", "--db", str(path), "--no-compile", "--json", str(src))
     assert proc.returncode == 0, proc.stderr
     return path
@@ -86,7 +80,6 @@ def fails_cleanly(proc: subprocess.CompletedProcess[str], *needles: str) -> None
 
 
 @pytest.mark.slow
-@needs_artifact
 def test_kill_inject_20_times_then_finish_without_loss_or_duplicates(tmp_path: Path):
     """SIGKILL `kdb inject --jsonl --workers 2` (2,000 kernels) at 20 random moments into one DB.
 
@@ -159,7 +152,6 @@ def test_tuning_job_killed_mid_run_resumes_losing_at_most_the_trial_in_flight(tm
 
 
 @pytest.mark.slow
-@needs_artifact
 async def test_console_browses_while_two_injectors_and_a_deleter_write(tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch):
     """The console pages and filters (Pilot) for 20 s while two `kdb inject` processes write disjoint corpora,
@@ -320,7 +312,7 @@ def test_a_damaged_db_is_refused_with_a_clean_message_and_left_as_it_was(tmp_pat
         small_db(db, tmp_path)
         (_truncate if damage == "truncated" else _garble_middle_pages)(db)
     before = digest(db)
-    src = kernels_file(tmp_path / "new.json", good_kernels()[:2])
+    src = kernels_file(tmp_path / "new.json", project_kernels()[:2])
     fails_cleanly(run_kdb("inject", "--db", str(db), "--no-compile", "--json", str(src)),
                   "not an SQLite database" if damage == "not sqlite" else "is damaged")
     ls = run_kdb("ls", "--db", str(db))
@@ -339,7 +331,7 @@ def test_an_osdi20_db_is_read_only_for_inject_and_listed_by_ls(tmp_path: Path):
     conn.commit()
     conn.close()
     before = digest(db)
-    src = kernels_file(tmp_path / "new.json", good_kernels()[:1])
+    src = kernels_file(tmp_path / "new.json", project_kernels()[:1])
     fails_cleanly(run_kdb("inject", "--db", str(db), "--no-compile", str(src)), "osdi20", "read-only")
     ls = run_kdb("ls", "--db", str(db))
     assert ls.returncode == 0 and "osdi20" in ls.stdout, (ls.stdout, ls.stderr)
@@ -362,7 +354,7 @@ def test_a_db_locked_by_another_process_fails_after_the_busy_timeout_naming_the_
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"
-        src = kernels_file(tmp_path / "new.json", [_variant(k, "locked") for k in good_kernels()[:2]])
+        src = kernels_file(tmp_path / "new.json", [_variant(k, "locked") for k in project_kernels()[:2]])
         start = time.perf_counter()
         proc = run_kdb("inject", "--db", str(db), "--no-compile", "--json", str(src), env={BUSY_TIMEOUT_ENV: "1"})
         elapsed = time.perf_counter() - start
@@ -389,14 +381,14 @@ def test_a_lock_that_outlasts_the_busy_timeout_mid_run_ends_the_run(tmp_path: Pa
     from core.inject.pipeline import InjectOptions, Injector
 
     monkeypatch.setenv(BUSY_TIMEOUT_ENV, "0.5")
-    src = kernels_file(tmp_path / "k.json", good_kernels())
+    src = kernels_file(tmp_path / "k.json", project_kernels())
     with KernelDB.open(tmp_path / "k.db", create=True) as db:
         holder = sqlite3.connect(db.path, isolation_level=None)
         holder.execute("BEGIN EXCLUSIVE")
         start = time.perf_counter()
         with pytest.raises(DbLocked, match="locked by another process"):
             Injector(db, InjectOptions(compile=False), state=StateDB()).run([src])
-        assert time.perf_counter() - start < 0.5 * len(good_kernels()) / 2
+        assert time.perf_counter() - start < 0.5 * len(project_kernels()) / 2
         holder.rollback()
         holder.close()
         assert db.count() == 0
@@ -416,7 +408,7 @@ def test_a_symlink_to_a_db_works_and_a_dangling_one_is_refused(tmp_path: Path):
     rows = len(read_rows(real))
     link = tmp_path / "link.db"
     link.symlink_to(real)
-    src = kernels_file(tmp_path / "new.json", [_variant(k, "via link") for k in good_kernels()[:2]])
+    src = kernels_file(tmp_path / "new.json", [_variant(k, "via link") for k in project_kernels()[:2]])
     proc = run_kdb("inject", "--db", str(link), "--no-compile", "--json", str(src))
     assert proc.returncode == 0 and json.loads(proc.stdout)["injected"] == 2, proc.stderr
     assert link.is_symlink() and len(read_rows(real)) == rows + 2
@@ -432,7 +424,7 @@ def test_a_symlink_to_a_db_works_and_a_dangling_one_is_refused(tmp_path: Path):
 def test_a_db_in_a_directory_without_write_permission_is_a_clean_error(tmp_path: Path):
     locked_dir = tmp_path / "ro"
     locked_dir.mkdir()
-    src = kernels_file(tmp_path / "new.json", good_kernels()[:1])
+    src = kernels_file(tmp_path / "new.json", project_kernels()[:1])
     locked_dir.chmod(0o555)
     try:
         fails_cleanly(run_kdb("inject", "--db", str(locked_dir / "k.db"), "--no-compile", str(src)))
@@ -462,7 +454,7 @@ sleep 600
 """)
     fake.chmod(0o755)
     Path(os.environ["KDB_CONFIG"]).write_text(f'nvcc_path = "{fake}"\nnvcc_timeout_s = 3\narchs = ["sm_90"]\n')
-    src = kernels_file(tmp_path / "one.json", good_kernels()[:1])
+    src = kernels_file(tmp_path / "one.json", project_kernels()[:1])
     start = time.perf_counter()
     proc = run_kdb("inject", "--db", str(tmp_path / "k.db"), "--json", str(src), timeout=120)
     elapsed = time.perf_counter() - start
@@ -495,7 +487,7 @@ def _variant(item: dict[str, Any], tag: str) -> dict[str, Any]:
 
 
 def test_jsonl_reports_each_commit_each_failure_then_a_summary(tmp_path: Path):
-    items = [*good_kernels()[:3], {"tvm_func_name": "broken", "op_type": "Relu"}]
+    items = [*project_kernels()[:3], {"tvm_func_name": "broken", "op_type": "Relu"}]
     src = kernels_file(tmp_path / "k.json", items)
     db = tmp_path / "k.db"
     proc = run_kdb("inject", "--db", str(db), "--no-compile", "--jsonl", str(src))
@@ -520,7 +512,7 @@ def test_inject_replace_backs_up_first_and_says_where(tmp_path: Path):
     """--replace on a non-empty DB: a backup (SQLite's backup API) is taken before any row goes, its path is
     reported (jsonl summary, stderr), and it holds the rows that were replaced."""
     db = tmp_path / "k.db"
-    old = good_kernels()[:3]
+    old = project_kernels()[:3]
     run_kdb("inject", "--db", str(db), "--no-compile", str(kernels_file(tmp_path / "old.json", old)))
     old_rows = read_rows(db)
     new_src = kernels_file(tmp_path / "new.json", [_variant(k, "v2") for k in old])
@@ -538,14 +530,13 @@ def test_inject_replace_backs_up_first_and_says_where(tmp_path: Path):
 
 
 def test_inject_replace_into_an_empty_db_takes_no_backup(tmp_path: Path):
-    src = kernels_file(tmp_path / "k.json", good_kernels()[:2])
+    src = kernels_file(tmp_path / "k.json", project_kernels()[:2])
     summary = jsonl(run_kdb("inject", "--db", str(tmp_path / "k.db"), "--no-compile", "--replace", "--jsonl",
                             str(src)).stdout)[-1]
     assert summary["injected"] == 2 and summary["backup"] is None
 
 
 @pytest.mark.slow
-@needs_artifact
 def test_backup_while_another_process_writes_is_consistent(tmp_path: Path):
     """`kdb db backup` while `kdb inject` commits: the copy passes integrity_check, holds every row committed
     before the backup began, and every row in it is complete."""

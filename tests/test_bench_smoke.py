@@ -1,0 +1,46 @@
+"""bench-smoke as a fresh clone runs it: no ../shared in reach, every benchmark on the project's own data."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from shared_data import ARTIFACT_KERNELS, SHARED_ENV
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def bench(script: str, *args: str, shared: Path, tmp: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, SHARED_ENV: str(shared), "TMPDIR": str(tmp)}
+    return subprocess.run([sys.executable, str(REPO / "bench" / script), *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+@pytest.mark.slow
+def test_bench_smoke_runs_with_no_shared_dir(tmp_path: Path):
+    out = tmp_path / "out"
+    proc = bench("smoke.py", "--out", str(out), shared=tmp_path / "no-shared", tmp=tmp_path, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    inject = json.loads((out / "inject.json").read_text())
+    assert inject["corpus"].endswith("kernels of the demo kernels (core/demo.py)")
+    assert [(r["n"], r["injected"], r["failed"]) for r in inject["throughput"]] == [(100, 100, 0), (300, 300, 0)]
+    assert [r["injected"] + r["failed"] for r in inject["nvcc"]] == [4, 4]
+    codegen = json.loads((out / "codegen.json").read_text())["summary"]
+    assert codegen["source"] == "the demo network (core/demo.py)" and codegen["all_ok"] and codegen["kernels"] == 8
+    assert (out / "browse.json").is_file() and (out / "extract.json").is_file()
+
+
+def test_a_failing_bench_child_shows_its_own_error(tmp_path: Path):
+    shared = tmp_path / "shared"
+    kernels = shared / ARTIFACT_KERNELS
+    kernels.mkdir(parents=True)
+    (kernels / "broken.json").write_text('[{"tvm_func_name": ', encoding="utf-8")
+    proc = bench("bench_inject.py", "--sizes", "10", "--json", str(tmp_path / "inject.json"), shared=shared,
+                 tmp=tmp_path, timeout=300)
+    assert proc.returncode == 1
+    assert f"{kernels / 'broken.json'}: cannot read kernel JSON" in proc.stderr
+    assert "the child exited 1" in proc.stderr and "CalledProcessError" not in proc.stderr
