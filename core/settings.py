@@ -34,6 +34,8 @@ class Settings:
     tune_builder_timeout_s: float = 120.0  # MetaSchedule's default 30 s kills big nvcc builds
     rpc_tracker: str = ""  # HOST:PORT for distributed measurement; empty = local
     rpc_key: str = "kdb"
+    # The last path a console file dialog took; the next dialog starts in its folder (empty: the working dir).
+    last_path: str = ""
 
     def validate(self) -> None:
         if not self.archs:

@@ -77,7 +77,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     needs = Counter(need for report in reporter.stats.get("skipped", [])
                     if (need := shared_need(skip_reason(report))) is not None)
     if not needs:
-        reporter.write_line(f"skipped for lack of ../shared: none ({shared_dir()})")
+        reporter.write_line(f"skipped for lack of ../shared: none (it is {shared_dir()})")
         return
+    total = sum(needs.values())
     detail = ", ".join(f"{n} need {need}" for need, n in needs.most_common())
-    reporter.write_line(f"skipped for lack of ../shared: {sum(needs.values())} tests ({detail})", yellow=True)
+    reporter.write_line(f"skipped for lack of ../shared: {total} test{'s' * (total != 1)} ({detail})", yellow=True)

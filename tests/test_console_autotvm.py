@@ -1,4 +1,5 @@
-"""Pilot tests of the AutoTVM view: the artifact's alexnet log, a log with bad lines, the scale switch, a snapshot."""
+"""Pilot tests of the AutoTVM view: the demo network's log (and the artifact's alexnet log where ../shared has
+it), a log with bad lines, the scale switch, a snapshot."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from autotvm_logs import demo_network_log
+from conftest import needs_shared
 from console_helpers import SNAPSHOT_DIR, FixedDeviceApp
+from shared_data import ARTIFACT_LOGS, shared_path
 from textual.widgets import Input, Sparkline, Static
 
 from console.context import ConsoleContext
@@ -20,8 +24,7 @@ from console.widgets.dialogs import PathDialog
 from console.widgets.workload_table import WorkloadTable
 from core.settings import Settings
 
-LOGS = Path(__file__).resolve().parents[2] / "shared" / "nnfusion-artifact" / "autotvm_logs"
-ALEXNET_LOG = LOGS / "alexnet_nchw_tuned_conv2d.1000.log"
+ALEXNET_LOG = shared_path(ARTIFACT_LOGS) / "alexnet_nchw_tuned_conv2d.1000.log"
 KNOBS = [["tile_k", "sp", [-1, 2, 8]], ["tile_y", "sp", [-1, 1, 2, 8]], ["tile_x", "sp", [-1, 2, 8, 16]],
          ["auto_unroll_max_step", "ot", 1500]]
 
@@ -82,7 +85,34 @@ def synthetic_log(path: Path, trials: int = 300) -> Path:
     return path
 
 
-@pytest.mark.skipif(not ALEXNET_LOG.is_file(), reason="../shared/nnfusion-artifact is not present")
+async def test_the_demo_network_log_shows_each_workload_and_its_curve(tmp_path: Path):
+    plan = demo_network_log(tmp_path / "demo.log")
+    async with make_app().run_test(size=(160, 45)) as pilot:
+        screen = await open_log(pilot, plan.path)
+        table = screen.query_one(WorkloadTable)
+        assert table.row_count == len(plan.workloads) == 4
+        assert f"4 workloads · {plan.records:,} records · no bad lines" in text(screen, "#log-status")
+        assert str(table.get_cell_at((0, 1))) == "tvm_conv2d_nchw_tune_op"
+        assert str(table.get_cell_at((3, 1))) == "tvm_matmul_tune_op"
+        first, second = screen.summary.workloads[:2]
+        assert str(table.get_cell_at((0, 3))) == "300" and str(table.get_cell_at((0, 7))) == str(first.best_trial)
+        assert f"best {first.best_seconds * 1e6:,.2f} µs at trial {first.best_trial} of 300" in text(screen, "#plot-note")
+
+        table.focus()
+        await pilot.press("down")  # the second workload: its own curve and knobs
+        assert f"at trial {second.best_trial} of 300" in text(screen, "#plot-note")
+        curve = [s for s in second.best_so_far if math.isfinite(s)]
+        plot = screen.query_one(BestSoFarPlot)
+        assert plot.log_scale and list(screen.query_one(Sparkline).data) == pytest.approx([math.log10(s) for s in curve])
+        detail = text(screen, "#workload-detail")
+        assert "Convolution in 1x16x16x16 w 16x16x3x3" in detail and "tile_rx" in detail and "[-1, 3]" in detail
+
+        await pilot.press("l")
+        assert not plot.log_scale and "linear scale" in text(screen, "#plot-title")
+        assert list(screen.query_one(Sparkline).data) == curve
+
+
+@needs_shared(f"{ARTIFACT_LOGS}/{ALEXNET_LOG.name}", "the artifact's AlexNet AutoTVM log")
 async def test_the_alexnet_log_shows_5_workloads_and_each_curve():
     async with make_app().run_test(size=(160, 45)) as pilot:
         screen = await open_log(pilot, ALEXNET_LOG)

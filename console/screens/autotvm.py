@@ -22,16 +22,11 @@ from textual.worker import Worker, WorkerState
 
 from console.screens.base import KdbScreen
 from console.widgets.best_so_far_plot import BestSoFarPlot, microseconds
-from console.widgets.dialogs import PathDialog
+from console.widgets.dialogs import PathDialog, dialog_default
 from console.widgets.workload_table import WorkloadTable
 from core.opconfigs.autotvm_log import LogSummary, WorkloadSummary
 
-ARTIFACT_LOGS = Path(__file__).resolve().parents[3] / "shared" / "nnfusion-artifact" / "autotvm_logs"
 BAD_LINES_SHOWN = 200
-
-
-def start_dir() -> Path:
-    return ARTIFACT_LOGS if ARTIFACT_LOGS.is_dir() else Path.cwd()
 
 
 class AutoTvmScreen(KdbScreen):
@@ -73,7 +68,7 @@ class AutoTvmScreen(KdbScreen):
     # -- loading -------------------------------------------------------------------------------
 
     def action_open_log(self) -> None:
-        default = str(self.summary.path) if self.summary else f"{start_dir()}/"
+        default = str(self.summary.path) if self.summary else dialog_default(self.app.context.settings)  # type: ignore[attr-defined]
 
         def chosen(path: str | None) -> None:
             if path:

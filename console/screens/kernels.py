@@ -24,7 +24,7 @@ from textual.widgets import Button, DataTable, Footer, Header, Input, Select, St
 from textual.worker import Worker, WorkerState, get_current_worker
 
 from console.screens.base import KdbScreen
-from console.widgets.dialogs import ConfirmDialog, PathDialog
+from console.widgets.dialogs import ConfirmDialog, PathDialog, dialog_default
 from console.widgets.kernel_detail import KernelDetail, highlight_source
 from console.widgets.kernel_table import COLUMNS, KernelTable
 from core.db.browse import (
@@ -490,7 +490,8 @@ class KernelsScreen(KdbScreen):
         keys = self._selection()
         if not keys:
             return
-        default = str(Path.cwd() / f"kdb-export-{time.strftime('%Y%m%d-%H%M%S')}.json")
+        default = dialog_default(self.app.context.settings,  # type: ignore[attr-defined]
+                                 f"kdb-export-{time.strftime('%Y%m%d-%H%M%S')}.json")
 
         def chosen(path: str | None) -> None:
             if path:

@@ -29,7 +29,7 @@ from textual.worker import Worker, WorkerState, get_current_worker
 from console.context import ConsoleContext
 from console.screens.base import KdbScreen
 from console.screens.inject import PROGRESS_INTERVAL_S, RunProgress
-from console.widgets.dialogs import ConfirmDialog, PathDialog
+from console.widgets.dialogs import ConfirmDialog, PathDialog, dialog_default
 from console.widgets.generate_panel import CodegenProgress, GeneratePanel, GenerateResult
 from console.widgets.opconfig_detail import ImportReport, OpConfigDetail
 from console.widgets.opconfig_dialog import DEFAULT_TEMPLATE, OpConfigDialog
@@ -41,14 +41,9 @@ from core.opconfigs.onnx_extract import Extraction
 from core.opconfigs.opconfig import OpConfig, dedupe, format_line, format_lines, format_structured, read_opconfigs
 from core.settings import Settings
 
-ARTIFACT_OPCONFIGS = Path(__file__).resolve().parents[3] / "shared" / "nnfusion-artifact" / "op_configs"
 EMPTY_HINT = ("No op configs yet. [b]a[/b] adds one (from a template, checked as you type), "
               "[b]i[/b] imports an op-config file (lines, .toml, .json) or an ONNX model.")
 IMPORT_HINT = "i imports an op-config file or an ONNX model; unmapped ONNX nodes are listed here with the reason."
-
-
-def start_dir() -> Path:
-    return ARTIFACT_OPCONFIGS if ARTIFACT_OPCONFIGS.is_dir() else Path.cwd()
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -270,7 +265,7 @@ class OpConfigsScreen(KdbScreen):
                 self.import_file(Path(path).expanduser())
 
         self.app.push_screen(PathDialog("Import op configs (lines, .toml, .json) or an ONNX model:",
-                                        f"{start_dir()}/"), chosen)
+                                        dialog_default(self.context.settings)), chosen)
 
     @work(thread=True, exit_on_error=False, group="import")
     def import_file(self, path: Path) -> None:
@@ -309,7 +304,7 @@ class OpConfigsScreen(KdbScreen):
                 self.export_list(list(self.configs), Path(path).expanduser())
 
         self.app.push_screen(PathDialog(f"Export {len(self.configs)} op configs (.toml, .json, else lines) to:",
-                                        str(Path.cwd() / "opconfigs.txt")), chosen)
+                                        dialog_default(self.context.settings, "opconfigs.txt")), chosen)
 
     @work(thread=True, exit_on_error=False, group="export")
     def export_list(self, configs: list[OpConfig], path: Path) -> None:

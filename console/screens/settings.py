@@ -130,11 +130,13 @@ def field_error(name: str, text: str, nvcc: NvccInfo | None) -> str:
     return ""
 
 
-def read_form(values: dict[str, str], nvcc: NvccInfo | None) -> tuple[Settings, dict[str, str]]:
-    """The Settings the form describes, and an error per field that is not acceptable."""
+def read_form(values: dict[str, str], nvcc: NvccInfo | None,
+              base: Settings | None = None) -> tuple[Settings, dict[str, str]]:
+    """The Settings the form describes, and an error per field that is not acceptable. What the form does not
+    show (the last path a file dialog used) comes from base."""
     errors = {name: err for name, text in values.items() if (err := field_error(name, text, nvcc))}
     good = {name: parse_value(name, text) for name, text in values.items() if name not in errors}
-    return replace(Settings(), **good), errors
+    return replace(base or Settings(), **good), errors
 
 
 def copy_settings(source: Settings, target: Settings) -> None:
@@ -319,7 +321,7 @@ class SettingsScreen(KdbScreen):
 
     def _update_status(self) -> None:
         # Compare what the text means, not the text: "sm_80,sm_90" is saved as "sm_80, sm_90".
-        form, errors = read_form(self._values(), None)
+        form, errors = read_form(self._values(), None, self.settings)
         dirty = bool(errors) or form != self.settings
         path = settings_path()
         if dirty:
@@ -330,12 +332,12 @@ class SettingsScreen(KdbScreen):
 
     @on(Button.Pressed, "#save")
     def action_save(self) -> None:
-        self.check_and_save(self._values())
+        self.check_and_save(self._values(), replace(self.settings))
 
     @work(thread=True, exit_on_error=False, group="settings-save", exclusive=True)
-    def check_and_save(self, values: dict[str, str]) -> None:
+    def check_and_save(self, values: dict[str, str], base: Settings) -> None:
         info = probe_nvcc(values["nvcc_path"])
-        settings, errors = read_form(values, info)
+        settings, errors = read_form(values, info, base)
         path = None if errors else save_settings(settings)
         self.post_message(self.SaveChecked(info, errors, None if errors else settings, path))
 

@@ -29,9 +29,9 @@ from textual.worker import Worker, WorkerState, get_current_worker
 
 from console.context import ConsoleContext
 from console.screens.base import KdbScreen
-from console.screens.opconfigs import OpConfigsScreen, start_dir
+from console.screens.opconfigs import OpConfigsScreen
 from console.widgets.best_so_far_plot import BestSoFarPlot, microseconds
-from console.widgets.dialogs import PathDialog
+from console.widgets.dialogs import PathDialog, dialog_default
 from console.widgets.log_tail import LogTail, LogTailView, MetaScheduleTap
 from console.widgets.tracker_panel import TrackerPanel
 from console.widgets.tune_table import IDLE, OpRun, TuneTable, curve
@@ -224,7 +224,7 @@ class TuningScreen(KdbScreen):
                 self.import_file(Path(path).expanduser())
 
         self.app.push_screen(PathDialog("Tune the op configs of a file (lines, .toml, .json) or an ONNX model:",
-                                        f"{start_dir()}/"), chosen)
+                                        dialog_default(self.context.settings)), chosen)
 
     @work(thread=True, exit_on_error=False, group="import")
     def import_file(self, path: Path) -> None:

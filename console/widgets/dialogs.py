@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import ClassVar
 
 from textual.app import ComposeResult
@@ -9,6 +10,9 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static, TextArea
+
+from core.errors import InputError
+from core.settings import Settings, save_settings
 
 
 class ConfirmDialog(ModalScreen[bool]):
@@ -39,8 +43,24 @@ class ConfirmDialog(ModalScreen[bool]):
         self.dismiss(False)
 
 
+def start_folder(settings: Settings) -> Path:
+    """Where a file dialog starts: the folder of the last path one took (while it exists), else the working dir."""
+    if settings.last_path:
+        last = Path(settings.last_path).expanduser()
+        for folder in (last, last.parent):
+            if folder.is_dir():
+                return folder
+    return Path.cwd()
+
+
+def dialog_default(settings: Settings, name: str = "") -> str:
+    """A dialog's starting text: start_folder, then a file name if one is proposed."""
+    return str(start_folder(settings) / name) if name else f"{start_folder(settings)}/"
+
+
 class PathDialog(ModalScreen[str | None]):
-    """Ask for a file path (export destinations and the like)."""
+    """Ask for a file path (export destinations and the like); the path taken is remembered in the settings
+    (last_path), so the next dialog starts in its folder."""
 
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel")]
 
@@ -57,13 +77,30 @@ class PathDialog(ModalScreen[str | None]):
                 yield Button("Cancel", id="cancel")
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
-        self.dismiss(event.value.strip() or None)
+        self.take(event.value)
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
-        self.dismiss(self.query_one("#path", Input).value.strip() or None if event.button.id == "ok" else None)
+        if event.button.id == "ok":
+            self.take(self.query_one("#path", Input).value)
+        else:
+            self.dismiss(None)
 
     def action_cancel(self) -> None:
         self.dismiss(None)
+
+    def take(self, text: str) -> None:
+        path = text.strip()
+        if path:
+            self.remember(Path(path).expanduser().absolute())
+        self.dismiss(path or None)
+
+    def remember(self, path: Path) -> None:
+        settings: Settings = self.app.context.settings  # type: ignore[attr-defined]
+        settings.last_path = str(path)
+        try:
+            save_settings(settings)
+        except (OSError, InputError) as exc:  # the choice still goes through: only the memory of it is lost
+            self.app.notify(f"could not remember {path} in the settings: {exc}", severity="warning")
 
 
 class EditTextDialog(ModalScreen[str | None]):
