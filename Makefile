@@ -16,12 +16,12 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/kdb console --demo
 
+# One pytest run over every core (pytest-xdist; work stealing evens out the long tuning tests): the default
+# suite, the fuzz run (10,000 examples per parser) and bench-smoke (tests/test_bench_smoke.py) together.
 test: $(STAMP)
 	$(BIN)/ruff check core console tests bench
 	$(BIN)/lint-imports
-	$(BIN)/pytest -q
-	$(BIN)/pytest -q -m fuzz tests/test_fuzz.py
-	$(MAKE) bench-smoke
+	$(BIN)/pytest -q -n auto --dist worksteal -m "not gpu"
 
 # Every benchmark script end to end (injection and browsing at small sizes; the figures in
 # docs/BENCHMARKS.md come from full runs). About 2 minutes. `make test` runs it too, with no ../shared

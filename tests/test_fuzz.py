@@ -1,7 +1,7 @@
 """Fuzzing every parser: whatever the input, only InputError escapes, and the round-trips hold.
 
-Each property is two tests: test_fuzz_NAME, marked `fuzz`, runs FUZZ_EXAMPLES examples (10,000; CI runs
-`pytest -m fuzz`, KDB_FUZZ_EXAMPLES=300 makes a quick local run), and test_NAME runs SMOKE_EXAMPLES in the
+Each property is two tests: test_fuzz_NAME, marked `fuzz`, runs FUZZ_EXAMPLES examples (10,000; `make test`
+runs them with the rest, `pytest -m fuzz` alone, KDB_FUZZ_EXAMPLES=300 makes a quick local run), and test_NAME runs SMOKE_EXAMPLES in the
 default run. A property that found a bug in core is xfail(strict=True) with the minimal failing input as an
 explicit example, so it fails every time until core is fixed and then XPASSes: the cue to drop the mark.
 """
