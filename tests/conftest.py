@@ -59,7 +59,7 @@ def kernel_items(folder: Path = KERNELS) -> list[tuple[str, int, dict]]:
 def shared_need(reason: str) -> str | None:
     """The ../shared path a skip reason names (as ../shared/... or by its resolved path), or None."""
     resolved = re.escape(str(shared_dir()).rstrip("/"))
-    found = re.search(rf"(?:\.\./shared|{resolved})(/[\w.+-]+(?:/[\w.+-]+)*)?", reason)
+    found = re.search(rf"(?:\.\./shared|{resolved})(?![\w.+-])(/[\w.+-]+(?:/[\w.+-]+)*)?", reason)
     if found is None:
         return None
     return "../shared" + (found.group(1) or "")
@@ -77,8 +77,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     needs = Counter(need for report in reporter.stats.get("skipped", [])
                     if (need := shared_need(skip_reason(report))) is not None)
     if not needs:
-        reporter.write_line(f"skipped for lack of ../shared: none (it is {shared_dir()})")
+        found = "found" if shared_dir().is_dir() else "absent"
+        reporter.write_line(f"skipped for lack of ../shared: none ({shared_dir()}: {found})")
         return
     total = sum(needs.values())
-    detail = ", ".join(f"{n} need {need}" for need, n in needs.most_common())
+    detail = ", ".join(f"{n} need{'s' * (n == 1)} {need}" for need, n in needs.most_common())
     reporter.write_line(f"skipped for lack of ../shared: {total} test{'s' * (total != 1)} ({detail})", yellow=True)
