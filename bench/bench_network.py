@@ -202,7 +202,7 @@ DRIVER = r"""
 #include <algorithm>
 #include <cuda_runtime.h>
 #include "nnfusion_rt.h"
-#define CHECK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e)); return 2; } } while (0)
+#define CHECK(x) do { cudaError_t err_ = (x); if (err_ != cudaSuccess) { fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(err_)); return 2; } } while (0)
 int main(int argc, char** argv) {
     if (argc != 5) { fprintf(stderr, "usage: driver input.bin n_in output.bin n_out\n"); return 2; }
     size_t n_in = atol(argv[2]), n_out = atol(argv[4]);
