@@ -22,8 +22,12 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" if (REPO.parent / "shared").exists() else REPO / "shared"
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
+
+from shared_data import shared_dir  # noqa: E402
+
+SHARED = shared_dir()
 
 
 def torch_setup():  # type: ignore[no-untyped-def]

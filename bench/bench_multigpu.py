@@ -20,8 +20,12 @@ from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" if (REPO.parent / "shared").exists() else REPO / "shared"
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
+
+from shared_data import shared_dir  # noqa: E402
+
+SHARED = shared_dir()
 
 
 def run(n_gpus: int, trials: int) -> dict:
