@@ -28,6 +28,11 @@ def needs_shared(relative: str, what: str) -> pytest.MarkDecorator:
 needs_artifact = needs_shared(ARTIFACT_KERNELS, "the Rammer artifact's kernels")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Long tests (slow, fuzz) first: with workers (`make test`), one that started last would run on alone."""
+    items.sort(key=lambda item: not any(item.get_closest_marker(m) for m in ("slow", "fuzz")))
+
+
 @pytest.fixture(autouse=True)
 def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Keep every test away from the real home: state, settings and the default DB go to tmp."""

@@ -95,6 +95,7 @@ def test_invalid_config_fails_at_define():
     assert result.item is None and result.stage == "define" and "output_shape" in result.error
 
 
+@pytest.mark.slow
 def test_launch_dims_of_metaschedule_schedules_with_annotations():
     """A tuned schedule's bindings carry annotations; the grid must still be read (found on the H200:
     a (1, 1, 1) grid left 99.8% of the outputs unwritten, and verification caught it)."""

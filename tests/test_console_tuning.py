@@ -229,6 +229,7 @@ def ascending_ports(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(core.tuning.rpc, "free_port", free_port)
 
 
+@pytest.mark.slow
 @pytest.mark.tvm
 @needs_tvm
 async def test_tracker_panel_shows_its_servers_and_queue(tmp_path: Path, ascending_ports: None):

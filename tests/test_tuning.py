@@ -28,6 +28,7 @@ def job(trials: int, **kw) -> TuneJob:
     return TuneJob(DOT, trials=trials, target="llvm", trials_per_batch=3, builder_workers=2, seed=3, **kw)
 
 
+@pytest.mark.slow
 def test_events_per_trial_and_resume_after_a_torn_record(tmp_path: Path):
     events = []
     first = run_tune(job(3), tmp_path, on_event=events.append)
@@ -45,6 +46,7 @@ def test_events_per_trial_and_resume_after_a_torn_record(tmp_path: Path):
     assert len(recorded_runs(first.work_dir)) == 5
 
 
+@pytest.mark.slow
 def test_cold_l2_timing_runs_each_trial_singly_after_a_flush(tmp_path: Path):
     # What CUDA tuning uses (on by default there), run here through the same LocalRunner worker on the CPU.
     result = run_tune(job(2, cold_l2=True), tmp_path)
@@ -55,6 +57,7 @@ def test_cold_l2_timing_runs_each_trial_singly_after_a_flush(tmp_path: Path):
     assert len(warm_runs) == 1  # MetaSchedule's own evaluator: one average of back-to-back runs
 
 
+@pytest.mark.slow
 def test_rpc_tracker_with_two_servers_and_one_dying_mid_job(tmp_path: Path):
     with RpcCluster(key="kdb-test") as cluster:
         cluster.add_server("a")
