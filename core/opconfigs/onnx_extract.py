@@ -404,6 +404,9 @@ class _Extractor:
         params = {"arg0_shape": a_shape, "arg1_shape": b_shape, "out_shape": out,
                   "transpose_A": bool(attrs.get("transA", 0)), "transpose_B": bool(attrs.get("transB", 0))}
         self._emit(OpConfig("Dot", params, 1, dtype, source=self.names[i]), [i])
+        if not c:
+            self.notes.append(Note(self.names[i], "Gemm without its C input: NNFusion's ONNX importer crashes on it "
+                                   "(segfault at 'convert node', seen with its main branch); export it as MatMul"))
         if alpha != 1:
             self.unmapped.append(Unmapped(self.names[i], "Gemm", f"alpha={alpha:g}: NNFusion scales the Dot's result "
                                           "in a separate Multiply by a constant"))
