@@ -113,7 +113,12 @@ def read_only(db: Path) -> sqlite3.Connection:
 
 
 def read_rows(db: Path) -> dict[str, tuple[Any, ...]]:
-    """Every row by Key, after PRAGMA integrity_check, through a read-only connection (as the next start finds it)."""
+    """Every kernel's row by Key, after PRAGMA integrity_check, through a read-only connection (as the next start
+    finds it). A fused kernel's CUDA twin (its row as DeviceType CUDA, Key + '#CUDA') is written and deleted with
+    it in one transaction: checked to be there and equal to its kernel's row, none orphaned, then left out."""
+    from core.kernels.kernel_row import twin_key
+    from core.kernels.ops import FUSED_OP_TYPES, PATTERN_DEVICE_TYPE
+
     conn = read_only(db)
     try:
         integrity = [r[0] for r in conn.execute("PRAGMA integrity_check")]
@@ -124,7 +129,14 @@ def read_rows(db: Path) -> dict[str, tuple[Any, ...]]:
         conn.close()
     out = {r[0]: tuple(r) for r in rows}
     check(len(out) == len(rows), f"{len(rows) - len(out)} duplicate Keys")
-    return out
+    twins = {key: values for key, values in out.items() if values[5] == PATTERN_DEVICE_TYPE}
+    kernels = {key: values for key, values in out.items() if key not in twins}
+    expected = {twin_key(key): (twin_key(key), *v[1:5], PATTERN_DEVICE_TYPE, *v[6:])
+                for key, v in kernels.items() if v[2] in FUSED_OP_TYPES}
+    check(set(twins) == set(expected), f"{len(set(expected) - set(twins))} fused kernels without their CUDA twin, "
+                                       f"{len(set(twins) - set(expected))} twins without their kernel")
+    check(all(twins[key] == twin for key, twin in expected.items()), "a CUDA twin differs from its kernel's row")
+    return kernels
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -519,10 +531,9 @@ def backup_under_write(corpus: Path, db: Path, work: Path, *, head_start: int = 
     conn = read_only(dest)
     try:
         stats.integrity = [r[0] for r in conn.execute("PRAGMA integrity_check")]
-        rows = {r[0]: tuple(r) for r in conn.execute(
-            "SELECT Key, Identifier, OpType, Attributes, Source, DeviceType, Function, Tags, Miscs FROM KernelCache")}
     finally:
         conn.close()
+    rows = read_rows(dest)  # the kernels, each fused one's twin checked beside it
     stats.rows_before, stats.rows_in_backup = len(before), len(rows)
     stats.missing = len(before - set(rows))
     stats.incomplete = sum(bool(row_problems(v)) for v in rows.values())
