@@ -16,6 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from shared_data import shared_path
 
 pytest.importorskip("onnx")
 pytest.importorskip("tvm")
@@ -33,7 +34,7 @@ from core.nnfusion.compile_job import CompileJob, compile_and_read
 from core.nnfusion.coverage import IN_DB, NOT_USED
 from core.opconfigs.onnx_extract import extract
 
-SHARED_COMPILER = Path(__file__).resolve().parents[2] / "shared" / "nnfusion" / "bin" / "nnfusion"
+SHARED_COMPILER = shared_path("nnfusion/bin/nnfusion")
 COMPILER = Path(os.environ.get("KDB_TEST_NNFUSION", SHARED_COMPILER))
 pytestmark = [
     pytest.mark.tvm,
