@@ -100,7 +100,8 @@ def generate(config: OpConfig, arch: str, *, scheduled: Any = None, check: bool 
         stage = "schedule"
         from core.codegen.schedule import default_schedule, launch_dims
 
-        scheduled = scheduled if scheduled is not None else default_schedule(mod)
+        default = scheduled is None
+        scheduled = default_schedule(mod) if default else scheduled
         grid, block = launch_dims(scheduled)
         stage = "codegen"
         import tvm
@@ -115,7 +116,9 @@ def generate(config: OpConfig, arch: str, *, scheduled: Any = None, check: bool 
             stage = "check"
             from core.codegen.reference import check_on_cpu
 
-            result.max_rel_error = check_on_cpu(config, mod, shapes)
+            # The default schedule's own math, its thread loops left serial; a tuned schedule's definition.
+            checked = default_schedule(mod, bind=False) if default else mod
+            result.max_rel_error = check_on_cpu(config, checked, shapes)
         result.item = item  # only a kernel whose math checked out (or was not asked to be checked)
     except InputError as exc:
         result.error, result.stage = str(exc), stage
