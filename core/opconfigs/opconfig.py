@@ -363,11 +363,11 @@ _NUMBERED_SOURCE = re.compile(r"(.+)[:#](\d+)")
 def source_location(source: str) -> tuple[str, int | None]:
     """The file of an op config's source and its line (line files, "ops.txt:3") or entry (TOML/JSON,
     "ops.toml#2"); a model's node ("model.onnx:conv1") or a typed-in config has no number."""
+    model, onnx, _node = source.partition(".onnx:")  # node names may end in ":0"
+    if onnx:
+        return model + ".onnx", None
     numbered = _NUMBERED_SOURCE.fullmatch(source)
-    if numbered:
-        return numbered.group(1), int(numbered.group(2))
-    model, onnx, _node = source.partition(".onnx:")
-    return (model + ".onnx", None) if onnx else (source, None)
+    return (numbered.group(1), int(numbered.group(2))) if numbered else (source, None)
 
 
 def dedupe(configs: Iterable[OpConfig]) -> list[OpConfig]:
