@@ -10,14 +10,22 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
 from typing import Any
 
 from core.cuda.barriers import BarrierCount
 from core.cuda.source import KernelSource, Param
 from core.errors import InputError
 from core.kernels.kernel_json import KernelSpec
-from core.kernels.ops import DEVICE_TYPE, EXTERNAL_SOURCE, parameter_order, tags_for
+from core.kernels.ops import (
+    DEVICE_TYPE,
+    EXTERNAL_SOURCE,
+    FUSED_OP_TYPES,
+    PATTERN_DEVICE_TYPE,
+    parameter_order,
+    tags_for,
+)
 from core.kernels.opsig import DotParams
 
 COLUMNS = ("Key", "Identifier", "OpType", "Attributes", "Source", "DeviceType", "Function", "Tags", "Miscs")
@@ -44,6 +52,47 @@ class KernelRow:
     @classmethod
     def from_values(cls, values: tuple[Any, ...]) -> KernelRow:
         return cls(*(v if isinstance(v, str) else "" for v in values))
+
+
+# A fused kernel's second row (DeviceType CUDA, for the pattern-substitution pass) has its kernel's Key
+# with this suffix: readable in the Kernels view, and derived, so the pair can be kept in step by Key.
+TWIN_SUFFIX = "#CUDA"
+
+
+def needs_pattern_twin(row: KernelRow) -> bool:
+    """A fused kernel's CUDA_GPU row: the compiler uses it only when its CUDA twin is there too."""
+    return row.op_type in FUSED_OP_TYPES and row.device_type == DEVICE_TYPE
+
+
+def is_pattern_twin(row: KernelRow) -> bool:
+    return row.op_type in FUSED_OP_TYPES and row.device_type == PATTERN_DEVICE_TYPE
+
+
+def twin_key(key: str) -> str:
+    return key + TWIN_SUFFIX
+
+
+def primary_key(key: str) -> str | None:
+    """The Key of the CUDA_GPU row whose twin has this Key (None if it is not a twin's Key)."""
+    return key[: -len(TWIN_SUFFIX)] if key.endswith(TWIN_SUFFIX) and len(key) > len(TWIN_SUFFIX) else None
+
+
+def pattern_twin(row: KernelRow) -> KernelRow:
+    """The CUDA row that makes the compiler substitute the fusion pattern: every column as the kernel's own
+    row (the pass only checks that a Function is there), DeviceType CUDA, its own Key."""
+    return replace(row, key=twin_key(row.key), device_type=PATTERN_DEVICE_TYPE)
+
+
+def distinct_kernels(rows: Iterable[KernelRow]) -> Iterator[KernelRow]:
+    """One row per kernel: a fused kernel's CUDA twin stands for its CUDA_GPU row (the pair is one kernel, to
+    export, verify and time once; a profile written to the CUDA_GPU row reaches the twin in the same write)."""
+    seen: set[str] = set()
+    for row in rows:
+        if is_pattern_twin(row):
+            row = replace(row, key=primary_key(row.key) or row.key, device_type=DEVICE_TYPE)
+        if row.key not in seen:
+            seen.add(row.key)
+            yield row
 
 
 def kernel_key(identifier: str, grid: tuple[int, ...], block: tuple[int, ...], body: str) -> str:
