@@ -22,6 +22,7 @@ from core.demo import _elementwise
 from core.errors import ToolError
 from core.inject.pipeline import InjectOptions, Injector
 from core.inject.prepare import prepare
+from core.kernels.kernel_row import distinct_kernels
 from core.settings import load_settings
 
 
@@ -69,8 +70,9 @@ def open_failures(db_path: Path) -> list[Failure]:
 
 
 def kernel_count(db_path: Path) -> int:
+    """Kernels, not rows: a fused kernel's CUDA twin is part of it."""
     with KernelDB.open(db_path) as db:
-        return db.count()
+        return sum(1 for _ in distinct_kernels(db.iter_rows()))
 
 
 def make_app(db_path: Path, archs: list[str] | None = None) -> FixedDeviceApp:
