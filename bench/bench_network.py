@@ -202,12 +202,15 @@ DRIVER = r"""
 #include <algorithm>
 #include <cuda_runtime.h>
 #include "nnfusion_rt.h"
-#define CHECK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e)); return 2; } } while (0)
+#define CHECK(x) do { cudaError_t err_ = (x); if (err_ != cudaSuccess) {              \
+    fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(err_)); return 2; } } while (0)
 int main(int argc, char** argv) {
     if (argc != 5) { fprintf(stderr, "usage: driver input.bin n_in output.bin n_out\n"); return 2; }
     size_t n_in = atol(argv[2]), n_out = atol(argv[4]);
     std::vector<float> host(n_in), result(n_out);
-    FILE* f = fopen(argv[1], "rb"); if (!f || fread(host.data(), 4, n_in, f) != n_in) { fprintf(stderr, "bad input\n"); return 2; } fclose(f);
+    FILE* f = fopen(argv[1], "rb");
+    if (!f || fread(host.data(), 4, n_in, f) != n_in) { fprintf(stderr, "bad input\n"); return 2; }
+    fclose(f);
     cuda_init();
     float* input; float* output = nullptr;
     CHECK(cudaMalloc(&input, n_in * 4));
@@ -216,14 +219,19 @@ int main(int argc, char** argv) {
     CHECK(cudaDeviceSynchronize());
     std::vector<cudaEvent_t> ev(2 * ITERS);
     for (auto& e : ev) CHECK(cudaEventCreate(&e));
-    for (int i = 0; i < ITERS; ++i) { cudaEventRecord(ev[2 * i], 0); kernel_entry(input, &output); cudaEventRecord(ev[2 * i + 1], 0); }
+    for (int i = 0; i < ITERS; ++i) {
+        cudaEventRecord(ev[2 * i], 0);
+        kernel_entry(input, &output);
+        cudaEventRecord(ev[2 * i + 1], 0);
+    }
     CHECK(cudaDeviceSynchronize());
     std::vector<float> ms(ITERS);
     for (int i = 0; i < ITERS; ++i) cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]);
     CHECK(cudaMemcpy(result.data(), output, n_out * 4, cudaMemcpyDeviceToHost));
     f = fopen(argv[3], "wb"); fwrite(result.data(), 4, n_out, f); fclose(f);
     std::sort(ms.begin(), ms.end());
-    printf("{\"median_ms\": %.6f, \"p10_ms\": %.6f, \"p90_ms\": %.6f}\n", ms[ITERS / 2], ms[ITERS / 10], ms[ITERS * 9 / 10]);
+    printf("{\"median_ms\": %.6f, \"p10_ms\": %.6f, \"p90_ms\": %.6f}\n",
+           ms[ITERS / 2], ms[ITERS / 10], ms[ITERS * 9 / 10]);
     cuda_free();
     return 0;
 }
@@ -249,7 +257,7 @@ def part_nnfusion(out: Path, db: Path, model: Path, nnfusion: Path, label: str, 
     project = work / "nnfusion_rt" / "cuda_codegen"
     import nvidia.cudnn as cudnn_pkg
 
-    cudnn = Path(list(cudnn_pkg.__path__)[0])
+    cudnn = Path(next(iter(cudnn_pkg.__path__)))
     (project / "driver.cu").write_text(DRIVER.replace("WARMUP", str(WARMUP)).replace("ITERS", str(ITERS)))
     t0 = time.perf_counter()
     common = ["-O2", "-gencode", "arch=compute_90,code=sm_90", "--expt-relaxed-constexpr", f"-I{cudnn}/include"]

@@ -325,6 +325,30 @@ class KernelDB:
 
         self._write(body)
 
+    # -- what the compiler sees ---------------------------------------------------------------
+
+    def fetch_like_compiler(self, identifier: str, device_type: str) -> list[tuple[Any, ...]]:
+        """(rowid, Key, OpType, Source, Tags, Miscs) of the rows NNFusion's fetch_all gets for this lookup, in
+        the order it gets them: the same WHERE clause on the same table, so the same scan order."""
+        self._require_current()
+        return self._driver().execute(
+            "SELECT rowid, Key, OpType, Source, Tags, Miscs FROM KernelCache WHERE (Identifier = ?) AND "
+            "(DeviceType = ?)", (identifier, device_type)).fetchall()
+
+    def device_types_of(self, identifier: str) -> dict[str, int]:
+        """Rows of this identifier per DeviceType."""
+        self._require_current()
+        return dict(self._driver().execute(
+            "SELECT DeviceType, count(*) FROM KernelCache WHERE Identifier = ? GROUP BY DeviceType",
+            (identifier,)).fetchall())
+
+    def identifiers_starting(self, prefix: str, device_type: str, limit: int = 5) -> list[str]:
+        """Distinct identifiers under this DeviceType that start with `prefix` (same op and first shape)."""
+        self._require_current()
+        return [r[0] for r in self._driver().execute(
+            "SELECT DISTINCT Identifier FROM KernelCache WHERE substr(Identifier, 1, ?) = ? AND DeviceType = ? "
+            "LIMIT ?", (len(prefix), prefix, device_type, limit)).fetchall()]
+
     # -- the fused kernels' pairs ---------------------------------------------------------------
 
     def pair_problems(self) -> tuple[list[KernelRow], list[KernelRow]]:

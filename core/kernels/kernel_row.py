@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from core.cuda.barriers import BarrierCount
-from core.cuda.source import KernelSource, Param
+from core.cuda.source import KernelSource, Param, SharedDecl
 from core.errors import InputError
 from core.kernels.kernel_json import KernelSpec
 from core.kernels.ops import (
@@ -193,7 +193,7 @@ def build_row(
         "shared_memory": {
             "symbol": [d.symbol for d in src.shared],
             "dtype": [d.dtype for d in src.shared],
-            "size": [d.size for d in src.shared],
+            "size": aligned_sizes(src.shared),
         },
         "num_syncthreads": barriers.count,
     }
@@ -226,14 +226,37 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, allow_nan=False)
 
 
+DTYPE_BYTES = {"float": 4, "float2": 8, "float4": 16, "half": 2, "half2": 4, "double": 8, "int": 4,
+               "unsigned int": 4, "char": 1, "signed char": 1, "unsigned char": 1, "int4": 16, "int2": 8,
+               "short": 2, "long": 8, "long long": 8, "uint": 4, "int8_t": 1, "uint8_t": 1, "int32_t": 4,
+               "uint32_t": 4, "int64_t": 8, "uint64_t": 8, "__half": 2, "__half2": 4, "bool": 1}
+
+
+def aligned_sizes(shared: Iterable[SharedDecl]) -> list[int]:
+    """The shared_memory sizes that keep each array's alignment where NNFusion puts it.
+
+    NNFusion re-declares the arrays without TVM's `alignas(64)`: one after the other in a plain kernel, at
+    running byte offsets of one `shared_buffer` in a BlockFusion kernel. A float4 load from an array that
+    follows one of 2457 floats then faults ("misaligned address", seen on the H200). So when any array asks
+    for an alignment, every array of the kernel is padded to a multiple of the largest one asked: then each
+    starts on such a boundary in both forms. The kernel never reads the padding.
+    """
+    decls = list(shared)
+    align = max((d.align for d in decls), default=0)
+    sizes = []
+    for d in decls:
+        elem = DTYPE_BYTES.get(d.dtype)
+        if align and elem and align > elem:
+            sizes.append(-(-d.size * elem // align) * align // elem)
+        else:
+            sizes.append(d.size)
+    return sizes
+
+
 def shared_bytes(function: dict[str, Any]) -> int | None:
     """Static shared memory a row's kernel declares, in bytes (None if a dtype is unknown)."""
-    sizes = {"float": 4, "float2": 8, "float4": 16, "half": 2, "half2": 4, "double": 8, "int": 4,
-             "unsigned int": 4, "char": 1, "signed char": 1, "unsigned char": 1, "int4": 16, "int2": 8,
-             "short": 2, "long": 8, "long long": 8, "uint": 4, "int8_t": 1, "uint8_t": 1, "int32_t": 4,
-             "uint32_t": 4, "int64_t": 8, "uint64_t": 8, "__half": 2, "__half2": 4, "bool": 1}
     sm = function.get("shared_memory") or {}
     try:
-        return sum(sizes[t] * int(n) for t, n in zip(sm.get("dtype", []), sm.get("size", []), strict=True))
+        return sum(DTYPE_BYTES[t] * int(n) for t, n in zip(sm.get("dtype", []), sm.get("size", []), strict=True))
     except (KeyError, TypeError, ValueError):
         return None

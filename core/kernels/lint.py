@@ -11,12 +11,14 @@ CUDA_GPU row without its CUDA twin is never used, a CUDA row without a CUDA_GPU 
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from core.errors import InputError
+from core.kernels.kernel_row import DTYPE_BYTES
 from core.kernels.ops import DEVICE_TYPE, FUSED_OP_TYPES, PATTERN_DEVICE_TYPE, SUPPORTED_OP_TYPES
 from core.kernels.opsig import signature_from_attributes
 from core.kernels.profile import parse_profile
@@ -158,6 +160,28 @@ def _check_function(fn: Any, block: bool, add: Any) -> None:
     n = fn.get("num_syncthreads")
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         add(CRASH, "function", "Function.num_syncthreads is missing or not a non-negative integer")
+    _check_shared_alignment(fn, add)
+
+
+_ALIGNED_SHARED = re.compile(r"__shared__[^;]*?(?:alignas|__align__)\s*\(\s*(\d+)\s*\)")
+
+
+def _check_shared_alignment(fn: dict[str, Any], add: Any) -> None:
+    """The kernel asks for aligned shared arrays (TVM's alignas(64), for vector loads), and NNFusion re-declares
+    them without it: only sizes that are multiples of the alignment keep each array on such a boundary."""
+    body, sm = fn.get("function_body"), fn.get("shared_memory")
+    if not isinstance(body, str) or not isinstance(sm, dict):
+        return
+    align = max((int(a) for a in _ALIGNED_SHARED.findall(body)), default=0)
+    try:
+        sizes = [DTYPE_BYTES[t] * int(n) for t, n in zip(sm.get("dtype", []), sm.get("size", []), strict=True)]
+    except (KeyError, TypeError, ValueError):
+        return
+    if len(sizes) > 1 and align and any(size % align for size in sizes[:-1]):
+        add(CRASH, "shared-alignment",
+            f"the kernel's shared arrays ask for alignas({align}), which NNFusion's re-declaration drops, and their "
+            "sizes do not keep it: vector loads fault with 'misaligned address' in the compiled network "
+            "(re-inject the kernel with --replace: kdb now pads the sizes)")
 
 
 def lint_rows(rows: Iterable[tuple[Any, ...]]) -> Iterator[Finding]:
