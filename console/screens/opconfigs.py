@@ -206,7 +206,7 @@ class OpConfigsScreen(KdbScreen):
         if action == "compile_with_nnfusion":
             return True if self.models else None
         if action == "show_failures":
-            return bool(self.result and self.result.inject and self.result.inject.failed)
+            return bool(self.result and self.result.failed)
         return True
 
     def _taken(self, skip: str | None = None) -> dict[str, int]:
@@ -422,7 +422,12 @@ class OpConfigsScreen(KdbScreen):
             self.post_message(self.CodegenProgressed(CodegenProgress(done, total, failed, current)))
 
         self.post_message(self.CodegenProgressed(CodegenProgress(0, len(configs), 0, configs[0].describe())))
-        codegen = generate_all(configs, arch, check=True, on_result=on_result, should_cancel=cancelled)
+        state = StateDB()
+        try:  # each op config TVM fails on is kept as a codegen failure, to inspect and retry in Failures
+            codegen = generate_all(configs, arch, check=True, on_result=on_result, should_cancel=cancelled,
+                                   state=state, db_path=db_path)
+        finally:
+            state.close()
         if codegen.cancelled or not codegen.items:
             return GenerateResult(codegen, None, None, notes)
 
@@ -487,7 +492,7 @@ class OpConfigsScreen(KdbScreen):
         self.refresh_bindings()
 
     def action_show_failures(self) -> None:
-        if self.result and self.result.inject and self.result.inject.failed:
+        if self.result and self.result.failed:
             self.app.switch_mode("failures")
 
     @on(Button.Pressed, "#show-failures")
