@@ -189,3 +189,21 @@ def test_cli_with_only_bad_lines_lists_them_all_and_exits_1(tmp_path: Path):
     proc = run_kdb("codegen", str(ops), "-o", str(tmp_path / "k.json"))
     assert proc.returncode == 1
     assert f"{ops}:1:" in proc.stderr and f"{ops}:2:" in proc.stderr and "2 failed" in proc.stderr
+
+
+def test_a_compile_failure_is_not_retried_by_injection(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from core.db.state import Failure, StateDB
+    from core.errors import InputError
+    from core.inject.retry import retry_failures
+
+    monkeypatch.setenv("KDB_STATE_DIR", str(tmp_path / "state"))
+    state = StateDB()
+    state.record_failures([Failure(db_path=str(tmp_path / "k.db"), file=str(tmp_path / "m.onnx"), stage="nnfusion",
+                                   reason="nnfusion exited with status -11")])
+    (failure,) = state.failures()
+    from core.db.kernel_db import KernelDB
+    from core.inject.pipeline import InjectOptions
+
+    with KernelDB.open(tmp_path / "k.db", create=True) as db, pytest.raises(InputError, match="compiling again"):
+        retry_failures([failure.id], db, InjectOptions(compile=False), state)
+    assert [f.id for f in state.failures()] == [failure.id]  # still open

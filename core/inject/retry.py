@@ -20,6 +20,7 @@ from core.db.state import Failure, StateDB
 from core.errors import InputError
 from core.inject.pipeline import InjectOptions, Injector, InjectProgress, InjectReport, ItemFailure
 from core.kernels.kernel_json import load_items
+from core.nnfusion.compile_job import STAGE as NNFUSION_STAGE
 
 
 def retry_failures(
@@ -32,6 +33,12 @@ def retry_failures(
     should_cancel: Callable[[], bool] | None = None,
 ) -> InjectReport:
     failures = [f for f in (state.get_failure(i) for i in ids) if f is not None]
+    # A failed compile is retried by compiling again, not by injecting: those stay as they are.
+    compiles = [f for f in failures if f.stage == NNFUSION_STAGE]
+    failures = [f for f in failures if f.stage != NNFUSION_STAGE]
+    if compiles and not failures:
+        raise InputError(f"{len(compiles)} NNFusion compile failure(s): retry them by compiling again "
+                         f"(`kdb nnfusion {compiles[0].file}`, or n in the Op configs view)")
     items: list[tuple[str, int, Any]] = []
     failed_before_injection: list[ItemFailure] = []
     codegen = [f for f in failures if f.stage == CODEGEN_STAGE]
