@@ -211,3 +211,4 @@ def test_a_compiler_failure_is_a_failure_record_with_its_log(tmp_path: Path, mon
     assert (failure.stage, failure.file, failure.reason) == ("nnfusion", str(model), report.reason)
     detail = json.loads(failure.detail)
     assert detail["decisive_lines"] and Path(detail["log"]).is_file()
+

@@ -153,6 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--json", action="store_true")
 
     p = sub.add_parser("codegen", help=COMMANDS["codegen"][1])
+    p.add_argument("--db", metavar="PATH", help="kernel DB that failures are kept for, and a retry injects into "
+                   "(default: $KDB_DB or ~/.cache/nnfusion/kernel_cache.db)")
     p.add_argument("inputs", nargs="+", metavar="OPCONFIGS",
                    help="op-config files (lines, .toml, .json), .onnx models, or directories of them")
     p.add_argument("-o", "--output", metavar="FILE", help="kernel JSON output (default: stdout)")
