@@ -496,8 +496,8 @@ class KernelsScreen(KdbScreen):
             if path:
                 self.app.push_screen(compile_screen(self.app.context, Path(path).expanduser()))  # type: ignore[attr-defined]
 
-        self.app.push_screen(PathDialog("Compile which ONNX model with NNFusion and this DB?", f"{Path.cwd()}/"),
-                             chosen)
+        self.app.push_screen(PathDialog("Compile which ONNX model with NNFusion and this DB?",
+                                        dialog_default(self.app.context.settings)), chosen)  # type: ignore[attr-defined]
 
     def action_repair_pairs(self) -> None:
         """Fused kernels without the CUDA row NNFusion needs to use them: preview, then add the twins."""
