@@ -2,7 +2,8 @@
 
     python3 bench/bench_tune.py --target llvm --ops 3 --trials 16 --batch 8          # this CPU (any machine)
     python3 bench/bench_tune.py --target cuda --ops 5 --trials 64 --batch 64         # on a GPU host
-    python3 bench/bench_tune.py --target cuda --model resnet18.onnx --trials 64      # a network (budget spread)
+    python3 bench/bench_tune.py --target cuda --resnet 18 --trials 64 --batch 64     # ResNet-18 as one network
+    python3 bench/bench_tune.py --target llvm --model model.onnx --trials 8          # any model (budget spread)
 
 The ops are the looked-up ops of the demo network (core/demo.py: convolutions, pools, a Dot), or a model's.
 Each run starts from an empty state dir (no trial is resumed). The table splits the tuning wall time into
@@ -44,6 +45,25 @@ def demo_ops(n: int) -> list[Any]:
     return configs[:n]
 
 
+def with_library_times(network: Any, target: str) -> Any:
+    """Each op's cuDNN/cuBLAS time (bench_gpu.library_us: PyTorch, cold L2, as our kernels are timed), where a
+    CUDA GPU and PyTorch are here; otherwise the network's library time stays "not measured"."""
+    try:
+        import torch
+
+        on_gpu = target == "cuda" and torch.cuda.is_available()
+    except ImportError:
+        on_gpu = False
+    if not on_gpu:
+        return network
+    sys.path.insert(0, str(REPO / "bench"))
+    from bench_gpu import library_us
+
+    ops = [dataclasses.replace(op, library_seconds=library_us(op.config.op_type, op.config.params) * 1e-6)
+           for op in network.ops]
+    return dataclasses.replace(network, ops=ops)
+
+
 def profiler_phases(scopes: dict[str, float], total: float) -> dict[str, float]:
     """The phase table from MetaSchedule's profiler alone (code without kdb's own phase clock)."""
     phases = {"search": sum(v for k, v in scopes.items() if k.startswith("EvoSearch/")),
@@ -61,6 +81,8 @@ def main() -> None:
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--ops", type=int, default=3, help="how many of the demo network's looked-up ops")
     ap.add_argument("--model", type=Path, help="tune this ONNX model's ops as a network instead")
+    ap.add_argument("--resnet", metavar="18|34", choices=["18", "34"],
+                    help="tune ResNet-18/34 at batch 1 (224x224, BN folded; built here with onnx) as a network")
     ap.add_argument("--trials", type=int, default=16, help="per op (a model: per op on average)")
     ap.add_argument("--batch", type=int, default=8, help="candidates per MetaSchedule batch")
     ap.add_argument("--workers", type=int, help="parallel builds (default: sized to the host)")
@@ -90,6 +112,12 @@ def main() -> None:
         inject = InjectOptions(archs=(args.arch,), compile=True, workers=os.cpu_count() or 1, verify=True,
                                profile=True, gpu_timeout_s=120)
     db_path = Path(os.environ["KDB_STATE_DIR"]) / "tuned.db"
+    if args.resnet:
+        sys.path.insert(0, str(REPO / "tests"))
+        from onnx_models import resnet, write
+
+        args.model = write(resnet(blocks={"18": (2, 2, 2, 2), "34": (3, 4, 6, 3)}[args.resnet]),
+                           Path(os.environ["KDB_STATE_DIR"]) / f"resnet{args.resnet}.onnx")
     try:  # TVM's own output into a file, so the table stands alone (older code: it stays on the terminal)
         from core.tuning.tvm_log import capture_output
 
@@ -102,7 +130,7 @@ def main() -> None:
             from core.tuning.network import network_from_model
             from core.tuning.queue import run_network
 
-            network = network_from_model(args.model)
+            network = with_library_times(network_from_model(args.model), args.target)
             report = run_network(network, args.trials * len(network.ops), make_job, db_path=db_path,
                                  inject_options=inject)
         else:
@@ -135,6 +163,8 @@ def main() -> None:
     for r in results:
         print(f"  {r.job.name}: {r.new_trials} trials in {r.seconds:.1f} s, best "
               + (f"{r.best_seconds * 1e6:.2f} us" if r.best_seconds else "-"))
+    if getattr(report, "network", None) is not None:
+        print(f"network {report.network.text()}")
     if report.failures:
         print(f"failures: {report.failures}")
     print(f"ratio: {new / (wall / 60):.1f} trials/min over the whole run ({new} trials in {wall:.1f} s; "
@@ -143,6 +173,8 @@ def main() -> None:
     args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "source": source,
                                     "trials": new, "wall_s": wall, "phases_s": phases, "build_cpu_s": build_cpu,
                                     "metaschedule_scopes_s": scopes,
+                                    "network": dataclasses.asdict(report.network)
+                                    if getattr(report, "network", None) else None,
                                     "jobs": [{"op": r.job.name, "trials": r.new_trials, "seconds": r.seconds,
                                               "best_us": (r.best_seconds or 0) * 1e6} for r in results]},
                                    indent=1))

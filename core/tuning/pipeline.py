@@ -174,13 +174,14 @@ class MeasureStream:
                  on_trial: Callable[[TrialEvent], None] | None, on_phase: Callable[[PhaseEvent], None] | None,
                  should_cancel: Callable[[], bool]) -> None:
         self.job, self.pool, self.inner, self.overlap, self.database = job, pool, runner, overlap, database
-        self.start, self.trial, self.best = start, first_trial, best
+        self.start, self.trial, self.best, self.first_trial = start, first_trial, best, first_trial
         self.on_trial, self.on_phase, self.should_cancel = on_trial, on_phase, should_cancel
         self.scheduler: Any = None  # set once tune_tir's task scheduler exists
         self.profiler: Any = None  # MetaSchedule's, whose scopes time the search and the cost model
         self.first_build_scopes: dict[str, float] = {}
         self.workload: Any = None
         self.batch = 0
+        self.generated = 0  # candidates MetaSchedule sent, this run
         self.candidates: list[Candidate] = []
         self.clock = PhaseClock()
         self.build_cpu_s = 0.0
@@ -196,6 +197,7 @@ class MeasureStream:
             self.first_build_at = time.perf_counter()
             self.first_build_scopes = dict(self.profiler.get()) if self.profiler is not None else {}
         self.batch += 1
+        self.generated += len(inputs)
         self.candidates = []
         for i, build_input in enumerate(inputs):
             path = os.path.join(tempfile.mkdtemp(prefix="kdb-candidate-"), "candidate.so")
@@ -316,6 +318,11 @@ class MeasureStream:
         self.database.commit_tuning_record(ms.database.TuningRecord(
             measured.sch.trace, self.workload, run_secs, task.ctx.target, measured.args_info))
 
+    @property
+    def last_batch(self) -> bool:
+        """MetaSchedule generated the whole budget: the batch in flight is its last."""
+        return self.generated >= self.job.trials - self.first_trial
+
     def phases(self, before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
         """Wall seconds by phase (job.PHASES, "other" left to the caller), from our clock and MetaSchedule's
         profiler scopes taken `before` and `after` the run."""
@@ -397,6 +404,7 @@ class EndOfBatch(ms.measure_callback.PyMeasureCallback):
               runner_results: Any) -> None:
         if self.stream.cancelled or self.stream.should_cancel():
             self.stream.cancelled = True
-            task_scheduler.terminate_task(task_id)
+            if not self.stream.last_batch:  # after its last batch MetaSchedule ends the task itself (twice: error)
+                task_scheduler.terminate_task(task_id)
         elif self.stream.trial < self.stream.job.trials:
             self.stream.phase("search", 0)
