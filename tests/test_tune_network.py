@@ -81,6 +81,9 @@ def test_measured_times_replace_the_flops_estimate():
     measured = spread_budget(network, 200, best={CONV.key: 10e-6, SMALL_CONV.key: 90e-6})
     assert measured[SMALL_CONV.key] > measured[CONV.key] and sum(measured.values()) == 200
     assert [op.config for op in tuning_order(network, {CONV.key: 10e-6, SMALL_CONV.key: 90e-6})] == [SMALL_CONV, CONV]
+    # Only one measured: the other is estimated at the speed the measured one reached, not in raw FLOPs.
+    mixed = spread_budget(network, 200, best={CONV.key: 10e-6})
+    assert mixed[CONV.key] > mixed[SMALL_CONV.key]
 
 
 def test_trials_recorded_earlier_count_and_the_total_is_kept():
