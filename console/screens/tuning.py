@@ -129,6 +129,8 @@ class TuningScreen(KdbScreen):
         super().__init__()
         self.configs: list[OpConfig] = []
         self.network: Network | None = None  # the list is a model's ops, tuned as one network
+        self.counts: dict[str, int] = {}  # a network's ops: how often each occurs in it
+        self.planned: dict[str, int] = {}  # a network's trials per op when the run started
         self.network_event: NetworkEvent | None = None
         self.source = ""
         self.taken: tuple[str, ...] = ()  # the Op configs view's list when it was last taken
@@ -228,6 +230,7 @@ class TuningScreen(KdbScreen):
 
     def set_configs(self, configs: list[OpConfig], source: str, network: Network | None = None) -> None:
         self.configs, self.source, self.network, self.network_event = configs, source, network, None
+        self.counts = {op.config.key: op.count for op in network.ops} if network is not None else {}
         self.live = {k: v for k, v in self.live.items() if k in {c.key for c in configs}}
         self.load_history()
         self.refresh_view()
@@ -318,8 +321,7 @@ class TuningScreen(KdbScreen):
         self.query_one("#tuning-status", Static).update(text)
 
     def _count(self, key: str) -> int:
-        counts = {op.config.key: op.count for op in self.network.ops} if self.network is not None else {}
-        return counts.get(key, 1)
+        return self.counts.get(key, 1)
 
     def _best_by_op(self) -> dict[str, float]:
         return {c.key: best for c in self.configs if (best := self.run_of(c.key).best_seconds) is not None}
@@ -328,6 +330,8 @@ class TuningScreen(KdbScreen):
         """A network's trials per op (what each holds counted in); empty for a plain list (the budget each)."""
         if self.network is None:
             return {}
+        if self.running:  # the plan the run started with (run_network's own), not one moving with each trial
+            return self.planned
         recorded = {c.key: len(self.history.get(c.key, ())) for c in self.configs}
         return spread_budget(self.network.ops, self._budget() * len(self.network.ops), recorded=recorded,
                              best=self._best_by_op())
@@ -549,6 +553,7 @@ class TuningScreen(KdbScreen):
             return
         free = self.tracker.queue.get(rpc.key, {}).get("free", 0) if rpc and self.tracker else 0
         timeout_s = self.context.settings.tune_builder_timeout_s
+
         def make_job(config: OpConfig, trials: int) -> TuneJob:
             return TuneJob(config, trials, target, arch, builder_timeout_s=timeout_s, rpc=rpc,
                            rpc_workers=max(1, free))
@@ -556,6 +561,7 @@ class TuningScreen(KdbScreen):
         plan = Plan([make_job(c, int(trials_text)) for c in self.configs], self.network, make_job,
                     int(trials_text) * len(self.configs))
         self.cancel_requested = threading.Event()
+        self.planned = self._shares()
         self.live, self.report, self.run_error, self.explanation = {}, None, "", ""
         self.query_one(LogTailView).reset()
         self.running = True
