@@ -103,14 +103,14 @@ def test_cli_coverage_json_and_table(tmp_path: Path):
     ext = extract(model)
     db_path = make_db(tmp_path / "k.db", [kernel_row(ext.configs[0])])
     proc, data = run_kdb_json("coverage", "--db", str(db_path), str(model))
-    assert proc.returncode == 0
+    assert proc.returncode == 1  # a missing op is a finding
     assert (data["model"], data["device_type"], data["summary"]) == ("resnet_block", "CUDA_GPU",
                                                                      {IN_DB: 1, MISSING: 1})
     assert [(e["config"]["op_type"], e["status"], e["kernels"]) for e in data["entries"]] == [
         ("Fused_Convolution_Relu", IN_DB, 1), ("Fused_Convolution_Add_Relu", MISSING, 0)]
     assert data["flops_in_db"] == pytest.approx(0.5)
     proc = run_kdb("coverage", "--db", str(db_path), str(model), env={"COLUMNS": "200"})
-    assert proc.returncode == 0 and "1 in DB, 1 missing (tune these)" in proc.stdout
+    assert proc.returncode == 1 and "1 in DB, 1 missing (tune these)" in proc.stdout
 
 
 def test_cli_coverage_without_a_db_is_exit_2(tmp_path: Path):

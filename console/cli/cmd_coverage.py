@@ -23,7 +23,7 @@ def main(args: argparse.Namespace) -> int:
                     "summary": dict(summary), "flops_in_db": _flops_share(entries),
                     "entries": [e.to_dict() for e in entries],
                     "unmapped": [u._asdict() for u in extraction.unmapped]})
-        return 0
+        return _status(summary)
     from rich.table import Table
 
     table = Table(caption=f"{extraction.model_name} against {db.path} ({DEVICE_TYPE}): {summary[IN_DB]} in DB, "
@@ -42,7 +42,13 @@ def main(args: argparse.Namespace) -> int:
     if extraction.unmapped:
         out.print(f"{len(extraction.unmapped)} nodes map to no kernel-DB op (`kdb opconfig extract` lists them)",
                   highlight=False)
-    return 0
+    return _status(summary)
+
+
+def _status(summary: Counter[str]) -> int:
+    """1 when ops lack a kernel that tuning could supply (findings, as the README says); fall-backs with no
+    kernel-DB op type are not: nothing can be put in the DB for them."""
+    return 1 if summary[MISSING] else 0
 
 
 def _kind(entry: CoverageEntry) -> str:

@@ -7,10 +7,7 @@ from collections import Counter
 from pathlib import Path
 
 from console.cli.output import out, print_json
-from core.db.convert import convert_db
-from core.db.kernel_db import NNFUSION_DDL, KernelDB, Schema
-from core.db.state import state_dir
-from core.kernels.lint import lint_rows
+from core.db.kernel_db import KernelDB, Schema
 
 
 def main(args: argparse.Namespace) -> int:
@@ -19,11 +16,16 @@ def main(args: argparse.Namespace) -> int:
 
 def _init(args: argparse.Namespace) -> int:
     with KernelDB.open(args.db, create=True) as db:
-        out.print(f"{db.path}: KernelCache ready ({db.schema.value} schema)")
+        if args.json:
+            print_json({"db": str(db.path), "schema": db.schema.value})
+        else:
+            out.print(f"{db.path}: KernelCache ready ({db.schema.value} schema)")
     return 0
 
 
 def _check(args: argparse.Namespace) -> int:
+    from core.kernels.lint import lint_rows
+
     with KernelDB.open(args.db) as db:
         integrity = db.integrity_check()
         tables = db.tables()
@@ -47,6 +49,8 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _convert(args: argparse.Namespace) -> int:
+    from core.db.convert import convert_db
+
     report = convert_db(Path(args.old).expanduser(), Path(args.new).expanduser())
     if args.json:
         print_json({"converted": report.converted, "failed": report.failed, "dest": report.dest})
@@ -58,13 +62,15 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def _backup(args: argparse.Namespace) -> int:
+    from core.db.state import state_dir
+
     with KernelDB.open(args.db) as db:
         if args.dest:
             dest = db.backup(Path(args.dest).expanduser())
         else:
             dest = db.backup_to_new_file(state_dir() / "backups", db.path.stem)
-    out.print(f"backup written: {dest}")
+    if args.json:
+        print_json({"db": str(db.path), "backup": str(dest)})
+    else:
+        out.print(f"backup written: {dest}")
     return 0
-
-
-__all__ = ["NNFUSION_DDL"]

@@ -77,7 +77,7 @@ def main(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGINT, previous)
         state.close()
-    return 1 if report.failed or report.cancelled else 0
+    return 130 if report.cancelled else 1 if report.failed else 0  # cancelled by Ctrl-C: interrupted
 
 
 class _JsonLines:

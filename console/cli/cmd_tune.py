@@ -82,7 +82,7 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         print_json(summary, view.stdout)
     failed = bool(report.failures) or any(i.failed for i in report.injects)
-    return 1 if failed or report.cancelled else 0
+    return 130 if report.cancelled else 1 if failed else 0  # cancelled by Ctrl-C: interrupted
 
 
 class _Live:
