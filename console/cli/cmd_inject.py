@@ -68,7 +68,7 @@ def main(args: argparse.Namespace) -> int:
         if report.backup:
             log(f"backup of {db.path} before --replace: {report.backup}")
         if args.json:
-            print_json(report.as_json())
+            print_json({**report.as_json(), "cancelled": report.cancelled})
         elif args.jsonl:
             print_json({"event": "summary", **report.as_json(), "cancelled": report.cancelled,
                         "replaced_rows": report.replaced_rows, "backup": report.backup})
