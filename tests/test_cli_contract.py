@@ -175,10 +175,11 @@ def test_every_subcommand_takes_json_and_has_a_case():
         assert any(c[0] == command or c[0].startswith(f"{command}:") for c in CASES), f"kdb {command}: no case"
 
 
-def test_bad_arguments_exit_2():
-    assert run_kdb("ls", "--limit", "0").returncode == 2
-    assert run_kdb("db").returncode == 2
-    assert run_kdb("no-such-command").returncode == 2
+def test_bad_arguments_exit_2(world: World):
+    for argv, reason in ((["ls", "--limit", "0"], "argument --limit"), (["db"], "required: ACTION"),
+                         (["no-such-command"], "invalid choice")):
+        proc = run_kdb(*argv)
+        assert proc.returncode == 2 and reason in proc.stderr, (argv, proc.stderr)
 
 
 def test_a_closed_pipe_ends_ls_quietly(world: World):
