@@ -229,6 +229,8 @@ def test_a_first_ctrl_c_cancels_inject_and_exits_130(world: World):
 @pytest.mark.tvm
 @pytest.mark.slow
 def test_a_first_ctrl_c_cancels_tune_and_exits_130(tmp_path: Path):
+    """A first Ctrl-C lets tune end the batch in flight and stop; the summary says cancelled, the exit status
+    130."""
     pytest.importorskip("tvm")
     config = tmp_path / "dot.txt"
     config.write_text("cublas_dot_op_float|a+16_16|b+16_16|o+16_16|ta+0|tb+0\n")
@@ -238,8 +240,8 @@ def test_a_first_ctrl_c_cancels_tune_and_exits_130(tmp_path: Path):
                             start_new_session=True)
     assert proc.stdout is not None
     try:
-        for line in proc.stdout:
-            if json.loads(line).get("event") == "trial":
+        for line in proc.stdout:  # Ctrl-C as the job starts: it stops after its first batch of trials
+            if json.loads(line).get("status") == "tuning":
                 proc.send_signal(signal.SIGINT)
                 break
         lines = [json.loads(line) for line in proc.stdout]

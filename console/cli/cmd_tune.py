@@ -74,7 +74,9 @@ def main(args: argparse.Namespace) -> int:
         view.stop()
         if cluster is not None:
             cluster.stop()
-    summary = {"event": "summary", "cancelled": report.cancelled, "failures": report.failures,
+    # Ctrl-C may also end the job in flight as failed (TVM's task refuses to go on): interrupted all the same.
+    cancelled = report.cancelled or cancel["requested"]
+    summary = {"event": "summary", "cancelled": cancelled, "failures": report.failures,
                "jobs": [{"op": r.job.name, "trials": r.trials, "new_trials": r.new_trials,
                          "best_us": r.best_seconds * 1e6 if r.best_seconds else None,
                          "trials_per_minute": round(r.trials_per_minute, 1), "errors": r.errors,
@@ -82,7 +84,7 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         print_json(summary, view.stdout)
     failed = bool(report.failures) or any(i.failed for i in report.injects)
-    return 130 if report.cancelled else 1 if failed else 0  # cancelled by Ctrl-C: interrupted
+    return 130 if cancelled else 1 if failed else 0
 
 
 class _Live:
