@@ -24,14 +24,14 @@ def _init(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from core.kernels.lint import lint_rows
+    from core.db.lint_cache import lint_db
 
     with KernelDB.open(args.db) as db:
         integrity = db.integrity_check()
         tables = db.tables()
         result = {"db": str(db.path), "schema": db.schema.value, "integrity": integrity, "tables": tables}
-        findings = list(lint_rows(db.iter_raw())) if db.schema is Schema.CURRENT else []
-        result["rows"] = db.count() if db.schema is Schema.CURRENT else None
+        rows, findings = lint_db(db) if db.schema is Schema.CURRENT else (None, [])
+        result["rows"] = rows
     result["lint"] = dict(Counter(f.severity for f in findings))
     extra = [t for t in tables if t != "KernelCache"]
     ok = integrity == ["ok"] and not any(f.severity != "warning" for f in findings)

@@ -7,16 +7,18 @@ from collections import Counter
 
 from console.cli.output import out, print_json, shorten
 from core.db.kernel_db import KernelDB, Schema
-from core.kernels.lint import lint_rows
+from core.db.lint_cache import lint_db
 
 
 def main(args: argparse.Namespace) -> int:
     with KernelDB.open(args.db) as db:
         if db.schema is not Schema.CURRENT:
-            out.print(f"{db.path}: schema {db.schema.value}; nothing to lint")
+            if args.json:
+                print_json({"rows": 0, "findings": [], "by_severity": {}, "schema": db.schema.value})
+            else:
+                out.print(f"{db.path}: schema {db.schema.value}; nothing to lint")
             return 0
-        findings = list(lint_rows(db.iter_raw()))
-        total = db.count()
+        total, findings = lint_db(db)
     bad = [f for f in findings if f.severity != "warning"]
     if args.json:
         print_json({"rows": total, "findings": [f.as_dict() for f in findings],

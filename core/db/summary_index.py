@@ -113,9 +113,14 @@ def file_signature(db_path: Path) -> str:
     return json.dumps(parts)
 
 
-def index_path_for(db_path: Path) -> Path:
+def state_file_for(db_path: Path, folder: str, suffix: str) -> Path:
+    """A file of the state dir that belongs to one kernel DB (named by a digest of its resolved path)."""
     digest = hashlib.sha256(str(db_path.expanduser().resolve()).encode("utf-8", "surrogatepass")).hexdigest()
-    return state_dir() / "browse" / f"{digest[:24]}.sqlite"
+    return state_dir() / folder / f"{digest[:24]}{suffix}"
+
+
+def index_path_for(db_path: Path) -> Path:
+    return state_file_for(db_path, "browse", ".sqlite")
 
 
 @dataclass(frozen=True)
