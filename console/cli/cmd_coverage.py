@@ -10,11 +10,11 @@ from console.cli.output import out, print_json
 from core.db.kernel_db import KernelDB
 from core.kernels.ops import DEVICE_TYPE
 from core.opconfigs.coverage import IN_DB, MISSING, CoverageEntry, coverage
-from core.opconfigs.onnx_extract import extract
+from core.opconfigs.extract_cache import extract_cached
 
 
 def main(args: argparse.Namespace) -> int:
-    extraction = extract(Path(args.model))
+    extraction = extract_cached(Path(args.model))  # a model seen before: ONNX is not even imported
     with KernelDB.open(args.db) as db:
         entries = coverage(extraction, db, DEVICE_TYPE)
     summary = Counter(_kind(e) for e in entries)
