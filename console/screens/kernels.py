@@ -114,6 +114,7 @@ class KernelsScreen(KdbScreen):
         self.syncing, self.sync_again, self.rebuild_next = False, False, False
         self.awaiting_page, self.filter_pending = False, False
         self.index_failed = False
+        self.sync_after_first_page = True
         self.generation = 0
         self.marked: set[str] = set()
         self.undo_stack: list[list[KernelRow]] = []
@@ -142,16 +143,17 @@ class KernelsScreen(KdbScreen):
 
     def on_mount(self) -> None:
         self.query_one(KernelTable).focus()
-        self.reload()
-        self.request_sync()
         # Another process (an injection in another terminal) may write at any time; a sync of an unchanged
         # file costs a stat() and one small query.
         self.set_interval(3.0, self._periodic_sync)
 
     def on_screen_resume(self) -> None:
-        # Other views (Inject, Failures retries) change the DB: show the current state on return.
+        # Shown for the first time, or back from another view (Inject, Failures retries change the DB): show the
+        # current state. The first time, the index sync waits for the first page to be on screen: building an
+        # index competes with the first paint for the CPU (and the GIL), and the first page does not need it.
         self.reload()
-        self.request_sync()
+        if not self.sync_after_first_page:
+            self.request_sync()
 
     # -- loading ----------------------------------------------------------------------------
 
@@ -216,6 +218,9 @@ class KernelsScreen(KdbScreen):
         if message.generation != self.generation:
             return  # a newer request is on its way
         self.awaiting_page = False
+        if self.sync_after_first_page:
+            self.sync_after_first_page = False
+            self.request_sync()
         if self.filter_pending:  # keys typed meanwhile: this page is already out of date
             self.filter_pending = False
             self._apply_filters()
@@ -235,6 +240,9 @@ class KernelsScreen(KdbScreen):
         # KdbScreen's handler (the App's report) runs too: Textual calls each class's handler in the MRO.
         if event.worker.group == "page" and event.state is WorkerState.ERROR:
             self.awaiting_page = False  # no page is coming: typing must not wait for it
+            if self.sync_after_first_page:
+                self.sync_after_first_page = False
+                self.request_sync()
 
     def on_kernels_screen_counted(self, message: Counted) -> None:
         if message.generation == self.generation:
