@@ -14,8 +14,8 @@ from dataclasses import asdict
 from pathlib import Path
 from types import FrameType
 
+from console.cli.opconfig_input import read_op_configs
 from console.cli.output import err, log, print_json
-from core.codegen.batch import load_configs
 from core.db.kernel_db import default_db_path
 from core.errors import InputError, ToolError
 from core.inject.pipeline import InjectOptions
@@ -26,9 +26,7 @@ from core.tuning.queue import JobEvent, run_queue
 
 def main(args: argparse.Namespace) -> int:
     settings = load_settings()
-    configs, errors = load_configs([Path(p) for p in args.inputs])
-    for e in errors:
-        log(f"skipped: {e}")
+    configs, _ = read_op_configs(args.inputs)
     if not configs:
         raise InputError("no op configs to tune")
     rpc_text = args.rpc or (f"{settings.rpc_tracker}:{settings.rpc_key}" if settings.rpc_tracker else "")

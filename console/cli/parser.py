@@ -20,10 +20,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "show": ("console.cli.cmd_show", "show one kernel (by Key, Key prefix or Identifier)"),
     "lint": ("console.cli.cmd_lint", "report rows the compiler could never fetch or would crash on"),
     "failures": ("console.cli.cmd_failures", "list, retry or dismiss failed conversions"),
-    "db": ("console.cli.cmd_db", "init | check | convert | backup the kernel DB"),
+    "db": ("console.cli.cmd_db", "init | check | repair | convert | backup the kernel DB"),
     "settings": ("console.cli.cmd_settings", "show or change the GPU/SM settings"),
     "opconfig": ("console.cli.cmd_opconfig", "extract op configs from an ONNX model, or check op-config files"),
-    "coverage": ("console.cli.cmd_coverage", "which ops of an ONNX model have a kernel in the DB, which fall back"),
+    "coverage": ("console.cli.cmd_coverage", "what NNFusion will run for each op of an ONNX model with this DB"),
+    "nnfusion": ("console.cli.cmd_nnfusion", "compile a model with NNFusion and the DB; what its code really runs"),
     "autotvm": ("console.cli.cmd_autotvm", "summarise AutoTVM tuning logs"),
     "codegen": ("console.cli.cmd_codegen", "generate CUDA kernels (kernel JSON) for op configs with TVM"),
     "gpu": ("console.cli.cmd_gpu", "CUDA devices; verify or time kernels already in the DB"),
@@ -40,6 +41,14 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a number of at least 1, got {text}")
     return value
+
+
+def _compiler_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--flag", action="append", default=[], metavar="-fNAME=VALUE",
+                   help="an NNFusion flag (repeatable, after the settings' nnfusion_flags), e.g. "
+                   "--flag=-fkernel_fusion_level=0")
+    p.add_argument("--product-name", metavar="NAME",
+                   help="-fproduct_name: the device name profiles are read for (default: the settings')")
 
 
 def _db_option(p: argparse.ArgumentParser) -> None:
@@ -123,6 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
     q = dbsub.add_parser("check", help="integrity, schema and lint summary")
     _db_option(q)
     q.add_argument("--json", action="store_true")
+    q = dbsub.add_parser("repair", help="add the CUDA twin rows fused kernels need (a preview unless --apply)")
+    _db_option(q)
+    q.add_argument("--apply", action="store_true", help="write the twins (one transaction); else only show them")
+    q.add_argument("--json", action="store_true")
     q = dbsub.add_parser("convert", help="rewrite an osdi20-schema DB into the current schema")
     q.add_argument("old", metavar="OLD")
     q.add_argument("new", metavar="NEW")
@@ -146,6 +159,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("coverage", help=COMMANDS["coverage"][1])
     _db_option(p)
     p.add_argument("model", metavar="MODEL.onnx")
+    _compiler_options(p)
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("nnfusion", help=COMMANDS["nnfusion"][1])
+    _db_option(p)
+    p.add_argument("model", metavar="MODEL.onnx")
+    _compiler_options(p)
+    p.add_argument("--out", metavar="DIR", help="where the compiler writes its project (default: a new folder "
+                   "under the state dir's nnfusion/)")
+    p.add_argument("--nnfusion", metavar="PATH", help="the compiler binary (default: the nnfusion_path setting, "
+                   "else nnfusion on PATH)")
+    p.add_argument("--timeout", type=float, default=1800.0, metavar="S", help="stop the compiler after S seconds")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("autotvm", help=COMMANDS["autotvm"][1])
@@ -156,6 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--json", action="store_true")
 
     p = sub.add_parser("codegen", help=COMMANDS["codegen"][1])
+    p.add_argument("--db", metavar="PATH", help="kernel DB that failures are kept for, and a retry injects into "
+                   "(default: $KDB_DB or ~/.cache/nnfusion/kernel_cache.db)")
     p.add_argument("inputs", nargs="+", metavar="OPCONFIGS",
                    help="op-config files (lines, .toml, .json), .onnx models, or directories of them")
     p.add_argument("-o", "--output", metavar="FILE", help="kernel JSON output (default: stdout)")
