@@ -101,6 +101,8 @@ CASES: list[tuple[str, int, Callable[[World], list[str]]]] = [
     ("db init", 0, lambda w: ["db", "init", "--db", str(w.tmp / "new.db")]),
     ("db check", 0, lambda w: ["db", "check"]),
     ("db check: a crash row", 1, lambda w: ["db", "check", *lint_problem(w)]),
+    ("db repair", 0, lambda w: ["db", "repair"]),  # the demo kernels hold no fused pair to repair
+    ("db repair: an unusable DB", 2, lambda w: ["db", "repair", *unusable_db(w)]),
     ("db convert", 0, lambda w: ["db", "convert", str(w.db), str(w.tmp / "converted.db")]),
     ("db convert: the destination exists", 2, lambda w: ["db", "convert", str(w.db), str(w.db)]),
     ("db backup", 0, lambda w: ["db", "backup", str(w.tmp / "backup.db")]),
@@ -112,10 +114,11 @@ CASES: list[tuple[str, int, Callable[[World], list[str]]]] = [
     ("opconfig extract", 0, lambda w: ["opconfig", "extract", onnx_model(w)]),
     ("coverage: ops missing", 1, lambda w: ["coverage", onnx_model(w)]),
     ("coverage: no such model", 2, lambda w: ["coverage", str(w.tmp / "none.onnx")]),
+    ("nnfusion: no compiler", 2, lambda w: ["nnfusion", onnx_model(w), "--nnfusion", str(w.tmp / "no-nnfusion")]),
     ("autotvm summary", 0, lambda w: ["autotvm", "summary", autotvm_log(w, bad_line=False)]),
     ("autotvm summary: a bad line", 1, lambda w: ["autotvm", "summary", autotvm_log(w, bad_line=True)]),
     ("codegen", 0, lambda w: ["codegen", tvm_opconfigs(w), "-o", str(w.tmp / "out.json")]),
-    ("codegen: no such file", 2, lambda w: ["codegen", str(w.tmp / "none.txt")]),
+    ("codegen: an input it cannot read", 1, lambda w: ["codegen", str(w.tmp / "none.txt")]),  # reported, as a bad line
     ("gpu devices", 1, lambda w: ["gpu", "devices"]),  # none on a CI machine: the GPU tests cover a real one
     ("gpu verify: no GPU", 2, lambda w: ["gpu", "verify", "--all"]),
     ("gpu profile: no GPU", 2, lambda w: ["gpu", "profile", "--all"]),
