@@ -135,3 +135,14 @@ def test_read_commands_import_only_what_they_use(db: Path, argv: list[str], allo
     assert proc.returncode in (0, 1), proc.stderr
     loaded = set(proc.stderr.split("LOADED")[-1].split())
     assert loaded <= allowed, f"kdb {' '.join(argv)} imported {sorted(loaded - allowed)}"
+
+
+def test_the_console_starts_with_the_kernels_view_alone():
+    """The other views, and the engines behind them, load when first shown (they were 0.6 s of the first paint)."""
+    later = ("console.screens.inject", "console.screens.failures", "console.screens.tuning",
+             "console.screens.opconfigs", "console.screens.autotvm", "console.screens.settings",
+             "console.screens.nnfusion", "console.screens.help", "core.inject.pipeline", "core.tuning",
+             "core.nnfusion", "onnx", "numpy", "pygments", "sqlalchemy")
+    code = f"import sys, console.app; print(*[m for m in {later!r} if m in sys.modules])"
+    loaded = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert loaded.stdout.split() == []

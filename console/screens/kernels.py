@@ -24,7 +24,6 @@ from textual.widgets import Button, DataTable, Footer, Header, Input, Select, St
 from textual.worker import Worker, WorkerState, get_current_worker
 
 from console.screens.base import KdbScreen
-from console.screens.nnfusion import compile_screen
 from console.widgets.dialogs import ConfirmDialog, PathDialog
 from console.widgets.kernel_detail import KernelDetail, highlight_source
 from console.widgets.kernel_table import COLUMNS, KernelTable
@@ -500,6 +499,8 @@ class KernelsScreen(KdbScreen):
 
     def action_compile_with_nnfusion(self) -> None:
         """Ask for a model, then compile it with NNFusion and this DB (console/screens/nnfusion.py)."""
+        from console.screens.nnfusion import compile_screen  # the compiler's job loads when first asked for
+
         def chosen(path: str | None) -> None:
             if path:
                 self.app.push_screen(compile_screen(self.app.context, Path(path).expanduser()))  # type: ignore[attr-defined]
