@@ -55,6 +55,7 @@ DEFAULT_JSON = REPO / "bench" / "results" / "cli.json"
 TARGET_MS = 300.0
 TARGET_CONSOLE_EXTRA_MS = 1000.0
 KDB = [sys.executable, "-m", "console.entry"]
+TMUX = ["tmux", "-L", f"kdb-bench-cli-{os.getpid()}"]  # a server of its own: started by this run, at its priority
 
 
 @dataclass
@@ -223,7 +224,7 @@ Bare().run()
 
 
 def _screen(session: str) -> str:
-    return subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True).stdout
+    return subprocess.run([*TMUX, "capture-pane", "-p", "-t", session], capture_output=True, text=True).stdout
 
 
 def time_to_text(argv: list[str], text: str, env: dict[str, str], timeout: float) -> tuple[float, float]:
@@ -232,7 +233,7 @@ def time_to_text(argv: list[str], text: str, env: dict[str, str], timeout: float
     session = f"kdb-bench-{os.getpid()}-{time.monotonic_ns()}"
     command = " ".join(f"{k}={v}" for k, v in env.items()) + " " + " ".join(argv)
     start = time.perf_counter()
-    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "200", "-y", "50", "-c", str(REPO), command],
+    subprocess.run([*TMUX, "new-session", "-d", "-s", session, "-x", "200", "-y", "50", "-c", str(REPO), command],
                    check=True)
     try:
         while True:
@@ -244,13 +245,13 @@ def time_to_text(argv: list[str], text: str, env: dict[str, str], timeout: float
                 raise SystemExit(f"{text!r} did not show within {timeout:.0f} s; the screen:\n{shown}")
             time.sleep(0.01)
     finally:
-        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+        subprocess.run([*TMUX, "kill-session", "-t", session], capture_output=True)
         time.sleep(0.3)  # the app's exit, off the next measurement
 
 
 def _pane_cpu(session: str) -> float:
     """User + system CPU seconds of the process in the session's pane (the shell tmux starts execs the command)."""
-    pid = subprocess.run(["tmux", "display-message", "-p", "-t", session, "#{pane_pid}"], capture_output=True,
+    pid = subprocess.run([*TMUX, "display-message", "-p", "-t", session, "#{pane_pid}"], capture_output=True,
                          text=True).stdout.strip()
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
