@@ -345,7 +345,7 @@ def test_cli_check_dedupes_and_reports_every_error_with_its_line(tmp_path: Path)
     assert run_kdb("opconfig", "check", files[0]).returncode == 0
 
 
-def test_inputs_nnfusions_importer_cannot_take_are_noted():
+def test_inputs_nnfusions_importer_cannot_take_are_noted(model_path):
     # Seen with ../shared/nnfusion: a Flatten without its axis attribute aborts the importer ("unknown attribute
     # 'axis'"), a Gemm without C segfaults it. Extraction reads both, and says so before the compiler runs.
     g = GraphBuilder({"x": [1, 8]})
