@@ -2,7 +2,7 @@
 the console's first rows on a 100,000-row DB against a bare Textual app's.
 
     .venv/bin/python bench/bench_cli.py                                # 10,000 rows; console at 100,000 (tmux)
-    .venv/bin/python bench/bench_cli.py --rows 2000 --runs 3 --console-rows 0    # quick, no console
+    .venv/bin/python bench/bench_cli.py --rows 2000 --runs 1 --console-rows 2000 --console-runs 1   # smoke
 
 Targets (issue 14): every read command under 300 ms wall; the console's first rows at most 1 s after the bare
 app's.
@@ -258,8 +258,8 @@ def _pane_cpu(session: str) -> float:
 
 
 def measure_console(args: argparse.Namespace) -> dict[str, Any]:
-    BROWSE_DIR.mkdir(parents=True, exist_ok=True)
-    info = ensure_db(BROWSE_DIR, args.console_rows)
+    args.console_dir.mkdir(parents=True, exist_ok=True)
+    info = ensure_db(args.console_dir, args.console_rows)
     db = Path(info["path"])
     times: dict[str, list[tuple[float, float]]] = {"bare Textual app": [], "kdb console, first launch": [],
                                                    "kdb console, second launch": []}
@@ -320,7 +320,9 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=7, help="timed runs of each command")
     ap.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="where the generated DB is kept and reused")
     ap.add_argument("--console-rows", type=int, default=100_000,
-                    help="rows of the console's DB (kept in bench_browse.py's folder); 0: no console measurement")
+                    help="rows of the console's DB; 0: no console measurement")
+    ap.add_argument("--console-dir", type=Path, default=BROWSE_DIR,
+                    help="where the console's DB is kept and reused (default: bench_browse.py's folder)")
     ap.add_argument("--console-runs", type=int, default=5)
     ap.add_argument("--json", type=Path, default=DEFAULT_JSON, help="results file")
     args = ap.parse_args()
