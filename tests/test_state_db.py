@@ -62,3 +62,14 @@ def test_a_new_state_file_has_the_same_columns(tmp_path: Path):
     for table in ("run", "failure"):
         columns = [tuple(c) for c in new.execute(f"PRAGMA table_info({table})")]
         assert columns == [tuple(c) for c in old.execute(f"PRAGMA table_info({table})")]
+
+
+def test_the_rows_read_and_write_exactly_the_declared_columns():
+    # core/db/state_schema.py declares the tables (SQLModel); state.py's dataclasses read and write them.
+    from dataclasses import fields
+
+    from core.db.state import Run
+    from core.db.state_schema import FailureTable, RunTable
+
+    for record, table in ((Run, RunTable), (Failure, FailureTable)):
+        assert [f.name for f in fields(record)] == [c.name for c in table.__table__.columns]

@@ -35,21 +35,6 @@ def now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-# The layout the state files have had since their first version (SQLModel's create_all wrote it).
-_TABLES = (
-    """CREATE TABLE IF NOT EXISTS run (
-  id INTEGER NOT NULL, kind VARCHAR NOT NULL, db_path VARCHAR NOT NULL, started_at VARCHAR NOT NULL,
-  finished_at VARCHAR, args VARCHAR NOT NULL, injected INTEGER NOT NULL, unchanged INTEGER NOT NULL,
-  failed INTEGER NOT NULL, cancelled BOOLEAN NOT NULL, PRIMARY KEY (id))""",
-    """CREATE TABLE IF NOT EXISTS failure (
-  id INTEGER NOT NULL, run_id INTEGER, db_path VARCHAR NOT NULL, file VARCHAR NOT NULL, item_index INTEGER,
-  name VARCHAR NOT NULL, stage VARCHAR NOT NULL, reason VARCHAR NOT NULL, detail VARCHAR NOT NULL, input VARCHAR,
-  created_at VARCHAR NOT NULL, resolved_at VARCHAR, dismissed BOOLEAN NOT NULL, PRIMARY KEY (id))""",
-    "CREATE INDEX IF NOT EXISTS ix_failure_db_path ON failure (db_path)",
-    "CREATE INDEX IF NOT EXISTS ix_failure_run_id ON failure (run_id)",
-)
-
-
 @dataclass(kw_only=True)
 class Run:
     id: int | None = None
@@ -112,9 +97,9 @@ class StateDB:
         found = self.conn.execute(
             "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN ('run', 'failure')").fetchone()[0]
         if found < 2:
-            with self._transaction() as conn:
-                for statement in _TABLES:
-                    conn.execute(statement)
+            from core.db.state_schema import create_tables  # SQLModel: only when a state file is new
+
+            create_tables(self.path)
 
     def close(self) -> None:
         self.conn.close()
