@@ -116,12 +116,14 @@ def main(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGINT, previous)
         if cluster is not None:
             cluster.stop()
+    # Ctrl-C may also end the job in flight as failed (TVM's task refuses to go on): interrupted all the same.
+    report.cancelled = report.cancelled or cancel["requested"]
     if args.json:
         print_json(_summary(report, log_path))
     else:
         _tell_results(report, log_path, args.target, inject is not None)
     failed = bool(report.failures) or any(i.failed for i in report.injects)
-    return 1 if failed or report.cancelled else 0
+    return 130 if report.cancelled else 1 if failed else 0
 
 
 def _tell_network(network: Network, budget: int) -> None:
