@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -45,9 +46,12 @@ def test_one_progress_bar_per_op_whatever_the_events():
 
     screen = io.StringIO()
     captured = Captured(Path("tvm.log"), io.StringIO(), screen)
+    stdout, stderr = sys.stdout, sys.stderr
     view = _Live(captured, Console(file=screen, force_terminal=True, width=160), json_lines=False)
     job = TuneJob(parse_line(DOT, "d"), trials=3, target="llvm")
     try:
+        # The bar leaves sys.stdout/stderr alone: MetaSchedule logs there, and that goes to the log file.
+        assert (sys.stdout, sys.stderr) == (stdout, stderr)
         view.phase(PhaseEvent(job.name, "build", 1, 2, 3))
         for trial in (1, 2, 3):
             view.trial(TrialEvent.of(job, trial, 2e-5, 2e-5, "", 1.0))

@@ -177,9 +177,12 @@ class _Live:
         if self.console.is_terminal and not json_lines:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+            # Rich would route sys.stdout/stderr through the bar: MetaSchedule's logging (bound to sys.stdout
+            # each run) would reach the terminal. They stay on the captured descriptors, the log file.
             self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                 TextColumn("{task.fields[best]}"), TextColumn("{task.fields[phase]}"),
-                                TimeElapsedColumn(), console=self.console)
+                                TimeElapsedColumn(), console=self.console, redirect_stdout=False,
+                                redirect_stderr=False)
             self.bar.start()
 
     def _task(self, job: str) -> Any:
