@@ -211,6 +211,8 @@ class _Live:
             print_json({"event": "job", "job": event.job, "index": event.index, "status": event.status,
                         "detail": event.detail}, self.stdout)
             return
+        if event.status == "tuning" and self.bar is not None:
+            self.bar.update(self._task(event.job), total=event.trials)
         if event.status == "tuning" and event.detail:
             self.say(f"{event.job}: {event.detail}")
         elif event.status in ("done", "failed", "cancelled"):

@@ -34,6 +34,7 @@ class JobEvent:
     result: TuneResult | None = None
     inject: InjectReport | None = None
     key: str = ""  # the job's OpConfig.key
+    trials: int = 0  # the job's trial budget (resumed trials included)
 
 
 @dataclass
@@ -72,7 +73,7 @@ def run_queue(jobs: list[TuneJob], *, db_path: Path | None, inject_options: Inje
 
     def job_event(i: int, status: str, detail: str = "", **kw: Any) -> None:
         if on_job is not None:
-            on_job(JobEvent(jobs[i].name, i, status, detail, key=jobs[i].config.key, **kw))
+            on_job(JobEvent(jobs[i].name, i, status, detail, key=jobs[i].config.key, trials=jobs[i].trials, **kw))
 
     for i in range(len(jobs)):
         job_event(i, "queued")
