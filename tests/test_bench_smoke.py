@@ -31,7 +31,7 @@ def test_bench_smoke_runs_with_no_shared_dir(tmp_path: Path):
     assert [r["injected"] + r["failed"] for r in inject["nvcc"]] == [4, 4]
     codegen = json.loads((out / "codegen.json").read_text())["summary"]
     assert codegen["source"] == "the demo network (core/demo.py)" and codegen["all_ok"] and codegen["kernels"] == 8
-    assert (out / "browse.json").is_file() and (out / "extract.json").is_file()
+    assert all((out / name).is_file() for name in ("browse.json", "extract.json", "cli.json"))
 
 
 def test_a_failing_bench_child_shows_its_own_error(tmp_path: Path):

@@ -61,10 +61,8 @@ async def test_browse_filter_sort_and_detail(app: FixedDeviceApp):
 
 
 async def test_lint_filter_shows_problem_rows_only(app: FixedDeviceApp, tmp_path: Path):
-    with KernelDB.open(app.context.db_path, write=True) as db:
-        conn = db.connection()
-        with conn.begin():
-            conn.exec_driver_sql("UPDATE KernelCache SET Tags = 'KernelEmitter' WHERE OpType = 'Relu'")
+    with KernelDB.open(app.context.db_path, write=True) as db, db.writing() as conn:
+        conn.execute("UPDATE KernelCache SET Tags = 'KernelEmitter' WHERE OpType = 'Relu'")
     async with app.run_test(size=(180, 50)) as pilot:
         table = app.screen.query_one(KernelTable)
         await wait_rows(pilot, table, ROWS)

@@ -24,7 +24,6 @@ from textual.widgets import Button, DataTable, Footer, Header, Input, Select, St
 from textual.worker import Worker, WorkerState, get_current_worker
 
 from console.screens.base import KdbScreen
-from console.screens.nnfusion import compile_screen
 from console.widgets.dialogs import ConfirmDialog, PathDialog, dialog_default
 from console.widgets.kernel_detail import KernelDetail, highlight_source
 from console.widgets.kernel_table import COLUMNS, KernelTable
@@ -117,6 +116,7 @@ class KernelsScreen(KdbScreen):
         self.syncing, self.sync_again, self.rebuild_next = False, False, False
         self.awaiting_page, self.filter_pending = False, False
         self.index_failed = False
+        self.sync_after_first_page = True
         self.generation = 0
         self.marked: set[str] = set()
         self.undo_stack: list[list[KernelRow]] = []
@@ -145,16 +145,17 @@ class KernelsScreen(KdbScreen):
 
     def on_mount(self) -> None:
         self.query_one(KernelTable).focus()
-        self.reload()
-        self.request_sync()
         # Another process (an injection in another terminal) may write at any time; a sync of an unchanged
         # file costs a stat() and one small query.
         self.set_interval(3.0, self._periodic_sync)
 
     def on_screen_resume(self) -> None:
-        # Other views (Inject, Failures retries) change the DB: show the current state on return.
+        # Shown for the first time, or back from another view (Inject, Failures retries change the DB): show the
+        # current state. The first time, the index sync waits for the first page to be on screen: building an
+        # index competes with the first paint for the CPU (and the GIL), and the first page does not need it.
         self.reload()
-        self.request_sync()
+        if not self.sync_after_first_page:
+            self.request_sync()
 
     # -- loading ----------------------------------------------------------------------------
 
@@ -219,6 +220,9 @@ class KernelsScreen(KdbScreen):
         if message.generation != self.generation:
             return  # a newer request is on its way
         self.awaiting_page = False
+        if self.sync_after_first_page:
+            self.sync_after_first_page = False
+            self.request_sync()
         if self.filter_pending:  # keys typed meanwhile: this page is already out of date
             self.filter_pending = False
             self._apply_filters()
@@ -238,6 +242,9 @@ class KernelsScreen(KdbScreen):
         # KdbScreen's handler (the App's report) runs too: Textual calls each class's handler in the MRO.
         if event.worker.group == "page" and event.state is WorkerState.ERROR:
             self.awaiting_page = False  # no page is coming: typing must not wait for it
+            if self.sync_after_first_page:
+                self.sync_after_first_page = False
+                self.request_sync()
 
     def on_kernels_screen_counted(self, message: Counted) -> None:
         if message.generation == self.generation:
@@ -492,6 +499,8 @@ class KernelsScreen(KdbScreen):
 
     def action_compile_with_nnfusion(self) -> None:
         """Ask for a model, then compile it with NNFusion and this DB (console/screens/nnfusion.py)."""
+        from console.screens.nnfusion import compile_screen  # the compiler's job loads when first asked for
+
         def chosen(path: str | None) -> None:
             if path:
                 self.app.push_screen(compile_screen(self.app.context, Path(path).expanduser()))  # type: ignore[attr-defined]

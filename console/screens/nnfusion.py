@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
+from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
@@ -154,7 +155,7 @@ class CompileScreen(ModalScreen[None]):
                     if step.kind == "blockfusion":
                         label += f" BF {j + 1}/{len(step.parts)}"
                     style = RUNS_STYLE.get(part.runs, "dim")
-                    table.add_row(label, part.node, f"[{style}]{escape(part.runs)}[/]", ", ".join(part.rows))
+                    table.add_row(label, part.node, Text(part.runs, style=style), ", ".join(part.rows))
         promised, used = report.promised(), usage.used_keys()
         status.update(f"compiled in {result.seconds:.1f} s: {len(used)} DB kernel(s) in the generated code, "
                       f"{len(promised)} promised by coverage")
