@@ -24,7 +24,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
-SHARED_COMPILER = REPO.parent / "shared" / "nnfusion" / "bin" / "nnfusion"
+
+from shared_data import shared_path  # noqa: E402
+
+SHARED_COMPILER = shared_path("nnfusion/bin/nnfusion")
 
 
 def build(work: Path) -> tuple[Path, Path]:
