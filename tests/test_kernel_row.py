@@ -13,7 +13,7 @@ from core.cuda.nvcc import compile_source, translation_unit
 from core.cuda.source import parse_kernel
 from core.demo import _dot, demo_kernels
 from core.kernels.kernel_json import validate_item
-from core.kernels.kernel_row import KernelRow, build_row, kernel_key
+from core.kernels.kernel_row import KernelRow, build_row, kernel_key, shared_bytes
 
 NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").is_file() else "")
 
@@ -80,3 +80,11 @@ def test_the_block_form_compiles(item: dict, tmp_path: Path):
     result = compile_source(translation_unit(json.loads(row_of(item).function)), "sm_80", nvcc=NVCC,
                             workdir=tmp_path)
     assert result.ok, result.error
+
+
+def test_shared_bytes_weigh_each_dtype():
+    """The Kernels view's "smem B": half is 2 bytes, double 8; an unknown type gives no number, not a guess."""
+    shared = {"symbol": ["a", "b", "c", "d"], "dtype": ["half", "float", "double", "half2"], "size": [8, 2, 1, 3]}
+    assert shared_bytes({"shared_memory": shared}) == 8 * 2 + 2 * 4 + 1 * 8 + 3 * 4
+    assert shared_bytes({"shared_memory": {**shared, "dtype": ["half", "float", "double", "bfloat16"]}}) is None
+    assert shared_bytes({}) == 0
