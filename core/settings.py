@@ -34,6 +34,9 @@ class Settings:
     tune_builder_timeout_s: float = 120.0  # MetaSchedule's default 30 s kills big nvcc builds
     rpc_tracker: str = ""  # HOST:PORT for distributed measurement; empty = local
     rpc_key: str = "kdb"
+    nnfusion_path: str = ""  # the NNFusion compiler (a path, or a name on PATH); empty = `nnfusion` on PATH
+    # Extra flags for NNFusion (`-fkernel_fusion_level=0`, ...): passed to it, and read by coverage's model.
+    nnfusion_flags: list[str] = field(default_factory=list)
 
     def validate(self) -> None:
         if not self.archs:
@@ -53,6 +56,10 @@ class Settings:
             raise InputError("must be between 1 and 100000", where="tune_trials")
         if self.rpc_tracker and not re.fullmatch(r"[\w.\-]+:\d{1,5}", self.rpc_tracker):
             raise InputError("must be HOST:PORT", where="rpc_tracker")
+        for flag in self.nnfusion_flags:
+            if not isinstance(flag, str) or not re.fullmatch(r"-{1,2}[A-Za-z_]\w*(=\S*)?", flag):
+                raise InputError(f"{flag!r} is not a compiler flag like -fkernel_fusion_level=0",
+                                 where="nnfusion_flags")
 
     def effective_workers(self) -> int:
         return self.workers or max(1, os.cpu_count() or 1)

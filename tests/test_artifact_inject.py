@@ -38,7 +38,13 @@ def test_artifact_directory_injects_with_compile_check(tmp_path: Path):
     total = len(artifact_items())
     assert report["injected"] + report["unchanged"] == total
     conn = sqlite3.connect(db)
-    assert conn.execute("SELECT count(*) FROM KernelCache").fetchone()[0] == report["injected"]
+    assert conn.execute("SELECT count(*) FROM KernelCache WHERE DeviceType = 'CUDA_GPU'").fetchone()[0] \
+        == report["injected"]
+    # every fused kernel also has its CUDA twin (else the compiler never substitutes the pattern), nothing else
+    twins = conn.execute("SELECT Key, OpType FROM KernelCache WHERE DeviceType = 'CUDA'").fetchall()
+    fused = conn.execute("SELECT Key FROM KernelCache WHERE DeviceType = 'CUDA_GPU' AND OpType LIKE 'Fused%'")
+    assert sorted(k for k, _ in twins) == sorted(k + "#CUDA" for (k,) in fused)
+    assert twins and {op for _, op in twins} <= {"Fused_Convolution_Relu", "Fused_Convolution_Add_Relu"}
     for fn, miscs, tags in conn.execute("SELECT Function, Miscs, Tags FROM KernelCache"):
         function, misc = json.loads(fn), json.loads(miscs)
         assert "BlockCudaEmitter" in tags.split(",")

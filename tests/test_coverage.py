@@ -1,118 +1,225 @@
-"""Coverage: which op configs of a model have a kernel in the DB for the device, which to tune, which fall back."""
+"""Coverage: what NNFusion will run for each op of a model, and why a row is not used.
+
+Each rule of the model (core/nnfusion/coverage.py) has a test here, on small ONNX models and hand-made rows;
+tests/test_nnfusion_compiler.py holds the model against the real compiler.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import sqlite3
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("onnx")
 
-import sqlalchemy as sa
-from conftest import run_kdb, run_kdb_json
-from onnx_models import depthwise_block, mlp, resnet, resnet_block, write
+from conftest import run_kdb_json
+from onnx_models import GraphBuilder, depthwise_block, mlp, resnet_block, write
 
 from core.db.kernel_db import KernelDB
-from core.kernels.kernel_row import KernelRow
+from core.kernels.kernel_row import COLUMNS, KernelRow, pattern_twin
 from core.kernels.ops import BASE_TAGS
-from core.opconfigs.coverage import IN_DB, MISSING, coverage
+from core.nnfusion.compiler import CompilerFlags
+from core.nnfusion.coverage import (
+    ABORTS,
+    DB_KERNEL,
+    FALLS_BACK,
+    FUSED_AWAY,
+    IN_DB,
+    MISSING,
+    NOT_USED,
+    coverage,
+    summarize,
+)
 from core.opconfigs.onnx_extract import extract
 from core.opconfigs.opconfig import OpConfig
 
 FUNCTION = {"function_signature": 'extern "C" __global__  void (float* input0, float* input1, float* output0)',
             "function_body": "", "grid_dim": [1, 1, 1], "block_dim": [1, 1, 1], "block_function_body": "",
             "shared_memory": {"symbol": [], "dtype": [], "size": []}, "num_syncthreads": 0}
+H200 = "NVIDIA H200"
 
 
-def kernel_row(config: OpConfig, device: str = "CUDA_GPU", extra_tags: tuple[str, ...] = ()) -> KernelRow:
+def kernel_row(config: OpConfig, device: str = "CUDA_GPU", extra_tags: tuple[str, ...] = (), *,
+               time_us: float | None = None, resource: int = 32, salt: str = "", op_type: str = "") -> KernelRow:
     """A row as injection would write it for this op config (the kernel body does not matter here)."""
     sig = config.signature()
     tags = ",".join((*BASE_TAGS, *extra_tags))
-    key = "test:" + hashlib.sha256(f"{sig.identifier}|{device}|{tags}".encode()).hexdigest()
-    return KernelRow(key, sig.identifier, sig.op_type, json.dumps(sig.attributes()), "External", device,
-                     json.dumps(FUNCTION), tags, json.dumps({"external_profile": {"time": "", "resource": 32}}))
+    key = "test:" + hashlib.sha256(f"{sig.identifier}|{device}|{tags}|{salt}".encode()).hexdigest()[:20]
+    profile = {"time": f"{H200}:{time_us};" if time_us is not None else "", "resource": resource}
+    return KernelRow(key, sig.identifier, op_type or sig.op_type, json.dumps(sig.attributes()), "External", device,
+                     json.dumps(FUNCTION), tags, json.dumps({"external_profile": profile}))
 
 
-def make_db(path: Path, rows: list[KernelRow]) -> Path:
+def make_db(path: Path, rows: list[KernelRow], *, raw: bool = False) -> Path:
+    """Rows through KernelDB (fused kernels get their twin), or raw: exactly these rows, in this order."""
     with KernelDB.open(path, create=True) as db:
-        for row in rows:
-            db.insert(row)
+        if not raw:
+            for row in rows:
+                db.insert(row)
+    if raw:
+        conn = sqlite3.connect(path)
+        conn.executemany(f"INSERT INTO KernelCache ({', '.join(COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                         [r.values() for r in rows])
+        conn.commit()
+        conn.close()
     return path
 
 
-def test_resnet_block_one_kernel_in_db_one_missing(tmp_path: Path):
-    ext = extract(write(resnet_block(), tmp_path / "block.onnx"))
-    conv_relu, conv_add_relu = ext.configs
-    # A ROCm kernel for the second op does not count for CUDA_GPU.
-    db_path = make_db(tmp_path / "k.db", [kernel_row(conv_relu), kernel_row(conv_add_relu, device="ROCM_GPU")])
+def entries_for(model_path: Path, db_path: Path, flags: CompilerFlags | None = None):  # type: ignore[no-untyped-def]
     with KernelDB.open(db_path) as db:
-        entries = coverage(ext, db)
-    assert [(e.config, e.count, e.kernels, e.status, e.fallback) for e in entries] == [
-        (conv_relu, 1, 1, IN_DB, "cuDNN + element-wise kernels (not fused)"),
-        (conv_add_relu, 1, 0, MISSING, "cuDNN + element-wise kernels (not fused)"),
-    ]
-    assert [e.identifier for e in entries] == [c.signature().identifier for c in ext.configs]
-    with KernelDB.open(db_path) as db:
-        assert coverage(ext, db, device_type="ROCM_GPU")[1].status == IN_DB
+        return coverage(extract(model_path), db, flags, H200)
 
 
-def test_depthwise_conv_falls_back_and_the_rest_are_missing(tmp_path: Path):
-    ext = extract(write(depthwise_block(), tmp_path / "dw.onnx"))
-    with KernelDB.open(make_db(tmp_path / "k.db", [])) as db:
-        entries = coverage(ext, db)
-    assert [(e.config.op_type, e.identifier is None, e.kernels, e.fallback) for e in entries] == [
-        ("Convolution", True, 0, "DepthwiseConv2dNative (NNFusion's kernel)"),
-        ("Relu", False, 0, "NNFusion's element-wise kernel"),
-        ("Fused_Convolution_Relu", False, 0, "cuDNN + element-wise kernels (not fused)"),
-    ]
-    assert entries[0].status == ("falls back: depthwise convolution (groups=32) has no kernel-DB op type; "
-                                 "NNFusion emits DepthwiseConv2dNative")
-    assert [e.status for e in entries[1:]] == [MISSING, MISSING]
+def test_a_fused_kernel_with_its_twin_runs_and_one_without_does_not(tmp_path: Path):
+    model = write(resnet_block(), tmp_path / "block.onnx")
+    conv_relu = extract(model).configs[0]
+    paired = make_db(tmp_path / "paired.db", [kernel_row(conv_relu)])
+    first, second = entries_for(model, paired)
+    assert (first.status, first.runs, first.count) == (IN_DB, DB_KERNEL, 1)
+    assert (second.status, second.runs) == (MISSING, "cuDNN + the Add/Relu as element-wise nodes")
+    assert second.lookup == second.config.__class__("Convolution", second.config.params).signature().identifier
+
+    alone = make_db(tmp_path / "alone.db", [kernel_row(conv_relu)], raw=True)  # NNFusion's import script's way
+    first = entries_for(model, alone)[0]
+    assert first.status == NOT_USED
+    assert first.runs == "cuDNN + the Add/Relu as element-wise nodes"
+    assert any("kdb db repair" in r for r in first.reasons)
 
 
-def test_a_dot_needs_its_transpose_tags(tmp_path: Path):
-    ext = extract(write(mlp(), tmp_path / "mlp.onnx"))
-    gemm1 = ext.configs[0]  # transB
-    rows = [kernel_row(gemm1), kernel_row(ext.configs[2], extra_tags=("transB",))]
-    with KernelDB.open(make_db(tmp_path / "k.db", rows)) as db:
-        entries = coverage(ext, db)
-    assert [(e.config.op_type, e.kernels, e.fallback) for e in entries] == [
-        ("Dot", 0, "cuBLAS"), ("Relu", 0, "NNFusion's element-wise kernel"), ("Dot", 1, "cuBLAS"),
-        ("Relu", 0, "NNFusion's element-wise kernel"), ("Dot", 0, "cuBLAS")]
+def test_a_cuda_row_alone_makes_the_compiler_abort(tmp_path: Path):
+    model = write(resnet_block(), tmp_path / "block.onnx")
+    conv_relu = extract(model).configs[0]
+    db = make_db(tmp_path / "k.db", [pattern_twin(kernel_row(conv_relu))], raw=True)
+    assert entries_for(model, db)[0].status == ABORTS
 
 
-def test_one_count_query_per_distinct_identifier(tmp_path: Path):
-    ext = extract(write(resnet(widths=(8, 16, 32, 64), size=64), tmp_path / "big.onnx"))
-    rows = [kernel_row(c) for c in ext.configs[:5]]
-    with KernelDB.open(make_db(tmp_path / "k.db", rows)) as db:
-        statements: list[str] = []
-        sa.event.listen(db.engine, "before_cursor_execute", lambda conn, cursor, sql, *a: statements.append(sql))
-        entries = coverage(ext, db)
-    identifiers = {e.identifier for e in entries}
-    queries = [s for s in statements if "KernelCache" in s]
-    assert len(queries) == len(identifiers) == len(ext.configs)
-    assert all("WHERE Identifier = ? AND DeviceType = ?" in q and "count(*)" in q for q in queries)
-    assert [e.status for e in entries[:5]] == [IN_DB] * 5 and {e.status for e in entries[5:]} == {MISSING}
+def test_rows_under_another_device_type_are_named(tmp_path: Path):
+    model = write(resnet_block(), tmp_path / "block.onnx")
+    conv_add_relu = extract(model).configs[1]
+    db = make_db(tmp_path / "k.db", [kernel_row(conv_add_relu, device="ROCM_GPU")])
+    entry = entries_for(model, db)[1]
+    assert entry.status == MISSING
+    assert any("DeviceType 'ROCM_GPU'" in r for r in entry.reasons)
 
 
-def test_cli_coverage_json_and_table(tmp_path: Path):
+def test_the_first_row_in_table_order_is_used_and_interplay_prefers_time_x_resource(tmp_path: Path):
+    model = write(resnet_block(), tmp_path / "block.onnx")
+    conv_relu = extract(model).configs[0]
+    slow = kernel_row(conv_relu, time_us=30.0, resource=2048, salt="slow")
+    fast = kernel_row(conv_relu, time_us=10.0, resource=4096, salt="fast")
+    lean = kernel_row(conv_relu, time_us=12.0, resource=512, salt="lean")
+    db = make_db(tmp_path / "k.db", [slow, fast, lean])
+    entry = entries_for(model, db)[0]
+    assert entry.row is not None
+    assert (entry.row.key, entry.row.rows, entry.row.time_us) == (slow.key, 3, 30.0)
+    assert "first of 3 External rows in table order" in entry.row.why
+    assert entry.row.interplay_key == lean.key  # 12 x 512 < 10 x 4096 < 30 x 2048
+    without = entries_for(model, db, CompilerFlags(blockfusion_interplay=False))[0]
+    assert without.row is not None and without.row.interplay_key is None
+
+
+def test_no_profile_for_the_product_is_said(tmp_path: Path):
+    model = write(resnet_block(), tmp_path / "block.onnx")
+    db = make_db(tmp_path / "k.db", [kernel_row(extract(model).configs[0])])
+    entry = entries_for(model, db)[0]
+    assert entry.row is not None and entry.row.time_us is None
+    assert any(f"no profile for {H200}" in r and "10 us" in r for r in entry.reasons)
+
+
+def test_an_unsupported_op_type_poisons_the_identifier(tmp_path: Path):
+    model = write(mlp(), tmp_path / "mlp.onnx")
+    gemm1 = extract(model).configs[0]
+    db = make_db(tmp_path / "k.db", [kernel_row(gemm1, extra_tags=("transB",)),
+                                     kernel_row(gemm1, extra_tags=("transB",), salt="bn", op_type="BatchNormInference")], raw=True)
+    entry = entries_for(model, db)[0]
+    assert (entry.status, entry.runs) == (NOT_USED, "cuBLAS")
+    assert any("unsupported OpType 'BatchNormInference'" in r for r in entry.reasons)
+
+
+def test_a_dot_row_with_other_tags_is_used_anyway_and_said(tmp_path: Path):
+    # Kernel selection does not read Tags: the compiler runs the row whatever its transA/transB say.
+    model = write(mlp(), tmp_path / "mlp.onnx")
+    gemm1 = extract(model).configs[0]  # transB
+    db = make_db(tmp_path / "k.db", [kernel_row(gemm1)])
+    entry = entries_for(model, db)[0]
+    assert entry.status == IN_DB
+    assert any("Tags say no transpose" in r for r in entry.reasons)
+
+
+def test_an_identifier_that_differs_is_pointed_at(tmp_path: Path):
+    model = write(resnet_block(), tmp_path / "block.onnx")
+    conv_relu = extract(model).configs[0]
+    p = dict(conv_relu.params, padding_below_diff=[0, 0], output_shape=[1, 64, 54, 54])
+    other = OpConfig("Fused_Convolution_Relu", p)
+    db = make_db(tmp_path / "k.db", [kernel_row(other)])
+    entry = entries_for(model, db)[0]
+    assert entry.status == MISSING
+    assert any("differ" in r and other.signature().identifier in r for r in entry.reasons)
+
+
+def _lone_relu_model(tmp_path: Path) -> Path:
+    """Conv (no bias) -> Relu -> Flatten -> Gemm: the Relu fuses with the conv when substituted, else stands
+    alone; the Gemm's bias Add stands alone."""
+    g = GraphBuilder({"x": [1, 4, 8, 8]})
+    y = g.node("Relu", [g.conv("x", 4, 4, 3, name="c")], "r")
+    y = g.node("MatMul", [g.node("Flatten", [y], "f", axis=1), g.weight("w", [256, 10])], "mm")
+    y = g.node("Relu", [g.node("Sigmoid", [y], "s")], "r2")
+    return write(g.model(y, "lone"), tmp_path / "lone.onnx")
+
+
+def test_element_wise_ops_are_fused_away_in_chains_and_looked_up_alone(tmp_path: Path):
+    block = write(resnet_block(), tmp_path / "block.onnx")
+    add_row = kernel_row(OpConfig("Add", {"input_shapes": [[1, 64, 56, 56]] * 2, "output_shape": [1, 64, 56, 56]}))
+    db = make_db(tmp_path / "k.db", [add_row])
+    entries = entries_for(block, db)
+    # resnet_block: conv2 -> Add(residual) -> Relu: the Add and Relu are one NNFusion kernel at the default level
+    assert [e.status for e in entries] == [MISSING, MISSING]  # its configs are the two fused convs
+    lone = _lone_relu_model(tmp_path)
+    sig_relu = OpConfig("Sigmoid", {"input_shapes": [[1, 10]], "output_shape": [1, 10]})
+    db2 = make_db(tmp_path / "k2.db", [kernel_row(sig_relu)])
+    by_type = {e.config.op_type: e for e in entries_for(lone, db2)}
+    assert by_type["Sigmoid"].status == FUSED_AWAY and by_type["Relu"].status == FUSED_AWAY
+    assert summarize(entries_for(lone, db2))["ops"][FUSED_AWAY] == 2
+    level0 = {e.config.op_type: e for e in entries_for(lone, db2, CompilerFlags(kernel_fusion_level=0))}
+    assert level0["Sigmoid"].status == IN_DB and level0["Relu"].status == MISSING
+
+
+def test_pattern_substitution_off_leaves_fused_rows_unused(tmp_path: Path):
+    model = write(resnet_block(), tmp_path / "block.onnx")
+    db = make_db(tmp_path / "k.db", [kernel_row(extract(model).configs[0])])
+    entry = entries_for(model, db, CompilerFlags(pattern_substitution=False))[0]
+    assert entry.status == NOT_USED
+    assert any("-fpattern_substitution=false" in r for r in entry.reasons)
+
+
+def test_depthwise_falls_back(tmp_path: Path):
+    model = write(depthwise_block(), tmp_path / "dw.onnx")
+    entries = entries_for(model, make_db(tmp_path / "k.db", []))
+    assert (entries[0].status, entries[0].runs) == (FALLS_BACK, "DepthwiseConv2dNative (NNFusion's kernel)")
+    assert "depthwise convolution (groups=32)" in entries[0].reasons[0]
+
+
+def test_flops_share_counts_only_ops_that_run_db_kernels(tmp_path: Path):
+    model = write(resnet_block(), tmp_path / "block.onnx")
+    conv_relu, conv_add_relu = extract(model).configs
+    summary = summarize(entries_for(model, make_db(tmp_path / "k.db", [kernel_row(conv_relu)])))
+    assert summary["db_flops_share"] == pytest.approx(conv_relu.flops / (conv_relu.flops + conv_add_relu.flops))
+    unused = summarize(entries_for(model, make_db(tmp_path / "u.db", [kernel_row(conv_relu)], raw=True)))
+    assert unused["db_flops_share"] == 0
+
+
+def test_cli_coverage_json_exit_status_and_table(tmp_path: Path):
     model = write(resnet_block(), tmp_path / "block.onnx")
     ext = extract(model)
-    db_path = make_db(tmp_path / "k.db", [kernel_row(ext.configs[0])])
+    db_path = make_db(tmp_path / "k.db", [kernel_row(c) for c in ext.configs])
+    proc, data = run_kdb_json("coverage", "--db", str(db_path), str(model), "--product-name", H200)
+    assert proc.returncode == 0, proc.stderr
+    assert [e["status"] for e in data["entries"]] == [IN_DB, IN_DB]
+    assert data["summary"]["db_flops_share"] == 1.0
+    db_path = make_db(tmp_path / "k1.db", [kernel_row(ext.configs[0])])
     proc, data = run_kdb_json("coverage", "--db", str(db_path), str(model))
-    assert proc.returncode == 0
-    assert (data["model"], data["device_type"], data["summary"]) == ("resnet_block", "CUDA_GPU",
-                                                                     {IN_DB: 1, MISSING: 1})
-    assert [(e["config"]["op_type"], e["status"], e["kernels"]) for e in data["entries"]] == [
-        ("Fused_Convolution_Relu", IN_DB, 1), ("Fused_Convolution_Add_Relu", MISSING, 0)]
-    assert data["flops_in_db"] == pytest.approx(0.5)
-    proc = run_kdb("coverage", "--db", str(db_path), str(model), env={"COLUMNS": "200"})
-    assert proc.returncode == 0 and "1 in DB, 1 missing (tune these)" in proc.stdout
-
-
-def test_cli_coverage_without_a_db_is_exit_2(tmp_path: Path):
-    model = write(resnet_block(), tmp_path / "block.onnx")
-    proc = run_kdb("coverage", "--db", str(tmp_path / "none.db"), str(model))
-    assert proc.returncode == 2 and "no kernel DB" in proc.stderr
+    assert proc.returncode == 1  # an op is missing: a finding, as the README says
+    assert [e["status"] for e in data["entries"]] == [IN_DB, MISSING]

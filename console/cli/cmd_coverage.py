@@ -1,56 +1,66 @@
-"""kdb coverage: which op configs of an ONNX model have a kernel in the DB, which to tune, which fall back."""
+"""kdb coverage: what NNFusion will run for each op of an ONNX model with this DB (and why a row is not used)."""
 
 from __future__ import annotations
 
 import argparse
-from collections import Counter
 from pathlib import Path
 
-from console.cli.output import out, print_json
+from console.cli.output import out, print_json, shorten
 from core.db.kernel_db import KernelDB
-from core.kernels.ops import DEVICE_TYPE
-from core.opconfigs.coverage import IN_DB, MISSING, CoverageEntry, coverage
+from core.nnfusion.compiler import CompilerFlags
+from core.nnfusion.coverage import ABORTS, FALLS_BACK, FUSED_AWAY, IN_DB, MISSING, NOT_USED, coverage, summarize
 from core.opconfigs.onnx_extract import extract
+from core.settings import load_settings
+
+STYLE = {IN_DB: "green", MISSING: "yellow", NOT_USED: "red", FUSED_AWAY: "dim", FALLS_BACK: "magenta",
+         ABORTS: "bold red"}
+
+
+def compiler_setup(args: argparse.Namespace) -> tuple[list[str], CompilerFlags, str]:
+    """The compiler flags (settings, then --flag) and product name this command works with."""
+    settings = load_settings()
+    flags = [*settings.nnfusion_flags, *args.flag]
+    product = args.product_name if args.product_name is not None else settings.product_name
+    return flags, CompilerFlags.parse(flags), product
 
 
 def main(args: argparse.Namespace) -> int:
     extraction = extract(Path(args.model))
+    flag_list, flags, product = compiler_setup(args)
     with KernelDB.open(args.db) as db:
-        entries = coverage(extraction, db, DEVICE_TYPE)
-    summary = Counter(_kind(e) for e in entries)
+        entries = coverage(extraction, db, flags, product)
+    summary = summarize(entries)
+    findings = any(e.status in (MISSING, NOT_USED, ABORTS) for e in entries)
     if args.json:
-        print_json({"model": extraction.model_name, "db": str(db.path), "device_type": DEVICE_TYPE,
-                    "summary": dict(summary), "flops_in_db": _flops_share(entries),
-                    "entries": [e.to_dict() for e in entries],
+        print_json({"model": extraction.model_name, "db": str(db.path), "flags": flag_list, "product_name": product,
+                    "summary": summary, "entries": [e.to_dict() for e in entries],
                     "unmapped": [u._asdict() for u in extraction.unmapped]})
-        return 0
+        return 1 if findings else 0
     from rich.table import Table
 
-    table = Table(caption=f"{extraction.model_name} against {db.path} ({DEVICE_TYPE}): {summary[IN_DB]} in DB, "
-                  f"{summary[MISSING]} missing (tune these), {summary['falls back']} fall back; DB kernels cover "
-                  f"{_flops_share(entries):.0%} of the FLOPs of these ops", caption_justify="left")
-    for col in ("status", "op type", "description", "count", "kernels", "fallback"):
-        table.add_column(col, overflow="fold", justify="right" if col in ("count", "kernels") else "left")
-    style = {IN_DB: "green", MISSING: "yellow", "falls back": "magenta"}
+    ops = summary["ops"]
+    table = Table(caption=(
+        f"{extraction.model_name} with {db.path} (flags: {' '.join(flag_list) or 'defaults'}; product "
+        f"{product or 'not set'}): {ops[IN_DB]} ops run DB kernels, {ops[MISSING]} missing, {ops[NOT_USED]} with "
+        f"rows the compiler will not use, {ops[FUSED_AWAY]} fused away, {ops[FALLS_BACK]} fall back, "
+        f"{ops[ABORTS]} abort; DB kernels run {summary['db_flops_share']:.0%} of the FLOPs"), caption_justify="left")
+    for col in ("status", "op type", "description", "count", "runs", "row"):
+        table.add_column(col, overflow="fold", justify="right" if col == "count" else "left")
     for e in entries:
         description = e.config.describe().removeprefix(e.config.op_type).strip()
-        table.add_row(f"[{style[_kind(e)]}]{_kind(e)}[/]", e.config.op_type, description, str(e.count),
-                      str(e.kernels), e.fallback)
+        row = "" if e.row is None else f"{shorten(e.row.key, 16)} ({e.row.rows} row{'s' * (e.row.rows > 1)})"
+        table.add_row(f"[{STYLE[e.status]}]{e.status}[/]", e.config.op_type, description, str(e.count),
+                      e.runs, row)
     out.print(table)
-    for status in dict.fromkeys(e.status for e in entries if _kind(e) == "falls back"):
-        out.print(status, markup=False, highlight=False, soft_wrap=True)
+    for e in entries:
+        notes = list(e.reasons) + ([f"chosen: {e.row.why}"] if e.row and e.row.rows > 1 else []) + \
+            ([e.row.interplay_why + f": {shorten(e.row.interplay_key or '', 16)}"] if e.row and e.row.interplay_key
+             else [])
+        if notes and e.status != FUSED_AWAY:
+            out.print(f"{e.config.describe()}:", markup=False, highlight=False)
+            for note in notes:
+                out.print(f"  - {note}", markup=False, highlight=False, soft_wrap=True)
     if extraction.unmapped:
         out.print(f"{len(extraction.unmapped)} nodes map to no kernel-DB op (`kdb opconfig extract` lists them)",
                   highlight=False)
-    return 0
-
-
-def _kind(entry: CoverageEntry) -> str:
-    return entry.status if entry.status in (IN_DB, MISSING) else "falls back"
-
-
-def _flops_share(entries: list[CoverageEntry]) -> float:
-    """Share of the model's FLOPs (in these ops) that run a DB kernel: what tuning has covered so far."""
-    total = sum(e.config.flops * e.count for e in entries)
-    covered = sum(e.config.flops * e.count for e in entries if e.status == IN_DB)
-    return covered / total if total else 0.0
+    return 1 if findings else 0

@@ -14,7 +14,8 @@ from core.kernels.lint import lint_rows
 
 
 def main(args: argparse.Namespace) -> int:
-    return {"init": _init, "check": _check, "convert": _convert, "backup": _backup}[args.db_command](args)
+    return {"init": _init, "check": _check, "repair": _repair, "convert": _convert,
+            "backup": _backup}[args.db_command](args)
 
 
 def _init(args: argparse.Namespace) -> int:
@@ -44,6 +45,33 @@ def _check(args: argparse.Namespace) -> int:
         if db.schema is Schema.OSDI20:
             out.print("older osdi20 schema: read-only here; `kdb db convert OLD NEW` rewrites it")
     return 0 if ok else 1
+
+
+def _repair(args: argparse.Namespace) -> int:
+    """Fused kernels without their CUDA twin get it (--apply); nothing else in the DB is touched."""
+    with KernelDB.open(args.db, write=args.apply) as db:
+        unused, orphans = db.pair_problems()
+        written = db.add_twins([r.key for r in unused]) if args.apply else []
+    if args.json:
+        print_json({"db": str(db.path), "applied": args.apply,
+                    "missing_twins": [{"key": r.key, "identifier": r.identifier} for r in unused],
+                    "twins_written": [r.key for r in written],
+                    "lone_twins": [{"key": r.key, "identifier": r.identifier} for r in orphans]})
+    else:
+        verb = "added" if args.apply else "would add"
+        out.print(f"{db.path}: {len(unused)} fused kernel(s) without the CUDA row the compiler needs to use them; "
+                  f"{verb} {len(written) if args.apply else len(unused)} twin row(s)", highlight=False)
+        for r in unused:
+            out.print(f"  {r.key}  {r.identifier}", markup=False, highlight=False)
+        if orphans:
+            out.print(f"{len(orphans)} CUDA row(s) without a CUDA_GPU kernel of their identifier make the compiler "
+                      "abort; repair leaves them alone: delete them, or inject their kernel", highlight=False)
+            for r in orphans:
+                out.print(f"  {r.key}  {r.identifier}", markup=False, highlight=False)
+        if unused and not args.apply:
+            out.print("nothing written: `kdb db repair --apply` writes them (one transaction)")
+    left = (not args.apply and unused) or orphans
+    return 1 if left else 0
 
 
 def _convert(args: argparse.Namespace) -> int:

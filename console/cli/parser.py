@@ -19,15 +19,24 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "show": ("console.cli.cmd_show", "show one kernel (by Key, Key prefix or Identifier)"),
     "lint": ("console.cli.cmd_lint", "report rows the compiler could never fetch or would crash on"),
     "failures": ("console.cli.cmd_failures", "list, retry or dismiss failed conversions"),
-    "db": ("console.cli.cmd_db", "init | check | convert | backup the kernel DB"),
+    "db": ("console.cli.cmd_db", "init | check | repair | convert | backup the kernel DB"),
     "settings": ("console.cli.cmd_settings", "show or change the GPU/SM settings"),
     "opconfig": ("console.cli.cmd_opconfig", "extract op configs from an ONNX model, or check op-config files"),
-    "coverage": ("console.cli.cmd_coverage", "which ops of an ONNX model have a kernel in the DB, which fall back"),
+    "coverage": ("console.cli.cmd_coverage", "what NNFusion will run for each op of an ONNX model with this DB"),
+    "nnfusion": ("console.cli.cmd_nnfusion", "compile a model with NNFusion and the DB; what its code really runs"),
     "autotvm": ("console.cli.cmd_autotvm", "summarise AutoTVM tuning logs"),
     "codegen": ("console.cli.cmd_codegen", "generate CUDA kernels (kernel JSON) for op configs with TVM"),
     "gpu": ("console.cli.cmd_gpu", "CUDA devices; verify or time kernels already in the DB"),
     "tune": ("console.cli.cmd_tune", "tune op configs with MetaSchedule; verify and inject the best kernels"),
 }
+
+
+def _compiler_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--flag", action="append", default=[], metavar="-fNAME=VALUE",
+                   help="an NNFusion flag (repeatable, after the settings' nnfusion_flags), e.g. "
+                   "--flag=-fkernel_fusion_level=0")
+    p.add_argument("--product-name", metavar="NAME",
+                   help="-fproduct_name: the device name profiles are read for (default: the settings')")
 
 
 def _db_option(p: argparse.ArgumentParser) -> None:
@@ -96,6 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
     q = dbsub.add_parser("check", help="integrity, schema and lint summary")
     _db_option(q)
     q.add_argument("--json", action="store_true")
+    q = dbsub.add_parser("repair", help="add the CUDA twin rows fused kernels need (a preview unless --apply)")
+    _db_option(q)
+    q.add_argument("--apply", action="store_true", help="write the twins (one transaction); else only show them")
+    q.add_argument("--json", action="store_true")
     q = dbsub.add_parser("convert", help="rewrite an osdi20-schema DB into the current schema")
     q.add_argument("old", metavar="OLD")
     q.add_argument("new", metavar="NEW")
@@ -118,6 +131,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("coverage", help=COMMANDS["coverage"][1])
     _db_option(p)
     p.add_argument("model", metavar="MODEL.onnx")
+    _compiler_options(p)
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("nnfusion", help=COMMANDS["nnfusion"][1])
+    _db_option(p)
+    p.add_argument("model", metavar="MODEL.onnx")
+    _compiler_options(p)
+    p.add_argument("--out", metavar="DIR", help="where the compiler writes its project (default: a new folder "
+                   "under the state dir's nnfusion/)")
+    p.add_argument("--nnfusion", metavar="PATH", help="the compiler binary (default: the nnfusion_path setting, "
+                   "else nnfusion on PATH)")
+    p.add_argument("--timeout", type=float, default=1800.0, metavar="S", help="stop the compiler after S seconds")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("autotvm", help=COMMANDS["autotvm"][1])

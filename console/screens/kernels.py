@@ -454,7 +454,8 @@ class KernelsScreen(KdbScreen):
 
         self.app.push_screen(ConfirmDialog(
             f"Delete {len(keys)} kernel(s) from the DB?",
-            "The rows are kept in memory: `u` puts them back until you quit the console.",
+            "A fused kernel's two rows (CUDA_GPU and its CUDA twin) go together. The rows are kept in memory: "
+            "`u` puts them back until you quit the console.",
             confirm_label="Delete"), confirmed)
 
     @work(thread=True, exit_on_error=False, group="write")
@@ -469,7 +470,7 @@ class KernelsScreen(KdbScreen):
         if removed:
             self.undo_stack.append(removed)
         self.marked -= {r.key for r in removed}
-        self.notify(f"deleted {len(removed)} kernel(s); u to undo")
+        self.notify(f"deleted {len(removed)} row(s); u to undo")
         self.reload()
         self.request_sync()
 
@@ -483,7 +484,7 @@ class KernelsScreen(KdbScreen):
     def restore_rows(self, rows: list[KernelRow]) -> None:
         with self.app.context.open_db(write=True) as db:  # type: ignore[attr-defined]
             n = db.restore(rows)
-        self.app.call_from_thread(self.notify, f"restored {n} kernel(s)")
+        self.app.call_from_thread(self.notify, f"restored {n} row(s)")
         self.app.call_from_thread(self.request_sync)
 
     def action_export(self) -> None:
@@ -501,9 +502,10 @@ class KernelsScreen(KdbScreen):
     @work(thread=True, exit_on_error=False, group="export")
     def export_rows(self, keys: list[str], path: Path) -> None:
         from core.kernels.export import row_to_item
+        from core.kernels.kernel_row import distinct_kernels
 
         with self.app.context.open_db() as db:  # type: ignore[attr-defined]
-            items = [row_to_item(r) for key in keys for r in db.find(key)]
+            items = [row_to_item(r) for r in distinct_kernels(r for key in keys for r in db.find(key))]
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps(items, indent=1), encoding="utf-8")
         tmp.replace(path)

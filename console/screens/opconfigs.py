@@ -37,7 +37,7 @@ from console.widgets.opconfig_dialog import DEFAULT_TEMPLATE, OpConfigDialog
 from console.widgets.opconfig_table import OpConfigTable
 from core.codegen.generate import Generated
 from core.errors import InputError, ToolError
-from core.opconfigs.coverage import IN_DB, MISSING, CoverageEntry
+from core.nnfusion.coverage import IN_DB, MISSING, CoverageEntry
 from core.opconfigs.onnx_extract import Extraction
 from core.opconfigs.opconfig import OpConfig, dedupe, format_line, format_lines, format_structured, read_opconfigs
 from core.settings import Settings
@@ -346,7 +346,7 @@ class OpConfigsScreen(KdbScreen):
 
     @work(thread=True, exit_on_error=False, group="coverage", exclusive=True)
     def find_coverage(self, generation: int, configs: list[OpConfig]) -> None:
-        from core.opconfigs.coverage import coverage
+        from core.nnfusion.coverage import coverage
 
         # The list as a "model" in which each op occurs once.
         extraction = Extraction("op configs", len(configs), configs, {c.key: [(c.source,)] for c in configs})

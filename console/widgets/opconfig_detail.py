@@ -9,7 +9,7 @@ from textual.widgets import Static
 
 from console.widgets.opconfig_table import coverage_status, gflop
 from core.errors import InputError
-from core.opconfigs.coverage import IN_DB, CoverageEntry
+from core.nnfusion.coverage import IN_DB, CoverageEntry
 from core.opconfigs.onnx_extract import Extraction
 from core.opconfigs.opconfig import OpConfig, format_line
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from rich.text import Text
 from textual.widgets import DataTable
 
-from core.opconfigs.coverage import IN_DB, MISSING, CoverageEntry
+from core.nnfusion.coverage import IN_DB, MISSING, CoverageEntry
 from core.opconfigs.opconfig import OpConfig
 
 COLUMNS = [  # (key, label, width)

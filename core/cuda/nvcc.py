@@ -81,10 +81,23 @@ def supported_archs(nvcc: str) -> tuple[str, ...]:
 
 
 def standalone_source(function: dict[str, Any], name: str = "kdb_kernel") -> str:
-    """The row's kernel as NNFusion's non-block emitter writes it, under `name` (what GPU jobs launch)."""
+    """The row's kernel exactly as NNFusion compiles it, under `name` (what GPU jobs launch).
+
+    The compiler emits every External row through its CacheBlockCudaEmitter, also when the kernel runs
+    alone: the shared arrays re-declared from `shared_memory`, then `block_function_body`. Verifying the
+    original `function_body` instead would pass kernels that break in place (a dropped alignment, a
+    missing alias)."""
     sig = str(function["function_signature"])
     head = "#include <cuda_fp16.h>\n" if "half" in sig else ""
-    return f"{head}{sig.replace('void (', f'void {name}(', 1)}\n{{\n{function['function_body']}\n}}\n"
+    return f"{head}{sig.replace('void (', f'void {name}(', 1)}\n{{\n{_shared_declarations(function)}{{\n" \
+           f"{function['block_function_body']}\n}}\n}}\n"
+
+
+def _shared_declarations(function: dict[str, Any]) -> str:
+    """`__shared__ <dtype> <symbol>[<size>];` for each entry, as NNFusion's emit_alloc_shared writes them."""
+    sm = function.get("shared_memory") or {}
+    return "".join(f"__shared__ {t} {s}[{n}];\n"
+                   for s, t, n in zip(sm.get("symbol", []), sm.get("dtype", []), sm.get("size", []), strict=False))
 
 
 def translation_unit(function: dict[str, Any]) -> str:
@@ -93,11 +106,8 @@ def translation_unit(function: dict[str, Any]) -> str:
     head = "#include <cuda_fp16.h>\n" if "half" in sig else ""
     standalone = sig.replace("void (", "void kdb_kernel(", 1)
     block = sig.replace("void (", "void kdb_block_kernel(", 1)
-    sm = function.get("shared_memory") or {}
-    decls = "".join(f"__shared__ {t} {s}[{n}];\n"
-                    for s, t, n in zip(sm.get("symbol", []), sm.get("dtype", []), sm.get("size", []), strict=False))
     return (f"{head}{standalone}\n{{\n{function['function_body']}\n}}\n\n"
-            f"{block}\n{{\n{decls}{function['block_function_body']}\n}}\n")
+            f"{block}\n{{\n{_shared_declarations(function)}{function['block_function_body']}\n}}\n")
 
 
 def compile_check(function: dict[str, Any], arch: str, *, nvcc: str, flags: list[str] | tuple[str, ...],

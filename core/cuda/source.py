@@ -176,6 +176,7 @@ class SharedDecl:
     dims: tuple[int, ...]  # () for a scalar
     alias: str | None
     span: tuple[int, int]  # of the whole declaration statement in the code
+    align: int = 0  # bytes asked by alignas / __align__ (0: the type's own); kept by padding (kernel_row.py)
 
     @property
     def size(self) -> int:
@@ -382,7 +383,7 @@ def _shared_decls(code: str, masked: str, start: int, end: int) -> tuple[tuple[S
                     where="code",
                 )
             seen[name] = line
-            decls.append(_hoisted(name, decl[1], decl[2], (stmt_start, semi + 1)))
+            decls.append(_hoisted(name, decl[1], decl[2], (stmt_start, semi + 1), decl[3]))
         last_end = semi + 1
     flattened = [d for d in decls if d.symbol != d.name]
     if flattened:
@@ -394,13 +395,15 @@ def _shared_decls(code: str, masked: str, start: int, end: int) -> tuple[tuple[S
     return tuple(decls), notes
 
 
-def _split_declaration(stmt: str, line: int, notes: list[str]) -> list[tuple[str, str, tuple[int, ...]]]:
-    """(name, dtype, dims) for each declarator of one `__shared__` statement."""
+def _split_declaration(stmt: str, line: int, notes: list[str]) -> list[tuple[str, str, tuple[int, ...], int]]:
+    """(name, dtype, dims, alignment in bytes or 0) for each declarator of one `__shared__` statement."""
     text = stmt.strip()
     if "=" in text:
         raise InputError(f"__shared__ variable with an initializer at line {line}: CUDA forbids it", where="code")
+    alignment = 0
     for align in re.finditer(r"(?:__align__|alignas)\s*\(\s*(\d+)\s*\)", text):
-        notes.append(f"line {line}: {align.group(0)} is dropped by hoisting the shared array")
+        # NNFusion re-declares the array without it: the sizes are padded instead (see kernel_row.py)
+        alignment = max(alignment, int(align.group(1)))
         text = text.replace(align.group(0), " ")
     first, *rest = _split_top_commas(text)
     words = _IDENT.findall(first.split("[")[0])
@@ -436,7 +439,7 @@ def _split_declaration(stmt: str, line: int, notes: list[str]) -> list[tuple[str
             if value <= 0:
                 raise InputError(f"__shared__ {m.group(1)!r} at line {line}: size {value}", where="code")
             dims.append(value)
-        out.append((m.group(1), dtype, tuple(dims)))
+        out.append((m.group(1), dtype, tuple(dims), alignment))
     return out
 
 
@@ -454,12 +457,12 @@ def _split_top_commas(text: str) -> list[str]:
     return parts
 
 
-def _hoisted(name: str, dtype: str, dims: tuple[int, ...], span: tuple[int, int]) -> SharedDecl:
+def _hoisted(name: str, dtype: str, dims: tuple[int, ...], span: tuple[int, int], align: int = 0) -> SharedDecl:
     if len(dims) == 1:
-        return SharedDecl(name, name, dtype, dims, None, span)
+        return SharedDecl(name, name, dtype, dims, None, span, align)
     symbol = f"{name}_kdb_flat"
     if not dims:  # a scalar: NNFusion only declares arrays
-        return SharedDecl(name, symbol, dtype, (), f"{dtype}& {name} = {symbol}[0];", span)
+        return SharedDecl(name, symbol, dtype, (), f"{dtype}& {name} = {symbol}[0];", span, align)
     inner = "".join(f"[{d}]" for d in dims[1:])
     alias = f"{dtype} (*{name}){inner} = reinterpret_cast<{dtype} (*){inner}>({symbol});"
-    return SharedDecl(name, symbol, dtype, dims, alias, span)
+    return SharedDecl(name, symbol, dtype, dims, alias, span, align)

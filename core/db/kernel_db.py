@@ -23,7 +23,19 @@ from sqlmodel import Field, SQLModel
 
 from core.db.engine import busy_timeout, check_sqlite_file, is_locked, locked_error, make_engine, quick_check
 from core.errors import DbError
-from core.kernels.kernel_row import COLUMNS, KernelRow
+from core.kernels.kernel_row import (
+    COLUMNS,
+    KernelRow,
+    is_pattern_twin,
+    needs_pattern_twin,
+    pattern_twin,
+    primary_key,
+    twin_key,
+)
+from core.kernels.ops import DEVICE_TYPE, FUSED_OP_TYPES, PATTERN_DEVICE_TYPE
+
+_SELECT = f"SELECT {', '.join(COLUMNS)} FROM KernelCache"
+_INSERT = f"INSERT INTO KernelCache ({', '.join(COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
 
 # Byte for byte the DDL of NNFusion's KernelCacheManager (engine/cache/manager.cpp).
 NNFUSION_DDL = """CREATE TABLE IF NOT EXISTS KernelCache(
@@ -174,19 +186,22 @@ class KernelDB:
         """Insert one kernel in one transaction. Same Key: unchanged (replace: rewritten if it differs).
 
         With replace, every other row of the same Identifier and DeviceType is removed too, so the DB
-        then holds exactly this kernel for that op.
+        then holds exactly this kernel for that op. A fused kernel is written as its pair of rows
+        (CUDA_GPU and its CUDA twin, see core/kernels/ops.py), both in the same transaction.
 
         The hot path of injection, so it speaks to sqlite3 directly: SQLAlchemy's per-statement
         bookkeeping cost about as much as SQLite's own work on a 65 KB row.
         """
         self._require_writable()
+        return self._write(lambda raw: self._insert_in_transaction(raw, row, replace))
+
+    def _write(self, body: Any) -> Any:
+        """Run body(raw sqlite3 connection) in one IMMEDIATE transaction."""
         raw = self._driver()
-        values = row.values()
-        select = f"SELECT {', '.join(COLUMNS)} FROM KernelCache"
         try:
             raw.execute("BEGIN IMMEDIATE")
             try:
-                result = self._insert_in_transaction(raw, row, values, select, replace)
+                result = body(raw)
             except BaseException:
                 raw.execute("ROLLBACK")
                 raise
@@ -197,29 +212,50 @@ class KernelDB:
             raise
         return result
 
-    @staticmethod
-    def _insert_in_transaction(raw: sqlite3.Connection, row: KernelRow, values: tuple[str, ...], select: str,
-                               replace: bool) -> InsertResult:
-        existing = raw.execute(f"{select} WHERE Key = ?", (row.key,)).fetchone()
+    @classmethod
+    def _insert_in_transaction(cls, raw: sqlite3.Connection, row: KernelRow, replace: bool) -> InsertResult:
+        values = row.values()
+        existing = raw.execute(f"{_SELECT} WHERE Key = ?", (row.key,)).fetchone()
         removed: list[KernelRow] = []
         if replace:
-            others = raw.execute(f"{select} WHERE Identifier = ? AND DeviceType = ? AND Key != ?",
-                                 (row.identifier, row.device_type, row.key)).fetchall()
-            removed = [KernelRow.from_values(tuple(o)) for o in others]
-            if removed:
-                raw.execute("DELETE FROM KernelCache WHERE Identifier = ? AND DeviceType = ? AND Key != ?",
-                            (row.identifier, row.device_type, row.key))
+            removed = cls._remove_others(raw, row.identifier, row.device_type, row.key)
+            if needs_pattern_twin(row):
+                removed += cls._remove_others(raw, row.identifier, PATTERN_DEVICE_TYPE, twin_key(row.key))
         if existing is not None:
             same = tuple(existing) == values
             if same or not replace:
+                cls._sync_twin(raw, KernelRow.from_values(tuple(existing)))
                 if removed:
                     return InsertResult(InsertOutcome.REPLACED, tuple(removed))
                 note = "" if same else "a row with this Key differs (use --replace to rewrite it)"
                 return InsertResult(InsertOutcome.UNCHANGED, note=note)
             removed.append(KernelRow.from_values(tuple(existing)))
             raw.execute("DELETE FROM KernelCache WHERE Key = ?", (row.key,))
-        raw.execute(f"INSERT INTO KernelCache ({', '.join(COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", values)
+        raw.execute(_INSERT, values)
+        cls._sync_twin(raw, row)
         return InsertResult(InsertOutcome.REPLACED if removed else InsertOutcome.INSERTED, tuple(removed))
+
+    @staticmethod
+    def _remove_others(raw: sqlite3.Connection, identifier: str, device_type: str, keep: str) -> list[KernelRow]:
+        where = "WHERE Identifier = ? AND DeviceType = ? AND Key != ?"
+        others = raw.execute(f"{_SELECT} {where}", (identifier, device_type, keep)).fetchall()
+        if others:
+            raw.execute(f"DELETE FROM KernelCache {where}", (identifier, device_type, keep))
+        return [KernelRow.from_values(tuple(o)) for o in others]
+
+    @staticmethod
+    def _sync_twin(raw: sqlite3.Connection, row: KernelRow) -> bool:
+        """Make a fused kernel's CUDA twin equal to what its CUDA_GPU row implies; True if it was written."""
+        if not needs_pattern_twin(row):
+            return False
+        twin = pattern_twin(row)
+        existing = raw.execute(f"{_SELECT} WHERE Key = ?", (twin.key,)).fetchone()
+        if existing is not None:
+            if tuple(existing) == twin.values():
+                return False
+            raw.execute("DELETE FROM KernelCache WHERE Key = ?", (twin.key,))
+        raw.execute(_INSERT, twin.values())
+        return True
 
     def _driver(self) -> sqlite3.Connection:
         """The kept connection's sqlite3 object (autocommit: transactions are explicit)."""
@@ -230,48 +266,122 @@ class KernelDB:
         return self._driver().execute("SELECT 1 FROM KernelCache WHERE Key = ?", (key,)).fetchone() is not None
 
     def delete(self, keys: Sequence[str]) -> list[KernelRow]:
-        """Delete rows by Key in one transaction; returns them so the caller can undo."""
+        """Delete rows by Key in one transaction; returns them so the caller can undo.
+
+        A fused kernel's pair goes together: deleting either row deletes its partner (a CUDA twin left
+        alone would make the compiler abort; a CUDA_GPU row without its twin is never used)."""
         self._require_writable()
-        conn = self.connection()
-        out: list[KernelRow] = []
-        with conn.begin():
+
+        def body(raw: sqlite3.Connection) -> list[KernelRow]:
+            out: list[KernelRow] = []
             for key in keys:
-                got = conn.exec_driver_sql(f"SELECT {', '.join(COLUMNS)} FROM KernelCache WHERE Key = ?",
-                                           (key,)).fetchone()
-                if got is not None:
-                    out.append(KernelRow.from_values(tuple(got)))
-                    conn.exec_driver_sql("DELETE FROM KernelCache WHERE Key = ?", (key,))
-        return out
+                got = raw.execute(f"{_SELECT} WHERE Key = ?", (key,)).fetchone()
+                if got is None:
+                    continue
+                row = KernelRow.from_values(tuple(got))
+                partner = twin_key(row.key) if needs_pattern_twin(row) else (
+                    primary_key(row.key) if is_pattern_twin(row) else None)
+                for k in (row.key, partner):
+                    if k is None:
+                        continue
+                    found = raw.execute(f"{_SELECT} WHERE Key = ?", (k,)).fetchone()
+                    if found is not None:
+                        out.append(KernelRow.from_values(tuple(found)))
+                        raw.execute("DELETE FROM KernelCache WHERE Key = ?", (k,))
+            return out
+
+        return self._write(body)
 
     def restore(self, rows: Iterable[KernelRow]) -> int:
         """Put rows back exactly as they were (undo of a delete); existing keys are left alone."""
         self._require_writable()
-        conn = self.connection()
-        n = 0
-        with conn.begin():
+
+        def body(raw: sqlite3.Connection) -> int:
+            n = 0
             for row in rows:
-                res = conn.exec_driver_sql(
-                    f"INSERT OR IGNORE INTO KernelCache ({', '.join(COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    row.values(),
-                )
-                n += res.rowcount or 0
-        return n
+                n += raw.execute(_INSERT.replace("INSERT", "INSERT OR IGNORE", 1), row.values()).rowcount or 0
+            return n
+
+        return self._write(body)
 
     def update_miscs(self, key: str, miscs: dict[str, Any]) -> None:
+        """Rewrite one row's Miscs (a profile, a verification); a fused kernel's twin follows."""
         self._require_writable()
         text = json.dumps(miscs, ensure_ascii=False, allow_nan=False)
-        conn = self.connection()
-        with conn.begin():
+
+        def body(raw: sqlite3.Connection) -> None:
             # Moved to a new rowid rather than updated in place: the browse index (core/db/summary_index.py)
             # sees changed rows by their (rowid, Key) pair without reading any bodies.
-            row = conn.exec_driver_sql(f"SELECT {', '.join(COLUMNS)} FROM KernelCache WHERE Key = ?",
-                                       (key,)).fetchone()
-            if row is None:
+            got = raw.execute(f"{_SELECT} WHERE Key = ?", (key,)).fetchone()
+            if got is None:
                 return
-            conn.exec_driver_sql("DELETE FROM KernelCache WHERE Key = ?", (key,))
-            values = tuple(text if name == "Miscs" else value for name, value in zip(COLUMNS, row, strict=True))
-            conn.exec_driver_sql(
-                f"INSERT INTO KernelCache ({', '.join(COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", values)
+            row = KernelRow.from_values(tuple(got))
+            raw.execute("DELETE FROM KernelCache WHERE Key = ?", (key,))
+            updated = KernelRow.from_values(tuple(text if c == "Miscs" else v for c, v in zip(COLUMNS, got,
+                                                                                              strict=True)))
+            raw.execute(_INSERT, updated.values())
+            if raw.execute("SELECT 1 FROM KernelCache WHERE Key = ?", (twin_key(row.key),)).fetchone():
+                self._sync_twin(raw, updated)
+
+        self._write(body)
+
+    # -- what the compiler sees ---------------------------------------------------------------
+
+    def fetch_like_compiler(self, identifier: str, device_type: str) -> list[tuple[Any, ...]]:
+        """(rowid, Key, OpType, Source, Tags, Miscs) of the rows NNFusion's fetch_all gets for this lookup, in
+        the order it gets them: the same WHERE clause on the same table, so the same scan order."""
+        self._require_current()
+        return self._driver().execute(
+            "SELECT rowid, Key, OpType, Source, Tags, Miscs FROM KernelCache WHERE (Identifier = ?) AND "
+            "(DeviceType = ?)", (identifier, device_type)).fetchall()
+
+    def device_types_of(self, identifier: str) -> dict[str, int]:
+        """Rows of this identifier per DeviceType."""
+        self._require_current()
+        return dict(self._driver().execute(
+            "SELECT DeviceType, count(*) FROM KernelCache WHERE Identifier = ? GROUP BY DeviceType",
+            (identifier,)).fetchall())
+
+    def identifiers_starting(self, prefix: str, device_type: str, limit: int = 5) -> list[str]:
+        """Distinct identifiers under this DeviceType that start with `prefix` (same op and first shape)."""
+        self._require_current()
+        return [r[0] for r in self._driver().execute(
+            "SELECT DISTINCT Identifier FROM KernelCache WHERE substr(Identifier, 1, ?) = ? AND DeviceType = ? "
+            "LIMIT ?", (len(prefix), prefix, device_type, limit)).fetchall()]
+
+    # -- the fused kernels' pairs ---------------------------------------------------------------
+
+    def pair_problems(self) -> tuple[list[KernelRow], list[KernelRow]]:
+        """(fused CUDA_GPU rows whose identifier has no CUDA row: never used by the compiler;
+        fused CUDA rows whose identifier has no CUDA_GPU row: the compiler aborts on them)."""
+        self._require_current()
+        raw = self._driver()
+        fused = ", ".join("?" * len(FUSED_OP_TYPES))
+        rows = [KernelRow.from_values(tuple(r)) for r in
+                raw.execute(f"{_SELECT} WHERE OpType IN ({fused})", FUSED_OP_TYPES).fetchall()]
+        present = set(raw.execute(
+            "SELECT DISTINCT Identifier, DeviceType FROM KernelCache WHERE DeviceType IN (?, ?) AND Identifier IN "
+            f"(SELECT Identifier FROM KernelCache WHERE OpType IN ({fused}))",
+            (DEVICE_TYPE, PATTERN_DEVICE_TYPE, *FUSED_OP_TYPES)).fetchall())
+        unused = [r for r in rows
+                  if r.device_type == DEVICE_TYPE and (r.identifier, PATTERN_DEVICE_TYPE) not in present]
+        orphans = [r for r in rows
+                   if r.device_type == PATTERN_DEVICE_TYPE and (r.identifier, DEVICE_TYPE) not in present]
+        return unused, orphans
+
+    def add_twins(self, keys: Sequence[str]) -> list[KernelRow]:
+        """Write the CUDA twin of each fused CUDA_GPU row named, in one transaction; the twins written."""
+        self._require_writable()
+
+        def body(raw: sqlite3.Connection) -> list[KernelRow]:
+            written = []
+            for key in keys:
+                got = raw.execute(f"{_SELECT} WHERE Key = ?", (key,)).fetchone()
+                if got is not None and self._sync_twin(raw, row := KernelRow.from_values(tuple(got))):
+                    written.append(pattern_twin(row))
+            return written
+
+        return self._write(body)
 
     # -- reading ---------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from core.db.kernel_db import KernelDB
 from core.errors import InputError
 from core.gpu.jobs import GpuResult, GpuSession, job_for_row
-from core.kernels.kernel_row import KernelRow
+from core.kernels.kernel_row import KernelRow, distinct_kernels
 from core.kernels.profile import merge_profile
 
 
@@ -46,7 +46,7 @@ def check_rows(db: KernelDB, rows: Iterable[KernelRow], *, verify: bool, profile
     """Run the asked GPU jobs for each row; timed rows get their profile merged into Miscs."""
     report = RowsReport()
     with GpuSession(timeout_s=timeout_s) as session:
-        for row in rows:
+        for row in distinct_kernels(rows):
             if should_cancel is not None and should_cancel():
                 report.cancelled = True
                 break

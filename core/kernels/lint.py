@@ -4,19 +4,22 @@ The checks mirror how NNFusion reads the file (KernelCacheManager::fetch_all and
 non-NULL text in every column, JSON that nlohmann::json parses, a supported OpType (one bad row
 poisons every fetch of its identifier), CUDA_GPU rows, BlockCudaEmitter on External rows, a profile
 string std::stof accepts, a Function the emitters can read, and an Identifier that matches what the
-row's Attributes describe.
+row's Attributes describe. Fused kernels are checked as pairs (see PATTERN_DEVICE_TYPE in ops.py): a
+CUDA_GPU row without its CUDA twin is never used, a CUDA row without a CUDA_GPU row aborts the compiler.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from core.errors import InputError
-from core.kernels.ops import DEVICE_TYPE, SUPPORTED_OP_TYPES
+from core.kernels.kernel_row import DTYPE_BYTES
+from core.kernels.ops import DEVICE_TYPE, FUSED_OP_TYPES, PATTERN_DEVICE_TYPE, SUPPORTED_OP_TYPES
 from core.kernels.opsig import signature_from_attributes
 from core.kernels.profile import parse_profile
 
@@ -79,7 +82,7 @@ def lint_row(raw: tuple[Any, ...]) -> list[Finding]:
     if isinstance(op_type, str) and op_type not in SUPPORTED_OP_TYPES:
         add(UNREACHABLE, "op-type", f"OpType {op_type!r} is not supported: every fetch of this identifier "
                                     "returns nothing, for all its rows")
-    if isinstance(device, str) and device != DEVICE_TYPE:
+    if isinstance(device, str) and device != DEVICE_TYPE and not _is_pattern_row(op_type, device):
         sev = WARNING if device in KNOWN_DEVICE_TYPES else UNREACHABLE
         add(sev, "device-type", f"DeviceType {device!r}: never fetched for CUDA (expected {DEVICE_TYPE})")
     tag_list = tags.split(",") if isinstance(tags, str) and tags else []
@@ -103,6 +106,11 @@ def lint_row(raw: tuple[Any, ...]) -> list[Finding]:
                     f"Identifier does not match its Attributes, which describe {expected!r}: "
                     "the compiler looks the op up by the latter")
     return out
+
+
+def _is_pattern_row(op_type: Any, device: Any) -> bool:
+    """A fused kernel's CUDA row, which the pattern-substitution pass looks for."""
+    return device == PATTERN_DEVICE_TYPE and op_type in FUSED_OP_TYPES
 
 
 def _check_miscs(miscs: Any, add: Any) -> None:
@@ -152,12 +160,36 @@ def _check_function(fn: Any, block: bool, add: Any) -> None:
     n = fn.get("num_syncthreads")
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         add(CRASH, "function", "Function.num_syncthreads is missing or not a non-negative integer")
+    _check_shared_alignment(fn, add)
+
+
+_ALIGNED_SHARED = re.compile(r"__shared__[^;]*?(?:alignas|__align__)\s*\(\s*(\d+)\s*\)")
+
+
+def _check_shared_alignment(fn: dict[str, Any], add: Any) -> None:
+    """The kernel asks for aligned shared arrays (TVM's alignas(64), for vector loads), and NNFusion re-declares
+    them without it: only sizes that are multiples of the alignment keep each array on such a boundary."""
+    body, sm = fn.get("function_body"), fn.get("shared_memory")
+    if not isinstance(body, str) or not isinstance(sm, dict):
+        return
+    align = max((int(a) for a in _ALIGNED_SHARED.findall(body)), default=0)
+    try:
+        sizes = [DTYPE_BYTES[t] * int(n) for t, n in zip(sm.get("dtype", []), sm.get("size", []), strict=True)]
+    except (KeyError, TypeError, ValueError):
+        return
+    if len(sizes) > 1 and align and any(size % align for size in sizes[:-1]):
+        add(CRASH, "shared-alignment",
+            f"the kernel's shared arrays ask for alignas({align}), which NNFusion's re-declaration drops, and their "
+            "sizes do not keep it: vector loads fault with 'misaligned address' in the compiled network "
+            "(re-inject the kernel with --replace: kdb now pads the sizes)")
 
 
 def lint_rows(rows: Iterable[tuple[Any, ...]]) -> Iterator[Finding]:
-    """Findings for every row, plus the identifiers a bad OpType poisons for its neighbours."""
+    """Findings for every row, plus what only the rows together tell: the identifiers a bad OpType
+    poisons for its neighbours, and fused kernels whose pair of rows is broken."""
     poisoned: dict[tuple[str, str], str] = {}
     members: dict[tuple[str, str], list[tuple[int, str]]] = defaultdict(list)
+    fused: set[tuple[str, str]] = set()
     for raw in rows:
         yield from lint_row(raw)
         rowid, key, ident, op_type, device = raw[0], raw[1], raw[2], raw[3], raw[6]
@@ -165,10 +197,24 @@ def lint_rows(rows: Iterable[tuple[Any, ...]]) -> Iterator[Finding]:
             members[(ident, device)].append((rowid, key if isinstance(key, str) else repr(key)))
             if isinstance(op_type, str) and op_type not in SUPPORTED_OP_TYPES:
                 poisoned[(ident, device)] = op_type
+            if op_type in FUSED_OP_TYPES:
+                fused.add((ident, device))
     for (ident, device), bad in poisoned.items():
         for rowid, key in members[(ident, device)]:
             yield Finding(rowid, key, ident, UNREACHABLE, "poisoned",
                           f"shares its identifier with a row of unsupported OpType {bad!r}: never fetched")
+    for ident, device in sorted(fused):
+        if device == DEVICE_TYPE and (ident, PATTERN_DEVICE_TYPE) not in members:
+            for rowid, key in members[(ident, device)]:
+                yield Finding(rowid, key, ident, UNREACHABLE, "pattern-twin",
+                              f"fused kernel without a {PATTERN_DEVICE_TYPE} row of its identifier: the "
+                              "pattern-substitution pass never replaces the convolution, so this row is never "
+                              "used (`kdb db repair` adds the twin)")
+        elif device == PATTERN_DEVICE_TYPE and (ident, DEVICE_TYPE) not in members:
+            for rowid, key in members[(ident, device)]:
+                yield Finding(rowid, key, ident, CRASH, "pattern-twin",
+                              f"{PATTERN_DEVICE_TYPE} row without a {DEVICE_TYPE} row of its identifier: the "
+                              "compiler substitutes the pattern, then finds no kernel for it and aborts")
 
 
 def quick_problem(op_type: Any, attributes: Any, identifier: Any, source: Any, device: Any, tags: Any,
@@ -186,7 +232,7 @@ def quick_problem(op_type: Any, attributes: Any, identifier: Any, source: Any, d
         return "Function or Miscs is not valid JSON"
     if op_type not in SUPPORTED_OP_TYPES:
         return f"unsupported OpType {op_type}"
-    if device != DEVICE_TYPE:
+    if device != DEVICE_TYPE and not _is_pattern_row(op_type, device):
         return f"DeviceType {device}"
     if source == "External" and "BlockCudaEmitter" not in str(tags).split(","):
         return "External row without BlockCudaEmitter"

@@ -27,6 +27,8 @@ ELEMENTWISE_ARITY: dict[str, int] = {
 }  # fmt: skip
 
 CONV_FAMILY = ("Convolution", "Fused_Convolution_Relu", "Fused_Convolution_Add_Relu")
+# Kernels of NNFusion's fusion patterns (Convolution+Relu, Convolution+Add+Relu).
+FUSED_OP_TYPES = ("Fused_Convolution_Relu", "Fused_Convolution_Add_Relu")
 POOLS = ("AvgPool", "MaxPool")
 
 # The compiler's SupportOpList: a row of any other OpType poisons every fetch of its identifier.
@@ -41,6 +43,10 @@ INJECTABLE_OP_TYPES: tuple[str, ...] = (*CONV_FAMILY, "Dot", *POOLS, *ELEMENTWIS
 DTYPES = ("float", "half", "double")
 
 DEVICE_TYPE = "CUDA_GPU"
+# The pattern-substitution pass asks for a fusion pattern under this DeviceType, and only when a row is
+# there does it make the Matched_Pattern node whose kernel it then fetches under DEVICE_TYPE: a fused kernel
+# is used only as a pair of rows, and a PATTERN_DEVICE_TYPE row alone makes the compiler abort.
+PATTERN_DEVICE_TYPE = "CUDA"
 EXTERNAL_SOURCE = "External"
 BASE_TAGS = ("KernelEmitter", "CudaEmitter", "BlockCudaEmitter")
 

@@ -1,1 +1,1 @@
-"""Where op configs come from: op-config files, ONNX models, AutoTVM logs; and model coverage."""
+"""Where op configs come from: op-config files, ONNX models, AutoTVM logs."""

@@ -62,6 +62,8 @@ LAYOUT_OPS = frozenset([
     "Gather", "Shape", "Size", "Expand", "Pad", "Tile", "Cast", "Dropout", "Constant", "ConstantOfShape",
 ])  # fmt: skip
 CONTROL_FLOW = frozenset(["If", "Loop", "Scan"])
+# Layout ops NNFusion turns into a non-transposing Reshape, which its element-wise fusion takes in.
+RESHAPES = frozenset(["Flatten", "Reshape", "Squeeze", "Unsqueeze"])
 
 # ONNX TensorProto element types the op configs cover.
 DTYPES = {1: "float", 10: "half", 11: "double"}
@@ -87,9 +89,21 @@ class Extraction:
     nodes: dict[str, list[tuple[str, ...]]]  # config.key -> the ONNX nodes of each occurrence
     unmapped: list[Unmapped] = field(default_factory=list)
     notes: list[Note] = field(default_factory=list)
+    # NNFusion's element-wise fusion works on its own graph: every element-wise node, non-transposing reshape and
+    # the bias Add it puts after a Conv/Gemm with a bias ("<node>/bias") is a unit; links join a unit to the
+    # units that read its output. (See core/nnfusion/coverage.py for what the compiler does with them.)
+    units: frozenset[str] = frozenset()
+    links: tuple[tuple[str, str], ...] = ()
 
     def count(self, config: OpConfig) -> int:
         return len(self.nodes.get(config.key, ()))
+
+    def unit_of(self, config: OpConfig, members: tuple[str, ...]) -> str | None:
+        """The fusion unit of one occurrence of an element-wise config (a Gemm's bias Add is its node's /bias)."""
+        if not members:
+            return None
+        node = members[0]
+        return node if node in self.units else (f"{node}/bias" if f"{node}/bias" in self.units else None)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -119,8 +133,9 @@ def extract(path: Path | str) -> Extraction:
     nodes: dict[str, list[tuple[str, ...]]] = defaultdict(list)
     for config, members in extractor.ops:
         nodes[config.key].append(members)
+    units, links = extractor.fusion_graph()
     return Extraction(graph.name or path.stem, len(graph.node), dedupe(c for c, _ in extractor.ops), dict(nodes),
-                      extractor.unmapped, extractor.notes)
+                      extractor.unmapped, extractor.notes, units, links)
 
 
 def _load(path: Path) -> Any:
@@ -256,6 +271,27 @@ class _Extractor:
             except _NotMapped as exc:
                 self.unmapped.append(Unmapped(self.names[i], node.op_type, exc.reason))
 
+    def fusion_graph(self) -> tuple[frozenset[str], tuple[tuple[str, ...], ...]]:
+        """The units of NNFusion's element-wise fusion and their links (see Extraction.units)."""
+        out_unit: dict[int, str] = {}
+        units: set[str] = set()
+        for i, node in enumerate(self.nodes):
+            if node.op_type in ONNX_ELEMENTWISE or node.op_type in RESHAPES:
+                out_unit[i] = self.names[i]
+            elif node.op_type in ("Conv", "Gemm") and len(node.input) > 2 and node.input[2] \
+                    and float(_attrs(node).get("beta", 1.0)) != 0:
+                out_unit[i] = f"{self.names[i]}/bias"  # NNFusion's Add after the Convolution / Dot
+        units.update(out_unit.values())
+        links: set[tuple[str, str]] = set()
+        for i, node in enumerate(self.nodes):
+            if i not in out_unit:
+                continue
+            for tensor in node.output:
+                for j in self.users.get(tensor, []):
+                    if self.nodes[j].op_type in ONNX_ELEMENTWISE or self.nodes[j].op_type in RESHAPES:
+                        links.add((out_unit[i], self.names[j]))
+        return frozenset(units), tuple(sorted(links))
+
     def _map(self, i: int, node: Any) -> None:
         op = node.op_type
         if node.domain not in ("", "ai.onnx"):
@@ -368,6 +404,9 @@ class _Extractor:
         params = {"arg0_shape": a_shape, "arg1_shape": b_shape, "out_shape": out,
                   "transpose_A": bool(attrs.get("transA", 0)), "transpose_B": bool(attrs.get("transB", 0))}
         self._emit(OpConfig("Dot", params, 1, dtype, source=self.names[i]), [i])
+        if not c:
+            self.notes.append(Note(self.names[i], "Gemm without its C input: NNFusion's ONNX importer crashes on it "
+                                   "(segfault at 'convert node', seen with its main branch); export it as MatMul"))
         if alpha != 1:
             self.unmapped.append(Unmapped(self.names[i], "Gemm", f"alpha={alpha:g}: NNFusion scales the Dot's result "
                                           "in a separate Multiply by a constant"))

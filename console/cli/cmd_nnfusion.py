@@ -1,0 +1,70 @@
+"""kdb nnfusion: compile a model with the user's NNFusion and the DB, and say what its code really runs."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from console.cli.cmd_coverage import compiler_setup
+from console.cli.output import err, out, print_json, shorten
+from core.db.kernel_db import KernelDB
+from core.db.state import StateDB
+from core.nnfusion.compile_job import CompileJob, compile_and_read
+from core.nnfusion.usage import DB_KERNEL
+
+
+def main(args: argparse.Namespace) -> int:
+    flag_list, _, product = compiler_setup(args)
+    with KernelDB.open(args.db) as db:  # the DB path as the other commands resolve it ($KDB_DB, the default)
+        db_path = db.path
+    job = CompileJob(model=Path(args.model).expanduser(), db=db_path, flags=tuple(flag_list),
+                     product_name=product, binary=args.nnfusion or "", out=Path(args.out) if args.out else None,
+                     timeout_s=args.timeout)
+    if args.json or not err.is_terminal:
+        report = compile_and_read(job, state=StateDB())
+    else:
+        with err.status("compiling with NNFusion…") as status:
+            started = time.monotonic()
+
+            def on_line(line: str) -> None:
+                status.update(f"NNFusion {time.monotonic() - started:5.1f} s: {shorten(line.strip(), 100)}")
+
+            report = compile_and_read(job, state=StateDB(), on_line=on_line)
+    if args.json:
+        print_json(report.as_dict())
+        return 0 if report.ok and not report.broken_promises() else 1
+    result = report.result
+    if not report.ok:
+        out.print(f"[red]NNFusion failed[/]: {report.reason}", highlight=False)
+        for line in report.decisive:
+            out.print(f"  {line}", markup=False, highlight=False)
+        out.print(f"log: {result.log_file if result else '-'} (recorded in `kdb failures`)", highlight=False)
+        return 1
+    from rich.table import Table
+
+    usage = report.usage
+    assert usage is not None and result is not None
+    table = Table(caption=f"{len(usage.steps)} kernel launches in kernel_entry; BlockFusion groups: "
+                  f"{len(usage.blockfusion_groups())}; library calls: {usage.library_calls or 'none'}",
+                  caption_justify="left")
+    for col in ("step", "node", "runs", "DB row"):
+        table.add_column(col, overflow="fold")
+    for i, step in enumerate(usage.steps, start=1):
+        for j, part in enumerate(step.parts):
+            label = f"{i}" if j == 0 else ""
+            if step.kind == "blockfusion":
+                label += f" BF[{j + 1}/{len(step.parts)}]"
+            style = "green" if part.runs == DB_KERNEL else "yellow" if part.runs in ("cuDNN", "cuBLAS") else "dim"
+            table.add_row(label, part.node, f"[{style}]{part.runs}[/]", ", ".join(shorten(k, 20) for k in part.rows))
+    out.print(table)
+    promised, used = report.promised(), usage.used_keys()
+    out.print(f"DB kernels used: {len(used)} of the {len(promised)} coverage promised"
+              + (f"; promised but not in the code: {', '.join(sorted(promised - used))}" if promised - used else "")
+              + (f"; in the code but not promised: {', '.join(sorted(used - promised))}" if used - promised else ""),
+              highlight=False)
+    out.print(f"compiled in {result.seconds:.1f} s ({len(result.lookups)} DB lookups, "
+              f"{len(result.substitutions)} patterns substituted); project {result.project}; log {result.log_file}",
+              highlight=False)
+    return 0 if not report.broken_promises() else 1
+

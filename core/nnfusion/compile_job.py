@@ -1,0 +1,120 @@
+"""One "compile with NNFusion" job, shared by `kdb nnfusion` and the console: run the compiler on a model with
+the DB, read what the generated code runs, and hold it against what coverage promised.
+
+A compiler failure becomes a failure record (stage "nnfusion") with the log's decisive lines.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from core.db.kernel_db import KernelDB
+from core.db.state import Failure, StateDB, state_dir
+from core.nnfusion.compiler import CompileResult, CompilerFlags, compile_model, find_compiler
+from core.nnfusion.coverage import IN_DB, CoverageEntry, coverage
+from core.nnfusion.usage import Usage, analyse_project
+from core.opconfigs.onnx_extract import extract
+
+STAGE = "nnfusion"
+
+
+@dataclass(frozen=True)
+class CompileJob:
+    model: Path
+    db: Path
+    flags: tuple[str, ...] = ()
+    product_name: str = ""
+    binary: str = ""  # the nnfusion_path setting; empty: nnfusion on PATH
+    out: Path | None = None  # the compiler's working folder (default: a new one under the state dir)
+    timeout_s: float = 1800.0
+
+    def workdir(self) -> Path:
+        if self.out is not None:
+            return self.out
+        stem = re.sub(r"[^A-Za-z0-9_.-]", "_", self.model.stem)[:60] or "model"
+        return state_dir() / "nnfusion" / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+@dataclass
+class CompileReport:
+    job: CompileJob
+    result: CompileResult | None = None
+    usage: Usage | None = None
+    entries: list[CoverageEntry] = field(default_factory=list)
+    reason: str = ""  # why it failed ('' when it ran)
+    decisive: list[str] = field(default_factory=list)
+    read_seconds: float = 0.0  # kdb's own work: extraction, coverage, reading the generated code
+
+    @property
+    def ok(self) -> bool:
+        return not self.reason and self.usage is not None
+
+    def promised(self) -> set[str]:
+        """The rows coverage said the compiler would run."""
+        return {e.row.key for e in self.entries if e.status == IN_DB and e.row is not None}
+
+    def broken_promises(self) -> set[str]:
+        """Rows promised and not in the code, and rows in the code not promised."""
+        if self.usage is None:
+            return set()
+        return self.promised() ^ self.usage.used_keys()
+
+    def as_dict(self) -> dict[str, Any]:
+        r = self.result
+        return {"ok": self.ok, "reason": self.reason, "decisive_lines": self.decisive,
+                "model": str(self.job.model), "db": str(self.job.db), "flags": list(self.job.flags),
+                "product_name": self.job.product_name,
+                "compile": None if r is None else {"command": r.command, "returncode": r.returncode,
+                                                   "seconds": r.seconds, "log": str(r.log_file),
+                                                   "project": str(r.project) if r.project else None,
+                                                   "lookups": len(r.lookups), "substitutions": r.substitutions},
+                "read_seconds": self.read_seconds,
+                "usage": self.usage.as_dict() if self.usage else None,
+                "promised": sorted(self.promised()), "broken_promises": sorted(self.broken_promises()),
+                "coverage": [e.to_dict() for e in self.entries]}
+
+
+def compile_and_read(job: CompileJob, *, state: StateDB | None = None,
+                     on_line: Callable[[str], None] | None = None,
+                     should_cancel: Callable[[], bool] | None = None) -> CompileReport:
+    """Run the job. KdbError when it cannot start (no compiler, no model); a failing compile is reported."""
+    report = CompileReport(job)
+    binary = find_compiler(job.binary)
+    started = time.monotonic()
+    extraction = extract(job.model)
+    with KernelDB.open(job.db) as db:
+        report.entries = coverage(extraction, db, CompilerFlags.parse(job.flags), job.product_name)
+    read = time.monotonic() - started
+    result = compile_model(job.model, job.db, job.workdir(), binary=binary, product_name=job.product_name,
+                           flags=job.flags, timeout_s=job.timeout_s, on_line=on_line, should_cancel=should_cancel)
+    report.result = result
+    if not result.ok:
+        report.reason = result.reason()
+        report.decisive = result.decisive_lines()
+        if state is not None and not result.cancelled:
+            _record_failure(state, job, result, report)
+        return report
+    started = time.monotonic()
+    with KernelDB.open(job.db) as db:
+        assert result.project is not None
+        report.usage = analyse_project(result.project / "nnfusion_rt.cu", db,
+                                       [lookup.identifier for lookup in result.lookups])
+    report.read_seconds = read + time.monotonic() - started
+    return report
+
+
+def _record_failure(state: StateDB, job: CompileJob, result: CompileResult, report: CompileReport) -> None:
+    run_id = state.start_run(STAGE, job.db, {"model": str(job.model), "flags": list(job.flags)})
+    state.record_failures([Failure(
+        run_id=run_id, db_path=str(job.db), file=str(job.model), item_index=None, name=job.model.name,
+        stage=STAGE, reason=report.reason,
+        detail=json.dumps({"log": str(result.log_file), "command": result.command, "returncode": result.returncode,
+                      "decisive_lines": report.decisive, "tail": result.tail[-20:]}, ensure_ascii=False))])
+    state.finish_run(run_id, injected=0, unchanged=0, failed=1, cancelled=False)
+

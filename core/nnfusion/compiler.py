@@ -1,0 +1,190 @@
+"""Run the user's NNFusion compiler on a model with a kernel DB, and read its log.
+
+The compiler writes a CUDA project (`nnfusion_rt/cuda_codegen/`) into its working directory. At
+`-min_log_level=0` it logs every kernel-DB lookup ("Trying to fetch kernel <identifier> on DeviceType: <d>")
+and every pattern it substitutes, which is how kdb knows what it asked the DB for.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from core.errors import KdbError
+
+# Flags whose value changes what the compiler asks the DB for, with NNFusion's defaults.
+FLAG_DEFAULTS: dict[str, int | bool] = {
+    "kernel_fusion_level": 3,  # element-wise chains become NNFusion's own kernels above 0
+    "blockfusion_level": 1,
+    "blockfusion_interplay": True,  # big BlockFusion groups swap in the row with the smallest time x resource
+    "pattern_substitution": True,  # Conv+Relu, Conv+Add+Relu -> Matched_Pattern (needs the CUDA row)
+    "kernel_selection": False,  # profile-based selection instead of the first External row
+}
+_FLAG = re.compile(r"^--?f(\w+?)(?:=(.*))?$")
+_LOOKUP = re.compile(r"Trying to fetch kernel (.*) on DeviceType: (\S+)\s*$")
+_SUBSTITUTED = re.compile(r"Substitution applied: (.*?)\s*$")
+_DECISIVE = re.compile(r"\b(ERROR|FATAL|Check failed|CHECK|terminate called|what\(\)|Aborted|exception)\b",
+                       re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class CompilerFlags:
+    """The compiler flags coverage models (NNFusion's defaults unless given)."""
+
+    kernel_fusion_level: int = 3
+    blockfusion_level: int = 1
+    blockfusion_interplay: bool = True
+    pattern_substitution: bool = True
+    kernel_selection: bool = False
+
+    @classmethod
+    def parse(cls, flags: Iterable[str]) -> CompilerFlags:
+        """From command-line flags as the compiler takes them (`-fkernel_fusion_level=0`, `-fblockfusion_level=0`,
+        `-fpattern_substitution=false`); other flags are the compiler's business. KdbError on a bad value."""
+        values: dict[str, int | bool] = {}
+        for flag in flags:
+            match = _FLAG.match(flag.strip())
+            if not match or match.group(1) not in FLAG_DEFAULTS:
+                continue
+            name, text = match.group(1), match.group(2)
+            default = FLAG_DEFAULTS[name]
+            if isinstance(default, bool):
+                if text is None or text.lower() in ("true", "1"):
+                    values[name] = True
+                elif text.lower() in ("false", "0"):
+                    values[name] = False
+                else:
+                    raise KdbError(f"{flag}: -f{name} takes true or false")
+            else:
+                try:
+                    values[name] = int(text or "")
+                except ValueError:
+                    raise KdbError(f"{flag}: -f{name} takes a whole number") from None
+        return cls(**values)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Lookup:
+    identifier: str
+    device_type: str
+
+
+@dataclass
+class CompileResult:
+    command: list[str]
+    workdir: Path
+    returncode: int | None  # None: cancelled or timed out before it ended
+    seconds: float
+    log_file: Path
+    cancelled: bool = False
+    timed_out: bool = False
+    lookups: list[Lookup] = field(default_factory=list)
+    substitutions: list[str] = field(default_factory=list)
+    tail: list[str] = field(default_factory=list)  # the log's last lines
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and self.project is not None
+
+    @property
+    def project(self) -> Path | None:
+        folder = self.workdir / "nnfusion_rt" / "cuda_codegen"
+        return folder if (folder / "nnfusion_rt.cu").is_file() else None
+
+    def decisive_lines(self, limit: int = 12) -> list[str]:
+        """What says why a run failed: the error lines of the log, else its end."""
+        text = self.log_file.read_text(encoding="utf-8", errors="replace") if self.log_file.exists() else ""
+        lines = [line.rstrip() for line in text.splitlines() if line.strip()]
+        errors = [line for line in lines if _DECISIVE.search(line)]
+        return (errors or lines)[-limit:]
+
+    def reason(self) -> str:
+        if self.cancelled:
+            return "cancelled"
+        if self.timed_out:
+            return f"the compiler ran past its time limit ({self.seconds:.0f} s)"
+        if self.returncode != 0:
+            lines = self.decisive_lines(3)
+            return f"nnfusion exited with status {self.returncode}" + (f": {lines[-1]}" if lines else "")
+        return "" if self.project else "nnfusion exited 0 but wrote no nnfusion_rt/cuda_codegen/nnfusion_rt.cu"
+
+
+def find_compiler(setting: str = "") -> Path:
+    """The nnfusion binary: the setting (a path, or a name on PATH), else `nnfusion` on PATH."""
+    name = setting or "nnfusion"
+    found = shutil.which(name) if os.sep not in name else (name if os.access(name, os.X_OK) else None)
+    if not found:
+        where = f"the nnfusion_path setting ({setting!r})" if setting else "PATH (set nnfusion_path in the settings)"
+        raise KdbError(f"no NNFusion compiler found in {where}: point it at the nnfusion binary "
+                       "(built from github.com/microsoft/nnfusion; its assets stay beside it)")
+    return Path(found).resolve()
+
+
+def compile_model(model: Path, db: Path, workdir: Path, *, binary: Path, product_name: str = "",
+                  flags: Iterable[str] = (), timeout_s: float = 1800.0,
+                  on_line: Callable[[str], None] | None = None,
+                  should_cancel: Callable[[], bool] | None = None) -> CompileResult:
+    """Compile `model` (ONNX) against the kernel DB `db` in `workdir`; never raises for a failing compile.
+
+    The command is a list (no shell); the log goes to workdir/nnfusion.log and, line by line, to on_line.
+    """
+    if not model.is_file():
+        raise KdbError(f"{model}: no such model file")
+    workdir.mkdir(parents=True, exist_ok=True)
+    command = [str(binary), str(model.resolve()), "-f", "onnx", f"-fkernel_cache_path={db.resolve()}",
+               "-min_log_level=0", *flags]
+    if product_name:
+        command.append(f"-fproduct_name={product_name}")
+    log_file = workdir / "nnfusion.log"
+    result = CompileResult(command, workdir, None, 0.0, log_file)
+    start = time.monotonic()
+    with log_file.open("w", encoding="utf-8", errors="replace") as log:
+        try:
+            proc = subprocess.Popen(command, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, text=True, errors="replace", start_new_session=True)
+        except OSError as exc:
+            raise KdbError(f"cannot run {binary}: {exc.strerror or exc}") from exc
+        stop = threading.Event()
+
+        def watchdog() -> None:  # cancel and the time limit are checked while the compiler is silent too
+            while not stop.wait(0.2):
+                if (should_cancel is not None and should_cancel()) or time.monotonic() - start > timeout_s:
+                    result.cancelled = bool(should_cancel and should_cancel())
+                    result.timed_out = not result.cancelled
+                    proc.kill()
+                    return
+
+        guard = threading.Thread(target=watchdog, daemon=True)
+        guard.start()
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                log.write(line)
+                _read_line(line, result)
+                if on_line is not None:
+                    on_line(line.rstrip("\n"))
+            proc.wait()
+        finally:
+            stop.set()
+            guard.join()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    result.seconds = time.monotonic() - start
+    result.returncode = None if (result.cancelled or result.timed_out) else proc.returncode
+    return result
+
+
+def _read_line(line: str, result: CompileResult) -> None:
+    if (m := _LOOKUP.search(line)) is not None:
+        result.lookups.append(Lookup(m.group(1), m.group(2)))
+    elif (m := _SUBSTITUTED.search(line)) is not None:
+        result.substitutions.append(m.group(1))
+    result.tail = [*result.tail[-39:], line.rstrip("\n")]

@@ -1,0 +1,339 @@
+"""What NNFusion will run for each op of a model, given the kernel DB and the compiler's flags.
+
+This is a model of the compiler's passes (read from its sources, checked against the real compiler by
+tests/test_nnfusion_compiler.py), in the order they run:
+
+1. Pattern substitution: Convolution+Add+Relu and Convolution+Relu chains are replaced by a Matched_Pattern
+   node only when the DB holds a row of the fused identifier under DeviceType CUDA. Its kernel is then fetched
+   under CUDA_GPU (none there: the compiler aborts). Not substituted, the convolution is looked up alone and the
+   Add/Relu stay element-wise nodes.
+2. Element-wise fusion (-fkernel_fusion_level > 0): element-wise nodes (and non-transposing reshapes, and the
+   bias Add after a Conv/Gemm) that feed one another become one kernel of NNFusion's own; only a lone one is
+   looked up in the DB.
+3. Kernel selection: each remaining node's identifier is fetched under CUDA_GPU; the compiler takes the FIRST
+   External row in table order (profiles are not compared). A row of an unsupported OpType under the same
+   identifier makes the fetch return nothing. Without a row: cuDNN for convolutions and pools, cuBLAS for Dot,
+   NNFusion's own kernel for element-wise ops.
+4. BlockFusion with interplay: in a group of parallel kernels whose blocks exceed 4 x 80, each node's row is
+   swapped for the one with the smallest time x resource for -fproduct_name (a row without a profile for it
+   counts as 10 us).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from dataclasses import dataclass, replace
+
+from core.db.kernel_db import KernelDB
+from core.errors import InputError
+from core.kernels.ops import CONV_FAMILY, DEVICE_TYPE, FUSED_OP_TYPES, PATTERN_DEVICE_TYPE, POOLS, SUPPORTED_OP_TYPES
+from core.kernels.profile import parse_profile
+from core.nnfusion.compiler import CompilerFlags
+from core.opconfigs.onnx_extract import Extraction
+from core.opconfigs.opconfig import OpConfig
+
+# Status of an op: what the DB does for it.
+IN_DB = "in DB"  # the compiler will run a DB row
+MISSING = "missing: tune it"  # no row: the op would run a DB kernel once one is there
+NOT_USED = "row not used"  # rows are there, and the compiler will not use them (see reasons)
+FUSED_AWAY = "fused away"  # NNFusion fuses the op into its own element-wise kernel; never looked up
+FALLS_BACK = "falls back"  # no kernel-DB op type at all
+ABORTS = "compiler aborts"  # the DB makes the compiler fail on this op
+STATUSES = (IN_DB, MISSING, NOT_USED, FUSED_AWAY, FALLS_BACK, ABORTS)
+
+# What runs.
+DB_KERNEL, NNFUSION_KERNEL = "DB kernel", "NNFusion's kernel"
+DEFAULT_PROFILE_US = 10.0  # what the compiler assumes for a row without a profile for the product
+GROUP_CAPACITY = 4 * 80  # BlockFusion's RESOURCE_CAPACITY (blocks)
+
+
+@dataclass(frozen=True)
+class RowChoice:
+    """The row the compiler takes for a lookup, and why that one."""
+
+    key: str
+    rows: int  # External CUDA_GPU rows of the identifier
+    why: str
+    time_us: float | None  # profile for the product name (None: none, the compiler assumes 10 us)
+    interplay_key: str | None = None  # the row BlockFusion's interplay swaps in, when another
+    interplay_why: str = ""
+
+    def to_dict(self) -> dict[str, object]:
+        return {"key": self.key, "rows": self.rows, "why": self.why, "time_us": self.time_us,
+                "interplay_key": self.interplay_key, "interplay_why": self.interplay_why}
+
+
+@dataclass(frozen=True)
+class CoverageEntry:
+    config: OpConfig
+    count: int  # occurrences in the model
+    identifier: str | None  # what the compiler looks up (None: the op has no kernel-DB identifier)
+    kernels: int  # CUDA_GPU rows of that identifier
+    status: str  # one of STATUSES
+    runs: str  # what executes: DB_KERNEL, "cuDNN", "cuBLAS", NNFUSION_KERNEL (+ the element-wise tail)
+    fallback: str  # what the compiler runs when the DB has no kernel for it
+    row: RowChoice | None = None
+    reasons: tuple[str, ...] = ()  # why rows are not used, and what else to know
+    fused_away: int = 0  # occurrences NNFusion fuses into its own element-wise kernel
+    lookup: str | None = None  # the identifier really looked up, when not `identifier` (a conv left unfused)
+
+    @property
+    def db_flops(self) -> int:
+        """FLOPs of this op that really run on DB kernels."""
+        return self.config.flops * (self.count - self.fused_away) if self.runs.startswith(DB_KERNEL) else 0
+
+    def to_dict(self) -> dict[str, object]:
+        return {"config": self.config.to_dict(), "description": self.config.describe(), "count": self.count,
+                "identifier": self.identifier, "lookup": self.lookup, "kernels": self.kernels,
+                "status": self.status, "runs": self.runs, "fallback": self.fallback,
+                "row": self.row.to_dict() if self.row else None, "reasons": list(self.reasons),
+                "fused_away": self.fused_away, "flops": self.config.flops * self.count, "db_flops": self.db_flops}
+
+
+def fallback_for(config: OpConfig) -> str:
+    """What the compiler runs for this op when the DB has no kernel for it."""
+    if config.groups != 1:
+        depthwise = config.groups == _channels(config)
+        return "DepthwiseConv2dNative (NNFusion's kernel)" if depthwise else "cuDNN"
+    if config.op_type == "Convolution" or config.op_type in POOLS:
+        return "cuDNN"
+    if config.op_type in CONV_FAMILY:
+        return "cuDNN + the Add/Relu as element-wise nodes (not fused)"
+    if config.op_type == "Dot":
+        return "cuBLAS"
+    return NNFUSION_KERNEL
+
+
+def _channels(config: OpConfig) -> int | None:
+    shape = config.params.get("input_shape")
+    return shape[1] if isinstance(shape, list) and len(shape) > 1 else None
+
+
+def _no_op_type(config: OpConfig) -> str:
+    if config.groups == _channels(config):
+        return (f"depthwise convolution (groups={config.groups}) has no kernel-DB op type; NNFusion emits "
+                "DepthwiseConv2dNative")
+    return (f"grouped convolution (groups={config.groups}) has no kernel-DB op type; NNFusion splits it into one "
+            "Convolution per group")
+
+
+def coverage(extraction: Extraction, db: KernelDB, flags: CompilerFlags | None = None,
+             product_name: str = "") -> list[CoverageEntry]:
+    """One entry per distinct op config of the model, in model order."""
+    return _Model(db, flags or CompilerFlags(), product_name).entries(extraction)
+
+
+def summarize(entries: list[CoverageEntry]) -> dict[str, object]:
+    """Per-status op counts, and the share of FLOPs (of these ops) that really runs on DB kernels."""
+    total = sum(e.config.flops * e.count for e in entries)
+    on_db = sum(e.db_flops for e in entries)
+    return {"ops": {s: sum(e.count for e in entries if e.status == s) for s in STATUSES},
+            "distinct": dict(Counter(e.status for e in entries)),
+            "db_flops_share": on_db / total if total else 0.0}
+
+
+class _Model:
+    def __init__(self, db: KernelDB, flags: CompilerFlags, product_name: str) -> None:
+        self.db, self.flags, self.product = db, flags, product_name
+        self._choices: dict[tuple[str, str], tuple[RowChoice | None, tuple[str, ...], str | None]] = {}
+
+    def entries(self, ex: Extraction) -> list[CoverageEntry]:
+        substituted = {c.key for c in ex.configs if c.op_type in FUSED_OP_TYPES and self._substitutes(c)}
+        fused_units = self._fused_units(ex, substituted)
+        out = []
+        for config in ex.configs:
+            count = ex.count(config)
+            occurrences = ex.nodes.get(config.key, [])
+            away = sum(1 for m in occurrences if ex.unit_of(config, m) in fused_units) \
+                if config.op_type not in CONV_FAMILY and config.op_type not in POOLS and config.op_type != "Dot" else 0
+            out.append(self.entry(config, count, away))
+        return out
+
+    def entry(self, config: OpConfig, count: int, fused_away: int = 0) -> CoverageEntry:
+        fallback = fallback_for(config)
+        if config.groups != 1:
+            return CoverageEntry(config, count, None, 0, FALLS_BACK, fallback, fallback, reasons=(_no_op_type(config),))
+        try:
+            identifier = config.signature().identifier
+        except InputError as exc:
+            return CoverageEntry(config, count, None, 0, FALLS_BACK, fallback, fallback, reasons=(exc.reason,))
+        kernels = len(self.db.fetch_like_compiler(identifier, DEVICE_TYPE))
+        if fused_away and fused_away == count:
+            return CoverageEntry(config, count, identifier, kernels, FUSED_AWAY, NNFUSION_KERNEL, fallback,
+                                 reasons=(self._fusion_reason(kernels),), fused_away=fused_away)
+        if config.op_type in FUSED_OP_TYPES:
+            return self._fused(config, count, identifier, kernels, fallback)
+        row, reasons, abort = self._choose(identifier, config)
+        extra = (f"{fused_away} of {count} fused into NNFusion's element-wise kernels",) if fused_away else ()
+        if abort:
+            return CoverageEntry(config, count, identifier, kernels, ABORTS, abort, fallback, row, (abort, *reasons))
+        if row is not None:
+            return CoverageEntry(config, count, identifier, kernels, IN_DB, DB_KERNEL, fallback, row,
+                                 (*extra, *reasons), fused_away)
+        status = NOT_USED if kernels or any("DeviceType" in r for r in reasons) else MISSING
+        return CoverageEntry(config, count, identifier, kernels, status, fallback, fallback, None, (*extra, *reasons),
+                             fused_away)
+
+    # -- fused convolutions ---------------------------------------------------------------------
+
+    def _substitutes(self, config: OpConfig) -> bool:
+        if not self.flags.pattern_substitution:
+            return False
+        try:
+            identifier = config.signature().identifier
+        except InputError:
+            return False
+        rows = self.db.fetch_like_compiler(identifier, PATTERN_DEVICE_TYPE)
+        return bool(rows) and all(r[2] in SUPPORTED_OP_TYPES for r in rows)
+
+    def _fused(self, config: OpConfig, count: int, identifier: str, kernels: int, fallback: str) -> CoverageEntry:
+        if self._substitutes(config):
+            row, reasons, abort = self._choose(identifier, config)
+            if row is not None and not abort:
+                return CoverageEntry(config, count, identifier, kernels, IN_DB, DB_KERNEL, fallback, row, reasons)
+            why = abort or (f"the {PATTERN_DEVICE_TYPE} row makes the compiler substitute the pattern, and no "
+                            f"{DEVICE_TYPE} kernel of it can be fetched: the compiler aborts "
+                            "(Kernel_Selection_Result check)")
+            return CoverageEntry(config, count, identifier, kernels, ABORTS, why, fallback, None, (why, *reasons))
+        # Not substituted: the convolution is looked up alone, the Add/Relu become NNFusion's element-wise kernel.
+        pattern = (self._why_not_substituted(identifier, kernels),
+                   *(self._why_no_rows(identifier, config) if not kernels else ()))
+        plain = replace(config, op_type="Convolution")
+        plain_id = plain.signature().identifier
+        row, reasons, abort = self._choose(plain_id, plain)
+        tail = " + the Add/Relu as element-wise nodes"
+        runs = (abort or (f"{DB_KERNEL} (plain Convolution)" if row else "cuDNN")) + tail
+        status = ABORTS if abort else NOT_USED if kernels else MISSING
+        return CoverageEntry(config, count, identifier, kernels, status, runs, fallback, row, (*pattern, *reasons),
+                             lookup=plain_id)
+
+    def _why_not_substituted(self, identifier: str, kernels: int) -> str:
+        if not self.flags.pattern_substitution:
+            return "pattern substitution is off (-fpattern_substitution=false): the fused kernel is never used"
+        poisoned = [r[2] for r in self.db.fetch_like_compiler(identifier, PATTERN_DEVICE_TYPE)
+                    if r[2] not in SUPPORTED_OP_TYPES]
+        if poisoned:
+            return (f"a {PATTERN_DEVICE_TYPE} row of unsupported OpType {poisoned[0]!r} poisons the pattern lookup: "
+                    "never substituted")
+        if kernels:
+            return (f"no {PATTERN_DEVICE_TYPE} row of this identifier: the pattern-substitution pass never replaces "
+                    "the nodes, so its kernel is never used (`kdb db repair` adds the twins)")
+        return "no fused kernel in the DB: the pattern is not substituted"
+
+    # -- kernel selection -----------------------------------------------------------------------
+
+    def _choose(self, identifier: str, config: OpConfig) -> tuple[RowChoice | None, tuple[str, ...], str]:
+        """(the row the compiler takes, reasons, abort text) for one CUDA_GPU lookup."""
+        key = (identifier, config.op_type)
+        if key not in self._choices:
+            self._choices[key] = self._select(identifier, config)
+        row, reasons, abort = self._choices[key]
+        return row, reasons, abort or ""
+
+    def _select(self, identifier: str, config: OpConfig) -> tuple[RowChoice | None, tuple[str, ...], str | None]:
+        fetched = self.db.fetch_like_compiler(identifier, DEVICE_TYPE)
+        if not fetched:
+            return None, self._why_no_rows(identifier, config), None
+        bad = [r[2] for r in fetched if r[2] not in SUPPORTED_OP_TYPES]
+        if bad:
+            return None, (f"a row of unsupported OpType {bad[0]!r} shares the identifier: every fetch of it returns "
+                          "nothing, for all its rows",), None
+        external = [r for r in fetched if r[3] == "External"]
+        if not external:
+            return None, (f"{len(fetched)} row(s) of Source {fetched[0][3]!r}: kernel selection uses External rows "
+                          "(and Antares rows profiled for the product)",), None
+        first = external[0]
+        if "BlockCudaEmitter" not in str(first[4]).split(","):
+            return None, (), "the first External row has no BlockCudaEmitter tag: the compiler CHECK-fails on it"
+        why = ("the only External row" if len(external) == 1 else
+               f"the first of {len(external)} External rows in table order: kernel selection takes the first and "
+               "does not compare profiles")
+        profiles = [(r[1], *self._profile(r[5])) for r in external]
+        time_us = profiles[0][1]
+        reasons = list(self._tag_mismatch(config, str(first[4])))
+        if time_us is None:
+            reasons.append(f"no profile for {self.product or 'the product name (not set)'}: BlockFusion schedules "
+                           f"it as {DEFAULT_PROFILE_US:g} us")
+        choice = RowChoice(first[1], len(external), why, time_us)
+        if self.flags.blockfusion_level > 0 and self.flags.blockfusion_interplay and len(external) > 1:
+            efficient = self._efficient(profiles)
+            if efficient is not None and efficient[0] != first[1]:
+                choice = replace(choice, interplay_key=efficient[0], interplay_why=(
+                    f"in a BlockFusion group over {GROUP_CAPACITY} blocks the row with the smallest time x resource "
+                    f"({efficient[1]:g} us x {efficient[2]}) replaces it"))
+        return choice, tuple(reasons), None
+
+    def _efficient(self, profiles: list[tuple[str, float | None, int]]) -> tuple[str, float, int] | None:
+        """fetch_with_tags(efficient=true): the smallest time x resource among rows profiled for the product."""
+        best: tuple[str, float, int] | None = None
+        for key, t, resource in profiles:
+            if t is not None and (best is None or t * resource < best[1] * best[2]):
+                best = (key, t, resource)
+        return best
+
+    def _profile(self, miscs_text: str) -> tuple[float | None, int]:
+        try:
+            profile = json.loads(miscs_text).get("external_profile") or {}
+            times = parse_profile(profile.get("time") or "")
+            resource = int(profile.get("resource") or 0)
+        except (ValueError, AttributeError, TypeError, InputError):
+            return None, 0
+        return (times.get(self.product) if self.product else None), resource
+
+    @staticmethod
+    def _tag_mismatch(config: OpConfig, tags: str) -> tuple[str, ...]:
+        if config.op_type != "Dot":
+            return ()
+        have = set(tags.split(","))
+        want = {t for t, on in (("transA", config.params.get("transpose_A")),
+                                ("transB", config.params.get("transpose_B"))) if on}
+        got = have & {"transA", "transB"}
+        if got != want:
+            return (f"the row's Tags say {sorted(got) or 'no transpose'}, the op has {sorted(want) or 'none'}: the "
+                    "compiler uses the row anyway (kernel selection does not read Tags)",)
+        return ()
+
+    def _why_no_rows(self, identifier: str, config: OpConfig) -> tuple[str, ...]:
+        reasons = [f"{n} row(s) under DeviceType {d!r}: the compiler asks for {DEVICE_TYPE}"
+                   for d, n in self.db.device_types_of(identifier).items() if d != DEVICE_TYPE]
+        prefix = identifier.split(";")[0]
+        near = [i for i in self.db.identifiers_starting(prefix, DEVICE_TYPE) if i != identifier]
+        if near:
+            reasons.append(f"{len(near)} identifier(s) of the same op and first shape differ: {near[0]!r} "
+                           f"(looked up: {identifier!r})")
+        return tuple(reasons)
+
+    # -- element-wise fusion --------------------------------------------------------------------
+
+    def _fused_units(self, ex: Extraction, substituted: set[str]) -> set[str]:
+        """Units in a group of two or more after substitution: NNFusion's own ElementWiseFused kernels."""
+        if self.flags.kernel_fusion_level <= 0 or not ex.units:
+            return set()
+        consumed: set[str] = set()
+        for config in ex.configs:
+            if config.key not in substituted:
+                continue
+            for members in ex.nodes.get(config.key, []):
+                consumed.update(m for m in members[1:] if m in ex.units)
+                consumed.add(f"{members[0]}/bias")
+        parent = {u: u for u in ex.units - consumed}
+
+        def root(u: str) -> str:
+            while parent[u] != u:
+                parent[u] = parent[parent[u]]
+                u = parent[u]
+            return u
+
+        for a, b in ex.links:
+            if a in parent and b in parent:
+                parent[root(a)] = root(b)
+        size: dict[str, int] = defaultdict(int)
+        for u in parent:
+            size[root(u)] += 1
+        return {u for u in parent if size[root(u)] > 1}
+
+    def _fusion_reason(self, kernels: int) -> str:
+        text = (f"NNFusion fuses it with its element-wise neighbours into one kernel of its own "
+                f"(-fkernel_fusion_level={self.flags.kernel_fusion_level}): never looked up")
+        return text + (f"; its {kernels} row(s) are unused here" if kernels else "")

@@ -1,0 +1,141 @@
+"""Which kernel-DB rows a compiled network really runs, step by step (the truth `kdb nnfusion` reports)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from core.kernels.kernel_row import COLUMNS, KernelRow, distinct_kernels
+from core.nnfusion.generated import (
+    BLOCKFUSION,
+    ELIMINATED,
+    HOST,
+    KERNEL,
+    LIBRARY,
+    Generated,
+    RowUse,
+    member_node,
+    parse_generated,
+    rows_in_source,
+)
+
+if TYPE_CHECKING:
+    from core.db.kernel_db import KernelDB
+
+DB_KERNEL, NNFUSION_KERNEL = "DB kernel", "NNFusion's kernel"
+
+
+@dataclass(frozen=True)
+class Part:
+    """One node's kernel inside a step (a BlockFusion kernel has several)."""
+
+    node: str
+    function: str
+    runs: str  # DB_KERNEL, NNFUSION_KERNEL, "cuDNN" or "cuBLAS"
+    rows: tuple[str, ...] = ()  # Keys of the DB rows whose body this function holds
+
+
+@dataclass(frozen=True)
+class StepUse:
+    node: str
+    kind: str
+    parts: tuple[Part, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "kind": self.kind,
+                "parts": [{"node": p.node, "function": p.function, "runs": p.runs, "rows": list(p.rows)}
+                          for p in self.parts]}
+
+
+@dataclass
+class Usage:
+    steps: list[StepUse]
+    rows: list[RowUse]  # every kernel asked about, with the functions that hold it (none: not used)
+    library_calls: dict[str, int] = field(default_factory=dict)
+
+    def used_keys(self) -> set[str]:
+        return {r.key for r in self.rows if r.functions}
+
+    def parts(self) -> list[Part]:
+        return [p for s in self.steps for p in s.parts]
+
+    def blockfusion_groups(self) -> list[StepUse]:
+        return [s for s in self.steps if s.kind == BLOCKFUSION]
+
+    def as_dict(self) -> dict[str, Any]:
+        parts = self.parts()
+        return {"steps": [s.as_dict() for s in self.steps],
+                "db_rows_used": sorted(self.used_keys()),
+                "db_rows_not_used": sorted(r.key for r in self.rows if not r.functions),
+                "kernels": {runs: sum(p.runs == runs for p in parts)
+                            for runs in (DB_KERNEL, NNFUSION_KERNEL, "cuDNN", "cuBLAS")},
+                "blockfusion_groups": [[p.node for p in s.parts] for s in self.blockfusion_groups()],
+                "library_calls": self.library_calls}
+
+
+def analyse(generated: Generated, rows: Iterable[KernelRow]) -> Usage:
+    """Each kernel_entry step with what it runs, given the DB rows to look for (a pair counts once)."""
+    kernels = list(distinct_kernels(rows))
+    uses = rows_in_source(generated, ((r.key, r.identifier, r.op_type, _block_body(r)) for r in kernels))
+    by_function: dict[str, list[str]] = {}
+    for use in uses:
+        for fn in use.functions:
+            by_function.setdefault(fn, []).append(use.key)
+    steps = []
+    for step in generated.steps:
+        if step.kind in (ELIMINATED, HOST):
+            continue
+        if step.kind == LIBRARY:
+            parts: tuple[Part, ...] = (Part(step.node, step.function, step.library),)
+        elif step.kind == BLOCKFUSION:
+            parts = tuple(_part(member_node(m), m, by_function) for m in step.members)
+        else:
+            assert step.kind == KERNEL
+            parts = (_part(step.node, step.function, by_function),)
+        steps.append(StepUse(step.node, step.kind, parts))
+    return Usage(steps, uses, generated.library_calls())
+
+
+def _part(node: str, function: str, by_function: dict[str, list[str]]) -> Part:
+    keys = tuple(by_function.get(function, ()))
+    return Part(node, function, DB_KERNEL if keys else NNFUSION_KERNEL, keys)
+
+
+def _block_body(row: KernelRow) -> str:
+    try:
+        fn = json.loads(row.function)
+    except ValueError:
+        return ""
+    body = fn.get("block_function_body") if isinstance(fn, dict) else None
+    return body if isinstance(body, str) else ""
+
+
+def analyse_project(source_file: Path, db: KernelDB, identifiers: Iterable[str] | None = None) -> Usage:
+    """Usage of the DB's rows (those of `identifiers` only, when given) in a generated nnfusion_rt.cu."""
+    generated = parse_generated(source_file.read_text(encoding="utf-8", errors="replace"))
+    if identifiers is None:
+        rows = list(db.iter_rows())
+    else:
+        wanted = sorted(set(identifiers))
+        rows = [r for chunk in range(0, len(wanted), 500)
+                for r in db.iter_rows(f"WHERE Identifier IN ({', '.join('?' * len(wanted[chunk:chunk + 500]))})",
+                                      wanted[chunk:chunk + 500])]
+    return analyse(generated, rows)
+
+
+def db_kernels_used(db_path: Path, source: str, product_name: str = "") -> dict[str, Any]:
+    """For scripts (bench/bench_network.py, run where SQLAlchemy may be absent): the usage of every row of the
+    DB at db_path in this source, read with sqlite3 alone."""
+    conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+    try:
+        rows = [KernelRow.from_values(tuple(r)) for r in conn.execute(f"SELECT {', '.join(COLUMNS)} FROM KernelCache")]
+    finally:
+        conn.close()
+    usage = analyse(parse_generated(source), rows)
+    report = usage.as_dict()
+    report["product_name"] = product_name
+    return report

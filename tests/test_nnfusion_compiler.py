@@ -1,0 +1,212 @@
+"""The real compiler is the judge: NNFusion itself uses every kernel coverage says it will, and nothing else.
+
+Each ONNX model is built here, goes through extract -> codegen (TVM's default schedule) -> inject, and then
+through `../shared/nnfusion/bin/nnfusion` with that DB. The generated nnfusion_rt.cu must contain exactly the
+rows coverage promised. Where no cuDNN/cuBLAS call is left, nnfusion_rt.cu is compiled with nvcc for sm_90
+(with empty stand-ins for the two library headers it includes but then does not use): that catches a
+block_function_body that does not compile in NNFusion's own form.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("onnx")
+pytest.importorskip("tvm")
+
+from conftest import run_kdb_json
+from onnx_models import GraphBuilder, write
+
+from core.codegen.batch import generate_all
+from core.cuda.nvcc import find_nvcc
+from core.db.kernel_db import KernelDB
+from core.errors import KdbError
+from core.inject.pipeline import InjectOptions, Injector
+from core.kernels.kernel_row import COLUMNS
+from core.nnfusion.compile_job import CompileJob, compile_and_read
+from core.nnfusion.coverage import IN_DB, NOT_USED
+from core.opconfigs.onnx_extract import extract
+
+SHARED_COMPILER = Path(__file__).resolve().parents[2] / "shared" / "nnfusion" / "bin" / "nnfusion"
+COMPILER = Path(os.environ.get("KDB_TEST_NNFUSION", SHARED_COMPILER))
+pytestmark = [
+    pytest.mark.tvm,
+    pytest.mark.skipif(not COMPILER.is_file(), reason=f"needs the NNFusion compiler at {COMPILER} "
+                       "(../shared/nnfusion, or KDB_TEST_NNFUSION): absent on a fresh clone"),
+]
+PRODUCT = "NVIDIA H200"
+
+
+# -- models -----------------------------------------------------------------------------------
+
+def conv_bias_relu(batch: int) -> GraphBuilder:
+    g = GraphBuilder({"x": [batch, 8, 16, 16]})
+    y = g.node("Relu", [g.conv("x", 8, 16, 3, bias=True, name="c1")], "r1")
+    return g.finish(g.node("Relu", [g.conv(y, 16, 16, 3, stride=2, bias=True, name="c2")], "r2"))
+
+
+def conv_residual(batch: int) -> GraphBuilder:
+    """Conv+Add(residual)+Relu without a bias: the fused kernel's third input is the residual tensor."""
+    g = GraphBuilder({"x": [batch, 16, 14, 14]})
+    y = g.node("Relu", [g.conv("x", 16, 16, 3, name="c1")], "r1")
+    return g.finish(g.node("Relu", [g.node("Add", [g.conv(y, 16, 16, 3, name="c2"), "x"], "add")], "r2"))
+
+
+def branches(batch: int) -> GraphBuilder:
+    """Two parallel convolutions of one input (a BlockFusion group), joined by an Add."""
+    g = GraphBuilder({"x": [batch, 16, 14, 14]})
+    a = g.conv("x", 16, 32, 3, stride=2, name="a")
+    b = g.conv("x", 16, 32, 1, stride=2, pad=0, name="b")
+    return g.finish(g.node("Relu", [g.node("Add", [a, b], "add")], "relu"))
+
+
+def pools(batch: int) -> GraphBuilder:
+    g = GraphBuilder({"x": [batch, 8, 16, 16]})
+    y = g.node("MaxPool", ["x"], "mp", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    y = g.node("AveragePool", [y], "ap", kernel_shape=[2, 2], strides=[2, 2])
+    return g.finish(g.node("GlobalAveragePool", [y], "gap"))
+
+
+def gemms(batch: int) -> GraphBuilder:
+    """Gemm with a bias (Dot + NNFusion's bias Add), then a Dot alone: a MatMul, since NNFusion's importer
+    crashes on a Gemm without C (test_a_gemm_without_c_is_flagged)."""
+    g = GraphBuilder({"x": [batch, 64]})
+    y = g.node("Gemm", ["x", g.weight("w1", [32, 64]), g.weight("b1", [32])], "fc1", transB=1)
+    return g.finish(g.node("MatMul", [y, g.weight("w2", [32, 16])], "fc2"))
+
+
+def elementwise_chain(batch: int) -> GraphBuilder:
+    """Sigmoid -> Tanh -> Exp: one NNFusion kernel at the default level; looked up one by one at level 0."""
+    g = GraphBuilder({"x": [batch, 256]})
+    return g.finish(g.node("Exp", [g.node("Tanh", [g.node("Sigmoid", ["x"], "s")], "t")], "e"))
+
+
+def _finish(self: GraphBuilder, output: str) -> GraphBuilder:
+    self.output = output
+    return self
+
+
+GraphBuilder.finish = _finish  # type: ignore[attr-defined]
+MODELS = {"conv_bias_relu": conv_bias_relu, "conv_residual": conv_residual, "branches": branches,
+          "pools": pools, "gemms": gemms}
+
+
+# -- the pipeline -------------------------------------------------------------------------------
+
+def build_db(model: Path, db_path: Path, work: Path) -> Path:
+    """extract -> codegen -> inject, as a user runs them (kernels compile-checked below, in NNFusion's form)."""
+    configs = extract(model).configs
+    report = generate_all(configs, "sm_90", check=False)
+    assert not report.failed, [f"{g.config.describe()}: {g.error}" for g in report.failed]
+    kernels = work / "kernels.json"
+    kernels.write_text(json.dumps(report.items), encoding="utf-8")
+    with KernelDB.open(db_path, create=True) as db:
+        injected = Injector(db, InjectOptions(compile=False), state=None).run([kernels], kind="test")
+    assert injected.failed == 0, [f.reason for f in injected.failures]
+    return db_path
+
+
+def compile_with(model: Path, db: Path, work: Path, flags: tuple[str, ...] = ()):  # type: ignore[no-untyped-def]
+    report = compile_and_read(CompileJob(model, db, flags, PRODUCT, str(COMPILER), work / "nnfusion"))
+    assert report.ok, f"{report.reason}: {report.decisive}"
+    return report
+
+
+def nvcc_compiles(project: Path, work: Path) -> None:
+    nvcc = find_nvcc("")
+    stand_ins = work / "no-libraries"
+    stand_ins.mkdir(exist_ok=True)
+    for header in ("cudnn.h", "cublas_v2.h"):
+        (stand_ins / header).write_text("// the generated code includes it and calls nothing from it\n")
+    proc = subprocess.run([str(nvcc), "-c", "-gencode", "arch=compute_90,code=sm_90", "--expt-relaxed-constexpr",
+                           f"-I{stand_ins}", "nnfusion_rt.cu", "-o", str(work / "nnfusion_rt.o")],
+                          cwd=project, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_the_compiler_uses_exactly_what_coverage_promised(tmp_path: Path, name: str, batch: int):
+    g = MODELS[name](batch)
+    model = write(g.model(g.output, name), tmp_path / f"{name}.onnx")
+    db = build_db(model, tmp_path / "k.db", tmp_path)
+    report = compile_with(model, db, tmp_path)
+    assert report.usage is not None
+    promised, used = report.promised(), report.usage.used_keys()
+    assert promised, "every model here has ops the DB serves"
+    assert used == promised, f"used {sorted(used)}; promised {sorted(promised)}"
+    if not report.usage.library_calls:
+        nvcc_compiles(report.result.project, tmp_path)
+
+
+def test_fused_rows_without_twins_are_not_used_and_repair_makes_them_used(tmp_path: Path):
+    g = conv_bias_relu(1)
+    model = write(g.model(g.output, "cbr"), tmp_path / "cbr.onnx")
+    with KernelDB.open(build_db(model, tmp_path / "k.db", tmp_path)) as kdb:
+        kernels = list(kdb.iter_rows("WHERE DeviceType = 'CUDA_GPU'"))
+    bare = tmp_path / "bare.db"  # the kernel rows alone, as NNFusion's own import script writes them
+    KernelDB.open(bare, create=True).close()
+    conn = sqlite3.connect(bare)
+    conn.executemany(f"INSERT INTO KernelCache ({', '.join(COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                     [r.values() for r in kernels])
+    conn.commit()
+    conn.close()
+    report = compile_with(model, bare, tmp_path / "before")
+    assert {e.status for e in report.entries} == {NOT_USED}
+    assert report.usage is not None and report.usage.used_keys() == report.promised() == set()
+    assert report.result.substitutions == []
+    proc, repair = run_kdb_json("db", "repair", "--db", str(bare), "--apply")
+    assert proc.returncode == 0 and len(repair["twins_written"]) == 2
+    report = compile_with(model, bare, tmp_path / "after")
+    assert len(report.result.substitutions) == 2
+    assert report.usage is not None and report.usage.used_keys() == report.promised() == {r.key for r in kernels}
+
+
+def test_element_wise_rows_are_used_only_at_fusion_level_0(tmp_path: Path):
+    g = elementwise_chain(1)
+    model = write(g.model(g.output, "chain"), tmp_path / "chain.onnx")
+    db = build_db(model, tmp_path / "k.db", tmp_path)
+    default = compile_with(model, db, tmp_path / "level3")
+    assert default.promised() == set() and default.usage is not None and default.usage.used_keys() == set()
+    level0 = compile_with(model, db, tmp_path / "level0", ("-fkernel_fusion_level=0",))
+    assert level0.usage is not None and len(level0.promised()) == 3
+    assert level0.usage.used_keys() == level0.promised()
+    assert {e.status for e in level0.entries} == {IN_DB}
+
+
+def test_a_gemm_without_c_is_flagged(tmp_path: Path):
+    # The compiler itself segfaults on it (seen here with ../shared/nnfusion): extraction warns before that.
+    g = GraphBuilder({"x": [1, 64]})
+    g.output = g.node("Gemm", ["x", g.weight("w", [64, 16])], "fc")
+    model = write(g.model(g.output, "nobias"), tmp_path / "nobias.onnx")
+    assert [n.node for n in extract(model).notes if "crashes" in n.text] == ["fc"]
+    proc = subprocess.run([str(COMPILER), str(model), "-f", "onnx"], cwd=tmp_path, capture_output=True, timeout=120)
+    assert proc.returncode != 0
+
+
+def test_a_compiler_failure_is_a_failure_record_with_its_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from core.db.state import StateDB
+
+    monkeypatch.setenv("KDB_STATE_DIR", str(tmp_path / "state"))
+    g = GraphBuilder({"x": [1, 64]})
+    g.output = g.node("Gemm", ["x", g.weight("w", [64, 16])], "fc")  # extraction reads it; the compiler crashes
+    model = write(g.model(g.output, "nobias"), tmp_path / "nobias.onnx")
+    truncated = tmp_path / "truncated.onnx"
+    truncated.write_bytes(model.read_bytes()[:40])
+    with pytest.raises(KdbError):  # kdb's own extraction refuses it before any compiler runs
+        compile_and_read(CompileJob(truncated, tmp_path / "k.db", (), PRODUCT, str(COMPILER), tmp_path / "x"))
+    KernelDB.open(tmp_path / "k.db", create=True).close()
+    state = StateDB()
+    report = compile_and_read(CompileJob(model, tmp_path / "k.db", (), PRODUCT, str(COMPILER), tmp_path / "crash"),
+                              state=state)
+    assert not report.ok and report.reason.startswith("nnfusion exited with status")
+    (failure,) = state.failures()
+    assert (failure.stage, failure.file, failure.reason) == ("nnfusion", str(model), report.reason)
+    detail = json.loads(failure.detail)
+    assert detail["decisive_lines"] and Path(detail["log"]).is_file()

@@ -1,0 +1,80 @@
+"""Shared arrays keep their alignment where NNFusion puts them, and GPU jobs run the kernel as NNFusion does.
+
+Seen on the H200: a TVM-tuned conv declares `__shared__ alignas(64) float pad_temp_shared_ptr[2457];` and
+`... input1_shared_ptr[784];` and reads them with float4. NNFusion re-declares both from `shared_memory`
+without the alignas, so the second starts at byte 9828 and the compiled ResNet-18 faulted with "misaligned
+address", while kdb's verification (which ran the original function_body) had passed the kernel.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from itertools import accumulate
+
+from core.cuda.nvcc import standalone_source
+from core.gpu.jobs import job_for_row
+from core.inject.prepare import prepare
+from core.kernels.kernel_row import COLUMNS
+from core.kernels.lint import CRASH, lint_row
+
+CODE = """extern "C" __global__ void __launch_bounds__(64) default_function_kernel(float* __restrict__ input0,
+    float* __restrict__ input1, float* __restrict__ output0) {
+  __shared__ alignas(64) float a_shared[2457];
+  __shared__ alignas(64) float b_shared[784];
+  for (int i = threadIdx.x; i < 2457; i += 64) a_shared[i] = input0[i];
+  for (int i = threadIdx.x; i < 784; i += 64) b_shared[i] = input1[i];
+  __syncthreads();
+  float4 v = ((float4*)b_shared)[threadIdx.x];
+  output0[threadIdx.x] = a_shared[threadIdx.x] + v.x + v.y + v.z + v.w;
+}"""
+ITEM = {"tvm_func_name": "aligned", "op_type": "Add",
+        "parameters": {"input_shapes": [[2457], [2457]], "output_shape": [2457]},
+        "code": CODE, "gridDim": [1, 1, 1], "blockDim": [64, 1, 1]}
+
+
+def _function(row) -> dict:
+    return json.loads(row.function)
+
+
+def test_padded_sizes_put_every_array_on_the_asked_boundary():
+    row = prepare("k.json", 0, ITEM).row
+    assert row is not None
+    sm = _function(row)["shared_memory"]
+    assert sm["symbol"] == ["a_shared", "b_shared"]
+    assert sm["size"][0] >= 2457 and sm["size"][1] >= 784
+    byte_sizes = [4 * n for n in sm["size"]]
+    # BlockFusion form: running offsets in one shared_buffer; plain form: one array after the other
+    assert all(offset % 64 == 0 for offset in accumulate(byte_sizes))
+    assert lint_row((1, *row.values())) == []
+
+
+def test_a_row_that_lost_the_alignment_is_a_crash_finding():
+    row = prepare("k.json", 0, ITEM).row
+    fn = _function(row)
+    fn["shared_memory"]["size"] = [2457, 784]  # as kdb wrote it before the fix
+    values = dict(zip(COLUMNS, row.values(), strict=True), Function=json.dumps(fn))
+    findings = [f for f in lint_row((1, *values.values())) if f.check == "shared-alignment"]
+    assert [f.severity for f in findings] == [CRASH]
+    assert "misaligned" in findings[0].message
+
+
+def test_gpu_jobs_run_the_kernel_in_nnfusions_form():
+    row = prepare("k.json", 0, ITEM).row
+    fn = _function(row)
+    source = job_for_row(row, "verify")["source"]
+    assert source == standalone_source(fn)
+    # the shared arrays as NNFusion's emit_alloc_shared declares them, then block_function_body
+    assert f"__shared__ float a_shared[{fn['shared_memory']['size'][0]}];" in source
+    assert fn["block_function_body"].strip() in source
+    assert "alignas" not in source  # not the original declarations of function_body
+
+
+def test_the_stored_row_round_trips_through_sqlite(tmp_path):
+    # the padded sizes are plain ints NNFusion's nlohmann::json reads as size_t
+    row = prepare("k.json", 0, ITEM).row
+    conn = sqlite3.connect(tmp_path / "k.db")
+    conn.execute("CREATE TABLE t (f TEXT)")
+    conn.execute("INSERT INTO t VALUES (?)", (row.function,))
+    assert all(isinstance(n, int) for n in json.loads(conn.execute("SELECT f FROM t").fetchone()[0])
+               ["shared_memory"]["size"])
