@@ -15,6 +15,9 @@ from core.db.kernel_db import KernelDB
 from core.settings import load_settings
 
 
+ROWS = 11  # the small DB: ten kernels, and the CUDA twin of its fused conv
+
+
 @pytest.fixture
 def app(tmp_path: Path) -> FixedDeviceApp:
     db = build_small_db(tmp_path / "k.db")
@@ -41,7 +44,7 @@ async def wait_rows(pilot, table: KernelTable, n: int) -> None:
 async def test_browse_filter_sort_and_detail(app: FixedDeviceApp):
     async with app.run_test(size=(180, 50)) as pilot:
         table = app.screen.query_one(KernelTable)
-        await wait_rows(pilot, table, 10)
+        await wait_rows(pilot, table, ROWS)
         await pilot.press("slash", *"Dot")
         await wait_rows(pilot, table, 2)
         await pilot.press("escape")
@@ -64,7 +67,7 @@ async def test_lint_filter_shows_problem_rows_only(app: FixedDeviceApp, tmp_path
             conn.exec_driver_sql("UPDATE KernelCache SET Tags = 'KernelEmitter' WHERE OpType = 'Relu'")
     async with app.run_test(size=(180, 50)) as pilot:
         table = app.screen.query_one(KernelTable)
-        await wait_rows(pilot, table, 10)
+        await wait_rows(pilot, table, ROWS)
         app.screen.query_one("#filter-lint").value = "problems"
         await wait_rows(pilot, table, 1)
 
@@ -72,25 +75,25 @@ async def test_lint_filter_shows_problem_rows_only(app: FixedDeviceApp, tmp_path
 async def test_delete_asks_then_undo_restores(app: FixedDeviceApp):
     async with app.run_test(size=(180, 50)) as pilot:
         table = app.screen.query_one(KernelTable)
-        await wait_rows(pilot, table, 10)
+        await wait_rows(pilot, table, ROWS)
         table.focus()
         await pilot.press("space", "down", "space", "d")
         await pilot.pause(0.2)
         await pilot.press("y")
-        await wait_rows(pilot, table, 8)
+        await wait_rows(pilot, table, ROWS - 2)
         with KernelDB.open(app.context.db_path) as db:
-            assert db.count() == 8
+            assert db.count() == ROWS - 2
         await pilot.press("u")
-        await wait_rows(pilot, table, 10)
+        await wait_rows(pilot, table, ROWS)
         with KernelDB.open(app.context.db_path) as db:
-            assert db.count() == 10
+            assert db.count() == ROWS
 
 
 async def test_export_writes_kernel_json_that_reinjects_unchanged(app: FixedDeviceApp, tmp_path: Path):
     out = tmp_path / "export.json"
     async with app.run_test(size=(180, 50)) as pilot:
         table = app.screen.query_one(KernelTable)
-        await wait_rows(pilot, table, 10)
+        await wait_rows(pilot, table, ROWS)
         table.focus()
         await pilot.press("e")
         await pilot.pause(0.2)
@@ -114,7 +117,7 @@ async def test_export_writes_kernel_json_that_reinjects_unchanged(app: FixedDevi
 async def test_detail_pane_shows_shared_memory_and_not_measured(app: FixedDeviceApp):
     async with app.run_test(size=(180, 50)) as pilot:
         table = app.screen.query_one(KernelTable)
-        await wait_rows(pilot, table, 10)
+        await wait_rows(pilot, table, ROWS)
         await pilot.press("slash", *"dot_m64")
         await wait_rows(pilot, table, 1)
         table.focus()
@@ -129,7 +132,7 @@ async def test_rows_written_by_another_process_show_up_without_a_keypress(app: F
 
     async with app.run_test(size=(180, 50)) as pilot:
         table = app.screen.query_one(KernelTable)
-        await wait_rows(pilot, table, 10)
+        await wait_rows(pilot, table, ROWS)
         for _ in range(100):  # the index is built in the background after the first page
             await pilot.pause(0.05)
             if not app.screen.syncing:
@@ -145,7 +148,7 @@ async def test_rows_written_by_another_process_show_up_without_a_keypress(app: F
             keys = {str(k.value) for k in table.rows}
             if "other-tool" in keys and app.screen.total is not None:  # the count follows the page
                 break
-        assert "other-tool" in keys and len(keys) == 10 and app.screen.total == 10
+        assert "other-tool" in keys and len(keys) == ROWS and app.screen.total == ROWS
 
 
 async def test_on_a_big_db_filters_wait_for_the_browse_index(app: FixedDeviceApp, monkeypatch: pytest.MonkeyPatch):
@@ -159,7 +162,7 @@ async def test_on_a_big_db_filters_wait_for_the_browse_index(app: FixedDeviceApp
     async with app.run_test(size=(180, 50)) as pilot:
         screen = app.screen
         table = screen.query_one(KernelTable)
-        await wait_rows(pilot, table, 10)
+        await wait_rows(pilot, table, ROWS)
         assert screen.shown_sort == "key" and [str(k.value) for k in table.rows] == sorted(
             str(k.value) for k in table.rows)
         await pilot.press("slash", *"Dot")
@@ -177,7 +180,7 @@ async def test_without_a_usable_state_dir_pages_come_from_the_db(app: FixedDevic
     monkeypatch.setenv("KDB_STATE_DIR", str(blocker))
     async with app.run_test(size=(180, 50)) as pilot:
         table = app.screen.query_one(KernelTable)
-        await wait_rows(pilot, table, 10)
+        await wait_rows(pilot, table, ROWS)
         await pilot.press("slash", *"Dot")
         await wait_rows(pilot, table, 2)
         await pilot.pause(3.5)  # past the periodic sync: the failure is reported once, not every 3 s
@@ -220,7 +223,7 @@ def test_shapes_come_from_the_identifier():
 
 async def test_rows_named_alike_are_told_apart_by_their_shapes(tmp_path: Path):
     """Kernel names often share their first 40 characters (the artifact's tuned_fused_convolution_op_float_...):
-    the op type and shapes, first in each row, differ."""
+    op type, device and shapes, first in each row, tell every row apart."""
     from core.db.state import StateDB
     from core.demo import _conv
     from core.inject.pipeline import InjectOptions, Injector
@@ -235,13 +238,15 @@ async def test_rows_named_alike_are_told_apart_by_their_shapes(tmp_path: Path):
     db_path = tmp_path / "alike.db"
     with KernelDB.open(db_path, create=True) as db:
         Injector(db, InjectOptions(compile=False), state=StateDB()).run([src])
+        rows = db.count()  # a fused kernel is two rows: CUDA_GPU and its CUDA twin
     app = FixedDeviceApp(ConsoleContext(db_path=db_path, settings=load_settings(), device_summary="no GPU (test)"))
     async with app.run_test(size=(200, 50)) as pilot:
         table = app.screen.query_one(KernelTable)
-        await wait_rows(pilot, table, 2)
-        first = [[str(table.get_cell(key, column)) for column in ("op", "shapes")] for key in table.rows]
-        assert sorted(first) == [["Fused_Convolution_Relu", "1x16x32x32 32x16x3x3 → 1x32x32x32"],
-                                 ["Fused_Convolution_Relu", "1x32x32x32 32x32x3x3 → 1x32x32x32"]]
+        await wait_rows(pilot, table, rows)
+        first = [tuple(str(table.get_cell(key, column)) for column in ("op", "device", "shapes")) for key in table.rows]
+        assert len(set(first)) == rows, first  # no two rows look alike in the columns that come first
+        assert {shapes for _, _, shapes in first} == {"1x16x32x32 32x16x3x3 → 1x32x32x32",
+                                                      "1x32x32x32 32x32x3x3 → 1x32x32x32"}
 
 
 async def test_every_view_footer_fits_200_columns_with_all_its_keys(app: FixedDeviceApp,

@@ -11,10 +11,12 @@ from core.db.browse import KernelSummary
 from core.kernels.ops import CONV_FAMILY, DTYPES
 
 # What tells rows apart comes first: kernel names are often alike for their first 30 characters
-# (tuned_fused_convolution_op_float_...), the shapes never are. Identifiers sort by op, then shapes.
+# (tuned_fused_convolution_op_float_...), the shapes never are; a fused kernel's two rows differ in their
+# device (CUDA_GPU and its CUDA twin). Identifiers sort by op, then shapes.
 COLUMNS = [  # (key, label, sort key or None, width)
     ("mark", " ", None, 1),
     ("op", "op type", "op", 26),
+    ("device", "device", "device", 8),
     ("shapes", "shapes (inputs → output)", "identifier", 40),
     ("time", "best time", None, 12),
     ("launch", "grid / block", "blocks", 18),
@@ -23,7 +25,6 @@ COLUMNS = [  # (key, label, sort key or None, width)
     ("lint", "lint", None, 24),
     ("name", "kernel", None, 40),
     ("source", "source", "source", 8),
-    ("device", "device", "device", 8),
     ("tags", "tags", "tags", 6),
 ]
 _DIMS = re.compile(r"\d+(?:,\d+)*(?:;\d+(?:,\d+)*)*")
@@ -60,6 +61,7 @@ def cells(row: KernelSummary, marked: bool) -> list[object]:
     return [
         "●" if marked else " ",
         _fit(row.op_type, 26),
+        _fit(row.device_type, 8),
         _fit(shapes_of(row.op_type, row.identifier) or row.identifier, 40),
         Text(f"{best[1]:.2f} us", style="green") if best else Text("not measured", style="dim"),
         launch,
@@ -68,7 +70,6 @@ def cells(row: KernelSummary, marked: bool) -> list[object]:
         Text("ok", style="green") if not row.problem else Text(_fit(row.problem, 24), style="bold red"),
         _fit(row.name or row.identifier, 40),
         row.source,
-        row.device_type,
         extra_tags or "block",
     ]
 
