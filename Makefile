@@ -31,6 +31,8 @@ bench-smoke: $(STAMP)
 		--json $${TMPDIR:-/tmp}/kdb-bench/browse.json
 	$(BIN)/python bench/bench_codegen.py --json $${TMPDIR:-/tmp}/kdb-bench/codegen.json
 	$(BIN)/python bench/bench_extract.py --json $${TMPDIR:-/tmp}/kdb-bench/extract.json
+	$(BIN)/python bench/bench_cli.py --rows 2000 --runs 1 --dir $${TMPDIR:-/tmp}/kdb-bench/cli --console-rows 2000 \
+		--console-runs 1 --console-dir $${TMPDIR:-/tmp}/kdb-bench/browse --json $${TMPDIR:-/tmp}/kdb-bench/cli.json
 
 lint: $(STAMP)
 	$(BIN)/ruff check core console tests bench

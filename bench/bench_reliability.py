@@ -466,9 +466,9 @@ def _deleter(db_path: Path, out: Path, seconds: float, seed: int) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     with KernelDB.open(db_path, write=True) as db, out.open("w") as log:
-        raw = db.connection().connection.driver_connection
+        raw = db.connection()
         while time.monotonic() < end and not stop.is_set():
-            keys = [r[0] for r in raw.execute("SELECT Key FROM KernelCache ORDER BY random() LIMIT ?",  # type: ignore[union-attr]
+            keys = [r[0] for r in raw.execute("SELECT Key FROM KernelCache ORDER BY random() LIMIT ?",
                                               (rng.randint(1, 3),))]
             if keys:
                 start = time.perf_counter()

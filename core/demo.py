@@ -226,7 +226,6 @@ def build_demo_db(*, compile_check: bool, archs: tuple[str, ...] = ("sm_90",), n
 def _retarget_failures(old: Path, new: Path) -> None:
     state = StateDB()
     try:
-        with state.engine.begin() as conn:
-            conn.exec_driver_sql("UPDATE failure SET db_path = ? WHERE db_path = ?", (str(new), str(old)))
+        state.retarget_failures(old, new)
     finally:
         state.close()

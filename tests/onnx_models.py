@@ -105,7 +105,7 @@ def resnet(widths: tuple[int, ...] = (64, 128, 256, 512), blocks: tuple[int, ...
             stride = 2 if block == 0 and stage > 1 else 1
             y = basic_block(g, y, cin, width, stride, prefix=f"s{stage}b{block}_")
             cin = width
-    y = g.node("Flatten", [g.node("GlobalAveragePool", [y], "pool")], "flatten")
+    y = g.node("Flatten", [g.node("GlobalAveragePool", [y], "pool")], "flatten", axis=1)  # NNFusion needs axis
     y = g.node("Gemm", [y, g.weight("fc_w", [classes, cin]), g.weight("fc_b", [classes])], "fc", transB=1)
     return g.model(y, "resnet")
 

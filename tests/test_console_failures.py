@@ -22,6 +22,7 @@ from core.demo import _elementwise
 from core.errors import ToolError
 from core.inject.pipeline import InjectOptions, Injector
 from core.inject.prepare import prepare
+from core.kernels.kernel_row import distinct_kernels
 from core.settings import load_settings
 
 
@@ -69,8 +70,9 @@ def open_failures(db_path: Path) -> list[Failure]:
 
 
 def kernel_count(db_path: Path) -> int:
+    """Kernels, not rows: a fused kernel's CUDA twin is part of it."""
     with KernelDB.open(db_path) as db:
-        return db.count()
+        return sum(1 for _ in distinct_kernels(db.iter_rows()))
 
 
 def make_app(db_path: Path, archs: list[str] | None = None) -> FixedDeviceApp:
@@ -384,3 +386,84 @@ async def test_a_retry_that_cannot_start_is_reported(tmp_path: Path):
         assert not app.screen.query_one("#retry-progress").display
         assert any("nvcc not found" in n.message for n in app._notifications)
     assert len(open_failures(app.context.db_path)) == 1
+
+
+# -- codegen failures -------------------------------------------------------------------------
+
+GROUPED_CONV = "cudnn_convolution_op_float|i+1_8_8_8|w+8_1_3_3|o+1_8_8_8|ws+1_1|wd+1_1|p+1_1|g+8"
+CONV = "cudnn_convolution_op_float|i+1_8_8_8|w+8_8_3_3|o+1_8_8_8|ws+1_1|wd+1_1|p+1_1"
+
+
+def record_codegen_failures(db_path: Path, ops: Path, lines: list[str]) -> None:
+    from core.codegen.batch import generate_all, load_configs
+
+    ops.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    configs, errors = load_configs([ops])
+    assert not errors
+    state = StateDB()
+    try:
+        generate_all(configs, "sm_90", state=state, db_path=db_path)
+    finally:
+        state.close()
+
+
+def decompose_the_copy(mod, threads: int = 128, *, bind: bool = True):  # type: ignore[no-untyped-def]
+    """A schedule bug planted for the test: TVM refuses it with a ScheduleError."""
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(mod)
+    out = sch.get_sblock("output0")
+    sch.decompose_reduction(out, sch.get_loops(out)[0])
+    return sch.mod
+
+
+@pytest.mark.tvm
+async def test_a_codegen_failure_shows_the_failing_schedule_and_what_tvm_said(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch):
+    pytest.importorskip("tvm")
+    import core.codegen.schedule as schedule
+
+    db = build_small_db(tmp_path / "k.db")  # with the demo's barrier failure: codegen is listed first
+    with monkeypatch.context() as patch:
+        patch.setattr(schedule, "default_schedule", decompose_the_copy)
+        record_codegen_failures(db, tmp_path / "ops.txt", ["elementwise_relu_op_float|i+64|o+64", CONV])
+    failure = next(f for f in open_failures(db) if f.stage == "codegen" and f.item_index == 2)
+    app = make_app(db)
+    async with app.run_test(size=(160, 45)) as pilot:
+        tree = await open_view(pilot, app, 3)
+        assert [str(stage.label).split()[0] for stage in tree.root.children] == ["codegen", "barriers"]
+        assert str(leaves(tree)[1].label).startswith("ops.txt:2 Convolution")  # the op config's file and line
+        await cursor_to(pilot, tree, failure.name)
+        summary = shown_text(app.screen.query_one("#failure-summary"))
+        assert CONV in summary and "codegen, at schedule" in summary and 'The block "output0"' in summary
+        assert "TVMScript of the failing schedule" in shown_text(app.screen.query_one("#failure-place-title"))
+        marked = [line for line in shown_text(app.screen.query_one("#failure-listing")).splitlines() if "❱" in line]
+        assert marked and 'T.sblock("output0")' in marked[0]
+        log = shown_text(app.screen.query_one("#failure-log"))
+        assert log.startswith("TVM says:") and "violates condition #1" in log and "T.sblock" not in log
+
+
+@pytest.mark.tvm
+@needs_nvcc
+async def test_edit_the_op_config_then_retry_generates_and_injects_it(tmp_path: Path):
+    pytest.importorskip("tvm")
+    db = build_small_db(tmp_path / "k.db", with_failure=False)
+    record_codegen_failures(db, tmp_path / "ops.txt", [GROUPED_CONV])
+    [failure] = open_failures(db)
+    app = make_app(db)
+    async with app.run_test(size=(160, 45)) as pilot:
+        tree = await open_view(pilot, app, 1)
+        await cursor_to(pilot, tree, failure.name)
+        assert "the op config" in shown_text(app.screen.query_one("#failure-place-title"))  # no module: no script
+        await pilot.press("e")
+        await wait_until(pilot, lambda: bool(app.screen.query("#editor")), "the editor")
+        editor = app.screen.query_one("#editor", TextArea)
+        fixed = json.loads(editor.text)
+        assert fixed["groups"] == 8
+        del fixed["groups"]
+        fixed["filter_shape"] = [8, 8, 3, 3]
+        editor.load_text(json.dumps(fixed, indent=2))
+        await pilot.press("ctrl+s")
+        await wait_retry_done(pilot, app)
+        assert open_failures(db) == []
+    assert kernel_count(db) == 11 and row_from(db, "ops.txt#1")

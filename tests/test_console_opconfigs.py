@@ -238,13 +238,14 @@ async def test_coverage_statuses(tmp_path: Path):
         await wait_for(pilot, lambda: len(screen.coverage) == 4)
         column = [str(table.get_cell_at((row, 5))) for row in range(4)]
         assert column[:3] == ["in DB (1 kernel)", "in DB (1 kernel)", "missing: tune it"]
-        assert column[3].startswith("falls back: depthwise")
-        assert "2 in DB · 1 missing · 1 fall back" in text(screen, "#opconfigs-status")
+        assert column[3] == "falls back"
+        assert "2 in DB · 1 missing: tune it · 1 falls back" in text(screen, "#opconfigs-status")
+        assert "DB kernels run" in text(screen, "#opconfigs-status")
 
         table.move_cursor(row=2)
         await pilot.pause()
         detail = text(screen, "#opconfig-detail")
-        assert "missing: tune it" in detail and "until then NNFusion runs cuDNN" in detail
+        assert "missing: tune it" in detail and "NNFusion runs cuDNN" in detail
         assert parse_line(CONV).signature().identifier in detail.replace("\n", "")
 
         await pilot.press("a")  # once checked, coverage follows the list
@@ -352,5 +353,31 @@ async def test_injection_failures_lead_to_the_failures_view(tmp_path: Path):
         summary = text(screen, "#run-summary")
         assert "1 generated · 0 injected" in summary and "compile: nvcc (sm_90): refused by the test" in summary
         assert screen.query_one("#show-failures").display
+        await pilot.press("f")
+        assert app.current_mode == "failures"
+
+
+@pytest.mark.tvm
+@pytest.mark.skipif(importlib.util.find_spec("tvm") is None, reason="needs apache-tvm")
+async def test_codegen_failures_are_kept_and_lead_to_the_failures_view(tmp_path: Path):
+    from core.db.state import StateDB
+
+    grouped = "cudnn_convolution_op_float|i+1_8_8_8|w+8_1_3_3|o+1_8_8_8|ws+1_1|wd+1_1|p+1_1|g+8"  # no kernel-DB op
+    db_path = tmp_path / "k.db"
+    app = make_app(db_path)
+    async with app.run_test(size=(160, 45)) as pilot:
+        screen = await open_view(pilot)
+        await import_path(pilot, screen, write_lines(tmp_path / "ops.txt", [grouped]), 1)
+        await pilot.press("g")
+        await wait_for(pilot, lambda: screen.result is not None and not screen.running, timeout=300)
+
+        assert screen.result.inject is None and len(screen.result.codegen.failed) == 1
+        assert screen.query_one("#show-failures").display
+        state = StateDB()
+        try:
+            [failure] = state.failures(db_path)
+        finally:
+            state.close()
+        assert (failure.stage, failure.file, failure.item_index) == ("codegen", "ops.txt", 1)
         await pilot.press("f")
         assert app.current_mode == "failures"

@@ -29,6 +29,9 @@ def make_osdi20(path: Path) -> None:
                  ("Convolution1388438333146floatfloatfloat...", "CUDA", json.dumps(conv), "fast",
                   "Tesla V100-PCIE-16GB:5.5", 32))
     conn.execute("INSERT INTO KernelCache VALUES (?,?,?,?,?,?)", ("AvgPool...", "CUDA", json.dumps(pool), "fast", "", 32))
+    fused = dict(conv, op_type="Fused_Convolution_Relu")
+    conn.execute("INSERT INTO KernelCache VALUES (?,?,?,?,?,?)", ("Convolution...Relu", "CUDA", json.dumps(fused), "",
+                                                                  "", 32))
     conn.commit()
     conn.close()
 
@@ -39,12 +42,15 @@ def test_convert_rewrites_rows_and_reports_the_ones_it_cannot(tmp_path: Path):
     before = old.read_bytes()
     proc, out = run_kdb_json("db", "convert", str(old), str(new))
     assert proc.returncode == 1, proc.stderr  # one row could not be converted
-    assert out["converted"] == 1
+    assert out["converted"] == 2
     assert "padding_above" in out["failed"][0]["reason"]
     assert old.read_bytes() == before  # the old file is untouched
     with KernelDB.open(new) as db:
         assert db.schema is Schema.CURRENT
-        row = db.iter_rows().__next__()
+        (row,) = [r for r in db.iter_rows() if r.op_type == "Convolution"]
+        # the fused kernel is written as the pair NNFusion needs: its CUDA_GPU row and the CUDA twin
+        fused = {(r.op_type, r.device_type) for r in db.iter_rows() if r.op_type == "Fused_Convolution_Relu"}
+        assert fused == {("Fused_Convolution_Relu", "CUDA_GPU"), ("Fused_Convolution_Relu", "CUDA")}
         assert row.identifier == ("Convolution1,3,8,8;4,3,3,3;1,4,6,6floatfloatfloat"
                                   "Strides{1, 1}Strides{1, 1}CoordinateDiff{0, 0}")
         fn = json.loads(row.function)

@@ -48,7 +48,7 @@ def test_kdb_in_a_terminal(tmp_path: Path):
                    check=True)
     subprocess.run(["tmux", "resize-window", "-t", session, "-x", "200", "-y", "50"], capture_output=True)
     try:
-        wait_for(session, "rows 1-10 of 10")
+        wait_for(session, "rows 1-11 of 11")  # the 10 demo kernels and the CUDA twin of the fused one
         keys(session, "/", "D", "o", "t")
         wait_for(session, "of 2 ")
         keys(session, "Escape", "3")  # the Failures view

@@ -245,7 +245,11 @@ def test_nothing_written_outside_the_db_and_the_state_dir(run: HostileRun):
 def test_db_passes_integrity_check_and_holds_exactly_the_injected_rows(run: HostileRun):
     with closing(sqlite3.connect(f"file:{run.db}?mode=ro", uri=True)) as conn:
         assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
-        assert conn.execute("SELECT count(*) FROM KernelCache").fetchone()[0] == run.report["injected"]
+        kernels = conn.execute("SELECT count(*) FROM KernelCache WHERE DeviceType = 'CUDA_GPU'").fetchone()[0]
+        assert kernels == run.report["injected"]
+        # and the CUDA twin of every fused kernel among them (NNFusion uses a fused kernel only as the pair)
+        assert conn.execute("SELECT count(*) FROM KernelCache AS t WHERE DeviceType = 'CUDA' AND NOT EXISTS "
+                            "(SELECT 1 FROM KernelCache AS k WHERE k.Key || '#CUDA' = t.Key)").fetchone()[0] == 0
 
 
 def test_failures_command_lists_the_same_failures(run: HostileRun):

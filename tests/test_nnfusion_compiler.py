@@ -210,3 +210,39 @@ def test_a_compiler_failure_is_a_failure_record_with_its_log(tmp_path: Path, mon
     assert (failure.stage, failure.file, failure.reason) == ("nnfusion", str(model), report.reason)
     detail = json.loads(failure.detail)
     assert detail["decisive_lines"] and Path(detail["log"]).is_file()
+
+
+
+async def test_the_console_compiles_the_imported_model_and_shows_what_runs(tmp_path: Path):
+    """Op configs view: import a model, check coverage, n compiles it; the steps come back with their rows."""
+    from console_helpers import FixedDeviceApp
+    from test_console_opconfigs import import_path, open_view, wait_for
+    from textual.widgets import DataTable, Static
+
+    from console.context import ConsoleContext
+    from console.screens.nnfusion import CompileScreen
+    from core.settings import Settings
+
+    g = branches(1)
+    model = write(g.model(g.output, "branches"), tmp_path / "branches.onnx")
+    db = build_db(model, tmp_path / "k.db", tmp_path)
+    settings = Settings(workers=1, nnfusion_path=str(COMPILER), product_name=PRODUCT)
+    app = FixedDeviceApp(ConsoleContext(db_path=db, settings=settings, device_summary="no CUDA device (test)"))
+    async with app.run_test(size=(160, 45)) as pilot:
+        screen = await open_view(pilot)
+        await import_path(pilot, screen, model, len(extract(model).configs))
+        await pilot.press("c")
+        await wait_for(pilot, lambda: len(screen.coverage) == len(screen.configs))
+        assert {e.status for e in screen.coverage.values()} == {IN_DB}
+        await pilot.press("n")
+        dialog = app.screen
+        assert isinstance(dialog, CompileScreen)
+        await wait_for(pilot, lambda: dialog.report is not None, timeout=120)
+        assert dialog.report.ok and not dialog.report.broken_promises()
+        steps = dialog.query_one("#compile-steps", DataTable)
+        runs = [str(steps.get_row_at(i)[2]) for i in range(steps.row_count)]
+        assert runs.count("DB kernel") == len(dialog.report.promised()) and "cuDNN" not in runs
+        assert "DB kernel(s) in the generated code" in str(dialog.query_one("#compile-status", Static).render())
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.screen is screen

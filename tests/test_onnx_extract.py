@@ -197,7 +197,8 @@ def test_pools(model_path):
     b = g.node("AveragePool", ["x"], "avg", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
                count_include_pad=1)
     c = g.node("GlobalMaxPool", ["x"], "gmax")
-    g.node("Concat", [g.node("Flatten", [a]), g.node("Flatten", [b]), g.node("Flatten", [c])], "cat", axis=1)
+    g.node("Concat", [g.node("Flatten", [a], axis=1), g.node("Flatten", [b], axis=1), g.node("Flatten", [c], axis=1)],
+           "cat", axis=1)
     ext = extract(model_path(g.model("cat_out")))
     assert [(c.op_type, c.params) for c in ext.configs] == [
         ("AvgPool", {"input_shape": [1, 4, 9, 9], "output_shape": [1, 4, 5, 5], "window_shape": [3, 3],
@@ -342,3 +343,15 @@ def test_cli_check_dedupes_and_reports_every_error_with_its_line(tmp_path: Path)
     proc = run_kdb("opconfig", "check", *files, env={"COLUMNS": "300"})
     assert proc.returncode == 1 and f"{files[1]}:2" in proc.stdout
     assert run_kdb("opconfig", "check", files[0]).returncode == 0
+
+
+def test_inputs_nnfusions_importer_cannot_take_are_noted(model_path):
+    # Seen with ../shared/nnfusion: a Flatten without its axis attribute aborts the importer ("unknown attribute
+    # 'axis'"), a Gemm without C segfaults it. Extraction reads both, and says so before the compiler runs.
+    g = GraphBuilder({"x": [1, 8]})
+    y = g.node("Flatten", ["x"], "flat")
+    g.node("Gemm", [y, g.weight("w", [8, 4])], "fc")
+    notes = {n.node: n.text for n in extract(model_path(g.model("fc_out"))).notes}
+    assert set(notes) == {"flat", "fc"}
+    assert "axis" in notes["flat"] and "aborts" in notes["flat"]
+    assert "without its C input" in notes["fc"] and "MatMul" in notes["fc"]

@@ -9,7 +9,7 @@ from console.cli.output import out, print_json, shorten
 from core.db.kernel_db import KernelDB
 from core.nnfusion.compiler import CompilerFlags
 from core.nnfusion.coverage import ABORTS, FALLS_BACK, FUSED_AWAY, IN_DB, MISSING, NOT_USED, coverage, summarize
-from core.opconfigs.onnx_extract import extract
+from core.opconfigs.extract_cache import extract_cached
 from core.settings import load_settings
 
 STYLE = {IN_DB: "green", MISSING: "yellow", NOT_USED: "red", FUSED_AWAY: "dim", FALLS_BACK: "magenta",
@@ -25,7 +25,7 @@ def compiler_setup(args: argparse.Namespace) -> tuple[list[str], CompilerFlags, 
 
 
 def main(args: argparse.Namespace) -> int:
-    extraction = extract(Path(args.model))
+    extraction = extract_cached(Path(args.model))  # a model seen before: ONNX is not even imported
     flag_list, flags, product = compiler_setup(args)
     with KernelDB.open(args.db) as db:
         entries = coverage(extraction, db, flags, product)

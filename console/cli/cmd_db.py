@@ -7,10 +7,7 @@ from collections import Counter
 from pathlib import Path
 
 from console.cli.output import out, print_json
-from core.db.convert import convert_db
-from core.db.kernel_db import NNFUSION_DDL, KernelDB, Schema
-from core.db.state import state_dir
-from core.kernels.lint import lint_rows
+from core.db.kernel_db import KernelDB, Schema
 
 
 def main(args: argparse.Namespace) -> int:
@@ -20,17 +17,22 @@ def main(args: argparse.Namespace) -> int:
 
 def _init(args: argparse.Namespace) -> int:
     with KernelDB.open(args.db, create=True) as db:
-        out.print(f"{db.path}: KernelCache ready ({db.schema.value} schema)")
+        if args.json:
+            print_json({"db": str(db.path), "schema": db.schema.value})
+        else:
+            out.print(f"{db.path}: KernelCache ready ({db.schema.value} schema)")
     return 0
 
 
 def _check(args: argparse.Namespace) -> int:
+    from core.db.lint_cache import lint_db
+
     with KernelDB.open(args.db) as db:
         integrity = db.integrity_check()
         tables = db.tables()
         result = {"db": str(db.path), "schema": db.schema.value, "integrity": integrity, "tables": tables}
-        findings = list(lint_rows(db.iter_raw())) if db.schema is Schema.CURRENT else []
-        result["rows"] = db.count() if db.schema is Schema.CURRENT else None
+        rows, findings = lint_db(db) if db.schema is Schema.CURRENT else (None, [])
+        result["rows"] = rows
     result["lint"] = dict(Counter(f.severity for f in findings))
     extra = [t for t in tables if t != "KernelCache"]
     ok = integrity == ["ok"] and not any(f.severity != "warning" for f in findings)
@@ -75,6 +77,8 @@ def _repair(args: argparse.Namespace) -> int:
 
 
 def _convert(args: argparse.Namespace) -> int:
+    from core.db.convert import convert_db
+
     report = convert_db(Path(args.old).expanduser(), Path(args.new).expanduser())
     if args.json:
         print_json({"converted": report.converted, "failed": report.failed, "dest": report.dest})
@@ -86,13 +90,15 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def _backup(args: argparse.Namespace) -> int:
+    from core.db.state import state_dir
+
     with KernelDB.open(args.db) as db:
         if args.dest:
             dest = db.backup(Path(args.dest).expanduser())
         else:
             dest = db.backup_to_new_file(state_dir() / "backups", db.path.stem)
-    out.print(f"backup written: {dest}")
+    if args.json:
+        print_json({"db": str(db.path), "backup": str(dest)})
+    else:
+        out.print(f"backup written: {dest}")
     return 0
-
-
-__all__ = ["NNFUSION_DDL"]

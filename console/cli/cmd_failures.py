@@ -9,9 +9,6 @@ from console.cli.output import out, print_json, shorten
 from core.db.kernel_db import KernelDB, default_db_path
 from core.db.state import StateDB
 from core.errors import KdbError
-from core.inject.pipeline import InjectOptions
-from core.inject.retry import retry_failures
-from core.settings import load_settings
 
 
 def main(args: argparse.Namespace) -> int:
@@ -31,10 +28,16 @@ def main(args: argparse.Namespace) -> int:
             raise KdbError("name failure IDs, or --all")
         if args.action == "dismiss":
             state.close_failures(ids, resolved=False)
-            out.print(f"dismissed {len(ids)} failure(s)")
+            if args.json:
+                print_json({"dismissed": ids})
+            else:
+                out.print(f"dismissed {len(ids)} failure(s)")
             return 0
-        settings = load_settings()
-        options = InjectOptions.from_settings(settings)
+        from core.inject.pipeline import InjectOptions  # the pipeline loads only for a retry
+        from core.inject.retry import retry_failures
+        from core.settings import load_settings
+
+        options = InjectOptions.from_settings(load_settings())
         with KernelDB.open(db_path, create=True) as db:
             report = retry_failures(ids, db, options, state)
         if args.json:

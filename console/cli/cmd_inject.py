@@ -68,7 +68,7 @@ def main(args: argparse.Namespace) -> int:
         if report.backup:
             log(f"backup of {db.path} before --replace: {report.backup}")
         if args.json:
-            print_json(report.as_json())
+            print_json({**report.as_json(), "cancelled": report.cancelled})
         elif args.jsonl:
             print_json({"event": "summary", **report.as_json(), "cancelled": report.cancelled,
                         "replaced_rows": report.replaced_rows, "backup": report.backup})
@@ -77,7 +77,7 @@ def main(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGINT, previous)
         state.close()
-    return 1 if report.failed or report.cancelled else 0
+    return 130 if report.cancelled else 1 if report.failed else 0  # cancelled by Ctrl-C: interrupted
 
 
 class _JsonLines:

@@ -1,39 +1,104 @@
-"""kdb ls: the kernels in the DB, one line each."""
+"""kdb ls: the kernels in the DB, a page at a time, with the Kernels view's filters.
+
+On a terminal: a table of the first page. Elsewhere: plain tab-separated lines, streamed, so a pipe sees
+the first line at once whatever the DB's size. --json: one JSON object (streamed too); --jsonl: a line per
+kernel. In Key order by default, which SQLite reads off the Key index: a page costs the same in any DB.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from collections.abc import Iterable, Iterator
+from contextlib import closing
 from dataclasses import asdict
+from itertools import islice
 
-from console.cli.output import out, print_json, shorten
-from core.db.browse import KernelFilter, list_kernels
+from console.cli.output import is_terminal, out, print_json, shorten, write
+from core.db.browse import KernelFilter, KernelSummary, iter_kernels
 from core.db.kernel_db import KernelDB, Schema
+
+PAGE = 50  # rows shown without --limit or --all
+COLUMNS = ("op type", "identifier", "key", "grid", "block", "smem B", "barriers", "best time")
 
 
 def main(args: argparse.Namespace) -> int:
+    flt = KernelFilter(text=args.text or "", op_type=args.op or "", source=args.source or "", tag=args.tag or "",
+                       device=args.device or "", lint=args.lint or "")
+    limit = 0 if args.all else args.limit or PAGE
     with KernelDB.open(args.db) as db:
-        if db.schema is Schema.OSDI20:
-            out.print(f"{db.path} uses the older osdi20 schema (read-only): `kdb db convert` rewrites it")
+        if db.schema is not Schema.CURRENT:
+            note = (f"{db.path}: no KernelCache table yet (`kdb db init` creates it)" if db.schema is Schema.EMPTY
+                    else f"{db.path} uses the older osdi20 schema (read-only): `kdb db convert` rewrites it")
+            if args.json:
+                print_json({"db": str(db.path), "schema": db.schema.value, "note": note, "kernels": [], "more": False})
+            elif not args.jsonl:
+                out.print(note, markup=False, highlight=False)
             return 0
-        if db.schema is Schema.EMPTY:
-            out.print(f"{db.path}: no KernelCache table yet (`kdb db init` creates it)")
-            return 0
-        rows = list_kernels(db, KernelFilter(op_type=args.op or ""), limit=args.limit or 0)
+        # One row past the page says whether there are more, without counting the whole table.
+        rows = iter_kernels(db, flt, sort=args.sort, descending=args.desc, limit=limit + 1 if limit else 0)
+        with closing(rows):  # its read transaction ends here, before the DB closes, even if the pipe broke
+            _print(_Page(rows, limit), db, flt, args)
+    return 0
+
+
+def _print(page: _Page, db: KernelDB, flt: KernelFilter, args: argparse.Namespace) -> None:
     if args.json:
-        for r in rows:
+        _print_json_object(page, db, flt, args.sort)
+    elif args.jsonl:
+        for r in page:
             print_json(asdict(r))
-        return 0
+    elif is_terminal(sys.stdout) and page.limit:
+        _print_table(list(page), page.more, db)
+    else:
+        _print_lines(page)
+        if page.more:
+            print(f"(first {page.limit} rows: --limit N or --all for more)", file=sys.stderr)
+
+
+class _Page:
+    """At most limit rows of a stream (limit 0: all of them); more says whether the stream held another."""
+
+    def __init__(self, rows: Iterable[KernelSummary], limit: int) -> None:
+        self.rows, self.limit, self.more = iter(rows), limit, False
+
+    def __iter__(self) -> Iterator[KernelSummary]:
+        yield from islice(self.rows, self.limit or None)
+        self.more = bool(self.limit) and next(self.rows, None) is not None
+
+
+def _cells(r: KernelSummary) -> tuple[str, ...]:
+    best = r.best_time()
+    return (r.op_type, r.identifier, r.key, "x".join(map(str, r.grid or [])), "x".join(map(str, r.block or [])),
+            "-" if r.shared_bytes is None else str(r.shared_bytes), "-" if r.barriers is None else str(r.barriers),
+            f"{best[1]:.2f} us ({best[0]})" if best else "not measured")
+
+
+def _print_lines(rows: Iterable[KernelSummary]) -> None:
+    for r in rows:
+        write("\t".join(_cells(r)) + "\n")
+    sys.stdout.flush()
+
+
+def _print_json_object(page: _Page, db: KernelDB, flt: KernelFilter, sort: str) -> None:
+    """One JSON object, written as the rows come: memory stays flat with --all on any DB."""
+    head = json.dumps({"db": str(db.path), "filter": asdict(flt), "sort": sort}, ensure_ascii=False)
+    write(head[:-1] + ', "kernels": [')
+    for i, r in enumerate(page):
+        write(("" if i == 0 else ", ") + json.dumps(asdict(r), ensure_ascii=False))
+    write(f'], "more": {json.dumps(page.more)}}}\n')
+    sys.stdout.flush()
+
+
+def _print_table(rows: list[KernelSummary], more: bool, db: KernelDB) -> None:
     from rich.table import Table
 
-    table = Table(caption=f"{len(rows)} kernels in {db.path}", caption_justify="left")
-    for col in ("op type", "identifier", "key", "grid", "block", "smem B", "barriers", "best time"):
+    caption = f"{len(rows)} kernels in {db.path}" + (" (more: --limit N or --all)" if more else "")
+    table = Table(caption=caption, caption_justify="left")
+    for col in COLUMNS:
         table.add_column(col, overflow="fold" if col == "identifier" else "ellipsis", no_wrap=col != "identifier")
     for r in rows:
-        best = r.best_time()
-        table.add_row(r.op_type, shorten(r.identifier, 90), r.key[:16],
-                      "x".join(map(str, r.grid or [])), "x".join(map(str, r.block or [])),
-                      "-" if r.shared_bytes is None else str(r.shared_bytes),
-                      "-" if r.barriers is None else str(r.barriers),
-                      f"{best[1]:.2f} us ({best[0]})" if best else "not measured")
+        cells = _cells(r)
+        table.add_row(cells[0], shorten(cells[1], 90), cells[2][:16], *cells[3:])
     out.print(table)
-    return 0

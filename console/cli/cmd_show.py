@@ -1,11 +1,16 @@
-"""kdb show: one kernel in full: attributes, launch config, shared memory, profile, lint, CUDA body."""
+"""kdb show: one kernel in full: attributes, launch config, shared memory, profile, lint, CUDA body.
+
+The CUDA source is highlighted on a terminal only: elsewhere it is printed as it is (Pygments' lexing
+cost 2 s on a large kernel, for colours nobody sees in a pipe).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 
-from console.cli.output import out, print_json
+from console.cli.output import is_terminal, out, print_json, write
 from core.db.kernel_db import KernelDB
 from core.errors import KdbError
 from core.kernels.kernel_row import KernelRow
@@ -19,8 +24,7 @@ def main(args: argparse.Namespace) -> int:
     if not rows:
         raise KdbError(f"no kernel with Key or Identifier {args.key!r}")
     if args.json:
-        for row in rows:
-            print_json(describe_row(row))
+        print_json({"query": args.key, "kernels": [describe_row(row) for row in rows]})
         return 0
     for row in rows:
         _print(row)
@@ -29,7 +33,6 @@ def main(args: argparse.Namespace) -> int:
 
 def _print(row: KernelRow) -> None:
     from rich.panel import Panel
-    from rich.syntax import Syntax
     from rich.table import Table
 
     view = describe_row(row)
@@ -62,5 +65,11 @@ def _print(row: KernelRow) -> None:
         out.print(f"[{'red' if f.severity != 'warning' else 'yellow'}]{f.severity}[/] {f.check}: {f.message}")
     if not findings:
         out.print("[green]lint: ok[/]")
-    out.print(Syntax(view["signature"] + "\n{\n" + view["body"] + "\n}", "cuda", line_numbers=True,
-                     word_wrap=False))
+    source = view["signature"] + "\n{\n" + view["body"] + "\n}"
+    if is_terminal(sys.stdout):
+        from rich.syntax import Syntax
+
+        out.print(Syntax(source, "cuda", line_numbers=True, word_wrap=False))
+    else:
+        sys.stdout.flush()
+        write(source + "\n")

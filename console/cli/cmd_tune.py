@@ -14,8 +14,8 @@ from dataclasses import asdict
 from pathlib import Path
 from types import FrameType
 
+from console.cli.opconfig_input import read_op_configs
 from console.cli.output import err, log, print_json
-from core.codegen.batch import load_configs
 from core.db.kernel_db import default_db_path
 from core.errors import InputError, ToolError
 from core.inject.pipeline import InjectOptions
@@ -26,9 +26,7 @@ from core.tuning.queue import JobEvent, run_queue
 
 def main(args: argparse.Namespace) -> int:
     settings = load_settings()
-    configs, errors = load_configs([Path(p) for p in args.inputs])
-    for e in errors:
-        log(f"skipped: {e}")
+    configs, _ = read_op_configs(args.inputs)
     if not configs:
         raise InputError("no op configs to tune")
     rpc_text = args.rpc or (f"{settings.rpc_tracker}:{settings.rpc_key}" if settings.rpc_tracker else "")
@@ -74,7 +72,9 @@ def main(args: argparse.Namespace) -> int:
         view.stop()
         if cluster is not None:
             cluster.stop()
-    summary = {"event": "summary", "cancelled": report.cancelled, "failures": report.failures,
+    # Ctrl-C may also end the job in flight as failed (TVM's task refuses to go on): interrupted all the same.
+    cancelled = report.cancelled or cancel["requested"]
+    summary = {"event": "summary", "cancelled": cancelled, "failures": report.failures,
                "jobs": [{"op": r.job.name, "trials": r.trials, "new_trials": r.new_trials,
                          "best_us": r.best_seconds * 1e6 if r.best_seconds else None,
                          "trials_per_minute": round(r.trials_per_minute, 1), "errors": r.errors,
@@ -82,7 +82,7 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         print_json(summary, view.stdout)
     failed = bool(report.failures) or any(i.failed for i in report.injects)
-    return 1 if failed or report.cancelled else 0
+    return 130 if cancelled else 1 if failed else 0
 
 
 class _Live:

@@ -1,6 +1,7 @@
 """How the CLI talks: Rich for people (tables, progress on a terminal), plain JSON for scripts.
 
-Results go to stdout, logs and progress to stderr; NO_COLOR is honoured by Rich itself.
+Results go to stdout, logs and progress to stderr; NO_COLOR is honoured by Rich itself. Rich is imported
+on first use: a command that prints JSON or plain lines never pays for it.
 """
 
 from __future__ import annotations
@@ -8,32 +9,55 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from rich.console import Console
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+def is_terminal(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # a replaced or closed stream
+        return False
 
 
 def _width(stream: TextIO) -> int | None:
     """Rich's width for a stream: the terminal's on a terminal (None: Rich finds it, or COLUMNS says it).
     Off a terminal Rich would fold every table and message at 80 columns, splitting failure reasons
     across lines of a CI log; there a wide page keeps one line per row."""
-    try:
-        tty = stream.isatty()
-    except (AttributeError, ValueError):
-        tty = False
-    return None if tty or os.environ.get("COLUMNS") else 200
+    return None if is_terminal(stream) or os.environ.get("COLUMNS") else 200
 
 
-out = Console(soft_wrap=False, width=_width(sys.stdout))
-err = Console(stderr=True, width=_width(sys.stderr))
+class _LazyConsole:
+    """A Rich Console for stdout or stderr, made on first use."""
+
+    def __init__(self, *, stderr: bool) -> None:
+        self._stderr = stderr
+        self._console: Console | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._console is None:
+            from rich.console import Console
+
+            stream = sys.stderr if self._stderr else sys.stdout
+            self._console = Console(stderr=self._stderr, soft_wrap=False, width=_width(stream))
+        return getattr(self._console, name)
+
+
+out: Console = _LazyConsole(stderr=False)  # type: ignore[assignment]
+err: Console = _LazyConsole(stderr=True)  # type: ignore[assignment]
 
 
 def print_json(value: Any, stream: TextIO | None = None) -> None:
-    stream = stream or sys.stdout
-    text = json.dumps(value, ensure_ascii=False, indent=None, default=str) + "\n"
-    # Undecodable file names or lone surrogates leave as \\udcXX escapes: still valid JSON, never a crash.
-    stream.buffer.write(text.encode("utf-8", "backslashreplace"))
-    stream.flush()
+    write(json.dumps(value, ensure_ascii=False, indent=None, default=str) + "\n", stream)
+    (stream or sys.stdout).flush()
+
+
+def write(text: str, stream: TextIO | None = None) -> None:
+    """Text as UTF-8, with no Rich in the way. Undecodable file names or lone surrogates leave as \\udcXX
+    escapes (still valid JSON inside a JSON string), never a crash."""
+    (stream or sys.stdout).buffer.write(text.encode("utf-8", "backslashreplace"))
 
 
 def log(message: str) -> None:

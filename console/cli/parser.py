@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -29,6 +30,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "gpu": ("console.cli.cmd_gpu", "CUDA devices; verify or time kernels already in the DB"),
     "tune": ("console.cli.cmd_tune", "tune op configs with MetaSchedule; verify and inject the best kernels"),
 }
+
+
+# The columns `kdb ls --sort` takes (core.db.browse.SORTABLE's keys; not imported here: --help stays fast).
+SORT_KEYS = ("op", "identifier", "source", "device", "tags", "barriers", "threads", "blocks", "key")
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number of at least 1, got {text}")
+    return value
 
 
 def _compiler_options(p: argparse.ArgumentParser) -> None:
@@ -76,16 +88,30 @@ def build_parser() -> argparse.ArgumentParser:
                      help="JSON lines as it goes: one per kernel right after its commit, one per failure, "
                      "then a summary (a killed run's log says exactly what was committed)")
 
-    p = sub.add_parser("ls", help=COMMANDS["ls"][1])
+    p = sub.add_parser("ls", help=COMMANDS["ls"][1],
+                       description="A page of kernels, in Key order unless --sort says otherwise: a table on a "
+                       "terminal, tab-separated lines (streamed) elsewhere.")
     _db_option(p)
+    p.add_argument("text", nargs="?", metavar="TEXT", help="only kernels whose identifier, name or Key holds TEXT "
+                   "(any case)")
     p.add_argument("--op", metavar="OPTYPE", help="only this OpType")
-    p.add_argument("--limit", type=int, default=0, metavar="N", help="at most N rows (default: all)")
-    p.add_argument("--json", action="store_true", help="JSON lines, one object per row")
+    p.add_argument("--source", metavar="SOURCE", help="only this Source (e.g. External)")
+    p.add_argument("--tag", metavar="TAG", help="only kernels with this tag")
+    p.add_argument("--device", metavar="DEVICE", help="only this DeviceType (e.g. CUDA_GPU)")
+    p.add_argument("--lint", choices=["ok", "problems"], help="only rows lint passes, or only those it flags")
+    p.add_argument("--sort", choices=sorted(SORT_KEYS), default="key", help="sort by this column (default: key)")
+    p.add_argument("--desc", action="store_true", help="sort descending")
+    page = p.add_mutually_exclusive_group()
+    page.add_argument("--limit", type=_positive, default=0, metavar="N", help="at most N rows (default: 50)")
+    page.add_argument("--all", action="store_true", help="every row that matches")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="one JSON object: {db, filter, sort, kernels, more}")
+    fmt.add_argument("--jsonl", action="store_true", help="JSON lines, one object per kernel")
 
     p = sub.add_parser("show", help=COMMANDS["show"][1])
     _db_option(p)
     p.add_argument("key", metavar="KEY_OR_IDENTIFIER")
-    p.add_argument("--json", action="store_true", help="the rows as JSON (columns parsed)")
+    p.add_argument("--json", action="store_true", help="one JSON object: {query, kernels} (columns parsed)")
 
     p = sub.add_parser("lint", help=COMMANDS["lint"][1])
     _db_option(p)
@@ -102,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     dbsub = p.add_subparsers(dest="db_command", metavar="ACTION", required=True)
     q = dbsub.add_parser("init", help="create the DB file with NNFusion's exact table")
     _db_option(q)
+    q.add_argument("--json", action="store_true")
     q = dbsub.add_parser("check", help="integrity, schema and lint summary")
     _db_option(q)
     q.add_argument("--json", action="store_true")
@@ -116,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     q = dbsub.add_parser("backup", help="consistent copy via SQLite's online backup API")
     _db_option(q)
     q.add_argument("dest", nargs="?", metavar="DEST", help="default: the state dir's backups/ folder")
+    q.add_argument("--json", action="store_true")
 
     p = sub.add_parser("opconfig", help=COMMANDS["opconfig"][1])
     osub = p.add_subparsers(dest="opconfig_command", metavar="ACTION", required=True)
@@ -153,6 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--json", action="store_true")
 
     p = sub.add_parser("codegen", help=COMMANDS["codegen"][1])
+    p.add_argument("--db", metavar="PATH", help="kernel DB that failures are kept for, and a retry injects into "
+                   "(default: $KDB_DB or ~/.cache/nnfusion/kernel_cache.db)")
     p.add_argument("inputs", nargs="+", metavar="OPCONFIGS",
                    help="op-config files (lines, .toml, .json), .onnx models, or directories of them")
     p.add_argument("-o", "--output", metavar="FILE", help="kernel JSON output (default: stdout)")
@@ -204,21 +234,32 @@ def run(argv: list[str]) -> int:
     try:
         return int(module.main(args) or 0)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+        return _failed(args, "interrupted", 130)
+    except BrokenPipeError:
+        # The reader has gone (`kdb ls --all | head`): it wanted no more, which is no failure of ours. stdout now
+        # points at /dev/null, so the interpreter's last flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as exc:  # one place turns engine errors into a message and exit status 2
         from core.errors import KdbError
 
         if isinstance(exc, KdbError):
-            print(f"kdb {args.command}: {exc}", file=sys.stderr)
-            return 2
+            return _failed(args, str(exc), 2)
         sqlite_error = _sqlite_error(exc)
         if sqlite_error:  # a file damaged past the header check surfaces mid-read: say so, no traceback
             where = getattr(args, "db", None) or "the kernel DB"
-            print(f"kdb {args.command}: {where} cannot be read: {sqlite_error} (`kdb db check` tells more)",
-                  file=sys.stderr)
-            return 2
+            return _failed(args, f"{where} cannot be read: {sqlite_error} (`kdb db check` tells more)", 2)
         raise
+
+
+def _failed(args: argparse.Namespace, message: str, status: int) -> int:
+    """Say why on stderr; with --json/--jsonl, stdout still gets its one JSON object: {"error": ...}."""
+    print(f"kdb {args.command}: {message}", file=sys.stderr)
+    if getattr(args, "json", False) or getattr(args, "jsonl", False):
+        from console.cli.output import print_json
+
+        print_json({"error": message})
+    return status
 
 
 # SQLite result codes about the file itself (not the query): READONLY, IOERR, CORRUPT, FULL, CANTOPEN, NOTADB.
@@ -226,9 +267,8 @@ _FILE_ERRORS = {8, 10, 11, 13, 14, 26}
 
 
 def _sqlite_error(exc: BaseException) -> str:
-    """SQLite's own message when exc is (or wraps) an error about the DB file; "" otherwise."""
+    """SQLite's own message when exc is an error about the DB file; "" otherwise."""
     import sqlite3
 
-    orig = getattr(exc, "orig", None) or exc
-    code = (getattr(orig, "sqlite_errorcode", None) or 0) & 0xFF
-    return str(orig) if isinstance(orig, sqlite3.DatabaseError) and code in _FILE_ERRORS else ""
+    code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
+    return str(exc) if isinstance(exc, sqlite3.DatabaseError) and code in _FILE_ERRORS else ""

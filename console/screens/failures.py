@@ -27,6 +27,7 @@ from console.context import ConsoleContext
 from console.screens.base import KdbScreen
 from console.widgets.dialogs import ConfirmDialog, EditTextDialog
 from console.widgets.failure_detail import FailureDetail, Place, item_label, offending_place, pretty_item
+from core.codegen.failures import CODEGEN_STAGE
 from core.db.kernel_db import KernelDB
 from core.db.state import Failure, StateDB
 from core.inject.pipeline import STAGES, InjectOptions, InjectProgress, InjectReport
@@ -60,14 +61,14 @@ def shorten(text: str, width: int = REASON_WIDTH) -> str:
 
 
 def group_failures(failures: list[Failure]) -> list[tuple[str, list[tuple[str, list[Failure]]]]]:
-    """[(stage, [(reason, failures)])]: stages in pipeline order, the biggest reason groups first.
+    """[(stage, [(reason, failures)])]: stages in pipeline order (codegen first), the biggest reason groups first.
 
     A group of one distinct reason is titled with it; reasons differing in numbers share their pattern.
     """
     by_stage: dict[str, dict[str, list[Failure]]] = defaultdict(lambda: defaultdict(list))
     for f in failures:
         by_stage[f.stage][reason_pattern(f.reason)].append(f)
-    order = {stage: i for i, stage in enumerate(STAGES)}
+    order = {stage: i for i, stage in enumerate((CODEGEN_STAGE, *STAGES))}  # codegen comes before injection
     grouped = []
     for stage in sorted(by_stage, key=lambda s: (order.get(s, len(order)), s)):
         reasons = []
@@ -234,7 +235,8 @@ class FailuresScreen(KdbScreen):
         detail = self.query_one(FailureDetail)
         if entry is None:
             detail.show_text(f"No open failures for {self.app.context.db_path}.\n\n"  # type: ignore[attr-defined]
-                             "Kernels that fail to convert during injection are listed here, with the reason.")
+                             "Op configs TVM cannot generate a kernel for, and kernels that fail to convert "
+                             "during injection, are listed here with the reason.")
         elif entry.leaf:
             detail.show_failure(entry.failures[0])
             self.find_place(entry.failures[0])
@@ -300,8 +302,8 @@ class FailuresScreen(KdbScreen):
                 return
             self._start_retry([failure.id], edited=(failure.id, new_text))
 
-        self.app.push_screen(EditTextDialog(
-            f"Edit {failure.name or 'the item'} ({item_label(failure)}); saving retries it", text), saved)
+        what = "the op config" if failure.stage == CODEGEN_STAGE else failure.name or "the item"
+        self.app.push_screen(EditTextDialog(f"Edit {what} ({item_label(failure)}); saving retries it", text), saved)
 
     def action_dismiss_failures(self) -> None:
         entry = self._current()

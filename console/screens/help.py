@@ -34,9 +34,11 @@ rows (or the current one) on the GPU against a reference; `P` also times them an
 options, `ctrl+r` runs the pipeline with a progress bar per stage; `escape` cancels between kernels.
 `/` types a path (`enter` adds it); `escape` leaves the path box.
 
-**Failures**: every conversion that failed, grouped by stage and reason. The detail shows the cause and
-the offending place (the nvcc error line, the JSON field). `r` retries the selected one, `R` all of them
-(for instance after changing the SM arch), `e` edits the item and retries, `x` dismisses.
+**Failures**: every conversion that failed, grouped by stage and reason: op configs TVM could not generate
+(stage codegen) and kernels injection refused. The detail shows the cause and the offending place (the
+schedule TVM refused, with TVM's lines; the nvcc error line; the JSON field). `r` retries the selected one
+(an op config is generated again, then injected), `R` all of them (for instance after changing the SM
+arch), `e` edits the item or op config and retries, `x` dismisses.
 
 **GPU & SM**: the CUDA devices found here, target SM archs, the product name written into profiles (it
 must equal NNFusion's `-fproduct_name`), nvcc and timeouts. Saved to the same TOML file the CLI reads.
@@ -46,7 +48,7 @@ must equal NNFusion's `-fproduct_name`), nvcc and timeouts. Saved to the same TO
 added); `d` deletes, `D` clears. `i` imports an op-config file or an ONNX model (nodes with no kernel-DB
 op are listed with the reason). `c` checks the list against the open DB: in DB, missing (tune it) or
 falls back; from then on the check follows every change. `g` generates a kernel for each with TVM and
-injects them, with progress; `escape` cancels, `f` shows the injection failures.
+injects them, with progress; `escape` cancels, `f` shows the failures (codegen and injection).
 
 **AutoTVM logs**: `o` opens a tuning log. Each workload: its trials, successes, errors by kind and best
 time; the selected one's best-so-far curve (`l` switches log/linear scale) and best knob config. Lines

@@ -62,6 +62,8 @@ class KernelsScreen(KdbScreen):
         Binding("r", "reload", "Reload", show=False),
         Binding("R", "rebuild_index", "Rebuild the browse index", show=False),
         Binding("C", "convert", "Convert osdi20", show=False),
+        Binding("N", "compile_with_nnfusion", "Compile with NNFusion", show=False),
+        Binding("F", "repair_pairs", "Repair fused pairs", show=False),
     ]
 
     @dataclass
@@ -114,6 +116,7 @@ class KernelsScreen(KdbScreen):
         self.syncing, self.sync_again, self.rebuild_next = False, False, False
         self.awaiting_page, self.filter_pending = False, False
         self.index_failed = False
+        self.sync_after_first_page = True
         self.generation = 0
         self.marked: set[str] = set()
         self.undo_stack: list[list[KernelRow]] = []
@@ -142,16 +145,17 @@ class KernelsScreen(KdbScreen):
 
     def on_mount(self) -> None:
         self.query_one(KernelTable).focus()
-        self.reload()
-        self.request_sync()
         # Another process (an injection in another terminal) may write at any time; a sync of an unchanged
         # file costs a stat() and one small query.
         self.set_interval(3.0, self._periodic_sync)
 
     def on_screen_resume(self) -> None:
-        # Other views (Inject, Failures retries) change the DB: show the current state on return.
+        # Shown for the first time, or back from another view (Inject, Failures retries change the DB): show the
+        # current state. The first time, the index sync waits for the first page to be on screen: building an
+        # index competes with the first paint for the CPU (and the GIL), and the first page does not need it.
         self.reload()
-        self.request_sync()
+        if not self.sync_after_first_page:
+            self.request_sync()
 
     # -- loading ----------------------------------------------------------------------------
 
@@ -216,6 +220,9 @@ class KernelsScreen(KdbScreen):
         if message.generation != self.generation:
             return  # a newer request is on its way
         self.awaiting_page = False
+        if self.sync_after_first_page:
+            self.sync_after_first_page = False
+            self.request_sync()
         if self.filter_pending:  # keys typed meanwhile: this page is already out of date
             self.filter_pending = False
             self._apply_filters()
@@ -235,6 +242,9 @@ class KernelsScreen(KdbScreen):
         # KdbScreen's handler (the App's report) runs too: Textual calls each class's handler in the MRO.
         if event.worker.group == "page" and event.state is WorkerState.ERROR:
             self.awaiting_page = False  # no page is coming: typing must not wait for it
+            if self.sync_after_first_page:
+                self.sync_after_first_page = False
+                self.request_sync()
 
     def on_kernels_screen_counted(self, message: Counted) -> None:
         if message.generation == self.generation:
@@ -485,6 +495,52 @@ class KernelsScreen(KdbScreen):
         with self.app.context.open_db(write=True) as db:  # type: ignore[attr-defined]
             n = db.restore(rows)
         self.app.call_from_thread(self.notify, f"restored {n} row(s)")
+        self.app.call_from_thread(self.request_sync)
+
+    def action_compile_with_nnfusion(self) -> None:
+        """Ask for a model, then compile it with NNFusion and this DB (console/screens/nnfusion.py)."""
+        from console.screens.nnfusion import compile_screen  # the compiler's job loads when first asked for
+
+        def chosen(path: str | None) -> None:
+            if path:
+                self.app.push_screen(compile_screen(self.app.context, Path(path).expanduser()))  # type: ignore[attr-defined]
+
+        self.app.push_screen(PathDialog("Compile which ONNX model with NNFusion and this DB?", f"{Path.cwd()}/"),
+                             chosen)
+
+    def action_repair_pairs(self) -> None:
+        """Fused kernels without the CUDA row NNFusion needs to use them: preview, then add the twins."""
+        self.find_missing_twins()
+
+    @work(thread=True, exit_on_error=False, group="write")
+    def find_missing_twins(self) -> None:
+        with self.app.context.open_db() as db:  # type: ignore[attr-defined]
+            unused, orphans = db.pair_problems()
+        self.app.call_from_thread(self._confirm_repair, [r.key for r in unused], len(orphans))
+
+    def _confirm_repair(self, keys: list[str], orphans: int) -> None:
+        note = (f" {orphans} CUDA row(s) without their kernel make the compiler abort; repair leaves them: "
+                "delete them here." if orphans else "")
+        if not keys:
+            severity = "warning" if orphans else "information"
+            self.notify("every fused kernel has its CUDA twin." + note, severity=severity)
+            return
+
+        def confirmed(yes: bool | None) -> None:
+            if yes:
+                self.add_twins(keys)
+
+        self.app.push_screen(ConfirmDialog(
+            f"Add the CUDA twin of {len(keys)} fused kernel(s)?",
+            "NNFusion uses a fused kernel only when a CUDA row of its identifier is there too (its pattern "
+            "substitution asks for it). Nothing else in the DB is touched." + note, confirm_label="Add twins"),
+            confirmed)
+
+    @work(thread=True, exit_on_error=False, group="write")
+    def add_twins(self, keys: list[str]) -> None:
+        with self.app.context.open_db(write=True) as db:  # type: ignore[attr-defined]
+            written = db.add_twins(keys)
+        self.app.call_from_thread(self.notify, f"added {len(written)} twin row(s)")
         self.app.call_from_thread(self.request_sync)
 
     def action_export(self) -> None:

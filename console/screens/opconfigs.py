@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
@@ -37,7 +38,7 @@ from console.widgets.opconfig_dialog import DEFAULT_TEMPLATE, OpConfigDialog
 from console.widgets.opconfig_table import OpConfigTable
 from core.codegen.generate import Generated
 from core.errors import InputError, ToolError
-from core.nnfusion.coverage import IN_DB, MISSING, CoverageEntry
+from core.nnfusion.coverage import CoverageEntry, summarize
 from core.opconfigs.onnx_extract import Extraction
 from core.opconfigs.opconfig import OpConfig, dedupe, format_line, format_lines, format_structured, read_opconfigs
 from core.settings import Settings
@@ -67,7 +68,8 @@ class OpConfigsScreen(KdbScreen):
         Binding("x", "export", "Export"),
         Binding("c", "coverage", "Coverage"),
         Binding("g", "generate", "Generate", tooltip="Generate & inject"),
-        Binding("escape", "cancel_run", "Cancel run"),
+        Binding("n", "compile_with_nnfusion", "NNFusion", tooltip="Compile with NNFusion"),
+        Binding("escape", "cancel_run", "Cancel", tooltip="Cancel the run"),
         Binding("f", "show_failures", "Show failures"),
         Binding("D", "clear", "Clear the list", show=False),
     ]
@@ -103,6 +105,7 @@ class OpConfigsScreen(KdbScreen):
     def __init__(self) -> None:
         super().__init__()
         self.configs: list[OpConfig] = []
+        self.models: dict[Path, Extraction] = {}  # ONNX models imported, newest last: coverage reads their graphs
         self.coverage: dict[str, CoverageEntry] = {}  # by OpConfig.key, from the last check
         self.coverage_checked = False
         self.coverage_generation = 0
@@ -169,10 +172,11 @@ class OpConfigsScreen(KdbScreen):
         text = f"{len(self.configs)} op config{'s' if len(self.configs) != 1 else ''} · {total:,.3f} GFLOP in all"
         entries = [self.coverage[c.key] for c in self.configs if c.key in self.coverage]
         if entries:
-            in_db = sum(e.status == IN_DB for e in entries)
-            missing = sum(e.status == MISSING for e in entries)
-            text += (f" · coverage in {escape(self.context.db_path.name)}: {in_db} in DB · {missing} missing · "
-                     f"{len(entries) - in_db - missing} fall back")
+            counts = Counter(e.status for e in entries)
+            share = summarize(entries)["db_flops_share"]
+            text += (f" · in {escape(self.context.db_path.name)}: "
+                     + " · ".join(f"{n} {status}" for status, n in counts.items())
+                     + f" · DB kernels run {share:.0%} of the FLOPs")
             if len(entries) < len(self.configs):
                 text += f" · {len(self.configs) - len(entries)} not checked (c)"
         elif self.configs:
@@ -204,8 +208,10 @@ class OpConfigsScreen(KdbScreen):
             return False if self.running else (True if self.configs else None)
         if action == "cancel_run":
             return self.running
+        if action == "compile_with_nnfusion":
+            return True if self.models else None
         if action == "show_failures":
-            return bool(self.result and self.result.inject and self.result.inject.failed)
+            return bool(self.result and self.result.failed)
         return True
 
     def _taken(self, skip: str | None = None) -> dict[str, int]:
@@ -306,6 +312,10 @@ class OpConfigsScreen(KdbScreen):
                                         None))
 
     def on_op_configs_screen_imported(self, message: Imported) -> None:
+        if message.extraction is not None:
+            self.models.pop(message.path, None)
+            self.models[message.path] = message.extraction
+            self.refresh_bindings()
         known = {c.key for c in self.configs}
         new = [c for c in dedupe(message.configs) if c.key not in known]
         self.configs.extend(new)
@@ -342,17 +352,35 @@ class OpConfigsScreen(KdbScreen):
 
     def check_coverage(self) -> None:
         self.coverage_generation += 1
-        self.find_coverage(self.coverage_generation, list(self.configs))
+        self.find_coverage(self.coverage_generation, list(self.configs), list(self.models.values()),
+                           self.context.settings)
 
     @work(thread=True, exit_on_error=False, group="coverage", exclusive=True)
-    def find_coverage(self, generation: int, configs: list[OpConfig]) -> None:
+    def find_coverage(self, generation: int, configs: list[OpConfig], models: list[Extraction],
+                      settings: Settings) -> None:
+        from core.nnfusion.compiler import CompilerFlags
         from core.nnfusion.coverage import coverage
 
-        # The list as a "model" in which each op occurs once.
-        extraction = Extraction("op configs", len(configs), configs, {c.key: [(c.source,)] for c in configs})
+        flags = CompilerFlags.parse(settings.nnfusion_flags)
+        entries: dict[str, CoverageEntry] = {}
         with self.context.open_db() as db:
-            entries = coverage(extraction, db)
-        self.post_message(self.Covered(generation, entries))
+            # Ops of an imported model: with its graph (counts, what NNFusion fuses away); the rest as a "model"
+            # in which each op occurs once.
+            for model in reversed(models):
+                for e in coverage(model, db, flags, settings.product_name):
+                    entries.setdefault(e.config.key, e)
+            rest = [c for c in configs if c.key not in entries]
+            plain = Extraction("op configs", len(rest), rest, {c.key: [(c.source,)] for c in rest})
+            for e in coverage(plain, db, flags, settings.product_name):
+                entries[e.config.key] = e
+        self.post_message(self.Covered(generation, [entries[c.key] for c in configs if c.key in entries]))
+
+    def action_compile_with_nnfusion(self) -> None:
+        """Compile the newest imported model with NNFusion and the open DB (console/screens/nnfusion.py)."""
+        if self.models:
+            from console.screens.nnfusion import compile_screen
+
+            self.app.push_screen(compile_screen(self.context, next(reversed(self.models))))
 
     def on_op_configs_screen_covered(self, message: Covered) -> None:
         if message.generation != self.coverage_generation:
@@ -410,7 +438,12 @@ class OpConfigsScreen(KdbScreen):
             self.post_message(self.CodegenProgressed(CodegenProgress(done, total, failed, current)))
 
         self.post_message(self.CodegenProgressed(CodegenProgress(0, len(configs), 0, configs[0].describe())))
-        codegen = generate_all(configs, arch, check=True, on_result=on_result, should_cancel=cancelled)
+        state = StateDB()
+        try:  # each op config TVM fails on is kept as a codegen failure, to inspect and retry in Failures
+            codegen = generate_all(configs, arch, check=True, on_result=on_result, should_cancel=cancelled,
+                                   state=state, db_path=db_path)
+        finally:
+            state.close()
         if codegen.cancelled or not codegen.items:
             return GenerateResult(codegen, None, None, notes)
 
@@ -475,7 +508,7 @@ class OpConfigsScreen(KdbScreen):
         self.refresh_bindings()
 
     def action_show_failures(self) -> None:
-        if self.result and self.result.inject and self.result.inject.failed:
+        if self.result and self.result.failed:
             self.app.switch_mode("failures")
 
     @on(Button.Pressed, "#show-failures")

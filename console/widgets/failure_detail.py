@@ -2,7 +2,9 @@
 
 A compile failure shows the translation unit nvcc compiled with the error line highlighted and the
 error lines of nvcc's log; a validate failure shows the kernel JSON item with the failing field's
-line highlighted; parse and barrier failures show the kernel's CUDA code at the line the reason names.
+line highlighted; parse and barrier failures show the kernel's CUDA code at the line the reason names;
+a codegen failure shows the TVMScript of the failing schedule with the lines TVM points at, and TVM's
+decisive lines.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from textual.containers import ScrollableContainer, Vertical
 from textual.widgets import Static
 
 from console.widgets.highlight import numbered_listing
+from core.codegen.failures import CODEGEN_STAGE
 from core.db.state import Failure
 
 HINT = "Select a failure to see its cause and the place it points at; select a group to act on all of it."
@@ -123,6 +126,9 @@ def age(created_at: str, now: datetime | None = None) -> str:
 
 def item_label(failure: Failure) -> str:
     name = Path(failure.file).name
+    source = str(failure.detail_dict().get("source") or "") if failure.stage == CODEGEN_STAGE else ""
+    if source:  # an op config: where it came from, "ops.txt:3" (line 3) or "model.onnx:conv1"
+        return name + source[len(failure.file):] if source.startswith(failure.file) else source
     return f"{name} (whole file)" if failure.item_index is None else f"{name}#{failure.item_index}"
 
 
@@ -133,6 +139,8 @@ def listing(code: str, language: str, marked: set[int]) -> Text:
 def offending_place(failure: Failure) -> Place | None:
     """Where the failure points, highlighted: slow on big items, so the view calls it in a worker."""
     detail = failure.detail_dict()
+    if failure.stage == CODEGEN_STAGE:
+        return _codegen_place(failure, detail)
     if failure.stage == "compile" and detail.get("source"):
         line = detail.get("line")
         line = line if isinstance(line, int) else None
@@ -163,14 +171,33 @@ def offending_place(failure: Failure) -> Place | None:
     return Place("kernel JSON item", listing(json_lines(item)[0], "json", set()))
 
 
+def _codegen_place(failure: Failure, detail: dict[str, Any]) -> Place | None:
+    script = detail.get("tvmscript")
+    if isinstance(script, str) and script:
+        marked = {n for n in detail.get("marked") or [] if isinstance(n, int)}
+        pointed = ", the statements TVM points at marked" if marked else ""
+        return Place(f"TVMScript of the failing schedule (at {detail.get('codegen_stage', '?')}){pointed}",
+                     listing(script, "python", marked), min(marked) if marked else None)
+    if failure.input is None:
+        return None
+    return Place("the op config (e edits it, then generates again)", listing(pretty_item(failure.input), "json", set()))
+
+
 def summary(failure: Failure) -> Table:
     grid = Table.grid(padding=(0, 1))
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column(overflow="fold")
-    grid.add_row("kernel", failure.name or "-")
-    grid.add_row("file", failure.file)
-    grid.add_row("item", "the whole file" if failure.item_index is None else str(failure.item_index))
-    grid.add_row("stage", failure.stage)
+    if failure.stage == CODEGEN_STAGE:
+        detail = failure.detail_dict()
+        grid.add_row("op", failure.name or "-")
+        grid.add_row("op config", str(detail.get("op_config") or "-"))
+        grid.add_row("source", item_label(failure) if detail.get("source") else failure.file)
+        grid.add_row("stage", f"codegen, at {detail.get('codegen_stage', '?')} (TVM, for {detail.get('arch', '?')})")
+    else:
+        grid.add_row("kernel", failure.name or "-")
+        grid.add_row("file", failure.file)
+        grid.add_row("item", "the whole file" if failure.item_index is None else str(failure.item_index))
+        grid.add_row("stage", failure.stage)
     grid.add_row("reason", Text(failure.reason, style="red"))
     grid.add_row("recorded", f"{age(failure.created_at)} · run #{failure.run_id} · failure #{failure.id}")
     return grid
@@ -204,8 +231,14 @@ class FailureDetail(Vertical):
         """The summary and nvcc's log at once; the place follows via show_place (built off the UI thread)."""
         self.query_one("#failure-summary", Static).update(summary(failure))
         self._show_place(Place("highlighting…", Text("")) if failure.input or failure.stage == "compile" else None)
-        log = failure.detail_dict().get("log") if failure.stage == "compile" else None
-        self._show_log(str(log) if log else "")
+        detail = failure.detail_dict()
+        if failure.stage == "compile" and detail.get("log"):
+            self._show_log("nvcc says:", *log_excerpt(str(detail["log"])))
+        elif failure.stage == CODEGEN_STAGE and detail.get("tvm_error"):
+            lines = str(detail["tvm_error"]).splitlines()
+            self._show_log("TVM says:", lines[:LOG_LINES], max(0, len(lines) - LOG_LINES))
+        else:
+            self._show_log()
 
     def show_place(self, place: Place | None) -> None:
         self._show_place(place)
@@ -213,12 +246,12 @@ class FailureDetail(Vertical):
     def show_group(self, title: str, failures: list[Failure]) -> None:
         self.query_one("#failure-summary", Static).update(group_summary(title, failures))
         self._show_place(None)
-        self._show_log("")
+        self._show_log()
 
     def show_text(self, text: str) -> None:
         self.query_one("#failure-summary", Static).update(text)
         self._show_place(None)
-        self._show_log("")
+        self._show_log()
 
     def _show_place(self, place: Place | None) -> None:
         title = self.query_one("#failure-place-title", Static)
@@ -232,13 +265,13 @@ class FailureDetail(Vertical):
         # after the refresh, once the new listing has its size
         scroller.call_after_refresh(scroller.scroll_to, x=0, y=y, animate=False)
 
-    def _show_log(self, log: str) -> None:
+    def _show_log(self, title: str = "", shown: list[str] | None = None, cut: int = 0) -> None:
+        """The tool's decisive lines under the place (none: hidden)."""
         widget = self.query_one("#failure-log", Static)
-        widget.display = bool(log)
-        if not log:
+        widget.display = bool(shown)
+        if not shown:
             return
-        shown, cut = log_excerpt(log)
-        text = Text("nvcc says:\n", style="bold")
+        text = Text(f"{title}\n", style="bold")
         text.append("\n".join(shown), style="red")
         if cut:
             text.append(f"\n… {cut} more line(s)", style="dim")

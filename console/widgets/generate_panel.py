@@ -41,6 +41,11 @@ class GenerateResult:
     def cancelled(self) -> bool:
         return self.codegen.cancelled or bool(self.inject and self.inject.cancelled)
 
+    @property
+    def failed(self) -> int:
+        """Op configs TVM failed on and kernels that failed injection: each is in the Failures view."""
+        return len(self.codegen.failed) + (self.inject.failed if self.inject else 0)
+
 
 class GeneratePanel(Vertical):
     def compose(self) -> ComposeResult:
@@ -85,8 +90,7 @@ class GeneratePanel(Vertical):
 
     def show_result(self, result: GenerateResult | None) -> None:
         summary = self.query_one("#run-summary", Static)
-        injected_failures = bool(result and result.inject and result.inject.failed)
-        self.query_one("#show-failures").set_class(not injected_failures, "hidden")
+        self.query_one("#show-failures").set_class(not (result and result.failed), "hidden")
         if result is None:
             summary.update("")
             return
@@ -101,14 +105,13 @@ class GeneratePanel(Vertical):
 def summary_lines(result: GenerateResult) -> list[str]:
     codegen, inject = result.codegen, result.inject
     status = "[$warning]cancelled[/]" if result.cancelled else "[$success]done[/]"
-    failed = len(codegen.failed) + (inject.failed if inject else 0)
-    failed_text = f"[$error]{failed} failed[/]" if failed else "0 failed"
+    failed_text = f"[$error]{result.failed} failed[/]" if result.failed else "0 failed"
     injected = f"{inject.injected} injected · {inject.unchanged} unchanged" if inject else "nothing injected"
     lines = [f"[b]{status}[/b]: {len(codegen.items)} generated · {injected} · {failed_text}"]
     for g in codegen.failed[:FAILURES_SHOWN]:
         lines.append(f"  ✗ {escape(g.config.describe())} · {g.stage}: {escape(g.error)}")
     if len(codegen.failed) > FAILURES_SHOWN:
-        lines.append(f"  … and {len(codegen.failed) - FAILURES_SHOWN} more codegen failures")
+        lines.append(f"  … and {len(codegen.failed) - FAILURES_SHOWN} more codegen failures in the Failures view")
     if inject:
         for f in inject.failures[:FAILURES_SHOWN]:
             lines.append(f"  ✗ {escape(f.name)} · {f.stage}: {escape(f.reason)}")

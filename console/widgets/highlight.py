@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from rich.style import Style
-from rich.syntax import Syntax
 from rich.text import Text
 
 MARK = Style(color="white", bgcolor="dark_red", bold=True)
@@ -19,6 +18,8 @@ MARK = Style(color="white", bgcolor="dark_red", bold=True)
 def numbered_listing(code: str, language: str, marked: Collection[int] | None = None) -> Text:
     """`code` highlighted, each line numbered; with `marked`, a gutter flags those lines (❱) and they
     stand out in MARK."""
+    from rich.syntax import Syntax  # Pygments: loaded when the first listing is built, not at start-up
+
     lines = Syntax(code, language, theme="ansi_dark").highlight(code).split("\n", allow_blank=True)
     width = len(str(len(lines)))
     out = Text(no_wrap=True, overflow="crop")

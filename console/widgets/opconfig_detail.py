@@ -9,7 +9,7 @@ from textual.widgets import Static
 
 from console.widgets.opconfig_table import coverage_status, gflop
 from core.errors import InputError
-from core.nnfusion.coverage import IN_DB, CoverageEntry
+from core.nnfusion.coverage import CoverageEntry
 from core.opconfigs.onnx_extract import Extraction
 from core.opconfigs.opconfig import OpConfig, format_line
 
@@ -30,8 +30,13 @@ class OpConfigDetail(Static):
             identifier = f"[$warning]none: {escape(exc.reason)}[/]"
         status, level = coverage_status(entry)
         kernels = f"[{_MARKUP[level]}]{escape(status)}[/]"
-        if entry is not None and entry.status != IN_DB:
-            kernels += f"\n[dim]until then NNFusion runs {escape(entry.fallback)}[/]"
+        if entry is not None:
+            kernels += f"\n[dim]NNFusion runs[/] {escape(entry.runs)}"
+            if entry.row is not None:
+                kernels += f"\n[dim]row[/] {escape(entry.row.key)}: {escape(entry.row.why)}"
+                if entry.row.interplay_key:
+                    kernels += f"\n[dim]{escape(entry.row.interplay_why)}: {escape(entry.row.interplay_key)}[/]"
+            kernels += "".join(f"\n[dim]-[/] {escape(reason)}" for reason in entry.reasons)
         self.update("\n".join([
             f"[b]{escape(config.describe())}[/b]",
             f"[dim]line[/]  {escape(format_line(config))}",

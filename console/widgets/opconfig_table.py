@@ -7,8 +7,10 @@ from collections.abc import Mapping, Sequence
 from rich.text import Text
 from textual.widgets import DataTable
 
-from core.nnfusion.coverage import IN_DB, MISSING, CoverageEntry
+from core.nnfusion.coverage import FALLS_BACK, FUSED_AWAY, IN_DB, MISSING, CoverageEntry
 from core.opconfigs.opconfig import OpConfig
+
+STATUS_LEVEL = {MISSING: "warning", FALLS_BACK: "warning", FUSED_AWAY: "dim"}  # NOT_USED, ABORTS: error
 
 COLUMNS = [  # (key, label, width)
     ("n", "#", 3),
@@ -41,9 +43,7 @@ def coverage_status(entry: CoverageEntry | None) -> tuple[str, str]:
         return "not checked (c)", "dim"
     if entry.status == IN_DB:
         return f"in DB ({entry.kernels} kernel{'s' if entry.kernels != 1 else ''})", "success"
-    if entry.status == MISSING:
-        return MISSING, "warning"
-    return entry.status, "error"
+    return entry.status, STATUS_LEVEL.get(entry.status, "error")
 
 
 _STYLES = {"dim": "dim", "success": "green", "warning": "yellow", "error": "red"}

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from core.codegen.failures import codegen_failure
 from core.codegen.generate import Generated, generate, require_tvm
+from core.db.state import StateDB
 from core.errors import InputError
 from core.opconfigs.opconfig import OpConfig, dedupe, read_opconfigs
 
@@ -17,6 +19,7 @@ class CodegenReport:
     generated: list[Generated] = field(default_factory=list)
     input_errors: list[InputError] = field(default_factory=list)  # unreadable files, bad op-config lines
     cancelled: bool = False
+    run_id: int | None = None  # the state DB's run that recorded the failures
 
     @property
     def items(self) -> list[dict[str, Any]]:
@@ -56,7 +59,7 @@ def load_configs(paths: list[Path]) -> tuple[list[OpConfig], list[InputError]]:
             if path.suffix.lower() == ".onnx":
                 from core.opconfigs.onnx_extract import extract
 
-                configs.extend(extract(path).configs)
+                configs.extend(replace(c, source=f"{path}:{c.source}") for c in extract(path).configs)
             else:
                 result = read_opconfigs(path)
                 configs.extend(result.configs)
@@ -68,15 +71,28 @@ def load_configs(paths: list[Path]) -> tuple[list[OpConfig], list[InputError]]:
 
 def generate_all(configs: list[OpConfig], arch: str, *, check: bool = True,
                  on_result: Callable[[Generated, int, int], None] | None = None,
-                 should_cancel: Callable[[], bool] | None = None) -> CodegenReport:
+                 should_cancel: Callable[[], bool] | None = None,
+                 state: StateDB | None = None, db_path: Path | None = None) -> CodegenReport:
+    """Generate each config. Given a state DB, every failure is recorded there (for the kernel DB
+    `db_path`, which a retry injects into) as soon as it happens, in a run of kind codegen."""
     require_tvm()
     report = CodegenReport()
-    for i, config in enumerate(configs):
-        if should_cancel is not None and should_cancel():
-            report.cancelled = True
-            break
-        result = generate(config, arch, check=check)
-        report.generated.append(result)
-        if on_result is not None:
-            on_result(result, i + 1, len(configs))
+    recording = state is not None and db_path is not None
+    if recording:
+        report.run_id = state.start_run("codegen", db_path, {"arch": arch, "configs": len(configs), "check": check})
+    try:
+        for i, config in enumerate(configs):
+            if should_cancel is not None and should_cancel():
+                report.cancelled = True
+                break
+            result = generate(config, arch, check=check)
+            report.generated.append(result)
+            if recording and result.item is None:
+                state.record_failures([codegen_failure(result, arch, db_path, report.run_id, i)])
+            if on_result is not None:
+                on_result(result, i + 1, len(configs))
+    finally:
+        if recording and report.run_id is not None:
+            state.finish_run(report.run_id, injected=0, unchanged=0, failed=len(report.failed),
+                             cancelled=report.cancelled)
     return report

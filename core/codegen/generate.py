@@ -26,6 +26,9 @@ class Generated:
     item: dict[str, Any] | None = None  # the kernel JSON item
     error: str = ""
     stage: str = ""  # define | schedule | codegen | check
+    tvm_error: str = ""  # TVM's message cut to its decisive lines (a TVM failure)
+    script: str = ""  # TVMScript of the module that failed (none before the op is defined)
+    marked: list[int] = field(default_factory=list)  # lines of `script` TVM pointed at
     max_rel_error: float | None = None
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
@@ -91,16 +94,19 @@ def generate(config: OpConfig, arch: str, *, scheduled: Any = None, check: bool 
     result = Generated(config)
     start = time.perf_counter()
     stage = "define"
+    current: Any = None  # the module being worked on: its TVMScript goes with a failure
     try:
         validate(config)
         if config.groups != 1:
             raise InputError(f"grouped convolution (groups={config.groups}): NNFusion's kernel DB has no op type "
                              "for it (the compiler runs it with cuDNN), so no kernel JSON is written")
         mod, shapes = prim_func_module(config)
+        current = mod
         stage = "schedule"
         from core.codegen.schedule import default_schedule, launch_dims
 
-        scheduled = scheduled if scheduled is not None else default_schedule(mod)
+        default = scheduled is None
+        scheduled = current = default_schedule(mod) if default else scheduled
         grid, block = launch_dims(scheduled)
         stage = "codegen"
         import tvm
@@ -115,16 +121,31 @@ def generate(config: OpConfig, arch: str, *, scheduled: Any = None, check: bool 
             stage = "check"
             from core.codegen.reference import check_on_cpu
 
-            result.max_rel_error = check_on_cpu(config, mod, shapes)
+            # The default schedule's own math, its thread loops left serial; a tuned schedule's definition.
+            checked = default_schedule(mod, bind=False) if default else mod
+            result.max_rel_error = check_on_cpu(config, checked, shapes)
         result.item = item  # only a kernel whose math checked out (or was not asked to be checked)
     except InputError as exc:
         result.error, result.stage = str(exc), stage
+        result.script = _script(current)
     except ToolError:
         raise
     except Exception as exc:  # TVM raises its own error types: keep the cause, fail this config only
-        result.error, result.stage = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:500]}", stage
+        from core.codegen.diagnostics import diagnose
+
+        diagnosis = diagnose(exc)
+        result.error, result.stage, result.tvm_error = diagnosis.reason, stage, diagnosis.excerpt
+        # A schedule error prints the module as it was when the primitive failed: the most precise place.
+        result.script, result.marked = (diagnosis.script, diagnosis.marked) if diagnosis.script else (
+            _script(current), [])
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _script(mod: Any) -> str:
+    from core.codegen.diagnostics import MAX_SCRIPT
+
+    return mod.script()[:MAX_SCRIPT] if mod is not None else ""
 
 
 def require_tvm() -> None:

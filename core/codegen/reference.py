@@ -1,4 +1,5 @@
-"""Check a TE definition's math on the CPU: TVM's llvm build against a float64 numpy reference."""
+"""Check an op's math on the CPU (its definition, or a schedule of it): TVM's llvm build against a float64
+numpy reference."""
 
 from __future__ import annotations
 
@@ -97,7 +98,7 @@ def inputs_for(config: OpConfig, shapes: list[tuple[int, ...]], seed: int = 0) -
 def check_on_cpu(config: OpConfig, mod: Any, shapes: list[tuple[int, ...]]) -> float | None:
     """Max relative error of TVM's llvm build against numpy; None when too big to check on a CPU.
 
-    Raises InputError when the error is over TOLERANCE: the definition computes something else.
+    Raises InputError when the error is over TOLERANCE: the module computes something else.
     """
     import tvm
 

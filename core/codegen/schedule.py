@@ -1,93 +1,124 @@
 """A default GPU schedule that always yields exactly one kernel, for any op of te_ops.
 
-Thread-per-output: every injective stage (padding, the ReLU/add tail) is inlined, the output's loops
-are fused and split over blocks of threads, and the one reduction (if any) is computed per thread into
-a register right where the output is written. Slow next to a tuned kernel, but correct, one kernel,
-and a valid starting point for tuning (see core/tuning).
+Thread-per-output: every injective stage (padding, the ReLU/add tail) is inlined; the spatial loops of the
+one reduction (of the output when there is none) are fused and split over blocks of threads; each thread
+accumulates its output in a register over the reduction loops and writes it once through the epilogue.
+Slow next to a tuned kernel, but correct, one kernel, and a valid starting point for tuning (see
+core/tuning). Loops are told apart by TVM's own block analysis: the iter type of the block var each loop
+feeds (data parallel or reduction), read from the block's bindings.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from core.errors import InputError
 
 THREADS = 128
-# MetaSchedule's bindings carry annotations after the thread (`..., thread="blockIdx.x", annotations={...})`).
-_BINDING = re.compile(r'T\.thread_binding\((?:\d+,\s*)?(\d+),\s*thread="(blockIdx|threadIdx)\.([xyz])"')
-_LAUNCH = re.compile(r'T\.launch_thread\("(blockIdx|threadIdx)\.([xyz])",\s*(\d+)\)')
 
 
-def default_schedule(mod: Any, threads: int = THREADS) -> Any:
-    """The scheduled IRModule (the function must be named main)."""
+def default_schedule(mod: Any, threads: int = THREADS, *, bind: bool = True) -> Any:
+    """The scheduled IRModule (the function must be named main).
+
+    bind=False leaves the block and thread loops serial: the same schedule, runnable on a CPU to check
+    its math.
+    """
     import tvm.s_tir as s_tir
 
     sch = s_tir.Schedule(mod)
     root = sch.get_sblock("root")
-    blocks = list(sch.get_child_blocks(root))
     outputs = list(sch.get_output_blocks(root))
     if len(outputs) != 1:
         raise InputError(f"the op writes {len(outputs)} outputs; a kernel-DB kernel has one")
     out = outputs[0]
+    blocks = list(sch.get_child_blocks(root))
     reductions = [b for b in blocks if _is_reduction(sch, b)]
     if len(reductions) > 1:
         raise InputError(f"{len(reductions)} reductions: the default schedule handles one")
-    for block in reversed(blocks):
-        if not sch.get(block).same_as(sch.get(out)) and block not in reductions:
+    for block in reversed(blocks):  # consumers first, so each producer inlines into what is left
+        if not _same(sch, block, out) and not any(_same(sch, block, r) for r in reductions):
             sch.compute_inline(block)
-    if reductions and sch.get(reductions[0]).same_as(sch.get(out)):
-        sch.cache_write(out, 0, "local")  # accumulate in a register, then one store
+    if not reductions:
+        _over_threads(sch, list(sch.get_loops(out)), threads, bind)
+        return sch.mod
+    red = reductions[0]
+    if _same(sch, red, out):  # accumulate in a register; the new output block stores it once
+        sch.cache_write(red, 0, "local")
         out = sch.get_output_blocks(root)[0]
-    fused = sch.fuse(*sch.get_loops(out))
-    bx, tx = sch.split(fused, [None, threads])
-    sch.bind(bx, "blockIdx.x")
-    sch.bind(tx, "threadIdx.x")
-    for red in reductions:
-        sch.compute_at(red, tx)
+    else:
         sch.set_scope(red, 0, "local")
-        loops = sch.get_loops(red)
-        first_reduce = next(i for i, lp in enumerate(loops) if _loop_is_reduction(sch, red, lp))
-        sch.decompose_reduction(red, loops[first_reduce])
+    kinds = _loop_kinds(sch, red)
+    spatial = [loop for loop, kind in kinds if kind == "S"] or [sch.add_unit_loop(red)]
+    reduce = [loop for loop, kind in kinds if kind == "R"]
+    sch.reorder(*spatial, *reduce)
+    thread_loop = _over_threads(sch, spatial, threads, bind)
+    sch.reverse_compute_at(out, thread_loop)
+    if reduce:
+        sch.decompose_reduction(red, reduce[0])
     return sch.mod
 
 
+def _over_threads(sch: Any, loops: list[Any], threads: int, bind: bool) -> Any:
+    """Fuse the loops, split them over blocks of `threads` threads; the thread loop."""
+    bx, tx = sch.split(sch.fuse(*loops), [None, threads])
+    if bind:
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(tx, "threadIdx.x")
+    return tx
+
+
+def _same(sch: Any, a: Any, b: Any) -> bool:
+    return bool(sch.get(a).same_as(sch.get(b)))
+
+
 def _is_reduction(sch: Any, block: Any) -> bool:
-    return any(iv.iter_type == 2 for iv in sch.get(block).iter_vars)  # 2: CommReduce
+    from tvm import tirx
+
+    return any(iv.iter_type == tirx.IterVar.CommReduce for iv in sch.get(block).iter_vars)
 
 
-def _loop_is_reduction(sch: Any, block: Any, loop: Any) -> bool:
-    """Whether the loop feeds a reduction axis of the block (a loop over a reduction iter var)."""
-    realize_vars = {str(v) for v in _reduction_loop_vars(sch, block)}
-    return str(sch.get(loop).loop_var) in realize_vars
+def _loop_kinds(sch: Any, block: Any) -> list[tuple[Any, str]]:
+    """Each loop above the block with its kind: "S" when it feeds only data-parallel block vars (or
+    none), "R" when it feeds only reduction block vars. InputError for a loop that feeds both."""
+    from tvm import tirx
+    from tvm.tirx.analysis import undefined_vars
+    from tvm_ffi import get_global_func
 
-
-def _reduction_loop_vars(sch: Any, block: Any) -> list[Any]:
-    from tvm.s_tir import analysis  # noqa: F401 - keeps the TVM version check in one place
-
-    script = sch.mod.script()
-    name = sch.get(block).name_hint
-    # In the script, the block's axis bindings read: v_rc, v_ry = T.axis.remap("RR", [rc, ry]) or
-    # T.axis.reduce(extent, loop_var).
-    chunk = script[script.index(f'T.sblock("{name}")'):]
-    chunk = chunk[: chunk.index("T.reads") if "T.reads" in chunk else len(chunk)]
+    realize = get_global_func("s_tir.schedule.GetSBlockRealize")(sch, block)
+    feeds = [(iv.iter_type, undefined_vars(value))
+             for iv, value in zip(sch.get(block).iter_vars, realize.iter_values, strict=True)]
     out = []
-    for kinds, names in re.findall(r'T\.axis\.remap\("([SR]+)",\s*\[([^\]]*)\]\)', chunk):
-        for kind, var in zip(kinds, [n.strip() for n in names.split(",")], strict=False):
-            if kind == "R":
-                out.append(var)
-    out += re.findall(r"T\.axis\.reduce\([^,]+,\s*([A-Za-z_]\w*)", chunk)
+    for loop in sch.get_loops(block):
+        var = sch.get(loop).loop_var
+        types = {iter_type for iter_type, used in feeds if any(v.same_as(var) for v in used)}
+        if types - {tirx.IterVar.DataPar, tirx.IterVar.CommReduce} or len(types) > 1:
+            raise InputError(f"loop {var} of block {sch.get(block).name_hint} mixes spatial and reduction "
+                             "axes (or feeds an opaque one): the default schedule cannot split it")
+        out.append((loop, "R" if types == {tirx.IterVar.CommReduce} else "S"))
     return out
 
 
 def launch_dims(mod: Any) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-    """(gridDim, blockDim) of the scheduled function, read from its thread bindings."""
-    script = mod.script()
+    """(gridDim, blockDim) of the scheduled function: the extents of its thread-bound loops and launches."""
+    import tvm_ffi
+    from tvm import tirx
+
     dims = {"blockIdx": [1, 1, 1], "threadIdx": [1, 1, 1]}
-    axis = {"x": 0, "y": 1, "z": 2}
-    for extent, tag, ax in _BINDING.findall(script):
-        dims[tag][axis[ax]] = max(dims[tag][axis[ax]], int(extent))
-    for tag, ax, extent in _LAUNCH.findall(script):
-        dims[tag][axis[ax]] = max(dims[tag][axis[ax]], int(extent))
+
+    def note(tag: str, extent: Any) -> None:
+        kind, _, axis = tag.partition(".")
+        if kind in dims and axis in ("x", "y", "z") and isinstance(extent, tirx.IntImm):
+            i = "xyz".index(axis)
+            dims[kind][i] = max(dims[kind][i], int(extent))
+
+    def visit_for(node: Any) -> None:
+        if node.kind == tirx.ForKind.THREAD_BINDING and node.thread_binding is not None:
+            note(node.thread_binding.thread_tag, node.extent)
+
+    def visit_attr(node: Any) -> None:
+        if node.attr_key == "thread_extent":
+            note(node.node.thread_tag, node.value)
+
+    tvm_ffi.structural_walk(mod["main"].body, [(tirx.For, visit_for), (tirx.AttrStmt, visit_attr)])
     g, b = dims["blockIdx"], dims["threadIdx"]
     return (g[0], g[1], g[2]), (b[0], b[1], b[2])

@@ -8,10 +8,10 @@ row cannot break a page.
 from __future__ import annotations
 
 import json
+import sqlite3
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
-
-import sqlalchemy as sa
 
 from core.db.kernel_db import KernelDB
 from core.db.summary_index import LINT_SQL, ROW_COLUMNS, SELECTIVE_LIMIT, SUMMARY_COLUMNS, SummaryIndex
@@ -154,24 +154,30 @@ def _summary(r: tuple[Any, ...]) -> KernelSummary:
 
 def list_kernels(db: KernelDB, flt: KernelFilter | None = None, *, sort: str = "op", descending: bool = False,
                  offset: int = 0, limit: int = 100) -> list[KernelSummary]:
+    return list(iter_kernels(db, flt, sort=sort, descending=descending, offset=offset, limit=limit))
+
+
+def iter_kernels(db: KernelDB, flt: KernelFilter | None = None, *, sort: str = "op", descending: bool = False,
+                 offset: int = 0, limit: int = 100, batch: int = 500) -> Iterator[KernelSummary]:
+    """The summaries of a page (limit 0: every match), streamed a batch at a time in one read transaction.
+
+    Sorted by Key, the first batch comes from walking the Key index: its time does not grow with the DB.
+    """
     flt = flt or KernelFilter()
     where, params = flt.where()
     column = SORTABLE.get(sort, "OpType")
     direction = "DESC" if descending else "ASC"
     order = f"{column} {direction}, rowid {direction}"  # rowid: the browse index breaks ties the same way
-    # Two steps: the page's rowids first, so the summary columns (which read every row's Function) are
-    # computed for the page alone; SQLite's sorter would otherwise evaluate them for the whole table.
+    # Two steps: the batch's rowids first, so the summary columns (which read every row's Function) are
+    # computed for those rows alone; SQLite's sorter would otherwise evaluate them for the whole table.
     page_sql = f"SELECT rowid FROM ({_FILTER_SQL}) {where} ORDER BY {order} LIMIT ? OFFSET ?"
-    conn = db.connection()
-    register_functions(conn)
-    with conn.begin():
-        rowids = [r[0] for r in conn.exec_driver_sql(page_sql, (*params, limit if limit > 0 else -1, offset))]
-        rows: dict[int, Any] = {}
-        for start in range(0, len(rowids), 500):  # within SQLite's bound-parameter limit
-            chunk = rowids[start:start + 500]
-            sql = f"{_SUMMARY_SQL} WHERE rowid IN ({', '.join('?' * len(chunk))})"
-            rows.update((r[0], r[1:]) for r in conn.exec_driver_sql(sql, tuple(chunk)))
-    return [_summary(tuple(rows[i])) for i in rowids if i in rows]
+    register_functions(db.connection())
+    with db.reading() as conn:
+        pages = conn.execute(page_sql, (*params, limit if limit > 0 else -1, offset))
+        while rowids := [r[0] for r in pages.fetchmany(min(batch, 500))]:  # within SQLite's parameter limit
+            sql = f"{_SUMMARY_SQL} WHERE rowid IN ({', '.join('?' * len(rowids))})"
+            rows = {r[0]: r[1:] for r in conn.execute(sql, tuple(rowids))}
+            yield from (_summary(tuple(rows[i])) for i in rowids if i in rows)
 
 
 def count_kernels(db: KernelDB, flt: KernelFilter | None = None) -> int:
@@ -180,19 +186,14 @@ def count_kernels(db: KernelDB, flt: KernelFilter | None = None) -> int:
     return db.count(where, params)
 
 
-def register_functions(conn: sa.Connection) -> None:
-    """The SQL functions the browser's queries use (once per connection)."""
-    if conn.info.get("kdb_functions"):
-        return
-    raw = conn.connection.driver_connection
-    raw.create_function("kdb_quick_problem", 10, quick_problem, deterministic=True)  # type: ignore[union-attr]
-    conn.info["kdb_functions"] = True
+def register_functions(conn: sqlite3.Connection) -> None:
+    """The SQL functions the browser's queries use (registering again replaces them: cheap)."""
+    conn.create_function("kdb_quick_problem", 10, quick_problem, deterministic=True)
 
 
 def op_types(db: KernelDB) -> list[tuple[str, int]]:
-    conn = db.connection()
-    with conn.begin():
-        return [(r[0], r[1]) for r in conn.exec_driver_sql(
+    with db.reading() as conn:
+        return [(r[0], r[1]) for r in conn.execute(
             "SELECT OpType, count(*) FROM KernelCache GROUP BY OpType ORDER BY OpType")]
 
 

@@ -1,4 +1,7 @@
-"""SQLite engines the way both of our files need them: WAL, a busy timeout, BEGIN IMMEDIATE for writers.
+"""SQLite connections the way our files need them: WAL, a busy timeout, BEGIN IMMEDIATE for writers.
+
+Plain sqlite3, no ORM: every command opens a DB, and SQLAlchemy's import alone took longer (0.3-0.5 s)
+than a read command's whole budget.
 
 Readers use deferred transactions so they never take a write lock; writers begin IMMEDIATE so two
 writers queue on the busy timeout instead of dead-locking on a lock upgrade. A lock still held when
@@ -9,11 +12,9 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from urllib.request import pathname2url
-
-from sqlalchemy import Engine, ExceptionContext, create_engine, event
-from sqlalchemy.pool import NullPool
 
 from core.errors import DbError
 
@@ -41,11 +42,15 @@ def busy_timeout() -> float:
     return value
 
 
+def sqlite_uri(path: Path, *, readonly: bool) -> str:
+    """The URI SQLite opens path by (odd characters percent-encoded); mode=ro never creates or writes the file."""
+    return path.resolve().as_uri() + ("?mode=ro" if readonly else "")
+
+
 def is_locked(exc: BaseException) -> bool:
-    """SQLITE_BUSY or SQLITE_LOCKED (extended codes included), raw or wrapped by SQLAlchemy."""
-    orig = getattr(exc, "orig", None) or exc
-    code = getattr(orig, "sqlite_errorcode", None)
-    return isinstance(orig, sqlite3.OperationalError) and code is not None and code & 0xFF in (
+    """SQLITE_BUSY or SQLITE_LOCKED (extended codes included)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return isinstance(exc, sqlite3.OperationalError) and code is not None and code & 0xFF in (
         _SQLITE_BUSY, _SQLITE_LOCKED)
 
 
@@ -76,7 +81,7 @@ def check_sqlite_file(path: Path) -> None:
     except OSError as exc:
         raise DbError(f"cannot read {path}: {exc.strerror or exc}") from exc
     try:
-        conn = sqlite3.connect(f"file:{pathname2url(str(path.resolve()))}?mode=ro", uri=True, timeout=0)
+        conn = sqlite3.connect(sqlite_uri(path, readonly=True), uri=True, timeout=0)
         try:
             conn.execute("PRAGMA schema_version").fetchone()  # reads the header and the first page
         finally:
@@ -99,7 +104,7 @@ def quick_check(path: Path, timeout_s: float | None = None) -> None:
     """
     timeout_s = busy_timeout() if timeout_s is None else timeout_s
     try:
-        conn = sqlite3.connect(f"file:{pathname2url(str(path.resolve()))}?mode=ro", uri=True, timeout=timeout_s)
+        conn = sqlite3.connect(sqlite_uri(path, readonly=True), uri=True, timeout=timeout_s)
         try:
             problems = [str(r[0]) for r in conn.execute("PRAGMA quick_check(1)")]
         finally:
@@ -116,42 +121,50 @@ def damaged(path: Path, detail: str) -> DbError:
     return DbError(f"{path} is damaged: {detail} (restore a backup; `kdb db check` tells more)")
 
 
-def make_engine(path: Path, *, readonly: bool, busy_timeout_s: float | None = None) -> Engine:
-    """An engine on one SQLite file. Read-only engines open with mode=ro and never create the file.
+def connect(path: Path, *, readonly: bool, busy_timeout_s: float | None = None) -> sqlite3.Connection:
+    """A connection to one SQLite file, in autocommit mode: transactions are explicit (see transaction()).
 
+    Read-only connections open with mode=ro and never create the file; writers switch it to WAL.
     busy_timeout_s: how long to wait for another connection's lock (default: busy_timeout()).
     """
     timeout_s = busy_timeout() if busy_timeout_s is None else busy_timeout_s
-
-    def connect() -> sqlite3.Connection:
-        uri = f"file:{pathname2url(str(path.resolve()))}" + ("?mode=ro" if readonly else "")
-        try:
-            conn = sqlite3.connect(uri, uri=True, timeout=timeout_s, check_same_thread=False,
-                                   isolation_level=None)
-        except sqlite3.Error as exc:
-            raise DbError(f"cannot open {path}: {exc}") from exc
+    uri = sqlite_uri(path, readonly=readonly)
+    try:
+        conn = sqlite3.connect(uri, uri=True, timeout=timeout_s, check_same_thread=False, isolation_level=None)
+    except sqlite3.Error as exc:
+        raise DbError(f"cannot open {path}: {exc}") from exc
+    try:
         conn.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
         if not readonly:
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()  # a non-database fails here
             if mode and str(mode[0]).lower() != "wal":
-                conn.close()
                 raise DbError(f"{path}: cannot switch to WAL mode (journal_mode={mode[0]})")
             conn.execute("PRAGMA synchronous = NORMAL")
             # Readers that keep overlapping let the WAL grow as large as the DB; cut it back whenever a
             # checkpoint gets to restart it (the file is reused, not shrunk, without this).
             conn.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT_BYTES}")
-        return conn
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
-    engine = create_engine("sqlite://", creator=connect, poolclass=NullPool if readonly else None)
 
-    @event.listens_for(engine, "begin")
-    def _begin(conn) -> None:  # type: ignore[no-untyped-def]
-        conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
+@contextmanager
+def transaction(conn: sqlite3.Connection, path: Path, *, write: bool) -> Iterator[sqlite3.Connection]:
+    """BEGIN IMMEDIATE ... COMMIT for writers, a deferred BEGIN for readers; ROLLBACK on any error.
 
-    @event.listens_for(engine, "handle_error")
-    def _locked(ctx: ExceptionContext) -> None:
-        # The busy timeout has run out by now: say which file and why, not "database is locked".
-        if is_locked(ctx.original_exception):
-            raise locked_error(path, timeout_s) from ctx.original_exception
-
-    return engine
+    A lock still held when the busy timeout ends becomes DbLocked naming the file.
+    """
+    try:
+        conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+        try:
+            yield conn
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+    except sqlite3.OperationalError as exc:
+        if is_locked(exc):
+            raise locked_error(path, busy_timeout()) from exc
+        raise

@@ -18,10 +18,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-import sqlalchemy as sa
-from sqlmodel import Field, SQLModel
-
-from core.db.engine import busy_timeout, check_sqlite_file, is_locked, locked_error, make_engine, quick_check
+from core.db.engine import busy_timeout, check_sqlite_file, connect, is_locked, locked_error, quick_check, transaction
 from core.errors import DbError
 from core.kernels.kernel_row import (
     COLUMNS,
@@ -54,21 +51,6 @@ NNFUSION_DDL = """CREATE TABLE IF NOT EXISTS KernelCache(
 OSDI20_COLUMNS = ("identifier", "platform", "function", "tags", "profile", "resource")
 
 
-class KernelCache(SQLModel, table=True):
-    """The compiler's table, for queries (the table itself is created from NNFUSION_DDL)."""
-
-    __tablename__ = "KernelCache"
-    Key: str = Field(primary_key=True)
-    Identifier: str
-    OpType: str
-    Attributes: str = ""
-    Source: str = "External"
-    DeviceType: str
-    Function: str
-    Tags: str = ""
-    Miscs: str = ""
-
-
 class Schema(Enum):
     EMPTY = "empty"  # no KernelCache table yet
     CURRENT = "current"
@@ -99,12 +81,11 @@ def default_db_path() -> Path:
 class KernelDB:
     """One kernel DB file. Open with KernelDB.open(); close() when done (or use `with`)."""
 
-    def __init__(self, path: Path, *, readonly: bool, schema: Schema, engine: sa.Engine) -> None:
+    def __init__(self, path: Path, *, readonly: bool, schema: Schema, conn: sqlite3.Connection) -> None:
         self.path = path
         self.readonly = readonly
         self.schema = schema
-        self.engine = engine
-        self._conn: sa.Connection | None = None
+        self._conn: sqlite3.Connection | None = conn
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -124,43 +105,39 @@ class KernelDB:
             with cls.open(path) as probe:
                 if probe.schema is Schema.OSDI20:
                     raise _osdi20_is_read_only(path)
-        engine = make_engine(path, readonly=not (write or create))
+        conn = connect(path, readonly=not (write or create))
         try:
-            schema = _detect_schema(engine)
-        except DbError:
-            engine.dispose()
-            raise
-        except sa.exc.DatabaseError as exc:
-            engine.dispose()
-            raise DbError(f"{path} cannot be read as a kernel DB: {exc.orig or exc}") from exc
-        if schema is Schema.UNKNOWN:
-            engine.dispose()
-            raise DbError(f"{path} has a KernelCache table of an unknown layout")
-        if schema is Schema.OSDI20 and (write or create):
-            engine.dispose()
-            raise _osdi20_is_read_only(path)
-        db = cls(path, readonly=not (write or create), schema=schema, engine=engine)
+            schema = _detect_schema(conn)
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            if is_locked(exc):
+                raise locked_error(path, busy_timeout()) from exc
+            raise DbError(f"{path} cannot be read as a kernel DB: {exc}") from exc
+        if schema is Schema.UNKNOWN or (schema is Schema.OSDI20 and (write or create)):
+            conn.close()
+            raise _osdi20_is_read_only(path) if schema is Schema.OSDI20 else DbError(
+                f"{path} has a KernelCache table of an unknown layout")
+        db = cls(path, readonly=not (write or create), schema=schema, conn=conn)
         if create and schema is Schema.EMPTY:
             db.init()
         return db
 
     def init(self) -> None:
-        with self.engine.begin() as conn:
-            conn.exec_driver_sql(NNFUSION_DDL)
+        with transaction(self.connection(), self.path, write=True) as conn:
+            conn.execute(NNFUSION_DDL)
         self.schema = Schema.CURRENT
 
     def close(self) -> None:
-        if self._conn is not None:
-            if not self.readonly:
-                # The last connection to close takes an exclusive lock while it checkpoints and removes the WAL;
-                # a reader opening then (the compiler has no busy timeout) gets SQLITE_BUSY. Checkpointing now,
-                # without waiting on anyone, leaves that window next to nothing to copy.
-                raw = self._conn.connection.driver_connection  # autocommit: no BEGIN around the checkpoint
-                with contextlib.suppress(sqlite3.Error):  # best effort: closing goes on whatever it says
-                    raw.execute("PRAGMA wal_checkpoint(PASSIVE)")  # type: ignore[union-attr]
-            self._conn.close()
-            self._conn = None
-        self.engine.dispose()
+        if self._conn is None:
+            return
+        if not self.readonly:
+            # The last connection to close takes an exclusive lock while it checkpoints and removes the WAL;
+            # a reader opening then (the compiler has no busy timeout) gets SQLITE_BUSY. Checkpointing now,
+            # without waiting on anyone, leaves that window next to nothing to copy.
+            with contextlib.suppress(sqlite3.Error):  # best effort: closing goes on whatever it says
+                self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)")  # autocommit: no BEGIN around it
+        self._conn.close()
+        self._conn = None
 
     def __enter__(self) -> KernelDB:
         return self
@@ -168,11 +145,20 @@ class KernelDB:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def connection(self) -> sa.Connection:
-        """A connection kept for a batch of short transactions (the hot path of injection)."""
+    def connection(self) -> sqlite3.Connection:
+        """The DB's one connection, in autocommit mode: use reading() or writing() for transactions."""
         if self._conn is None:
-            self._conn = self.engine.connect()
+            raise DbError(f"{self.path} is closed")
         return self._conn
+
+    def reading(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        """A read transaction (deferred: it never takes the write lock)."""
+        return transaction(self.connection(), self.path, write=False)
+
+    def writing(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        """A write transaction (BEGIN IMMEDIATE: writers queue on the busy timeout)."""
+        self._require_writable()
+        return transaction(self.connection(), self.path, write=True)
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -189,28 +175,14 @@ class KernelDB:
         then holds exactly this kernel for that op. A fused kernel is written as its pair of rows
         (CUDA_GPU and its CUDA twin, see core/kernels/ops.py), both in the same transaction.
 
-        The hot path of injection, so it speaks to sqlite3 directly: SQLAlchemy's per-statement
-        bookkeeping cost about as much as SQLite's own work on a 65 KB row.
+        The hot path of injection.
         """
-        self._require_writable()
         return self._write(lambda raw: self._insert_in_transaction(raw, row, replace))
 
     def _write(self, body: Any) -> Any:
-        """Run body(raw sqlite3 connection) in one IMMEDIATE transaction."""
-        raw = self._driver()
-        try:
-            raw.execute("BEGIN IMMEDIATE")
-            try:
-                result = body(raw)
-            except BaseException:
-                raw.execute("ROLLBACK")
-                raise
-            raw.execute("COMMIT")
-        except sqlite3.Error as exc:
-            if is_locked(exc):
-                raise locked_error(self.path, busy_timeout()) from exc
-            raise
-        return result
+        """Run body(the sqlite3 connection) in one write transaction."""
+        with self.writing() as raw:
+            return body(raw)
 
     @classmethod
     def _insert_in_transaction(cls, raw: sqlite3.Connection, row: KernelRow, replace: bool) -> InsertResult:
@@ -257,20 +229,15 @@ class KernelDB:
         raw.execute(_INSERT, twin.values())
         return True
 
-    def _driver(self) -> sqlite3.Connection:
-        """The kept connection's sqlite3 object (autocommit: transactions are explicit)."""
-        return self.connection().connection.driver_connection  # type: ignore[return-value]
-
     def has_key(self, key: str) -> bool:
-        # A plain autocommit read: no write lock, unlike the writer engine's transactions.
-        return self._driver().execute("SELECT 1 FROM KernelCache WHERE Key = ?", (key,)).fetchone() is not None
+        # A plain autocommit read: no write lock.
+        return self.connection().execute("SELECT 1 FROM KernelCache WHERE Key = ?", (key,)).fetchone() is not None
 
     def delete(self, keys: Sequence[str]) -> list[KernelRow]:
         """Delete rows by Key in one transaction; returns them so the caller can undo.
 
         A fused kernel's pair goes together: deleting either row deletes its partner (a CUDA twin left
         alone would make the compiler abort; a CUDA_GPU row without its twin is never used)."""
-        self._require_writable()
 
         def body(raw: sqlite3.Connection) -> list[KernelRow]:
             out: list[KernelRow] = []
@@ -294,7 +261,6 @@ class KernelDB:
 
     def restore(self, rows: Iterable[KernelRow]) -> int:
         """Put rows back exactly as they were (undo of a delete); existing keys are left alone."""
-        self._require_writable()
 
         def body(raw: sqlite3.Connection) -> int:
             n = 0
@@ -306,7 +272,6 @@ class KernelDB:
 
     def update_miscs(self, key: str, miscs: dict[str, Any]) -> None:
         """Rewrite one row's Miscs (a profile, a verification); a fused kernel's twin follows."""
-        self._require_writable()
         text = json.dumps(miscs, ensure_ascii=False, allow_nan=False)
 
         def body(raw: sqlite3.Connection) -> None:
@@ -331,21 +296,21 @@ class KernelDB:
         """(rowid, Key, OpType, Source, Tags, Miscs) of the rows NNFusion's fetch_all gets for this lookup, in
         the order it gets them: the same WHERE clause on the same table, so the same scan order."""
         self._require_current()
-        return self._driver().execute(
+        return self.connection().execute(
             "SELECT rowid, Key, OpType, Source, Tags, Miscs FROM KernelCache WHERE (Identifier = ?) AND "
             "(DeviceType = ?)", (identifier, device_type)).fetchall()
 
     def device_types_of(self, identifier: str) -> dict[str, int]:
         """Rows of this identifier per DeviceType."""
         self._require_current()
-        return dict(self._driver().execute(
+        return dict(self.connection().execute(
             "SELECT DeviceType, count(*) FROM KernelCache WHERE Identifier = ? GROUP BY DeviceType",
             (identifier,)).fetchall())
 
     def identifiers_starting(self, prefix: str, device_type: str, limit: int = 5) -> list[str]:
         """Distinct identifiers under this DeviceType that start with `prefix` (same op and first shape)."""
         self._require_current()
-        return [r[0] for r in self._driver().execute(
+        return [r[0] for r in self.connection().execute(
             "SELECT DISTINCT Identifier FROM KernelCache WHERE substr(Identifier, 1, ?) = ? AND DeviceType = ? "
             "LIMIT ?", (len(prefix), prefix, device_type, limit)).fetchall()]
 
@@ -355,7 +320,7 @@ class KernelDB:
         """(fused CUDA_GPU rows whose identifier has no CUDA row: never used by the compiler;
         fused CUDA rows whose identifier has no CUDA_GPU row: the compiler aborts on them)."""
         self._require_current()
-        raw = self._driver()
+        raw = self.connection()
         fused = ", ".join("?" * len(FUSED_OP_TYPES))
         rows = [KernelRow.from_values(tuple(r)) for r in
                 raw.execute(f"{_SELECT} WHERE OpType IN ({fused})", FUSED_OP_TYPES).fetchall()]
@@ -371,7 +336,6 @@ class KernelDB:
 
     def add_twins(self, keys: Sequence[str]) -> list[KernelRow]:
         """Write the CUDA twin of each fused CUDA_GPU row named, in one transaction; the twins written."""
-        self._require_writable()
 
         def body(raw: sqlite3.Connection) -> list[KernelRow]:
             written = []
@@ -387,9 +351,8 @@ class KernelDB:
 
     def count(self, where: str = "", params: Sequence[Any] = ()) -> int:
         self._require_current()
-        conn = self.connection()
-        with conn.begin():
-            return conn.exec_driver_sql(f"SELECT count(*) FROM KernelCache {where}", tuple(params)).scalar_one()
+        with self.reading() as conn:
+            return conn.execute(f"SELECT count(*) FROM KernelCache {where}", tuple(params)).fetchone()[0]
 
     def _require_current(self) -> None:
         if self.schema is not Schema.CURRENT:
@@ -399,16 +362,14 @@ class KernelDB:
     def find(self, key_or_identifier: str) -> list[KernelRow]:
         """Rows whose Key, or else Identifier, equals the text (or whose Key starts with it)."""
         self._require_current()
-        conn = self.connection()
         cols = ", ".join(COLUMNS)
-        with conn.begin():
-            rows = conn.exec_driver_sql(f"SELECT {cols} FROM KernelCache WHERE Key = ?",
-                                        (key_or_identifier,)).fetchall()
+        with self.reading() as conn:
+            rows = conn.execute(f"SELECT {cols} FROM KernelCache WHERE Key = ?", (key_or_identifier,)).fetchall()
             if not rows:
-                rows = conn.exec_driver_sql(f"SELECT {cols} FROM KernelCache WHERE Identifier = ?",
-                                            (key_or_identifier,)).fetchall()
+                rows = conn.execute(f"SELECT {cols} FROM KernelCache WHERE Identifier = ?",
+                                    (key_or_identifier,)).fetchall()
             if not rows and len(key_or_identifier) >= 8:
-                rows = conn.exec_driver_sql(
+                rows = conn.execute(
                     f"SELECT {cols} FROM KernelCache WHERE substr(Key, 1, ?) = ?",
                     (len(key_or_identifier), key_or_identifier),
                 ).fetchall()
@@ -421,14 +382,13 @@ class KernelDB:
         cols = ", ".join(COLUMNS)
         cond = f"({where[len('WHERE '):]}) AND " if where.startswith("WHERE ") else ""
         while True:
-            conn = self.connection()
-            with conn.begin():
+            with self.reading() as conn:
                 if last is None:
-                    got = conn.exec_driver_sql(
+                    got = conn.execute(
                         f"SELECT {cols} FROM KernelCache {where} ORDER BY Key LIMIT ?", (*params, batch)
                     ).fetchall()
                 else:
-                    got = conn.exec_driver_sql(
+                    got = conn.execute(
                         f"SELECT {cols} FROM KernelCache WHERE {cond}Key > ? ORDER BY Key LIMIT ?",
                         (*params, last, batch),
                     ).fetchall()
@@ -441,32 +401,28 @@ class KernelDB:
     def iter_raw(self) -> Iterator[tuple[Any, ...]]:
         """Rows exactly as stored (NULLs and non-text kept), for lint."""
         self._require_current()
-        conn = self.connection()
-        with conn.begin():
-            result = conn.exec_driver_sql(
+        with self.reading() as conn:
+            yield from conn.execute(
                 "SELECT rowid, Key, Identifier, OpType, Attributes, Source, DeviceType, Function, Tags, Miscs "
                 "FROM KernelCache ORDER BY rowid"
             )
-            yield from result
 
     def iter_osdi20(self) -> Iterator[tuple[Any, ...]]:
         if self.schema is not Schema.OSDI20:
             raise DbError(f"{self.path} is not of the osdi20 schema")
-        conn = self.connection()
-        with conn.begin():
-            yield from conn.exec_driver_sql(
+        with self.reading() as conn:
+            yield from conn.execute(
                 "SELECT rowid, identifier, platform, function, tags, profile, resource FROM KernelCache "
                 "ORDER BY rowid"
             )
 
     def tables(self) -> list[str]:
-        with self.engine.connect() as conn:
-            return [r[0] for r in conn.exec_driver_sql(
-                "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+        with self.reading() as conn:
+            return [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
 
     def integrity_check(self) -> list[str]:
-        with self.engine.connect() as conn:
-            return [str(r[0]) for r in conn.exec_driver_sql("PRAGMA integrity_check")]
+        with self.reading() as conn:
+            return [str(r[0]) for r in conn.execute("PRAGMA integrity_check")]
 
     def backup_to_new_file(self, folder: Path, prefix: str) -> Path:
         """Back up into folder under a fresh time-stamped name (never over an earlier backup)."""
@@ -483,18 +439,12 @@ class KernelDB:
 
     def backup(self, dest: Path) -> Path:
         """A consistent copy through SQLite's online backup API (never a file copy of a live DB)."""
-        import sqlite3
-
         dest.parent.mkdir(parents=True, exist_ok=True)
-        raw = self.engine.raw_connection()
+        target = sqlite3.connect(str(dest))
         try:
-            target = sqlite3.connect(str(dest))
-            try:
-                raw.driver_connection.backup(target)  # type: ignore[union-attr]
-            finally:
-                target.close()
+            self.connection().backup(target)
         finally:
-            raw.close()
+            target.close()
         return dest
 
 
@@ -503,9 +453,8 @@ def _osdi20_is_read_only(path: Path) -> DbError:
                    "`kdb db convert OLD NEW` rewrites it into the current schema")
 
 
-def _detect_schema(engine: sa.Engine) -> Schema:
-    with engine.connect() as conn:
-        cols = [r[1] for r in conn.exec_driver_sql("PRAGMA table_info(KernelCache)")]
+def _detect_schema(conn: sqlite3.Connection) -> Schema:
+    cols = [r[1] for r in conn.execute("PRAGMA table_info(KernelCache)")]
     if not cols:
         return Schema.EMPTY
     if tuple(cols) == COLUMNS:

@@ -6,17 +6,17 @@ item it came from, so it can be retried after a fix (a new SM arch, an edited it
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sqlite3
 from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from sqlalchemy import Engine
-from sqlmodel import Field, Session, SQLModel, col, select
-
-from core.db.engine import check_sqlite_file, make_engine
+from core.db.engine import check_sqlite_file, connect, transaction
 from core.errors import printable
 
 MAX_KEPT_INPUT = 8 * 1024 * 1024  # larger inputs are kept by path only
@@ -35,12 +35,12 @@ def now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-class Run(SQLModel, table=True):
-    __tablename__ = "run"
-    id: int | None = Field(default=None, primary_key=True)
+@dataclass(kw_only=True)
+class Run:
+    id: int | None = None
     kind: str  # inject, retry, codegen, tune
     db_path: str
-    started_at: str = Field(default_factory=now)
+    started_at: str = field(default_factory=now)
     finished_at: str | None = None
     args: str = "{}"
     injected: int = 0
@@ -49,11 +49,11 @@ class Run(SQLModel, table=True):
     cancelled: bool = False
 
 
-class Failure(SQLModel, table=True):
-    __tablename__ = "failure"
-    id: int | None = Field(default=None, primary_key=True)
-    run_id: int | None = Field(default=None, index=True)
-    db_path: str = Field(index=True)
+@dataclass(kw_only=True)
+class Failure:
+    id: int | None = None
+    run_id: int | None = None
+    db_path: str
     file: str
     item_index: int | None = None  # None: the whole file failed
     name: str = ""
@@ -61,7 +61,7 @@ class Failure(SQLModel, table=True):
     reason: str
     detail: str = "{}"  # JSON: field, line, tool output...
     input: str | None = None  # the raw item JSON, for retry
-    created_at: str = Field(default_factory=now)
+    created_at: str = field(default_factory=now)
     resolved_at: str | None = None  # set when a retry succeeded
     dismissed: bool = False
 
@@ -77,82 +77,102 @@ class Failure(SQLModel, table=True):
                 "reason": self.reason}
 
 
+Record = TypeVar("Record", Run, Failure)
+
+
 class StateDB:
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or state_dir() / "state.db"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         check_sqlite_file(self.path)
-        self.engine: Engine = make_engine(self.path, readonly=False)
-        SQLModel.metadata.create_all(self.engine, tables=[Run.__table__, Failure.__table__])  # type: ignore[attr-defined]
+        self.conn = connect(self.path, readonly=False)
+        try:
+            self._create_tables()
+        except BaseException:
+            self.conn.close()
+            raise
+
+    def _create_tables(self) -> None:
+        # Looked for first: most opens find them, and a reader need not take the write lock.
+        found = self.conn.execute(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN ('run', 'failure')").fetchone()[0]
+        if found < 2:
+            from core.db.state_schema import create_tables  # SQLModel: only when a state file is new
+
+            create_tables(self.path)
 
     def close(self) -> None:
-        self.engine.dispose()
+        self.conn.close()
+
+    def _transaction(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        return transaction(self.conn, self.path, write=True)
+
+    def _select(self, cls: type[Record], where: str = "", params: Sequence[Any] = ()) -> list[Record]:
+        names = [f.name for f in fields(cls)]
+        table = "run" if cls is Run else "failure"
+        with transaction(self.conn, self.path, write=False) as conn:
+            got = conn.execute(f"SELECT {', '.join(names)} FROM {table} {where}", tuple(params)).fetchall()
+        bools = {f.name for f in fields(cls) if f.type == "bool"}
+        return [cls(**{n: bool(v) if n in bools else v for n, v in zip(names, r, strict=True)}) for r in got]
+
+    @staticmethod
+    def _insert(conn: sqlite3.Connection, record: Run | Failure) -> int:
+        names = [f.name for f in fields(record) if f.name != "id"]  # SQLite numbers the rows
+        values = tuple(getattr(record, n) for n in names)
+        table = "run" if isinstance(record, Run) else "failure"
+        cursor = conn.execute(f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
+                              values)
+        assert cursor.lastrowid is not None
+        return cursor.lastrowid
 
     def start_run(self, kind: str, db_path: Path, args: dict[str, Any]) -> int:
-        with Session(self.engine) as s:
-            run = Run(kind=kind, db_path=str(db_path), args=json.dumps(args))
-            s.add(run)
-            s.commit()
-            assert run.id is not None
-            return run.id
+        with self._transaction() as conn:
+            return self._insert(conn, Run(kind=kind, db_path=str(db_path), args=json.dumps(args)))
 
     def finish_run(self, run_id: int, *, injected: int, unchanged: int, failed: int, cancelled: bool) -> None:
-        with Session(self.engine) as s:
-            run = s.get(Run, run_id)
-            if run is None:
-                return
-            run.finished_at = now()
-            run.injected, run.unchanged, run.failed, run.cancelled = injected, unchanged, failed, cancelled
-            s.add(run)
-            s.commit()
+        with self._transaction() as conn:
+            conn.execute("UPDATE run SET finished_at = ?, injected = ?, unchanged = ?, failed = ?, cancelled = ? "
+                         "WHERE id = ?", (now(), injected, unchanged, failed, cancelled, run_id))
 
     def record_failures(self, failures: Sequence[Failure]) -> None:
         if not failures:
             return
-        with Session(self.engine) as s:
+        with self._transaction() as conn:
             for f in failures:
                 if f.input is not None and len(f.input) > MAX_KEPT_INPUT:
                     f.input = None
                 # File names and reasons may carry undecodable bytes: store them escaped, never fail.
                 f.file, f.name, f.reason = printable(f.file), printable(f.name), printable(f.reason)
                 f.detail = printable(f.detail)
-                s.add(f)
-            s.commit()
+                f.id = self._insert(conn, f)
 
     def failures(self, db_path: Path | None = None, *, include_closed: bool = False) -> list[Failure]:
-        with Session(self.engine) as s:
-            q = select(Failure)
-            if db_path is not None:
-                q = q.where(Failure.db_path == str(db_path))
-            if not include_closed:
-                q = q.where(col(Failure.dismissed).is_(False), col(Failure.resolved_at).is_(None))
-            return list(s.exec(q.order_by(col(Failure.id))))
+        clauses, params = [], []
+        if db_path is not None:
+            clauses.append("db_path = ?")
+            params.append(str(db_path))
+        if not include_closed:
+            clauses.append("NOT dismissed AND resolved_at IS NULL")
+        where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
+        return self._select(Failure, f"{where} ORDER BY id", params)
 
     def get_failure(self, failure_id: int) -> Failure | None:
-        with Session(self.engine) as s:
-            return s.get(Failure, failure_id)
+        got = self._select(Failure, "WHERE id = ?", (failure_id,))
+        return got[0] if got else None
 
     def close_failures(self, ids: Sequence[int], *, resolved: bool) -> None:
-        with Session(self.engine) as s:
-            for fid in ids:
-                f = s.get(Failure, fid)
-                if f is None:
-                    continue
-                if resolved:
-                    f.resolved_at = now()
-                else:
-                    f.dismissed = True
-                s.add(f)
-            s.commit()
+        column, value = ("resolved_at", now()) if resolved else ("dismissed", True)
+        with self._transaction() as conn:
+            conn.executemany(f"UPDATE failure SET {column} = ? WHERE id = ?", [(value, fid) for fid in ids])
 
     def update_input(self, failure_id: int, text: str) -> None:
-        with Session(self.engine) as s:
-            f = s.get(Failure, failure_id)
-            if f is not None:
-                f.input = text
-                s.add(f)
-                s.commit()
+        with self._transaction() as conn:
+            conn.execute("UPDATE failure SET input = ? WHERE id = ?", (text, failure_id))
+
+    def retarget_failures(self, old_db: Path, new_db: Path) -> None:
+        """Failures recorded against a DB file that has since been renamed follow it."""
+        with self._transaction() as conn:
+            conn.execute("UPDATE failure SET db_path = ? WHERE db_path = ?", (str(new_db), str(old_db)))
 
     def runs(self, limit: int = 50) -> list[Run]:
-        with Session(self.engine) as s:
-            return list(s.exec(select(Run).order_by(col(Run.id).desc()).limit(limit)))
+        return self._select(Run, "ORDER BY id DESC LIMIT ?", (limit,))

@@ -22,9 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.request import pathname2url
 
-from core.db.engine import busy_timeout, is_locked, locked_error
+from core.db.engine import busy_timeout, connect, is_locked, locked_error, sqlite_uri, transaction
 from core.db.state import state_dir
 from core.kernels.lint import quick_problem
 
@@ -114,9 +113,14 @@ def file_signature(db_path: Path) -> str:
     return json.dumps(parts)
 
 
-def index_path_for(db_path: Path) -> Path:
+def state_file_for(db_path: Path, folder: str, suffix: str) -> Path:
+    """A file of the state dir that belongs to one kernel DB (named by a digest of its resolved path)."""
     digest = hashlib.sha256(str(db_path.expanduser().resolve()).encode("utf-8", "surrogatepass")).hexdigest()
-    return state_dir() / "browse" / f"{digest[:24]}.sqlite"
+    return state_dir() / folder / f"{digest[:24]}{suffix}"
+
+
+def index_path_for(db_path: Path) -> Path:
+    return state_file_for(db_path, "browse", ".sqlite")
 
 
 @dataclass(frozen=True)
@@ -227,15 +231,14 @@ class SummaryIndex:
                 self.conn.execute("DETACH DATABASE k")
 
     def _attach(self) -> None:
-        uri = f"file:{pathname2url(str(self.db_path.resolve()))}?mode=ro"
-        self.conn.execute("ATTACH DATABASE ? AS k", (uri,))
+        self.conn.execute("ATTACH DATABASE ? AS k", (sqlite_uri(self.db_path, readonly=True),))
 
     def _write_meta(self, **values: str) -> None:
         with self._transaction():
             self.conn.executemany("INSERT OR REPLACE INTO meta(name, value) VALUES (?, ?)", list(values.items()))
 
-    def _transaction(self, *, read: bool = False) -> _Transaction:
-        return _Transaction(self.conn, read=read)
+    def _transaction(self, *, read: bool = False) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        return transaction(self.conn, self.path, write=not read)
 
     def _rebuild(self, on_progress: Progress | None, should_cancel: Callable[[], bool]) -> SyncReport | None:
         # executescript commits on its own: the layout is dropped and re-created in one script.
@@ -296,16 +299,7 @@ class SummaryIndex:
 
 
 def _connect(path: Path) -> sqlite3.Connection:
-    timeout_s = busy_timeout()
-    conn = sqlite3.connect(f"file:{pathname2url(str(path.resolve()))}", uri=True, timeout=timeout_s,
-                           isolation_level=None, check_same_thread=False)
-    try:
-        conn.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
-        conn.execute("PRAGMA journal_mode = WAL")  # the first read of the file: a non-database fails here
-        conn.execute("PRAGMA synchronous = NORMAL")
-    except sqlite3.Error:
-        conn.close()
-        raise
+    conn = connect(path, readonly=False)  # switching to WAL is the first read: a non-database fails there
     conn.create_function("kdb_quick_problem", 10, quick_problem, deterministic=True)
     return conn
 
@@ -313,17 +307,3 @@ def _connect(path: Path) -> sqlite3.Connection:
 def _discard(path: Path) -> None:
     for name in (path.name, path.name + "-wal", path.name + "-shm"):
         path.with_name(name).unlink(missing_ok=True)
-
-
-class _Transaction:
-    """BEGIN IMMEDIATE ... COMMIT (or ROLLBACK on error) for writers; a deferred BEGIN for readers."""
-
-    def __init__(self, conn: sqlite3.Connection, *, read: bool = False) -> None:
-        self.conn, self.read = conn, read
-
-    def __enter__(self) -> sqlite3.Connection:
-        self.conn.execute("BEGIN" if self.read else "BEGIN IMMEDIATE")
-        return self.conn
-
-    def __exit__(self, exc_type: object, *rest: object) -> None:
-        self.conn.execute("ROLLBACK" if exc_type else "COMMIT")

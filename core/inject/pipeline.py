@@ -174,7 +174,7 @@ class Injector:
     def run_items(self, items: list[tuple[str, int, Any]], *, kind: str = "retry") -> InjectReport:
         """Process given (file, index, raw item) triples, e.g. failures being retried."""
         self.progress.files_total = len({f for f, _, _ in items})
-        self.progress.items_seen = len(items)
+        self.progress.items_seen += len(items)  # on top of any failed before (a retry's codegen)
         return self._run(iter(items), kind=kind, args={"items": len(items)})
 
     # -- internals ---------------------------------------------------------------------------
@@ -425,7 +425,8 @@ class Injector:
         self.report.failures.append(failure)
         self.report.failed += 1
         self.progress.failed += 1
-        self.progress.failed_at[failure.stage] += 1
+        # a retry's codegen failures count under their own stage, before the pipeline's
+        self.progress.failed_at[failure.stage] = self.progress.failed_at.get(failure.stage, 0) + 1
         if failure.index is not None:
             self.progress.items_done += 1
         if self.state is not None:

@@ -12,12 +12,9 @@ import hashlib
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from core.cuda.barriers import BarrierCount
-from core.cuda.source import KernelSource, Param, SharedDecl
 from core.errors import InputError
-from core.kernels.kernel_json import KernelSpec
 from core.kernels.ops import (
     DEVICE_TYPE,
     EXTERNAL_SOURCE,
@@ -27,6 +24,11 @@ from core.kernels.ops import (
     tags_for,
 )
 from core.kernels.opsig import DotParams
+
+if TYPE_CHECKING:  # types only: every DB read imports this module, and the CUDA parsers cost 40 ms
+    from core.cuda.barriers import BarrierCount
+    from core.cuda.source import KernelSource, Param, SharedDecl
+    from core.kernels.kernel_json import KernelSpec
 
 COLUMNS = ("Key", "Identifier", "OpType", "Attributes", "Source", "DeviceType", "Function", "Tags", "Miscs")
 

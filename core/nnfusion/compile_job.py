@@ -10,12 +10,14 @@ import json
 import re
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from core.db.kernel_db import KernelDB
 from core.db.state import Failure, StateDB, state_dir
+from core.errors import KdbError
 from core.nnfusion.compiler import CompileResult, CompilerFlags, compile_model, find_compiler
 from core.nnfusion.coverage import IN_DB, CoverageEntry, coverage
 from core.nnfusion.usage import Usage, analyse_project
@@ -86,13 +88,15 @@ def compile_and_read(job: CompileJob, *, state: StateDB | None = None,
     """Run the job. KdbError when it cannot start (no compiler, no model); a failing compile is reported."""
     report = CompileReport(job)
     binary = find_compiler(job.binary)
-    started = time.monotonic()
-    extraction = extract(job.model)
-    with KernelDB.open(job.db) as db:
-        report.entries = coverage(extraction, db, CompilerFlags.parse(job.flags), job.product_name)
-    read = time.monotonic() - started
-    result = compile_model(job.model, job.db, job.workdir(), binary=binary, product_name=job.product_name,
-                           flags=job.flags, timeout_s=job.timeout_s, on_line=on_line, should_cancel=should_cancel)
+    if not job.model.is_file():
+        raise KdbError(f"{job.model}: no such model file")
+    # kdb's own reading of the model (extraction, coverage) runs while the compiler does: it needs nothing from it.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        promise = pool.submit(_coverage, job)
+        result = compile_model(job.model, job.db, job.workdir(), binary=binary, product_name=job.product_name,
+                               flags=job.flags, timeout_s=job.timeout_s, on_line=on_line,
+                               should_cancel=should_cancel)
+        report.entries, read = promise.result()  # an unreadable model raises here, as it would have before
     report.result = result
     if not result.ok:
         report.reason = result.reason()
@@ -107,6 +111,14 @@ def compile_and_read(job: CompileJob, *, state: StateDB | None = None,
                                        [lookup.identifier for lookup in result.lookups])
     report.read_seconds = read + time.monotonic() - started
     return report
+
+
+def _coverage(job: CompileJob) -> tuple[list[CoverageEntry], float]:
+    started = time.monotonic()
+    extraction = extract(job.model)
+    with KernelDB.open(job.db) as db:
+        entries = coverage(extraction, db, CompilerFlags.parse(job.flags), job.product_name)
+    return entries, time.monotonic() - started
 
 
 def _record_failure(state: StateDB, job: CompileJob, result: CompileResult, report: CompileReport) -> None:

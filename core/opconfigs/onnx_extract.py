@@ -309,6 +309,9 @@ class _Extractor:
         elif op in ONNX_ELEMENTWISE:
             self._elementwise(i, node)
         elif op in LAYOUT_OPS:
+            if op == "Flatten" and "axis" not in _attrs(node):
+                self.notes.append(Note(self.names[i], "Flatten without its axis attribute: NNFusion's ONNX importer "
+                                       "aborts on it ('unknown attribute axis'); write axis=1 (the default) out"))
             raise _NotMapped("layout/shape op: no kernel-DB op type")
         elif op in CONTROL_FLOW:
             raise _NotMapped("control flow: its subgraphs are not analysed")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -298,7 +299,8 @@ def format_lines(configs: Iterable[OpConfig], *, trailing_newline: bool = True) 
 # TOML / JSON: [[op]] tables with the kernel-JSON parameter names
 
 
-def _from_dict(entry: Any, where: str) -> OpConfig:
+def from_dict(entry: Any, where: str) -> OpConfig:
+    """One op config from a TOML table or JSON object (kernel-JSON parameter names), validated."""
     if not isinstance(entry, dict):
         raise InputError("each op config must be a table/object", where=where)
     entry = dict(entry)
@@ -325,7 +327,7 @@ def parse_structured(text: str, fmt: str, source: str = "") -> OpConfigFile:
     configs, errors = [], []
     for i, entry in enumerate(entries):
         try:
-            configs.append(_from_dict(entry, f"{source}#{i}"))
+            configs.append(from_dict(entry, f"{source}#{i}"))
         except InputError as exc:
             errors.append(exc)
     return OpConfigFile(configs, errors, fmt)
@@ -353,6 +355,19 @@ def read_opconfigs(path: Path) -> OpConfigFile:
     if suffix in (".toml", ".json"):
         return parse_structured(text, suffix[1:], str(path))
     return parse_lines(text, str(path))
+
+
+_NUMBERED_SOURCE = re.compile(r"(.+)[:#](\d+)")
+
+
+def source_location(source: str) -> tuple[str, int | None]:
+    """The file of an op config's source and its line (line files, "ops.txt:3") or entry (TOML/JSON,
+    "ops.toml#2"); a model's node ("model.onnx:conv1") or a typed-in config has no number."""
+    model, onnx, _node = source.partition(".onnx:")  # node names may end in ":0"
+    if onnx:
+        return model + ".onnx", None
+    numbered = _NUMBERED_SOURCE.fullmatch(source)
+    return (numbered.group(1), int(numbered.group(2))) if numbered else (source, None)
 
 
 def dedupe(configs: Iterable[OpConfig]) -> list[OpConfig]:

@@ -1,0 +1,177 @@
+"""Compile with NNFusion: run the user's compiler on a model with the open DB, live, then show what the generated
+code really runs, step by step, against what coverage promised. Esc cancels a run, then closes.
+
+The compile runs in a thread worker that owns everything it touches and posts coalesced progress snapshots
+(the log's tail); the result comes back as the worker's return value.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical
+from textual.markup import escape
+from textual.message import Message
+from textual.screen import ModalScreen
+from textual.widgets import DataTable, Label, Log, Static
+from textual.worker import Worker, WorkerState, get_current_worker
+
+from core.nnfusion.compile_job import CompileJob, CompileReport
+from core.nnfusion.usage import DB_KERNEL
+
+if TYPE_CHECKING:
+    from console.context import ConsoleContext
+
+PROGRESS_INTERVAL_S = 0.1
+RUNS_STYLE = {DB_KERNEL: "green", "cuDNN": "yellow", "cuBLAS": "yellow"}
+TAIL_LINES = 200
+
+
+def compile_screen(context: ConsoleContext, model: Path) -> CompileScreen:
+    """The screen for compiling `model` with the console's DB, as the settings say (binary, flags, product)."""
+    settings = context.settings
+    return CompileScreen(CompileJob(model=model, db=context.db_path, flags=tuple(settings.nnfusion_flags),
+                                    product_name=settings.product_name, binary=settings.nnfusion_path))
+
+
+@dataclass(frozen=True)
+class CompileProgress:
+    seconds: float
+    lines: int  # log lines so far
+    tail: tuple[str, ...]
+
+
+class CompileScreen(ModalScreen[None]):
+    """One compile of one model: its log while it runs, then the steps of kernel_entry and what each runs."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel_or_close", "Cancel / close")]
+
+    @dataclass
+    class Progressed(Message):
+        progress: CompileProgress
+
+        def can_replace(self, message: Message) -> bool:
+            return isinstance(message, CompileScreen.Progressed)
+
+    def __init__(self, job: CompileJob) -> None:
+        super().__init__()
+        self.job = job
+        self.cancel = threading.Event()
+        self.shown_lines = 0
+        self.report: CompileReport | None = None
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog dialog-wide", id="compile-dialog"):
+            yield Label(f"NNFusion: {escape(self.job.model.name)} with {escape(self.job.db.name)}",
+                        classes="dialog-title")
+            yield Static("starting the compiler…", id="compile-status")
+            yield Log(id="compile-log", max_lines=TAIL_LINES)
+            yield DataTable(id="compile-steps", cursor_type="row", zebra_stripes=True)
+            yield Static(id="compile-summary")
+
+    def on_mount(self) -> None:
+        table = self.query_one("#compile-steps", DataTable)
+        table.add_columns("step", "node", "runs", "DB row")
+        table.display = False
+        self.run_compile(self.job, self.cancel)
+
+    @work(thread=True, exit_on_error=False, group="nnfusion", exclusive=True)
+    def run_compile(self, job: CompileJob, cancel: threading.Event) -> CompileReport:
+        from core.db.state import StateDB
+        from core.nnfusion.compile_job import compile_and_read
+
+        worker = get_current_worker()
+        started = last_post = time.monotonic()
+        tail: deque[str] = deque(maxlen=TAIL_LINES)
+        count = 0
+
+        def on_line(line: str) -> None:
+            nonlocal last_post, count
+            tail.append(line)
+            count += 1
+            if (now := time.monotonic()) - last_post >= PROGRESS_INTERVAL_S:
+                last_post = now
+                self.post_message(self.Progressed(CompileProgress(now - started, count, tuple(tail))))
+
+        state = StateDB()
+        try:
+            report = compile_and_read(job, state=state, on_line=on_line,
+                                      should_cancel=lambda: cancel.is_set() or worker.is_cancelled)
+        finally:
+            state.close()
+        self.post_message(self.Progressed(CompileProgress(time.monotonic() - started, count, tuple(tail))))
+        return report
+
+    def on_compile_screen_progressed(self, message: Progressed) -> None:
+        p = message.progress
+        log = self.query_one("#compile-log", Log)
+        new = p.lines - self.shown_lines  # lines not shown yet (the tail may have dropped older ones)
+        if new > 0:
+            log.write_lines(p.tail[-min(new, len(p.tail)):])
+            self.shown_lines = p.lines
+        note = " · cancelling…" if self.cancel.is_set() else " · esc cancels"
+        self.query_one("#compile-status", Static).update(f"compiling: {p.seconds:.1f} s, {p.lines} log lines{note}")
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        if event.worker.group != "nnfusion" or not event.worker.is_finished:
+            return
+        if event.state is WorkerState.SUCCESS and isinstance(event.worker.result, CompileReport):
+            self.show_report(event.worker.result)
+        elif event.state is WorkerState.ERROR:
+            error = escape(str(event.worker.error))
+            self.query_one("#compile-status", Static).update(f"[$error]could not run: {error}[/]")
+            self.app.report_worker_failure(event)  # type: ignore[attr-defined]
+        else:
+            self.query_one("#compile-status", Static).update("cancelled")
+
+    def show_report(self, report: CompileReport) -> None:
+        self.report = report
+        status = self.query_one("#compile-status", Static)
+        summary = self.query_one("#compile-summary", Static)
+        result = report.result
+        if not report.ok or report.usage is None or result is None:
+            lines = "\n".join(f"  {escape(line)}" for line in report.decisive)
+            status.update(f"[$error]NNFusion failed: {escape(report.reason)}[/]")
+            summary.update((lines + "\n" if lines else "") + (
+                "[dim]kept in the Failures view (3) with the log[/]" if report.reason != "cancelled" else ""))
+            return
+        usage = report.usage
+        table = self.query_one("#compile-steps", DataTable)
+        with self.app.batch_update():
+            self.query_one("#compile-log", Log).display = False
+            table.display = True
+            for i, step in enumerate(usage.steps, start=1):
+                for j, part in enumerate(step.parts):
+                    label = str(i) if j == 0 else ""
+                    if step.kind == "blockfusion":
+                        label += f" BF {j + 1}/{len(step.parts)}"
+                    style = RUNS_STYLE.get(part.runs, "dim")
+                    table.add_row(label, part.node, Text(part.runs, style=style), ", ".join(part.rows))
+        promised, used = report.promised(), usage.used_keys()
+        status.update(f"compiled in {result.seconds:.1f} s: {len(used)} DB kernel(s) in the generated code, "
+                      f"{len(promised)} promised by coverage")
+        broken = report.broken_promises()
+        text = [f"BlockFusion groups: {len(usage.blockfusion_groups())} · library calls: "
+                f"{escape(str(usage.library_calls or 'none'))} · {len(result.substitutions)} patterns substituted",
+                f"[dim]project[/] {escape(str(result.project))}",
+                f"[dim]log[/] {escape(str(result.log_file))}"]
+        if broken:
+            text.insert(0, f"[$error]coverage and the compiler disagree on: {escape(', '.join(sorted(broken)))}[/]")
+        summary.update("\n".join(text))
+
+    def action_cancel_or_close(self) -> None:
+        running = any(w.group == "nnfusion" and w.is_running for w in self.workers)
+        if running and not self.cancel.is_set():
+            self.cancel.set()
+            self.query_one("#compile-status", Static).update("cancelling…")
+        elif not running:
+            self.dismiss(None)

@@ -1,0 +1,72 @@
+"""Op configs of ONNX models remembered by content: `kdb coverage` of a model seen before does not load ONNX,
+whose import alone takes about a second (numpy, protobuf, ml_dtypes), for a model whose ops are already known.
+
+An entry is named by a digest of the model file's bytes, of the extraction code's source and of the installed
+onnx package (shape inference is its work): another model, another kdb or another onnx extracts afresh. A cache
+only: an entry that does not read back is extracted again; a state dir that cannot be written costs the next
+run its shortcut.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from core.db.state import state_dir
+from core.kernels import ops, opsig
+from core.opconfigs import onnx_extract, opconfig
+from core.opconfigs.onnx_extract import Extraction, Note, Unmapped, extract
+from core.opconfigs.opconfig import OpConfig
+
+FORMAT_VERSION = b"1"
+
+
+def extract_cached(path: Path) -> Extraction:
+    """extract(path), or what it gave for the same bytes, code and onnx before."""
+    try:
+        model = path.read_bytes()
+    except OSError:
+        return extract(path)  # which says what is wrong with the path
+    h = hashlib.sha256(FORMAT_VERSION)
+    for part in (model, *(Path(m.__file__ or "").read_bytes() for m in (onnx_extract, opconfig, ops, opsig)),
+                 _onnx_install()):
+        h.update(hashlib.sha256(part).digest())
+    entry = state_dir() / "extractions" / f"{h.hexdigest()[:32]}.json"
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):  # none yet, or not one of ours
+        return _from_json(json.loads(entry.read_text(encoding="utf-8")))
+    extraction = extract(path)
+    tmp = entry.with_name(entry.name + ".tmp")
+    with contextlib.suppress(OSError):
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(_to_json(extraction)), encoding="utf-8")  # ASCII: odd node names escaped
+        tmp.replace(entry)
+    return extraction
+
+
+def _onnx_install() -> bytes:
+    """Which onnx is installed (its package file's path and mtime), found without importing it."""
+    spec = importlib.util.find_spec("onnx")
+    if spec is None or spec.origin is None:
+        return b"no onnx"
+    return f"{spec.origin}:{Path(spec.origin).stat().st_mtime_ns}".encode()
+
+
+def _to_json(e: Extraction) -> dict[str, Any]:
+    return {"model_name": e.model_name, "node_count": e.node_count, "configs": [asdict(c) for c in e.configs],
+            "nodes": e.nodes, "unmapped": [list(u) for u in e.unmapped], "notes": [list(n) for n in e.notes]}
+
+
+def _from_json(d: dict[str, Any]) -> Extraction:
+    configs = []
+    for c in d["configs"]:
+        line_format = c["line_format"]
+        configs.append(OpConfig(**{**c, "line_format": (line_format[0], tuple(line_format[1])) if line_format
+                                   else None}))
+    return Extraction(d["model_name"], d["node_count"], configs,
+                      {key: [tuple(m) for m in members] for key, members in d["nodes"].items()},
+                      [Unmapped(*u) for u in d["unmapped"]], [Note(*n) for n in d["notes"]])

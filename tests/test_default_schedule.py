@@ -1,0 +1,72 @@
+"""The default schedule on the ops real CNNs have: each case is generated for CUDA (one kernel, a launch that
+covers every output) and the schedule's own math is checked on the CPU against numpy (its thread loops left
+serial). Shapes are small, but each keeps the feature it is named for."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+pytest.importorskip("tvm")
+
+from core.codegen.generate import generate
+from core.codegen.reference import TOLERANCE
+from core.codegen.schedule import THREADS
+from core.opconfigs.opconfig import parse_line
+
+CONV = "cudnn_convolution_op_float"
+CASES = {
+    # The ResNet stem on a pre-padded input, full size: the bindings compute_at derived for it were not affine.
+    "stem 7x7 s2 pre-padded": f"{CONV}|i+1_3_230_230|w+64_3_7_7|o+1_64_112_112|ws+2_2|wd+1_1|p+0_0",
+    "stem 7x7 s2 padded": f"{CONV}|i+1_3_32_32|w+8_3_7_7|o+1_8_16_16|ws+2_2|wd+1_1|p+3_3",
+    "3x3 s1 padded": f"{CONV}|i+1_16_14_14|w+16_16_3_3|o+1_16_14_14|ws+1_1|wd+1_1|p+1_1",
+    "1x1 s1": f"{CONV}|i+2_32_7_7|w+16_32_1_1|o+2_16_7_7|ws+1_1|wd+1_1|p+0_0",
+    "1x1 s2 projection": f"{CONV}|i+1_16_14_14|w+32_16_1_1|o+1_32_7_7|ws+2_2|wd+1_1|p+0_0",
+    "5x5 s1 padded": f"{CONV}|i+1_8_12_12|w+8_8_5_5|o+1_8_12_12|ws+1_1|wd+1_1|p+2_2",
+    "11x11 s4 pre-padded": f"{CONV}|i+1_3_39_39|w+16_3_11_11|o+1_16_8_8|ws+4_4|wd+1_1|p+0_0",
+    "11x11 s4 padded": f"{CONV}|i+1_3_35_35|w+8_3_11_11|o+1_8_8_8|ws+4_4|wd+1_1|p+2_2",
+    "3x3 dilation 2 s2": f"{CONV}|i+1_8_17_17|w+8_8_3_3|o+1_8_9_9|ws+2_2|wd+2_2|p+2_2",
+    "3x3 dilation 2 s1": f"{CONV}|i+1_8_12_12|w+8_8_3_3|o+1_8_12_12|ws+1_1|wd+2_2|p+2_2",
+    "3x3 s2 pad above only": f"{CONV}|i+1_8_9_9|w+8_8_3_3|o+1_8_4_4|ws+2_2|wd+1_1|p+0_0|pa+1_1",
+    "batch 8 3x3 s2": f"{CONV}|i+8_8_10_10|w+8_8_3_3|o+8_8_5_5|ws+2_2|wd+1_1|p+1_1",
+    "batch 64 3x3": f"{CONV}|i+64_4_6_6|w+8_4_3_3|o+64_8_6_6|ws+1_1|wd+1_1|p+1_1",
+    "fuse relu 3x3": f"{CONV}|i+1_16_14_14|w+16_16_3_3|o+1_16_14_14|ws+1_1|wd+1_1|p+1_1|fuse+relu",
+    "fuse relu 7x7 s2 pre-padded": f"{CONV}|i+1_3_38_38|w+8_3_7_7|o+1_8_16_16|ws+2_2|wd+1_1|p+0_0|fuse+relu",
+    "fuse add_relu 3x3 batch 2": f"{CONV}|i+2_8_8_8|w+8_8_3_3|o+2_8_8_8|ws+1_1|wd+1_1|p+1_1|fuse+add_relu",
+    "fuse add_relu 1x1 batch 4": f"{CONV}|i+4_16_7_7|w+32_16_1_1|o+4_32_7_7|ws+1_1|wd+1_1|p+0_0|fuse+add_relu",
+    "maxpool 3x3 s2 padded": "cudnn_maxpool_op_float|i+1_8_16_16|o+1_8_8_8|win+3_3|ws+2_2|pb+1_1|pa+1_1",
+    "maxpool 3x3 s2 pad above only": "cudnn_maxpool_op_float|i+1_8_15_15|o+1_8_7_7|win+3_3|ws+2_2|pb+0_0|pa+1_1",
+    "maxpool 2x2 s2 batch 2": "cudnn_maxpool_op_float|i+2_8_8_8|o+2_8_4_4|win+2_2|ws+2_2|pb+0_0|pa+0_0",
+    "maxpool 3x3 s1 batch 64": "cudnn_maxpool_op_float|i+64_2_5_5|o+64_2_5_5|win+3_3|ws+1_1|pb+1_1|pa+1_1",
+    "avgpool 3x3 s1 padded": "cudnn_avgpool_op_float|i+1_8_10_10|o+1_8_10_10|win+3_3|ws+1_1|pb+1_1|pa+1_1",
+    "avgpool 2x2 s2 padded": "cudnn_avgpool_op_float|i+1_4_9_9|o+1_4_5_5|win+2_2|ws+2_2|pb+1_1|pa+1_1",
+    "avgpool global 7x7 batch 4": "cudnn_avgpool_op_float|i+4_16_7_7|o+4_16_1_1|win+7_7|ws+1_1|pb+0_0|pa+0_0",
+    "dot": "cublas_dot_op_float|a+8_32|b+32_16|o+8_16|ta+0|tb+0",
+    "dot transpose A": "cublas_dot_op_float|a+32_8|b+32_16|o+8_16|ta+1|tb+0",
+    "dot transpose B": "cublas_dot_op_float|a+8_32|b+16_32|o+8_16|ta+0|tb+1",
+    "dot transpose A and B": "cublas_dot_op_float|a+32_8|b+16_32|o+8_16|ta+1|tb+1",
+    "dot fc batch 1": "cublas_dot_op_float|a+1_512|b+10_512|o+1_10|ta+0|tb+1",
+    "dot fc batch 64": "cublas_dot_op_float|a+64_64|b+64_100|o+64_100|ta+0|tb+0",
+    "relu 4-d": "elementwise_relu_op_float|i+1_16_14_14|o+1_16_14_14",
+    "add 4-d batch 8": "elementwise_add_op_float|i+8_8_7_7|i+8_8_7_7|o+8_8_7_7",
+    "add 1000": "elementwise_add_op_float|i+1000|i+1000|o+1000",
+    "multiply": "elementwise_multiply_op_float|i+4_100|i+4_100|o+4_100",
+    "sigmoid": "elementwise_sigmoid_op_float|i+4096|o+4096",
+    "tanh": "elementwise_tanh_op_float|i+2_300|o+2_300",
+}
+
+
+def output_elements(line: str) -> int:
+    field = next(f for f in line.split("|") if f.startswith("o+"))
+    return math.prod(int(d) for d in field[2:].split("_"))
+
+
+@pytest.mark.parametrize("line", CASES.values(), ids=CASES.keys())
+def test_default_schedule_generates_one_kernel_whose_math_matches_numpy(line: str):
+    result = generate(parse_line(line, "case"), "sm_90")
+    assert result.item is not None, f"{result.stage}: {result.error}"
+    assert result.max_rel_error is not None and result.max_rel_error <= TOLERANCE  # checked, not skipped
+    grid, block = result.item["gridDim"], result.item["blockDim"]
+    assert block == [THREADS, 1, 1] and grid[1:] == [1, 1]
+    assert (grid[0] - 1) * THREADS < output_elements(line) <= grid[0] * THREADS  # every output, no idle block

@@ -1,0 +1,67 @@
+"""Op configs of ONNX models remembered by content (core/opconfigs/extract_cache.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("onnx")
+
+from conftest import REPO
+from onnx_models import mlp, resnet_block, write
+
+from core.db.state import state_dir
+from core.opconfigs.extract_cache import extract_cached
+from core.opconfigs.onnx_extract import Extraction, extract
+
+
+def everything(e: Extraction) -> tuple:
+    """Every field, the configs' uncompared ones (source, line format) included."""
+    return e.model_name, e.node_count, [asdict(c) for c in e.configs], e.nodes, e.unmapped, e.notes
+
+
+def test_a_model_seen_before_gives_the_same_extraction(tmp_path: Path):
+    model = write(resnet_block(), tmp_path / "block.onnx")
+    fresh = extract(model)
+    assert everything(extract_cached(model)) == everything(fresh)
+    assert len(list((state_dir() / "extractions").iterdir())) == 1
+    assert everything(extract_cached(model)) == everything(fresh)
+
+
+def test_a_model_seen_before_does_not_load_onnx(tmp_path: Path):
+    model = write(resnet_block(), tmp_path / "block.onnx")
+    extract_cached(model)
+    code = ("import sys; from pathlib import Path; from core.opconfigs.extract_cache import extract_cached; "
+            "e = extract_cached(Path(sys.argv[1])); print(len(e.configs), 'onnx' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(model)], cwd=REPO, capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["2", "False"]
+
+
+def test_new_bytes_at_the_same_path_are_extracted_again(tmp_path: Path):
+    model = write(resnet_block(), tmp_path / "model.onnx")
+    assert extract_cached(model).model_name == "resnet_block"
+    write(mlp(), model)
+    assert everything(extract_cached(model)) == everything(extract(model))
+
+
+@pytest.mark.parametrize("content", ["not json", "{}", json.dumps({"configs": [{"op_type": 1}]})])
+def test_an_entry_that_does_not_read_back_is_extracted_again(tmp_path: Path, content: str):
+    model = write(resnet_block(), tmp_path / "block.onnx")
+    extract_cached(model)
+    (entry,) = (state_dir() / "extractions").iterdir()
+    entry.write_text(content)
+    assert everything(extract_cached(model)) == everything(extract(model))
+
+
+def test_an_unwritable_state_dir_still_extracts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    model = write(resnet_block(), tmp_path / "block.onnx")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("KDB_STATE_DIR", str(blocker))
+    assert everything(extract_cached(model)) == everything(extract(model))

@@ -1,0 +1,75 @@
+"""The console's state file (core/db/state.py): runs and failures, in the layout state files have always had."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from core.db.state import Failure, StateDB
+
+# What the first state files hold: SQLModel's create_all wrote these tables.
+FIRST_LAYOUT = [
+    "CREATE TABLE run (\n\tid INTEGER NOT NULL, \n\tkind VARCHAR NOT NULL, \n\tdb_path VARCHAR NOT NULL, \n\t"
+    "started_at VARCHAR NOT NULL, \n\tfinished_at VARCHAR, \n\targs VARCHAR NOT NULL, \n\tinjected INTEGER NOT NULL, "
+    "\n\tunchanged INTEGER NOT NULL, \n\tfailed INTEGER NOT NULL, \n\tcancelled BOOLEAN NOT NULL, \n\tPRIMARY KEY (id)\n)",
+    "CREATE TABLE failure (\n\tid INTEGER NOT NULL, \n\trun_id INTEGER, \n\tdb_path VARCHAR NOT NULL, \n\tfile VARCHAR "
+    "NOT NULL, \n\titem_index INTEGER, \n\tname VARCHAR NOT NULL, \n\tstage VARCHAR NOT NULL, \n\treason VARCHAR NOT "
+    "NULL, \n\tdetail VARCHAR NOT NULL, \n\tinput VARCHAR, \n\tcreated_at VARCHAR NOT NULL, \n\tresolved_at VARCHAR, "
+    "\n\tdismissed BOOLEAN NOT NULL, \n\tPRIMARY KEY (id)\n)",
+    "CREATE INDEX ix_failure_db_path ON failure (db_path)",
+    "CREATE INDEX ix_failure_run_id ON failure (run_id)",
+]
+
+
+def test_a_state_file_of_the_first_layout_reads_and_writes(tmp_path: Path):
+    path = tmp_path / "state.db"
+    conn = sqlite3.connect(path)
+    for statement in FIRST_LAYOUT:
+        conn.execute(statement)
+    conn.execute("INSERT INTO failure (run_id, db_path, file, item_index, name, stage, reason, detail, input, "
+                 "created_at, resolved_at, dismissed) VALUES (NULL, 'k.db', 'a.json', 3, 'relu', 'parse', 'bad', "
+                 "'{}', NULL, '2026-12-01T00:00:00+00:00', NULL, 0)")
+    conn.commit()
+    conn.close()
+    state = StateDB(path)
+    try:
+        (old,) = state.failures(Path("k.db"))
+        assert (old.id, old.file, old.item_index, old.stage, old.dismissed) == (1, "a.json", 3, "parse", False)
+        run = state.start_run("inject", Path("k.db"), {"archs": ["sm_90"]})
+        state.record_failures([Failure(run_id=run, db_path="k.db", file="b.json", stage="compile", reason="nvcc")])
+        state.finish_run(run, injected=1, unchanged=0, failed=1, cancelled=True)
+        state.close_failures([1], resolved=False)
+        (new,) = state.failures(Path("k.db"))
+        assert (new.id, new.run_id, new.file, new.dismissed, new.resolved_at) == (2, run, "b.json", False, None)
+        closed = state.failures(Path("k.db"), include_closed=True)
+        assert [(f.id, f.dismissed) for f in closed] == [(1, True), (2, False)]
+        assert all(f.dismissed in (True, False) and type(f.dismissed) is bool for f in closed)  # not 0/1
+        (finished,) = state.runs()
+        assert (finished.failed, finished.cancelled is True, finished.finished_at is not None) == (1, True, True)
+        assert state.get_failure(2) == new and state.get_failure(99) is None
+    finally:
+        state.close()
+    tables = sqlite3.connect(path).execute("SELECT sql FROM sqlite_master WHERE name IN ('run', 'failure')")
+    assert [t[0] for t in tables] == FIRST_LAYOUT[:2]  # left as it was
+
+
+def test_a_new_state_file_has_the_same_columns(tmp_path: Path):
+    StateDB(tmp_path / "new.db").close()
+    old = sqlite3.connect(tmp_path / "old.db")
+    for statement in FIRST_LAYOUT:
+        old.execute(statement)
+    new = sqlite3.connect(tmp_path / "new.db")
+    for table in ("run", "failure"):
+        columns = [tuple(c) for c in new.execute(f"PRAGMA table_info({table})")]
+        assert columns == [tuple(c) for c in old.execute(f"PRAGMA table_info({table})")]
+
+
+def test_the_rows_read_and_write_exactly_the_declared_columns():
+    # core/db/state_schema.py declares the tables (SQLModel); state.py's dataclasses read and write them.
+    from dataclasses import fields
+
+    from core.db.state import Run
+    from core.db.state_schema import FailureTable, RunTable
+
+    for record, table in ((Run, RunTable), (Failure, FailureTable)):
+        assert [f.name for f in fields(record)] == [c.name for c in table.__table__.columns]
