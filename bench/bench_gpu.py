@@ -65,7 +65,8 @@ def ceilings() -> dict:
 
 
 def library_us(op_type: str, p: dict, repeats: int = 200) -> float:
-    """cuDNN/cuBLAS through PyTorch inside CUDA graph replays, median GPU time of one replay."""
+    """cuDNN/cuBLAS through PyTorch inside CUDA graph replays, median GPU time of one replay (convolutions,
+    pools, Dot)."""
     torch = torch_setup()
     import torch.nn.functional as F
 
@@ -86,6 +87,15 @@ def library_us(op_type: str, p: dict, repeats: int = 200) -> float:
                     y = y + bias
                 return torch.relu(y) if op_type != "Convolution" else y
             tensors = [x, w] + ([bias] if bias is not None else [])
+        elif "window_shape" in p:  # MaxPool / AvgPool (cuDNN's pooling through PyTorch)
+            x = torch.rand(p["input_shape"], device="cuda")
+            pb, pa = p["padding_below"], p["padding_above"]
+            pool = F.max_pool2d if op_type == "MaxPool" else F.avg_pool2d
+
+            def fn():  # type: ignore[no-untyped-def]
+                xin = x if pb == pa else F.pad(x, (pb[1], pa[1], pb[0], pa[0]))
+                return pool(xin, p["window_shape"], p["window_stride"], tuple(pb) if pb == pa else 0)
+            tensors = [x]
         else:
             a = torch.rand(p["arg0_shape"], device="cuda")
             b = torch.rand(p["arg1_shape"], device="cuda")

@@ -113,3 +113,13 @@ def resnet(widths: tuple[int, ...] = (64, 128, 256, 512), blocks: tuple[int, ...
 def write(model: ModelProto, path: Path) -> Path:
     save(model, str(path))
     return path
+
+
+def small_cnn() -> ModelProto:
+    """Conv+Relu twice with one shape (one op config, count 2), a MaxPool, and a Sigmoid NNFusion fuses into a
+    kernel of its own: a network small enough to tune on the CPU in a test."""
+    g = GraphBuilder({"x": [1, 8, 8, 8]})
+    y = g.node("Relu", [g.conv("x", 8, 8, 3, name="a")], "relu_a")
+    y = g.node("Relu", [g.conv(y, 8, 8, 3, name="b")], "relu_b")
+    y = g.node("Sigmoid", [g.node("MaxPool", [y], "pool", kernel_shape=[2, 2], strides=[2, 2])], "sigmoid")
+    return g.model(y, "small")

@@ -32,6 +32,10 @@ def db(tmp_path: Path) -> Path:
     with conn:  # one row the compiler would crash on, whatever the generator planted
         conn.execute("UPDATE KernelCache SET Tags = 'KernelEmitter' WHERE rowid = 7")
     conn.close()
+    # The state file as every machine has it after its first command (creating one imports SQLModel, once).
+    from core.db.state import StateDB
+
+    StateDB().close()
     return path
 
 

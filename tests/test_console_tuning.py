@@ -28,7 +28,7 @@ from console.widgets.log_tail import LogTailView
 from console.widgets.tune_table import TuneTable
 from core.settings import Settings
 from core.tuning.job import TuneJob, recorded_runs
-from core.tuning.queue import tuning_root
+from core.tuning.queue import run_queue, tuning_root
 
 RELU = "elementwise_relu_op_float|i+1_4096|o+1_4096"
 DOT = "cublas_dot_op_float|a+32_32|b+32_32|o+32_32|ta+0|tb+0"
@@ -96,7 +96,17 @@ def key_of(screen: TuningScreen, index: int) -> str:
 @pytest.mark.timeout(1800)
 @pytest.mark.tvm
 @needs_tvm
-async def test_a_run_fills_the_table_the_curve_and_the_log(tmp_path: Path):
+async def test_a_run_fills_the_table_the_curve_and_the_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    phases = []
+
+    def watched_run_queue(jobs, **kw):  # type: ignore[no-untyped-def]
+        # The view listens to the same events the CLI's --json stream prints: trials, jobs and phases.
+        assert {"on_trial", "on_job", "on_phase"} <= set(kw)
+        on_phase = kw["on_phase"]
+        kw["on_phase"] = lambda event: (phases.append(event), on_phase(event))
+        return run_queue(jobs, **kw)
+
+    monkeypatch.setattr(tuning, "run_queue", watched_run_queue)
     app = make_app(tmp_path / "k.db")
     async with app.run_test(size=(160, 45)) as pilot:
         screen = await open_view(pilot)
@@ -117,8 +127,9 @@ async def test_a_run_fills_the_table_the_curve_and_the_log(tmp_path: Path):
             assert str(table.get_cell(key, "status")) == "done"
             assert str(table.get_cell(key, "trials")) == f"{result.trials}/3"
             assert float(str(table.get_cell(key, "best"))) == pytest.approx(result.best_seconds * 1e6, abs=0.01)
-            assert str(table.get_cell(key, "gflops")) != "-"
+            assert str(table.get_cell(key, "speed")).endswith(("GFLOP/s", "GB/s"))
         assert "done" in text(screen, "#run-note") and "2 tuned" in text(screen, "#run-note")
+        assert {e.phase for e in phases} == {"search", "build", "measure"}
 
         table.focus()
         table.move_cursor(row=1)  # the Dot: its curve
@@ -143,7 +154,7 @@ async def test_a_run_fills_the_table_the_curve_and_the_log(tmp_path: Path):
 @pytest.mark.tvm
 @needs_tvm
 async def test_cancel_keeps_the_trials_and_start_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    # Batches of 2 trials: a cancel takes effect after the first, so half the budget is kept.
+    # Batches of 2 trials: a cancel takes effect after the trial in flight, so at most the first batch is kept.
     monkeypatch.setattr(tuning, "TuneJob", functools.partial(TuneJob, trials_per_batch=2))
     app = make_app(tmp_path / "k.db")
     async with app.run_test(size=(160, 45)) as pilot:
@@ -154,28 +165,52 @@ async def test_cancel_keeps_the_trials_and_start_resumes(tmp_path: Path, monkeyp
         table = screen.query_one(TuneTable)
 
         await pilot.press("ctrl+r")
-        await wait_for(pilot, lambda: str(table.get_cell(key, "status")) == "tuning", timeout=120)
+        await wait_for(pilot, lambda: screen.run_of(key).status == "tuning", timeout=120)
         await pilot.press("escape")
-        assert "cancelling after the batch in flight" in text(screen, "#run-note")
+        assert "cancelling after the trial in flight" in text(screen, "#run-note")
         await wait_for(pilot, lambda: not screen.running, timeout=600)
 
         first = screen.report
-        assert first is not None and first.cancelled and first.results[0].trials == 2
+        assert first is not None and first.cancelled
+        kept = first.results[0].trials
+        assert 1 <= kept <= 2 and len(recorded_runs(first.results[0].work_dir)) == kept
         assert str(table.get_cell(key, "status")) == "cancelled"
-        assert str(table.get_cell(key, "trials")) == "2/4"
+        assert str(table.get_cell(key, "trials")) == f"{kept}/4"
         note = text(screen, "#run-note")
-        assert "cancelled" in note and "continues from the 2 trials kept" in note
+        assert "cancelled" in note and f"continues from the {kept} trial" in note
 
         await pilot.press("ctrl+r")  # resume
         await wait_for(pilot, lambda: not screen.running, timeout=600)
         second = screen.report
         assert second is not None and not second.cancelled and not second.failures, screen.run_error
         result = second.results[0]
-        assert (result.trials, result.new_trials) == (4, 2)
+        assert (result.trials, result.new_trials) == (4, 4 - kept)
         assert len(recorded_runs(result.work_dir)) == 4
         assert result.work_dir == TuneJob(screen.configs[0], 4, "llvm", "sm_90").directory(tuning_root())
         assert str(table.get_cell(key, "trials")) == "4/4" and str(table.get_cell(key, "status")) == "done"
-        assert "tuning on from 2 trials kept" in "\n".join(screen.query_one(LogTailView).lines)
+        assert f"tuning on from {kept} trial" in "\n".join(screen.query_one(LogTailView).lines)
+
+
+async def test_a_model_is_tuned_as_one_network(tmp_path: Path, no_gpu: None):
+    pytest.importorskip("onnx")
+    from onnx_models import small_cnn, write
+
+    app = make_app(tmp_path / "k.db")
+    async with app.run_test(size=(160, 45)) as pilot:
+        screen = await open_view(pilot)
+        await import_ops(pilot, screen, write(small_cnn(), tmp_path / "small.onnx"), 2)  # the Sigmoid is left out
+        await choose(pilot, screen, trials=3, target="llvm")
+        assert [c.op_type for c in screen.configs] == ["Fused_Convolution_Relu", "MaxPool"]
+        table = screen.query_one(TuneTable)
+        conv, pool = key_of(screen, 0), key_of(screen, 1)
+        assert (str(table.get_cell(conv, "count")), str(table.get_cell(pool, "count"))) == ("2", "1")
+        budgets = [str(table.get_cell(key, "trials")) for key in (conv, pool)]
+        assert all(b.startswith("0/") for b in budgets) and sum(int(b[2:]) for b in budgets) == 6
+        assert int(budgets[0][2:]) > int(budgets[1][2:])  # the convs take most of the network's time
+        status = text(screen, "#tuning-status")
+        assert "network small: 2 distinct ops NNFusion looks up in the kernel DB (1 other node left" in status
+        assert "small: no op measured yet" in status
+        assert "ctrl+r tunes the network: 6 trials over 2 ops" in text(screen, "#run-note")
 
 
 async def test_cuda_without_a_gpu_or_a_tracker_explains_instead_of_starting(tmp_path: Path, no_gpu: None):

@@ -21,8 +21,9 @@ from core.opconfigs.onnx_extract import Extraction, extract
 
 
 def everything(e: Extraction) -> tuple:
-    """Every field, the configs' uncompared ones (source, line format) included."""
-    return e.model_name, e.node_count, [asdict(c) for c in e.configs], e.nodes, e.unmapped, e.notes
+    """Every field, the configs' uncompared ones (source, line format) and the fusion graph included."""
+    return (e.model_name, e.node_count, [asdict(c) for c in e.configs], e.nodes, e.unmapped, e.notes, e.units,
+            e.links)
 
 
 def test_a_model_seen_before_gives_the_same_extraction(tmp_path: Path):

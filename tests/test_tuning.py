@@ -5,6 +5,8 @@ with several servers, and a server dying mid-job."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -20,12 +22,15 @@ from core.tuning.measure import COLD_RUNS
 from core.tuning.resilient import RequeuedFuture, is_session_error
 from core.tuning.rpc import RpcCluster
 
+REPO = Path(__file__).resolve().parents[1]
+
 pytestmark = pytest.mark.slow
 DOT = parse_line("cublas_dot_op_float|a+16_16|b+16_16|o+16_16|ta+0|tb+0", "dot16")
 
 
 def job(trials: int, **kw) -> TuneJob:
-    return TuneJob(DOT, trials=trials, target="llvm", trials_per_batch=3, builder_workers=2, seed=3, **kw)
+    return TuneJob(DOT, trials=trials, **{"target": "llvm", "trials_per_batch": 3, "builder_workers": 2, "seed": 3,
+                                          **kw})
 
 
 def test_events_per_trial_and_resume_after_a_torn_record(tmp_path: Path):
@@ -128,3 +133,75 @@ def test_the_cuda_design_space_drops_async_pipelines_and_keeps_metaschedules_rul
     assert names(ours.sch_rules) == names(default.sch_rules)
     assert names(ours.postprocs) == names(default.postprocs)
     assert names(ours.mutator_probs) == names(default.mutator_probs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Streaming: each candidate recorded, then reported, as it is measured (core/tuning/pipeline.py)
+
+
+def test_each_trial_is_on_disk_when_reported_and_phases_come_between(tmp_path: Path):
+    seen = []
+
+    def on_event(event) -> None:  # type: ignore[no-untyped-def]
+        # Recorded before it is reported: the work dir holds exactly the trials reported so far, not the batch.
+        seen.append(("trial", event.trial, len(recorded_runs(event_dir[0]))))
+
+    event_dir = [job(4).directory(tmp_path)]
+    result = run_tune(job(4, trials_per_batch=4), tmp_path, on_event=on_event,
+                      on_phase=lambda e: seen.append((e.phase, e.done, e.total)))
+    assert result.trials == 4 and not result.cancelled
+    assert [s for s in seen if s[0] == "trial"] == [("trial", n, n) for n in (1, 2, 3, 4)]
+    kinds = [s[0] for s in seen]
+    # On the CPU every build finishes before the measurement starts (timing on busy cores would be wrong).
+    assert kinds[0] == "search" and kinds.index("measure") < kinds.index("trial")
+    builds = [s for s in seen if s[0] == "build"]
+    assert builds[0] == ("build", 0, 4) and builds[-1] == ("build", 4, 4)
+    assert kinds.index("measure") > max(i for i, k in enumerate(kinds) if k == "build")
+    assert set(result.phases) >= {"set-up", "search", "build", "measure", "record", "cost model", "other"}
+    assert result.phases["build workers"] > 0 and result.phases["search"] > 0
+    assert sum(v for k, v in result.phases.items() if k != "build workers") == pytest.approx(result.seconds, rel=0.01)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_build_failures_are_recorded_and_reported_as_build_failures(tmp_path: Path, overlap: bool):
+    # A 1 ms build timeout: every candidate fails to build, with the runner measuring beside the builds or not.
+    events = []
+    result = run_tune(job(2, trials_per_batch=2, builder_timeout_s=0.001, overlap=overlap), tmp_path,
+                      on_event=events.append)
+    assert [e.trial for e in events] == [1, 2]
+    assert all(e.seconds is None and e.error.startswith("build: ") and "Timeout" in e.error for e in events)
+    assert result.errors == {"build: timeout": 2} and result.best_seconds is None
+    records = (result.work_dir / "database_tuning_record.json").read_text().splitlines()
+    assert len(records) == 2 and recorded_runs(result.work_dir) == [None, None]
+
+
+def test_cancel_stops_after_the_trial_in_flight_and_keeps_it(tmp_path: Path):
+    asked = threading.Event()
+
+    def on_event(event) -> None:  # type: ignore[no-untyped-def]
+        asked.set()  # cancel as soon as the first trial is reported: the rest of its batch is not measured
+
+    result = run_tune(job(4, trials_per_batch=4), tmp_path, on_event=on_event, should_cancel=asked.is_set)
+    assert result.cancelled and result.trials == result.new_trials == 1
+    assert len(recorded_runs(result.work_dir)) == 1
+    resumed = run_tune(job(4, trials_per_batch=4), tmp_path)
+    assert (resumed.trials, resumed.new_trials, resumed.resumed) == (4, 3, 1) and not resumed.reused
+    again = run_tune(job(4), tmp_path)
+    assert again.reused and again.new_trials == 0 and again.best_seconds == resumed.best_seconds
+
+
+def test_an_llvm_job_does_not_import_the_tensor_intrinsics(tmp_path: Path):
+    """TuneContext imports tvm.s_tir.tensor_intrin (all CUDA, ARM, ... intrinsics through TVMScript: tens of
+    seconds per process); the llvm rules use none, so an llvm job leaves it out, and leaves no stand-in behind."""
+    code = (
+        "import sys; from pathlib import Path\n"
+        "from core.opconfigs.opconfig import parse_line\n"
+        "from core.tuning.job import TuneJob, run_tune\n"
+        "c = parse_line('cublas_dot_op_float|a+8_8|b+8_8|o+8_8|ta+0|tb+0', 'd')\n"
+        f"r = run_tune(TuneJob(c, 1, 'llvm', builder_workers=1), Path({str(tmp_path)!r}))\n"
+        "assert r.trials == 1, r\n"
+        "print(sorted(m for m in sys.modules if m.startswith('tvm.s_tir.tensor_intrin')))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[]"

@@ -193,7 +193,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tune", help=COMMANDS["tune"][1])
     _db_option(p)
     p.add_argument("inputs", nargs="+", metavar="OPCONFIGS", help="op-config files, .onnx models or directories")
-    p.add_argument("--trials", type=int, metavar="N", help="trial budget per op (default: the settings')")
+    p.add_argument("--trials", type=int, metavar="N",
+                   help="trial budget per op; for a model, per op on average (default: the settings')")
+    p.add_argument("--budget", type=int, metavar="N",
+                   help="trials in all, spread over the ops by their share of the network's time "
+                        "(default for a model: --trials x its ops)")
     p.add_argument("--target", choices=["cuda", "llvm"], default="cuda",
                    help="cuda (kernels for the DB) or llvm (measures on the CPU; the same code path)")
     p.add_argument("--arch", metavar="sm_XX", help="SM arch (default: the first of the settings' archs)")
@@ -203,6 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="measure on N GPUs of this host: a local tracker and one rpc_server per GPU (-1: all)")
     p.add_argument("--no-inject", action="store_true", help="tune only; do not inject the kernels")
     p.add_argument("--json", action="store_true", help="JSON lines of progress events on stdout")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="show TVM's own log here too (it always goes to a file in the state dir)")
 
     p = sub.add_parser("gpu", help=COMMANDS["gpu"][1])
     gsub = p.add_subparsers(dest="gpu_command", metavar="ACTION", required=True)

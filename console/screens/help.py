@@ -55,10 +55,15 @@ time; the selected one's best-so-far curve (`l` switches log/linear scale) and b
 that could not be read are listed with their line numbers.
 
 **Tuning**: tune the ops with MetaSchedule. The list is the Op configs view's (`o` takes it again), or `i`
-imports an op-config file or an ONNX model. Set the trials per op, the target (cuda; llvm tunes on this
-CPU) and the SM arch; `ctrl+r` starts. Each op's row shows its status, trials, best time, GFLOPS and
-errors live; below, the selected op's best-so-far curve (`l`: log/linear) and the run's log. `escape` cancels after the
-batch in flight and keeps the trials: `ctrl+r` again resumes from them. With cuda, the best kernels are
+imports an op-config file or an ONNX model. A model is tuned as one network: only the ops NNFusion looks up
+in the kernel DB (convolutions, pools, Dot; it fuses element-wise ops into its own kernels), with
+trials per op × ops in all, spread by each op's share of the network's time, and the network time the best
+kernels so far predict (against cuDNN's where that was measured). Set the trials per op, the target (cuda;
+llvm tunes on this CPU) and the SM arch; `ctrl+r` starts. Each op's row shows how often it occurs, its
+status (where its batch is: search, build, measure), trials, best time, speed (GFLOP/s; GB/s for pools)
+and errors live, each trial as it is measured; below, the selected op's best-so-far curve (`l`:
+log/linear) and the run's log. `escape` cancels after the trial in flight and keeps every trial measured:
+`ctrl+r` again resumes from them. With cuda, the best kernels are
 verified, timed (when there is a GPU) and injected. The RPC tracker set in GPU & SM is shown with its
 servers and queue (refreshed every few seconds); its servers measure the trials when it is set.
 """

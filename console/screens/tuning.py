@@ -1,17 +1,20 @@
 """Tuning: tune a list of op configs with MetaSchedule, watch every op's trials live, cancel and resume.
 
 The list comes from the Op configs view (taken whenever it changed there; o takes it again) or from an
-op-config file or ONNX model (i). The run is one thread worker around the engine's run_queue: it posts
-coalesced snapshots of every op's state and of MetaSchedule's log tail, and returns the QueueReport. Cancel
-sets a flag the engine reads after each measured batch; the trials stay in each op's work dir, so starting
-again resumes. Ops not in a run show what their work dir holds. The settings' RPC tracker is read in a worker
-every few seconds while the view is shown.
+op-config file or ONNX model (i). A model is tuned as one network: only the ops NNFusion looks up in the
+kernel DB, the trials spread by each op's share of the network's time, the predicted network time shown live
+(core/tuning/network.py). The run is one thread worker around the engine's run_queue (run_network for a
+model): it posts coalesced snapshots of every op's state (its trials as each is measured, where its batch
+is) and of MetaSchedule's log tail, and returns the QueueReport; the CLI's --json stream carries the same
+events. Cancel sets a flag the engine reads after each measured trial; the trials stay in each op's work dir,
+so starting again resumes. Ops not in a run show what their work dir holds. The settings' RPC tracker is read
+in a worker every few seconds while the view is shown.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -39,8 +42,9 @@ from core.errors import InputError
 from core.inject.pipeline import InjectOptions
 from core.opconfigs.opconfig import OpConfig
 from core.settings import ARCH_RE
-from core.tuning.job import RpcTarget, TrialEvent, TuneJob, recorded_runs
-from core.tuning.queue import JobEvent, QueueReport, run_queue, tuning_root
+from core.tuning.job import PhaseEvent, RpcTarget, TrialEvent, TuneJob, recorded_runs
+from core.tuning.network import Network, NetworkEvent, network_of, predict, spread_budget
+from core.tuning.queue import JobEvent, QueueReport, run_network, run_queue, tuning_root
 from core.tuning.rpc import TrackerStatus, tracker_status
 
 TRACKER_REFRESH_S = 3.0
@@ -62,6 +66,16 @@ def read_tracker(address: str) -> TrackerStatus:
     return tracker_status(host, int(port), timeout_s=TRACKER_CONNECT_S)
 
 
+@dataclass(frozen=True)
+class Plan:
+    """What Start hands the tuning worker: a plain list's jobs, or a network and its budget."""
+
+    jobs: list[TuneJob]  # one per op (for a network they name the work dirs; run_network sizes the budgets)
+    network: Network | None
+    make_job: Callable[[OpConfig, int], TuneJob]
+    budget: int  # a network's trials in all
+
+
 class TuningScreen(KdbScreen):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("ctrl+r", "start", "Start / resume"),
@@ -79,6 +93,7 @@ class TuningScreen(KdbScreen):
         path: Path
         configs: list[OpConfig]
         errors: list[InputError]
+        network: Network | None = None  # a model: its ops NNFusion looks up, with their counts
 
     @dataclass
     class HistoryLoaded(Message):
@@ -88,6 +103,7 @@ class TuningScreen(KdbScreen):
     @dataclass
     class Progressed(Message):
         runs: Mapping[str, OpRun]  # every op of the run, by OpConfig.key
+        network: NetworkEvent | None = None  # a network's prediction from the best kernels so far
 
         def can_replace(self, message: Message) -> bool:
             return isinstance(message, TuningScreen.Progressed)
@@ -112,6 +128,10 @@ class TuningScreen(KdbScreen):
     def __init__(self) -> None:
         super().__init__()
         self.configs: list[OpConfig] = []
+        self.network: Network | None = None  # the list is a model's ops, tuned as one network
+        self.counts: dict[str, int] = {}  # a network's ops: how often each occurs in it
+        self.planned: dict[str, int] = {}  # a network's trials per op when the run started
+        self.network_event: NetworkEvent | None = None
         self.source = ""
         self.taken: tuple[str, ...] = ()  # the Op configs view's list when it was last taken
         self.history: dict[str, tuple[float | None, ...]] = {}
@@ -208,8 +228,9 @@ class TuningScreen(KdbScreen):
             self.taken = keys
             self.set_configs(configs, "the Op configs view")
 
-    def set_configs(self, configs: list[OpConfig], source: str) -> None:
-        self.configs, self.source = configs, source
+    def set_configs(self, configs: list[OpConfig], source: str, network: Network | None = None) -> None:
+        self.configs, self.source, self.network, self.network_event = configs, source, network, None
+        self.counts = {op.config.key: op.count for op in network.ops} if network is not None else {}
         self.live = {k: v for k, v in self.live.items() if k in {c.key for c in configs}}
         self.load_history()
         self.refresh_view()
@@ -228,21 +249,28 @@ class TuningScreen(KdbScreen):
 
     @work(thread=True, exit_on_error=False, group="import")
     def import_file(self, path: Path) -> None:
-        from core.codegen.batch import load_configs
+        from core.codegen.batch import read_inputs
 
-        configs, errors = load_configs([path])
-        self.post_message(self.Imported(path, configs, errors))
+        inputs = read_inputs([path])
+        if not inputs.models:
+            self.post_message(self.Imported(path, inputs.configs, inputs.errors))
+            return
+        network = network_of("+".join(inputs.models), inputs.configs, inputs.count)
+        self.post_message(self.Imported(path, [op.config for op in network.ops], inputs.errors, network))
 
     def on_tuning_screen_imported(self, message: Imported) -> None:
         refused = f"; {len(message.errors)} refused (first: {message.errors[0]})" if message.errors else ""
         if not message.configs:
-            self.notify(f"no op configs in {message.path.name}{refused}", severity="error", timeout=10)
+            left = (f" ({plural(len(message.network.skipped), 'op')}, none NNFusion looks up in the kernel DB)"
+                    if message.network is not None and message.network.skipped else "")
+            self.notify(f"no op configs to tune in {message.path.name}{left}{refused}", severity="error", timeout=10)
             return
         if self.running:
             self.notify("a run is on: the list changes once it ends", severity="warning")
             return
-        self.set_configs(message.configs, message.path.name)
-        self.notify(f"{plural(len(message.configs), 'op config')} to tune from {message.path.name}{refused}",
+        self.set_configs(message.configs, message.path.name, message.network)
+        what = "network op" if message.network is not None else "op config"
+        self.notify(f"{plural(len(message.configs), what)} to tune from {message.path.name}{refused}",
                     severity="warning" if message.errors else "information")
 
     # -- what each op's work dir holds ---------------------------------------------------------
@@ -272,8 +300,9 @@ class TuningScreen(KdbScreen):
 
     def refresh_view(self) -> None:
         table = self.query_one(TuneTable)
+        shares = self._shares()
         with self.app.batch_update():
-            table.show(self.configs, self.run_of, self._budget())
+            table.show(self.configs, self.run_of, lambda key: shares.get(key, self._budget()), self._count)
             table.display = bool(self.configs)
             self.query_one("#tuning-empty").display = not self.configs
             self._update_status()
@@ -284,7 +313,35 @@ class TuningScreen(KdbScreen):
 
     def _update_status(self) -> None:
         text = f"{plural(len(self.configs), 'op')} from {escape(self.source)}" if self.configs else ""
+        if self.network is not None and self.configs:
+            left = sum(count for _, count, _ in self.network.skipped)
+            text = (f"network {escape(self.network.name)}: {plural(len(self.configs), 'distinct op')} NNFusion looks "
+                    f"up in the kernel DB" + (f" ({plural(left, 'other node')} left to NNFusion)" if left else "")
+                    + f"\n{escape(self._prediction().text())}")
         self.query_one("#tuning-status", Static).update(text)
+
+    def _count(self, key: str) -> int:
+        return self.counts.get(key, 1)
+
+    def _best_by_op(self) -> dict[str, float]:
+        return {c.key: best for c in self.configs if (best := self.run_of(c.key).best_seconds) is not None}
+
+    def _shares(self) -> dict[str, int]:
+        """A network's trials per op (what each holds counted in); empty for a plain list (the budget each)."""
+        if self.network is None:
+            return {}
+        if self.running:  # the plan the run started with (run_network's own), not one moving with each trial
+            return self.planned
+        recorded = {c.key: len(self.history.get(c.key, ())) for c in self.configs}
+        return spread_budget(self.network.ops, self._budget() * len(self.network.ops), recorded=recorded,
+                             best=self._best_by_op())
+
+    def _prediction(self) -> NetworkEvent:
+        assert self.network is not None
+        if self.running and self.network_event is not None:
+            return self.network_event
+        trials = sum(self.run_of(c.key).trials for c in self.configs)
+        return predict(self.network, self._best_by_op(), trials, sum(self._shares().values()))
 
     def _update_measure_note(self) -> None:
         address = self.context.settings.rpc_tracker
@@ -307,8 +364,8 @@ class TuningScreen(KdbScreen):
     def _update_run_note(self) -> None:
         lines = [self.explanation]
         if self.running:
-            lines.append("cancelling after the batch in flight (its trials are kept)…"
-                         if self.cancel_requested.is_set() else "tuning… esc cancels after the batch in flight")
+            lines.append("cancelling after the trial in flight (every trial measured is kept)…"
+                         if self.cancel_requested.is_set() else "tuning… esc cancels after the trial in flight")
         else:
             lines += self._summary_lines()
             lines.append(self._next_step())
@@ -331,13 +388,17 @@ class TuningScreen(KdbScreen):
     def _next_step(self) -> str:
         if not self.configs:
             return ""
-        budget = self._budget()
-        todo = [r for r in map(self.run_of, (c.key for c in self.configs)) if r.status != "done" and r.trials < budget]
+        budget, shares = self._budget(), self._shares()
+        todo = [r for c in self.configs
+                if (r := self.run_of(c.key)).status != "done" and r.trials < shares.get(c.key, budget)]
         kept = sum(r.trials for r in todo)
         if not todo:
             return f"[dim]every op has its {plural(budget, 'trial')}: raise the trials per op to tune further[/]"
         if kept:
             return f"ctrl+r resumes: it continues from the {plural(kept, 'trial')} kept"
+        if self.network is not None:
+            return (f"ctrl+r tunes the network: {plural(sum(shares.values()), 'trial')} over "
+                    f"{plural(len(todo), 'op')}, more where more of its time goes")
         return f"ctrl+r tunes {plural(len(todo), 'op')}, {plural(budget, 'trial')} each"
 
     def _current(self) -> OpConfig | None:
@@ -355,7 +416,7 @@ class TuningScreen(KdbScreen):
                 plot.show(None)
             return
         run = self.run_of(config.key)
-        status = run.status_text(self._budget())
+        status = run.status_text(self._shares().get(config.key, self._budget()))
         best = f" · best {microseconds(run.best_seconds)}" if run.best_seconds is not None else ""
         detail = f"\n[dim]{escape(run.detail)}[/]" if run.detail else ""
         selected.update(f"[b]{escape(config.describe())}[/b] · {status} · {plural(run.trials, 'trial')}{best}{detail}")
@@ -492,13 +553,19 @@ class TuningScreen(KdbScreen):
             return
         free = self.tracker.queue.get(rpc.key, {}).get("free", 0) if rpc and self.tracker else 0
         timeout_s = self.context.settings.tune_builder_timeout_s
-        jobs = [TuneJob(c, int(trials_text), target, arch, builder_timeout_s=timeout_s, rpc=rpc,
-                        rpc_workers=max(1, free)) for c in self.configs]
+
+        def make_job(config: OpConfig, trials: int) -> TuneJob:
+            return TuneJob(config, trials, target, arch, builder_timeout_s=timeout_s, rpc=rpc,
+                           rpc_workers=max(1, free))
+
+        plan = Plan([make_job(c, int(trials_text)) for c in self.configs], self.network, make_job,
+                    int(trials_text) * len(self.configs))
         self.cancel_requested = threading.Event()
+        self.planned = self._shares()
         self.live, self.report, self.run_error, self.explanation = {}, None, "", ""
         self.query_one(LogTailView).reset()
         self.running = True
-        self.tune(jobs, self.context.db_path if inject else None, inject, self.cancel_requested)
+        self.tune(plan, self.context.db_path if inject else None, inject, self.cancel_requested)
         self.refresh_view()
 
     @on(Button.Pressed, "#cancel")
@@ -508,42 +575,58 @@ class TuningScreen(KdbScreen):
             self._update_run_note()
 
     @work(thread=True, exit_on_error=False, group="tune", exclusive=True)
-    def tune(self, jobs: list[TuneJob], db_path: Path | None, inject: InjectOptions | None,
+    def tune(self, plan: Plan, db_path: Path | None, inject: InjectOptions | None,
              cancel: threading.Event) -> QueueReport:
         worker = get_current_worker()
         root = tuning_root()
-        keys = [job.config.key for job in jobs]
-        runs = {job.config.key: OpRun("queued", tuple(recorded_runs(job.directory(root)))) for job in jobs}
+        directories = {job.config.key: job.directory(root) for job in plan.jobs}
+        runs = {key: OpRun("queued", tuple(recorded_runs(directory))) for key, directory in directories.items()}
         tap = MetaScheduleTap(lambda tail: self.post_message(self.Logged(tail)))
-        current = 0
+        current = {"key": "", "network": None}
 
         def post() -> None:
-            self.post_message(self.Progressed(MappingProxyType(dict(runs))))
+            self.post_message(self.Progressed(MappingProxyType(dict(runs)), current["network"]))
 
         def on_job(event: JobEvent) -> None:
-            nonlocal current
-            current, key = event.index, keys[event.index]
-            runs[key] = replace(runs[key], status=event.status, detail=event.detail)
+            current["key"] = key = event.key
+            runs[key] = replace(runs[key], status=event.status, detail=event.detail, phase="")
             if event.status == "tuning":
-                tap.note(f"{event.job} ({event.index + 1}/{len(jobs)}): tuning on from "
-                         f"{plural(runs[key].trials, 'trial')} kept in {jobs[event.index].directory(root)}")
+                kept = runs[key].trials
+                tap.note(f"{event.job} ({event.index + 1}/{len(plan.jobs)}): "
+                         + (f"tuning on from {plural(kept, 'trial')} kept" if kept else "tuning")
+                         + f" in {directories[key]}" + (f" ({event.detail})" if event.detail else ""))
             elif event.status != "queued":
                 tap.note(f"{event.job}: {event.status}" + (f": {event.detail}" if event.detail else ""))
             post()
 
         def on_trial(event: TrialEvent) -> None:
-            key = keys[current]
+            key = current["key"]
             runs[key] = replace(runs[key], runs=(*runs[key].runs, event.seconds))
             if event.error:
                 tap.note(f"{event.job}: trial {event.trial} failed: {event.error}")
             post()
 
+        def on_phase(event: PhaseEvent) -> None:
+            key = current["key"]
+            text = {"build": f"build {event.done}/{event.total}", "search": "search"}.get(event.phase, event.phase)
+            runs[key] = replace(runs[key], phase=text)
+            post()
+
+        def on_network(event: NetworkEvent) -> None:
+            current["network"] = event
+            post()
+
+        callbacks = dict(on_trial=on_trial, on_job=on_job, on_phase=on_phase,
+                         should_cancel=lambda: cancel.is_set() or worker.is_cancelled)
         with tap:
-            return run_queue(jobs, db_path=db_path, inject_options=inject, on_trial=on_trial, on_job=on_job,
-                             should_cancel=lambda: cancel.is_set() or worker.is_cancelled)
+            if plan.network is not None:
+                return run_network(plan.network, plan.budget, plan.make_job, db_path=db_path, inject_options=inject,
+                                   on_network=on_network, **callbacks)
+            return run_queue(plan.jobs, db_path=db_path, inject_options=inject, **callbacks)
 
     def on_tuning_screen_progressed(self, message: Progressed) -> None:
         self.live = dict(message.runs)
+        self.network_event = message.network
         self.refresh_view()
 
     def on_tuning_screen_logged(self, message: Logged) -> None:

@@ -1,6 +1,7 @@
 """The tuning queue as a table: one row per op config keyed by OpConfig.key, updated by diffing (cursor kept).
 
-Attributes down: the screen hands in the configs, each one's OpRun (an immutable snapshot) and the trial budget.
+Attributes down: the screen hands in the configs, each one's OpRun (an immutable snapshot), each one's trial
+budget and, for a network, how often each op occurs in it.
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ COLUMNS = [  # (key, label, width)
     ("n", "#", 2),
     ("op", "op type", 16),
     ("desc", "description", 26),
+    ("count", "×", 3),
     ("status", "status", 11),
     ("trials", "trials", 9),
     ("best", "best µs", 9),
-    ("gflops", "GFLOPS", 8),
+    ("speed", "speed", 13),
     ("errors", "errors", 6),
 ]
 
@@ -41,6 +43,7 @@ class OpRun:
     status: str = IDLE
     runs: tuple[float | None, ...] = ()  # resumed trials first; None: the build or the run failed
     detail: str = ""
+    phase: str = ""  # while tuning: where its batch is ("build 5/32"...)
 
     @property
     def trials(self) -> int:
@@ -55,6 +58,8 @@ class OpRun:
         return min((s for s in self.runs if s is not None), default=None)
 
     def status_text(self, budget: int) -> str:
+        if self.status == "tuning" and self.phase:
+            return self.phase
         if self.status != IDLE:
             return self.status
         return "not started" if not self.runs else "tuned" if self.trials >= budget else "resumable"
@@ -72,17 +77,19 @@ def curve(config: OpConfig, run: OpRun) -> WorkloadSummary:
     return summary
 
 
-def cells(number: int, config: OpConfig, run: OpRun, budget: int) -> list[object]:
+def cells(number: int, config: OpConfig, run: OpRun, budget: int, count: int) -> list[object]:
     best = run.best_seconds
     status = run.status_text(budget)
+    style = _STATUS_STYLES.get(run.status if run.status == "tuning" else status, "dim")
     return [
         str(number),
         fit(config.op_type, 16),
         fit(description(config), 26),
-        Text(status, style=_STATUS_STYLES.get(status, "dim")),
+        Text(f"{count:,}", style="dim" if count == 1 else ""),
+        Text(status, style=style),
         f"{run.trials:,}/{budget:,}",
         f"{best * 1e6:,.2f}" if best is not None else Text("-", style="dim"),
-        f"{config.flops / best / 1e9:,.1f}" if best else Text("-", style="dim"),
+        config.speed_text(best) if best else Text("-", style="dim"),  # GB/s for pools, GFLOP/s otherwise
         Text(f"{run.errors:,}", style="red") if run.errors else Text("0", style="dim"),
     ]
 
@@ -94,19 +101,24 @@ class TuneTable(DataTable[object]):
         for key, label, width in COLUMNS:
             self.add_column(label, key=key, width=width)
 
-    def show(self, configs: Sequence[OpConfig], run_of: Callable[[str], OpRun], budget: int) -> None:
+    def show(self, configs: Sequence[OpConfig], run_of: Callable[[str], OpRun], budget_of: Callable[[str], int],
+             count_of: Callable[[str], int]) -> None:
         """Bring the table to `configs` with as few changes as possible (call inside app.batch_update())."""
         wanted = [c.key for c in configs]
+
+        def row(number: int, config: OpConfig) -> list[object]:
+            return cells(number, config, run_of(config.key), budget_of(config.key), count_of(config.key))
+
         if [str(k.value) for k in self.rows] != wanted:
             keep = self.cursor_row
             self.clear()
             for number, config in enumerate(configs, start=1):
-                self.add_row(*cells(number, config, run_of(config.key), budget), key=config.key)
+                self.add_row(*row(number, config), key=config.key)
             if configs:
                 self.move_cursor(row=min(keep, len(configs) - 1))
             return
         for number, config in enumerate(configs, start=1):
-            for (column, _, _), value in zip(COLUMNS, cells(number, config, run_of(config.key), budget), strict=True):
+            for (column, _, _), value in zip(COLUMNS, row(number, config), strict=True):
                 if str(self.get_cell(config.key, column)) != str(value):
                     self.update_cell(config.key, column, value)
 

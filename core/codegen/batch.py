@@ -11,7 +11,7 @@ from core.codegen.failures import codegen_failure
 from core.codegen.generate import Generated, generate, require_tvm
 from core.db.state import StateDB
 from core.errors import InputError
-from core.opconfigs.opconfig import OpConfig, dedupe, read_opconfigs
+from core.opconfigs.opconfig import OpConfig, read_opconfigs
 
 
 @dataclass
@@ -46,10 +46,27 @@ class CodegenReport:
 _INPUT_SUFFIXES = (".txt", ".toml", ".json", ".onnx")
 
 
-def load_configs(paths: list[Path]) -> tuple[list[OpConfig], list[InputError]]:
-    """Op configs from op-config files (lines, .toml, .json) and ONNX models, de-duplicated."""
-    configs: list[OpConfig] = []
-    errors: list[InputError] = []
+@dataclass
+class Inputs:
+    """Op configs read from files and models: distinct, in order, with how often each occurs."""
+
+    configs: list[OpConfig] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)  # OpConfig.key -> occurrences (1 per op-config line)
+    models: list[str] = field(default_factory=list)  # names of the ONNX models read
+    errors: list[InputError] = field(default_factory=list)
+
+    def add(self, config: OpConfig, count: int) -> None:
+        if config.key not in self.counts:
+            self.configs.append(config)
+        self.counts[config.key] = self.counts.get(config.key, 0) + count
+
+    def count(self, config: OpConfig) -> int:
+        return self.counts.get(config.key, 0)
+
+
+def read_inputs(paths: list[Path]) -> Inputs:
+    """Op configs from op-config files (lines, .toml, .json) and ONNX models, and directories of them."""
+    inputs = Inputs()
     files: list[Path] = []
     for path in paths:  # directories: every op-config file and ONNX model in them
         files.extend(sorted(p for p in path.rglob("*") if p.suffix.lower() in _INPUT_SUFFIXES and p.is_file())
@@ -59,14 +76,24 @@ def load_configs(paths: list[Path]) -> tuple[list[OpConfig], list[InputError]]:
             if path.suffix.lower() == ".onnx":
                 from core.opconfigs.onnx_extract import extract
 
-                configs.extend(replace(c, source=f"{path}:{c.source}") for c in extract(path).configs)
+                extraction = extract(path)
+                inputs.models.append(extraction.model_name)
+                for config in extraction.configs:
+                    inputs.add(replace(config, source=f"{path}:{config.source}"), extraction.count(config))
             else:
                 result = read_opconfigs(path)
-                configs.extend(result.configs)
-                errors.extend(result.errors)
+                for config in result.configs:
+                    inputs.add(config, 1)
+                inputs.errors.extend(result.errors)
         except InputError as exc:
-            errors.append(exc if exc.where else InputError(exc.reason, where=str(path)))
-    return dedupe(configs), errors
+            inputs.errors.append(exc if exc.where else InputError(exc.reason, where=str(path)))
+    return inputs
+
+
+def load_configs(paths: list[Path]) -> tuple[list[OpConfig], list[InputError]]:
+    """Op configs from op-config files (lines, .toml, .json) and ONNX models, de-duplicated."""
+    inputs = read_inputs(paths)
+    return inputs.configs, inputs.errors
 
 
 def generate_all(configs: list[OpConfig], arch: str, *, check: bool = True,

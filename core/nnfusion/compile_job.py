@@ -21,7 +21,7 @@ from core.errors import KdbError
 from core.nnfusion.compiler import CompileResult, CompilerFlags, compile_model, find_compiler
 from core.nnfusion.coverage import IN_DB, CoverageEntry, coverage
 from core.nnfusion.usage import Usage, analyse_project
-from core.opconfigs.onnx_extract import extract
+from core.opconfigs.extract_cache import extract_cached
 
 STAGE = "nnfusion"
 
@@ -115,7 +115,7 @@ def compile_and_read(job: CompileJob, *, state: StateDB | None = None,
 
 def _coverage(job: CompileJob) -> tuple[list[CoverageEntry], float]:
     started = time.monotonic()
-    extraction = extract(job.model)
+    extraction = extract_cached(job.model)  # a model compiled before: ONNX is not even imported
     with KernelDB.open(job.db) as db:
         entries = coverage(extraction, db, CompilerFlags.parse(job.flags), job.product_name)
     return entries, time.monotonic() - started

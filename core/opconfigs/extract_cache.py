@@ -23,7 +23,7 @@ from core.opconfigs import onnx_extract, opconfig
 from core.opconfigs.onnx_extract import Extraction, Note, Unmapped, extract
 from core.opconfigs.opconfig import OpConfig
 
-FORMAT_VERSION = b"1"
+FORMAT_VERSION = b"2"  # 2: the fusion graph (units, links)
 
 
 def extract_cached(path: Path) -> Extraction:
@@ -58,7 +58,8 @@ def _onnx_install() -> bytes:
 
 def _to_json(e: Extraction) -> dict[str, Any]:
     return {"model_name": e.model_name, "node_count": e.node_count, "configs": [asdict(c) for c in e.configs],
-            "nodes": e.nodes, "unmapped": [list(u) for u in e.unmapped], "notes": [list(n) for n in e.notes]}
+            "nodes": e.nodes, "unmapped": [list(u) for u in e.unmapped], "notes": [list(n) for n in e.notes],
+            "units": sorted(e.units), "links": [list(link) for link in e.links]}
 
 
 def _from_json(d: dict[str, Any]) -> Extraction:
@@ -69,4 +70,5 @@ def _from_json(d: dict[str, Any]) -> Extraction:
                                    else None}))
     return Extraction(d["model_name"], d["node_count"], configs,
                       {key: [tuple(m) for m in members] for key, members in d["nodes"].items()},
-                      [Unmapped(*u) for u in d["unmapped"]], [Note(*n) for n in d["notes"]])
+                      [Unmapped(*u) for u in d["unmapped"]], [Note(*n) for n in d["notes"]],
+                      frozenset(d["units"]), tuple(tuple(link) for link in d["links"]))

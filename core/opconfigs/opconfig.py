@@ -29,6 +29,7 @@ from core.kernels.kernel_json import MAX_FILE_BYTES, validate_item
 from core.kernels.ops import CONV_FAMILY, ELEMENTWISE_ARITY, POOLS
 from core.kernels.opsig import OpSignature
 
+_DTYPE_BYTES = {"float": 4, "half": 2, "double": 8}
 _FUSE = {"relu": "Fused_Convolution_Relu", "add_relu": "Fused_Convolution_Add_Relu"}
 _FUSE_NAME = {v: k for k, v in _FUSE.items()}
 
@@ -86,6 +87,36 @@ class OpConfig:
         if self.op_type in POOLS:
             return math.prod(p["output_shape"]) * math.prod(p["window_shape"])
         return math.prod(p["output_shape"])
+
+    @property
+    def memory_bound(self) -> bool:
+        """Pools and element-wise ops do about one operation per byte: their speed is bytes moved, not FLOPs."""
+        return self.op_type in POOLS or self.op_type in ELEMENTWISE_ARITY
+
+    @property
+    def bytes_moved(self) -> int:
+        """Every input and output tensor read or written once: the least traffic a kernel for it can have."""
+        p = self.params
+        if self.op_type in CONV_FAMILY:
+            shapes = [p["input_shape"], p["filter_shape"], p["output_shape"]]
+            shapes += [p["output_shape"]] if self.op_type == "Fused_Convolution_Add_Relu" else []
+        elif self.op_type == "Dot":
+            shapes = [p["arg0_shape"], p["arg1_shape"], p["out_shape"]]
+        elif self.op_type in POOLS:
+            shapes = [p["input_shape"], p["output_shape"]]
+        else:
+            shapes = [*p["input_shapes"], p["output_shape"]]
+        return sum(math.prod(s) for s in shapes) * _DTYPE_BYTES.get(self.dtype, 4)
+
+    def speed(self, seconds: float) -> tuple[float, str]:
+        """How fast a kernel taking `seconds` runs: GB/s for memory-bound ops, GFLOP/s for the others."""
+        if self.memory_bound:
+            return self.bytes_moved / seconds / 1e9, "GB/s"
+        return self.flops / seconds / 1e9, "GFLOP/s"
+
+    def speed_text(self, seconds: float) -> str:
+        value, unit = self.speed(seconds)
+        return f"{value:,.{1 if value < 100 else 0}f} {unit}"
 
     def describe(self) -> str:
         p = self.params

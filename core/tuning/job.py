@@ -10,11 +10,14 @@ Measurement is local, or spread over TVM's RPC tracker (one rpc_server per GPU, 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
+import sys
 import time
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,10 +57,15 @@ class TuneJob:
     trials_per_batch: int = 32
     rpc: RpcTarget | None = None
     rpc_workers: int = 1  # measurements in flight at once over RPC (one per server/GPU)
-    builder_workers: int | None = None  # parallel builds (default: one per core)
+    builder_workers: int | None = None  # parallel builds (default: sized to this host, pipeline.build_workers)
     min_repeat_ms: int = 20  # warm timing: each measurement repeats the kernel at least this long
     cold_l2: bool | None = None  # time each run after an L2 flush (measure.py); default: on for cuda
     seed: int | None = None
+    overlap: bool | None = None  # build while measuring (default: when measuring off this CPU; pipeline.py)
+
+    def __post_init__(self) -> None:
+        if self.trials < 1:
+            raise InputError(f"{self.trials} trials: a tuning job needs at least 1", where=self.config.describe())
 
     @property
     def name(self) -> str:
@@ -81,6 +89,31 @@ class TrialEvent:
     best_gflops: float | None
     error: str = ""  # "build: ..." / "run: ..."
     elapsed_s: float = 0.0
+    speed: float | None = None  # in speed_unit: GB/s for pools and element-wise ops, GFLOP/s otherwise
+    best_speed: float | None = None
+    speed_unit: str = "GFLOP/s"
+
+    @classmethod
+    def of(cls, job: TuneJob, trial: int, seconds: float | None, best: float | None, error: str,
+           elapsed_s: float) -> TrialEvent:
+        flops, unit = job.config.flops, job.config.speed(1.0)[1]
+        return cls(job.name, trial, job.trials, seconds, flops / seconds / 1e9 if seconds else None, best,
+                   flops / best / 1e9 if best else None, error, elapsed_s,
+                   job.config.speed(seconds)[0] if seconds else None, job.config.speed(best)[0] if best else None,
+                   unit)
+
+
+@dataclass
+class PhaseEvent:
+    """Where a batch of candidates is: "search" (MetaSchedule picks the next batch), "build" (done of total
+    built), "measure" (measurement begins; each measured candidate is a TrialEvent)."""
+
+    job: str
+    phase: str
+    batch: int  # 1-based, in this run
+    done: int
+    total: int
+    elapsed_s: float = 0.0
 
 
 @dataclass
@@ -96,11 +129,22 @@ class TuneResult:
     seconds: float = 0.0
     kernels: dict[str, dict[str, Any]] = field(default_factory=dict)  # "best"/"efficient" -> kernel JSON item
     candidates: list[dict[str, Any]] = field(default_factory=list)  # top records: seconds, resource, role
+    resumed: int = 0  # trials an earlier run had recorded in the work dir
+    phases: dict[str, float] = field(default_factory=dict)  # wall seconds by phase (pipeline.py); see PHASES
+
+    @property
+    def reused(self) -> bool:
+        """Nothing measured: the work dir already held the whole budget, from an earlier run."""
+        return self.new_trials == 0 and self.resumed >= self.job.trials
 
     @property
     def trials_per_minute(self) -> float:
         return self.new_trials / (self.seconds / 60) if self.seconds > 0 else 0.0
 
+
+# Phases of a job's wall time, in the order a trial meets them. "build workers" is CPU time summed over the
+# parallel builds (not wall time): next to "build", it says how much of the building the overlap hid.
+PHASES = ("set-up", "search", "build", "measure", "record", "cost model", "other")
 
 # ---------------------------------------------------------------------------------------------
 # The work dir: repair, count, resume
@@ -168,105 +212,119 @@ def target_for(job: TuneJob) -> Any:
 
 
 def run_tune(job: TuneJob, root: Path, *, on_event: Callable[[TrialEvent], None] | None = None,
-             should_cancel: Callable[[], bool] | None = None) -> TuneResult:
-    """Tune one op config to its trial budget (resuming what the work dir holds)."""
+             should_cancel: Callable[[], bool] | None = None,
+             on_phase: Callable[[PhaseEvent], None] | None = None, pools: Any = None) -> TuneResult:
+    """Tune one op config to its trial budget (resuming what the work dir holds).
+
+    Each measured candidate is recorded in the work dir, then reported to `on_event`, as it is measured;
+    `on_phase` follows the batches (pipeline.py). `pools` (pipeline.TunePools) keeps the build and measuring
+    processes for the next job; without it the job starts and stops its own.
+    """
     try:
-        from tvm.ir.utils import derived_object
         from tvm.s_tir import meta_schedule as ms
     except ImportError as exc:
         raise ToolError("Apache TVM is not installed: pip install -e '.[tvm]'") from exc
-    from core.codegen.generate import prim_func_module
 
     work_dir = job.directory(root)
     work_dir.mkdir(parents=True, exist_ok=True)
-    done_before = repair_work_dir(work_dir)
+    repair_work_dir(work_dir)
     history = recorded_runs(work_dir)
-    result = TuneResult(job, work_dir, trials=len(history))
-    flops = job.config.flops
-    best = min((s for s in history if s is not None), default=None)
-    state = {"trial": len(history), "best": best}
-    remaining = job.trials - done_before
-    mod, _ = prim_func_module(job.config)
-    target = target_for(job)
+    result = TuneResult(job, work_dir, trials=len(history), resumed=len(history))
+    cancel = should_cancel or (lambda: False)
     start = time.perf_counter()
+    if job.trials > len(history) and not cancel():
+        from core.tuning.pipeline import TunePools
 
-    @derived_object
-    class Progress(ms.measure_callback.PyMeasureCallback):
-        def apply(self, task_scheduler: Any, task_id: int, measure_candidates: Any, builder_results: Any,
-                  runner_results: Any) -> None:
-            for built, ran in zip(builder_results, runner_results, strict=False):
-                state["trial"] += 1
-                seconds, error = None, ""
-                if built.error_msg:
-                    error = "build: " + _first_line(built.error_msg)
-                elif ran.error_msg:
-                    error = "run: " + _first_line(ran.error_msg)
-                elif ran.run_secs:
-                    runs = [float(s) for s in ran.run_secs]
-                    seconds = sum(runs) / len(runs)
-                    if seconds >= FAILED_SECONDS:
-                        seconds, error = None, "run: failed"
-                if error:
-                    kind = f"{error.split(':')[0]}: {_error_kind(error)}"
-                    result.errors[kind] = result.errors.get(kind, 0) + 1
-                if seconds is not None and (state["best"] is None or seconds < state["best"]):
-                    state["best"] = seconds
-                result.new_trials += 1
-                if on_event is not None:
-                    best_s = state["best"]
-                    on_event(TrialEvent(
-                        job.name, state["trial"], job.trials, seconds, flops / seconds / 1e9 if seconds else None,
-                        best_s, flops / best_s / 1e9 if best_s else None, error, time.perf_counter() - start))
-            if should_cancel is not None and should_cancel():
-                result.cancelled = True
-                task_scheduler.terminate_task(task_id)
-
-    if remaining > 0 and not (should_cancel is not None and should_cancel()):
-        builder = ms.builder.LocalBuilder(timeout_sec=job.builder_timeout_s, max_workers=job.builder_workers,
-                                          f_build=build_candidate, f_export=export_shared_library)
-        evaluator = ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=job.min_repeat_ms)
-        run_evaluator = rpc_run_evaluator = None
-        # A network meets a layer's weights cold: on CUDA, trials are timed that way (measure.py).
-        if job.cold_l2 if job.cold_l2 is not None else job.target == "cuda":
-            from core.tuning import measure
-
-            evaluator = measure.cold_evaluator_config()
-            run_evaluator, rpc_run_evaluator = measure.cold_run_evaluator, measure.cold_rpc_run_evaluator
-        if job.rpc is not None:
-            from core.tuning.resilient import ResilientRunner
-
-            runner: Any = ResilientRunner(ms.runner.RPCRunner(
-                ms.runner.RPCConfig(job.rpc.host, job.rpc.port, job.rpc.key,
-                                    session_timeout_sec=int(max(job.runner_timeout_s, 10))),
-                evaluator_config=evaluator, max_workers=job.rpc_workers, f_run_evaluator=rpc_run_evaluator))
-        else:
-            runner = ms.runner.LocalRunner(timeout_sec=job.runner_timeout_s, evaluator_config=evaluator,
-                                           f_run_evaluator=run_evaluator)
-        if job.target == "cuda":
-            from core.tuning.space import self_contained_cuda_space
-
-            space: Any = self_contained_cuda_space()
-        else:
-            space = "post-order-apply"
-        ms.tune_tir(mod, target=target, work_dir=str(work_dir), max_trials_global=remaining, space=space,
-                    num_trials_per_iter=min(job.trials_per_batch, remaining),
-                    builder=builder, runner=runner,
-                    # Progress last: a trial is reported only once the default callbacks recorded it.
-                    measure_callbacks=[*ms.MeasureCallback.create("default"), Progress()],
-                    num_tuning_cores=job.builder_workers or "physical", seed=job.seed)
-        result.requeued = getattr(runner, "requeued", 0)
+        own = pools is None
+        pools = TunePools() if own else pools
+        try:
+            # A caller's profiler (a benchmark's) sees the scopes; else ours, for the phase table.
+            outer = ms.Profiler.current()
+            with contextlib.nullcontext(outer) if outer is not None else ms.Profiler() as profiler:
+                _tune(job, work_dir, history, result, start, profiler, pools, on_event, on_phase, cancel)
+        finally:
+            if own:
+                pools.close()
     result.seconds = time.perf_counter() - start
     history = recorded_runs(work_dir)
     result.trials = len(history)
     result.best_seconds = min((s for s in history if s is not None), default=None)
+    if result.phases:
+        result.phases["other"] = max(0.0, result.seconds - sum(result.phases[p] for p in PHASES if p != "other"))
     return result
+
+
+def _tune(job: TuneJob, work_dir: Path, history: list[float | None], result: TuneResult, start: float,
+          profiler: Any, pools: Any, on_event: Callable[[TrialEvent], None] | None,
+          on_phase: Callable[[PhaseEvent], None] | None, cancel: Callable[[], bool]) -> None:
+    from tvm.s_tir import meta_schedule as ms
+
+    from core.codegen.generate import prim_func_module
+    from core.tuning import pipeline
+
+    remaining = job.trials - len(history)
+    overlap = pipeline.overlaps(job)
+    database = ms.database.JSONDatabase(path_workload=str(work_dir / WORKLOADS),
+                                        path_tuning_record=str(work_dir / RECORDS))
+    stream = pipeline.MeasureStream(
+        job, pool=pools.build_pool(pipeline.build_workers(job, overlap), job.builder_timeout_s),
+        runner=pipeline.measuring_runner(job, pools), overlap=overlap, database=database, start=start,
+        first_trial=len(history), best=min((s for s in history if s is not None), default=None),
+        on_trial=on_event, on_phase=on_phase, should_cancel=cancel)
+    stream.profiler = profiler
+    stream.scheduler = ms.task_scheduler.TaskScheduler.create("gradient")
+    before = dict(profiler.get())
+    mod, _ = prim_func_module(job.config)
+    if job.target == "cuda":
+        from core.tuning.space import self_contained_cuda_space
+
+        space: Any = self_contained_cuda_space()
+    else:
+        space = "post-order-apply"
+    stream.phase("search", 0)
+    with _no_tensor_intrinsics() if job.target == "llvm" else contextlib.nullcontext():
+        ms.tune_tir(mod, target=target_for(job), work_dir=str(work_dir), max_trials_global=remaining, space=space,
+                    num_trials_per_iter=min(job.trials_per_batch, remaining),
+                    builder=pipeline.StreamBuilder(stream), runner=pipeline.StreamRunner(stream), database=database,
+                    task_scheduler=stream.scheduler,
+                    # The stream records each trial as it is measured: MetaSchedule's AddToDatabase is left out.
+                    measure_callbacks=[ms.measure_callback.RemoveBuildArtifact(), ms.measure_callback.UpdateCostModel(),
+                                       pipeline.EndOfBatch(stream)],
+                    num_tuning_cores=job.builder_workers or "physical", seed=job.seed)
+    result.new_trials, result.errors, result.cancelled = stream.new_trials, stream.errors, stream.cancelled
+    result.requeued = getattr(stream.inner, "requeued", 0)
+    result.phases = stream.phases(before, dict(profiler.get()))
+
+
+TENSOR_INTRINSICS = "tvm.s_tir.tensor_intrin"
+
+
+@contextlib.contextmanager
+def _no_tensor_intrinsics() -> Iterator[None]:
+    """Keep TuneContext from importing TVM's tensor intrinsics while an llvm job tunes.
+
+    TuneContext imports `tvm.s_tir.tensor_intrin` unconditionally, and that parses every CUDA, ARM, ROCm...
+    intrinsic through TVMScript: 19 s on the H200 host, 50-80 s on a busy 2-core machine, paid by every
+    process. The llvm rules we tune with (no -mcpu: no VNNI, no AVX-512 rules) use none of them. An empty
+    module stands in for the package during the job only; a CUDA job later in the process imports the real one.
+    """
+    if TENSOR_INTRINSICS in sys.modules:
+        yield
+        return
+    placeholder = types.ModuleType(TENSOR_INTRINSICS, "kdb: not imported for an llvm tuning job")
+    sys.modules[TENSOR_INTRINSICS] = placeholder
+    try:
+        yield
+    finally:
+        if sys.modules.get(TENSOR_INTRINSICS) is placeholder:
+            del sys.modules[TENSOR_INTRINSICS]
 
 
 def build_candidate(mod: Any, target: Any, _params: Any) -> Any:
     """The builder's build: MetaSchedule's default without `import tvm.s_tir.tensor_intrin`.
 
-    That import registers every tensor intrinsic through TVMScript: 19 s per build worker here, paid again
-    by each batch's fresh worker pool, for nothing (candidates arrive already scheduled; the CUDA rules we
+    That import registers every tensor intrinsic through TVMScript: 19 s per build worker on the H200 host
+    (50 s on a busy 2-core machine), for nothing (candidates arrive already scheduled; the CUDA rules we
     tune with never tensorize).
     """
     from tvm.driver import build
@@ -275,27 +333,13 @@ def build_candidate(mod: Any, target: Any, _params: Any) -> Any:
     return build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target)
 
 
-def export_shared_library(module: Any) -> str:
-    """The builder's export: link each candidate into a .so in the (parallel) build workers.
-
-    MetaSchedule's default exports a .tar, which the runner links with g++ before every measurement, one
-    candidate at a time: on the H200 that serial link was a large share of each trial.
-    """
-    import os
-    import tempfile
-
-    path = os.path.join(tempfile.mkdtemp(prefix="kdb-candidate-"), "candidate.so")
-    module.export_library(path)
-    return path
-
-
-def _first_line(text: str) -> str:
+def first_line(text: str) -> str:
     lines = [ln.strip() for ln in str(text).strip().splitlines() if ln.strip()]
     # TVM's messages end with the cause; a traceback's last line says the most.
     return (lines[-1] if lines else "")[:300]
 
 
-def _error_kind(error: str) -> str:
+def error_kind(error: str) -> str:
     text = error.lower()
     for needle, kind in (("timeout", "timeout"), ("timed out", "timeout"), ("memory", "out of memory"),
                          ("illegal", "illegal access"), ("launch", "launch failed"), ("nvcc", "nvcc error")):

@@ -1,11 +1,16 @@
 """A queue of tuning jobs: tune each op config, turn its best and efficient records into kernels,
-verify and time them on the GPU, and inject them. Used by `kdb tune` and the console's Tuning view."""
+verify and time them on the GPU, and inject them. Used by `kdb tune` and the console's Tuning view.
+
+`run_network` runs a whole network as one such queue: the budget spread over its ops (network.py), the
+predicted network time reported as the trials come in.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,7 +19,8 @@ from core.db.kernel_db import KernelDB
 from core.db.state import StateDB, state_dir
 from core.errors import KdbError
 from core.inject.pipeline import InjectOptions, Injector, InjectReport
-from core.tuning.job import TrialEvent, TuneJob, TuneResult, best_kernels, run_tune
+from core.tuning.job import PhaseEvent, TrialEvent, TuneJob, TuneResult, best_kernels, recorded_runs, run_tune
+from core.tuning.network import Network, NetworkEvent, predict, spread_budget, tuning_order
 
 
 @dataclass
@@ -27,6 +33,8 @@ class JobEvent:
     detail: str = ""
     result: TuneResult | None = None
     inject: InjectReport | None = None
+    key: str = ""  # the job's OpConfig.key
+    trials: int = 0  # the job's trial budget (resumed trials included)
 
 
 @dataclass
@@ -35,72 +43,159 @@ class QueueReport:
     injects: list[InjectReport] = field(default_factory=list)
     failures: list[tuple[str, str]] = field(default_factory=list)  # (job, reason)
     cancelled: bool = False
+    network: NetworkEvent | None = None  # run_network's final prediction
 
 
 def tuning_root() -> Path:
     return state_dir() / "tuning"
 
 
+@contextlib.contextmanager
+def _queue_pools() -> Iterator[Any]:
+    """Build and measuring processes kept for the whole queue (None without TVM: run_tune says so)."""
+    try:
+        from core.tuning.pipeline import TunePools
+    except ImportError:
+        yield None
+        return
+    with TunePools() as pools:
+        yield pools
+
+
 def run_queue(jobs: list[TuneJob], *, db_path: Path | None, inject_options: InjectOptions | None,
               on_trial: Callable[[TrialEvent], None] | None = None,
               on_job: Callable[[JobEvent], None] | None = None,
-              should_cancel: Callable[[], bool] | None = None) -> QueueReport:
+              should_cancel: Callable[[], bool] | None = None,
+              on_phase: Callable[[PhaseEvent], None] | None = None) -> QueueReport:
     """Tune jobs one after the other. With db_path and a cuda target, the kernels are injected."""
     report = QueueReport()
     cancel = should_cancel or (lambda: False)
 
     def job_event(i: int, status: str, detail: str = "", **kw: Any) -> None:
         if on_job is not None:
-            on_job(JobEvent(jobs[i].name, i, status, detail, **kw))
+            on_job(JobEvent(jobs[i].name, i, status, detail, key=jobs[i].config.key, trials=jobs[i].trials, **kw))
 
     for i in range(len(jobs)):
         job_event(i, "queued")
-    for i, job in enumerate(jobs):
-        if cancel():
-            report.cancelled = True
-            job_event(i, "cancelled")
-            continue
-        try:
-            job_event(i, "tuning")
-            result = run_tune(job, tuning_root(), on_event=on_trial, should_cancel=cancel)
-            report.results.append(result)
-            if result.cancelled:
+    with _queue_pools() as pools:
+        for i, job in enumerate(jobs):
+            if cancel():
                 report.cancelled = True
-                job_event(i, "cancelled", f"{result.trials}/{job.trials} trials kept: resume to go on",
-                          result=result)
+                job_event(i, "cancelled")
                 continue
-            if job.target != "cuda" or db_path is None or inject_options is None:
-                job_event(i, "done", _best_text(result), result=result)
-                continue
-            job_event(i, "generating", _best_text(result), result=result)
-            kernels = best_kernels(job, result.work_dir)
-            result.kernels, result.candidates = kernels.kernels, kernels.candidates
-            items = list(kernels.kernels.values())
-            path = result.work_dir / f"kernels-{time.strftime('%Y%m%d-%H%M%S')}.json"
-            path.write_text(json.dumps(items, indent=1), encoding="utf-8")
-            job_event(i, "injecting", f"{len(items)} kernel(s)", result=result)
-            state = StateDB()
             try:
-                with KernelDB.open(db_path, create=True) as db:
-                    injected = Injector(db, inject_options, state=state).run([path], kind="tune")
-            finally:
-                state.close()
-            report.injects.append(injected)
-            status = "done" if not injected.failed else "failed"
-            detail = (f"{_best_text(result)}; injected {injected.injected}, unchanged {injected.unchanged}, "
-                      f"failed {injected.failed}" + (f": {injected.failures[0].reason}" if injected.failures else ""))
-            job_event(i, status, detail, result=result, inject=injected)
-        except KdbError as exc:
-            report.failures.append((job.name, str(exc)))
-            job_event(i, "failed", str(exc))
-        except Exception as exc:  # TVM's own errors: this job fails, the queue goes on
-            report.failures.append((job.name, f"{type(exc).__name__}: {exc}"))
-            job_event(i, "failed", f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300]}")
+                job_event(i, "tuning", _start_text(job))
+                result = run_tune(job, tuning_root(), on_event=on_trial, should_cancel=cancel, on_phase=on_phase,
+                                  pools=pools)
+                report.results.append(result)
+                if result.cancelled:
+                    report.cancelled = True
+                    job_event(i, "cancelled", f"{result.trials}/{job.trials} trials kept: resume to go on",
+                              result=result)
+                    continue
+                if job.target != "cuda" or db_path is None or inject_options is None:
+                    job_event(i, "done", _best_text(result), result=result)
+                    continue
+                _inject(i, job, result, db_path, inject_options, report, job_event)
+            except KdbError as exc:
+                report.failures.append((job.name, str(exc)))
+                job_event(i, "failed", str(exc))
+            except Exception as exc:  # TVM's own errors: this job fails, the queue goes on
+                report.failures.append((job.name, f"{type(exc).__name__}: {exc}"))
+                job_event(i, "failed", f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300]}")
     return report
 
 
+def _inject(i: int, job: TuneJob, result: TuneResult, db_path: Path, inject_options: InjectOptions,
+            report: QueueReport, job_event: Callable[..., None]) -> None:
+    job_event(i, "generating", _best_text(result), result=result)
+    start = time.perf_counter()
+    kernels = best_kernels(job, result.work_dir)
+    result.kernels, result.candidates = kernels.kernels, kernels.candidates
+    items = list(kernels.kernels.values())
+    path = result.work_dir / f"kernels-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(items, indent=1), encoding="utf-8")
+    result.phases["generate"] = time.perf_counter() - start
+    job_event(i, "injecting", f"{len(items)} kernel(s)", result=result)
+    start = time.perf_counter()
+    state = StateDB()
+    try:
+        with KernelDB.open(db_path, create=True) as db:
+            injected = Injector(db, inject_options, state=state).run([path], kind="tune")
+    finally:
+        state.close()
+    result.phases["inject"] = time.perf_counter() - start
+    report.injects.append(injected)
+    status = "done" if not injected.failed else "failed"
+    detail = (f"{_best_text(result)}; injected {injected.injected}, unchanged {injected.unchanged}, "
+              f"failed {injected.failed}" + (f": {injected.failures[0].reason}" if injected.failures else ""))
+    job_event(i, status, detail, result=result, inject=injected)
+
+
+def _start_text(job: TuneJob) -> str:
+    kept = len(recorded_runs(job.directory(tuning_root())))
+    if kept >= job.trials:
+        return f"{kept} trials already recorded by an earlier run: nothing to measure"
+    return f"resuming from {kept} trials recorded by an earlier run" if kept else ""
+
+
 def _best_text(result: TuneResult) -> str:
+    reused = (f"reused from an earlier run ({result.resumed} trials recorded in {result.work_dir}; raise the "
+              f"trials to tune further): " if result.reused else "")
     if result.best_seconds is None:
-        return f"{result.trials} trials, none succeeded"
-    gflops = result.job.config.flops / result.best_seconds / 1e9
-    return f"best {result.best_seconds * 1e6:.2f} us ({gflops:.0f} GFLOP/s) after {result.trials} trials"
+        return f"{reused}{result.trials} trials, none succeeded"
+    speed = result.job.config.speed_text(result.best_seconds)
+    return f"{reused}best {result.best_seconds * 1e6:.2f} us ({speed}) after {result.trials} trials"
+
+
+# ---------------------------------------------------------------------------------------------
+# A network
+
+
+def run_network(network: Network, budget: int, make_job: Callable[[Any, int], TuneJob], *, db_path: Path | None,
+                inject_options: InjectOptions | None, on_trial: Callable[[TrialEvent], None] | None = None,
+                on_job: Callable[[JobEvent], None] | None = None,
+                on_phase: Callable[[PhaseEvent], None] | None = None,
+                on_network: Callable[[NetworkEvent], None] | None = None,
+                should_cancel: Callable[[], bool] | None = None) -> QueueReport:
+    """Tune every op of the network in one queue: `budget` trials in all, spread by each op's share of the
+    network's time, what earlier runs recorded counted in; the prediction goes to `on_network` as trials come.
+
+    `make_job(config, trials)` makes each op's job (target, arch, RPC, timeouts are the caller's).
+    """
+    root = tuning_root()
+    history = {op.config.key: recorded_runs(make_job(op.config, 1).directory(root)) for op in network.ops}
+    recorded = {key: len(runs) for key, runs in history.items()}
+    best = {key: min(ok) for key, runs in history.items() if (ok := [s for s in runs if s is not None])}
+    shares = spread_budget(network.ops, budget, recorded=recorded, best=best)
+    ops = tuning_order(network.ops, best)
+    jobs = [make_job(op.config, shares[op.config.key]) for op in ops]
+    total = sum(shares.values())
+    current = {"key": ""}
+
+    def tell() -> None:
+        if on_network is not None:
+            on_network(predict(network, best, sum(recorded.values()), total))
+
+    def job_seen(event: JobEvent) -> None:
+        current["key"] = event.key
+        if on_job is not None:
+            on_job(event)
+        if event.status == "tuning":
+            tell()
+
+    def trial_seen(event: TrialEvent) -> None:
+        key = current["key"]
+        recorded[key] = event.trial
+        if event.best_seconds is not None:
+            best[key] = event.best_seconds
+        if on_trial is not None:
+            on_trial(event)
+        tell()
+
+    report = run_queue(jobs, db_path=db_path, inject_options=inject_options, on_trial=trial_seen, on_job=job_seen,
+                       should_cancel=should_cancel, on_phase=on_phase)
+    report.network = predict(network, best, sum(recorded.values()), total)
+    if on_network is not None:
+        on_network(report.network)
+    return report

@@ -1,0 +1,184 @@
+"""Where a tuning trial's time goes: the phase table of `kdb tune`'s engine (run_queue), and the trials/min.
+
+    python3 bench/bench_tune.py --target llvm --ops 3 --trials 16 --batch 8          # this CPU (any machine)
+    python3 bench/bench_tune.py --target cuda --ops 5 --trials 64 --batch 64         # on a GPU host
+    python3 bench/bench_tune.py --target cuda --resnet 18 --trials 64 --batch 64     # ResNet-18 as one network
+    python3 bench/bench_tune.py --target llvm --model model.onnx --trials 8          # any model (budget spread)
+
+The ops are the looked-up ops of the demo network (core/demo.py: convolutions, pools, a Dot), or a model's.
+Each run starts from an empty state dir (no trial is resumed). The table splits the tuning wall time into
+set-up (TVM's task set-up, pools starting), search (MetaSchedule's evolutionary search), build (waiting for
+builds with nothing to measure), measure, record (trials written to the work dir), cost model (XGBoost
+update), generate and inject (cuda: kernels from the best records, checked, verified, timed, injected), and
+other; "build workers" is the CPU time of the builds summed over the parallel workers. It prints a ratio line
+(trials/min) and writes JSON (--out).
+
+It also runs on code before the phase table existed (TuneResult without `phases`): the phases then come from
+MetaSchedule's own profiler scopes (SendToBuilder as build, SendToRunner + JoinRunnerFutures as measure,
+AddToDatabase as record), which is how the before/after figures in docs/BENCHMARKS.md were taken.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+ROWS = ["set-up", "search", "build", "measure", "record", "cost model", "generate", "inject", "other"]
+
+
+def demo_ops(n: int) -> list[Any]:
+    from core.demo import TINY_NETWORK
+    from core.opconfigs.opconfig import parse_lines
+
+    configs = [c for c in parse_lines(TINY_NETWORK, "demo").configs if c.op_type not in ("Relu", "Add")]
+    return configs[:n]
+
+
+def with_library_times(network: Any, target: str) -> Any:
+    """Each op's cuDNN/cuBLAS time (bench_gpu.library_us: PyTorch, cold L2, as our kernels are timed), where a
+    CUDA GPU and PyTorch are here; otherwise the network's library time stays "not measured"."""
+    try:
+        import torch
+
+        on_gpu = target == "cuda" and torch.cuda.is_available()
+    except ImportError:
+        on_gpu = False
+    if not on_gpu:
+        return network
+    sys.path.insert(0, str(REPO / "bench"))
+    from bench_gpu import library_us
+
+    ops = [dataclasses.replace(op, library_seconds=library_us(op.config.op_type, op.config.params) * 1e-6)
+           for op in network.ops]
+    return dataclasses.replace(network, ops=ops)
+
+
+def profiler_phases(scopes: dict[str, float], total: float) -> dict[str, float]:
+    """The phase table from MetaSchedule's profiler alone (code without kdb's own phase clock)."""
+    phases = {"search": sum(v for k, v in scopes.items() if k.startswith("EvoSearch/")),
+              "build": scopes.get("SendToBuilder", 0.0),
+              "measure": scopes.get("SendToRunner", 0.0) + scopes.get("JoinRunnerFutures", 0.0),
+              "record": scopes.get("MeasureCallback/AddToDatabase", 0.0),
+              "cost model": scopes.get("MeasureCallback/UpdateCostModel", 0.0)}
+    phases["other"] = max(0.0, total - sum(phases.values()))  # set-up included: no clock for it there
+    return phases
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--target", choices=["llvm", "cuda"], default="llvm")
+    ap.add_argument("--arch", default="sm_90")
+    ap.add_argument("--ops", type=int, default=3, help="how many of the demo network's looked-up ops")
+    ap.add_argument("--model", type=Path, help="tune this ONNX model's ops as a network instead")
+    ap.add_argument("--resnet", metavar="18|34", choices=["18", "34"],
+                    help="tune ResNet-18/34 at batch 1 (224x224, BN folded; built here with onnx) as a network")
+    ap.add_argument("--trials", type=int, default=16, help="per op (a model: per op on average)")
+    ap.add_argument("--batch", type=int, default=8, help="candidates per MetaSchedule batch")
+    ap.add_argument("--workers", type=int, help="parallel builds (default: sized to the host)")
+    ap.add_argument("--overlap", choices=["auto", "on", "off"], default="auto", help="build while measuring")
+    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "tune_phases.json")
+    args = ap.parse_args()
+    os.environ["KDB_STATE_DIR"] = tempfile.mkdtemp(prefix="kdb-bench-tune-")
+
+    from tvm.s_tir import meta_schedule as ms
+
+    from core.tuning.job import TuneJob
+    from core.tuning.queue import run_queue
+
+    fields = {f.name for f in dataclasses.fields(TuneJob)}
+    extra: dict[str, Any] = {"overlap": {"on": True, "off": False}[args.overlap]} if args.overlap != "auto" else {}
+    if extra and "overlap" not in fields:
+        raise SystemExit("--overlap: this code has no overlap setting")
+
+    def make_job(config: Any, trials: int) -> Any:
+        return TuneJob(config, trials=trials, target=args.target, arch=args.arch, trials_per_batch=args.batch,
+                       builder_workers=args.workers, builder_timeout_s=120, seed=1, **extra)
+
+    inject = None
+    if args.target == "cuda":
+        from core.inject.pipeline import InjectOptions
+
+        inject = InjectOptions(archs=(args.arch,), compile=True, workers=os.cpu_count() or 1, verify=True,
+                               profile=True, gpu_timeout_s=120)
+    db_path = Path(os.environ["KDB_STATE_DIR"]) / "tuned.db"
+    if args.resnet:
+        sys.path.insert(0, str(REPO / "tests"))
+        from onnx_models import resnet, write
+
+        args.model = write(resnet(blocks={"18": (2, 2, 2, 2), "34": (3, 4, 6, 3)}[args.resnet]),
+                           Path(os.environ["KDB_STATE_DIR"]) / f"resnet{args.resnet}.onnx")
+    try:  # TVM's own output into a file, so the table stands alone (older code: it stays on the terminal)
+        from core.tuning.tvm_log import capture_output
+
+        quiet: Any = capture_output(Path(os.environ["KDB_STATE_DIR"]) / "tvm.log")
+    except ImportError:
+        quiet = contextlib.nullcontext()
+    start = time.perf_counter()
+    with quiet, ms.Profiler() as profiler:
+        if args.model:
+            from core.tuning.network import network_from_model
+            from core.tuning.queue import run_network
+
+            network = with_library_times(network_from_model(args.model), args.target)
+            report = run_network(network, args.trials * len(network.ops), make_job, db_path=db_path,
+                                 inject_options=inject)
+        else:
+            report = run_queue([make_job(c, args.trials) for c in demo_ops(args.ops)], db_path=db_path,
+                               inject_options=inject)
+    wall = time.perf_counter() - start
+    scopes = {str(k): float(v) for k, v in profiler.get().items()}
+    results = report.results
+    new = sum(r.new_trials for r in results)
+    tuning = sum(r.seconds for r in results)
+    if all(getattr(r, "phases", None) for r in results):
+        source = "kdb's phase clock"
+        phases = {row: sum(r.phases.get(row, 0.0) for r in results) for row in ROWS}
+        phases["other"] = max(0.0, wall - sum(v for k, v in phases.items() if k != "other"))
+        build_cpu = sum(r.phases.get("build workers", 0.0) for r in results)
+    else:
+        source = "MetaSchedule's profiler (set-up counted in other)"
+        phases = profiler_phases(scopes, wall)
+        build_cpu = None
+    print(f"{len(results)} ops, {new} trials on {args.target}, batches of {args.batch}; phases from {source}")
+    print(f"{'phase':<14} {'seconds':>9} {'share':>7} {'ms/trial':>9}")
+    for row in ROWS:
+        if row in phases:
+            seconds = phases[row]
+            print(f"{row:<14} {seconds:9.1f} {seconds / wall:7.0%} {seconds / max(new, 1) * 1e3:9.0f}")
+    print(f"{'total':<14} {wall:9.1f} {1:7.0%} {wall / max(new, 1) * 1e3:9.0f}")
+    if build_cpu is not None:
+        print(f"build workers: {build_cpu:.1f} CPU s in the parallel builds ({build_cpu / max(new, 1) * 1e3:.0f} "
+              f"ms per candidate)")
+    for r in results:
+        print(f"  {r.job.name}: {r.new_trials} trials in {r.seconds:.1f} s, best "
+              + (f"{r.best_seconds * 1e6:.2f} us" if r.best_seconds else "-"))
+    if getattr(report, "network", None) is not None:
+        print(f"network {report.network.text()}")
+    if report.failures:
+        print(f"failures: {report.failures}")
+    print(f"ratio: {new / (wall / 60):.1f} trials/min over the whole run ({new} trials in {wall:.1f} s; "
+          f"{new / (tuning / 60) if tuning else 0:.1f}/min in the tuning jobs alone)")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "source": source,
+                                    "trials": new, "wall_s": wall, "phases_s": phases, "build_cpu_s": build_cpu,
+                                    "metaschedule_scopes_s": scopes,
+                                    "network": dataclasses.asdict(report.network)
+                                    if getattr(report, "network", None) else None,
+                                    "jobs": [{"op": r.job.name, "trials": r.new_trials, "seconds": r.seconds,
+                                              "best_us": (r.best_seconds or 0) * 1e6} for r in results]},
+                                   indent=1))
+
+
+if __name__ == "__main__":
+    main()

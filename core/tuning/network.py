@@ -1,0 +1,172 @@
+"""A whole network as one tuning job: its distinct ops, a trial budget spread by where the time goes, and the
+network time predicted from the best kernels so far.
+
+Which ops: only those NNFusion looks up in its kernel DB at its default flags (`looked_up`): convolutions
+(plain, and Conv+Relu / Conv+Add+Relu as their fused op types), pools and Dot. At the default
+-fkernel_fusion_level=3 the compiler fuses standalone element-wise ops (Add, Relu, ...) into kernels of its
+own before kernel selection, so their rows are never read; grouped convolutions have no kernel-DB op type.
+
+The budget: every op gets a floor, the rest follows each op's share of the network's estimated time (its
+best time so far x its count; FLOPs x count while nothing of it is measured, scaled by the speed the measured
+ops reached). Trials an earlier run recorded count against an op's share, so a second run resumes where the
+first stopped and re-spreads by what was measured; an op that already holds more than its share keeps it and
+measures nothing. Ops run largest share first: a session cut short has tuned what pays most.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from core.kernels.ops import CONV_FAMILY, POOLS
+from core.opconfigs.opconfig import OpConfig
+
+FLOOR_TRIALS = 16  # no op below this (nor below a quarter of the average share): MetaSchedule's first
+# batches are mostly its random initial population
+
+
+def looked_up(config: OpConfig) -> tuple[bool, str]:
+    """Whether NNFusion, at its default flags, fetches this op's kernel from the DB; else why not.
+
+    A stand-in for the exact model of the compiler's passes (coverage will own it): swap it there.
+    """
+    if config.op_type in CONV_FAMILY or config.op_type in POOLS or config.op_type == "Dot":
+        if config.groups != 1:
+            return False, f"grouped convolution (groups={config.groups}): no kernel-DB op type"
+        return True, ""
+    return False, "element-wise: NNFusion fuses it into its own kernel (-fkernel_fusion_level=3)"
+
+
+@dataclass(frozen=True)
+class NetworkOp:
+    config: OpConfig
+    count: int  # occurrences in the network
+    library_seconds: float | None = None  # cuDNN/cuBLAS for this op, where someone measured it
+
+
+@dataclass
+class Network:
+    name: str
+    ops: list[NetworkOp]
+    skipped: list[tuple[OpConfig, int, str]] = field(default_factory=list)  # (config, count, why not tuned)
+
+    @property
+    def library_seconds(self) -> float | None:
+        """The library's time for the tuned ops, only when it is known for every one of them."""
+        if not self.ops or any(op.library_seconds is None for op in self.ops):
+            return None
+        return sum(op.library_seconds * op.count for op in self.ops if op.library_seconds is not None)
+
+
+def network_of(name: str, configs: list[OpConfig], count: Callable[[OpConfig], int],
+               library: Mapping[str, float] | None = None) -> Network:
+    """The ops of `configs` NNFusion looks up, with their counts (and library times by OpConfig.key)."""
+    network = Network(name, [])
+    for config in configs:
+        wanted, why = looked_up(config)
+        if wanted:
+            network.ops.append(NetworkOp(config, count(config), (library or {}).get(config.key)))
+        else:
+            network.skipped.append((config, count(config), why))
+    return network
+
+
+def network_from_model(path: Path) -> Network:
+    from core.opconfigs.onnx_extract import extract
+
+    extraction = extract(path)
+    return network_of(extraction.model_name, extraction.configs, extraction.count)
+
+
+# ---------------------------------------------------------------------------------------------
+# The budget
+
+
+def estimated_seconds(ops: list[NetworkOp], best: Mapping[str, float]) -> dict[str, float]:
+    """Each op's time in the network (x count): measured best where there is one, else its FLOPs at the speed
+    the measured ops reached (at 1 FLOP/s while none is measured: only the ratios matter)."""
+    measured = [op for op in ops if op.config.key in best]
+    rate = (sum(op.config.flops for op in measured) / sum(best[op.config.key] for op in measured)
+            if measured else 1.0)
+    return {op.config.key: (best[op.config.key] if op.config.key in best else max(op.config.flops, 1) / rate)
+            * op.count for op in ops}
+
+
+def spread_budget(ops: list[NetworkOp], total: int, *, recorded: Mapping[str, int] | None = None,
+                  best: Mapping[str, float] | None = None) -> dict[str, int]:
+    """Trials per op (recorded ones included) summing to `total`, or to what is recorded when that is more.
+
+    Each op gets a floor, then the rest in proportion to its estimated time. An op that already recorded more
+    than that keeps its trials and the others share what is left (repeated until no op is over).
+    """
+    recorded = recorded or {}
+    weights = estimated_seconds(ops, best or {})
+    keys = [op.config.key for op in ops]
+    floor = max(1, min(FLOOR_TRIALS, total // (4 * max(len(keys), 1))))
+    kept: dict[str, int] = {}
+    while True:
+        free = [k for k in keys if k not in kept]
+        shares = _proportional(free, weights, total - sum(kept.values()), floor)
+        over = {k: recorded[k] for k in free if recorded.get(k, 0) > shares[k]}
+        if not over:
+            return {k: kept.get(k) or shares[k] for k in keys}
+        kept.update(over)
+
+
+def _proportional(keys: list[str], weights: Mapping[str, float], budget: int, floor: int) -> dict[str, int]:
+    """A floor each (as much of it as the budget allows, never under 1), the rest by weight (largest remainder)."""
+    if not keys:
+        return {}
+    base = max(1, min(floor, budget // len(keys)))
+    rest = max(0, budget - base * len(keys))
+    weight = sum(weights[k] for k in keys) or 1.0
+    exact = {k: rest * weights[k] / weight for k in keys}
+    shares = {k: base + int(exact[k]) for k in keys}
+    left = rest - sum(int(exact[k]) for k in keys)
+    for k in sorted(keys, key=lambda k: exact[k] - int(exact[k]), reverse=True)[:left]:
+        shares[k] += 1
+    return shares
+
+
+def tuning_order(ops: list[NetworkOp], best: Mapping[str, float]) -> list[NetworkOp]:
+    """Largest estimated share first."""
+    weights = estimated_seconds(ops, best)
+    return sorted(ops, key=lambda op: weights[op.config.key], reverse=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The prediction
+
+
+@dataclass
+class NetworkEvent:
+    """The network as the best kernels so far make it: sum over ops of best time x count."""
+
+    network: str
+    ops: int  # distinct ops tuned
+    measured_ops: int  # of them, those with a successful trial
+    predicted_seconds: float | None  # over the measured ops; None until one is measured
+    library_seconds: float | None  # cuDNN/cuBLAS for all the ops, when measured; None: not measured
+    trials: int  # recorded so far, over all ops
+    budget: int
+
+    @property
+    def complete(self) -> bool:
+        return self.measured_ops == self.ops
+
+    def text(self) -> str:
+        if self.predicted_seconds is None:
+            return f"{self.network}: no op measured yet"
+        scope = "" if self.complete else f" (measured ops only: {self.measured_ops} of {self.ops})"
+        library = (f"library {self.library_seconds * 1e6:,.1f} us, ratio "
+                   f"{self.predicted_seconds / self.library_seconds:.2f}x"
+                   if self.library_seconds and self.complete else "library (cuDNN) time not measured")
+        return f"{self.network}: predicted {self.predicted_seconds * 1e6:,.1f} us{scope} · {library}"
+
+
+def predict(network: Network, best: Mapping[str, float], trials: int, budget: int) -> NetworkEvent:
+    measured = [op for op in network.ops if op.config.key in best]
+    predicted = sum(best[op.config.key] * op.count for op in measured) if measured else None
+    return NetworkEvent(network.name, len(network.ops), len(measured), predicted, network.library_seconds,
+                        trials, budget)

@@ -1,0 +1,143 @@
+"""`kdb tune` says what it did: budgets below 1 refused, llvm's results and TVM's log located, one trial event per
+measured candidate with phase events between, reuse said, one progress bar per op, a model tuned as a network.
+
+Tuning runs use --target llvm (MetaSchedule measures on the CPU) and a handful of trials."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import run_kdb
+from rich.console import Console
+
+from core.opconfigs.opconfig import parse_line
+from core.tuning.job import PhaseEvent, TrialEvent, TuneJob
+from core.tuning.tvm_log import Captured
+
+DOT = "cublas_dot_op_float|a+16_16|b+16_16|o+16_16|ta+0|tb+0"
+TVM_LINES = ("task_scheduler.cc", "XGB", "TaskScheduler picks")
+
+
+def text_file(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def events(stdout: str) -> list[dict]:
+    return [json.loads(line) for line in stdout.splitlines()]  # raises if anything but JSON reached stdout
+
+
+@pytest.mark.parametrize("option", ["--trials", "--budget"])
+def test_a_budget_below_one_is_refused_before_anything_runs(tmp_path: Path, option: str):
+    proc = run_kdb("tune", str(text_file(tmp_path / "ops.txt", DOT + "\n")), "--target", "llvm", option, "0",
+                   timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert f"{option}: must be at least 1, not 0" in proc.stderr
+    assert not (tmp_path / "state" / "tuning").exists()
+
+
+def test_one_progress_bar_per_op_whatever_the_events():
+    """Seven stale 0/8 bars were left after the 8/8 one: each trial event made a new bar."""
+    from console.cli.cmd_tune import _Live
+
+    screen = io.StringIO()
+    captured = Captured(Path("tvm.log"), io.StringIO(), screen)
+    stdout, stderr = sys.stdout, sys.stderr
+    view = _Live(captured, Console(file=screen, force_terminal=True, width=160), json_lines=False)
+    job = TuneJob(parse_line(DOT, "d"), trials=3, target="llvm")
+    try:
+        # The bar leaves sys.stdout/stderr alone: MetaSchedule logs there, and that goes to the log file.
+        assert (sys.stdout, sys.stderr) == (stdout, stderr)
+        view.phase(PhaseEvent(job.name, "build", 1, 2, 3))
+        for trial in (1, 2, 3):
+            view.trial(TrialEvent.of(job, trial, 2e-5, 2e-5, "", 1.0))
+        assert len(view.bar.tasks) == 1
+        task = view.bar.tasks[0]
+        assert (task.completed, task.total) == (3, 3) and task.fields["best"] == "best 20.00 us"
+    finally:
+        view.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.tvm
+def test_tune_says_what_it_did_streams_each_trial_and_says_when_it_reuses(tmp_path: Path):
+    pytest.importorskip("tvm")
+    ops = str(text_file(tmp_path / "dot.txt", DOT + "\n"))
+
+    # 1. --json: progress events only on stdout, one trial per measured candidate, after the build phases.
+    first = run_kdb("tune", ops, "--target", "llvm", "--trials", "2", "--json")
+    assert first.returncode == 0, first.stderr[-2000:]
+    stream = events(first.stdout)
+    kinds = [e["event"] if e["event"] != "phase" else e["phase"] for e in stream]
+    assert kinds[:3] == ["job", "job", "search"] and kinds[-2:] == ["job", "summary"]
+    assert [e["trial"] for e in stream if e["event"] == "trial"] == [1, 2]
+    assert kinds.index("build") < kinds.index("measure") < kinds.index("trial")
+    builds = [(e["done"], e["total"]) for e in stream if e["event"] == "phase" and e["phase"] == "build"]
+    assert builds[0] == (0, 2) and builds[-1] == (2, 2)
+    summary = stream[-1]
+    work_dir, log = Path(summary["jobs"][0]["work_dir"]), Path(summary["log"])
+    assert len((work_dir / "database_tuning_record.json").read_text().splitlines()) == 2
+    assert summary["jobs"][0]["reused"] is False and summary["jobs"][0]["phases_s"]["search"] > 0
+    # TVM's own output went to the log in the state dir, not to the terminal.
+    assert log.parent == tmp_path / "state" / "logs" and any(m in log.read_text() for m in TVM_LINES)
+    assert not any(m in first.stderr for m in TVM_LINES), first.stderr
+    assert "CPU kernels cannot enter a CUDA kernel DB" in first.stderr and f"TVM's log: {log}" in first.stderr
+
+    # 2. Plain text, one more trial, --verbose: TVM's log shown too; says it resumed and where the results are.
+    second = run_kdb("tune", ops, "--target", "llvm", "--trials", "3", "--verbose")
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert any(m in second.stderr for m in TVM_LINES)
+    assert "resuming from 2 trials recorded by an earlier run" in second.stdout
+    assert "done: Dot 16x16 x 16x16: best" in second.stdout and "after 3 trials" in second.stdout
+    assert "nothing injected: CPU (llvm) kernels cannot enter a CUDA kernel DB" in second.stderr
+    assert f"results: 1 tuning work dir(s) under {tmp_path / 'state' / 'tuning'}" in second.stderr
+    assert str(work_dir) in second.stderr and "TVM's log: " in second.stderr
+
+    # 3. The same budget again: nothing measured, and it says the result is an earlier run's.
+    third = run_kdb("tune", ops, "--target", "llvm", "--trials", "3", "--json")
+    assert third.returncode == 0, third.stderr[-2000:]
+    stream = events(third.stdout)
+    assert not [e for e in stream if e["event"] in ("trial", "phase")]
+    done = next(e for e in stream if e["event"] == "job" and e["status"] == "done")
+    assert done["detail"].startswith(f"reused from an earlier run (3 trials recorded in {work_dir}")
+    assert stream[-1]["jobs"][0]["reused"] is True and stream[-1]["jobs"][0]["new_trials"] == 0
+
+
+def small_network(path: Path) -> Path:
+    pytest.importorskip("onnx")
+    from onnx_models import small_cnn, write
+
+    return write(small_cnn(), path)
+
+
+@pytest.mark.slow
+@pytest.mark.tvm
+def test_a_model_is_tuned_as_one_network_and_resumes_without_measuring_again(tmp_path: Path):
+    pytest.importorskip("tvm")
+    model = str(small_network(tmp_path / "small.onnx"))
+    first = run_kdb("tune", model, "--target", "llvm", "--budget", "6", "--json")
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "network small: 2 distinct ops" in first.stderr and "6 trials spread" in first.stderr
+    assert "not tuned: 1 node(s): element-wise" in first.stderr
+    stream = events(first.stdout)
+    jobs = stream[-1]["jobs"]
+    trials = {j["op"].split(" ")[0]: j["trials"] for j in jobs}
+    assert sum(trials.values()) == 6 and trials["Fused_Convolution_Relu"] > trials["MaxPool"] >= 1
+    assert jobs[0]["op"].startswith("Fused_Convolution_Relu")  # the largest share first
+    predictions = [e for e in stream if e["event"] == "network"]
+    assert len(predictions) > 2 and predictions[0]["predicted_seconds"] is None
+    final = stream[-1]["network"]
+    assert final["measured_ops"] == final["ops"] == 2 and final["library_seconds"] is None  # no cuDNN on llvm
+    best = {j["op"].split(" ")[0]: j["best_us"] * 1e-6 for j in jobs}
+    assert final["predicted_seconds"] == pytest.approx(2 * best["Fused_Convolution_Relu"] + best["MaxPool"])
+
+    again = run_kdb("tune", model, "--target", "llvm", "--budget", "6", "--json")
+    assert again.returncode == 0, again.stderr[-2000:]
+    stream = events(again.stdout)
+    assert not [e for e in stream if e["event"] == "trial"]
+    assert all(j["reused"] and j["new_trials"] == 0 for j in stream[-1]["jobs"])
+    assert stream[-1]["network"]["predicted_seconds"] == pytest.approx(final["predicted_seconds"])

@@ -1,0 +1,132 @@
+"""A network as one tuning job (core/tuning/network.py): which ops are tuned, how the budget is spread, what the
+predicted network time says; and the speed units progress reports use (GB/s for pools). No TVM needed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from core.opconfigs.opconfig import parse_line
+from core.tuning.network import (
+    FLOOR_TRIALS,
+    Network,
+    NetworkOp,
+    looked_up,
+    network_from_model,
+    network_of,
+    predict,
+    spread_budget,
+    tuning_order,
+)
+
+CONV = parse_line("cudnn_convolution_op_float|i+1_64_56_56|w+64_64_3_3|o+1_64_56_56|ws+1_1|wd+1_1|p+1_1", "c")
+CONV_RELU = parse_line("cudnn_convolution_op_float|i+1_64_56_56|w+64_64_3_3|o+1_64_56_56|ws+1_1|wd+1_1|p+1_1"
+                       "|fuse+relu", "cr")
+SMALL_CONV = parse_line("cudnn_convolution_op_float|i+1_64_56_56|w+64_64_1_1|o+1_64_56_56|ws+1_1|wd+1_1|p+0_0", "s")
+POOL = parse_line("cudnn_maxpool_op_float|i+1_16_32_32|o+1_16_16_16|win+2_2|ws+2_2|pb+0_0|pa+0_0", "p")
+DOT = parse_line("cublas_dot_op_float|a+1_512|b+512_1000|o+1_1000|ta+0|tb+0", "d")
+RELU = parse_line("elementwise_relu_op_float|i+1_64_56_56|o+1_64_56_56", "r")
+DEPTHWISE = parse_line("cudnn_convolution_op_float|i+1_32_56_56|w+32_1_3_3|o+1_32_56_56|ws+1_1|wd+1_1|p+1_1|g+32",
+                       "dw")
+
+
+def ops(*pairs: tuple[object, int]) -> list[NetworkOp]:
+    return [NetworkOp(config, count) for config, count in pairs]  # type: ignore[arg-type]
+
+
+def test_only_the_ops_nnfusion_looks_up_are_tuned():
+    assert [looked_up(c)[0] for c in (CONV, CONV_RELU, POOL, DOT)] == [True] * 4
+    fused, why = looked_up(RELU)
+    assert not fused and "fuses it into its own kernel" in why
+    grouped, why = looked_up(DEPTHWISE)
+    assert not grouped and "groups=32" in why
+    counts = {CONV.key: 2, RELU.key: 5}
+    network = network_of("n", [CONV, RELU, POOL, DEPTHWISE], lambda c: counts.get(c.key, 1))
+    assert [(op.config, op.count) for op in network.ops] == [(CONV, 2), (POOL, 1)]
+    assert [(c, n) for c, n, _ in network.skipped] == [(RELU, 5), (DEPTHWISE, 1)]
+
+
+def test_a_models_ops_with_their_counts(tmp_path: Path):
+    pytest.importorskip("onnx")
+    from onnx_models import resnet, write
+
+    # Two stages of two blocks: the stride-1 convs repeat, element-wise Add/Relu are fused by NNFusion.
+    network = network_from_model(write(resnet(widths=(16, 32), blocks=(2, 2), size=32, classes=10),
+                                       tmp_path / "r.onnx"))
+    assert network.ops and all(looked_up(op.config)[0] for op in network.ops)
+    assert len({op.config.key for op in network.ops}) == len(network.ops)  # distinct
+    assert max(op.count for op in network.ops) >= 2  # the repeated 3x3 convs of a stage
+    types = {op.config.op_type for op in network.ops}
+    assert {"Fused_Convolution_Relu", "Fused_Convolution_Add_Relu", "MaxPool", "AvgPool", "Dot"} <= types
+    assert not any(op.config.op_type in ("Relu", "Add") for op in network.ops)
+
+
+def test_the_budget_follows_each_ops_share_of_the_network_time():
+    network = ops((CONV, 4), (SMALL_CONV, 1), (POOL, 1), (DOT, 1))
+    shares = spread_budget(network, 400)
+    assert sum(shares.values()) == 400
+    # The 3x3 conv has 9x the FLOPs of the 1x1 one and occurs 4 times: most of the budget goes there.
+    assert shares[CONV.key] > 300 and shares[CONV.key] > 10 * shares[SMALL_CONV.key]
+    assert min(shares.values()) >= FLOOR_TRIALS  # every op keeps a floor
+    # Counts weigh: the same conv occurring once gets less than occurring four times.
+    assert spread_budget(ops((CONV, 1), (SMALL_CONV, 1), (POOL, 1), (DOT, 1)), 400)[CONV.key] < shares[CONV.key]
+
+
+def test_measured_times_replace_the_flops_estimate():
+    network = ops((CONV, 1), (SMALL_CONV, 1))
+    by_flops = spread_budget(network, 200)
+    assert by_flops[CONV.key] > by_flops[SMALL_CONV.key]
+    # Measured: the 1x1 conv turns out to take far longer (memory bound): the budget follows the measurement.
+    measured = spread_budget(network, 200, best={CONV.key: 10e-6, SMALL_CONV.key: 90e-6})
+    assert measured[SMALL_CONV.key] > measured[CONV.key] and sum(measured.values()) == 200
+    assert [op.config for op in tuning_order(network, {CONV.key: 10e-6, SMALL_CONV.key: 90e-6})] == [SMALL_CONV, CONV]
+    # Only one measured: the other is estimated at the speed the measured one reached, not in raw FLOPs.
+    mixed = spread_budget(network, 200, best={CONV.key: 10e-6})
+    assert mixed[CONV.key] > mixed[SMALL_CONV.key]
+
+
+def test_trials_recorded_earlier_count_and_the_total_is_kept():
+    network = ops((CONV, 4), (SMALL_CONV, 1), (POOL, 1))
+    # An earlier run gave the pool 150 trials, more than its share now: it keeps them, the others share the rest.
+    shares = spread_budget(network, 300, recorded={POOL.key: 150})
+    assert shares[POOL.key] == 150 and sum(shares.values()) == 300
+    # Resumed with the same budget and every op at its share: nothing new is planned.
+    again = spread_budget(network, 300, recorded=shares)
+    assert again == shares
+    # More recorded than the whole budget: every op keeps what it has, no op is cut below it.
+    assert spread_budget(network, 10, recorded=shares) == shares
+
+
+def test_tiny_budgets_still_give_every_op_a_trial():
+    network = ops((CONV, 1), (SMALL_CONV, 1), (POOL, 1), (DOT, 1))
+    assert all(n >= 1 for n in spread_budget(network, 2).values())
+    assert sum(spread_budget(network, 8).values()) == 8
+
+
+def test_the_prediction_sums_best_times_by_count_and_never_invents_a_library_time():
+    network = Network("net", ops((CONV, 4), (POOL, 1)))
+    partial = predict(network, {CONV.key: 20e-6}, trials=10, budget=64)
+    assert partial.predicted_seconds == pytest.approx(80e-6) and partial.measured_ops == 1 and not partial.complete
+    assert "measured ops only: 1 of 2" in partial.text() and "library (cuDNN) time not measured" in partial.text()
+    full = predict(network, {CONV.key: 20e-6, POOL.key: 5e-6}, trials=20, budget=64)
+    assert full.predicted_seconds == pytest.approx(85e-6) and full.complete and full.library_seconds is None
+    assert "predicted 85.0 us" in full.text() and "not measured" in full.text()
+    assert predict(network, {}, 0, 64).predicted_seconds is None
+    # A library time only when it is known for every op.
+    half = Network("net", [NetworkOp(CONV, 4, 25e-6), NetworkOp(POOL, 1)])
+    assert half.library_seconds is None
+    known = Network("net", [NetworkOp(CONV, 4, 25e-6), NetworkOp(POOL, 1, 10e-6)])
+    event = predict(known, {CONV.key: 20e-6, POOL.key: 5e-6}, 20, 64)
+    assert event.library_seconds == pytest.approx(110e-6) and "ratio 0.77x" in event.text()
+
+
+def test_pools_and_element_wise_ops_report_gb_per_s():
+    # MaxPool 1x16x32x32 -> 1x16x16x16: 16,384 + 4,096 floats read and written = 81,920 bytes.
+    assert POOL.bytes_moved == 81_920
+    value, unit = POOL.speed(1e-6)
+    assert unit == "GB/s" and value == pytest.approx(81.92)
+    assert POOL.speed_text(1e-6) == "81.9 GB/s"
+    assert RELU.speed(1e-6)[1] == "GB/s"
+    assert CONV.speed(1e-3)[1] == "GFLOP/s" and CONV.speed_text(1e-3) == f"{CONV.flops / 1e-3 / 1e9:,.0f} GFLOP/s"
+    assert DOT.bytes_moved == (512 + 512 * 1000 + 1000) * 4
