@@ -169,8 +169,9 @@ def main() -> None:
         print(f"failures: {report.failures}")
     print(f"ratio: {new / (wall / 60):.1f} trials/min over the whole run ({new} trials in {wall:.1f} s; "
           f"{new / (tuning / 60) if tuning else 0:.1f}/min in the tuning jobs alone)")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "source": source,
+    out = args.out / "tune_phases.json" if args.out.is_dir() else args.out  # a folder: the file goes in it
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "source": source,
                                     "trials": new, "wall_s": wall, "phases_s": phases, "build_cpu_s": build_cpu,
                                     "metaschedule_scopes_s": scopes,
                                     "network": dataclasses.asdict(report.network)

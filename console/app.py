@@ -56,10 +56,10 @@ class KdbApp(App[int]):
         Binding("3", "switch_mode('failures')", "Failures"),
         Binding("4", "switch_mode('settings')", "GPU & SM"),
         Binding("5", "switch_mode('opconfigs')", "Op configs"),
-        Binding("6", "switch_mode('autotvm')", "AutoTVM logs"),
+        Binding("6", "switch_mode('autotvm')", "AutoTVM", tooltip="AutoTVM logs"),
         Binding("7", "switch_mode('tuning')", "Tuning"),
         Binding("question_mark,f1", "help", "Help"),
-        Binding("ctrl+t", "toggle_theme", "Light/dark"),
+        Binding("ctrl+t", "toggle_theme", "Light/dark", show=False),
         Binding("q", "quit", "Quit"),
     ]
 

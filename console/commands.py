@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import partial
 
+from textual.binding import Binding
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
 
@@ -17,9 +18,11 @@ class ActionCommands(Provider):
         seen: set[str] = set()
         for owner, label in ((screen, screen.__class__.__name__.removesuffix("Screen")), (app, "kdb")):
             for binding in getattr(owner, "BINDINGS", []):
-                action = binding.action if hasattr(binding, "action") else binding[1]
-                description = binding.description if hasattr(binding, "description") else binding[2]
-                key = binding.key if hasattr(binding, "key") else binding[0]
+                if isinstance(binding, Binding):
+                    # The footer's word, or the tooltip that spells it out ("Next" -> "Next page").
+                    key, action, description = binding.key, binding.action, binding.tooltip or binding.description
+                else:
+                    key, action, description = binding[0], binding[1], binding[2]
                 if not description or action in seen:
                     continue
                 seen.add(action)

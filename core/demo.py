@@ -184,6 +184,17 @@ def demo_db_path() -> Path:
     return state_dir() / "demo" / "kernel_cache.db"
 
 
+def demo_opconfigs_path() -> Path:
+    """TINY_NETWORK as an op-config file beside the demo DB (written when missing), for the console to list."""
+    path = demo_db_path().with_name("tiny_network.txt")
+    if not path.is_file() or path.read_text(encoding="utf-8") != TINY_NETWORK:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(TINY_NETWORK, encoding="utf-8")
+        tmp.replace(path)
+    return path
+
+
 def build_demo_db(*, compile_check: bool, archs: tuple[str, ...] = ("sm_90",), nvcc: str = "",
                   workers: int = 1) -> tuple[Path, InjectReport | None]:
     """The demo DB, built on first use (kernels written to the state dir, then injected)."""

@@ -24,6 +24,12 @@ def count(body: str, block=(64, 1, 1), grid=(4, 1, 1)):
     ("for (int a = 0; a < 3; ++a) { __syncthreads(); for (int b = 0; b < 2; ++b) { x[b] = 1; } __syncthreads(); }", 6),
     # counted loops (bound and step untouched by the body) are multiplied out, not walked: same counts
     ("for (int i = 0; i <= 10; i += 3) { __syncthreads(); }", 4),
+    # `<=` reaches its bound: one more trip than `<` when the bound is hit exactly
+    ("for (int i = 0; i <= 16; ++i) { __syncthreads(); }", 17),
+    ("for (int i = 0; i <= 9; i += 3) { __syncthreads(); }", 4),
+    ("int n = 4; for (int i = 1; i <= n; ++i) { __syncthreads(); }", 4),
+    ("for (int i = 8; i >= 0; i--) { __syncthreads(); }", 9),
+    ("for (int i = 0; i <= 16; ++i) { if (i <= 4) __syncthreads(); }", 5),  # walked: the body reads i
     ("for (int i = 5; i < 5; ++i) { __syncthreads(); }", 0),
     ("for (int i = 7; i < 3; ++i) { __syncthreads(); }", 0),
     ("for (int i = -6; i < 6; i += 4) { __syncthreads(); }", 3),

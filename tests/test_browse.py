@@ -6,8 +6,9 @@ import json
 import sqlite3
 from pathlib import Path
 
-from core.db.browse import KernelFilter, count_kernels, list_kernels
+from core.db.browse import KernelFilter, count_kernels, count_kernels_indexed, list_kernels, list_kernels_indexed
 from core.db.kernel_db import KernelDB
+from core.db.summary_index import SummaryIndex
 from core.kernels.kernel_row import KernelRow
 
 
@@ -53,3 +54,21 @@ def test_filters_by_text_and_lint(tmp_path: Path):
         assert [(k.key, k.problem) for k in problems] == [("k05", "Identifier does not match Attributes")]
         assert count_kernels(db, KernelFilter(lint="ok")) == 22
         assert [k.key for k in list_kernels(db, KernelFilter(text="name_k1"))] == [f"k1{i}" for i in range(10)]
+
+
+def test_text_filter_takes_like_wildcards_literally(tmp_path: Path):
+    """'_' and '%' in what is typed are characters, not LIKE's wildcards (kernel names are full of '_')."""
+    with filled(tmp_path, n=3) as db:
+        conn = sqlite3.connect(db.path)
+        conn.execute("""UPDATE KernelCache SET Miscs = '{"kdb": {"name": "conv_relu"}}' WHERE Key = 'k00'""")
+        conn.execute("""UPDATE KernelCache SET Miscs = '{"kdb": {"name": "convXrelu"}}' WHERE Key = 'k01'""")
+        conn.execute("""UPDATE KernelCache SET Miscs = '{"kdb": {"name": "conv%relu"}}' WHERE Key = 'k02'""")
+        conn.commit()
+        conn.close()
+        assert [k.key for k in list_kernels(db, KernelFilter(text="v_r"))] == ["k00"]
+        assert [k.key for k in list_kernels(db, KernelFilter(text="v%r"))] == ["k02"]
+        assert count_kernels(db, KernelFilter(text="V_R")) == 1  # ASCII case is ignored
+        with SummaryIndex.open(db.path) as index:  # the console's pages: the same answer
+            index.sync()
+            assert [k.key for k in list_kernels_indexed(index, KernelFilter(text="v_r"))] == ["k00"]
+            assert count_kernels_indexed(index, KernelFilter(text="v%r")) == 1

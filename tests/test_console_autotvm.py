@@ -180,3 +180,19 @@ def test_snapshot_of_a_log(snap_compare):
         await pilot.pause(0.2)
 
     assert snap_compare(make_app(), terminal_size=(160, 45), run_before=run_before)
+
+
+@pytest.mark.parametrize("width", [120, 200])
+async def test_the_floor_of_the_curve_reaches_the_last_column(tmp_path: Path, width: int):
+    """The best time is held to the last trial: the bottom row is drawn across the whole plot, never blank
+    past some column, in both scales."""
+    log = synthetic_log(tmp_path / "tune.log")
+    async with make_app().run_test(size=(width, 45)) as pilot:
+        screen = await open_log(pilot, log)
+        for _ in ("log", "linear"):
+            await pilot.pause(0.2)
+            line, body = screen.query_one(Sparkline), screen.query_one("#plot-body")
+            assert line.region.right == body.region.right and line.region.width > width // 3
+            bottom = "".join(s.text for s in line.render_line(line.size.height - 1))
+            assert len(bottom) == line.size.width and bottom.endswith("▁" * 10) and " " not in bottom, bottom
+            await pilot.press("l")

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 from console_helpers import SNAPSHOT_DIR, FixedDeviceApp
-from textual.widgets import Checkbox, Input, ProgressBar, Static
+from textual.widgets import Checkbox, Input, Label, ProgressBar, Static
 
 from console.context import ConsoleContext
 from console.screens.inject import InjectScreen
+from console.widgets.stage_progress import StageProgress
 from core.db.kernel_db import KernelDB
 from core.db.state import StateDB
 from core.demo import demo_kernels
@@ -92,7 +93,9 @@ async def test_inject_a_directory_with_a_bad_file(tmp_path: Path, monkeypatch: p
         summary = text(screen, "#summary")
         assert "done" in summary and "3 injected" in summary and "2 failed" in summary
         assert "bad.json · read" in summary and "good.json#3 · validate" in summary
-        assert "not run: no GPU stage yet" in text(screen, "#stage-gpu .stage-counts")
+        gpu_row = text(screen, "#stage-gpu .stage-counts")
+        assert gpu_row == "not run (v/P in Kernels run it)", gpu_row
+        assert "--verify" not in summary  # the CLI's flags mean nothing here
         assert "not run: compile check off" in text(screen, "#stage-compile .stage-counts")
         insert_bar = screen.query_one("#stage-insert ProgressBar", ProgressBar)
         assert (insert_bar.progress, insert_bar.total) == (3, 3)
@@ -205,3 +208,37 @@ def test_snapshot_after_a_small_run(snap_compare, monkeypatch: pytest.MonkeyPatc
         await pilot.pause(0.2)
 
     assert snap_compare(make_app(db_path), terminal_size=(160, 45), run_before=run_before)
+
+
+async def test_escape_leaves_the_path_box(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """In the box, digits are part of a path; escape gives the keys back to the view (1 then switches view)."""
+    monkeypatch.chdir(tmp_path)
+    app = make_app(tmp_path / "k.db")
+    async with app.run_test(size=(160, 45)) as pilot:
+        screen = await open_inject(pilot)
+        await pilot.press("slash", "1", "2")
+        path_input = screen.query_one("#path", Input)
+        assert path_input.has_focus and path_input.value == "12"
+        await pilot.press("escape")
+        assert not path_input.has_focus and screen.query_one("#tree").has_focus
+        assert path_input.value == "12"  # what was typed stays
+        await pilot.press("1")
+        assert app.current_mode == "kernels"
+
+
+async def test_stage_counts_are_shown_whole_in_a_narrow_terminal(tmp_path: Path):
+    """At 120 columns the bars give way to the counts ("4 passed · 1 failed", not "4 passe")."""
+    src = write_inputs(tmp_path / "inputs")
+    app = make_app(tmp_path / "k.db")
+    async with app.run_test(size=(120, 45)) as pilot:
+        screen = await open_inject(pilot)
+        screen.add_path(src)
+        screen.query_one("#compile", Checkbox).value = False
+        await run_to_end(pilot, screen)
+        await pilot.pause(0.1)
+        rows = {}
+        for row in screen.query(StageProgress):
+            label = row.query_one(".stage-counts", Label)
+            rows[row.stage] = (str(label.render()), label.content_region.width)
+        assert rows["read"][0] == "4 passed · 1 failed"
+        assert all(len(text) <= width for text, width in rows.values()), rows

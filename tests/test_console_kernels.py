@@ -10,7 +10,7 @@ from console_helpers import FixedDeviceApp, build_small_db
 
 from console.context import ConsoleContext
 from console.widgets.kernel_detail import KernelDetail
-from console.widgets.kernel_table import KernelTable
+from console.widgets.kernel_table import KernelTable, shapes_of
 from core.db.kernel_db import KernelDB
 from core.settings import load_settings
 
@@ -53,9 +53,9 @@ async def test_browse_filter_sort_and_detail(app: FixedDeviceApp):
         await pilot.pause(0.3)
         detail = shown_text(app.screen.query_one("#detail-body"))
         assert "Dot" in detail or "demo_dot" in detail
-        # sort by the kernel column, descending on the second click
-        await pilot.click("#kernel-table", offset=(30, 0))
-        await pilot.click("#kernel-table", offset=(30, 0))
+        # sort by the shapes column (the identifier's order), descending on the second click
+        await pilot.click("#kernel-table", offset=(45, 0))
+        await pilot.click("#kernel-table", offset=(45, 0))
         await pilot.pause(0.3)
         assert app.screen.sort == "identifier" and app.screen.descending
 
@@ -204,3 +204,69 @@ async def test_a_failing_worker_is_reported_once_on_every_view(app: FixedDeviceA
         await pilot.pause(0.2)
         assert [n.message for n in app._notifications if "the one failure" in n.message] == [
             "RuntimeError: the one failure"]
+
+
+def test_shapes_come_from_the_identifier():
+    from core.kernels.opsig import ConvParams, OpSignature
+
+    conv = OpSignature("Fused_Convolution_Add_Relu", ((1, 64, 56, 56), (64, 64, 3, 3)), ((1, 64, 56, 56),),
+                       ConvParams((1, 1), (1, 1), (1, 1)))
+    assert shapes_of(conv.op_type, conv.identifier) == "1x64x56x56 64x64x3x3 → 1x64x56x56"
+    dot = OpSignature("Dot", ((4, 256), (256, 512)), ((4, 512),), dtype="half")
+    assert shapes_of("Dot", dot.identifier) == "4x256 256x512 → 4x512 half"
+    relu6 = OpSignature("Relu6", ((1, 8),), ((1, 8),))  # the op's digit is not a dim
+    assert shapes_of("Relu6", relu6.identifier) == "1x8 → 1x8"
+    assert shapes_of("Dot", "written by another tool") == ""
+
+
+async def test_rows_named_alike_are_told_apart_by_their_shapes(tmp_path: Path):
+    """Kernel names often share their first 40 characters (the artifact's tuned_fused_convolution_op_float_...):
+    op type, device and shapes, first in each row, tell every row apart."""
+    from core.db.state import StateDB
+    from core.demo import _conv
+    from core.inject.pipeline import InjectOptions, Injector
+
+    items = []
+    for channels in (16, 32):  # same op, same launch: only the input and filter shapes differ
+        item = _conv("Fused_Convolution_Relu", channels, 32, 32, 3, 1)
+        name = f"tuned_fused_convolution_relu_op_float_i1_{channels}_32_32_w32_{channels}_3_3_kernel0"
+        items.append({**item, "tvm_func_name": name, "code": item["code"].replace(item["tvm_func_name"], name)})
+    src = tmp_path / "alike.json"
+    src.write_text(json.dumps(items), encoding="utf-8")
+    db_path = tmp_path / "alike.db"
+    with KernelDB.open(db_path, create=True) as db:
+        Injector(db, InjectOptions(compile=False), state=StateDB()).run([src])
+        rows = db.count()  # a fused kernel is two rows: CUDA_GPU and its CUDA twin
+    app = FixedDeviceApp(ConsoleContext(db_path=db_path, settings=load_settings(), device_summary="no GPU (test)"))
+    async with app.run_test(size=(200, 50)) as pilot:
+        table = app.screen.query_one(KernelTable)
+        await wait_rows(pilot, table, rows)
+        first = [tuple(str(table.get_cell(key, column)) for column in ("op", "device", "shapes")) for key in table.rows]
+        assert len(set(first)) == rows, first  # no two rows look alike in the columns that come first
+        assert {shapes for _, _, shapes in first} == {"1x16x32x32 32x16x3x3 → 1x32x32x32",
+                                                      "1x32x32x32 32x32x3x3 → 1x32x32x32"}
+
+
+async def test_every_view_footer_fits_200_columns_with_all_its_keys(app: FixedDeviceApp,
+                                                                    monkeypatch: pytest.MonkeyPatch):
+    """With every action enabled (a view's widest footer), each key and the last (q Quit) stay left of ^p."""
+    from textual.widgets import Footer
+    from textual.widgets._footer import FooterKey
+
+    async with app.run_test(size=(200, 50)) as pilot:
+        for mode in app.MODES:
+            await app.switch_mode(mode)
+            monkeypatch.setattr(type(app.screen), "check_action", lambda self, action, parameters: True)
+            app.screen.refresh_bindings()
+            footer = app.screen.query_one(Footer)
+            wanted = {b.description for b in [*app.screen.BINDINGS, *app.BINDINGS] if b.show}
+            for _ in range(40):  # the footer composes its keys again once the bindings change
+                await pilot.pause(0.05)
+                keys = list(footer.query(FooterKey))
+                if footer.query(".-command-palette") and {k.description for k in keys} >= wanted:
+                    break
+            palette = footer.query_one(".-command-palette", FooterKey)
+            keys = [k for k in keys if k is not palette]
+            assert {k.description for k in keys} >= wanted, (mode, wanted - {k.description for k in keys})
+            assert all(k.region.right <= palette.region.x for k in keys), (
+                mode, [k.description for k in keys if k.region.right > palette.region.x])

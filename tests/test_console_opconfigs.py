@@ -119,6 +119,20 @@ async def test_add_a_valid_line_and_refuse_an_invalid_one(tmp_path: Path):
         assert app.screen is screen and len(screen.configs) == 2
 
 
+async def test_on_the_demo_db_the_list_is_the_network_the_demo_was_built_from(tmp_path: Path):
+    from core.demo import TINY_NETWORK
+
+    db = build_small_db(tmp_path / "k.db")
+    app = FixedDeviceApp(ConsoleContext(db_path=db, settings=Settings(workers=1), demo=True,
+                                        device_summary="no CUDA device (test)"))
+    async with app.run_test(size=(160, 45)) as pilot:
+        screen = await open_view(pilot)
+        await wait_for(pilot, lambda: len(screen.coverage) == len(TINY_NETWORK.splitlines()))
+        assert lines_of(screen) == TINY_NETWORK.splitlines()
+        assert screen.configs[0].source == "tiny_network.txt:1"  # a real file: failures can point into it
+        assert "in k.db: 8 missing" in text(screen, "#opconfigs-status")  # checked without asking (the small DB's kernels are not the network's)
+
+
 async def test_edit_and_delete(tmp_path: Path):
     app = make_app(tmp_path / "k.db")
     async with app.run_test(size=(160, 45)) as pilot:

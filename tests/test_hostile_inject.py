@@ -365,4 +365,4 @@ def test_off_a_terminal_a_failure_reason_stays_on_one_line(tmp_path: Path):
     proc = kdb("inject", "--db", str(tmp_path / "k.db"), "--no-compile", str(bad), env=env)
     assert proc.returncode == 1
     assert "'NotAnOp' is not an op type the compiler fetches from the kernel DB" in proc.stdout, proc.stdout
-    assert "not run: no GPU stage yet" in proc.stdout
+    assert "not run (--verify/--profile run them)" in proc.stdout

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import pytest
+
 from core.kernels.opsig import ConvParams, DotParams, OpSignature, PoolParams, signature_from_attributes
 
 
@@ -56,3 +60,31 @@ def test_attributes_round_trip_to_the_same_identifier():
                 OpSignature("MaxPool", ((1, 8, 8, 8),), ((1, 8, 4, 4),), PoolParams((2, 2), (2, 2), (0, 0), (0, 0))),
                 OpSignature("Relu", ((2, 3),), ((2, 3),))):
         assert signature_from_attributes(sig.op_type, sig.attributes()).identifier == sig.identifier
+
+
+def every_kind(dtype: str) -> list[OpSignature]:
+    """One signature of each identifier rule (conv family, pools, Dot, one- and two-input element-wise)."""
+    return [replace(sig, dtype=dtype) for sig in (
+        conv(), conv("Fused_Convolution_Relu"), conv("Fused_Convolution_Add_Relu"),
+        OpSignature("Dot", ((4, 256), (256, 512)), ((4, 512),), DotParams()),
+        OpSignature("AvgPool", ((1, 8, 8, 8),), ((1, 8, 4, 4),), PoolParams((2, 2), (2, 2), (0, 0), (0, 0))),
+        OpSignature("Relu", ((2, 3),), ((2, 3),)), OpSignature("Add", ((8,), (8,)), ((8,),)))]
+
+
+@pytest.mark.parametrize("dtype", ["half", "double"])
+def test_the_dtype_is_named_once_per_tensor_in_every_rule(dtype: str):
+    """A half kernel stored under a float identifier would be fetched for float ops, and the other way round."""
+    for sig, float_sig in zip(every_kind(dtype), every_kind("float"), strict=True):
+        assert sig.identifier == float_sig.identifier.replace("float", dtype), sig.op_type
+        assert signature_from_attributes(sig.op_type, sig.attributes()).identifier == sig.identifier
+
+
+@pytest.mark.parametrize("dtype", ["half", "double"])
+def test_a_kernel_json_item_of_another_dtype_gets_that_dtype_in_its_identifier(dtype: str):
+    from core.demo import demo_kernels
+    from core.kernels.kernel_json import validate_item
+
+    for item in demo_kernels()[:-1]:  # one item of each op the demo has
+        ours = validate_item({**item, "dtype": dtype}).op
+        float_one = validate_item(item).op
+        assert ours.dtype == dtype and ours.identifier == float_one.identifier.replace("float", dtype), item["op_type"]

@@ -47,6 +47,15 @@ def test_a_good_row_has_no_findings():
     ({"Function": json.dumps({**GOOD_FN, "grid_dim": [1, 1]})}, "crash", "function"),
     ({"Function": json.dumps({k: v for k, v in GOOD_FN.items() if k != "num_syncthreads"})}, "crash", "function"),
     ({"Identifier": "Relu2,3;2,3float"}, "unreachable", "identifier"),
+    # BlockCudaEmitter declares shared_memory's entries pairwise: lists of unequal length, or a size of 0
+    ({"Function": json.dumps({**GOOD_FN, "shared_memory": {"symbol": ["a", "b"], "dtype": ["float"],
+                                                          "size": [8, 8]}})}, "crash", "function"),
+    ({"Function": json.dumps({**GOOD_FN, "shared_memory": {"symbol": ["a"], "dtype": ["float"],
+                                                          "size": [8, 8]}})}, "crash", "function"),
+    ({"Function": json.dumps({**GOOD_FN, "shared_memory": {"symbol": ["a"], "dtype": ["float"],
+                                                          "size": [0]}})}, "crash", "function"),
+    ({"Function": json.dumps({**GOOD_FN, "shared_memory": {"symbol": ["a"], "dtype": ["float"]}})},
+     "crash", "function"),
 ])
 def test_each_problem_is_found_with_its_severity(changes, severity, check):
     findings = lint_row(with_(**changes))
@@ -76,11 +85,25 @@ def test_profile_strings_round_trip_and_reject_what_stof_would():
     assert parse_profile("NVIDIA H200:12.5;Tesla V100-PCIE-16GB:30.1;") == {"NVIDIA H200": 12.5,
                                                                            "Tesla V100-PCIE-16GB": 30.1}
     assert merge_profile("Tesla V100:3;", "NVIDIA H200", 1.25) == "Tesla V100:3;NVIDIA H200:1.25;"
-    for bad in ("H200:abc;", "H200:1.0", ":1;", "H200:nan;", "H200:-1;", "H200;"):
-        with pytest.raises(Exception):  # noqa: B017 - InputError, named in the message
+    for bad, why in (("H200:abc;", "is not a time"), ("H200:1.0", "does not end with ';'"), (":1;", "no device"),
+                     ("H200:nan;", "is not a time"), ("H200:-1;", "is not a time"), ("H200;", "has no ':'")):
+        with pytest.raises(InputError, match=why):
             parse_profile(bad)
-    with pytest.raises(Exception):  # noqa: B017
+    with pytest.raises(InputError, match="cannot go into a profile string"):
         format_profile({"a:b": 1.0})
+
+
+@pytest.mark.parametrize("zero", ["0", "0.0", "0e5", ".0", " 0 ", "0.000000"])
+def test_a_profile_time_of_zero_is_refused(zero: str):
+    """NNFusion picks the smallest time: a 0 would win every comparison without a kernel ever running."""
+    with pytest.raises(InputError, match="time must be positive"):
+        parse_profile(f"NVIDIA H200:{zero};")
+    with pytest.raises(InputError, match="not a positive finite number"):
+        format_profile({"NVIDIA H200": float(zero)})
+    with pytest.raises(InputError, match="not a positive finite number"):
+        merge_profile("Tesla V100:3;", "NVIDIA H200", float(zero))
+    assert any(f.check == "profile" for f in lint_row(with_(Miscs=json.dumps(
+        {"external_profile": {"time": f"NVIDIA H200:{zero};", "resource": 32}}))))
 
 
 def test_a_profile_time_with_a_control_character_is_an_input_error():

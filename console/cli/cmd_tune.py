@@ -230,7 +230,9 @@ class _Live:
                             description=event.text()[:100])
 
     def say(self, text: str) -> None:
-        if self.bar is not None:
+        if self.json_lines:  # every line of the --json stream is an event, notes too
+            print_json({"event": "message", "text": text}, self.stdout)
+        elif self.bar is not None:
             self.console.print(text, markup=False, highlight=False)
         else:
             print(text, file=self.stdout, flush=True)

@@ -55,7 +55,7 @@ class AutoTvmScreen(KdbScreen):
                 yield Static("[dim]nothing selected[/]", id="workload-detail")
                 yield Label("Bad lines", classes="section", id="bad-lines-title")
                 yield Static("[dim]no log read yet[/]", id="bad-lines")
-        yield Footer()
+        yield Footer(compact=True)
 
     def on_mount(self) -> None:
         self.query_one(WorkloadTable).focus()

@@ -191,7 +191,7 @@ class FailuresScreen(KdbScreen):
                     yield Button("Retry all", id="retry-all", action="screen.retry_all")
                     yield Button("Edit + retry", id="edit", action="screen.edit")
                     yield Button("Dismiss", id="dismiss", action="screen.dismiss_failures", variant="error")
-        yield Footer()
+        yield Footer(compact=True)
 
     def on_mount(self) -> None:
         self.query_one("#retry-progress").display = False

@@ -32,6 +32,7 @@ rows (or the current one) on the GPU against a reference; `P` also times them an
 
 **Inject**: pick files or directories in the tree (`space` adds, `enter` opens), set the SM archs and
 options, `ctrl+r` runs the pipeline with a progress bar per stage; `escape` cancels between kernels.
+`/` types a path (`enter` adds it); `escape` leaves the path box.
 
 **Failures**: every conversion that failed, grouped by stage and reason: op configs TVM could not generate
 (stage codegen) and kernels injection refused. The detail shows the cause and the offending place (the

@@ -29,11 +29,12 @@ from textual.worker import Worker, WorkerState, get_current_worker
 
 from console.context import ConsoleContext
 from console.screens.base import KdbScreen
-from console.widgets.stage_progress import StageProgress
+from console.widgets.stage_progress import GPU_NOT_RUN, StageProgress
 from core.cuda.nvcc import find_nvcc, supported_archs
 from core.db.kernel_db import KernelDB
 from core.db.state import StateDB
 from core.errors import ToolError
+from core.inject.pipeline import GPU_NOT_RUN as PIPELINE_GPU_NOT_RUN
 from core.inject.pipeline import STAGES, InjectOptions, Injector, InjectProgress, InjectReport
 from core.settings import ARCH_RE
 
@@ -109,6 +110,8 @@ class InjectScreen(KdbScreen):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("ctrl+r", "start", "Start"),
         Binding("escape", "cancel", "Cancel run"),
+        # Otherwise, in a text box, escape leaves it: digits and letters are the box's, not the views' keys.
+        Binding("escape", "leave_input", "Leave the text box", show=False),
         Binding("f", "show_failures", "Show failures"),
         Binding("a", "add_highlighted", "Add highlighted path", show=False),
         Binding("x,delete", "remove_chosen", "Remove chosen path", show=False),
@@ -175,7 +178,7 @@ class InjectScreen(KdbScreen):
                 yield Static(id="current")
                 yield Static(id="summary")
                 yield Button("Show failures (f)", id="show-failures", classes="hidden")
-        yield Footer()
+        yield Footer(compact=True)
 
     def on_mount(self) -> None:
         self._update_chosen()
@@ -256,6 +259,9 @@ class InjectScreen(KdbScreen):
     def action_focus_path(self) -> None:
         self.query_one("#path", Input).focus()
 
+    def action_leave_input(self) -> None:
+        self.query_one(PathTree).focus()
+
     @on(Button.Pressed, "#browse")
     def action_browse_to(self) -> None:
         text = self.query_one("#path", Input).value.strip()
@@ -283,6 +289,8 @@ class InjectScreen(KdbScreen):
             return self.running
         if action == "show_failures":
             return self.report is not None and self.report.failed > 0
+        if action == "leave_input":
+            return isinstance(self.focused, Input)
         return True
 
     @on(Button.Pressed, "#start")
@@ -394,7 +402,7 @@ class InjectScreen(KdbScreen):
         compile_on = self.query_one("#compile", Checkbox).value
         for row in self.query(StageProgress):
             if row.stage == "gpu":
-                row.skip("not run: no GPU stage yet")
+                row.skip(GPU_NOT_RUN)
             elif row.stage == "compile" and not compile_on:
                 row.skip("not run: compile check off")
             else:
@@ -434,5 +442,6 @@ class InjectScreen(KdbScreen):
             lines.append(f"  ✗ {escape(where)} · {f.stage}: {escape(f.reason)}")
         if report.failed > FAILURES_SHOWN:
             lines.append(f"  … and {report.failed - FAILURES_SHOWN:,} more")
-        lines += [f"[dim]{escape(note)}[/]" for note in report.notes]
+        # The gpu row already says why the GPU stages did not run, in the console's terms (not the CLI's flags).
+        lines += [f"[dim]{escape(note)}[/]" for note in report.notes if note != PIPELINE_GPU_NOT_RUN]
         summary.update("\n".join(lines))

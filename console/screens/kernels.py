@@ -49,16 +49,16 @@ class KernelsScreen(KdbScreen):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("slash", "focus_filter", "Filter"),
         Binding("escape", "focus_table", "Back to the table", show=False),
-        Binding("n", "page(1)", "Next page"),
-        Binding("p", "page(-1)", "Prev page"),
+        Binding("n", "page(1)", "Next", tooltip="Next page"),
+        Binding("p", "page(-1)", "Prev", tooltip="Previous page"),
         Binding("space", "mark", "Mark", show=False),
         Binding("d", "delete", "Delete"),
-        Binding("u", "undo", "Undo delete"),
-        Binding("e", "export", "Export JSON"),
+        Binding("u", "undo", "Undo", tooltip="Undo the last delete"),
+        Binding("e", "export", "Export", tooltip="Export as kernel JSON"),
         Binding("c", "copy_identifier", "Copy id"),
         Binding("b", "copy_body", "Copy body", show=False),
-        Binding("v", "check_on_gpu(False)", "Verify on GPU"),
-        Binding("P", "check_on_gpu(True)", "Profile on GPU"),
+        Binding("v", "check_on_gpu(False)", "Verify", tooltip="Verify on the GPU"),
+        Binding("P", "check_on_gpu(True)", "Profile", tooltip="Profile on the GPU"),
         Binding("r", "reload", "Reload", show=False),
         Binding("R", "rebuild_index", "Rebuild the browse index", show=False),
         Binding("C", "convert", "Convert osdi20", show=False),
@@ -141,7 +141,7 @@ class KernelsScreen(KdbScreen):
                 yield KernelTable(id="kernel-table")
                 yield Static(id="page-status")
             yield KernelDetail(id="kernel-detail")
-        yield Footer()
+        yield Footer(compact=True)
 
     def on_mount(self) -> None:
         self.query_one(KernelTable).focus()

@@ -1,7 +1,8 @@
 """Op configs: the list of ops to build kernels for; add, edit, delete, import (files or ONNX models), export,
 check coverage against the open DB, and generate + inject kernels for all of them.
 
-The list lives in the screen (it is not persisted: export keeps it). It starts empty. Files, models and the
+The list lives in the screen (it is not persisted: export keeps it). It starts empty, or on the demo DB
+with the op configs of the network the demo was built from. Files, models and the
 DB are read in thread workers that post messages back; the generate run is one worker that owns its DB and
 state handles, posts coalesced progress snapshots and returns a GenerateResult.
 """
@@ -61,9 +62,9 @@ class OpConfigsScreen(KdbScreen):
         Binding("i", "import", "Import"),
         Binding("x", "export", "Export"),
         Binding("c", "coverage", "Coverage"),
-        Binding("g", "generate", "Generate & inject"),
-        Binding("n", "compile_with_nnfusion", "Compile with NNFusion"),
-        Binding("escape", "cancel_run", "Cancel run"),
+        Binding("g", "generate", "Generate", tooltip="Generate & inject"),
+        Binding("n", "compile_with_nnfusion", "NNFusion", tooltip="Compile with NNFusion"),
+        Binding("escape", "cancel_run", "Cancel", tooltip="Cancel the run"),
         Binding("f", "show_failures", "Show failures"),
         Binding("D", "clear", "Clear the list", show=False),
     ]
@@ -126,11 +127,15 @@ class OpConfigsScreen(KdbScreen):
             with VerticalScroll(id="generate-pane"):
                 yield Label("Generate and inject", classes="section")
                 yield GeneratePanel(id="generate-panel")
-        yield Footer()
+        yield Footer(compact=True)
 
     def on_mount(self) -> None:
         self._refresh()
         self.query_one(OpConfigTable).focus()
+        if self.context.demo:
+            # The demo DB was built from a network's op configs: list them, with what the DB holds of each.
+            self.coverage_checked = True
+            self.import_demo()
 
     def on_screen_resume(self) -> None:
         # Other views change the DB (Inject, Kernels deletes, retries): a coverage shown must be current.
@@ -275,6 +280,17 @@ class OpConfigsScreen(KdbScreen):
 
     @work(thread=True, exit_on_error=False, group="import")
     def import_file(self, path: Path) -> None:
+        self._read_and_post(path)
+
+    @work(thread=True, exit_on_error=False, group="import")
+    def import_demo(self) -> None:
+        from core.demo import demo_opconfigs_path
+
+        self._read_and_post(demo_opconfigs_path())
+
+    def _read_and_post(self, path: Path) -> None:
+        """Read an op-config file or an ONNX model (in a worker) and post what it holds."""
+
         def short(source: str) -> str:  # the file's name instead of its full path: the table has room for that
             return source.replace(str(path), path.name, 1) if source.startswith(str(path)) else source
 

@@ -208,7 +208,7 @@ class SettingsScreen(KdbScreen):
             yield Button("Save (ctrl+s)", id="save", variant="success")
             yield Button("Revert (ctrl+z)", id="revert")
             yield Static(id="settings-status", markup=False)
-        yield Footer()
+        yield Footer(compact=True)
 
     def on_mount(self) -> None:
         table = self.query_one("#device-table", DataTable)

@@ -187,7 +187,7 @@ class TuningScreen(KdbScreen):
             with Vertical(id="tune-log-pane"):
                 yield Label("Log (MetaSchedule and the queue, last 200 lines)", classes="section")
                 yield LogTailView(id="tune-log")
-        yield Footer()
+        yield Footer(compact=True)
 
     def on_mount(self) -> None:
         self.tracker_timer = self.set_interval(TRACKER_REFRESH_S, self.poll_tracker)

@@ -15,7 +15,7 @@ from textual.markup import escape
 from textual.widgets import Button, Static
 
 from console.screens.inject import RunProgress
-from console.widgets.stage_progress import StageProgress
+from console.widgets.stage_progress import GPU_NOT_RUN, StageProgress
 from core.codegen.batch import CodegenReport
 from core.inject.pipeline import STAGES, InjectReport
 
@@ -63,7 +63,7 @@ class GeneratePanel(Vertical):
     def reset(self) -> None:
         for row in self.query(StageProgress):
             if row.stage == "gpu":
-                row.skip("not run: no GPU stage yet")
+                row.skip(GPU_NOT_RUN)
             else:
                 row.reset()
         self.query_one("#run-current", Static).update("")

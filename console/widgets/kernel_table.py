@@ -2,28 +2,55 @@
 
 from __future__ import annotations
 
+import re
+
 from rich.text import Text
 from textual.widgets import DataTable
 
 from core.db.browse import KernelSummary
+from core.kernels.ops import CONV_FAMILY, DTYPES
 
+# What tells rows apart comes first: kernel names are often alike for their first 30 characters
+# (tuned_fused_convolution_op_float_...), the shapes never are; a fused kernel's two rows differ in their
+# device (CUDA_GPU and its CUDA twin). Identifiers sort by op, then shapes.
 COLUMNS = [  # (key, label, sort key or None, width)
     ("mark", " ", None, 1),
-    ("op", "op type", "op", 18),
-    ("name", "kernel", "identifier", 34),
-    ("source", "source", "source", 8),
+    ("op", "op type", "op", 26),
     ("device", "device", "device", 8),
-    ("tags", "tags", "tags", 6),
+    ("shapes", "shapes (inputs → output)", "identifier", 40),
+    ("time", "best time", None, 12),
     ("launch", "grid / block", "blocks", 18),
     ("smem", "smem B", None, 7),
     ("barriers", "barriers", "barriers", 8),
-    ("time", "best time", None, 12),
     ("lint", "lint", None, 24),
+    ("name", "kernel", None, 40),
+    ("source", "source", "source", 8),
+    ("tags", "tags", "tags", 6),
 ]
+_DIMS = re.compile(r"\d+(?:,\d+)*(?:;\d+(?:,\d+)*)*")
 
 
 def _fit(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def shapes_of(op_type: str, identifier: str) -> str:
+    """The tensor shapes an identifier starts with, as "1x64x56x56 64x64x3x3 → 1x64x56x56" ('' if it has none).
+
+    The identifier is the op's name, its shapes (dims ',' tensors ';', the output last) and one C type per
+    tensor; a fused convolution's starts with its Convolution. A dtype other than float is added.
+    """
+    name = "Convolution" if op_type in CONV_FAMILY else op_type
+    if not identifier.startswith(name):
+        return ""
+    rest = identifier[len(name):]
+    dims = _DIMS.match(rest)
+    if dims is None:
+        return ""
+    *inputs, output = (t.replace(",", "x") for t in dims.group().split(";"))
+    text = " ".join(inputs) + f" → {output}" if inputs else output
+    dtype = next((d for d in DTYPES if rest.startswith(d, dims.end())), "")
+    return text if dtype in ("float", "") else f"{text} {dtype}"
 
 
 def cells(row: KernelSummary, marked: bool) -> list[object]:
@@ -33,16 +60,17 @@ def cells(row: KernelSummary, marked: bool) -> list[object]:
     launch = f"{'x'.join(map(str, row.grid or []))} / {'x'.join(map(str, row.block or []))}"
     return [
         "●" if marked else " ",
-        _fit(row.op_type, 18),
-        _fit(row.name or row.identifier, 34),
-        row.source,
-        row.device_type,
-        extra_tags or "block",
+        _fit(row.op_type, 26),
+        _fit(row.device_type, 8),
+        _fit(shapes_of(row.op_type, row.identifier) or row.identifier, 40),
+        Text(f"{best[1]:.2f} us", style="green") if best else Text("not measured", style="dim"),
         launch,
         "-" if row.shared_bytes is None else f"{row.shared_bytes:,}",
         "?" if row.barriers is None else str(row.barriers),
-        Text(f"{best[1]:.2f} us", style="green") if best else Text("not measured", style="dim"),
         Text("ok", style="green") if not row.problem else Text(_fit(row.problem, 24), style="bold red"),
+        _fit(row.name or row.identifier, 40),
+        row.source,
+        extra_tags or "block",
     ]
 
 

@@ -6,6 +6,9 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.widgets import Label, ProgressBar
 
+# The console's injections run the CPU stages only; the GPU ones are the Kernels view's v and P.
+GPU_NOT_RUN = "not run (v/P in Kernels run it)"
+
 
 class StageProgress(Horizontal):
     """Attributes down: the owner calls show(), skip() or reset(); the row never reads the engine itself."""
