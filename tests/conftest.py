@@ -39,6 +39,8 @@ def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("KDB_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.setenv("KDB_CONFIG", str(tmp_path / "settings.toml"))
     monkeypatch.setenv("KDB_DB", str(tmp_path / "kernel_cache.db"))
+    # xdist's workers set COLUMNS=80; a kdb run by a test would fold its messages there as on a narrow terminal.
+    monkeypatch.delenv("COLUMNS", raising=False)
     return tmp_path
 
 

@@ -21,7 +21,7 @@ from typing import Any, TextIO
 
 from rich.console import Console
 
-from console.cli.output import log, print_json
+from console.cli.output import console_for, log, print_json
 from core.codegen.batch import read_inputs
 from core.db.kernel_db import default_db_path
 from core.errors import InputError, ToolError
@@ -99,7 +99,7 @@ def main(args: argparse.Namespace) -> int:
     db_path = Path(args.db).expanduser() if args.db else default_db_path()
     try:
         with capture_output(log_path, echo=args.verbose) as captured:
-            view = _Live(captured, Console(file=captured.stderr, stderr=True), json_lines=args.json)
+            view = _Live(captured, console_for(captured.stderr), json_lines=args.json)
             cancel["say"] = view.say
             try:
                 callbacks: dict[str, Any] = dict(on_trial=view.trial, on_job=view.job, on_phase=view.phase,
@@ -233,7 +233,7 @@ class _Live:
         if self.json_lines:  # every line of the --json stream is an event, notes too
             print_json({"event": "message", "text": text}, self.stdout)
         elif self.bar is not None:
-            self.console.print(text, markup=False, highlight=False)
+            self.console.print(text, markup=False, highlight=False, soft_wrap=True)
         else:
             print(text, file=self.stdout, flush=True)
 

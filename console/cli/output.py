@@ -41,7 +41,8 @@ class _LazyConsole:
             from rich.console import Console
 
             stream = sys.stderr if self._stderr else sys.stdout
-            self._console = Console(stderr=self._stderr, soft_wrap=False, width=_width(stream))
+            # Messages on stderr are never folded: one reason, one line, whatever the page width.
+            self._console = Console(stderr=self._stderr, soft_wrap=self._stderr, width=_width(stream))
         return getattr(self._console, name)
 
 
@@ -61,7 +62,15 @@ def write(text: str, stream: TextIO | None = None) -> None:
 
 
 def log(message: str) -> None:
-    err.print(message, markup=False, highlight=False)
+    """One message, one line: never folded (a file path in it can make it longer than any page)."""
+    err.print(message, markup=False, highlight=False, soft_wrap=True)
+
+
+def console_for(stream: TextIO) -> Console:
+    """A Rich console on another stream (tune's captured stderr) with the same width rule as out/err."""
+    from rich.console import Console
+
+    return Console(file=stream, soft_wrap=False, width=_width(stream))
 
 
 def shorten(text: str, width: int) -> str:
