@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
+import signal
+import subprocess
 import sys
 from multiprocessing.context import SpawnContext
 from typing import Any
@@ -53,3 +56,13 @@ def exit_with_parent(parent_pid: int) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
     if os.getppid() != parent_pid:  # the parent died before the signal was asked for
         os._exit(1)
+
+
+def kill_group(proc: subprocess.Popen[Any], timeout_s: float = 10.0) -> None:
+    """Kill a child started with start_new_session=True and everything it started (nvcc's cicc and ptxas, an
+    RPC server's workers), then reap it, draining its pipes so it cannot block on a full one."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.communicate(timeout=timeout_s)

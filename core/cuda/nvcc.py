@@ -12,7 +12,6 @@ import functools
 import os
 import re
 import shutil
-import signal
 import subprocess
 import tempfile
 import threading
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import ToolError
+from core.processes import kill_group
 
 MAX_LOG_CHARS = 20_000
 _ERROR_LINE = re.compile(r"kernel\.cu\((\d+)\): (?:error|catastrophic error)[^:]*: ?(.*)")
@@ -139,7 +139,7 @@ def compile_source(source: str, arch: str, *, nvcc: str, flags: list[str] | tupl
             except subprocess.TimeoutExpired:
                 elapsed = time.perf_counter() - start
                 if elapsed > timeout_s or (cancel is not None and cancel.is_set()):
-                    _kill_group(proc)
+                    kill_group(proc, timeout_s=5)
                     why = "cancelled" if elapsed <= timeout_s else f"nvcc timed out after {timeout_s:g} s"
                     return CompileResult(arch, False, elapsed, error=f"{why} (killed)", source=source)
         elapsed = time.perf_counter() - start
@@ -151,16 +151,6 @@ def compile_source(source: str, arch: str, *, nvcc: str, flags: list[str] | tupl
                              error_line=int(m.group(1)) if m else None, log=log, source=source)
     return CompileResult(arch, True, elapsed, log=log, source=source, kernels=_resources(out))
 
-
-def _kill_group(proc: subprocess.Popen[str]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.communicate(timeout=5)
-    except subprocess.TimeoutExpired:
-        pass
 
 
 def _resources(ptxas: str) -> dict[str, KernelResources]:

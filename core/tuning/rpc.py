@@ -8,7 +8,6 @@ Every process is started from an argv list in its own process group, so stopping
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.errors import ToolError
+from core.processes import kill_group
 
 
 @dataclass
@@ -100,14 +100,14 @@ class RpcCluster:
 
     def kill_server(self, name: str) -> None:
         proc = self.servers.pop(name)
-        _kill(proc)
+        kill_group(proc)
 
     def status(self) -> TrackerStatus:
         return tracker_status(self.host, self.port)
 
     def stop(self) -> None:
         for proc in reversed(self.procs):
-            _kill(proc)
+            kill_group(proc)
         self.procs.clear()
         self.servers.clear()
 
@@ -147,14 +147,3 @@ def local_gpu_cluster(n: int, *, key: str = "kdb") -> RpcCluster:
         raise
     return cluster
 
-
-def _kill(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        pass
