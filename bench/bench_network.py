@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -294,6 +295,38 @@ def part_nnfusion(out: Path, db: Path, model: Path, nnfusion: Path, label: str, 
           f"library calls {result['library_calls']}; compile {compile_s:.1f} s, nvcc {build_s:.0f} s")
 
 
+def part_dbs(out: Path, tuned: Path, fallback: Path | None) -> None:
+    """The DB variants the network is compiled with, from the tuned DB (table order matters: NNFusion takes an
+    op's first row, and BlockFusion may swap in the row with the smallest time x resource):
+
+        tuned-all    every tuned row (best and efficient), then the fallback's rows for ops tuning left out
+        tuned-best   the same without the efficient rows (what BlockFusion gains from them)
+    """
+    import json as json_
+
+    from core.db.kernel_db import KernelDB
+    from core.kernels.kernel_row import distinct_kernels
+
+    with KernelDB.open(tuned) as db:
+        rows = list(distinct_kernels(db.iter_rows()))
+    extra = []
+    if fallback is not None:
+        with KernelDB.open(fallback) as db:
+            covered = {(r.identifier, r.device_type) for r in rows}
+            extra = [r for r in distinct_kernels(db.iter_rows()) if (r.identifier, r.device_type) not in covered]
+    def best_only(row: Any) -> bool:
+        return "_efficient_" not in json_.loads(row.miscs).get("kdb", {}).get("name", "")
+
+    for label, keep in (("tuned-all", lambda r: True), ("tuned-best", best_only)):
+        path = out / f"{label}.db"
+        path.unlink(missing_ok=True)
+        with KernelDB.open(path, create=True) as db:
+            chosen = [r for r in rows if keep(r)] + extra
+            for row in chosen:
+                db.insert(row)
+        print(f"{path}: {sum(1 for r in rows if keep(r))} tuned rows + {len(extra)} fallback rows")
+
+
 def summary(out: Path) -> None:
     """The latency table of every contender measured into `out`."""
     rows = []
@@ -313,7 +346,7 @@ def summary(out: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("part", choices=["export", "pytorch", "tune", "nnfusion", "summary"])
+    ap.add_argument("part", choices=["export", "pytorch", "tune", "dbs", "nnfusion", "summary"])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--db", type=Path)
     ap.add_argument("--model", type=Path, help="default: OUT/resnet18.onnx")
@@ -321,6 +354,7 @@ def main() -> None:
     ap.add_argument("--floor", type=int, default=16, help="tune: at least this many trials per op")
     ap.add_argument("--nnfusion", type=Path, default=Path(shutil.which("nnfusion") or "nnfusion"))
     ap.add_argument("--label", default="tuned")
+    ap.add_argument("--fallback", type=Path, help="dbs: rows for the ops the tuned DB lacks (kdb's default kernels)")
     ap.add_argument("--flag", action="append", default=[], help="nnfusion: an extra compiler flag (repeatable)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -331,6 +365,8 @@ def main() -> None:
         part_pytorch(args.out)
     elif args.part == "tune":
         part_tune(args.out, args.db, model, args.trials, args.floor)
+    elif args.part == "dbs":
+        part_dbs(args.out, args.db, args.fallback)
     elif args.part == "nnfusion":
         part_nnfusion(args.out, args.db, model, args.nnfusion, args.label, args.flag)
     else:

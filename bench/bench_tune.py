@@ -64,6 +64,47 @@ def with_library_times(network: Any, target: str) -> Any:
     return dataclasses.replace(network, ops=ops)
 
 
+def op_table(db_path: Path, network: Any) -> list[dict]:
+    """Each op's injected kernels against the library: our GPU job's profile of the best and the efficient row
+    (the timing method of bench_gpu.library_us), the library's time, the ratio; and the geometric mean over the
+    convolutions. Not measured where the row or the library time is missing."""
+    import math
+
+    from core.codegen.generate import kernel_name
+    from core.db.kernel_db import KernelDB
+
+    if network is None or not db_path.exists():
+        return []
+    profiles: dict[str, float] = {}
+    with KernelDB.open(db_path) as db:
+        for row in db.iter_rows():
+            kdb = json.loads(row.miscs).get("kdb", {})
+            for entry in kdb.get("profile", {}).values():
+                profiles[kdb.get("name", "")] = entry["us"]
+    rows, conv_ratios = [], []
+    print(f"{'op':<88} {'x':>2} {'best us':>8} {'effic us':>8} {'cuDNN us':>8} {'ratio':>6}")
+    for op in network.ops:
+        name = kernel_name(op.config)
+        best = profiles.get(name.replace("_kernel0", "_best_kernel0"))
+        efficient = profiles.get(name.replace("_kernel0", "_efficient_kernel0"))
+        library = op.library_seconds * 1e6 if op.library_seconds else None
+        ratio = best / library if best and library else None
+        if ratio and "Convolution" in op.config.op_type:
+            conv_ratios.append(ratio)
+        rows.append({"op": op.config.describe(), "count": op.count, "best_us": best, "efficient_us": efficient,
+                     "library_us": library, "ratio": ratio})
+
+        def cell(v: float | None, fmt: str = "8.1f") -> str:
+            return format(v, fmt) if v is not None else "   -"
+
+        print(f"{op.config.describe()[:88]:<88} {op.count:>2} {cell(best)} {cell(efficient)} {cell(library)} "
+              f"{cell(ratio, '6.2f')}")
+    if conv_ratios:
+        geo = math.exp(sum(math.log(r) for r in conv_ratios) / len(conv_ratios))
+        print(f"convolutions: geometric mean {geo:.2f}x the library over {len(conv_ratios)} (target <= 0.6x)")
+    return rows
+
+
 def profiler_phases(scopes: dict[str, float], total: float) -> dict[str, float]:
     """The phase table from MetaSchedule's profiler alone (code without kdb's own phase clock)."""
     phases = {"search": sum(v for k, v in scopes.items() if k.startswith("EvoSearch/")),
@@ -88,8 +129,11 @@ def main() -> None:
     ap.add_argument("--workers", type=int, help="parallel builds (default: sized to the host)")
     ap.add_argument("--overlap", choices=["auto", "on", "off"], default="auto", help="build while measuring")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "tune_phases.json")
+    ap.add_argument("--state", type=Path, help="state dir to keep (work dirs, tuned.db): a second run resumes "
+                                               "from it (default: a fresh temporary one)")
+    ap.add_argument("--progress", type=Path, help="append each job's and the network's events here (JSON lines)")
     args = ap.parse_args()
-    os.environ["KDB_STATE_DIR"] = tempfile.mkdtemp(prefix="kdb-bench-tune-")
+    os.environ["KDB_STATE_DIR"] = str(args.state) if args.state else tempfile.mkdtemp(prefix="kdb-bench-tune-")
 
     from tvm.s_tir import meta_schedule as ms
 
@@ -125,6 +169,23 @@ def main() -> None:
     except ImportError:
         quiet = contextlib.nullcontext()
     start = time.perf_counter()
+    last_network = [0.0]
+
+    def log_event(event: Any) -> None:
+        """Job events, and the network's prediction at most every 10 s, to --progress as they come."""
+        if args.progress is None:
+            return
+        now = time.perf_counter() - start
+        if hasattr(event, "status"):
+            line = {"t": now, "job": event.job, "status": event.status, "detail": event.detail}
+        elif now - last_network[0] >= 10:
+            last_network[0] = now
+            line = {"t": now, "network": event.text()}
+        else:
+            return
+        with args.progress.open("a") as f:
+            f.write(json.dumps(line) + "\n")
+
     with quiet, ms.Profiler() as profiler:
         if args.model:
             from core.tuning.network import network_from_model
@@ -132,10 +193,10 @@ def main() -> None:
 
             network = with_library_times(network_from_model(args.model), args.target)
             report = run_network(network, args.trials * len(network.ops), make_job, db_path=db_path,
-                                 inject_options=inject)
+                                 inject_options=inject, on_job=log_event, on_network=log_event)
         else:
             report = run_queue([make_job(c, args.trials) for c in demo_ops(args.ops)], db_path=db_path,
-                               inject_options=inject)
+                               inject_options=inject, on_job=log_event)
     wall = time.perf_counter() - start
     scopes = {str(k): float(v) for k, v in profiler.get().items()}
     results = report.results
@@ -163,6 +224,7 @@ def main() -> None:
     for r in results:
         print(f"  {r.job.name}: {r.new_trials} trials in {r.seconds:.1f} s, best "
               + (f"{r.best_seconds * 1e6:.2f} us" if r.best_seconds else "-"))
+    per_op = op_table(db_path, network if args.model else None) if args.target == "cuda" else []
     if getattr(report, "network", None) is not None:
         print(f"network {report.network.text()}")
     if report.failures:
@@ -174,6 +236,7 @@ def main() -> None:
     out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "source": source,
                                     "trials": new, "wall_s": wall, "phases_s": phases, "build_cpu_s": build_cpu,
                                     "metaschedule_scopes_s": scopes,
+                                    "per_op": per_op,
                                     "network": dataclasses.asdict(report.network)
                                     if getattr(report, "network", None) else None,
                                     "jobs": [{"op": r.job.name, "trials": r.new_trials, "seconds": r.seconds,

@@ -75,3 +75,27 @@ def test_a_hung_kernel_is_killed_and_the_session_goes_on(tmp_path: Path):
         assert not result.ok and "timed out" in result.reason
         again = session.run(job_for_row(rows_of([item])[0], "verify"))
         assert again.ok, again.reason
+
+
+def test_the_nvcc_checks_cubin_verifies_and_times_like_a_fresh_compile(session: GpuSession, tmp_path: Path):
+    """The child loads the cubin the nvcc check built (kdb_block_kernel) instead of compiling again: same
+    verdict, same error, a time within the run-to-run spread; a wrong kernel still fails from its cubin."""
+    from core.cuda.nvcc import compile_check, find_nvcc
+    from core.gpu.inventory import detect_devices
+
+    major, minor = detect_devices()[0][0].compute_capability
+    arch = f"sm_{major}{minor}"
+    good = json.loads((KERNELS / "all_dense_nn_manual.json").read_text())[0]
+    bad = dict(good, code=good["code"].replace("atomicAdd(output0 + col_id, val);",
+                                               "atomicAdd(output0 + col_id, 2 * val);"))
+    for item, should_pass in ((good, True), (bad, False)):
+        row = rows_of([item])[0]
+        built = compile_check(json.loads(row.function), arch, nvcc=find_nvcc(), flags=(), timeout_s=120,
+                              workdir=tmp_path)
+        assert built.ok and built.cubin[:4] == b"\x7fELF"
+        fresh = session.run(job_for_row(row, "verify"))
+        loaded = session.run(job_for_row(row, "verify", cubins={arch: built.cubin}))
+        assert fresh.ok == loaded.ok == should_pass, (fresh.reason, loaded.reason)
+        assert fresh.max_rel_error == loaded.max_rel_error
+    timed = session.run(job_for_row(rows_of([good])[0], "time", cubins={arch: built.cubin}))
+    assert timed.ok and timed.microseconds and timed.microseconds > 0

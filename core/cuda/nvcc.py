@@ -48,6 +48,8 @@ class CompileResult:
     log: str = ""
     source: str = ""
     kernels: dict[str, KernelResources] = field(default_factory=dict)
+    # The built cubin: GPU jobs load it instead of compiling the same source a second time.
+    cubin: bytes = field(default=b"", repr=False)
 
     def summary(self) -> dict[str, Any]:
         """What goes into the row's Miscs: resources of the standalone kernel and the block form."""
@@ -110,6 +112,11 @@ def translation_unit(function: dict[str, Any]) -> str:
             f"{block}\n{{\n{_shared_declarations(function)}{function['block_function_body']}\n}}\n")
 
 
+# In the cubin of translation_unit, the kernel GPU jobs launch: NNFusion's block form, the same code as
+# standalone_source (which only adds a pair of braces around the body).
+BLOCK_KERNEL = "kdb_block_kernel"
+
+
 def compile_check(function: dict[str, Any], arch: str, *, nvcc: str, flags: list[str] | tuple[str, ...],
                   timeout_s: float, workdir: Path, cancel: threading.Event | None = None) -> CompileResult:
     """Compile the row's kernel for one arch; never raises for a bad kernel (see CompileResult.ok)."""
@@ -143,13 +150,15 @@ def compile_source(source: str, arch: str, *, nvcc: str, flags: list[str] | tupl
                     why = "cancelled" if elapsed <= timeout_s else f"nvcc timed out after {timeout_s:g} s"
                     return CompileResult(arch, False, elapsed, error=f"{why} (killed)", source=source)
         elapsed = time.perf_counter() - start
+        cubin_path = Path(tmp) / "kernel.cubin"
+        cubin = cubin_path.read_bytes() if proc.returncode == 0 and cubin_path.is_file() else b""
     log = out[-MAX_LOG_CHARS:]
     if proc.returncode != 0:
         m = _ERROR_LINE.search(out)
         error = m.group(2).strip() if m else (out.strip().splitlines() or ["nvcc failed"])[-1]
         return CompileResult(arch, False, elapsed, error=f"nvcc ({arch}): {error}",
                              error_line=int(m.group(1)) if m else None, log=log, source=source)
-    return CompileResult(arch, True, elapsed, log=log, source=source, kernels=_resources(out))
+    return CompileResult(arch, True, elapsed, log=log, source=source, kernels=_resources(out), cubin=cubin)
 
 
 

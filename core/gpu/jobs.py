@@ -8,6 +8,7 @@ The child (core.gpu.worker) holds the CUDA context, compiles with pycuda and lau
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import select
@@ -15,11 +16,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.cuda.nvcc import standalone_source
+from core.cuda.nvcc import BLOCK_KERNEL, standalone_source
 from core.errors import InputError, ToolError
+from core.gpu.exclusive import LOCK_ENV, WAITING, lock_path
 from core.kernels.export import row_to_item
 from core.kernels.kernel_row import KernelRow
 
@@ -40,8 +43,12 @@ class GpuResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def job_for_row(row: KernelRow, kind: str, *, repeats: int = 100, tolerance: float | None = None) -> dict[str, Any]:
-    """The payload the child needs: the row's standalone kernel, launch config and op parameters."""
+def job_for_row(row: KernelRow, kind: str, *, repeats: int = 100, tolerance: float | None = None,
+                cubins: Mapping[str, bytes] | None = None) -> dict[str, Any]:
+    """The payload the child needs: the row's standalone kernel, launch config and op parameters.
+
+    `cubins` (arch -> the nvcc check's cubin of the row's translation unit): the child loads the one built
+    for its device instead of compiling the source again; without one for its arch it compiles."""
     try:
         function = json.loads(row.function)
         attrs = json.loads(row.attributes)
@@ -61,6 +68,8 @@ def job_for_row(row: KernelRow, kind: str, *, repeats: int = 100, tolerance: flo
         "dtype": dtype,
         "tolerance": tolerance if tolerance is not None else DTYPE_TOLERANCE.get(dtype, 1e-4),
         "repeats": repeats,
+        "cubins": {arch: base64.b64encode(data).decode("ascii") for arch, data in (cubins or {}).items() if data},
+        "cubin_kernel": BLOCK_KERNEL,
     }
 
 
@@ -84,7 +93,7 @@ class GpuSession:
         if self.proc is None or self.proc.poll() is not None:
             self.proc = subprocess.Popen([self.python, "-m", "core.gpu.worker"], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                                         cwd=os.getcwd())
+                                         cwd=os.getcwd(), env={**os.environ, LOCK_ENV: str(lock_path())})
         return self.proc
 
     def close(self) -> None:
@@ -121,8 +130,9 @@ class GpuSession:
         except OSError:
             stderr = self._kill()
             return GpuResult(False, job["kind"], f"GPU worker died before the job: {stderr.strip()[-500:]}")
-        # Two clocks: compiling (the child says when it is done), then the launches themselves.
-        deadline, compiling = time.monotonic() + self.compile_timeout_s, True
+        # Clocks: compiling (the child says when it is done), waiting for the GPU lock (another process's timed
+        # launches), then the launches themselves.
+        deadline, clock = time.monotonic() + self.compile_timeout_s, "compiling"
         buffered = b""
         while True:
             if b"\n" in buffered:
@@ -130,16 +140,19 @@ class GpuSession:
                 answer = json.loads(line.decode())
                 if set(answer) != {"phase"}:
                     break
-                deadline, compiling = time.monotonic() + self.timeout_s, False
+                clock = "waiting" if answer["phase"] == WAITING else "running"
+                deadline = time.monotonic() + (self.compile_timeout_s if clock == "waiting" else self.timeout_s)
                 continue
             left = deadline - time.monotonic()
             if left <= 0:
                 self._kill()
-                if compiling:
-                    return GpuResult(False, job["kind"], f"compiling the kernel took over {self.compile_timeout_s:g} s "
-                                                         "(nvcc through pycuda): the GPU job was killed")
-                return GpuResult(False, job["kind"], f"timed out after {self.timeout_s:g} s (hung kernel?): "
-                                                     "the GPU job was killed")
+                return GpuResult(False, job["kind"], {
+                    "compiling": f"compiling the kernel took over {self.compile_timeout_s:g} s "
+                                 "(nvcc through pycuda): the GPU job was killed",
+                    "waiting": f"waited over {self.compile_timeout_s:g} s for the GPU (another process held "
+                               f"{lock_path()}): the GPU job was killed",
+                    "running": f"timed out after {self.timeout_s:g} s (hung kernel?): the GPU job was killed",
+                }[clock])
             ready, _, _ = select.select([proc.stdout], [], [], min(left, 0.5))
             if ready:
                 chunk = os.read(proc.stdout.fileno(), 1 << 20)

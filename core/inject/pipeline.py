@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -56,6 +57,13 @@ class InjectOptions:
     profile: bool = False  # GPU: time with CUDA events, write the profile NNFusion reads
     product_name: str = ""  # device name in profile strings (empty: the CUDA device's own name)
     gpu_timeout_s: float = 60.0
+    gpu_workers: int = 0  # GPU children verifying at once (0: from workers); timed launches take turns
+    reuse_cubin: bool = True  # GPU children load the nvcc check's cubin (False: they compile again, as before)
+
+    @property
+    def gpu_children(self) -> int:
+        """A verification's cost is the CPU's float64 reference: several children overlap them on one GPU."""
+        return self.gpu_workers or max(1, min(8, self.workers // 2))
 
     @property
     def gpu(self) -> bool:
@@ -157,7 +165,10 @@ class Injector:
         self.should_cancel = should_cancel or (lambda: False)
         self.progress = InjectProgress()
         self.report = InjectReport(notes=[] if options.gpu else [GPU_NOT_RUN])
-        self._gpu: GpuSession | None = None
+        self._gpu: GpuSession | None = None  # barrier counts, here in this thread
+        self._gpu_pool: ThreadPoolExecutor | None = None  # verify and time, in parallel children
+        self._idle_sessions: queue.SimpleQueue[GpuSession] = queue.SimpleQueue()
+        self._on_gpu: deque[tuple[Prepared, Future[GpuOutcome]]] = deque()
         self._gpu_counts = {"verified": 0, "timed": 0, "barriers counted": 0}
         self._device = ""
         self._cancel_event = threading.Event()
@@ -205,6 +216,8 @@ class Injector:
             max_workers=workers, mp_context=spawn_context(),
             initializer=exit_with_parent, initargs=(os.getpid(),))
         nvcc_pool = ThreadPoolExecutor(max_workers=workers) if self.options.compile else None
+        if self.options.gpu:
+            self._gpu_pool = ThreadPoolExecutor(max_workers=self.options.gpu_children)
         # Items go to the workers in chunks (per-task IPC costs as much as a small kernel's parse); the raw
         # items stay here for failure records.
         prepared: deque[tuple[Future[list[Prepared]], list[Any]]] = deque()
@@ -217,6 +230,7 @@ class Injector:
                 item.raw = raw
                 self._after_prepare(item, nvcc_pool, compiling)
                 self._drain_compiles(compiling, block=len(compiling) >= 2 * workers)
+                self._drain_gpu(block=len(self._on_gpu) >= 2 * self.options.gpu_children)
 
         try:
             for batch in _batched(items, chunk):
@@ -232,6 +246,8 @@ class Injector:
                 take_results()
             while compiling and not self._cancelled():
                 self._drain_compiles(compiling, block=True)
+            while self._on_gpu and not self._cancelled():
+                self._drain_gpu(block=True)
         finally:
             if self._cancelled():
                 self._cancel_event.set()
@@ -241,8 +257,13 @@ class Injector:
             cpu.shutdown(wait=True, cancel_futures=True)
             if nvcc_pool is not None:
                 nvcc_pool.shutdown(wait=True, cancel_futures=True)
+            if self._gpu_pool is not None:
+                self._gpu_pool.shutdown(wait=True, cancel_futures=True)
+            while not self._idle_sessions.empty():
+                self._idle_sessions.get().close()
             if self._gpu is not None:
                 self._gpu.close()
+            if self.options.gpu:
                 done = ", ".join(f"{n} {what}" for what, n in self._gpu_counts.items())
                 self.report.notes.append(f"gpu ({self._device or 'no answer'}): {done}")
             if self.state is not None and self.report.run_id is not None:
@@ -319,37 +340,34 @@ class Injector:
         item.needs_gpu_barriers = None
         return True
 
-    def _gpu_stages(self, item: Prepared, row: KernelRow) -> KernelRow | None:
-        """Verify and/or time the kernel on the GPU; the row with its profile, or None if it failed."""
-        session = self._gpu_session()
-        if self.options.verify:
-            result = session.run(job_for_row(row, "verify"))
-            self._device = result.device or self._device
-            if not result.ok:
-                self._gpu_fail(item, f"verification failed: {result.reason}")
-                return None
-            self._gpu_counts["verified"] += 1
-            miscs = json.loads(row.miscs)
-            miscs["kdb"]["verified"] = {"device": result.device, "max_rel_error": result.max_rel_error,
-                                        **result.extra}
-            row = replace(row, miscs=json.dumps(miscs, ensure_ascii=False, allow_nan=False))
-        if self.options.profile:
-            result = session.run(job_for_row(row, "time"))
-            self._device = result.device or self._device
-            if not result.ok or result.microseconds is None:
-                self._gpu_fail(item, f"timing failed: {result.reason}")
-                return None
-            device = self.options.product_name or result.device
-            miscs = json.loads(row.miscs)
-            profile = miscs.setdefault("external_profile", {})
-            profile["time"] = merge_profile(profile.get("time", ""), device, result.microseconds)
-            miscs["kdb"].setdefault("profile", {})[device] = {
-                "us": result.microseconds, "p10_us": result.spread[0] if result.spread else None,
-                "p90_us": result.spread[1] if result.spread else None, "launches": result.launches}
-            row = replace(row, miscs=json.dumps(miscs, ensure_ascii=False, allow_nan=False))
-            self._gpu_counts["timed"] += 1
-        self.progress.passed["gpu"] += 1
-        return row
+    def _gpu_stages(self, row: KernelRow, cubins: dict[str, bytes]) -> GpuOutcome:
+        """Verify and/or time one kernel in a GPU child of the pool (a worker thread: it touches no state)."""
+        if self._cancel_event.is_set():
+            return GpuOutcome(None, "cancelled")
+        try:
+            session = self._idle_sessions.get_nowait()
+        except queue.Empty:
+            session = GpuSession(timeout_s=self.options.gpu_timeout_s)
+        try:
+            return gpu_stages(session, row, cubins, self.options)
+        finally:
+            self._idle_sessions.put(session)
+
+    def _drain_gpu(self, *, block: bool) -> None:
+        """Insert the kernels back from the GPU, in input order (this thread is the DB's single writer)."""
+        while self._on_gpu and (block or self._on_gpu[0][1].done()):
+            item, fut = self._on_gpu.popleft()
+            outcome = fut.result()
+            block = False
+            self._device = outcome.device or self._device
+            for what, n in outcome.counts.items():
+                self._gpu_counts[what] += n
+            if outcome.row is None:
+                if outcome.reason != "cancelled":
+                    self._gpu_fail(item, outcome.reason)
+                continue
+            self.progress.passed["gpu"] += 1
+            self._store(item, outcome.row)
 
     def _compile_all(self, function: dict[str, Any]) -> list[CompileResult]:
         results = []
@@ -386,11 +404,13 @@ class Injector:
             miscs = json.loads(row.miscs)
             miscs["kdb"]["compile"] = {r.arch: r.summary() for r in compiled}
             row = replace(row, miscs=json.dumps(miscs, ensure_ascii=False, allow_nan=False))
-        if self.options.gpu:
-            gpu_row = self._gpu_stages(item, row)
-            if gpu_row is None:
-                return
-            row = gpu_row
+        if self._gpu_pool is not None:
+            cubins = {r.arch: r.cubin for r in compiled if r.cubin} if self.options.reuse_cubin else {}
+            self._on_gpu.append((item, self._gpu_pool.submit(self._gpu_stages, row, cubins)))
+            return
+        self._store(item, row)
+
+    def _store(self, item: Prepared, row: KernelRow) -> None:
         try:
             result = self.db.insert(row, replace=self.options.replace)
         except DbLocked:
@@ -440,6 +460,46 @@ class Injector:
     def _emit(self) -> None:
         if self.on_progress is not None:
             self.on_progress(self.progress)
+
+
+@dataclass
+class GpuOutcome:
+    """What one kernel's GPU stages gave: the row with its verification and profile, or why not."""
+
+    row: KernelRow | None
+    reason: str = ""
+    device: str = ""
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+def gpu_stages(session: GpuSession, row: KernelRow, cubins: dict[str, bytes], options: InjectOptions) -> GpuOutcome:
+    """Verify and/or time one kernel in `session`'s child (the nvcc check's cubin, when it built one for the
+    device's arch, is loaded instead of compiled again)."""
+    device, counts = "", {"verified": 0, "timed": 0}
+    if options.verify:
+        result = session.run(job_for_row(row, "verify", cubins=cubins))
+        device = result.device or device
+        if not result.ok:
+            return GpuOutcome(None, f"verification failed: {result.reason}", device, counts)
+        counts["verified"] += 1
+        miscs = json.loads(row.miscs)
+        miscs["kdb"]["verified"] = {"device": result.device, "max_rel_error": result.max_rel_error, **result.extra}
+        row = replace(row, miscs=json.dumps(miscs, ensure_ascii=False, allow_nan=False))
+    if options.profile:
+        result = session.run(job_for_row(row, "time", cubins=cubins))
+        device = result.device or device
+        if not result.ok or result.microseconds is None:
+            return GpuOutcome(None, f"timing failed: {result.reason}", device, counts)
+        name = options.product_name or result.device
+        miscs = json.loads(row.miscs)
+        profile = miscs.setdefault("external_profile", {})
+        profile["time"] = merge_profile(profile.get("time", ""), name, result.microseconds)
+        miscs["kdb"].setdefault("profile", {})[name] = {
+            "us": result.microseconds, "p10_us": result.spread[0] if result.spread else None,
+            "p90_us": result.spread[1] if result.spread else None, "launches": result.launches}
+        row = replace(row, miscs=json.dumps(miscs, ensure_ascii=False, allow_nan=False))
+        counts["timed"] += 1
+    return GpuOutcome(row, "", device, counts)
 
 
 def _options_dict(options: InjectOptions) -> dict[str, Any]:

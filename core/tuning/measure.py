@@ -28,7 +28,19 @@ def flush_bytes(device: Any) -> int:
 
 
 def cold_run_evaluator(rt_mod: Any, device: Any, evaluator_config: Any, repeated_args: list[Any]) -> list[float]:
-    """LocalRunner's f_run_evaluator: `repeat` single runs per argument set, each after an L2 flush."""
+    """LocalRunner's f_run_evaluator: `repeat` single runs per argument set, each after an L2 flush.
+
+    A local GPU is held while it times (core/gpu/exclusive.py): the previous op's kernels may be verified
+    and timed beside the tuning."""
+    if device.device_type == 1:  # the CPU (llvm): no GPU to share
+        return _cold_runs(rt_mod, device, evaluator_config, repeated_args)
+    from core.gpu.exclusive import gpu_exclusive
+
+    with gpu_exclusive():
+        return _cold_runs(rt_mod, device, evaluator_config, repeated_args)
+
+
+def _cold_runs(rt_mod: Any, device: Any, evaluator_config: Any, repeated_args: list[Any]) -> list[float]:
     evaluator = rt_mod.time_evaluator(rt_mod.entry_name, device, number=1, repeat=evaluator_config.repeat,
                                       min_repeat_ms=0, cache_flush_bytes=flush_bytes(device))
     costs: list[float] = []
@@ -41,5 +53,5 @@ def cold_run_evaluator(rt_mod: Any, device: Any, evaluator_config: Any, repeated
 def cold_rpc_run_evaluator(session: Any, rt_mod: Any, device: Any, evaluator_config: Any,
                            repeated_args: list[Any]) -> list[float]:
     """RPCRunner's f_run_evaluator (it passes the session first): the same, on the server's device."""
-    del session  # the module and device already belong to it
-    return cold_run_evaluator(rt_mod, device, evaluator_config, repeated_args)
+    del session  # the module and device already belong to it (a remote GPU: the lock here would not guard it)
+    return _cold_runs(rt_mod, device, evaluator_config, repeated_args)
