@@ -45,7 +45,7 @@ wait)
   copy_out ;;
 network)
   nnf=${2:?nnfusion binary}; fallback=${3:?fallback db}
-  pkill -f bench_tune.py && sleep 2  # a tuning still running would share the GPU
+  pkill -f "[b]ench_tune.py" && sleep 2  # a tuning still running would share the GPU
   python3 bench/bench_network.py dbs --out "$R/net" --db "$R/state/tuned.db" --fallback "$fallback"
   python3 bench/bench_network.py pytorch --out "$R/net"
   for label in tuned-all tuned-best; do

@@ -32,7 +32,7 @@ def cold_run_evaluator(rt_mod: Any, device: Any, evaluator_config: Any, repeated
 
     A local GPU is held while it times (core/gpu/exclusive.py): the previous op's kernels may be verified
     and timed beside the tuning."""
-    if device.device_type == 1:  # the CPU (llvm): no GPU to share
+    if getattr(device, "type", "") == "cpu":  # llvm: no GPU to share
         return _cold_runs(rt_mod, device, evaluator_config, repeated_args)
     from core.gpu.exclusive import gpu_exclusive
 
