@@ -307,13 +307,14 @@ def part_dbs(out: Path, tuned: Path, fallback: Path | None) -> None:
     from core.db.kernel_db import KernelDB
     from core.kernels.kernel_row import distinct_kernels
 
-    with KernelDB.open(tuned) as db:
-        rows = list(distinct_kernels(db.iter_rows()))
+    with KernelDB.open(tuned) as db:  # table order: the order the compiler picks from
+        rows = list(distinct_kernels(db.iter_table_order()))
     extra = []
     if fallback is not None:
         with KernelDB.open(fallback) as db:
             covered = {(r.identifier, r.device_type) for r in rows}
-            extra = [r for r in distinct_kernels(db.iter_rows()) if (r.identifier, r.device_type) not in covered]
+            extra = [r for r in distinct_kernels(db.iter_table_order())
+                     if (r.identifier, r.device_type) not in covered]
     def best_only(row: Any) -> bool:
         return "_efficient_" not in json_.loads(row.miscs).get("kdb", {}).get("name", "")
 

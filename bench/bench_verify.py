@@ -31,6 +31,7 @@ def run_mode(kernels: Path, workers: int, *, before: bool, arch: str) -> dict:
     from core.db.kernel_db import KernelDB
     from core.db.state import StateDB
     from core.inject.pipeline import InjectOptions, Injector
+    from core.kernels.kernel_row import distinct_kernels
 
     options = InjectOptions(archs=(arch,), compile=True, workers=workers, verify=True, profile=True,
                             gpu_timeout_s=120, gpu_workers=1 if before else 0, reuse_cubin=not before)
@@ -40,7 +41,7 @@ def run_mode(kernels: Path, workers: int, *, before: bool, arch: str) -> dict:
         report = Injector(db, options, state=StateDB()).run(sorted(kernels.rglob("*.json")))
         seconds = time.perf_counter() - start
         verified = {}
-        for row in db.iter_rows():
+        for row in distinct_kernels(db.iter_rows()):  # a fused kernel's pair of rows is one kernel
             miscs = json.loads(row.miscs)
             if "verified" in miscs.get("kdb", {}):
                 verified[row.key] = miscs["kdb"]["verified"].get("max_rel_error")

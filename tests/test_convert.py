@@ -65,3 +65,26 @@ def test_convert_refuses_to_overwrite(tmp_path: Path):
     new.write_bytes(b"")
     proc = run_kdb("db", "convert", str(old), str(new))
     assert proc.returncode == 2 and "exists" in proc.stderr
+
+
+def test_a_copy_keeps_table_order_which_decides_the_kernel_nnfusion_takes(tmp_path: Path):
+    """NNFusion takes an identifier's first row in table order. Two kernels of one op, inserted so that their
+    Keys sort the other way round: the copy (convert_db of a current DB) keeps the first one first, where a
+    walk in Key order (iter_rows) would hand the compiler the other kernel."""
+    from dataclasses import replace
+
+    from core.db.convert import convert_db
+    from core.demo import demo_kernels
+    from test_kernel_row import row_of
+
+    first = row_of(demo_kernels()[0])
+    second = replace(first, key="kdb:" + "0" * 64, miscs=first.miscs)  # sorts before any real Key
+    assert second.key < first.key
+    with KernelDB.open(tmp_path / "a.db", create=True) as db:
+        db.insert(first)
+        db.insert(second)
+        assert [r.key for r in db.iter_rows()] == [second.key, first.key]
+        assert [r.key for r in db.iter_table_order(batch=1)] == [first.key, second.key]
+    convert_db(tmp_path / "a.db", tmp_path / "b.db")
+    with KernelDB.open(tmp_path / "b.db") as db:
+        assert [r.key for r in db.iter_table_order()] == [first.key, second.key]

@@ -112,3 +112,17 @@ def test_a_profile_time_with_a_control_character_is_an_input_error():
     for bad in ("H200:0\x1f;", "H200:\x1c1;", "H200:1\x85;"):
         with pytest.raises(InputError, match="is not a time in microseconds"):
             parse_profile(bad)
+
+
+def spilling(stores: int) -> str:
+    resources = {"registers": 32, "shared_bytes": 0, "spill_stores": stores, "spill_loads": stores}
+    return json.dumps({"external_profile": {"time": "NVIDIA H200:1.5;", "resource": 32},
+                       "kdb": {"compile": {"sm_90": {"kdb_kernel": resources, "kdb_block_kernel": resources}}}})
+
+
+def test_a_kernel_ptxas_spills_is_a_warning_naming_the_arch_and_bytes():
+    """What the nvcc check recorded (Miscs.kdb.compile): a tuned conv with 3 KB of spills ran 7x its tuning."""
+    findings = lint_row(with_(Miscs=spilling(3024)))
+    assert [(f.severity, f.check) for f in findings] == [("warning", "register-spill")]
+    assert "sm_90: ptxas spills 3024 bytes per thread (32 registers)" in findings[0].message
+    assert lint_row(with_(Miscs=spilling(36))) == []  # a few bytes: no finding

@@ -127,7 +127,7 @@ def convert_db(old: Path, new: Path, *, on_row: Callable[[int], None] | None = N
                 if on_row:
                     on_row(rowid)
         elif src.schema is Schema.CURRENT:
-            for row in src.iter_rows():
+            for row in src.iter_table_order():  # the compiler takes an identifier's first row: keep the order
                 dst.insert(row)
                 report.converted += 1
         else:

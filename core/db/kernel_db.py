@@ -398,6 +398,22 @@ class KernelDB:
                 yield KernelRow.from_values(tuple(r))
             last = got[-1][0]
 
+    def iter_table_order(self, *, batch: int = 256) -> Iterator[KernelRow]:
+        """Every row in table (rowid) order, streamed: NNFusion takes an identifier's FIRST row in this order,
+        so a copy of a DB must keep it (iter_rows' Key order would hand the compiler other kernels)."""
+        self._require_current()
+        cols = ", ".join(COLUMNS)
+        last = -1
+        while True:
+            with self.reading() as conn:
+                got = conn.execute(f"SELECT rowid, {cols} FROM KernelCache WHERE rowid > ? ORDER BY rowid LIMIT ?",
+                                   (last, batch)).fetchall()
+            if not got:
+                return
+            for r in got:
+                yield KernelRow.from_values(tuple(r[1:]))
+            last = got[-1][0]
+
     def iter_raw(self) -> Iterator[tuple[Any, ...]]:
         """Rows exactly as stored (NULLs and non-text kept), for lint."""
         self._require_current()

@@ -131,6 +131,30 @@ def _check_miscs(miscs: Any, add: Any) -> None:
     res = prof.get("resource")
     if isinstance(res, bool) or not isinstance(res, int | float):
         add(CRASH, "profile", "external_profile.resource is missing or not a number")
+    _check_spills(miscs, add)
+
+
+SPILL_WARN_BYTES = 256  # ptxas's spill stores per thread over which a kernel is probably much slower than tuned
+
+
+def _check_spills(miscs: dict[str, Any], add: Any) -> None:
+    """The nvcc check's resources (Miscs.kdb.compile): ptxas spilling registers of the form NNFusion compiles.
+
+    Seen on the H200: a tuned conv measured 86 us by the tuner ran 624 us as a row, ptxas having given it 32
+    registers under its `__launch_bounds__` and 3 KB of spills per thread."""
+    compiled = miscs.get("kdb", {}).get("compile") if isinstance(miscs.get("kdb"), dict) else None
+    if not isinstance(compiled, dict):
+        return
+    for arch, kernels in compiled.items():
+        block = kernels.get("kdb_block_kernel") if isinstance(kernels, dict) else None
+        if not isinstance(block, dict):
+            continue
+        spilled = block.get("spill_stores")
+        if isinstance(spilled, int) and spilled > SPILL_WARN_BYTES:
+            add(WARNING, "register-spill",
+                f"{arch}: ptxas spills {spilled} bytes per thread ({block.get('registers', '?')} registers): the "
+                "kernel is probably far slower than its tuning measured; time it (kdb gpu profile KEY) before "
+                "trusting it")
 
 
 def _check_function(fn: Any, block: bool, add: Any) -> None:
