@@ -73,9 +73,10 @@ def test_a_copy_keeps_table_order_which_decides_the_kernel_nnfusion_takes(tmp_pa
     walk in Key order (iter_rows) would hand the compiler the other kernel."""
     from dataclasses import replace
 
+    from test_kernel_row import row_of
+
     from core.db.convert import convert_db
     from core.demo import demo_kernels
-    from test_kernel_row import row_of
 
     first = row_of(demo_kernels()[0])
     second = replace(first, key="kdb:" + "0" * 64, miscs=first.miscs)  # sorts before any real Key

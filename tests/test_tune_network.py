@@ -3,6 +3,7 @@ predicted network time says; and the speed units progress reports use (GB/s for 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -113,6 +114,9 @@ def test_the_prediction_sums_best_times_by_count_and_never_invents_a_library_tim
     assert full.predicted_seconds == pytest.approx(85e-6) and full.complete and full.library_seconds is None
     assert "predicted 85.0 us" in full.text() and "not measured" in full.text()
     assert predict(network, {}, 0, 64).predicted_seconds is None
+    timed = Network("net", [replace(op, library_seconds=10e-6) for op in network.ops])
+    halfway = predict(timed, {CONV.key: 20e-6}, trials=10, budget=64).text()
+    assert "library 50.0 us (ratio once every op has a result)" in halfway and "not measured" not in halfway
     # A library time only when it is known for every op.
     half = Network("net", [NetworkOp(CONV, 4, 25e-6), NetworkOp(POOL, 1)])
     assert half.library_seconds is None

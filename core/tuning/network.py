@@ -159,9 +159,13 @@ class NetworkEvent:
         if self.predicted_seconds is None:
             return f"{self.network}: no op measured yet"
         scope = "" if self.complete else f" (measured ops only: {self.measured_ops} of {self.ops})"
-        library = (f"library {self.library_seconds * 1e6:,.1f} us, ratio "
-                   f"{self.predicted_seconds / self.library_seconds:.2f}x"
-                   if self.library_seconds and self.complete else "library (cuDNN) time not measured")
+        if not self.library_seconds:
+            library = "library (cuDNN) time not measured"
+        elif self.complete:
+            library = (f"library {self.library_seconds * 1e6:,.1f} us, ratio "
+                       f"{self.predicted_seconds / self.library_seconds:.2f}x")
+        else:  # the library's time covers every op: a ratio over part of them would flatter
+            library = f"library {self.library_seconds * 1e6:,.1f} us (ratio once every op has a result)"
         return f"{self.network}: predicted {self.predicted_seconds * 1e6:,.1f} us{scope} · {library}"
 
 
