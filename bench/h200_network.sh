@@ -8,7 +8,7 @@
 #                                              NNFusion with the tuned DB (best + efficient, best only), the empty
 #                                              DB and PyTorch, one timing method (bench_network.py)
 #   bash bench/h200_network.sh verify KERNELS  kdb inject --verify --profile pace, before/after (bench_verify.py)
-# Everything lands in /tmp/kdb-run on the machine; each step copies what it made to $OUT.
+# Everything lands in /tmp/kdb-run on the machine; each step leaves results.tgz (and tuned.db) in $OUT.
 set -uo pipefail
 R=/tmp/kdb-run
 # shellcheck disable=SC1091
@@ -17,13 +17,11 @@ export PYTHONUNBUFFERED=1
 mkdir -p "$R/state" "$R/net"
 step=${1:?start|wait|network|verify}
 
-copy_out() {
-  for f in tune.log tune.json progress.jsonl summary.txt verify.log verify.json; do
-    [ -f "$R/$f" ] && cp "$R/$f" "$OUT/"
-  done
+copy_out() {  # $OUT takes 8 files at most: the small results go as one archive, rewritten each time
+  (cd "$R" && tar czf "$OUT/results.tgz" --ignore-failed-read $(ls tune.log tune.json progress.jsonl summary.txt \
+    verify.log verify.json net/*.json net/*.log 2>/dev/null))
   [ -f "$R/state/tuned.db" ] && python3 -c "import sqlite3,sys; s=sqlite3.connect(sys.argv[1]); \
 d=sqlite3.connect(sys.argv[2]); s.backup(d)" "$R/state/tuned.db" "$OUT/tuned.db"
-  ls "$R"/net/nnfusion-*.json >/dev/null 2>&1 && cp "$R"/net/nnfusion-*.json "$R"/net/pytorch.json "$OUT/" 2>/dev/null
   return 0
 }
 
@@ -44,17 +42,20 @@ wait)
   grep -q "^ratio:" "$R/tune.log" && cat "$R/tune.log" | grep -v "^\s*$" | tail -n 60
   copy_out ;;
 network)
-  nnf=${2:?nnfusion binary}; fallback=${3:?fallback db}
+  nnf=$(realpath "${2:?nnfusion binary}"); fallback=$(realpath "${3:?fallback db}")
   pkill -f "[b]ench_tune.py" && sleep 2  # a tuning still running would share the GPU
-  python3 bench/bench_network.py dbs --out "$R/net" --db "$R/state/tuned.db" --fallback "$fallback"
-  python3 bench/bench_network.py pytorch --out "$R/net"
-  for label in tuned-all tuned-best; do
-    python3 bench/bench_network.py nnfusion --out "$R/net" --db "$R/net/$label.db" --nnfusion "$nnf" --label "$label"
-  done
-  python3 -c "import sys; from core.db.kernel_db import KernelDB; KernelDB.open(sys.argv[1], create=True).close()" \
-    "$R/net/empty.db"
-  python3 bench/bench_network.py nnfusion --out "$R/net" --db "$R/net/empty.db" --nnfusion "$nnf" --label empty
-  python3 bench/bench_network.py summary --out "$R/net" | tee "$R/summary.txt"
+  {
+    python3 bench/bench_network.py dbs --out "$R/net" --db "$R/state/tuned.db" --fallback "$fallback"
+    python3 -c "import sys; from core.db.kernel_db import KernelDB; KernelDB.open(sys.argv[1], create=True).close()" \
+      "$R/net/empty.db"
+    python3 bench/bench_network.py pytorch --out "$R/net"
+    for label in tuned-all empty tuned-best; do  # each result is copied out as soon as it is there
+      timeout 240 python3 bench/bench_network.py nnfusion --out "$R/net" --db "$R/net/$label.db" --nnfusion "$nnf" \
+        --label "$label"
+      copy_out
+    done
+    python3 bench/bench_network.py summary --out "$R/net" | tee "$R/summary.txt"
+  } 2>&1 | tee "$OUT/network.log"
   copy_out ;;
 verify)
   python3 bench/bench_verify.py --kernels "${2:?kernel folder}" --workers "$(nproc)" --out "$R/verify.json" \

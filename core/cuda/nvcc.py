@@ -23,6 +23,7 @@ from core.errors import ToolError
 from core.processes import kill_group
 
 MAX_LOG_CHARS = 20_000
+SPILL_LIMIT_BYTES = 256  # spill stores per thread over which a kernel is probably far slower than it was tuned
 _ERROR_LINE = re.compile(r"kernel\.cu\((\d+)\): (?:error|catastrophic error)[^:]*: ?(.*)")
 _PTXAS_ENTRY = re.compile(r"Compiling entry function '(\w+)' for '(\w+)'")
 _PTXAS_USED = re.compile(r"Used (\d+) registers(?:, used \d+ barriers)?(?:, (\d+) bytes smem)?")
@@ -50,6 +51,10 @@ class CompileResult:
     kernels: dict[str, KernelResources] = field(default_factory=dict)
     # The built cubin: GPU jobs load it instead of compiling the same source a second time.
     cubin: bytes = field(default=b"", repr=False)
+
+    def spill_bytes(self) -> int:
+        """The most spill stores per thread ptxas reported for any kernel of the unit."""
+        return max((k.spill_stores or 0 for k in self.kernels.values()), default=0)
 
     def summary(self) -> dict[str, Any]:
         """What goes into the row's Miscs: resources of the standalone kernel and the block form."""

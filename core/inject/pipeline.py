@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from core.cuda.barriers import BarrierCount
-from core.cuda.nvcc import CompileResult, compile_check, find_nvcc
+from core.cuda.nvcc import SPILL_LIMIT_BYTES, CompileResult, compile_check, find_nvcc
 from core.db.engine import DbLocked
 from core.db.kernel_db import InsertOutcome, KernelDB
 from core.db.state import Failure, StateDB, state_dir
@@ -32,7 +32,7 @@ from core.errors import InputError, KdbError, printable
 from core.gpu.jobs import GpuSession, job_for_row
 from core.inject.prepare import ItemFailure, Prepared, dump_input, item_origin, prepare_chunk
 from core.kernels.kernel_json import iter_json_files, load_items
-from core.kernels.kernel_row import KernelRow, build_row
+from core.kernels.kernel_row import KernelRow, build_row, one_block_signature
 from core.kernels.profile import merge_profile
 from core.processes import exit_with_parent, spawn_context
 from core.settings import Settings
@@ -221,7 +221,7 @@ class Injector:
         # Items go to the workers in chunks (per-task IPC costs as much as a small kernel's parse); the raw
         # items stay here for failure records.
         prepared: deque[tuple[Future[list[Prepared]], list[Any]]] = deque()
-        compiling: deque[tuple[Prepared, Future[list[CompileResult]]]] = deque()
+        compiling: deque[tuple[Prepared, Future[Compiled]]] = deque()
         chunk = 1 if workers == 1 else CHUNK
 
         def take_results() -> None:
@@ -286,7 +286,7 @@ class Injector:
         return self._cancel_event.is_set()
 
     def _after_prepare(self, item: Prepared, nvcc_pool: ThreadPoolExecutor | None,
-                       compiling: deque[tuple[Prepared, Future[list[CompileResult]]]]) -> None:
+                       compiling: deque[tuple[Prepared, Future[Compiled]]]) -> None:
         passed = self.progress.passed
         if item.failure is not None:
             for stage in STAGES[1:STAGES.index(item.failure.stage)]:
@@ -369,7 +369,22 @@ class Injector:
             self.progress.passed["gpu"] += 1
             self._store(item, outcome.row)
 
-    def _compile_all(self, function: dict[str, Any]) -> list[CompileResult]:
+    def _compile_all(self, function: dict[str, Any]) -> Compiled:
+        results = self._compile_archs(function)
+        spilled = max((r.spill_bytes() for r in results), default=0)
+        bounded = one_block_signature(function["function_signature"])
+        if not all(r.ok for r in results) or spilled <= SPILL_LIMIT_BYTES or bounded is None:
+            return Compiled(results)
+        # ptxas spilled under the block-size bound alone: try one resident block, keep whichever spills less.
+        other = {**function, "function_signature": bounded}
+        retried = self._compile_archs(other)
+        if all(r.ok for r in retried) and max(r.spill_bytes() for r in retried) < spilled:
+            note = (f"ptxas spilled {spilled} B per thread under the block-size bound; "
+                    f"{max(r.spill_bytes() for r in retried)} B under __launch_bounds__(N, 1), which the row keeps")
+            return Compiled(retried, other, note)
+        return Compiled(results)
+
+    def _compile_archs(self, function: dict[str, Any]) -> list[CompileResult]:
         results = []
         for arch in self.options.archs:
             res = compile_check(function, arch, nvcc=self._nvcc, flags=self.options.nvcc_flags,
@@ -380,14 +395,20 @@ class Injector:
                 break
         return results
 
-    def _drain_compiles(self, compiling: deque[tuple[Prepared, Future[list[CompileResult]]]], *,
+    def _drain_compiles(self, compiling: deque[tuple[Prepared, Future[Compiled]]], *,
                         block: bool) -> None:
         while compiling and (block or compiling[0][1].done()):
             item, fut = compiling.popleft()
-            results = fut.result()
+            compiled = fut.result()
+            results = compiled.results
             block = False
             if self._cancel_event.is_set():
                 return
+            if compiled.function is not None and item.row is not None:
+                miscs = json.loads(item.row.miscs)
+                miscs["kdb"]["launch_bounds"] = compiled.note
+                item.row = replace(item.row, function=json.dumps(compiled.function, ensure_ascii=False),
+                                   miscs=json.dumps(miscs, ensure_ascii=False, allow_nan=False))
             bad = next((r for r in results if not r.ok), None)
             if bad is not None:
                 self._fail(ItemFailure(item.file, item.index, item.name, "compile", bad.error,
@@ -460,6 +481,15 @@ class Injector:
     def _emit(self) -> None:
         if self.on_progress is not None:
             self.on_progress(self.progress)
+
+
+@dataclass
+class Compiled:
+    """The nvcc checks of one kernel; `function` is set when the row should carry another signature."""
+
+    results: list[CompileResult]
+    function: dict[str, Any] | None = None
+    note: str = ""
 
 
 @dataclass

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -155,6 +156,17 @@ def nnfusion_signature(params: list[str], threads_per_block: int) -> str:
     than a big block can have, and the launch fails ("too many resources requested", seen on the H200
     with a tuned conv); NNFusion's import script leaves it out."""
     return f'extern "C" __launch_bounds__({threads_per_block}) __global__ void (' + ", ".join(params) + ")"
+
+
+def one_block_signature(signature: str) -> str | None:
+    """The signature with `__launch_bounds__(N, 1)` for `__launch_bounds__(N)` (None if it has no such bound).
+
+    Under the maximum block size alone, ptxas may aim at full occupancy: on the H200 a tuned conv got 32
+    registers and 3 KB of spills per thread and ran 7x its tuned time; asking for one resident block instead
+    left it 255 registers and 296 bytes of spills. The block size still bounds the registers, so the launch
+    never asks for more than a block can have."""
+    bounded = re.sub(r"__launch_bounds__\(\s*(\d+)\s*\)", r"__launch_bounds__(\1, 1)", signature, count=1)
+    return bounded if bounded != signature else None
 
 
 def build_row(

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from core.cuda.nvcc import SPILL_LIMIT_BYTES
 from core.errors import InputError
 from core.kernels.kernel_row import DTYPE_BYTES
 from core.kernels.ops import DEVICE_TYPE, FUSED_OP_TYPES, PATTERN_DEVICE_TYPE, SUPPORTED_OP_TYPES
@@ -134,7 +135,6 @@ def _check_miscs(miscs: Any, add: Any) -> None:
     _check_spills(miscs, add)
 
 
-SPILL_WARN_BYTES = 256  # ptxas's spill stores per thread over which a kernel is probably much slower than tuned
 
 
 def _check_spills(miscs: dict[str, Any], add: Any) -> None:
@@ -150,7 +150,7 @@ def _check_spills(miscs: dict[str, Any], add: Any) -> None:
         if not isinstance(block, dict):
             continue
         spilled = block.get("spill_stores")
-        if isinstance(spilled, int) and spilled > SPILL_WARN_BYTES:
+        if isinstance(spilled, int) and spilled > SPILL_LIMIT_BYTES:
             add(WARNING, "register-spill",
                 f"{arch}: ptxas spills {spilled} bytes per thread ({block.get('registers', '?')} registers): the "
                 "kernel is probably far slower than its tuning measured; time it (kdb gpu profile KEY) before "
