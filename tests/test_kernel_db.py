@@ -130,3 +130,32 @@ def test_the_wal_is_cut_back_once_readers_let_go(tmp_path: Path, monkeypatch: py
         sqlite3.connect(db.path).execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
         db.insert(row(key="last"))  # the first write after a full checkpoint restarts the WAL
         assert wal.stat().st_size <= 100_000
+
+
+def test_a_profile_written_to_a_kernel_does_not_hand_the_compiler_another(tmp_path: Path):
+    """NNFusion takes a lookup's first row in table order. Writing Miscs moves a row to a new rowid (the browse
+    index's change signal); the rows of its lookup that followed it move behind it, so the first stays first:
+    for a plain kernel and for a fused kernel's pair (CUDA_GPU and its CUDA twin)."""
+    import sys
+    from dataclasses import replace
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_kernel_row import row_of
+
+    from core.demo import demo_kernels
+
+    for item in (demo_kernels()[0], next(i for i in demo_kernels() if i["op_type"] == "Fused_Convolution_Relu")):
+        first = row_of(item)
+        second = replace(first, key=first.key[:-8] + "00000000")
+        db_path = tmp_path / f"{item['op_type']}.db"
+        with KernelDB.open(db_path, create=True) as db:
+            db.insert(first)
+            db.insert(second)
+            before = {dt: [r[1] for r in db.fetch_like_compiler(first.identifier, dt)] for dt in ("CUDA_GPU", "CUDA")}
+            miscs = json.loads(first.miscs)
+            miscs["external_profile"]["time"] = "NVIDIA H200:12.5;"
+            db.update_miscs(first.key, miscs)
+            after = {dt: [r[1] for r in db.fetch_like_compiler(first.identifier, dt)] for dt in ("CUDA_GPU", "CUDA")}
+            assert after == before and after["CUDA_GPU"][0] == first.key
+            written = next(r for r in db.iter_rows() if r.key == first.key)
+            assert json.loads(written.miscs)["external_profile"]["time"] == "NVIDIA H200:12.5;"

@@ -222,12 +222,26 @@ class KernelDB:
             return False
         twin = pattern_twin(row)
         existing = raw.execute(f"{_SELECT} WHERE Key = ?", (twin.key,)).fetchone()
-        if existing is not None:
-            if tuple(existing) == twin.values():
-                return False
-            raw.execute("DELETE FROM KernelCache WHERE Key = ?", (twin.key,))
-        raw.execute(_INSERT, twin.values())
+        if existing is not None and tuple(existing) == twin.values():
+            return False
+        KernelDB._rewrite_in_order(raw, twin.key, twin.values())
         return True
+
+    @staticmethod
+    def _rewrite_in_order(raw: sqlite3.Connection, key: str, values: tuple[Any, ...]) -> None:
+        """Write the row `key` anew (a new rowid: the browse index sees changed rows by (rowid, Key)) and move
+        the rows of its Identifier and DeviceType that came after it behind it, in their order: NNFusion takes
+        a lookup's first row in table order, so a profile written to one kernel must not hand it another."""
+        old = raw.execute("SELECT rowid, Identifier, DeviceType FROM KernelCache WHERE Key = ?", (key,)).fetchone()
+        followers: list[Any] = []
+        if old is not None:
+            followers = raw.execute(f"{_SELECT} WHERE Identifier = ? AND DeviceType = ? AND rowid > ? ORDER BY rowid",
+                                    (old[1], old[2], old[0])).fetchall()
+            raw.execute("DELETE FROM KernelCache WHERE Key = ?", (key,))
+        raw.execute(_INSERT, values)
+        for follower in followers:
+            raw.execute("DELETE FROM KernelCache WHERE Key = ?", (follower[0],))
+            raw.execute(_INSERT, tuple(follower))
 
     def has_key(self, key: str) -> bool:
         # A plain autocommit read: no write lock.
@@ -281,10 +295,9 @@ class KernelDB:
             if got is None:
                 return
             row = KernelRow.from_values(tuple(got))
-            raw.execute("DELETE FROM KernelCache WHERE Key = ?", (key,))
             updated = KernelRow.from_values(tuple(text if c == "Miscs" else v for c, v in zip(COLUMNS, got,
                                                                                               strict=True)))
-            raw.execute(_INSERT, updated.values())
+            self._rewrite_in_order(raw, key, updated.values())
             if raw.execute("SELECT 1 FROM KernelCache WHERE Key = ?", (twin_key(row.key),)).fetchone():
                 self._sync_twin(raw, updated)
 
