@@ -139,3 +139,26 @@ def test_a_child_waiting_for_the_lock_is_not_taken_for_a_hung_kernel(tmp_path: P
         result = session.run({"kind": "time", "cubins": {"sm_80": cubin}})
     other.join(10)
     assert result.ok, result.reason
+
+
+def test_kdb_gpu_profile_runs_children_at_once_and_writes_profiles_in_order(stand_in: Path, tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch):
+    """`kdb gpu profile` over rows already in a DB (core/gpu/rows.py): children verify at once, their launch
+    sections never overlap, the report keeps the rows' order and every row gets its profile."""
+    from core.gpu import rows as gpu_rows
+
+    monkeypatch.setattr(gpu_rows, "GpuSession", pipeline.GpuSession)  # the stand-in (fixture)
+    items = demo_kernels()[:6]
+    (tmp_path / "k.json").write_text(json.dumps(items))
+    with KernelDB.open(tmp_path / "k.db", create=True) as db:
+        Injector(db, InjectOptions(archs=("sm_80",), nvcc=NVCC, workers=2)).run([tmp_path / "k.json"])
+        order = [r.key for r in gpu_rows.distinct_kernels(db.iter_table_order())]
+        report = gpu_rows.check_rows(db, db.iter_table_order(), verify=True, profile=True, workers=3)
+        profiled = {r.key: json.loads(r.miscs)["kdb"]["profile"]["stand-in GPU"]["us"] for r in db.iter_rows()
+                    if r.device_type == "CUDA_GPU"}
+    assert [c.key for c in report.checks] == order and all(c.ok for c in report.checks)
+    assert report.device == "stand-in GPU" and set(profiled) == set(order) and set(profiled.values()) == {7.5}
+    log = [json.loads(line) for line in stand_in.read_text().splitlines()]
+    assert len({e["pid"] for e in log}) > 1 and all(e["archs"] == [] for e in log)  # no cubin: the child compiles
+    assert overlapping([e["cpu"] for e in log if e["kind"] == "verify"]) >= 2
+    assert overlapping([e["gpu"] for e in log]) == 1

@@ -13,7 +13,7 @@ from core.errors import KdbError
 def main(args: argparse.Namespace) -> int:
     if args.gpu_command == "devices":
         return _devices(args)
-    from core.gpu.jobs import require_gpu
+    from core.gpu.jobs import gpu_children, require_gpu
     from core.gpu.rows import check_rows
     from core.settings import load_settings
 
@@ -29,7 +29,8 @@ def main(args: argparse.Namespace) -> int:
             raise KdbError("name kernels (Key or Identifier) or use --all")
         report = check_rows(db, rows, verify=True, profile=args.gpu_command == "profile",
                             product_name=settings.product_name, timeout_s=settings.gpu_timeout_s,
-                            on_result=None if args.json else _print_one)
+                            on_result=None if args.json else _print_one,
+                            workers=gpu_children(settings.effective_workers()))
     if args.json:
         print_json(report.as_json())
     else:

@@ -26,6 +26,13 @@ from core.gpu.exclusive import LOCK_ENV, WAITING, lock_path
 from core.kernels.export import row_to_item
 from core.kernels.kernel_row import KernelRow
 
+
+def gpu_children(workers: int) -> int:
+    """GPU children to run at once for `workers` CPU workers: a verification's cost is the CPU's compile and
+    float64 reference, so several overlap on one GPU (timed launches take turns); each holds a CUDA context."""
+    return max(1, min(8, workers // 2))
+
+
 DTYPE_TOLERANCE = {"float": 1e-4, "double": 1e-10, "half": 1e-2}  # max |got - want| / max |want|
 
 

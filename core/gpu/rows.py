@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import queue
+from collections import deque
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from core.db.kernel_db import KernelDB
@@ -42,31 +45,68 @@ class RowsReport:
 
 def check_rows(db: KernelDB, rows: Iterable[KernelRow], *, verify: bool, profile: bool, product_name: str = "",
                timeout_s: float = 60.0, on_result: Callable[[RowCheck], None] | None = None,
-               should_cancel: Callable[[], bool] | None = None) -> RowsReport:
-    """Run the asked GPU jobs for each row; timed rows get their profile merged into Miscs."""
+               should_cancel: Callable[[], bool] | None = None, workers: int = 1) -> RowsReport:
+    """Run the asked GPU jobs for each row; timed rows get their profile merged into Miscs.
+
+    `workers` GPU children run at once (each compiles and verifies its kernel; timed launches take turns on the
+    GPU, core/gpu/exclusive.py); results come back, and profiles are written, in the rows' order, here."""
     report = RowsReport()
-    with GpuSession(timeout_s=timeout_s) as session:
-        for row in distinct_kernels(rows):
-            if should_cancel is not None and should_cancel():
-                report.cancelled = True
-                break
-            name = _name(row)
-            check = RowCheck(row.key, name)
-            try:
-                if verify:
-                    check.verified = session.run(job_for_row(row, "verify"))
-                    report.device = check.verified.device or report.device
-                if profile and (check.verified is None or check.verified.ok):
-                    check.timed = session.run(job_for_row(row, "time"))
-                    report.device = check.timed.device or report.device
-                    if check.timed.ok and check.timed.microseconds is not None:
-                        _store_profile(db, row, product_name or check.timed.device, check.timed)
-            except InputError as exc:
-                check.error = str(exc)
-            report.checks.append(check)
-            if on_result is not None:
-                on_result(check)
+    sessions: queue.SimpleQueue[GpuSession] = queue.SimpleQueue()
+
+    def run(row: KernelRow) -> RowCheck:
+        try:
+            session = sessions.get_nowait()
+        except queue.Empty:
+            session = GpuSession(timeout_s=timeout_s)
+        try:
+            return _check(session, row, verify=verify, profile=profile)
+        finally:
+            sessions.put(session)
+
+    pending: deque[tuple[KernelRow, Future[RowCheck]]] = deque()
+
+    def take() -> None:
+        row, future = pending.popleft()
+        check = future.result()
+        timed = check.timed
+        report.device = (timed or check.verified or GpuResult(True, "")).device or report.device
+        if timed is not None and timed.ok and timed.microseconds is not None:
+            _store_profile(db, row, product_name or timed.device, timed)
+        report.checks.append(check)
+        if on_result is not None:
+            on_result(check)
+
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        try:
+            for row in distinct_kernels(rows):
+                if should_cancel is not None and should_cancel():
+                    report.cancelled = True
+                    break
+                pending.append((row, pool.submit(run, row)))
+                while pending and (len(pending) > 2 * workers or pending[0][1].done()):
+                    take()
+            while pending:
+                take()
+        finally:
+            for _, future in pending:
+                future.cancel()
+            pool.shutdown(wait=True)
+            while not sessions.empty():
+                sessions.get().close()
     return report
+
+
+def _check(session: GpuSession, row: KernelRow, *, verify: bool, profile: bool) -> RowCheck:
+    """One row's GPU jobs in `session` (a worker thread: no DB, no report)."""
+    check = RowCheck(row.key, _name(row))
+    try:
+        if verify:
+            check.verified = session.run(job_for_row(row, "verify"))
+        if profile and (check.verified is None or check.verified.ok):
+            check.timed = session.run(job_for_row(row, "time"))
+    except InputError as exc:
+        check.error = str(exc)
+    return check
 
 
 def _name(row: KernelRow) -> str:

@@ -29,7 +29,7 @@ from core.db.engine import DbLocked
 from core.db.kernel_db import InsertOutcome, KernelDB
 from core.db.state import Failure, StateDB, state_dir
 from core.errors import InputError, KdbError, printable
-from core.gpu.jobs import GpuSession, job_for_row
+from core.gpu.jobs import GpuSession, gpu_children, job_for_row
 from core.inject.prepare import ItemFailure, Prepared, dump_input, item_origin, prepare_chunk
 from core.kernels.kernel_json import iter_json_files, load_items
 from core.kernels.kernel_row import KernelRow, build_row, one_block_signature
@@ -63,7 +63,7 @@ class InjectOptions:
     @property
     def gpu_children(self) -> int:
         """A verification's cost is the CPU's float64 reference: several children overlap them on one GPU."""
-        return self.gpu_workers or max(1, min(8, self.workers // 2))
+        return self.gpu_workers or gpu_children(self.workers)
 
     @property
     def gpu(self) -> bool:
