@@ -134,3 +134,26 @@ def test_pools_and_element_wise_ops_report_gb_per_s():
     assert RELU.speed(1e-6)[1] == "GB/s"
     assert CONV.speed(1e-3)[1] == "GFLOP/s" and CONV.speed_text(1e-3) == f"{CONV.flops / 1e-3 / 1e9:,.0f} GFLOP/s"
     assert DOT.bytes_moved == (512 + 512 * 1000 + 1000) * 4
+
+
+def test_a_row_far_slower_than_its_tuning_is_reported_with_what_ptxas_did(tmp_path: Path):
+    """The H200 case: a conv tuned to 86 us ran 624 us as a row (32 registers, 3 KB spilled)."""
+    import json
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_kernel_row import row_of
+
+    from core.db.kernel_db import KernelDB
+    from core.demo import demo_kernels
+    from core.tuning.queue import slower_than_tuned
+
+    row = row_of(demo_kernels()[0])
+    miscs = json.loads(row.miscs)
+    miscs["kdb"]["profile"] = {"NVIDIA H200": {"us": 624.0}}
+    miscs["kdb"]["compile"] = {"sm_90": {"kdb_block_kernel": {"registers": 32, "spill_stores": 3024}}}
+    with KernelDB.open(tmp_path / "k.db", create=True) as db:
+        db.insert(replace(row, miscs=json.dumps(miscs)))
+        slow = slower_than_tuned(db, {"best": row.key}, [{"role": "best", "seconds": 86e-6}])
+        assert slow == ["the best row runs 7.3x its tuned time (624.0 vs 86.0 us); sm_90: 32 registers, 3024 B spilled"]
+        assert slower_than_tuned(db, {"best": row.key}, [{"role": "best", "seconds": 400e-6}]) == []

@@ -119,17 +119,48 @@ def _inject(i: int, job: TuneJob, result: TuneResult, db_path: Path, inject_opti
     job_event(i, "injecting", f"{len(items)} kernel(s)", result=result)
     start = time.perf_counter()
     state = StateDB()
+    committed: dict[int, str] = {}  # item index -> Key
     try:
         with KernelDB.open(db_path, create=True) as db:
-            injected = Injector(db, inject_options, state=state).run([path], kind="tune")
+            injected = Injector(db, inject_options, state=state,
+                                on_commit=lambda c: committed.__setitem__(c.index, c.key)).run([path], kind="tune")
+            roles = list(kernels.kernels)
+            slow = slower_than_tuned(db, {roles[i]: key for i, key in committed.items()}, result.candidates)
     finally:
         state.close()
     result.phases["inject"] = time.perf_counter() - start
     report.injects.append(injected)
     status = "done" if not injected.failed else "failed"
     detail = (f"{_best_text(result)}; injected {injected.injected}, unchanged {injected.unchanged}, "
-              f"failed {injected.failed}" + (f": {injected.failures[0].reason}" if injected.failures else ""))
+              f"failed {injected.failed}" + (f": {injected.failures[0].reason}" if injected.failures else "")
+              + "".join(f"; {line}" for line in slow))
     job_event(i, status, detail, result=result, inject=injected)
+
+
+SLOWER_THAN_TUNED = 2.0  # a row timed this many times its tuning measurement is reported
+
+
+def slower_than_tuned(db: KernelDB, keys: dict[str, str], candidates: list[dict[str, Any]]) -> list[str]:
+    """Rows whose own profile (our GPU job) is far slower than the tuner measured their record, with what the
+    nvcc check saw: the row is compiled as NNFusion compiles it, not as TVM did (ptxas may spill there)."""
+    tuned = {c["role"]: c["seconds"] * 1e6 for c in candidates}
+    lines = []
+    for role, key in keys.items():
+        rows = db.find(key)
+        if not rows or role not in tuned:
+            continue
+        kdb = json.loads(rows[0].miscs).get("kdb", {})
+        profiled = [p["us"] for p in kdb.get("profile", {}).values() if p.get("us")]
+        if not profiled or profiled[0] < SLOWER_THAN_TUNED * tuned[role]:
+            continue
+        line = (f"the {role} row runs {profiled[0] / tuned[role]:.1f}x its tuned time "
+                f"({profiled[0]:.1f} vs {tuned[role]:.1f} us)")
+        for arch, forms in kdb.get("compile", {}).items():
+            block = forms.get("kdb_block_kernel", {})
+            if block.get("spill_stores"):
+                line += f"; {arch}: {block.get('registers')} registers, {block.get('spill_stores')} B spilled"
+        lines.append(line)
+    return lines
 
 
 def _start_text(job: TuneJob) -> str:
