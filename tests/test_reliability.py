@@ -226,7 +226,11 @@ async def test_console_browses_while_two_injectors_and_a_deleter_write(tmp_path:
     assert not s.deleted & set(rows), "deleted rows are back"
     assert set(rows) == set(s.committed) - s.deleted, "rows in the DB that no process reported"
     assert all(not row_problems(v) for v in rows.values())
-    assert s.reader_queries > 100 and s.reader_busy == 0 and not s.reader_errors, (s.reader_busy, s.reader_errors)
+    # SQLITE_BUSY has one documented cause left (docs/RELIABILITY.md): the last connection to close checkpoints
+    # and deletes the WAL under an exclusive lock, a window a writer exiting mid-run opens once. Nothing else.
+    exits_in_window = sum(not e["cancelled"] for e in s.summaries)
+    assert s.reader_queries > 100 and not s.reader_errors, s.reader_errors
+    assert s.reader_busy <= exits_in_window, (s.reader_busy, exits_in_window)
     assert totals and max(totals) > min(totals), "the console never saw the DB change under it"
 
 
