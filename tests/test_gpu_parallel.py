@@ -162,3 +162,23 @@ def test_kdb_gpu_profile_runs_children_at_once_and_writes_profiles_in_order(stan
     assert len({e["pid"] for e in log}) > 1 and all(e["archs"] == [] for e in log)  # no cubin: the child compiles
     assert overlapping([e["cpu"] for e in log if e["kind"] == "verify"]) >= 2
     assert overlapping([e["gpu"] for e in log]) == 1
+
+
+def test_a_gpu_stage_that_raises_fails_its_kernel_and_the_batch_goes_on(stand_in: Path, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch):
+    real = pipeline.gpu_stages
+    calls: list[str] = []
+
+    def second_one_breaks(session, row, cubins, options):  # type: ignore[no-untyped-def]
+        calls.append(row.key)
+        if len(calls) == 2:
+            raise OSError("the GPU child could not be started")
+        return real(session, row, cubins, options)
+
+    monkeypatch.setattr(pipeline, "gpu_stages", second_one_breaks)
+    (tmp_path / "k.json").write_text(json.dumps(demo_kernels()[:4]))
+    options = InjectOptions(archs=("sm_80",), nvcc=NVCC, workers=2, gpu_workers=1, verify=True)
+    with KernelDB.open(tmp_path / "k.db", create=True) as db:
+        report = Injector(db, options).run([tmp_path / "k.json"])
+    assert report.injected == 3 and report.failed == 1
+    assert report.failures[0].stage == "gpu" and report.failures[0].reason == "OSError: the GPU child could not be started"

@@ -106,6 +106,8 @@ def _check(session: GpuSession, row: KernelRow, *, verify: bool, profile: bool) 
             check.timed = session.run(job_for_row(row, "time"))
     except InputError as exc:
         check.error = str(exc)
+    except Exception as exc:  # this row fails with its cause; the others go on
+        check.error = f"{type(exc).__name__}: {exc}"
     return check
 
 

@@ -350,6 +350,8 @@ class Injector:
             session = GpuSession(timeout_s=self.options.gpu_timeout_s)
         try:
             return gpu_stages(session, row, cubins, self.options)
+        except Exception as exc:  # this kernel fails with its cause; the batch goes on
+            return GpuOutcome(None, f"{type(exc).__name__}: {exc}")
         finally:
             self._idle_sessions.put(session)
 
