@@ -67,7 +67,8 @@ def stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, isolated_env: Path
     child.chmod(0o755)
     log = tmp_path / "gpu.log"
     monkeypatch.setenv("KDB_TEST_GPU_LOG", str(log))
-    monkeypatch.setattr(pipeline, "GpuSession", functools.partial(jobs.GpuSession, python=str(child)))
+    # Every GPU child a pool starts (jobs.GpuSessions) is the stand-in.
+    monkeypatch.setattr(jobs, "GpuSession", functools.partial(jobs.GpuSession, python=str(child)))
     return log
 
 
@@ -141,13 +142,11 @@ def test_a_child_waiting_for_the_lock_is_not_taken_for_a_hung_kernel(tmp_path: P
     assert result.ok, result.reason
 
 
-def test_kdb_gpu_profile_runs_children_at_once_and_writes_profiles_in_order(stand_in: Path, tmp_path: Path,
-                                                                           monkeypatch: pytest.MonkeyPatch):
+def test_kdb_gpu_profile_runs_children_at_once_and_writes_profiles_in_order(stand_in: Path, tmp_path: Path):
     """`kdb gpu profile` over rows already in a DB (core/gpu/rows.py): children verify at once, their launch
     sections never overlap, the report keeps the rows' order and every row gets its profile."""
     from core.gpu import rows as gpu_rows
 
-    monkeypatch.setattr(gpu_rows, "GpuSession", pipeline.GpuSession)  # the stand-in (fixture)
     items = demo_kernels()[:6]
     (tmp_path / "k.json").write_text(json.dumps(items))
     with KernelDB.open(tmp_path / "k.db", create=True) as db:

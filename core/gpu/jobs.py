@@ -11,12 +11,14 @@ from __future__ import annotations
 import base64
 import json
 import os
+import queue
 import select
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +50,11 @@ class GpuResult:
     barriers: int | None = None
     device: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def profile_entry(self) -> dict[str, Any]:
+        """A timing as the row keeps it in Miscs.kdb.profile[device]."""
+        return {"us": self.microseconds, "p10_us": self.spread[0] if self.spread else None,
+                "p90_us": self.spread[1] if self.spread else None, "launches": self.launches}
 
 
 def job_for_row(row: KernelRow, kind: str, *, repeats: int = 100, tolerance: float | None = None,
@@ -173,6 +180,29 @@ class GpuSession:
                          spread=tuple(spread) if spread else None, launches=answer.get("launches", 0),
                          barriers=answer.get("barriers"), device=answer.get("device", ""),
                          extra=answer.get("extra", {}))
+
+
+class GpuSessions:
+    """Idle GPU sessions for worker threads: each borrows one (a child starts on first need) and gives it back."""
+
+    def __init__(self, *, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._idle: queue.SimpleQueue[GpuSession] = queue.SimpleQueue()
+
+    @contextmanager
+    def borrow(self) -> Iterator[GpuSession]:
+        try:
+            session = self._idle.get_nowait()
+        except queue.Empty:
+            session = GpuSession(timeout_s=self.timeout_s)
+        try:
+            yield session
+        finally:
+            self._idle.put(session)
+
+    def close(self) -> None:
+        while not self._idle.empty():
+            self._idle.get().close()
 
 
 def gpu_available() -> tuple[bool, str]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import queue
 from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -11,7 +10,7 @@ from dataclasses import dataclass, field
 
 from core.db.kernel_db import KernelDB
 from core.errors import InputError
-from core.gpu.jobs import GpuResult, GpuSession, job_for_row
+from core.gpu.jobs import GpuResult, GpuSession, GpuSessions, job_for_row
 from core.kernels.kernel_row import KernelRow, distinct_kernels
 from core.kernels.profile import merge_profile
 
@@ -51,17 +50,11 @@ def check_rows(db: KernelDB, rows: Iterable[KernelRow], *, verify: bool, profile
     `workers` GPU children run at once (each compiles and verifies its kernel; timed launches take turns on the
     GPU, core/gpu/exclusive.py); results come back, and profiles are written, in the rows' order, here."""
     report = RowsReport()
-    sessions: queue.SimpleQueue[GpuSession] = queue.SimpleQueue()
+    sessions = GpuSessions(timeout_s=timeout_s)
 
     def run(row: KernelRow) -> RowCheck:
-        try:
-            session = sessions.get_nowait()
-        except queue.Empty:
-            session = GpuSession(timeout_s=timeout_s)
-        try:
+        with sessions.borrow() as session:
             return _check(session, row, verify=verify, profile=profile)
-        finally:
-            sessions.put(session)
 
     pending: deque[tuple[KernelRow, Future[RowCheck]]] = deque()
 
@@ -69,7 +62,7 @@ def check_rows(db: KernelDB, rows: Iterable[KernelRow], *, verify: bool, profile
         row, future = pending.popleft()
         check = future.result()
         timed = check.timed
-        report.device = (timed or check.verified or GpuResult(True, "")).device or report.device
+        report.device = next((r.device for r in (timed, check.verified) if r is not None and r.device), report.device)
         if timed is not None and timed.ok and timed.microseconds is not None:
             _store_profile(db, row, product_name or timed.device, timed)
         report.checks.append(check)
@@ -91,8 +84,7 @@ def check_rows(db: KernelDB, rows: Iterable[KernelRow], *, verify: bool, profile
             for _, future in pending:
                 future.cancel()
             pool.shutdown(wait=True)
-            while not sessions.empty():
-                sessions.get().close()
+            sessions.close()
     return report
 
 
@@ -138,8 +130,6 @@ def _store_profile(db: KernelDB, row: KernelRow, device: str, timed: GpuResult) 
         profile["time"] = merge_profile("", device, timed.microseconds or 0.0)
     miscs["external_profile"] = profile
     kdb = miscs.setdefault("kdb", {}) if isinstance(miscs.get("kdb", {}), dict) else {}
-    kdb.setdefault("profile", {})[device] = {"us": timed.microseconds, "launches": timed.launches,
-                                             "p10_us": timed.spread[0] if timed.spread else None,
-                                             "p90_us": timed.spread[1] if timed.spread else None}
+    kdb.setdefault("profile", {})[device] = timed.profile_entry()
     miscs["kdb"] = kdb
     db.update_miscs(row.key, miscs)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -29,7 +28,7 @@ from core.db.engine import DbLocked
 from core.db.kernel_db import InsertOutcome, KernelDB
 from core.db.state import Failure, StateDB, state_dir
 from core.errors import InputError, KdbError, printable
-from core.gpu.jobs import GpuSession, gpu_children, job_for_row
+from core.gpu.jobs import GpuSession, GpuSessions, gpu_children, job_for_row
 from core.inject.prepare import ItemFailure, Prepared, dump_input, item_origin, prepare_chunk
 from core.kernels.kernel_json import iter_json_files, load_items
 from core.kernels.kernel_row import KernelRow, build_row, one_block_signature
@@ -167,7 +166,7 @@ class Injector:
         self.report = InjectReport(notes=[] if options.gpu else [GPU_NOT_RUN])
         self._gpu: GpuSession | None = None  # barrier counts, here in this thread
         self._gpu_pool: ThreadPoolExecutor | None = None  # verify and time, in parallel children
-        self._idle_sessions: queue.SimpleQueue[GpuSession] = queue.SimpleQueue()
+        self._sessions = GpuSessions(timeout_s=options.gpu_timeout_s)
         self._on_gpu: deque[tuple[Prepared, Future[GpuOutcome]]] = deque()
         self._gpu_counts = {"verified": 0, "timed": 0, "barriers counted": 0}
         self._device = ""
@@ -259,8 +258,7 @@ class Injector:
                 nvcc_pool.shutdown(wait=True, cancel_futures=True)
             if self._gpu_pool is not None:
                 self._gpu_pool.shutdown(wait=True, cancel_futures=True)
-            while not self._idle_sessions.empty():
-                self._idle_sessions.get().close()
+            self._sessions.close()
             if self._gpu is not None:
                 self._gpu.close()
             if self.options.gpu:
@@ -345,15 +343,10 @@ class Injector:
         if self._cancel_event.is_set():
             return GpuOutcome(None, "cancelled")
         try:
-            session = self._idle_sessions.get_nowait()
-        except queue.Empty:
-            session = GpuSession(timeout_s=self.options.gpu_timeout_s)
-        try:
-            return gpu_stages(session, row, cubins, self.options)
+            with self._sessions.borrow() as session:
+                return gpu_stages(session, row, cubins, self.options)
         except Exception as exc:  # this kernel fails with its cause; the batch goes on
             return GpuOutcome(None, f"{type(exc).__name__}: {exc}")
-        finally:
-            self._idle_sessions.put(session)
 
     def _drain_gpu(self, *, block: bool) -> None:
         """Insert the kernels back from the GPU, in input order (this thread is the DB's single writer)."""
@@ -526,9 +519,7 @@ def gpu_stages(session: GpuSession, row: KernelRow, cubins: dict[str, bytes], op
         miscs = json.loads(row.miscs)
         profile = miscs.setdefault("external_profile", {})
         profile["time"] = merge_profile(profile.get("time", ""), name, result.microseconds)
-        miscs["kdb"].setdefault("profile", {})[name] = {
-            "us": result.microseconds, "p10_us": result.spread[0] if result.spread else None,
-            "p90_us": result.spread[1] if result.spread else None, "launches": result.launches}
+        miscs["kdb"].setdefault("profile", {})[name] = result.profile_entry()
         row = replace(row, miscs=json.dumps(miscs, ensure_ascii=False, allow_nan=False))
         counts["timed"] += 1
     return GpuOutcome(row, "", device, counts)
