@@ -390,37 +390,27 @@ class KernelDB:
 
     def iter_rows(self, where: str = "", params: Sequence[Any] = (), *, batch: int = 256) -> Iterator[KernelRow]:
         """Every row, streamed in Key order in short read transactions (memory flat in N)."""
-        self._require_current()
-        last = None
-        cols = ", ".join(COLUMNS)
-        cond = f"({where[len('WHERE '):]}) AND " if where.startswith("WHERE ") else ""
-        while True:
-            with self.reading() as conn:
-                if last is None:
-                    got = conn.execute(
-                        f"SELECT {cols} FROM KernelCache {where} ORDER BY Key LIMIT ?", (*params, batch)
-                    ).fetchall()
-                else:
-                    got = conn.execute(
-                        f"SELECT {cols} FROM KernelCache WHERE {cond}Key > ? ORDER BY Key LIMIT ?",
-                        (*params, last, batch),
-                    ).fetchall()
-            if not got:
-                return
-            for r in got:
-                yield KernelRow.from_values(tuple(r))
-            last = got[-1][0]
+        return self._paged("Key", where, params, batch)
 
     def iter_table_order(self, *, batch: int = 256) -> Iterator[KernelRow]:
         """Every row in table (rowid) order, streamed: NNFusion takes an identifier's FIRST row in this order,
         so a copy of a DB must keep it (iter_rows' Key order would hand the compiler other kernels)."""
+        return self._paged("rowid", "", (), batch)
+
+    def _paged(self, order: str, where: str, params: Sequence[Any], batch: int) -> Iterator[KernelRow]:
+        """Rows by `order` (Key or rowid, both unique), `batch` at a time, each page in its own read."""
         self._require_current()
         cols = ", ".join(COLUMNS)
-        last = -1
+        cond = f"({where[len('WHERE '):]}) AND " if where.startswith("WHERE ") else ""
+        last = None
         while True:
             with self.reading() as conn:
-                got = conn.execute(f"SELECT rowid, {cols} FROM KernelCache WHERE rowid > ? ORDER BY rowid LIMIT ?",
-                                   (last, batch)).fetchall()
+                if last is None:
+                    got = conn.execute(f"SELECT {order}, {cols} FROM KernelCache {where} ORDER BY {order} LIMIT ?",
+                                       (*params, batch)).fetchall()
+                else:
+                    got = conn.execute(f"SELECT {order}, {cols} FROM KernelCache WHERE {cond}{order} > ? "
+                                       f"ORDER BY {order} LIMIT ?", (*params, last, batch)).fetchall()
             if not got:
                 return
             for r in got:

@@ -46,18 +46,24 @@ def _arch() -> str:
     return f"sm_{major}{minor}"
 
 
-def _compile(source: str, name: str) -> Any:
-    """Compile once per source: verify and time of one kernel share the module."""
-    from pycuda.compiler import SourceModule
-
+def _module(key: tuple[str, str], load: Any, phase: str) -> Any:
+    """The kernel function of a module loaded once per key: verify and time of one kernel share it."""
     cache: dict[tuple[str, str], Any] = _state.setdefault("modules", {})
-    if (source, name) not in cache:
+    if key not in cache:
         if len(cache) > 64:
             cache.clear()
-        module = SourceModule(source, no_extern_c=True, arch=_arch(), options=["-lineinfo"])
-        cache[(source, name)] = (module, module.get_function(name))
-    _phase_done("compiled")
-    return cache[(source, name)]
+        module = load()  # kept beside its function: the function must not outlive it
+        cache[key] = (module, module.get_function(key[1]))
+    _phase_done(phase)
+    return cache[key][1]
+
+
+def _compile(source: str, name: str) -> Any:
+    """Compile with pycuda (nvcc) here: the source has no cubin of the nvcc check for this device."""
+    from pycuda.compiler import SourceModule
+
+    return _module((source, name), lambda: SourceModule(source, no_extern_c=True, arch=_arch(),
+                                                         options=["-lineinfo"]), "compiled")
 
 
 def _kernel(job: dict[str, Any]) -> Any:
@@ -65,16 +71,9 @@ def _kernel(job: dict[str, Any]) -> Any:
     (no second compile: a tuned kernel's nvcc run can take minutes), else compiled here with pycuda."""
     cubin = (job.get("cubins") or {}).get(_arch())
     if not cubin:
-        return _compile(job["source"], job["kernel"])[1]
-    cache: dict[tuple[str, str], Any] = _state.setdefault("modules", {})
-    key = (cubin, job["cubin_kernel"])
-    if key not in cache:
-        if len(cache) > 64:
-            cache.clear()
-        module = _state["cuda"].module_from_buffer(base64.b64decode(cubin))
-        cache[key] = (module, module.get_function(job["cubin_kernel"]))
-    _phase_done("loaded")
-    return cache[key][1]
+        return _compile(job["source"], job["kernel"])
+    return _module((cubin, job["cubin_kernel"]),
+                   lambda: _state["cuda"].module_from_buffer(base64.b64decode(cubin)), "loaded")
 
 
 def _phase_done(phase: str) -> None:
@@ -233,7 +232,7 @@ def instrument(source: str, kernel: str) -> str:
 
 def count_barriers(job: dict[str, Any]) -> dict[str, Any]:
     cuda = _cuda()
-    _, fn = _compile(instrument(job["source"], job["kernel"]), job["kernel"])
+    fn = _compile(instrument(job["source"], job["kernel"]), job["kernel"])
     arrays, out_shape = _inputs(job)
     counter = cuda.to_device(np.zeros(1, dtype=np.uint32))
     with _holding_gpu():
