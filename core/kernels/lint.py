@@ -137,18 +137,23 @@ def _check_miscs(miscs: Any, add: Any) -> None:
 
 
 
+def block_form_resources(miscs: Any) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(arch, ptxas resources) of the block form (what NNFusion compiles) the nvcc check recorded in
+    Miscs.kdb.compile; nothing where the row has no such record or it is malformed."""
+    kdb = miscs.get("kdb") if isinstance(miscs, dict) else None
+    compiled = kdb.get("compile") if isinstance(kdb, dict) else None
+    for arch, kernels in compiled.items() if isinstance(compiled, dict) else ():
+        block = kernels.get("kdb_block_kernel") if isinstance(kernels, dict) else None
+        if isinstance(block, dict):
+            yield arch, block
+
+
 def _check_spills(miscs: dict[str, Any], add: Any) -> None:
     """The nvcc check's resources (Miscs.kdb.compile): ptxas spilling registers of the form NNFusion compiles.
 
     Seen on the H200: a tuned conv measured 86 us by the tuner ran 624 us as a row, ptxas having given it 32
     registers under its `__launch_bounds__` and 3 KB of spills per thread."""
-    compiled = miscs.get("kdb", {}).get("compile") if isinstance(miscs.get("kdb"), dict) else None
-    if not isinstance(compiled, dict):
-        return
-    for arch, kernels in compiled.items():
-        block = kernels.get("kdb_block_kernel") if isinstance(kernels, dict) else None
-        if not isinstance(block, dict):
-            continue
+    for arch, block in block_form_resources(miscs):
         spilled = block.get("spill_stores")
         if isinstance(spilled, int) and spilled > SPILL_LIMIT_BYTES:
             add(WARNING, "register-spill",

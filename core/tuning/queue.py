@@ -19,6 +19,7 @@ from core.db.kernel_db import KernelDB
 from core.db.state import StateDB, state_dir
 from core.errors import KdbError
 from core.inject.pipeline import InjectOptions, Injector, InjectReport
+from core.kernels.lint import block_form_resources
 from core.tuning.job import PhaseEvent, TrialEvent, TuneJob, TuneResult, best_kernels, recorded_runs, run_tune
 from core.tuning.network import Network, NetworkEvent, predict, spread_budget, tuning_order
 
@@ -149,14 +150,14 @@ def slower_than_tuned(db: KernelDB, keys: dict[str, str], candidates: list[dict[
         rows = db.find(key)
         if not rows or role not in tuned:
             continue
-        kdb = json.loads(rows[0].miscs).get("kdb", {})
+        miscs = json.loads(rows[0].miscs)
+        kdb = miscs.get("kdb", {})
         profiled = [p["us"] for p in kdb.get("profile", {}).values() if p.get("us")]
         if not profiled or profiled[0] < SLOWER_THAN_TUNED * tuned[role]:
             continue
         line = (f"the {role} row runs {profiled[0] / tuned[role]:.1f}x its tuned time "
                 f"({profiled[0]:.1f} vs {tuned[role]:.1f} us)")
-        for arch, forms in kdb.get("compile", {}).items():
-            block = forms.get("kdb_block_kernel", {})
+        for arch, block in block_form_resources(miscs):
             if block.get("spill_stores"):
                 line += f"; {arch}: {block.get('registers')} registers, {block.get('spill_stores')} B spilled"
         lines.append(line)
