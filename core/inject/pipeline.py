@@ -373,9 +373,10 @@ class Injector:
         # ptxas spilled under the block-size bound alone: try one resident block, keep whichever spills less.
         other = {**function, "function_signature": bounded}
         retried = self._compile_archs(other)
-        if all(r.ok for r in retried) and max(r.spill_bytes() for r in retried) < spilled:
+        still = max((r.spill_bytes() for r in retried), default=0)
+        if all(r.ok for r in retried) and still < spilled:
             note = (f"ptxas spilled {spilled} B per thread under the block-size bound; "
-                    f"{max(r.spill_bytes() for r in retried)} B under __launch_bounds__(N, 1), which the row keeps")
+                    f"{still} B under __launch_bounds__(N, 1), which the row keeps")
             return Compiled(retried, other, note)
         return Compiled(results)
 
