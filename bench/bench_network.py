@@ -6,6 +6,7 @@ Parts, each run on the GPU machine (see docs/BENCHMARKS.md for the commands and 
     python3 bench/bench_network.py pytorch  --out DIR      # PyTorch eager and CUDA-graph latency
     python3 bench/bench_network.py tune     --out DIR --db DB --trials 448   # tune the ops NNFusion looks up
     python3 bench/bench_network.py nnfusion --out DIR --db DB --nnfusion BIN --label tuned
+    python3 bench/bench_network.py ops      --out DIR --db DB   # each op's rows against cuDNN, timed now
 
 One timing method for every contender: the input already on the GPU, 100 warm-up iterations, then 1000
 iterations each between its own pair of CUDA events on the stream the work runs on; the median. For NNFusion
@@ -239,6 +240,23 @@ int main(int argc, char** argv) {
 """
 
 
+def run_step(what: str, cmd: list[str], timeout_s: float, **kw: Any) -> subprocess.CompletedProcess[str]:
+    """One step of a contender, its clock printed as soon as it ends; a step past `timeout_s` is killed and
+    named (a network whose run hangs on the GPU says so instead of holding the device call)."""
+    t0 = time.perf_counter()
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, **kw)
+    except subprocess.TimeoutExpired as exc:
+        tail = ((exc.stdout or b"") + (exc.stderr or b""))
+        tail = tail.decode(errors="replace") if isinstance(tail, bytes) else tail
+        raise SystemExit(f"{what}: no result in {timeout_s:.0f} s, stopped ({' '.join(cmd[:2])}); "
+                         f"last output: {tail[-1500:]!r}") from None
+    print(f"  {what}: exit {r.returncode} in {time.perf_counter() - t0:.1f} s", flush=True)
+    if r.returncode != 0:
+        raise SystemExit(f"{what} failed ({r.returncode}): {' '.join(cmd)}\n{(r.stdout + r.stderr)[-3000:]}")
+    return r
+
+
 def part_nnfusion(out: Path, db: Path, model: Path, nnfusion: Path, label: str, flags: list[str]) -> None:
     import numpy as np
 
@@ -247,14 +265,13 @@ def part_nnfusion(out: Path, db: Path, model: Path, nnfusion: Path, label: str, 
     work = out / f"nnfusion-{label}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
+    print(f"NNFusion [{label}] {' '.join(flags)}: {db}", flush=True)
     t0 = time.perf_counter()
     cmd = [str(nnfusion), str(model.resolve()), "-f", "onnx", f"-fkernel_cache_path={db.resolve()}",
            f"-fproduct_name={product}", *flags]
-    log = subprocess.run(cmd, cwd=work, capture_output=True, text=True)
+    log = run_step("compile (nnfusion)", cmd, 300, cwd=work)  # a failure's output tail is in its message
     (out / f"nnfusion-{label}.log").write_text(log.stdout + log.stderr)
     compile_s = time.perf_counter() - t0
-    if log.returncode != 0:
-        raise SystemExit(f"nnfusion failed ({log.returncode}): {(log.stdout + log.stderr)[-2000:]}")
     project = work / "nnfusion_rt" / "cuda_codegen"
     import nvidia.cudnn as cudnn_pkg
 
@@ -262,22 +279,20 @@ def part_nnfusion(out: Path, db: Path, model: Path, nnfusion: Path, label: str, 
     (project / "driver.cu").write_text(DRIVER.replace("WARMUP", str(WARMUP)).replace("ITERS", str(ITERS)))
     t0 = time.perf_counter()
     common = ["-O2", "-gencode", "arch=compute_90,code=sm_90", "--expt-relaxed-constexpr", f"-I{cudnn}/include"]
-    build = [["nvcc", *common, "-Xcompiler", "-fPIC", "-shared", "-cudart", "shared", "nnfusion_rt.cu",
+    run_step("build (nvcc nnfusion_rt.cu)",
+             ["nvcc", *common, "-Xcompiler", "-fPIC", "-shared", "-cudart", "shared", "nnfusion_rt.cu",
               "-o", "libnnfusion_naive_rt.so", f"-L{cudnn}/lib", "-l:libcudnn.so.9", "-l:libcublas.so.13"],
+             600, cwd=project)
+    run_step("build (nvcc driver.cu)",
              ["nvcc", *common, "-std=c++17", "driver.cu", "-o", "driver", "-L.", "-lnnfusion_naive_rt",
-              "-cudart", "shared", "-Xlinker", "-rpath=$ORIGIN"]]
-    for step in build:
-        r = subprocess.run(step, cwd=project, capture_output=True, text=True)
-        if r.returncode != 0:
-            raise SystemExit(f"build failed: {' '.join(step)}\n{(r.stdout + r.stderr)[-3000:]}")
+              "-cudart", "shared", "-Xlinker", "-rpath=$ORIGIN"], 300, cwd=project)
     build_s = time.perf_counter() - t0
     ref = np.fromfile(out / REFERENCE, dtype=np.float64)
     n_in = 1 * 3 * 224 * 224
     env = dict(os.environ, LD_LIBRARY_PATH=f"{project}:{cudnn}/lib:" + os.environ.get("LD_LIBRARY_PATH", ""))
-    r = subprocess.run(["./driver", str((out / INPUT).resolve()), str(n_in), "output.bin", str(ref.size)],
-                       cwd=project, capture_output=True, text=True, env=env)
-    if r.returncode != 0:
-        raise SystemExit(f"driver failed ({r.returncode}): {(r.stdout + r.stderr)[-3000:]}")
+    r = run_step(f"run ({WARMUP} warm-ups + {ITERS} timed iterations)",
+                 ["./driver", str((out / INPUT).resolve()), str(n_in), "output.bin", str(ref.size)], 120,
+                 cwd=project, env=env)
     timing = json.loads(r.stdout.strip().splitlines()[-1])
     output = np.fromfile(project / "output.bin", dtype=np.float32)
     source = (project / "nnfusion_rt.cu").read_text()
@@ -292,7 +307,20 @@ def part_nnfusion(out: Path, db: Path, model: Path, nnfusion: Path, label: str, 
     (out / f"nnfusion-{label}.json").write_text(json.dumps(result, indent=1))
     print(f"NNFusion [{label}] {' '.join(flags)}: {timing['median_ms']:.4f} ms median "
           f"(p10 {timing['p10_ms']:.4f}, p90 {timing['p90_ms']:.4f}); max rel err vs float64 {result['error']:.2e}; "
-          f"library calls {result['library_calls']}; compile {compile_s:.1f} s, nvcc {build_s:.0f} s")
+          f"library calls {result['library_calls']}; compile {compile_s:.1f} s, nvcc {build_s:.0f} s", flush=True)
+
+
+def part_ops(out: Path, db: Path, model: Path) -> None:
+    """Each of the model's looked-up ops: the DB's best and efficient rows (their GPU profile) against cuDNN/
+    cuBLAS timed now, the same method; the geometric mean over the convolutions (bench_tune.op_table)."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from bench_tune import op_table, with_library_times
+
+    from core.tuning.network import network_from_model
+
+    network = with_library_times(network_from_model(model), "cuda")
+    rows = op_table(db, network)
+    (out / "ops.json").write_text(json.dumps(rows, indent=1))
 
 
 def part_dbs(out: Path, tuned: Path, fallback: Path | None) -> None:
@@ -347,7 +375,7 @@ def summary(out: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("part", choices=["export", "pytorch", "tune", "dbs", "nnfusion", "summary"])
+    ap.add_argument("part", choices=["export", "pytorch", "tune", "dbs", "nnfusion", "ops", "summary"])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--db", type=Path)
     ap.add_argument("--model", type=Path, help="default: OUT/resnet18.onnx")
@@ -370,6 +398,8 @@ def main() -> None:
         part_dbs(args.out, args.db, args.fallback)
     elif args.part == "nnfusion":
         part_nnfusion(args.out, args.db, model, args.nnfusion, args.label, args.flag)
+    elif args.part == "ops":
+        part_ops(args.out, args.db, model)
     else:
         summary(args.out)
 

@@ -64,6 +64,16 @@ def with_library_times(network: Any, target: str) -> Any:
     return dataclasses.replace(network, ops=ops)
 
 
+def shard_of(network: Any, spec: str) -> Any:
+    """Shard K of N (1-based): the ops sorted by FLOPs x count, dealt out in turn, so each shard gets a like
+    share of the work."""
+    k, n = (int(x) for x in spec.split("/"))
+    if not 1 <= k <= n:
+        raise SystemExit(f"--shard {spec}: want K/N with 1 <= K <= N")
+    ranked = sorted(network.ops, key=lambda op: op.config.flops * op.count, reverse=True)
+    return dataclasses.replace(network, ops=ranked[k - 1 :: n])
+
+
 def op_table(db_path: Path, network: Any) -> list[dict]:
     """Each op's injected kernels against the library: our GPU job's profile of the best and the efficient row
     (the timing method of bench_gpu.library_us), the library's time, the ratio; and the geometric mean over the
@@ -132,6 +142,8 @@ def main() -> None:
     ap.add_argument("--state", type=Path, help="state dir to keep (work dirs, tuned.db): a second run resumes "
                                                "from it (default: a fresh temporary one)")
     ap.add_argument("--progress", type=Path, help="append each job's and the network's events here (JSON lines)")
+    ap.add_argument("--shard", metavar="K/N", help="a model: tune only shard K of N (ops dealt by FLOPs x count, "
+                                                   "largest first), so N processes can tune one network side by side")
     args = ap.parse_args()
     os.environ["KDB_STATE_DIR"] = str(args.state) if args.state else tempfile.mkdtemp(prefix="kdb-bench-tune-")
 
@@ -191,7 +203,10 @@ def main() -> None:
             from core.tuning.network import network_from_model
             from core.tuning.queue import run_network
 
-            network = with_library_times(network_from_model(args.model), args.target)
+            network = network_from_model(args.model)
+            if args.shard:
+                network = shard_of(network, args.shard)
+            network = with_library_times(network, args.target)
             report = run_network(network, args.trials * len(network.ops), make_job, db_path=db_path,
                                  inject_options=inject, on_job=log_event, on_network=log_event)
         else:

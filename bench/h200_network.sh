@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
 # Issue 16's H200 session in device calls that follow one another while the machine stays warm (30 s idle):
 #   bash .device/a/stage1.sh; bash .device/b/stage2.sh     (the bundle: TVM, pycuda and the wheels)
-#   bash bench/h200_network.sh start TRIALS    export ResNet-18 (torchvision, BN folded), start tuning it as one
-#                                              network in the background (setsid: it outlives the call)
+#   bash bench/h200_network.sh start TRIALS [SLEEP] [SHARDS]
+#                                              export ResNet-18 (torchvision, BN folded), start tuning it as one
+#                                              network in the background (setsid: it outlives the call); SHARDS
+#                                              processes side by side, each a share of the ops (bench_tune --shard)
 #   bash bench/h200_network.sh wait SECONDS    follow the tuning up to SECONDS; results to $OUT
-#   bash bench/h200_network.sh network NNFUSION FALLBACK_DB
-#                                              NNFusion with the tuned DB (best + efficient, best only), the empty
-#                                              DB and PyTorch, one timing method (bench_network.py)
+#   bash bench/h200_network.sh reinject ITEMS  kernel JSON (exported rows) injected again into $R/reinjected.db,
+#                                              with today's checks (launch bounds), verified and timed
+#   bash bench/h200_network.sh network NNFUSION FALLBACK_DB [DB]
+#                                              NNFusion with the tuned DB (best + efficient, best only, and without
+#                                              BlockFusion), the empty DB and PyTorch, one timing method
+#                                              (bench_network.py); DB defaults to the tuning's
+#   bash bench/h200_network.sh ops [DB]        each op's rows against cuDNN, timed now
 #   bash bench/h200_network.sh verify KERNELS  kdb inject --verify --profile pace, before/after (bench_verify.py)
 # Everything lands in /tmp/kdb-run on the machine; each step leaves results.tgz (and tuned.db) in $OUT.
 set -uo pipefail
@@ -18,8 +24,8 @@ mkdir -p "$R/state" "$R/net"
 step=${1:?start|wait|network|verify}
 
 copy_out() {  # $OUT takes 8 files at most: the small results go as one archive, rewritten each time
-  (cd "$R" && tar czf "$OUT/results.tgz" --ignore-failed-read $(ls tune.log tune.json progress.jsonl summary.txt \
-    verify.log verify.json net/*.json net/*.log 2>/dev/null))
+  (cd "$R" && tar czf "$OUT/results.tgz" --ignore-failed-read $(ls tune*.log tune*.json progress*.jsonl summary.txt \
+    verify.log verify.json reinject.jsonl ops.log net/*.json net/*.log 2>/dev/null))
   [ -f "$R/state/tuned.db" ] && python3 -c "import sqlite3,sys; s=sqlite3.connect(sys.argv[1]); \
 d=sqlite3.connect(sys.argv[2]); s.backup(d)" "$R/state/tuned.db" "$OUT/tuned.db"
   return 0
@@ -28,24 +34,45 @@ d=sqlite3.connect(sys.argv[2]); s.backup(d)" "$R/state/tuned.db" "$OUT/tuned.db"
 case "$step" in
 start)
   python3 bench/bench_network.py export --out "$R/net" || exit 1
-  setsid nohup python3 bench/bench_tune.py --target cuda --model "$R/net/resnet18.onnx" --trials "${2:?trials}" \
-    --batch 64 --state "$R/state" --progress "$R/progress.jsonl" --out "$R/tune.json" \
-    >"$R/tune.log" 2>&1 </dev/null &
-  echo "tuning started (pid $!)"
+  shards=${4:-1}
+  for k in $(seq 1 "$shards"); do
+    setsid nohup python3 bench/bench_tune.py --target cuda --model "$R/net/resnet18.onnx" --trials "${2:?trials}" \
+      --batch 64 --state "$R/state" --progress "$R/progress-$k.jsonl" --out "$R/tune-$k.json" \
+      --shard "$k/$shards" --workers $(( $(nproc) / shards )) >"$R/tune-$k.log" 2>&1 </dev/null &
+    echo "tuning shard $k/$shards started (pid $!)"
+  done
   sleep "${3:-0}"
-  tail -n 20 "$R/progress.jsonl" 2>/dev/null | cut -c1-300
+  tail -q -n 5 "$R"/progress-*.jsonl 2>/dev/null | cut -c1-300
   copy_out ;;
 wait)
   end=$((SECONDS + ${2:?seconds}))
-  while [ $SECONDS -lt $end ] && ! grep -q "^ratio:" "$R/tune.log"; do sleep 5; done
-  tail -n 12 "$R/progress.jsonl" | cut -c1-300
-  grep -q "^ratio:" "$R/tune.log" && cat "$R/tune.log" | grep -v "^\s*$" | tail -n 60
+  finished() { for f in "$R"/tune-*.log; do grep -q "^ratio:" "$f" || return 1; done; }
+  while [ $SECONDS -lt $end ] && ! finished; do sleep 5; done
+  tail -q -n 4 "$R"/progress-*.jsonl | cut -c1-300
+  for f in "$R"/tune-*.log; do grep -q "^ratio:" "$f" && grep -v "^\s*$" "$f" | tail -n 45; done
+  finished && python3 - "$R"/tune-*.json <<'PY'
+import json, sys
+runs = [json.load(open(p)) for p in sys.argv[1:]]
+trials, wall = sum(r["trials"] for r in runs), max(r["wall_s"] for r in runs)
+print(f"combined: {trials} trials in {wall:.1f} s over {len(runs)} processes side by side: {trials / wall * 60:.1f} trials/min")
+PY
+  copy_out ;;
+reinject)
+  rm -f "$R/reinjected.db"*
+  python3 -m console.entry inject --db "$R/reinjected.db" --arch sm_90 --verify --profile --workers "$(nproc)" --jsonl \
+    "${2:?kernel folder}" >"$R/reinject.jsonl" 2>&1
+  tail -n 3 "$R/reinject.jsonl" | cut -c1-600
+  copy_out ;;
+ops)
+  python3 bench/bench_network.py ops --out "$R/net" --db "$(realpath "${2:-$R/state/tuned.db}")" 2>&1 | tee "$R/ops.log"
   copy_out ;;
 network)
   nnf=$(realpath "${2:?nnfusion binary}"); fallback=$(realpath "${3:?fallback db}")
+  tuned=$(realpath "${4:-$R/state/tuned.db}")
   pkill -f "[b]ench_tune.py" && sleep 2  # a tuning still running would share the GPU
+  rm -f "$R"/net/nnfusion-*.json  # this DB's table only
   {
-    python3 bench/bench_network.py dbs --out "$R/net" --db "$R/state/tuned.db" --fallback "$fallback"
+    python3 bench/bench_network.py dbs --out "$R/net" --db "$tuned" --fallback "$fallback"
     python3 -c "import sys; from core.db.kernel_db import KernelDB; KernelDB.open(sys.argv[1], create=True).close()" \
       "$R/net/empty.db"
     python3 bench/bench_network.py pytorch --out "$R/net"
@@ -54,6 +81,8 @@ network)
         --label "$label"
       copy_out
     done
+    timeout 240 python3 bench/bench_network.py nnfusion --out "$R/net" --db "$R/net/tuned-all.db" --nnfusion "$nnf" \
+      --label tuned-all-no-blockfusion --flag=-fblockfusion_level=0
     python3 bench/bench_network.py summary --out "$R/net" | tee "$R/summary.txt"
   } 2>&1 | tee "$OUT/network.log"
   copy_out ;;
