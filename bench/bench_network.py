@@ -257,7 +257,26 @@ def run_step(what: str, cmd: list[str], timeout_s: float, **kw: Any) -> subproce
     return r
 
 
-def part_nnfusion(out: Path, db: Path, model: Path, nnfusion: Path, label: str, flags: list[str]) -> None:
+def trace_steps(source: str) -> str:
+    """kernel_entry with a check after each step of its first call: synchronise, print the step's name and the
+    CUDA status to stderr. A run that hangs then names the last step that finished (the next one hung)."""
+    lines = source.split("\n")
+    entry = next(i for i, line in enumerate(lines) if line.startswith('extern "C" int kernel_entry('))
+    out, name, step = lines[:entry], "", 0
+    for line in lines[entry:]:
+        out.append(line)
+        if line.startswith(" // name="):
+            name = line.split("=", 1)[1]
+        elif name and line.endswith(");") and "_Call(" in line:
+            step += 1
+            out.append(f'{{ static int kdb_seen = 0; if (!kdb_seen++) {{ cudaError_t e = cudaDeviceSynchronize(); '
+                       f'fprintf(stderr, "step {step} {name}: %s\\n", cudaGetErrorString(e)); }} }}')
+            name = ""
+    return "#include <cstdio>\n" + "\n".join(out)
+
+
+def part_nnfusion(out: Path, db: Path, model: Path, nnfusion: Path, label: str, flags: list[str],
+                  trace: bool = False) -> None:
     import numpy as np
 
     torch = torch_setup()
@@ -277,6 +296,9 @@ def part_nnfusion(out: Path, db: Path, model: Path, nnfusion: Path, label: str, 
 
     cudnn = Path(next(iter(cudnn_pkg.__path__)))
     (project / "driver.cu").write_text(DRIVER.replace("WARMUP", str(WARMUP)).replace("ITERS", str(ITERS)))
+    if trace:
+        rt = project / "nnfusion_rt.cu"
+        rt.write_text(trace_steps(rt.read_text()))
     t0 = time.perf_counter()
     common = ["-O2", "-gencode", "arch=compute_90,code=sm_90", "--expt-relaxed-constexpr", f"-I{cudnn}/include"]
     run_step("build (nvcc nnfusion_rt.cu)",
@@ -291,8 +313,8 @@ def part_nnfusion(out: Path, db: Path, model: Path, nnfusion: Path, label: str, 
     n_in = 1 * 3 * 224 * 224
     env = dict(os.environ, LD_LIBRARY_PATH=f"{project}:{cudnn}/lib:" + os.environ.get("LD_LIBRARY_PATH", ""))
     r = run_step(f"run ({WARMUP} warm-ups + {ITERS} timed iterations)",
-                 ["./driver", str((out / INPUT).resolve()), str(n_in), "output.bin", str(ref.size)], 120,
-                 cwd=project, env=env)
+                 ["./driver", str((out / INPUT).resolve()), str(n_in), "output.bin", str(ref.size)],
+                 45, cwd=project, env=env)  # about 1.1 s of GPU work: more is a hang
     timing = json.loads(r.stdout.strip().splitlines()[-1])
     output = np.fromfile(project / "output.bin", dtype=np.float32)
     source = (project / "nnfusion_rt.cu").read_text()
@@ -385,6 +407,8 @@ def main() -> None:
     ap.add_argument("--label", default="tuned")
     ap.add_argument("--fallback", type=Path, help="dbs: rows for the ops the tuned DB lacks (kdb's default kernels)")
     ap.add_argument("--flag", action="append", default=[], help="nnfusion: an extra compiler flag (repeatable)")
+    ap.add_argument("--trace-steps", action="store_true",
+                    help="nnfusion: synchronise and name each step of the first call (finds the step that hangs)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     model = args.model or args.out / "resnet18.onnx"
@@ -397,7 +421,7 @@ def main() -> None:
     elif args.part == "dbs":
         part_dbs(args.out, args.db, args.fallback)
     elif args.part == "nnfusion":
-        part_nnfusion(args.out, args.db, model, args.nnfusion, args.label, args.flag)
+        part_nnfusion(args.out, args.db, model, args.nnfusion, args.label, args.flag, args.trace_steps)
     elif args.part == "ops":
         part_ops(args.out, args.db, model)
     else:

@@ -25,7 +25,8 @@ step=${1:?start|wait|network|verify}
 
 copy_out() {  # $OUT takes 8 files at most: the small results go as one archive, rewritten each time
   (cd "$R" && tar czf "$OUT/results.tgz" --ignore-failed-read $(ls tune*.log tune*.json progress*.jsonl summary.txt \
-    verify.log verify.json reinject.jsonl ops.log net/*.json net/*.log 2>/dev/null))
+    verify.log verify.json reinject.jsonl ops.log net/*.json net/*.log \
+    net/nnfusion-*/nnfusion_rt/cuda_codegen/nnfusion_rt.cu 2>/dev/null))
   [ -f "$R/state/tuned.db" ] && python3 -c "import sqlite3,sys; s=sqlite3.connect(sys.argv[1]); \
 d=sqlite3.connect(sys.argv[2]); s.backup(d)" "$R/state/tuned.db" "$OUT/tuned.db"
   return 0
@@ -78,11 +79,11 @@ network)
     python3 bench/bench_network.py pytorch --out "$R/net"
     for label in tuned-all empty tuned-best; do  # each result is copied out as soon as it is there
       timeout 240 python3 bench/bench_network.py nnfusion --out "$R/net" --db "$R/net/$label.db" --nnfusion "$nnf" \
-        --label "$label"
+        --label "$label" --trace-steps
       copy_out
     done
     timeout 240 python3 bench/bench_network.py nnfusion --out "$R/net" --db "$R/net/tuned-all.db" --nnfusion "$nnf" \
-      --label tuned-all-no-blockfusion --flag=-fblockfusion_level=0
+      --label tuned-all-no-blockfusion --flag=-fblockfusion_level=0 --trace-steps
     python3 bench/bench_network.py summary --out "$R/net" | tee "$R/summary.txt"
   } 2>&1 | tee "$OUT/network.log"
   copy_out ;;
