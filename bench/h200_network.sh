@@ -12,6 +12,7 @@
 #                                              NNFusion with the tuned DB (best + efficient, best only, and without
 #                                              BlockFusion), the empty DB and PyTorch, one timing method
 #                                              (bench_network.py); DB defaults to the tuning's
+#     (CONTENDERS="tuned-best empty" limits the NNFusion contenders, NO_PYTORCH=1 skips PyTorch)
 #   bash bench/h200_network.sh ops [DB]        each op's rows against cuDNN, timed now
 #   bash bench/h200_network.sh verify KERNELS  kdb inject --verify --profile pace, before/after (bench_verify.py)
 # Everything lands in /tmp/kdb-run on the machine; each step leaves results.tgz (and tuned.db) in $OUT.
@@ -76,14 +77,14 @@ network)
     python3 bench/bench_network.py dbs --out "$R/net" --db "$tuned" --fallback "$fallback"
     python3 -c "import sys; from core.db.kernel_db import KernelDB; KernelDB.open(sys.argv[1], create=True).close()" \
       "$R/net/empty.db"
-    python3 bench/bench_network.py pytorch --out "$R/net"
-    for label in tuned-all empty tuned-best; do  # each result is copied out as soon as it is there
+    [ -n "${NO_PYTORCH:-}" ] || python3 bench/bench_network.py pytorch --out "$R/net"
+    for label in ${CONTENDERS:-tuned-all empty tuned-best}; do  # each result is copied out as soon as it is there
       timeout 240 python3 bench/bench_network.py nnfusion --out "$R/net" --db "$R/net/$label.db" --nnfusion "$nnf" \
         --label "$label" --trace-steps
       copy_out
     done
-    timeout 240 python3 bench/bench_network.py nnfusion --out "$R/net" --db "$R/net/tuned-all.db" --nnfusion "$nnf" \
-      --label tuned-all-no-blockfusion --flag=-fblockfusion_level=0 --trace-steps
+    [ -n "${CONTENDERS:-}" ] || timeout 240 python3 bench/bench_network.py nnfusion --out "$R/net" \
+      --db "$R/net/tuned-all.db" --nnfusion "$nnf" --label tuned-all-no-blockfusion --flag=-fblockfusion_level=0 --trace-steps
     python3 bench/bench_network.py summary --out "$R/net" | tee "$R/summary.txt"
   } 2>&1 | tee "$OUT/network.log"
   copy_out ;;

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from core.cuda.warps import pad_body, warp_padded_block
 from core.errors import InputError
 from core.kernels.ops import (
     DEVICE_TYPE,
@@ -189,7 +191,13 @@ def build_row(
     canonical = map_parameters(spec.op.op_type, src.params, dtype)
     inputs = sorted(n for n in canonical if n.startswith("input"))
     outputs = sorted(n for n in canonical if n.startswith("output"))
-    signature = nnfusion_signature([f"{dtype}* {n}" for n in inputs + outputs], spec.threads_per_block)
+    block, body, block_body = spec.block, src.body, src.body_without_shared()
+    padded = warp_padded_block(spec.block, barriers.count)
+    if padded is not None:  # see core/cuda/warps.py: BlockFusion would hang on a partial warp with barriers
+        block = padded
+        body = pad_body(body, spec.threads_per_block, barriers.count)
+        block_body = pad_body(block_body, spec.threads_per_block, barriers.count)
+    signature = nnfusion_signature([f"{dtype}* {n}" for n in inputs + outputs], math.prod(block))
     aliases = [
         f"{'const ' if p.is_const else ''}{p.base_type}* {p.name} = {name};"
         for p, name in zip(src.params, canonical, strict=True)
@@ -197,13 +205,13 @@ def build_row(
     ]
     prefix = "\n".join(aliases) + "\n" if aliases else ""
     shared_aliases = "".join(d.alias + "\n" for d in src.shared if d.alias)
-    function_body = prefix + src.body
+    function_body = prefix + body
     function = {
         "function_signature": signature,
         "function_body": function_body,
         "grid_dim": list(spec.grid),
-        "block_dim": list(spec.block),
-        "block_function_body": prefix + shared_aliases + src.body_without_shared(),
+        "block_dim": list(block),
+        "block_function_body": prefix + shared_aliases + block_body,
         "shared_memory": {
             "symbol": [d.symbol for d in src.shared],
             "dtype": [d.dtype for d in src.shared],
@@ -216,6 +224,9 @@ def build_row(
     tags = tags_for(spec.op.op_type, *(p.transpose_a, p.transpose_b) if isinstance(p, DotParams) else ())
     miscs: dict[str, Any] = {"external_profile": {"time": "", "resource": spec.resource}}
     kdb: dict[str, Any] = {"name": spec.name}
+    if padded is not None:
+        kdb["warp_padded"] = (f"blockDim {spec.threads_per_block} padded to {padded[0]} threads with non-aligned "
+                              "barriers, so BlockFusion cannot hang on a partial warp")
     notes = list(spec.warnings) + list(src.notes)
     if notes:
         kdb["notes"] = notes
@@ -223,7 +234,7 @@ def build_row(
         kdb.update(extra_miscs)
     miscs["kdb"] = kdb
     return KernelRow(
-        key=kernel_key(identifier, spec.grid, spec.block, function_body),
+        key=kernel_key(identifier, spec.grid, block, function_body),
         identifier=identifier,
         op_type=spec.op.op_type,
         attributes=_dumps(spec.op.attributes()),

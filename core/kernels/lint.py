@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.cuda.nvcc import SPILL_LIMIT_BYTES
+from core.cuda.warps import partial_warp_barriers
 from core.errors import InputError
 from core.kernels.kernel_row import DTYPE_BYTES
 from core.kernels.ops import DEVICE_TYPE, FUSED_OP_TYPES, PATTERN_DEVICE_TYPE, SUPPORTED_OP_TYPES
@@ -189,6 +190,11 @@ def _check_function(fn: Any, block: bool, add: Any) -> None:
     n = fn.get("num_syncthreads")
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         add(CRASH, "function", "Function.num_syncthreads is missing or not a non-negative integer")
+    elif partial_warp_barriers(fn.get("block_dim"), n, fn.get("block_function_body")):
+        add(WARNING, "partial-warp-barrier",
+            f"blockDim {fn.get('block_dim')} ends in a partial warp and the kernel has {n} __syncthreads(): in a "
+            "BlockFusion group with a larger blockDim the compiled network can hang (seen on the H200); "
+            "re-inject it with --replace: kdb now pads such blocks to whole warps")
     _check_shared_alignment(fn, add)
 
 
