@@ -36,7 +36,8 @@ def test_a_spilling_kernel_is_injected_with_the_bound_that_spills_less(tmp_path:
         rows = [r for r in db.iter_table_order() if r.device_type == "CUDA_GPU"]
     assert report.injected == 1 and report.failed == 0, report.failures
     function, kdb = json.loads(rows[0].function), json.loads(rows[0].miscs)["kdb"]
-    assert "__launch_bounds__(98, 1)" in function["function_signature"]
+    # 98 threads with barriers: the row's block is padded to whole warps (core/cuda/warps.py), 128 threads
+    assert "__launch_bounds__(128, 1)" in function["function_signature"] and function["block_dim"] == [128, 1, 1]
     resources = kdb["compile"]["sm_90"]["kdb_block_kernel"]
     assert resources["spill_stores"] < 1000 and resources["registers"] > 32  # was 3,024 B with 32 registers
-    assert kdb["launch_bounds"].startswith("ptxas spilled 3024 B per thread under the block-size bound")
+    assert kdb["launch_bounds"].startswith("ptxas spilled 3004 B per thread under the block-size bound")

@@ -1,0 +1,78 @@
+"""Rows with barriers and a partial last warp are padded to whole warps with the non-aligned barrier.
+
+Why: NNFusion's BlockFusion runs a 56-thread block kernel inside a larger block and parks threads 56..63
+(which share a warp with real threads) in `for (K) __syncthreads();`. __syncthreads() is PTX's aligned
+barrier, so the warp is split across barrier instructions: ResNet-18 with tuned 56-thread kernels hung on
+the H200, and bench/cuda/partial_warp_barrier.cu reproduces the hang alone (the padded form completes).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from test_kernel_row import NVCC
+
+from core.cuda.nvcc import standalone_source
+from core.cuda.warps import NON_ALIGNED_BARRIER, pad_body, partial_warp_barriers, warp_padded_block
+from core.db.kernel_db import KernelDB
+from core.inject.pipeline import InjectOptions, Injector
+from core.kernels.lint import lint_rows
+
+SPILLING = Path(__file__).parent / "data" / "spilling_conv_512x7x7.json.gz"  # 98 threads, 32 barriers
+
+
+def test_only_one_dimensional_blocks_with_barriers_and_a_partial_warp_are_padded():
+    assert warp_padded_block((56, 1, 1), 24) == (64, 1, 1)
+    assert warp_padded_block((98, 1, 1), 1) == (128, 1, 1)
+    assert warp_padded_block((64, 1, 1), 24) is None  # whole warps already
+    assert warp_padded_block((56, 1, 1), 0) is None  # no barrier: parked threads cannot split one
+    assert warp_padded_block((7, 8, 1), 24) is None  # padding x would renumber the threads: lint reports it
+
+
+def test_the_padded_body_parks_the_padding_threads_and_uses_only_the_non_aligned_barrier():
+    body = ("// __syncthreads() in a comment stays\n"
+            'const char* s = "__syncthreads()";\n'
+            "for (int i = 0; i < 4; ++i) { a[threadIdx.x] = i; __syncthreads(); b += a[0]; __syncthreads (); }\n")
+    padded = pad_body(body, 56, 8)
+    guard, rest = padded.split("\n", 1)
+    assert guard == (f"if (threadIdx.x >= 56) {{ for (int kdb_b = 0; kdb_b < 8; ++kdb_b) {NON_ALIGNED_BARRIER}; "
+                     "return; }")
+    assert rest.count(NON_ALIGNED_BARRIER) == 2
+    assert "// __syncthreads() in a comment stays" in rest and '"__syncthreads()"' in rest
+    assert "__syncthreads (" not in rest and "__syncthreads(); b" not in rest
+
+
+def test_lint_reports_rows_written_before_the_padding():
+    assert partial_warp_barriers([56, 1, 1], 24, "x; __syncthreads();")
+    assert not partial_warp_barriers([64, 1, 1], 24, "x; __syncthreads();")
+    assert not partial_warp_barriers([56, 1, 1], 24, f"x; {NON_ALIGNED_BARRIER};")  # already padded form
+    assert not partial_warp_barriers([56, 1, 1], 0, "x;")
+
+
+@pytest.mark.skipif(not NVCC, reason="nvcc not found: the PTX shows which barrier the row compiles to")
+def test_an_injected_98_thread_kernel_is_a_128_thread_row_whose_ptx_has_no_aligned_barrier(
+        tmp_path: Path, isolated_env: Path):
+    kernels = tmp_path / "k.json"
+    kernels.write_text(gzip.decompress(SPILLING.read_bytes()).decode())
+    with KernelDB.open(tmp_path / "k.db", create=True) as db:
+        report = Injector(db, InjectOptions(archs=("sm_90",), nvcc=NVCC, workers=1)).run([kernels])
+        rows = list(db.iter_table_order())
+        findings = [f.check for f in lint_rows(db.iter_raw())]
+    assert report.injected == 1 and report.failed == 0, report.failures
+    gpu_row = next(r for r in rows if r.device_type == "CUDA_GPU")
+    function, kdb = json.loads(gpu_row.function), json.loads(gpu_row.miscs)["kdb"]
+    assert function["block_dim"] == [128, 1, 1] and function["num_syncthreads"] == 32
+    assert function["block_function_body"].startswith("if (threadIdx.x >= 98)")
+    assert function["function_body"].startswith("if (threadIdx.x >= 98)")
+    assert kdb["warp_padded"].startswith("blockDim 98 padded to 128")
+    assert "partial-warp-barrier" not in findings
+    source = tmp_path / "row.cu"
+    source.write_text(standalone_source(function))
+    ptx = subprocess.run([NVCC, "-arch=sm_90", "-ptx", str(source), "-o", "-"], capture_output=True, text=True,
+                         check=True).stdout
+    assert "barrier.sync 0;" in ptx
+    assert "bar.sync" not in ptx and "barrier.sync.aligned" not in ptx
