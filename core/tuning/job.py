@@ -2,8 +2,10 @@
 
 A job tunes in its own work dir (MetaSchedule's JSON database: one record per measured trial, appended),
 so it can be cancelled and resumed: a torn last record is cut off, the trials already recorded count
-against the budget, and the search starts again from the records there. The best kernel, and the
-"efficient" one (smallest time x resource, what NNFusion's BlockFusion prefers) become kernel JSON.
+against the budget, and the search starts again from the records there. The best kernel becomes kernel
+JSON; with `efficient`, also the "efficient" one (smallest time x resource, which NNFusion's BlockFusion
+swaps in when a group's blocks exceed its capacity). Off by default: on the H200, ResNet-18 compiled with
+both ran 1.46x slower than with the best kernels alone (docs/BENCHMARKS.md, 2026-12-03 session 5).
 
 Measurement is local, or spread over TVM's RPC tracker (one rpc_server per GPU, on any hosts).
 """
@@ -62,6 +64,7 @@ class TuneJob:
     cold_l2: bool | None = None  # time each run after an L2 flush (measure.py); default: on for cuda
     seed: int | None = None
     overlap: bool | None = None  # build while measuring (default: when measuring off this CPU; pipeline.py)
+    efficient: bool = False  # also a kernel for the most efficient record (time x resource): see above
 
     def __post_init__(self) -> None:
         if self.trials < 1:
@@ -353,7 +356,7 @@ def error_kind(error: str) -> str:
 
 
 def best_kernels(job: TuneJob, work_dir: Path, *, top_k: int = 16, check: bool = True) -> TuneResult:
-    """Kernel JSON for the fastest record and for the most efficient one (time x resource)."""
+    """Kernel JSON for the fastest record, and for the most efficient one (time x resource) if the job asks."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
@@ -383,7 +386,10 @@ def best_kernels(job: TuneJob, work_dir: Path, *, top_k: int = 16, check: bool =
     result.best_seconds = min(s[0] for s in scored)
     skipped: list[str] = []
     checked = False
-    for role, order in (("best", lambda s: s[0]), ("efficient", lambda s: s[0] * s[1])):
+    roles: list[tuple[str, Callable[[Any], float]]] = [("best", lambda s: s[0])]
+    if job.efficient:
+        roles.append(("efficient", lambda s: s[0] * s[1]))
+    for role, order in roles:
         # Walk the records from the best down: a schedule may lean on TVM helper functions (cp.async...)
         # that live outside the kernel, which NNFusion cannot store; the first self-contained one wins.
         for seconds, resource, scheduled in sorted(scored, key=order):
