@@ -1,4 +1,4 @@
-"""A queue of tuning jobs: tune each op config, turn its best and efficient records into kernels,
+"""A queue of tuning jobs: tune each op config, turn its best record (and, asked, its most efficient one) into kernels,
 verify and time them on the GPU, and inject them. Used by `kdb tune` and the console's Tuning view.
 
 `run_network` runs a whole network as one such queue: the budget spread over its ops (network.py), the
