@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import sqlite3
 import subprocess
 from pathlib import Path
 
@@ -76,3 +77,53 @@ def test_an_injected_98_thread_kernel_is_a_128_thread_row_whose_ptx_has_no_align
                          check=True).stdout
     assert "barrier.sync 0;" in ptx
     assert "bar.sync" not in ptx and "barrier.sync.aligned" not in ptx
+
+
+def _inject(db_path: Path, files: list[Path], **kw: object):  # type: ignore[no-untyped-def]
+    with KernelDB.open(db_path, create=True) as db:
+        report = Injector(db, InjectOptions(compile=False, workers=1, **kw)).run(files)  # type: ignore[arg-type]
+        return report, [r for r in db.iter_table_order() if r.device_type == "CUDA_GPU"]
+
+
+def test_an_exported_padded_row_injects_again_to_the_same_row(tmp_path: Path, isolated_env: Path):
+    from core.kernels.export import row_to_item, write_kernel_json
+
+    kernels = tmp_path / "k.json"
+    kernels.write_text(gzip.decompress(SPILLING.read_bytes()).decode())
+    _, (row,) = _inject(tmp_path / "a.db", [kernels])
+    item = row_to_item(row)
+    assert item["blockDim"] == [98, 1, 1] and "barrier.sync" not in item["code"] and "kdb_b" not in item["code"]
+    exported = tmp_path / "exported.json"
+    assert write_kernel_json([row], exported) == 1
+    report, (again,) = _inject(tmp_path / "b.db", [exported])
+    assert report.injected == 1 and again.key == row.key and again.function == row.function
+
+
+def test_an_old_unpadded_row_is_flagged_and_rewritten_by_show_export_and_inject_replace(
+        tmp_path: Path, isolated_env: Path):
+    from conftest import run_kdb
+
+    from core.cuda.warps import unpad_body
+
+    kernels = tmp_path / "k.json"
+    kernels.write_text(gzip.decompress(SPILLING.read_bytes()).decode())
+    db_path = tmp_path / "old.db"
+    _, (row,) = _inject(db_path, [kernels])
+    old = json.loads(row.function)  # the row as kdb wrote it before the padding: 98 threads, aligned barriers
+    old["block_dim"] = [98, 1, 1]
+    old["function_body"] = unpad_body(old["function_body"])[0]
+    old["block_function_body"] = unpad_body(old["block_function_body"])[0]
+    with sqlite3.connect(db_path) as conn:
+        conn.execute("UPDATE KernelCache SET Function = ? WHERE Key = ?", (json.dumps(old), row.key))
+    conn.close()
+    with KernelDB.open(db_path) as db:
+        assert "partial-warp-barrier" in {f.check for f in lint_rows(db.iter_raw())}
+    exported = tmp_path / "old.json"
+    proc = run_kdb("show", "--db", str(db_path), row.key, "--export", str(exported))
+    assert proc.returncode == 0, proc.stderr
+    proc = run_kdb("inject", "--db", str(db_path), "--no-compile", "--replace", str(exported))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with KernelDB.open(db_path) as db:
+        assert "partial-warp-barrier" not in {f.check for f in lint_rows(db.iter_raw())}
+        rows = [r for r in db.iter_table_order() if r.device_type == "CUDA_GPU"]
+    assert [json.loads(r.function)["block_dim"] for r in rows] == [[128, 1, 1]]

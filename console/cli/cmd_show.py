@@ -13,6 +13,7 @@ import sys
 from console.cli.output import is_terminal, out, print_json, write
 from core.db.kernel_db import KernelDB
 from core.errors import KdbError
+from core.kernels.export import write_kernel_json
 from core.kernels.kernel_row import KernelRow
 from core.kernels.lint import lint_row
 from core.kernels.rowview import describe_row
@@ -23,6 +24,11 @@ def main(args: argparse.Namespace) -> int:
         rows = db.find(args.key)
     if not rows:
         raise KdbError(f"no kernel with Key or Identifier {args.key!r}")
+    if args.export is not None:
+        count = write_kernel_json(rows, args.export)
+        write(f"exported {count} kernel(s) to {args.export}; `kdb inject --replace {args.export}` rewrites them "
+              "under today's rules")
+        return 0
     if args.json:
         print_json({"query": args.key, "kernels": [describe_row(row) for row in rows]})
         return 0

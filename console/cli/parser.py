@@ -11,6 +11,7 @@ import argparse
 import importlib
 import os
 import sys
+from pathlib import Path
 
 COMMANDS: dict[str, tuple[str, str]] = {
     # name: (module, one-line help)
@@ -112,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     _db_option(p)
     p.add_argument("key", metavar="KEY_OR_IDENTIFIER")
     p.add_argument("--json", action="store_true", help="one JSON object: {query, kernels} (columns parsed)")
+    p.add_argument("--export", type=Path, metavar="FILE",
+                   help="write the matching kernels as kernel JSON (re-inject with `kdb inject --replace FILE`)")
 
     p = sub.add_parser("lint", help=COMMANDS["lint"][1])
     _db_option(p)

@@ -558,15 +558,11 @@ class KernelsScreen(KdbScreen):
 
     @work(thread=True, exit_on_error=False, group="export")
     def export_rows(self, keys: list[str], path: Path) -> None:
-        from core.kernels.export import row_to_item
-        from core.kernels.kernel_row import distinct_kernels
+        from core.kernels.export import write_kernel_json
 
         with self.app.context.open_db() as db:  # type: ignore[attr-defined]
-            items = [row_to_item(r) for r in distinct_kernels(r for key in keys for r in db.find(key))]
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(items, indent=1), encoding="utf-8")
-        tmp.replace(path)
-        self.app.call_from_thread(self.notify, f"exported {len(items)} kernel(s) to {path}")
+            count = write_kernel_json([r for key in keys for r in db.find(key)], path)
+        self.app.call_from_thread(self.notify, f"exported {count} kernel(s) to {path}")
 
     def action_check_on_gpu(self, profile: bool) -> None:
         keys = self._selection()

@@ -47,6 +47,20 @@ def pad_body(body: str, threads: int, barriers: int) -> str:
     return guard + "".join(pieces)
 
 
+_GUARD = re.compile(r"if \(threadIdx\.x >= (\d+)\) \{ for \(int kdb_b = 0; kdb_b < \d+; \+\+kdb_b\) "
+                    + re.escape(NON_ALIGNED_BARRIER) + r"; return; \}\n")
+
+
+def unpad_body(body: str) -> tuple[str, int] | None:
+    """The kernel's own body and thread count back from a padded one (None if it is not padded), so an
+    exported row injects again to the same row."""
+    guard = _GUARD.search(body)
+    if guard is None:
+        return None
+    plain = body[:guard.start()] + body[guard.end():]
+    return plain.replace(NON_ALIGNED_BARRIER, "__syncthreads()"), int(guard.group(1))
+
+
 def partial_warp_barriers(block: object, barriers: object, body: object) -> bool:
     """A stored row whose blockDim ends in a partial warp and whose body uses the aligned barrier: the kind of
     row that can hang inside a BlockFusion group."""

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
+from core.cuda.warps import unpad_body
 from core.errors import InputError
 from core.kernels.kernel_row import KernelRow
 from core.kernels.ops import CONV_FAMILY, POOLS
@@ -33,7 +36,13 @@ def row_to_item(row: KernelRow) -> dict[str, Any]:
     sig = str(fn.get("function_signature", ""))
     if "void (" not in sig:
         raise InputError(f"row {row.key[:20]}: unexpected function_signature {sig[:60]!r}")
-    code = sig.replace("void (", f"void {name}(", 1) + " {" + str(fn.get("function_body", "")) + "}"
+    body, block = str(fn.get("function_body", "")), fn.get("block_dim")
+    unpadded = unpad_body(body) if kdb.get("warp_padded") else None
+    if unpadded is not None:  # the kernel as it came: injecting it pads it again, to the same row
+        body, threads = unpadded
+        sig = re.sub(r"__launch_bounds__\(\s*\d+", f"__launch_bounds__({threads}", sig, count=1)
+        block = [threads, 1, 1]
+    code = sig.replace("void (", f"void {name}(", 1) + " {" + body + "}"
     ins, outs = attrs.get("input_shape", []), attrs.get("output_shape", [])
     p = attrs.get("parameters", {}) or {}
     op = row.op_type
@@ -49,7 +58,19 @@ def row_to_item(row: KernelRow) -> dict[str, Any]:
     else:
         params = {"input_shapes": ins, "output_shape": outs[0]}
     item: dict[str, Any] = {"tvm_func_name": name, "op_type": op, "parameters": params, "code": code,
-                            "gridDim": fn.get("grid_dim"), "blockDim": fn.get("block_dim")}
+                            "gridDim": fn.get("grid_dim"), "blockDim": block}
     if attrs.get("dtype", "float") != "float":
         item["dtype"] = attrs["dtype"]
     return item
+
+
+def write_kernel_json(rows: Iterable[KernelRow], path: Path) -> int:
+    """The rows' distinct kernels as one kernel JSON file (written whole, then renamed into place); the count.
+    `kdb inject --replace` of that file rewrites the rows under today's rules (padding, launch bounds)."""
+    from core.kernels.kernel_row import distinct_kernels
+
+    items = [row_to_item(r) for r in distinct_kernels(rows)]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(items, indent=1), encoding="utf-8")
+    tmp.replace(path)
+    return len(items)

@@ -194,7 +194,7 @@ def _check_function(fn: Any, block: bool, add: Any) -> None:
         add(WARNING, "partial-warp-barrier",
             f"blockDim {fn.get('block_dim')} ends in a partial warp and the kernel has {n} __syncthreads(): in a "
             "BlockFusion group with a larger blockDim the compiled network can hang (seen on the H200); "
-            "re-inject it with --replace: kdb now pads such blocks to whole warps")
+            "rewrite it (kdb show KEY --export k.json; kdb inject --replace k.json): kdb now pads such blocks")
     _check_shared_alignment(fn, add)
 
 
