@@ -5,7 +5,8 @@
 #                                              export ResNet-18 (torchvision, BN folded), start tuning it as one
 #                                              network in the background (setsid: it outlives the call); SHARDS
 #                                              processes side by side, each a share of the ops (bench_tune --shard)
-#   bash bench/h200_network.sh wait SECONDS    follow the tuning up to SECONDS; results to $OUT
+#   bash bench/h200_network.sh wait SECONDS    follow the tuning up to SECONDS; results to $OUT (state.tgz: the
+#                                              tuning records; carry it as .netrun/state.tgz and `start` resumes)
 #   bash bench/h200_network.sh reinject ITEMS  kernel JSON (exported rows) injected again into $R/reinjected.db,
 #                                              with today's checks (launch bounds), verified and timed
 #   bash bench/h200_network.sh network NNFUSION FALLBACK_DB [DB]
@@ -28,6 +29,9 @@ copy_out() {  # $OUT takes 8 files at most: the small results go as one archive,
   (cd "$R" && tar czf "$OUT/results.tgz" --ignore-failed-read $(ls tune*.log tune*.json progress*.jsonl summary.txt \
     verify.log verify.json reinject.jsonl ops.log net/*.json net/*.log \
     net/nnfusion-*/nnfusion_rt/cuda_codegen/nnfusion_rt.cu 2>/dev/null))
+  # the tuning records (MetaSchedule's JSON work dirs): carried back as .netrun/state.tgz, a later session
+  # resumes them instead of measuring again
+  [ -d "$R/state/tuning" ] && tar czf "$OUT/state.tgz" -C "$R" --exclude='tuned.db*' --exclude='*.lock' state/tuning
   [ -f "$R/state/tuned.db" ] && python3 -c "import sqlite3,sys; s=sqlite3.connect(sys.argv[1]); \
 d=sqlite3.connect(sys.argv[2]); s.backup(d)" "$R/state/tuned.db" "$OUT/tuned.db"
   return 0
@@ -36,6 +40,7 @@ d=sqlite3.connect(sys.argv[2]); s.backup(d)" "$R/state/tuned.db" "$OUT/tuned.db"
 case "$step" in
 start)
   python3 bench/bench_network.py export --out "$R/net" || exit 1
+  if [ -f .netrun/state.tgz ]; then tar xzf .netrun/state.tgz -C "$R" && echo "resuming the records of .netrun/state.tgz"; fi
   shards=${4:-1}
   for k in $(seq 1 "$shards"); do
     setsid nohup python3 bench/bench_tune.py --target cuda --model "$R/net/resnet18.onnx" --trials "${2:?trials}" \
