@@ -218,9 +218,11 @@ async def test_console_browses_while_two_injectors_and_a_deleter_write(tmp_path:
           f"console: {i} page/filter actions, {len(pages)} pages loaded (median {statistics.median(pages or [0]):.2f} s)")
     assert not worker_failures and not errors, (worker_failures, errors)
     assert not [e for e in s.stderr if "locked" in e.lower()], s.stderr
-    # Injectors still running at the end were interrupted (SIGINT: exit 1, "cancelled"); none failed a kernel.
+    # Injectors still running at the end were interrupted (SIGINT: "cancelled", exit 130 as `kdb` documents for an
+    # interruption); none failed a kernel. On a quiet machine both finish inside the window (exit 0).
     assert len(s.summaries) == 2 and all(e["failed"] == 0 for e in s.summaries), s.summaries
-    assert s.exit_codes[:2] == [int(e["cancelled"]) for e in s.summaries] and s.exit_codes[2] == 0, s.exit_codes
+    assert s.exit_codes[:2] == [130 if e["cancelled"] else 0 for e in s.summaries] and s.exit_codes[2] == 0, \
+        s.exit_codes
     assert len(s.committed) > 1000 and len(s.deleted) > 50, "too little happened to prove anything"
     assert not set(s.committed) - s.deleted - set(rows), "lost writes: committed, never deleted, yet absent"
     assert not s.deleted & set(rows), "deleted rows are back"
