@@ -73,3 +73,36 @@ def test_the_rows_read_and_write_exactly_the_declared_columns():
 
     for record, table in ((Run, RunTable), (Failure, FailureTable)):
         assert [f.name for f in fields(record)] == [c.name for c in table.__table__.columns]
+
+
+def test_a_second_command_creating_the_state_file_waits_for_the_first(tmp_path: Path):
+    """Two commands on a new state dir: the one that finds no tables while the other creates them waits for the
+    creation lock and then finds them (it died on "table run already exists" before the lock)."""
+    import fcntl
+    import os
+    import threading
+
+    from core.db.state_schema import create_tables, creation_lock
+
+    path = tmp_path / "state.db"
+    fd = os.open(creation_lock(path), os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # "the first command", in the middle of creating the tables
+    errors: list[BaseException] = []
+
+    def second() -> None:
+        try:
+            create_tables(path)
+        except BaseException as exc:  # handed to the test thread
+            errors.append(exc)
+
+    waiting = threading.Thread(target=second)
+    waiting.start()
+    waiting.join(timeout=1.0)
+    assert waiting.is_alive() and not errors, errors  # it waits instead of racing the first
+    create_tables(tmp_path / "other.db")  # (the schema, to copy below)
+    with sqlite3.connect(path) as conn, sqlite3.connect(tmp_path / "other.db") as other:
+        for (sql,) in other.execute("SELECT sql FROM sqlite_master WHERE sql IS NOT NULL"):
+            conn.execute(sql)  # the first command's tables land
+    os.close(fd)  # the first command is done
+    waiting.join(timeout=30)
+    assert not waiting.is_alive() and not errors, errors

@@ -7,6 +7,8 @@ import at start. tests/test_state_db.py holds the dataclasses there to these col
 
 from __future__ import annotations
 
+import fcntl
+import os
 from pathlib import Path
 
 from sqlmodel import Field, SQLModel, create_engine
@@ -43,10 +45,24 @@ class FailureTable(SQLModel, table=True):
     dismissed: bool = False
 
 
+def creation_lock(path: Path) -> Path:
+    return path.with_name(path.name + ".create-lock")
+
+
 def create_tables(path: Path) -> None:
-    """Create the tables (and indexes) a state file needs; existing ones are left as they are."""
-    engine = create_engine(f"sqlite:///{path}")
+    """Create the tables (and indexes) a state file needs; existing ones are left as they are.
+
+    Under a cross-process lock: SQLAlchemy looks for each table, then creates it, and two commands started
+    together on a new state dir (two `kdb inject` in CI) both found none and one died on "table run already
+    exists". The second now waits, then finds the first one's tables."""
+    lock = creation_lock(path)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        SQLModel.metadata.create_all(engine, tables=[RunTable.__table__, FailureTable.__table__])
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        engine = create_engine(f"sqlite:///{path}")
+        try:
+            SQLModel.metadata.create_all(engine, tables=[RunTable.__table__, FailureTable.__table__])
+        finally:
+            engine.dispose()
     finally:
-        engine.dispose()
+        os.close(fd)  # releases the lock
