@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import multiprocessing
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from multiprocessing.context import SpawnContext
+from pathlib import Path
 from typing import Any
 
 
@@ -66,3 +69,16 @@ def kill_group(proc: subprocess.Popen[Any], timeout_s: float = 10.0) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.communicate(timeout=timeout_s)
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive advisory `flock` on `path` (created if missing) for the block, across processes; the
+    kernel releases it if the holder dies."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock

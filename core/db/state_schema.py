@@ -7,11 +7,11 @@ import at start. tests/test_state_db.py holds the dataclasses there to these col
 
 from __future__ import annotations
 
-import fcntl
-import os
 from pathlib import Path
 
 from sqlmodel import Field, SQLModel, create_engine
+
+from core.processes import file_lock
 
 
 class RunTable(SQLModel, table=True):
@@ -55,14 +55,9 @@ def create_tables(path: Path) -> None:
     Under a cross-process lock: SQLAlchemy looks for each table, then creates it, and two commands started
     together on a new state dir (two `kdb inject` in CI) both found none and one died on "table run already
     exists". The second now waits, then finds the first one's tables."""
-    lock = creation_lock(path)
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with file_lock(creation_lock(path)):
         engine = create_engine(f"sqlite:///{path}")
         try:
             SQLModel.metadata.create_all(engine, tables=[RunTable.__table__, FailureTable.__table__])
         finally:
             engine.dispose()
-    finally:
-        os.close(fd)  # releases the lock

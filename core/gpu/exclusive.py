@@ -9,11 +9,12 @@ holder dies. Work on the CPU (compiling, references, comparisons) runs outside i
 
 from __future__ import annotations
 
-import fcntl
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from core.processes import file_lock
 
 LOCK_ENV = "KDB_GPU_LOCK"  # set by a parent for its GPU children and measuring processes
 # A GPU child's phase message before it asks for the lock: its parent's clock for a hung kernel starts only
@@ -33,11 +34,5 @@ def lock_path() -> Path:
 @contextmanager
 def gpu_exclusive() -> Iterator[None]:
     """Hold the GPU for launches that must not overlap another process's timed ones."""
-    path = lock_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with file_lock(lock_path()):
         yield
-    finally:
-        os.close(fd)  # closing the descriptor releases the lock
