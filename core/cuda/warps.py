@@ -21,6 +21,11 @@ from core.cuda.source import mask
 WARP = 32
 NON_ALIGNED_BARRIER = 'asm volatile("barrier.sync 0;" ::: "memory")'
 _SYNCTHREADS = re.compile(r"\b__syncthreads\s*\(\s*\)")
+# The padding threads' guard, and the pattern that finds it again (one text: they cannot drift apart).
+_GUARD_TEXT = ("if (threadIdx.x >= {threads}) {{ for (int kdb_b = 0; kdb_b < {barriers}; ++kdb_b) "
+               + NON_ALIGNED_BARRIER.replace("{", "{{").replace("}", "}}") + "; return; }}\n")
+_GUARD = re.compile(re.escape(_GUARD_TEXT.format(threads="THREADS", barriers="BARRIERS"))
+                    .replace("THREADS", r"(\d+)").replace("BARRIERS", r"\d+"))
 
 
 def warp_padded_block(block: tuple[int, int, int], barriers: int) -> tuple[int, int, int] | None:
@@ -42,13 +47,7 @@ def pad_body(body: str, threads: int, barriers: int) -> str:
         pieces += [body[pos:m.start()], NON_ALIGNED_BARRIER]
         pos = m.end()
     pieces.append(body[pos:])
-    guard = (f"if (threadIdx.x >= {threads}) {{ for (int kdb_b = 0; kdb_b < {barriers}; ++kdb_b) "
-             f"{NON_ALIGNED_BARRIER}; return; }}\n")
-    return guard + "".join(pieces)
-
-
-_GUARD = re.compile(r"if \(threadIdx\.x >= (\d+)\) \{ for \(int kdb_b = 0; kdb_b < \d+; \+\+kdb_b\) "
-                    + re.escape(NON_ALIGNED_BARRIER) + r"; return; \}\n")
+    return _GUARD_TEXT.format(threads=threads, barriers=barriers) + "".join(pieces)
 
 
 def unpad_body(body: str) -> tuple[str, int] | None:

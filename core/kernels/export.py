@@ -14,7 +14,7 @@ from typing import Any
 
 from core.cuda.warps import unpad_body
 from core.errors import InputError
-from core.kernels.kernel_row import KernelRow
+from core.kernels.kernel_row import KernelRow, distinct_kernels
 from core.kernels.ops import CONV_FAMILY, POOLS
 
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9_]")
@@ -67,8 +67,6 @@ def row_to_item(row: KernelRow) -> dict[str, Any]:
 def write_kernel_json(rows: Iterable[KernelRow], path: Path) -> int:
     """The rows' distinct kernels as one kernel JSON file (written whole, then renamed into place); the count.
     `kdb inject --replace` of that file rewrites the rows under today's rules (padding, launch bounds)."""
-    from core.kernels.kernel_row import distinct_kernels
-
     items = [row_to_item(r) for r in distinct_kernels(rows)]
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(items, indent=1), encoding="utf-8")
