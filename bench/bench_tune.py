@@ -144,6 +144,9 @@ def main() -> None:
     ap.add_argument("--progress", type=Path, help="append each job's and the network's events here (JSON lines)")
     ap.add_argument("--shard", metavar="K/N", help="a model: tune only shard K of N (ops dealt by FLOPs x count, "
                                                    "largest first), so N processes can tune one network side by side")
+    ap.add_argument("--no-transfer", action="store_true",
+                    help="MetaSchedule's own cost model per op instead of one per process warm-started from the "
+                         "records on disk (core/tuning/costmodel.py)")
     args = ap.parse_args()
     os.environ["KDB_STATE_DIR"] = str(args.state) if args.state else tempfile.mkdtemp(prefix="kdb-bench-tune-")
 
@@ -156,6 +159,10 @@ def main() -> None:
     extra: dict[str, Any] = {"overlap": {"on": True, "off": False}[args.overlap]} if args.overlap != "auto" else {}
     if extra and "overlap" not in fields:
         raise SystemExit("--overlap: this code has no overlap setting")
+    if args.no_transfer:
+        if "transfer" not in fields:
+            raise SystemExit("--no-transfer: this code has no shared cost model")
+        extra["transfer"] = False
 
     def make_job(config: Any, trials: int) -> Any:
         return TuneJob(config, trials=trials, target=args.target, arch=args.arch, trials_per_batch=args.batch,
@@ -238,7 +245,8 @@ def main() -> None:
               f"ms per candidate)")
     for r in results:
         print(f"  {r.job.name}: {r.new_trials} trials in {r.seconds:.1f} s, best "
-              + (f"{r.best_seconds * 1e6:.2f} us" if r.best_seconds else "-"))
+              + (f"{r.best_seconds * 1e6:.2f} us" if r.best_seconds else "-")
+              + (f"; search {r.search}, the model had {r.model_trials} trials" if getattr(r, "search", "") else ""))
     per_op = op_table(db_path, network if args.model else None) if args.target == "cuda" else []
     if getattr(report, "network", None) is not None:
         print(f"network {report.network.text()}")
@@ -255,7 +263,9 @@ def main() -> None:
                                     "network": dataclasses.asdict(report.network)
                                     if getattr(report, "network", None) else None,
                                     "jobs": [{"op": r.job.name, "trials": r.new_trials, "seconds": r.seconds,
-                                              "best_us": (r.best_seconds or 0) * 1e6} for r in results]},
+                                              "best_us": (r.best_seconds or 0) * 1e6,
+                                              "search": getattr(r, "search", ""),
+                                              "model_trials": getattr(r, "model_trials", None)} for r in results]},
                                    indent=1))
 
 

@@ -7,13 +7,14 @@
 #                                              processes side by side, each a share of the ops (bench_tune --shard)
 #   bash bench/h200_network.sh wait SECONDS    follow the tuning up to SECONDS; results to $OUT (state.tgz: the
 #                                              tuning records; carry it as .netrun/state.tgz and `start` resumes)
-#   bash bench/h200_network.sh reinject ITEMS  kernel JSON (exported rows) injected again into $R/reinjected.db,
+#   bash bench/h200_network.sh reinject ITEMS...  kernel JSON (exported rows) injected again into $R/reinjected.db,
 #                                              with today's checks (launch bounds), verified and timed
 #   bash bench/h200_network.sh network NNFUSION FALLBACK_DB [DB]
 #                                              NNFusion with the tuned DB (best + efficient, best only, and without
 #                                              BlockFusion), the empty DB and PyTorch, one timing method
 #                                              (bench_network.py); DB defaults to the tuning's
-#     (CONTENDERS="tuned-best empty" limits the NNFusion contenders, NO_PYTORCH=1 skips PyTorch)
+#     (CONTENDERS="tuned-best empty" limits the NNFusion contenders, NO_PYTORCH=1 skips PyTorch, RUNS=5 times
+#      each contender in 5 processes and keeps the median run)
 #   bash bench/h200_network.sh ops [DB]        each op's rows against cuDNN, timed now
 #   bash bench/h200_network.sh verify KERNELS  kdb inject --verify --profile pace, before/after (bench_verify.py)
 # Everything lands in /tmp/kdb-run on the machine; each step leaves results.tgz (and tuned.db) in $OUT.
@@ -67,7 +68,7 @@ PY
 reinject)
   rm -f "$R/reinjected.db"*
   python3 -m console.entry inject --db "$R/reinjected.db" --arch sm_90 --verify --profile --workers "$(nproc)" --jsonl \
-    "${2:?kernel folder}" >"$R/reinject.jsonl" 2>&1
+    "${@:2}" >"$R/reinject.jsonl" 2>&1
   tail -n 3 "$R/reinject.jsonl" | cut -c1-600
   copy_out ;;
 ops)
@@ -85,7 +86,7 @@ network)
     [ -n "${NO_PYTORCH:-}" ] || python3 bench/bench_network.py pytorch --out "$R/net"
     for label in ${CONTENDERS:-tuned-all empty tuned-best}; do  # each result is copied out as soon as it is there
       timeout 240 python3 bench/bench_network.py nnfusion --out "$R/net" --db "$R/net/$label.db" --nnfusion "$nnf" \
-        --label "$label" --trace-steps
+        --label "$label" --trace-steps --runs "${RUNS:-1}"
       copy_out
     done
     [ -n "${CONTENDERS:-}" ] || timeout 240 python3 bench/bench_network.py nnfusion --out "$R/net" \

@@ -93,6 +93,8 @@ def test_tune_says_what_it_did_streams_each_trial_and_says_when_it_reuses(tmp_pa
     assert any(m in second.stderr for m in TVM_LINES)
     assert "resuming from 2 trials recorded by an earlier run" in second.stdout
     assert "done: Dot 16x16 x 16x16: best" in second.stdout and "after 3 trials" in second.stdout
+    # the new process's cost model learnt the 2 recorded trials first (core/tuning/costmodel.py)
+    assert "sampled (the cost model had 2 trials, too few to rank)" in second.stdout
     assert "nothing injected: CPU (llvm) kernels cannot enter a CUDA kernel DB" in second.stderr
     assert f"results: 1 tuning work dir(s) under {tmp_path / 'state' / 'tuning'}" in second.stderr
     assert str(work_dir) in second.stderr and "TVM's log: " in second.stderr

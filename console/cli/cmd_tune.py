@@ -80,7 +80,8 @@ def main(args: argparse.Namespace) -> int:
 
     def make_job(config: OpConfig, n: int) -> TuneJob:
         return TuneJob(config, trials=n, target=args.target, arch=arch, rpc=rpc, rpc_workers=args.rpc_workers,
-                       builder_timeout_s=settings.tune_builder_timeout_s, efficient=args.efficient)
+                       builder_timeout_s=settings.tune_builder_timeout_s, efficient=args.efficient,
+                       transfer=not args.no_transfer)
 
     if network is not None:
         budget = args.budget or trials * len(network.ops)

@@ -212,6 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--efficient", action="store_true",
                    help="also inject each op's most efficient kernel (time x resource) for BlockFusion to swap in; "
                         "on the H200 that made ResNet-18 1.46x slower")
+    p.add_argument("--no-transfer", action="store_true",
+                   help="give each op MetaSchedule's own fresh cost model instead of one model for the run, "
+                        "taught by every trial recorded in the state dir")
     p.add_argument("--json", action="store_true", help="JSON lines of progress events on stdout")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="show TVM's own log here too (it always goes to a file in the state dir)")

@@ -65,6 +65,7 @@ class TuneJob:
     seed: int | None = None
     overlap: bool | None = None  # build while measuring (default: when measuring off this CPU; pipeline.py)
     efficient: bool = False  # also a kernel for the most efficient record (time x resource): see above
+    transfer: bool = True  # one cost model for the process, warm-started from the root's records (costmodel.py)
 
     def __post_init__(self) -> None:
         if self.trials < 1:
@@ -134,6 +135,8 @@ class TuneResult:
     candidates: list[dict[str, Any]] = field(default_factory=list)  # top records: seconds, resource, role
     resumed: int = 0  # trials an earlier run had recorded in the work dir
     phases: dict[str, float] = field(default_factory=dict)  # wall seconds by phase (pipeline.py); see PHASES
+    model_trials: int = 0  # trials the cost model had learnt from when the search began (transfer)
+    search: str = ""  # "evolutionary" (the model ranks) or "sampled" (untrained model: no mutation rounds)
 
     @property
     def reused(self) -> bool:
@@ -285,18 +288,36 @@ def _tune(job: TuneJob, work_dir: Path, history: list[float | None], result: Tun
     else:
         space = "post-order-apply"
     stream.phase("search", 0)
+    target, threads = target_for(job), job.builder_workers or pipeline.host_cpus()
+    batch = min(job.trials_per_batch, remaining)
     with _no_tensor_intrinsics() if job.target == "llvm" else contextlib.nullcontext():
-        ms.tune_tir(mod, target=target_for(job), work_dir=str(work_dir), max_trials_global=remaining, space=space,
-                    num_trials_per_iter=min(job.trials_per_batch, remaining),
+        cost_model: Any = "xgb"
+        strategy: Any = "evolutionary"
+        result.search, warm_s = "evolutionary", 0.0
+        if job.transfer:
+            from core.tuning.costmodel import search_strategy
+
+            shared = pools.cost_model(target, threads)
+            warm = shared.warm_start(work_dir.parent)
+            warm_s = warm.seconds
+            cost_model, strategy = shared.model, search_strategy(shared, batch)
+            result.model_trials, result.search = shared.samples, "evolutionary" if shared.trained else "sampled"
+        ms.tune_tir(mod, target=target, work_dir=str(work_dir), max_trials_global=remaining, space=space,
+                    num_trials_per_iter=batch, cost_model=cost_model, strategy=strategy,
                     builder=pipeline.StreamBuilder(stream), runner=pipeline.StreamRunner(stream), database=database,
                     task_scheduler=stream.scheduler,
                     # The stream records each trial as it is measured: MetaSchedule's AddToDatabase is left out.
                     measure_callbacks=[ms.measure_callback.RemoveBuildArtifact(), ms.measure_callback.UpdateCostModel(),
                                        pipeline.EndOfBatch(stream)],
-                    num_tuning_cores=job.builder_workers or pipeline.host_cpus(), seed=job.seed)
+                    num_tuning_cores=threads, seed=job.seed)
+        if job.transfer:
+            shared.mark_seen(work_dir)
     result.new_trials, result.errors, result.cancelled = stream.new_trials, stream.errors, stream.cancelled
     result.requeued = getattr(stream.inner, "requeued", 0)
     result.phases = stream.phases(before, dict(profiler.get()))
+    # learning from the records on disk is cost-model time, not set-up
+    result.phases["set-up"] = max(0.0, result.phases.get("set-up", 0.0) - warm_s)
+    result.phases["cost model"] = result.phases.get("cost model", 0.0) + warm_s
 
 
 TENSOR_INTRINSICS = "tvm.s_tir.tensor_intrin"

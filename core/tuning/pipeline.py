@@ -75,6 +75,15 @@ class TunePools:
     def __init__(self) -> None:
         self.builders: dict[tuple[int, float], PopenPoolExecutor] = {}
         self.runners: dict[tuple[Any, ...], Any] = {}
+        self.cost_models: dict[str, Any] = {}  # target -> costmodel.SharedCostModel: what earlier jobs taught
+
+    def cost_model(self, target: Any, threads: int) -> Any:
+        from core.tuning.costmodel import SharedCostModel
+
+        key = str(target)
+        if key not in self.cost_models:
+            self.cost_models[key] = SharedCostModel(target, threads)
+        return self.cost_models[key]
 
     def build_pool(self, workers: int, timeout_s: float) -> PopenPoolExecutor:
         key = (workers, timeout_s)
@@ -94,6 +103,7 @@ class TunePools:
             runner.pool.shutdown(wait=False)
         self.builders.clear()
         self.runners.clear()
+        self.cost_models.clear()
 
     def __enter__(self) -> TunePools:
         return self

@@ -177,7 +177,10 @@ def _best_text(result: TuneResult) -> str:
     if result.best_seconds is None:
         return f"{reused}{result.trials} trials, none succeeded"
     speed = result.job.config.speed_text(result.best_seconds)
-    return f"{reused}best {result.best_seconds * 1e6:.2f} us ({speed}) after {result.trials} trials"
+    searched = {"evolutionary": f"; searched with a cost model of {result.model_trials} trials",
+                "sampled": f"; sampled (the cost model had {result.model_trials} trials, too few to rank)"}
+    return (f"{reused}best {result.best_seconds * 1e6:.2f} us ({speed}) after {result.trials} trials"
+            + (searched.get(result.search, "") if result.new_trials else ""))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,86 @@
+"""One cost model per tuning process, warm-started from the trials on disk (core/tuning/costmodel.py), on the
+llvm target: what a job learnt reaches the next job, a new process learns each recorded trial exactly once
+(torn and foreign lines skipped, named), and the search evolves only once the model can rank."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("tvm")
+
+from core.opconfigs.opconfig import parse_line
+from core.tuning.costmodel import RECORDS, WORKLOADS, SharedCostModel
+from core.tuning.job import TuneJob, _no_tensor_intrinsics, run_tune, target_for
+from core.tuning.pipeline import TunePools
+
+pytestmark = pytest.mark.slow
+SMALL = parse_line("cublas_dot_op_float|a+16_16|b+16_16|o+16_16|ta+0|tb+0", "small")
+WIDE = parse_line("cublas_dot_op_float|a+32_16|b+16_32|o+32_32|ta+0|tb+0", "wide")
+
+
+def job(config, trials: int, **kw) -> TuneJob:
+    return TuneJob(config, trials, "llvm", **{"trials_per_batch": 3, "builder_workers": 2, "seed": 3, **kw})
+
+
+def fresh_model(warmup: int = 100) -> SharedCostModel:
+    return SharedCostModel(target_for(job(SMALL, 1)), 2, warmup)
+
+
+@pytest.fixture(scope="module")
+def tuned_root(tmp_path_factory) -> Path:
+    """Two ops tuned one after the other in one process (6 and 4 trials)."""
+    root = tmp_path_factory.mktemp("tuned")
+    with TunePools() as pools:
+        first = run_tune(job(SMALL, 6), root, pools=pools)
+        second = run_tune(job(WIDE, 4), root, pools=pools)
+    assert (first.model_trials, first.search) == (0, "sampled")
+    assert (second.model_trials, second.search) == (6, "sampled")  # the first op's 6 trials, live
+    return root
+
+
+def test_a_new_process_learns_each_recorded_trial_once(tuned_root: Path, tmp_path: Path):
+    root = tmp_path / "root"
+    shutil.copytree(tuned_root, root)
+    small = next(d for d in root.iterdir() if (d / RECORDS).exists() and len((d / RECORDS).read_text().splitlines()) == 6)
+    with (small / RECORDS).open("a") as f:
+        f.write('[0, [[["GetSBlock"')  # another process is writing this trial: not read yet
+    with _no_tensor_intrinsics():
+        model = fresh_model()
+        first = model.warm_start(root)
+        assert (first.trials, first.ops, first.skipped) == (10, 2, [])
+        assert model.samples == 10
+        assert model.warm_start(root).trials == 0 and model.samples == 10  # nothing learnt twice
+
+
+def test_an_unreadable_work_dir_is_named_and_the_rest_still_teaches(tuned_root: Path, tmp_path: Path):
+    root = tmp_path / "root"
+    shutil.copytree(tuned_root, root)
+    bad = root / "bad-op"
+    bad.mkdir()
+    shutil.copy(next(d for d in root.iterdir() if (d / WORKLOADS).exists()) / WORKLOADS, bad / WORKLOADS)
+    (bad / RECORDS).write_text('[0, {"not": "a record"}]\nnot json at all\n')
+    with _no_tensor_intrinsics():
+        model = fresh_model()
+        report = model.warm_start(root)
+    assert report.trials == 10 and len(report.skipped) == 1 and report.skipped[0].startswith("bad-op: ")
+
+
+def test_once_trained_the_model_ranks_and_the_search_evolves(tuned_root: Path, tmp_path: Path):
+    root = tmp_path / "root"
+    shutil.copytree(tuned_root, root)
+    with TunePools() as pools:
+        with _no_tensor_intrinsics():
+            pools.cost_models[str(target_for(job(SMALL, 1)))] = fresh_model(warmup=8)
+        resumed = run_tune(job(SMALL, 8), root, pools=pools)  # 6 on disk: 2 more, searched with the model
+    assert resumed.new_trials == 2 and resumed.model_trials == 10 and resumed.search == "evolutionary"
+
+
+def test_without_transfer_each_job_has_metaschedules_own_model(tuned_root: Path, tmp_path: Path):
+    root = tmp_path / "root"
+    shutil.copytree(tuned_root, root)
+    with TunePools() as pools:
+        result = run_tune(job(WIDE, 5, transfer=False), root, pools=pools)
+        assert (result.model_trials, result.search, pools.cost_models) == (0, "evolutionary", {})
