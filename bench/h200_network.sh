@@ -55,7 +55,8 @@ start)
 wait)
   end=$((SECONDS + ${2:?seconds}))
   finished() { for f in "$R"/tune-*.log; do grep -q "^ratio:" "$f" || return 1; done; }
-  while [ $SECONDS -lt $end ] && ! finished; do sleep 5; done
+  alive() { pgrep -f "[b]ench_tune.py" >/dev/null; }  # a crashed tuning never writes its ratio: stop waiting
+  while [ $SECONDS -lt $end ] && ! finished && alive; do sleep 5; done
   tail -q -n 4 "$R"/progress-*.jsonl | cut -c1-300
   for f in "$R"/tune-*.log; do grep -q "^ratio:" "$f" && grep -v "^\s*$" "$f" | tail -n 45; done
   finished && python3 - "$R"/tune-*.json <<'PY'
