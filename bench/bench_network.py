@@ -360,6 +360,7 @@ def part_dbs(out: Path, tuned: Path, fallback: Path | None) -> None:
     """
     import json as json_
 
+    from core.db.fastest import apply_fastest, plan_fastest, profiled_devices
     from core.db.kernel_db import KernelDB
     from core.kernels.kernel_row import distinct_kernels
 
@@ -381,7 +382,13 @@ def part_dbs(out: Path, tuned: Path, fallback: Path | None) -> None:
             chosen = [r for r in rows if keep(r)] + extra
             for row in chosen:
                 db.insert(row)
-        print(f"{path}: {sum(1 for r in rows if keep(r))} tuned rows + {len(extra)} fallback rows")
+            fastest = ""
+            devices = profiled_devices(db)
+            if label == "tuned-best" and len(devices) == 1:  # rows of several runs: the compiler takes the first
+                plan = plan_fastest(db, devices.pop())
+                removed = apply_fastest(db, plan, out / "backups")
+                fastest = f"; kept the fastest row of {len(plan.choices)} op(s), {len(removed)} rows removed"
+        print(f"{path}: {sum(1 for r in rows if keep(r))} tuned rows + {len(extra)} fallback rows{fastest}")
 
 
 def summary(out: Path) -> None:

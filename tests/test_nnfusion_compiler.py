@@ -13,6 +13,7 @@ import json
 import os
 import sqlite3
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -167,6 +168,29 @@ def test_fused_rows_without_twins_are_not_used_and_repair_makes_them_used(tmp_pa
     report = compile_with(model, bare, tmp_path / "after")
     assert len(report.result.substitutions) == 2
     assert report.usage is not None and report.usage.used_keys() == report.promised() == {r.key for r in kernels}
+
+
+def test_the_compiler_takes_an_ops_first_row_and_fastest_puts_the_fastest_there(tmp_path: Path):
+    g = pools(1)
+    model = write(g.model(g.output, "pools"), tmp_path / "pools.onnx")
+    db_path = build_db(model, tmp_path / "k.db", tmp_path)
+    with KernelDB.open(db_path, write=True) as db:
+        first = next(db.iter_rows("WHERE OpType = 'MaxPool'"))
+        fn = json.loads(first.function)
+        fn["block_function_body"] = "// a later tuning run's kernel\n" + fn["block_function_body"]
+        fn["function_body"] = "// a later tuning run's kernel\n" + fn["function_body"]
+        timed = {"external_profile": {"time": f"{PRODUCT}:50;", "resource": 64}}
+        db.update_miscs(first.key, timed)
+        faster = replace(first, key="kdb:later-and-faster", function=json.dumps(fn),
+                         miscs=json.dumps({"external_profile": {"time": f"{PRODUCT}:10;", "resource": 64}}))
+        db.insert(faster)  # after the first in table order
+    before = compile_with(model, db_path, tmp_path / "before")
+    assert before.usage is not None and first.key in before.usage.used_keys()
+    assert faster.key not in before.usage.used_keys()  # 5x faster by its profile, and not used
+    proc, report = run_kdb_json("db", "fastest", "--db", str(db_path), "--product", PRODUCT, "--apply")
+    assert proc.returncode == 0 and [op["kept"] for op in report["ops"]] == [faster.key]
+    after = compile_with(model, db_path, tmp_path / "after")
+    assert after.usage is not None and faster.key in after.usage.used_keys() and first.key not in after.usage.used_keys()
 
 
 def test_element_wise_rows_are_used_only_at_fusion_level_0(tmp_path: Path):

@@ -1,4 +1,4 @@
-"""kdb db init | check | convert | backup."""
+"""kdb db init | check | repair | fastest | convert | backup."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from core.db.kernel_db import KernelDB, Schema
 
 
 def main(args: argparse.Namespace) -> int:
-    return {"init": _init, "check": _check, "repair": _repair, "convert": _convert,
+    return {"init": _init, "check": _check, "repair": _repair, "fastest": _fastest, "convert": _convert,
             "backup": _backup}[args.db_command](args)
 
 
@@ -74,6 +74,56 @@ def _repair(args: argparse.Namespace) -> int:
             out.print("nothing written: `kdb db repair --apply` writes them (one transaction)")
     left = (not args.apply and unused) or orphans
     return 1 if left else 0
+
+
+def _fastest(args: argparse.Namespace) -> int:
+    """Per op, keep the row measured fastest on one GPU (--apply); else show what would go and why."""
+    from core.db.fastest import apply_fastest, plan_fastest, profiled_devices
+    from core.db.state import state_dir
+    from core.errors import InputError
+    from core.settings import load_settings
+
+    with KernelDB.open(args.db, write=args.apply) as db:
+        device = args.product or load_settings().product_name
+        if not device:
+            devices = sorted(profiled_devices(db))
+            if len(devices) != 1:
+                raise InputError("name the GPU the kernels were timed on: --product NAME (NNFusion's "
+                                 "-fproduct_name)" + (f"; this DB has times for {', '.join(devices)}" if devices
+                                                      else "; no row of this DB has a profile"), where=str(db.path))
+            device = devices[0]
+        plan = plan_fastest(db, device)
+        removed = apply_fastest(db, plan, state_dir() / "backups") if args.apply else []
+    if args.json:
+        print_json({"db": str(db.path), "device": device, "applied": args.apply,
+                    "backup": str(plan.backup) if plan.backup else None, "rows_removed": len(removed),
+                    "ops": [{"identifier": c.identifier, "kept": c.kept.key, "kept_us": c.kept_us,
+                             "removed": [{"key": lo.row.key, "us": lo.us} for lo in c.removed]}
+                            for c in plan.choices],
+                    "unranked": plan.unranked,
+                    "unreadable": [{"key": k, "reason": why} for k, why in plan.unreadable]})
+        return 0
+    changing = [c for c in plan.choices if c.removed]
+    done = f"removed {len(plan.removals)} kernel(s) ({len(removed)} rows, CUDA twins included)" if args.apply \
+        else f"would remove {len(plan.removals)} kernel(s)"
+    out.print(f"{db.path}: {len(changing)} op(s) with more than one row, ranked by their time on {device}; {done}",
+              highlight=False)
+    for c in changing:
+        out.print(f"  {c.kept.op_type}: keep {c.kept.key} ({c.kept_us:.2f} us)  {c.identifier[:90]}", markup=False,
+                  highlight=False)
+        for lo in c.removed:
+            why = f"{lo.us:.2f} us" if lo.us is not None else f"not measured on {device}"
+            out.print(f"    drop {lo.row.key} ({why})", markup=False, highlight=False)
+    if plan.unranked:
+        out.print(f"{len(plan.unranked)} op(s) with several rows, none timed on {device}: left as they are "
+                  "(`kdb gpu profile` times them)", highlight=False)
+    for key, why in plan.unreadable:
+        out.print(f"  {key}: unreadable profile, counted as not measured: {why}", markup=False, highlight=False)
+    if plan.backup:
+        out.print(f"backup written first: {plan.backup}", highlight=False)
+    elif plan.removals and not args.apply:
+        out.print("nothing written: `kdb db fastest --apply` removes them (one transaction, after a backup)")
+    return 0
 
 
 def _convert(args: argparse.Namespace) -> int:

@@ -21,7 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "show": ("console.cli.cmd_show", "show one kernel (by Key, Key prefix or Identifier)"),
     "lint": ("console.cli.cmd_lint", "report rows the compiler could never fetch or would crash on"),
     "failures": ("console.cli.cmd_failures", "list, retry or dismiss failed conversions"),
-    "db": ("console.cli.cmd_db", "init | check | repair | convert | backup the kernel DB"),
+    "db": ("console.cli.cmd_db", "init | check | repair | fastest | convert | backup the kernel DB"),
     "settings": ("console.cli.cmd_settings", "show or change the GPU/SM settings"),
     "opconfig": ("console.cli.cmd_opconfig", "extract op configs from an ONNX model, or check op-config files"),
     "coverage": ("console.cli.cmd_coverage", "what NNFusion will run for each op of an ONNX model with this DB"),
@@ -138,6 +138,14 @@ def build_parser() -> argparse.ArgumentParser:
     q = dbsub.add_parser("repair", help="add the CUDA twin rows fused kernels need (a preview unless --apply)")
     _db_option(q)
     q.add_argument("--apply", action="store_true", help="write the twins (one transaction); else only show them")
+    q.add_argument("--json", action="store_true")
+    q = dbsub.add_parser("fastest", help="per op, keep only the row timed fastest on one GPU: NNFusion takes an "
+                                         "op's first row, not its fastest (a preview unless --apply)")
+    _db_option(q)
+    q.add_argument("--product", metavar="NAME",
+                   help="the GPU whose times rank the rows, as in -fproduct_name (default: the settings', or the "
+                        "one GPU this DB's profiles name)")
+    q.add_argument("--apply", action="store_true", help="remove the slower rows (one transaction, after a backup)")
     q.add_argument("--json", action="store_true")
     q = dbsub.add_parser("convert", help="rewrite an osdi20-schema DB into the current schema")
     q.add_argument("old", metavar="OLD")

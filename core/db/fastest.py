@@ -1,0 +1,130 @@
+"""One kernel per op, the fastest measured on a GPU: what the compiler then finds first.
+
+NNFusion's kernel selection takes an op's FIRST External row in table order and does not compare profiles
+(kernel_selection.cpp, FetchBasedSelector::fetch_inventory). A DB that gathers kernels from several tuning
+runs therefore keeps running the first run's kernel even where a later run measured a faster one (and
+BlockFusion's interplay may swap in any other row with a smaller time x resource). `plan_fastest` finds, for
+each op (Identifier and Tags, DeviceType CUDA_GPU), the row with the smallest time for one device in
+`Miscs.external_profile.time`; `apply_fastest` removes the other rows of those ops (a fused kernel's CUDA
+twin goes with its row) in one transaction, after a backup.
+
+Only ops with at least one row measured on the device are touched. A row not measured there cannot be
+ranked: it is removed with the reason "not measured", so `kdb gpu profile` it first to keep it in the race.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from core.db.kernel_db import KernelDB
+from core.errors import InputError
+from core.kernels.kernel_row import KernelRow
+from core.kernels.ops import DEVICE_TYPE
+from core.kernels.profile import parse_profile
+
+
+@dataclass(frozen=True)
+class Loser:
+    row: KernelRow
+    us: float | None  # its time on the device; None: not measured there
+
+
+@dataclass(frozen=True)
+class OpChoice:
+    identifier: str
+    kept: KernelRow
+    kept_us: float
+    removed: tuple[Loser, ...]
+
+
+@dataclass
+class FastestPlan:
+    device: str
+    choices: list[OpChoice] = field(default_factory=list)  # ops with more than one row, one measured
+    unranked: list[str] = field(default_factory=list)  # ops with several rows, none measured on the device
+    unreadable: list[tuple[str, str]] = field(default_factory=list)  # (key, why): a profile string broken
+    backup: Path | None = None  # written by apply_fastest before it removed anything
+
+    @property
+    def removals(self) -> list[str]:
+        return [loser.row.key for choice in self.choices for loser in choice.removed]
+
+
+def time_on(row: KernelRow, device: str) -> float:
+    """The row's profiled microseconds on `device`; InputError when absent or unreadable."""
+    try:
+        miscs = json.loads(row.miscs or "{}")
+    except ValueError as exc:
+        raise InputError(f"Miscs is not JSON ({exc})") from exc
+    profile = miscs.get("external_profile") if isinstance(miscs, dict) else None
+    text = profile.get("time", "") if isinstance(profile, dict) else ""
+    times = parse_profile(text)
+    if device not in times:
+        raise InputError(f"not measured on {device!r}" + (f" (only on {', '.join(times)})" if times else ""))
+    return times[device]
+
+
+def profiled_devices(db: KernelDB) -> set[str]:
+    """Every device name that some row's profile names (for a default when only one GPU timed this DB)."""
+    devices: set[str] = set()
+    for row in db.iter_rows("WHERE DeviceType = ?", (DEVICE_TYPE,)):
+        try:
+            miscs = json.loads(row.miscs or "{}")
+            profile = miscs.get("external_profile", {}) if isinstance(miscs, dict) else {}
+            devices.update(parse_profile(profile.get("time", "") if isinstance(profile, dict) else ""))
+        except (ValueError, InputError):
+            continue  # plan_fastest names these rows
+    return devices
+
+
+def plan_fastest(db: KernelDB, device: str) -> FastestPlan:
+    """What `apply_fastest` would remove, op by op, and why; reads only."""
+    plan = FastestPlan(device)
+    ops: dict[tuple[str, str], list[KernelRow]] = {}
+    for row in db.iter_table_order():
+        if row.device_type == DEVICE_TYPE and row.source == "External":
+            ops.setdefault((row.identifier, row.tags), []).append(row)
+    for (identifier, _tags), rows in ops.items():
+        if len(rows) < 2:
+            continue
+        timed: list[tuple[KernelRow, float | None]] = []
+        for row in rows:
+            try:
+                timed.append((row, time_on(row, device)))
+            except InputError as exc:
+                if not str(exc).startswith("not measured"):
+                    plan.unreadable.append((row.key, str(exc)))
+                timed.append((row, None))
+        measured = [(row, us) for row, us in timed if us is not None]
+        if not measured:
+            plan.unranked.append(identifier)
+            continue
+        kept, kept_us = min(measured, key=lambda pair: pair[1])  # the first of equal times: table order
+        plan.choices.append(OpChoice(identifier, kept, kept_us,
+                                     tuple(Loser(row, us) for row, us in timed if row.key != kept.key)))
+    return plan
+
+
+def apply_fastest(db: KernelDB, plan: FastestPlan, backups: Path) -> list[KernelRow]:
+    """Remove the plan's losing rows (and their twins) in one transaction, after a backup into `backups`."""
+    if not plan.removals:
+        return []
+    plan.backup = db.backup_to_new_file(backups, "before-fastest")
+    return db.delete(plan.removals)
+
+
+def shadowed(db: KernelDB, keys: list[str]) -> list[tuple[str, str]]:
+    """(key, the key the compiler takes instead) for each of `keys` that is not its op's first External row."""
+    conn = db.connection()
+    out = []
+    for key in keys:
+        got = conn.execute("SELECT Identifier, DeviceType FROM KernelCache WHERE Key = ?", (key,)).fetchone()
+        if got is None or got[1] != DEVICE_TYPE:
+            continue
+        first = conn.execute("SELECT Key FROM KernelCache WHERE Identifier = ? AND DeviceType = ? "
+                             "AND Source = 'External' ORDER BY rowid LIMIT 1", got).fetchone()
+        if first is not None and first[0] != key:
+            out.append((key, first[0]))
+    return out

@@ -1,0 +1,113 @@
+"""`kdb db fastest`: per op, the row timed fastest on one GPU stays and the others go (a fused kernel's twin
+with its row), because NNFusion's kernel selection takes an op's first row, not its fastest."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+from conftest import run_kdb, run_kdb_json
+
+from core.db.fastest import apply_fastest, plan_fastest
+from core.db.kernel_db import KernelDB
+from core.kernels.kernel_row import KernelRow, twin_key
+from core.kernels.opsig import signature_from_attributes
+
+H200, V100 = "NVIDIA H200", "Tesla V100-PCIE-16GB"
+FN = json.dumps({"function_signature": 'extern "C" __launch_bounds__(64) __global__ void (float* input0, '
+                                       "float* output0)", "function_body": "", "grid_dim": [1, 1, 1],
+                 "block_dim": [64, 1, 1], "block_function_body": "",
+                 "shared_memory": {"symbol": [], "dtype": [], "size": []}, "num_syncthreads": 0})
+TAGS = "KernelEmitter,CudaEmitter,BlockCudaEmitter"
+
+
+def profiled(times: dict[str, float] | str | None) -> str:
+    if times is None:
+        return "{}"
+    text = times if isinstance(times, str) else "".join(f"{d}:{us};" for d, us in times.items())
+    return json.dumps({"external_profile": {"time": text, "resource": 64}})
+
+
+def relu(key: str, times=None, n: int = 2) -> KernelRow:
+    attrs = {"input_shape": [[n]], "output_shape": [[n]]}
+    return KernelRow(key, signature_from_attributes("Relu", attrs).identifier, "Relu", json.dumps(attrs), "External",
+                     "CUDA_GPU", FN, TAGS, profiled(times))
+
+
+def fused(key: str, times=None) -> KernelRow:
+    attrs = {"input_shape": [[1, 4, 8, 8], [8, 4, 3, 3]], "output_shape": [[1, 8, 8, 8]],
+             "parameters": {"window_movement_strides": [1, 1], "window_dilation_strides": [1, 1],
+                            "padding_below_diff": [1, 1]}}
+    ident = signature_from_attributes("Fused_Convolution_Relu", attrs).identifier
+    return KernelRow(key, ident, "Fused_Convolution_Relu", json.dumps(attrs), "External", "CUDA_GPU", FN, TAGS,
+                     profiled(times))
+
+
+def keys_in_table_order(path: Path) -> list[str]:
+    conn = sqlite3.connect(path)
+    try:
+        return [r[0] for r in conn.execute("SELECT Key FROM KernelCache ORDER BY rowid")]
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    path = tmp_path / "k.db"
+    with KernelDB.open(path, create=True) as db:
+        for row in (relu("kdb:relu-first-slow", {H200: 50.0}), relu("kdb:relu-fast", {H200: 20.0, V100: 90.0}),
+                    relu("kdb:relu-unmeasured"), relu("kdb:relu-v100-only", {V100: 1.0}),
+                    fused("kdb:fused-slow", {H200: 30.0}), fused("kdb:fused-fast", {H200: 10.0}),
+                    relu("kdb:lone", {H200: 99.0}, n=4),  # the only row of its op: never touched
+                    relu("kdb:other-a", {V100: 5.0}, n=8), relu("kdb:other-b", n=8)):  # none timed on the H200
+            db.insert(row)
+    return path
+
+
+def test_the_fastest_row_of_each_op_stays_and_becomes_the_first(db_path: Path, tmp_path: Path):
+    with KernelDB.open(db_path, write=True) as db:
+        plan = plan_fastest(db, H200)
+        kept = {c.kept.key: c.kept_us for c in plan.choices}
+        assert kept == {"kdb:relu-fast": 20.0, "kdb:fused-fast": 10.0}
+        relu_choice = next(c for c in plan.choices if c.kept.key == "kdb:relu-fast")
+        assert [(lo.row.key, lo.us) for lo in relu_choice.removed] == [
+            ("kdb:relu-first-slow", 50.0), ("kdb:relu-unmeasured", None), ("kdb:relu-v100-only", None)]
+        assert len(plan.unranked) == 1 and plan.unreadable == []
+        removed = apply_fastest(db, plan, tmp_path / "backups")
+    # the slower fused kernel left with its CUDA twin; the kept one keeps its twin
+    assert {r.key for r in removed} == {"kdb:relu-first-slow", "kdb:relu-unmeasured", "kdb:relu-v100-only",
+                                        "kdb:fused-slow", twin_key("kdb:fused-slow")}
+    assert keys_in_table_order(db_path) == ["kdb:relu-fast", "kdb:fused-fast", twin_key("kdb:fused-fast"),
+                                            "kdb:lone", "kdb:other-a", "kdb:other-b"]
+    assert plan.backup is not None and len(keys_in_table_order(plan.backup)) == 11  # all, before
+
+
+def test_a_broken_profile_is_named_and_counts_as_not_measured(tmp_path: Path):
+    path = tmp_path / "k.db"
+    with KernelDB.open(path, create=True) as db:
+        db.insert(relu("kdb:broken", f"{H200}:fast;"))
+        db.insert(relu("kdb:good", {H200: 7.0}))
+        plan = plan_fastest(db, H200)
+    assert [c.kept.key for c in plan.choices] == ["kdb:good"]
+    assert [k for k, _ in plan.unreadable] == ["kdb:broken"] and "not a time" in plan.unreadable[0][1]
+
+
+def test_the_cli_previews_then_applies(db_path: Path, tmp_path: Path):
+    env = {"KDB_STATE_DIR": str(tmp_path / "state")}
+    before = db_path.read_bytes()
+    preview = run_kdb("db", "fastest", "--db", str(db_path), "--product", H200, env=env)
+    assert preview.returncode == 0, preview.stderr
+    assert "would remove 4 kernel(s)" in preview.stdout and "drop kdb:relu-first-slow (50.00 us)" in preview.stdout
+    assert f"drop kdb:relu-unmeasured (not measured on {H200})" in preview.stdout
+    assert "1 op(s) with several rows, none timed on NVIDIA H200" in preview.stdout
+    assert db_path.read_bytes() == before  # a preview writes nothing
+
+    # two GPUs in the profiles and none named: it asks which
+    ask = run_kdb("db", "fastest", "--db", str(db_path), env=env)
+    assert ask.returncode != 0 and "--product NAME" in ask.stderr and V100 in ask.stderr
+
+    proc, report = run_kdb_json("db", "fastest", "--db", str(db_path), "--product", H200, "--apply", env=env)
+    assert proc.returncode == 0 and report["rows_removed"] == 5 and Path(report["backup"]).exists()
+    assert keys_in_table_order(db_path)[:2] == ["kdb:relu-fast", "kdb:fused-fast"]
