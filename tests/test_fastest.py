@@ -111,3 +111,11 @@ def test_the_cli_previews_then_applies(db_path: Path, tmp_path: Path):
     proc, report = run_kdb_json("db", "fastest", "--db", str(db_path), "--product", H200, "--apply", env=env)
     assert proc.returncode == 0 and report["rows_removed"] == 5 and Path(report["backup"]).exists()
     assert keys_in_table_order(db_path)[:2] == ["kdb:relu-fast", "kdb:fused-fast"]
+
+
+def test_a_row_behind_an_earlier_row_of_its_op_is_called_shadowed(db_path: Path):
+    from core.db.fastest import shadowed
+
+    with KernelDB.open(db_path) as db:
+        assert shadowed(db, ["kdb:relu-fast", "kdb:relu-first-slow", "kdb:lone", "kdb:fused-fast", "kdb:nothing"]) \
+            == [("kdb:relu-fast", "kdb:relu-first-slow"), ("kdb:fused-fast", "kdb:fused-slow")]
