@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from console_helpers import FixedDeviceApp, build_small_db
 
 from console.context import ConsoleContext
+from console.widgets.dialogs import ConfirmDialog
 from console.widgets.kernel_detail import KernelDetail
 from console.widgets.kernel_table import KernelTable, shapes_of
 from core.db.kernel_db import KernelDB
@@ -270,3 +272,27 @@ async def test_every_view_footer_fits_200_columns_with_all_its_keys(app: FixedDe
             assert {k.description for k in keys} >= wanted, (mode, wanted - {k.description for k in keys})
             assert all(k.region.right <= palette.region.x for k in keys), (
                 mode, [k.description for k in keys if k.region.right > palette.region.x])
+
+
+async def test_keep_fastest_asks_drops_the_slower_row_and_undo_brings_it_back(app: FixedDeviceApp):
+    with KernelDB.open(app.context.db_path, write=True) as db:
+        first = next(db.iter_rows("WHERE OpType = 'Relu'"))
+        db.update_miscs(first.key, {"external_profile": {"time": "NVIDIA H200:50;", "resource": 64}})
+        fn = json.loads(first.function)
+        fn["function_body"] = "// a later run's kernel\n" + fn["function_body"]
+        db.insert(replace(first, key="kdb:faster", function=json.dumps(fn),
+                          miscs=json.dumps({"external_profile": {"time": "NVIDIA H200:10;", "resource": 64}})))
+    async with app.run_test(size=(180, 50)) as pilot:
+        table = app.screen.query_one(KernelTable)
+        await wait_rows(pilot, table, ROWS + 1)
+        table.focus()
+        await pilot.press("K")
+        await pilot.pause(0.3)
+        assert isinstance(app.screen, ConfirmDialog) and app.screen.question == \
+            "Keep only the fastest row of 1 op(s) on NVIDIA H200?"
+        await pilot.press("y")
+        await wait_rows(pilot, table, ROWS)
+        with KernelDB.open(app.context.db_path) as db:
+            assert not db.has_key(first.key) and db.has_key("kdb:faster")
+        await pilot.press("u")
+        await wait_rows(pilot, table, ROWS + 1)

@@ -55,6 +55,16 @@ def test_a_new_process_learns_each_recorded_trial_once(tuned_root: Path, tmp_pat
         assert model.warm_start(root).trials == 0 and model.samples == 10  # nothing learnt twice
 
 
+def test_a_warm_start_takes_the_jobs_own_trials_first_and_stops_at_its_budget(tuned_root: Path):
+    dirs = {len((d / RECORDS).read_text().splitlines()): d for d in tuned_root.iterdir() if (d / RECORDS).exists()}
+    with _no_tensor_intrinsics():
+        for own, trials in ((dirs[6], 6), (dirs[4], 4)):
+            model = fresh_model()
+            report = model.warm_start(tuned_root, own=own, budget=1)
+            assert (report.trials, report.ops, model.samples) == (trials, 1, trials)
+            assert model.warm_start(tuned_root, own=own).trials == 10 - trials  # the rest, later
+
+
 def test_an_unreadable_work_dir_is_named_and_the_rest_still_teaches(tuned_root: Path, tmp_path: Path):
     root = tmp_path / "root"
     shutil.copytree(tuned_root, root)

@@ -35,6 +35,7 @@ from core.db.browse import (
     list_kernels,
     list_kernels_indexed,
 )
+from core.db.fastest import FastestPlan, plan_fastest, profiled_devices
 from core.db.kernel_db import KernelDB, Schema
 from core.db.summary_index import SummaryIndex
 from core.errors import DbError
@@ -64,6 +65,7 @@ class KernelsScreen(KdbScreen):
         Binding("C", "convert", "Convert osdi20", show=False),
         Binding("N", "compile_with_nnfusion", "Compile with NNFusion", show=False),
         Binding("F", "repair_pairs", "Repair fused pairs", show=False),
+        Binding("K", "keep_fastest", "Keep each op's fastest row", show=False),
     ]
 
     @dataclass
@@ -542,6 +544,41 @@ class KernelsScreen(KdbScreen):
             written = db.add_twins(keys)
         self.app.call_from_thread(self.notify, f"added {len(written)} twin row(s)")
         self.app.call_from_thread(self.request_sync)
+
+    def action_keep_fastest(self) -> None:
+        """Per op, the row timed fastest on the GPU stays and the others go: NNFusion takes an op's first row, not
+        its fastest (core/db/fastest.py). Preview, then delete; `u` puts them back."""
+        self.plan_keep_fastest()
+
+    @work(thread=True, exit_on_error=False, group="write")
+    def plan_keep_fastest(self) -> None:
+        with self.app.context.open_db() as db:  # type: ignore[attr-defined]
+            devices = profiled_devices(db)
+            device = self.app.context.settings.product_name or (devices.pop() if len(devices) == 1 else "")  # type: ignore[attr-defined]
+            plan = plan_fastest(db, device) if device else None
+        self.app.call_from_thread(self._confirm_keep_fastest, plan, len(devices))
+
+    def _confirm_keep_fastest(self, plan: FastestPlan | None, devices: int) -> None:
+        if plan is None:
+            self.notify(f"Which GPU ranks the rows? Set product_name in Settings (this DB has times for {devices} "
+                        "GPUs)." if devices else "No row of this DB has a GPU time yet: profile them first (P).",
+                        severity="warning")
+            return
+        if not plan.removals:
+            self.notify(f"Every op timed on {plan.device} has one row: nothing to keep or drop.")
+            return
+        unmeasured = sum(1 for c in plan.choices for lo in c.removed if lo.us is None)
+        ops = sum(1 for c in plan.choices if c.removed)
+
+        def confirmed(yes: bool | None) -> None:
+            if yes:
+                self.delete_rows(plan.removals)
+
+        self.app.push_screen(ConfirmDialog(
+            f"Keep only the fastest row of {ops} op(s) on {plan.device}?",
+            f"{len(plan.removals)} kernel(s) go ({unmeasured} of them not timed on {plan.device}), with their CUDA "
+            "twins. NNFusion takes an op's first row, not its fastest. `u` puts them back until you quit.",
+            confirm_label="Keep fastest"), confirmed)
 
     def action_export(self) -> None:
         keys = self._selection()

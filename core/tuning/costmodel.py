@@ -25,6 +25,7 @@ from typing import Any
 from core.tuning.job import FAILED_SECONDS, RECORDS, WORKLOADS
 
 WARMUP_SAMPLES = 100  # MetaSchedule's XGBModel default: below it, predictions are random
+WARM_BUDGET = 2000  # trials one warm start learns from other work dirs: each costs a feature extraction
 
 
 @dataclass
@@ -57,11 +58,17 @@ class SharedCostModel:
     def trained(self) -> bool:
         return self.samples >= self.warmup and self.model.booster is not None
 
-    def warm_start(self, root: Path) -> WarmStart:
-        """Learn from the records under `root` (one work dir per op) that the model has not seen."""
+    def warm_start(self, root: Path, own: Path | None = None, budget: int = WARM_BUDGET) -> WarmStart:
+        """Learn from the records under `root` (one work dir per op) that the model has not seen: `own` (the
+        job's work dir) first, then the most recently written, until about `budget` trials (each costs a
+        feature extraction; the rest wait for a later job's warm start)."""
         started = time.perf_counter()
         report = WarmStart()
-        for work_dir in sorted(p for p in root.iterdir() if (p / RECORDS).is_file()) if root.is_dir() else []:
+        dirs = [p for p in root.iterdir() if (p / RECORDS).is_file()] if root.is_dir() else []
+        dirs.sort(key=lambda p: (p != own, -(p / RECORDS).stat().st_mtime))
+        for work_dir in dirs:
+            if report.trials >= budget and work_dir != own:
+                break
             try:
                 added = self._learn(work_dir)
             # OSError/ValueError: a dir another process is creating, or not MetaSchedule's; RuntimeError: TVM

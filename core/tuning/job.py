@@ -298,7 +298,7 @@ def _tune(job: TuneJob, work_dir: Path, history: list[float | None], result: Tun
             from core.tuning.costmodel import search_strategy
 
             shared = pools.cost_model(target, threads)
-            warm = shared.warm_start(work_dir.parent)
+            warm = shared.warm_start(work_dir.parent, own=work_dir)
             warm_s = warm.seconds
             cost_model, strategy = shared.model, search_strategy(shared, batch)
             result.model_trials, result.search = shared.samples, "evolutionary" if shared.trained else "sampled"
