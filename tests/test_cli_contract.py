@@ -103,6 +103,8 @@ CASES: list[tuple[str, int, Callable[[World], list[str]]]] = [
     ("db check: a crash row", 1, lambda w: ["db", "check", *lint_problem(w)]),
     ("db repair", 0, lambda w: ["db", "repair"]),  # the demo kernels hold no fused pair to repair
     ("db repair: an unusable DB", 2, lambda w: ["db", "repair", *unusable_db(w)]),
+    ("db fastest", 0, lambda w: ["db", "fastest", "--product", "NVIDIA H200"]),
+    ("db fastest: no GPU named, none in the profiles", 2, lambda w: ["db", "fastest"]),
     ("db convert", 0, lambda w: ["db", "convert", str(w.db), str(w.tmp / "converted.db")]),
     ("db convert: the destination exists", 2, lambda w: ["db", "convert", str(w.db), str(w.db)]),
     ("db backup", 0, lambda w: ["db", "backup", str(w.tmp / "backup.db")]),

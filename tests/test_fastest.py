@@ -119,3 +119,24 @@ def test_a_row_behind_an_earlier_row_of_its_op_is_called_shadowed(db_path: Path)
     with KernelDB.open(db_path) as db:
         assert shadowed(db, ["kdb:relu-fast", "kdb:relu-first-slow", "kdb:lone", "kdb:fused-fast", "kdb:nothing"]) \
             == [("kdb:relu-fast", "kdb:relu-first-slow"), ("kdb:fused-fast", "kdb:fused-slow")]
+
+
+def test_injecting_a_second_kernel_of_an_op_says_the_compiler_keeps_the_first(tmp_path: Path):
+    from core.demo import demo_kernels
+    from core.inject.pipeline import InjectOptions, Injector
+
+    relu = next(item for item in demo_kernels() if item["op_type"] == "Relu")
+    later = json.loads(json.dumps(relu))
+    later["code"] = later["code"].replace("max(input0[i], 0.000000e+00f)", "fmaxf(input0[i], 0.000000e+00f)")
+    assert later["code"] != relu["code"]  # a later tuning run's kernel of the same op
+    (tmp_path / "first.json").write_text(json.dumps([relu]))
+    (tmp_path / "later.json").write_text(json.dumps([later]))
+    with KernelDB.open(tmp_path / "k.db", create=True) as db:
+        first = Injector(db, InjectOptions(compile=False), state=None).run([tmp_path / "first.json"])
+        assert first.injected == 1 and first.shadowed == []
+        second = Injector(db, InjectOptions(compile=False), state=None).run([tmp_path / "later.json"])
+        assert second.injected == 1 and len(second.shadowed) == 1
+        assert any("NNFusion takes an op's first row" in note for note in second.notes)
+        assert second.as_json()["shadowed"][0]["used_instead"] == second.shadowed[0][1]
+        replaced = Injector(db, InjectOptions(compile=False, replace=True), state=None).run([tmp_path / "first.json"])
+        assert replaced.shadowed == []  # --replace leaves the op one row

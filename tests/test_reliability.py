@@ -506,12 +506,12 @@ def test_jsonl_reports_each_commit_each_failure_then_a_summary(tmp_path: Path):
     assert failed["index"] == 3 and failed["stage"] == "validate"
     assert events[-1] | {"failures": None} == {"event": "summary", "injected": 3, "unchanged": 0, "failed": 1,
                                                "failures": None, "cancelled": False, "replaced_rows": 0,
-                                               "backup": None}
+                                               "backup": None, "shadowed": []}
     again = jsonl(run_kdb("inject", "--db", str(db), "--no-compile", "--jsonl", str(src)).stdout)
     assert [e["event"] for e in again] == ["failed", "summary"] and again[-1]["unchanged"] == 3
     # --json is as it was: one object, nothing else on stdout.
     plain = run_kdb("inject", "--db", str(db), "--no-compile", "--json", str(src))
-    assert set(json.loads(plain.stdout)) == {"injected", "unchanged", "failed", "failures", "cancelled"}
+    assert set(json.loads(plain.stdout)) == {"injected", "unchanged", "failed", "failures", "cancelled", "shadowed"}
 
 
 def test_inject_replace_backs_up_first_and_says_where(tmp_path: Path):

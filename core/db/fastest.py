@@ -116,15 +116,22 @@ def apply_fastest(db: KernelDB, plan: FastestPlan, backups: Path) -> list[Kernel
 
 
 def shadowed(db: KernelDB, keys: list[str]) -> list[tuple[str, str]]:
-    """(key, the key the compiler takes instead) for each of `keys` that is not its op's first External row."""
+    """(key, the key the compiler takes instead) for each of `keys` that is not its op's first External row.
+
+    One pass over the table per 500 identifiers: NNFusion's file has no index on Identifier, and may add none."""
     conn = db.connection()
-    out = []
+    wanted: dict[str, str] = {}  # key -> identifier, CUDA_GPU rows only
     for key in keys:
         got = conn.execute("SELECT Identifier, DeviceType FROM KernelCache WHERE Key = ?", (key,)).fetchone()
-        if got is None or got[1] != DEVICE_TYPE:
-            continue
-        first = conn.execute("SELECT Key FROM KernelCache WHERE Identifier = ? AND DeviceType = ? "
-                             "AND Source = 'External' ORDER BY rowid LIMIT 1", got).fetchone()
-        if first is not None and first[0] != key:
-            out.append((key, first[0]))
-    return out
+        if got is not None and got[1] == DEVICE_TYPE:
+            wanted[key] = got[0]
+    identifiers = sorted(set(wanted.values()))
+    first: dict[str, str] = {}
+    for i in range(0, len(identifiers), 500):
+        chunk = identifiers[i:i + 500]
+        marks = ",".join("?" * len(chunk))
+        for identifier, key in conn.execute(
+                f"SELECT Identifier, Key FROM KernelCache WHERE DeviceType = ? AND Source = 'External' "
+                f"AND Identifier IN ({marks}) ORDER BY rowid", (DEVICE_TYPE, *chunk)):
+            first.setdefault(identifier, key)
+    return [(key, first[ident]) for key, ident in wanted.items() if first.get(ident, key) != key]

@@ -25,6 +25,7 @@ from typing import Any
 from core.cuda.barriers import BarrierCount
 from core.cuda.nvcc import SPILL_LIMIT_BYTES, CompileResult, compile_check, find_nvcc
 from core.db.engine import DbLocked
+from core.db.fastest import shadowed
 from core.db.kernel_db import InsertOutcome, KernelDB
 from core.db.state import Failure, StateDB, state_dir
 from core.errors import InputError, KdbError, printable
@@ -113,13 +114,15 @@ class InjectReport:
     failures: list[ItemFailure] = field(default_factory=list)
     cancelled: bool = False
     notes: list[str] = field(default_factory=list)
+    shadowed: list[tuple[str, str]] = field(default_factory=list)  # (injected key, the earlier row NNFusion takes)
     run_id: int | None = None
     replaced_rows: int = 0
     backup: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {"injected": self.injected, "unchanged": self.unchanged, "failed": self.failed,
-                "failures": [f.as_report() for f in self.failures]}
+                "failures": [f.as_report() for f in self.failures],
+                "shadowed": [{"key": key, "used_instead": first} for key, first in self.shadowed]}
 
 
 def _batched(items: Iterator[tuple[str, int, Any]], size: int) -> Iterator[tuple[tuple[str, int, Any], ...]]:
@@ -164,6 +167,7 @@ class Injector:
         self.should_cancel = should_cancel or (lambda: False)
         self.progress = InjectProgress()
         self.report = InjectReport(notes=[] if options.gpu else [GPU_NOT_RUN])
+        self._committed: list[str] = []
         self._gpu: GpuSession | None = None  # barrier counts, here in this thread
         self._gpu_pool: ThreadPoolExecutor | None = None  # verify and time, in parallel children
         self._sessions = GpuSessions(timeout_s=options.gpu_timeout_s)
@@ -264,6 +268,7 @@ class Injector:
             if self.options.gpu:
                 done = ", ".join(f"{n} {what}" for what, n in self._gpu_counts.items())
                 self.report.notes.append(f"gpu ({self._device or 'no answer'}): {done}")
+            self._note_shadowed()
             if self.state is not None and self.report.run_id is not None:
                 self.state.finish_run(self.report.run_id, injected=self.report.injected,
                                       unchanged=self.report.unchanged, failed=self.report.failed,
@@ -271,6 +276,18 @@ class Injector:
             self.progress.current = ""
             self._emit()
         return self.report
+
+    def _note_shadowed(self) -> None:
+        """Say which new rows NNFusion will not use: an earlier row of the same op comes first in the table."""
+        if not self._committed or self.options.replace:  # replace leaves the new row the op's only one
+            return
+        self.report.shadowed = shadowed(self.db, self._committed)
+        if self.report.shadowed:
+            key, first = self.report.shadowed[0]
+            self.report.notes.append(
+                f"{len(self.report.shadowed)} injected kernel(s) come after an earlier row of their op, and NNFusion "
+                f"takes an op's first row (e.g. {first} before {key}): `kdb db fastest` keeps the faster one, "
+                "`--replace` the new one")
 
     def _backup_before_replace(self) -> str | None:
         """Replace deletes rows: copy a non-empty DB first (or fail before any write)."""
@@ -444,6 +461,7 @@ class Injector:
         if result.outcome is InsertOutcome.UNCHANGED:
             self._count_unchanged()
             return
+        self._committed.append(row.key)
         if self.on_commit is not None:
             self.on_commit(Committed(row.key, item.file, item.index, len(result.replaced)))
         self.report.injected += 1

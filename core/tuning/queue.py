@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.db.fastest import shadowed
 from core.db.kernel_db import KernelDB
 from core.db.state import StateDB, state_dir
 from core.errors import KdbError
@@ -129,7 +128,7 @@ def _inject(i: int, job: TuneJob, result: TuneResult, db_path: Path, inject_opti
             roles = list(kernels.kernels)
             slow = slower_than_tuned(db, {roles[i]: key for i, key in committed.items()}, result.candidates)
             slow += [f"an earlier row of this op ({first}) comes first in the table, and NNFusion takes the first: "
-                     f"`kdb db fastest` keeps the faster" for _key, first in shadowed(db, list(committed.values()))]
+                     f"`kdb db fastest` keeps the faster" for _key, first in injected.shadowed]
     finally:
         state.close()
     result.phases["inject"] = time.perf_counter() - start
