@@ -69,10 +69,10 @@ def db_path(tmp_path: Path) -> Path:
 def test_the_fastest_row_of_each_op_stays_and_becomes_the_first(db_path: Path, tmp_path: Path):
     with KernelDB.open(db_path, write=True) as db:
         plan = plan_fastest(db, H200)
-        kept = {c.kept.key: c.kept_us for c in plan.choices}
+        kept = {c.kept.key: c.kept.us for c in plan.choices}
         assert kept == {"kdb:relu-fast": 20.0, "kdb:fused-fast": 10.0}
         relu_choice = next(c for c in plan.choices if c.kept.key == "kdb:relu-fast")
-        assert [(lo.row.key, lo.us) for lo in relu_choice.removed] == [
+        assert [(lo.key, lo.us) for lo in relu_choice.removed] == [
             ("kdb:relu-first-slow", 50.0), ("kdb:relu-unmeasured", None), ("kdb:relu-v100-only", None)]
         assert len(plan.unranked) == 1 and plan.unreadable == []
         removed = apply_fastest(db, plan, tmp_path / "backups")

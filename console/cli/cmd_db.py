@@ -97,8 +97,8 @@ def _fastest(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"db": str(db.path), "device": device, "applied": args.apply,
                     "backup": str(plan.backup) if plan.backup else None, "rows_removed": len(removed),
-                    "ops": [{"identifier": c.identifier, "kept": c.kept.key, "kept_us": c.kept_us,
-                             "removed": [{"key": lo.row.key, "us": lo.us} for lo in c.removed]}
+                    "ops": [{"identifier": c.identifier, "kept": c.kept.key, "kept_us": c.kept.us,
+                             "removed": [{"key": lo.key, "us": lo.us} for lo in c.removed]}
                             for c in plan.choices],
                     "unranked": plan.unranked,
                     "unreadable": [{"key": k, "reason": why} for k, why in plan.unreadable]})
@@ -109,11 +109,11 @@ def _fastest(args: argparse.Namespace) -> int:
     out.print(f"{db.path}: {len(changing)} op(s) with more than one row, ranked by their time on {device}; {done}",
               highlight=False)
     for c in changing:
-        out.print(f"  {c.kept.op_type}: keep {c.kept.key} ({c.kept_us:.2f} us)  {c.identifier[:90]}", markup=False,
+        out.print(f"  {c.kept.op_type}: keep {c.kept.key} ({c.kept.us or 0:.2f} us)  {c.identifier[:90]}", markup=False,
                   highlight=False)
         for lo in c.removed:
             why = f"{lo.us:.2f} us" if lo.us is not None else f"not measured on {device}"
-            out.print(f"    drop {lo.row.key} ({why})", markup=False, highlight=False)
+            out.print(f"    drop {lo.key} ({why})", markup=False, highlight=False)
     if plan.unranked:
         out.print(f"{len(plan.unranked)} op(s) with several rows, none timed on {device}: left as they are "
                   "(`kdb gpu profile` times them)", highlight=False)

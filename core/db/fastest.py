@@ -26,17 +26,17 @@ from core.kernels.profile import parse_profile
 
 
 @dataclass(frozen=True)
-class Loser:
-    row: KernelRow
+class Ranked:
+    key: str
+    op_type: str
     us: float | None  # its time on the device; None: not measured there
 
 
 @dataclass(frozen=True)
 class OpChoice:
     identifier: str
-    kept: KernelRow
-    kept_us: float
-    removed: tuple[Loser, ...]
+    kept: Ranked  # its `us` is never None
+    removed: tuple[Ranked, ...]
 
 
 @dataclass
@@ -49,13 +49,13 @@ class FastestPlan:
 
     @property
     def removals(self) -> list[str]:
-        return [loser.row.key for choice in self.choices for loser in choice.removed]
+        return [loser.key for choice in self.choices for loser in choice.removed]
 
 
-def time_on(row: KernelRow, device: str) -> float:
-    """The row's profiled microseconds on `device`; InputError when absent or unreadable."""
+def time_on(miscs_text: str, device: str) -> float:
+    """Microseconds on `device` from a row's Miscs; InputError when absent or unreadable."""
     try:
-        miscs = json.loads(row.miscs or "{}")
+        miscs = json.loads(miscs_text or "{}")
     except ValueError as exc:
         raise InputError(f"Miscs is not JSON ({exc})") from exc
     profile = miscs.get("external_profile") if isinstance(miscs, dict) else None
@@ -69,9 +69,10 @@ def time_on(row: KernelRow, device: str) -> float:
 def profiled_devices(db: KernelDB) -> set[str]:
     """Every device name that some row's profile names (for a default when only one GPU timed this DB)."""
     devices: set[str] = set()
-    for row in db.iter_rows("WHERE DeviceType = ?", (DEVICE_TYPE,)):
+    query = "SELECT Miscs FROM KernelCache WHERE DeviceType = ? AND Miscs LIKE '%external_profile%'"
+    for (miscs_text,) in db.connection().execute(query, (DEVICE_TYPE,)):
         try:
-            miscs = json.loads(row.miscs or "{}")
+            miscs = json.loads(miscs_text or "{}")
             profile = miscs.get("external_profile", {}) if isinstance(miscs, dict) else {}
             devices.update(parse_profile(profile.get("time", "") if isinstance(profile, dict) else ""))
         except (ValueError, InputError):
@@ -80,30 +81,36 @@ def profiled_devices(db: KernelDB) -> set[str]:
 
 
 def plan_fastest(db: KernelDB, device: str) -> FastestPlan:
-    """What `apply_fastest` would remove, op by op, and why; reads only."""
+    """What `apply_fastest` would remove, op by op, and why; reads only.
+
+    Two passes, neither holding a kernel's source: SQLite counts the rows of each op, then one scan in table
+    order reads Key, OpType and Miscs of the ops that have more than one."""
     plan = FastestPlan(device)
-    ops: dict[tuple[str, str], list[KernelRow]] = {}
-    for row in db.iter_table_order():
-        if row.device_type == DEVICE_TYPE and row.source == "External":
-            ops.setdefault((row.identifier, row.tags), []).append(row)
-    for (identifier, _tags), rows in ops.items():
-        if len(rows) < 2:
-            continue
-        timed: list[tuple[KernelRow, float | None]] = []
-        for row in rows:
+    conn = db.connection()
+    where = "WHERE DeviceType = ? AND Source = 'External'"
+    several = {(ident, tags) for ident, tags in conn.execute(
+        f"SELECT Identifier, Tags FROM KernelCache {where} GROUP BY Identifier, Tags HAVING COUNT(*) > 1",
+        (DEVICE_TYPE,))}
+    ops: dict[tuple[str, str], list[Ranked]] = {}
+    if several:
+        for key, identifier, tags, op_type, miscs in conn.execute(
+                f"SELECT Key, Identifier, Tags, OpType, Miscs FROM KernelCache {where} ORDER BY rowid", (DEVICE_TYPE,)):
+            if (identifier, tags) not in several:
+                continue
             try:
-                timed.append((row, time_on(row, device)))
+                us: float | None = time_on(miscs, device)
             except InputError as exc:
                 if not str(exc).startswith("not measured"):
-                    plan.unreadable.append((row.key, str(exc)))
-                timed.append((row, None))
-        measured = [(row, us) for row, us in timed if us is not None]
+                    plan.unreadable.append((key, str(exc)))
+                us = None
+            ops.setdefault((identifier, tags), []).append(Ranked(key, op_type, us))
+    for (identifier, _tags), rows in ops.items():
+        measured = [r for r in rows if r.us is not None]
         if not measured:
             plan.unranked.append(identifier)
             continue
-        kept, kept_us = min(measured, key=lambda pair: pair[1])  # the first of equal times: table order
-        plan.choices.append(OpChoice(identifier, kept, kept_us,
-                                     tuple(Loser(row, us) for row, us in timed if row.key != kept.key)))
+        kept = min(measured, key=lambda r: r.us or 0.0)  # the first of equal times: table order
+        plan.choices.append(OpChoice(identifier, kept, tuple(r for r in rows if r.key != kept.key)))
     return plan
 
 
