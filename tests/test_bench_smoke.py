@@ -44,3 +44,9 @@ def test_a_failing_bench_child_shows_its_own_error(tmp_path: Path):
     assert proc.returncode == 1
     assert f"{kernels / 'broken.json'}: cannot read kernel JSON" in proc.stderr
     assert "the child exited 1" in proc.stderr and "CalledProcessError" not in proc.stderr
+
+
+def test_bench_fastest_agrees_with_the_whole_row_way_on_a_small_db(tmp_path: Path):
+    proc = bench("bench_fastest.py", "--rows", "300", shared=tmp_path / "no-shared", tmp=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "ratio at 300 rows: plan_fastest takes" in proc.stdout and "    60" in proc.stdout  # 30 ops of 3 rows: 2 go from each
