@@ -120,6 +120,16 @@ def spilling(stores: int) -> str:
                        "kdb": {"compile": {"sm_90": {"kdb_kernel": resources, "kdb_block_kernel": resources}}}})
 
 
+def test_a_fused_kernels_twin_does_not_repeat_its_body_findings():
+    """The CUDA twin is never compiled (the pattern pass only checks a Function is there): a spill is said once,
+    on the CUDA_GPU row."""
+    kernel = with_(OpType="Fused_Convolution_Relu", Miscs=spilling(3024))
+    twin = with_(rowid=2, Key="k#CUDA", OpType="Fused_Convolution_Relu", DeviceType="CUDA", Miscs=spilling(3024))
+    assert "register-spill" in {f.check for f in lint_row(kernel)}
+    assert "register-spill" not in {f.check for f in lint_row(twin)}
+    assert [f.rowid for f in lint_rows([kernel, twin]) if f.check == "register-spill"] == [1]
+
+
 def test_a_kernel_ptxas_spills_is_a_warning_naming_the_arch_and_bytes():
     """What the nvcc check recorded (Miscs.kdb.compile): a tuned conv with 3 KB of spills ran 7x its tuning."""
     findings = lint_row(with_(Miscs=spilling(3024)))
