@@ -82,6 +82,7 @@ def test_tune_says_what_it_did_streams_each_trial_and_says_when_it_reuses(tmp_pa
     work_dir, log = Path(summary["jobs"][0]["work_dir"]), Path(summary["log"])
     assert len((work_dir / "database_tuning_record.json").read_text().splitlines()) == 2
     assert summary["jobs"][0]["reused"] is False and summary["jobs"][0]["phases_s"]["search"] > 0
+    assert (summary["jobs"][0]["search"], summary["jobs"][0]["model_trials"]) == ("sampled", 0)
     # TVM's own output went to the log in the state dir, not to the terminal.
     assert log.parent == tmp_path / "state" / "logs" and any(m in log.read_text() for m in TVM_LINES)
     assert not any(m in first.stderr for m in TVM_LINES), first.stderr

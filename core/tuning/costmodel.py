@@ -70,12 +70,14 @@ class SharedCostModel:
             if report.trials >= budget and work_dir != own:
                 break
             try:
-                added = self._learn(work_dir)
-            # OSError/ValueError: a dir another process is creating, or not MetaSchedule's; RuntimeError: TVM
-            # (its TVMError) could not rebuild a record. Skipped and said: the model learns from the rest.
+                added, problem = self._learn(work_dir)
+            # OSError/ValueError/RuntimeError (TVM's errors): a dir another process is creating, or not
+            # MetaSchedule's. Skipped and said: the model learns from the rest.
             except (OSError, ValueError, RuntimeError) as exc:
                 report.skipped.append(f"{work_dir.name}: {exc}")
                 continue
+            if problem:
+                report.skipped.append(f"{work_dir.name}: {problem}")
             if added:
                 report.trials += added
                 report.ops += 1
@@ -86,7 +88,8 @@ class SharedCostModel:
         """The trials of `work_dir` reached the model live (the job tuned in this process)."""
         self.seen[work_dir] = len(_lines(work_dir / RECORDS))
 
-    def _learn(self, work_dir: Path) -> int:
+    def _learn(self, work_dir: Path) -> tuple[int, str]:
+        """Trials learnt from the dir's unseen lines, and what was wrong with those it could not use."""
         from tvm.s_tir import meta_schedule as ms
         from tvm.s_tir.meta_schedule.runner import RunnerResult
 
@@ -98,16 +101,21 @@ class SharedCostModel:
             if isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], int) \
                     and 0 <= entry[0] < len(workloads):
                 by_workload.setdefault(entry[0], []).append(entry[1])
-        added = 0
+        added, bad, first_error = 0, 0, ""
         for index, records in by_workload.items():
             workload = workloads[index]
             candidates, results = [], []
             for raw in records:
-                record = ms.database.TuningRecord.from_json(raw, workload)
+                try:
+                    record = ms.database.TuningRecord.from_json(raw, workload)
+                    candidate = record.as_measure_candidate()
+                except RuntimeError as exc:  # TVM's errors (InternalError, TVMError) subclass it
+                    bad, first_error = bad + 1, first_error or str(exc).strip().splitlines()[-1][:200]
+                    continue
                 if record.target is not None and record.target.kind.name != self.target.kind.name:
                     continue  # another target's trial (an llvm job under the same root) teaches nothing here
                 secs = [float(s) for s in record.run_secs or [] if 0 < float(s) < FAILED_SECONDS]
-                candidates.append(record.as_measure_candidate())
+                candidates.append(candidate)
                 results.append(RunnerResult(run_secs=secs or None, error_msg=None if secs else "failed"))
             if not candidates:
                 continue
@@ -115,7 +123,7 @@ class SharedCostModel:
             self.model.update(context, candidates, results)
             added += len(candidates)
         self.seen[work_dir] = len(lines)
-        return added
+        return added, f"{bad} record(s) TVM could not rebuild (first: {first_error})" if bad else ""
 
 
 def search_strategy(model: SharedCostModel, batch: int) -> Any:
