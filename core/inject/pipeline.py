@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -281,7 +282,11 @@ class Injector:
         """Say which new rows NNFusion will not use: an earlier row of the same op comes first in the table."""
         if not self._committed or self.options.replace:  # replace leaves the new row the op's only one
             return
-        self.report.shadowed = shadowed(self.db, self._committed)
+        try:
+            self.report.shadowed = shadowed(self.db, self._committed)
+        except (sqlite3.Error, KdbError) as exc:  # in a finally: never hide the error that ended the run
+            self.report.notes.append(f"could not check which new rows come first for their op: {exc}")
+            return
         if self.report.shadowed:
             key, first = self.report.shadowed[0]
             self.report.notes.append(
