@@ -5,8 +5,11 @@
 #                                              export ResNet-18 (torchvision, BN folded), start tuning it as one
 #                                              network in the background (setsid: it outlives the call); SHARDS
 #                                              processes side by side, each a share of the ops (bench_tune --shard)
+#     (BATCH=N: candidates per search round, default 64; MetaSchedule's search costs the same per round)
 #   bash bench/h200_network.sh wait SECONDS    follow the tuning up to SECONDS; results to $OUT (state.tgz: the
-#                                              tuning records; carry it as .netrun/state.tgz and `start` resumes)
+#                                              tuning records; carry it as .netrun/state.tgz and `start` resumes);
+#                                              prints the trials measured since `start` per minute, finished or not
+#   bash bench/h200_network.sh items DB DIR    the DB's rows as kernel JSON under DIR (for `reinject`)
 #   bash bench/h200_network.sh reinject ITEMS...  kernel JSON (exported rows) injected again into $R/reinjected.db,
 #                                              with today's checks (launch bounds), verified and timed
 #   bash bench/h200_network.sh network NNFUSION FALLBACK_DB [DB]
@@ -38,14 +41,19 @@ d=sqlite3.connect(sys.argv[2]); s.backup(d)" "$R/state/tuned.db" "$OUT/tuned.db"
   return 0
 }
 
+recorded() {  # trials in MetaSchedule's records under the state dir (whole lines)
+  cat "$R"/state/tuning/*/database_tuning_record.json 2>/dev/null | wc -l
+}
+
 case "$step" in
 start)
   python3 bench/bench_network.py export --out "$R/net" || exit 1
   if [ -f .netrun/state.tgz ]; then tar xzf .netrun/state.tgz -C "$R" && echo "resuming the records of .netrun/state.tgz"; fi
+  echo "$(date +%s) $(recorded)" >"$R/started.txt"  # the pace count of `wait` starts here
   shards=${4:-1}
   for k in $(seq 1 "$shards"); do
     setsid nohup python3 bench/bench_tune.py --target cuda --model "$R/net/resnet18.onnx" --trials "${2:?trials}" \
-      --batch 64 --state "$R/state" --progress "$R/progress-$k.jsonl" --out "$R/tune-$k.json" \
+      --batch "${BATCH:-64}" --state "$R/state" --progress "$R/progress-$k.jsonl" --out "$R/tune-$k.json" \
       --shard "$k/$shards" --workers $(( $(nproc) / shards )) >"$R/tune-$k.log" 2>&1 </dev/null &
     echo "tuning shard $k/$shards started (pid $!)"
   done
@@ -59,6 +67,9 @@ wait)
   while [ $SECONDS -lt $end ] && ! finished && alive; do sleep 5; done
   tail -q -n 4 "$R"/progress-*.jsonl | cut -c1-300
   for f in "$R"/tune-*.log; do grep -q "^ratio:" "$f" && grep -v "^\s*$" "$f" | tail -n 45; done
+  read -r t0 n0 <"$R/started.txt"
+  n=$(recorded); dt=$(( $(date +%s) - t0 ))
+  echo "pace: $((n - n0)) trials recorded in ${dt} s since start = $(( (n - n0) * 60 / (dt > 0 ? dt : 1) )) trials/min (all processes, set-up included)"
   finished && python3 - "$R"/tune-*.json <<'PY'
 import json, sys
 runs = [json.load(open(p)) for p in sys.argv[1:]]
@@ -66,6 +77,12 @@ trials, wall = sum(r["trials"] for r in runs), max(r["wall_s"] for r in runs)
 print(f"combined: {trials} trials in {wall:.1f} s over {len(runs)} processes side by side: {trials / wall * 60:.1f} trials/min")
 PY
   copy_out ;;
+items)
+  mkdir -p "${3:?folder}"
+  python3 -c "import sys; from pathlib import Path; from core.db.kernel_db import KernelDB
+from core.kernels.export import write_kernel_json
+with KernelDB.open(sys.argv[1]) as db: print(write_kernel_json(db.iter_rows(), Path(sys.argv[2]) / 'rows.json'), 'kernels to', sys.argv[2])" \
+    "$(realpath "${2:?db}")" "$3" ;;
 reinject)
   rm -f "$R/reinjected.db"*
   python3 -m console.entry inject --db "$R/reinjected.db" --arch sm_90 --verify --profile --workers "$(nproc)" --jsonl \
