@@ -11,12 +11,29 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import KERNELS, kernel_items
+from conftest import kernel_items, needs_artifact
 
 from core.gpu.jobs import GpuSession, gpu_available, job_for_row
 
 available, why = gpu_available()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not available, reason=f"needs a CUDA GPU and pycuda: {why}")]
+
+
+STORE = "C[row * 128 + col] = acc;"  # the demo Dot kernel's one store: the tests plant their bugs there
+
+
+def demo_dot() -> dict:
+    """A kernel the project writes itself (core/demo.py): these tests need no ../shared, only a GPU."""
+    from core.demo import demo_kernels
+
+    item = next(k for k in demo_kernels() if k["tvm_func_name"] == "demo_dot_m64_k256_n128_kernel0")
+    assert STORE in item["code"]
+    return item
+
+
+def wrong_dot() -> dict:
+    item = demo_dot()
+    return dict(item, code=item["code"].replace(STORE, "C[row * 128 + col] = 2 * acc;"))
 
 
 def rows_of(items: list[dict]) -> list:
@@ -39,8 +56,10 @@ def session():
         yield s
 
 
+@needs_artifact
 def test_artifact_kernels_verify_and_gpu_barrier_counts_match_static_ones(session: GpuSession):
     rows = rows_of([item for _, _, item in kernel_items()])
+    assert rows, "the artifact's folder holds no kernel JSON"
     mismatched = []
     for row in rows:
         verified = session.run(job_for_row(row, "verify"))
@@ -53,23 +72,21 @@ def test_artifact_kernels_verify_and_gpu_barrier_counts_match_static_ones(sessio
 
 
 def test_a_wrong_kernel_fails_verification(session: GpuSession):
-    item = json.loads((KERNELS / "all_dense_nn_manual.json").read_text())[0]
-    item["code"] = item["code"].replace("atomicAdd(output0 + col_id, val);", "atomicAdd(output0 + col_id, 2 * val);")
-    result = session.run(job_for_row(rows_of([item])[0], "verify"))
+    result = session.run(job_for_row(rows_of([wrong_dot()])[0], "verify"))
     assert not result.ok and "relative error" in result.reason
 
 
 def test_timing_gives_a_median_and_spread(session: GpuSession):
-    row = rows_of([json.loads((KERNELS / "all_dense_nn_manual.json").read_text())[0]])[0]
+    row = rows_of([demo_dot()])[0]
     result = session.run(job_for_row(row, "time", repeats=50))
     assert result.ok and result.microseconds and result.microseconds > 0 and result.launches == 50
     assert result.spread is not None and result.spread[0] <= result.microseconds <= result.spread[1]
 
 
 def test_a_hung_kernel_is_killed_and_the_session_goes_on(tmp_path: Path):
-    item = json.loads((KERNELS / "all_dense_nn_manual.json").read_text())[0]
+    item = demo_dot()
     # __nanosleep is a side effect, so the compiler keeps the endless loop.
-    hung = dict(item, code=item["code"].replace("if (col_id < 256)", "for (;;) { __nanosleep(1000); }\n    if (col_id < 256)"))
+    hung = dict(item, code=item["code"].replace(STORE, "for (;;) { __nanosleep(1000); }\n  " + STORE))
     with GpuSession(timeout_s=10) as session:
         result = session.run(job_for_row(rows_of([hung])[0], "verify"))
         assert not result.ok and "timed out" in result.reason
@@ -85,9 +102,7 @@ def test_the_nvcc_checks_cubin_verifies_and_times_like_a_fresh_compile(session: 
 
     major, minor = detect_devices()[0][0].compute_capability
     arch = f"sm_{major}{minor}"
-    good = json.loads((KERNELS / "all_dense_nn_manual.json").read_text())[0]
-    bad = dict(good, code=good["code"].replace("atomicAdd(output0 + col_id, val);",
-                                               "atomicAdd(output0 + col_id, 2 * val);"))
+    good, bad = demo_dot(), wrong_dot()
     for item, should_pass in ((good, True), (bad, False)):
         row = rows_of([item])[0]
         built = compile_check(json.loads(row.function), arch, nvcc=find_nvcc(), flags=(), timeout_s=120,
