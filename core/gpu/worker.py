@@ -209,25 +209,36 @@ def time_kernel(job: dict[str, Any]) -> dict[str, Any]:
             "extra": {"l2_flush_mb": round(flush_words * 4 / 2**20)}}
 
 
-_SYNC = re.compile(r"\b__syncthreads\s*\(\s*\)")
+# Both barriers a row may hold: __syncthreads(), and the non-aligned one of rows padded to whole warps
+# (core/cuda/warps.py), whose text is an asm string: found by its opening in the masked source.
+_BARRIER = re.compile(r"\b__syncthreads\s*\(\s*\)|\basm\s+volatile\s*\(")
 
 
 def instrument(source: str, kernel: str) -> str:
-    """The kernel with every __syncthreads() counted for thread 0 of block 0 into an extra parameter."""
+    """The kernel with every barrier counted for thread 0 of block 0 into an extra parameter."""
     from core.cuda.source import mask
+    from core.cuda.warps import NON_ALIGNED_BARRIER
 
     masked = mask(source)
     pieces, pos = [], 0
-    for m in _SYNC.finditer(masked):
-        pieces += [source[pos:m.start()], "kdb_counted_sync(kdb_barrier_count)"]
-        pos = m.end()
+    for m in _BARRIER.finditer(masked):
+        if m.group().startswith("asm"):
+            if not source.startswith(NON_ALIGNED_BARRIER, m.start()):
+                continue  # some other inline assembly
+            end, call = m.start() + len(NON_ALIGNED_BARRIER), "kdb_counted_barrier(kdb_barrier_count)"
+        else:
+            end, call = m.end(), "kdb_counted_sync(kdb_barrier_count)"
+        pieces += [source[pos:m.start()], call]
+        pos = end
     pieces.append(source[pos:])
     body = "".join(pieces)
     body = re.sub(rf"\b{kernel}\s*\(", f"{kernel}(unsigned int* __restrict__ kdb_barrier_count, ", body, count=1)
     helper = ("__device__ __forceinline__ void kdb_counted_sync(unsigned int* count) {\n"
               "  if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0 && blockIdx.x == 0 && blockIdx.y == 0\n"
               "      && blockIdx.z == 0) atomicAdd(count, 1u);\n  __syncthreads();\n}\n")
-    return helper + body
+    non_aligned = helper.replace("kdb_counted_sync", "kdb_counted_barrier")
+    non_aligned = non_aligned.replace("__syncthreads()", NON_ALIGNED_BARRIER)
+    return helper + non_aligned + body
 
 
 def count_barriers(job: dict[str, Any]) -> dict[str, Any]:
