@@ -138,6 +138,35 @@ def test_the_cuda_design_space_drops_async_pipelines_and_keeps_metaschedules_rul
     assert names(ours.mutator_probs) == names(default.mutator_probs)
 
 
+@pytest.mark.parametrize("line", [
+    "cudnn_maxpool_op_float|i+1_64_112_112|o+1_64_56_56|win+3_3|ws+2_2|pb+1_1|pa+1_1",  # ResNet-18's
+    "cudnn_maxpool_op_float|i+1_8_16_16|o+1_8_8_8|win+2_2|ws+2_2|pb+0_0|pa+0_0",
+    "cudnn_avgpool_op_float|i+1_32_28_28|o+1_32_28_28|win+3_3|ws+1_1|pb+1_1|pa+1_1",
+    "cudnn_avgpool_op_float|i+1_512_7_7|o+1_512_1_1|win+7_7|ws+1_1|pb+0_0|pa+0_0",  # ResNet-18's
+])
+def test_every_cuda_design_space_of_a_pool_builds_into_one_kernel(line: str):
+    """topi's pool ended in a stage after its reduction (a copy; the average's division) that MetaSchedule
+    bound apart: two kernels per schedule, so a whole tuning of ResNet-18's MaxPool on the H200 gave nothing
+    a DB row could hold."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from core.codegen.generate import cuda_target, extract_kernel, prim_func_module
+    from core.tuning.space import self_contained_cuda_space
+
+    mod, _ = prim_func_module(parse_line(line, "pool"))
+    target = cuda_target("sm_90")
+    context = ms.TuneContext(mod=mod, target=target, space_generator=self_contained_cuda_space(), task_name="t")
+    spaces = context.space_generator.generate_design_space(mod)
+    assert spaces
+    for space in spaces:
+        schedule = space.copy()
+        for postproc in context.space_generator.postprocs:
+            assert postproc.apply(schedule)
+        source = tvm.compile(schedule.mod, target=target).mod.imports[0].inspect_source()
+        extract_kernel(source, "k")  # InputError("the schedule produced 2 kernels ...") before
+
+
 # ---------------------------------------------------------------------------------------------
 # Streaming: each candidate recorded, then reported, as it is measured (core/tuning/pipeline.py)
 
