@@ -89,8 +89,9 @@ def op_table(db_path: Path, network: Any) -> list[dict]:
     with KernelDB.open(db_path) as db:
         for row in db.iter_rows():
             kdb = json.loads(row.miscs).get("kdb", {})
-            for entry in kdb.get("profile", {}).values():
-                profiles[kdb.get("name", "")] = entry["us"]
+            for entry in kdb.get("profile", {}).values():  # a DB of several runs: the fastest of a name's rows
+                name = kdb.get("name", "")
+                profiles[name] = min(entry["us"], profiles.get(name, entry["us"]))
     rows, conv_ratios = [], []
     print(f"{'op':<88} {'x':>2} {'best us':>8} {'effic us':>8} {'cuDNN us':>8} {'ratio':>6}")
     for op in network.ops:
