@@ -8,7 +8,8 @@
 #     (BATCH=N: candidates per search round, default 64; MetaSchedule's search costs the same per round)
 #   bash bench/h200_network.sh wait SECONDS    follow the tuning up to SECONDS; results to $OUT (state.tgz: the
 #                                              tuning records; carry it as .netrun/state.tgz and `start` resumes);
-#                                              prints the trials measured since `start` per minute, finished or not
+#                                              prints the trials measured since `start` per minute, finished or not,
+#                                              and the host's CPU by kind of process (bench/host_load.py)
 #   bash bench/h200_network.sh items DB DIR    the DB's rows as kernel JSON under DIR (for `reinject`)
 #   bash bench/h200_network.sh reinject ITEMS...  kernel JSON (exported rows) injected again into $R/reinjected.db,
 #                                              with today's checks (launch bounds), verified and timed
@@ -31,7 +32,7 @@ step=${1:?start|wait|network|verify}
 
 copy_out() {  # $OUT takes 8 files at most: the small results go as one archive, rewritten each time
   (cd "$R" && tar czf "$OUT/results.tgz" --ignore-failed-read $(ls tune*.log tune*.json progress*.jsonl summary.txt \
-    verify.log verify.json reinject.jsonl ops.log net/*.json net/*.log \
+    verify.log verify.json reinject.jsonl ops.log load.jsonl net/*.json net/*.log \
     net/nnfusion-*/nnfusion_rt/cuda_codegen/nnfusion_rt.cu 2>/dev/null))
   # the tuning records (MetaSchedule's JSON work dirs): carried back as .netrun/state.tgz, a later session
   # resumes them instead of measuring again
@@ -50,6 +51,8 @@ start)
   python3 bench/bench_network.py export --out "$R/net" || exit 1
   if [ -f .netrun/state.tgz ]; then tar xzf .netrun/state.tgz -C "$R" && echo "resuming the records of .netrun/state.tgz"; fi
   echo "$(date +%s) $(recorded)" >"$R/started.txt"  # the pace count of `wait` starts here
+  pkill -f "[h]ost_load.py sample"; rm -f "$R/load.jsonl"
+  setsid nohup python3 bench/host_load.py sample --out "$R/load.jsonl" --every 5 >/dev/null 2>&1 </dev/null &
   shards=${4:-1}
   for k in $(seq 1 "$shards"); do
     setsid nohup python3 bench/bench_tune.py --target cuda --model "$R/net/resnet18.onnx" --trials "${2:?trials}" \
@@ -70,6 +73,7 @@ wait)
   read -r t0 n0 <"$R/started.txt"
   n=$(recorded); dt=$(( $(date +%s) - t0 ))
   echo "pace: $((n - n0)) trials recorded in ${dt} s since start = $(( (n - n0) * 60 / (dt > 0 ? dt : 1) )) trials/min (all processes, set-up included)"
+  python3 bench/host_load.py summary "$R/load.jsonl" --trials $((n - n0 > 0 ? n - n0 : 1))  # where the host's CPU went
   finished && python3 - "$R"/tune-*.json <<'PY'
 import json, sys
 runs = [json.load(open(p)) for p in sys.argv[1:]]
