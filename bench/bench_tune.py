@@ -148,6 +148,7 @@ def main() -> None:
     ap.add_argument("--no-transfer", action="store_true",
                     help="MetaSchedule's own cost model per op instead of one per process warm-started from the "
                          "records on disk (core/tuning/costmodel.py)")
+    ap.add_argument("--population", type=int, help="the evolutionary search's population (default: MetaSchedule's)")
     args = ap.parse_args()
     os.environ["KDB_STATE_DIR"] = str(args.state) if args.state else tempfile.mkdtemp(prefix="kdb-bench-tune-")
 
@@ -164,6 +165,10 @@ def main() -> None:
         if "transfer" not in fields:
             raise SystemExit("--no-transfer: this code has no shared cost model")
         extra["transfer"] = False
+    if args.population:
+        if "population" not in fields:
+            raise SystemExit("--population: this code has no population setting")
+        extra["population"] = args.population
 
     def make_job(config: Any, trials: int) -> Any:
         return TuneJob(config, trials=trials, target=args.target, arch=args.arch, trials_per_batch=args.batch,

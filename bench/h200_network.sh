@@ -5,7 +5,8 @@
 #                                              export ResNet-18 (torchvision, BN folded), start tuning it as one
 #                                              network in the background (setsid: it outlives the call); SHARDS
 #                                              processes side by side, each a share of the ops (bench_tune --shard)
-#     (BATCH=N: candidates per search round, default 64; MetaSchedule's search costs the same per round)
+#     (BATCH=N: candidates per search round, default 64; MetaSchedule's search costs the same per round;
+#      POPULATION=N: the evolutionary search's population, default MetaSchedule's 512)
 #   bash bench/h200_network.sh wait SECONDS    follow the tuning up to SECONDS; results to $OUT (state.tgz: the
 #                                              tuning records; carry it as .netrun/state.tgz and `start` resumes);
 #                                              prints the trials measured since `start` per minute, finished or not,
@@ -56,7 +57,7 @@ start)
   shards=${4:-1}
   for k in $(seq 1 "$shards"); do
     setsid nohup python3 bench/bench_tune.py --target cuda --model "$R/net/resnet18.onnx" --trials "${2:?trials}" \
-      --batch "${BATCH:-64}" --state "$R/state" --progress "$R/progress-$k.jsonl" --out "$R/tune-$k.json" \
+      --batch "${BATCH:-64}" ${POPULATION:+--population "$POPULATION"} --state "$R/state" --progress "$R/progress-$k.jsonl" --out "$R/tune-$k.json" \
       --shard "$k/$shards" --workers $(( $(nproc) / shards )) >"$R/tune-$k.log" 2>&1 </dev/null &
     echo "tuning shard $k/$shards started (pid $!)"
   done

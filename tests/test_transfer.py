@@ -96,3 +96,15 @@ def test_without_transfer_each_job_has_metaschedules_own_model(tuned_root: Path,
     with TunePools() as pools:
         result = run_tune(job(WIDE, 5, transfer=False), root, pools=pools)
         assert (result.model_trials, result.search, pools.cost_models) == (0, "evolutionary", {})
+
+
+def test_the_search_uses_the_jobs_population_once_the_model_can_rank():
+    from types import SimpleNamespace
+
+    from core.tuning.costmodel import search_strategy
+
+    trained, untrained = SimpleNamespace(trained=True), SimpleNamespace(trained=False)
+    assert search_strategy(trained, 128, 256).population_size == 256
+    assert search_strategy(trained, 128).population_size == 512  # MetaSchedule's own
+    sampled = search_strategy(untrained, 128, 256)  # an untrained model ranks at random: a small sample
+    assert (sampled.population_size, sampled.genetic_num_iters) == (256, 0)

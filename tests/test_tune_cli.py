@@ -31,7 +31,7 @@ def events(stdout: str) -> list[dict]:
     return [json.loads(line) for line in stdout.splitlines()]  # raises if anything but JSON reached stdout
 
 
-@pytest.mark.parametrize("option", ["--trials", "--budget"])
+@pytest.mark.parametrize("option", ["--trials", "--budget", "--batch"])
 def test_a_budget_below_one_is_refused_before_anything_runs(tmp_path: Path, option: str):
     proc = run_kdb("tune", str(text_file(tmp_path / "ops.txt", DOT + "\n")), "--target", "llvm", option, "0",
                    timeout=120)
@@ -64,6 +64,24 @@ def test_one_progress_bar_per_op_whatever_the_events():
 
 @pytest.mark.slow
 @pytest.mark.tvm
+def test_a_population_smaller_than_the_batch_is_refused_before_anything_runs(tmp_path: Path):
+    proc = run_kdb("tune", str(text_file(tmp_path / "ops.txt", DOT + "\n")), "--target", "llvm", "--batch", "64",
+                   "--population", "32", timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "--population: a population of 32 cannot give batches of 64" in proc.stderr
+    assert not (tmp_path / "state" / "tuning").exists()
+
+
+def test_batch_sets_the_candidates_of_each_search_round(tmp_path: Path):
+    pytest.importorskip("tvm")
+    ops = str(text_file(tmp_path / "dot.txt", DOT + "\n"))
+    proc = run_kdb("tune", ops, "--target", "llvm", "--trials", "3", "--batch", "2", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rounds = [e["total"] for e in events(proc.stdout) if e["event"] == "phase" and e["phase"] == "build"
+              and e["done"] == 0]
+    assert rounds == [2, 1]
+
+
 def test_tune_says_what_it_did_streams_each_trial_and_says_when_it_reuses(tmp_path: Path):
     pytest.importorskip("tvm")
     ops = str(text_file(tmp_path / "dot.txt", DOT + "\n"))

@@ -39,10 +39,13 @@ LLVM_NOTE = ("target llvm: every trial is built and timed on this CPU. CPU kerne
 
 def main(args: argparse.Namespace) -> int:
     settings = load_settings()
-    for option, value in (("--trials", args.trials), ("--budget", args.budget)):
+    for option, value in (("--trials", args.trials), ("--budget", args.budget), ("--batch", args.batch)):
         if value is not None and value < 1:
             raise InputError(f"must be at least 1, not {value} (a tuning job measures at least one candidate)",
                              where=option)
+    if args.population is not None and args.population < args.batch:
+        raise InputError(f"a population of {args.population} cannot give batches of {args.batch} (the search picks "
+                         "each batch from its population)", where="--population")
     inputs = read_inputs([Path(p) for p in args.inputs])
     for e in inputs.errors:
         log(f"skipped: {e}")
@@ -81,7 +84,7 @@ def main(args: argparse.Namespace) -> int:
     def make_job(config: OpConfig, n: int) -> TuneJob:
         return TuneJob(config, trials=n, target=args.target, arch=arch, rpc=rpc, rpc_workers=args.rpc_workers,
                        builder_timeout_s=settings.tune_builder_timeout_s, efficient=args.efficient,
-                       transfer=not args.no_transfer)
+                       transfer=not args.no_transfer, trials_per_batch=args.batch, population=args.population)
 
     if network is not None:
         budget = args.budget or trials * len(network.ops)

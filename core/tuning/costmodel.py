@@ -126,12 +126,14 @@ class SharedCostModel:
         return added, f"{bad} record(s) TVM could not rebuild (first: {first_error})" if bad else ""
 
 
-def search_strategy(model: SharedCostModel, batch: int) -> Any:
-    """MetaSchedule's evolutionary search where the model can rank; else a small sample, ranked at random."""
+def search_strategy(model: SharedCostModel, batch: int, population: int | None = None) -> Any:
+    """MetaSchedule's evolutionary search where the model can rank (over `population` candidates, default
+    MetaSchedule's 512); else a small sample, ranked at random."""
     from tvm.s_tir import meta_schedule as ms
 
     if model.trained:
-        return ms.search_strategy.EvolutionarySearch()
+        return ms.search_strategy.EvolutionarySearch(population_size=population) if population \
+            else ms.search_strategy.EvolutionarySearch()
     # no mutation rounds: the population's random scores pick the batch (init_min_unmeasured keeps new ones)
     return ms.search_strategy.EvolutionarySearch(population_size=max(2 * batch, 64), genetic_num_iters=0)
 

@@ -56,7 +56,7 @@ class TuneJob:
     work_dir: Path | None = None
     builder_timeout_s: float = 120.0  # the default 30 s kills nvcc on big unrolled kernels
     runner_timeout_s: float = 30.0
-    trials_per_batch: int = 32
+    trials_per_batch: int = 32  # candidates per search round (the search costs about the same per round)
     rpc: RpcTarget | None = None
     rpc_workers: int = 1  # measurements in flight at once over RPC (one per server/GPU)
     builder_workers: int | None = None  # parallel builds (default: sized to this host, pipeline.build_workers)
@@ -66,10 +66,17 @@ class TuneJob:
     overlap: bool | None = None  # build while measuring (default: when measuring off this CPU; pipeline.py)
     efficient: bool = False  # also a kernel for the most efficient record (time x resource): see above
     transfer: bool = True  # one cost model for the process, warm-started from the root's records (costmodel.py)
+    population: int | None = None  # the evolutionary search's population (None: MetaSchedule's 512)
 
     def __post_init__(self) -> None:
         if self.trials < 1:
             raise InputError(f"{self.trials} trials: a tuning job needs at least 1", where=self.config.describe())
+        if self.trials_per_batch < 1:
+            raise InputError(f"batches of {self.trials_per_batch}: a search round needs at least 1 candidate",
+                             where=self.config.describe())
+        if self.population is not None and self.population < self.trials_per_batch:
+            raise InputError(f"a population of {self.population} cannot give batches of {self.trials_per_batch}: "
+                             "the search picks each batch from its population", where=self.config.describe())
 
     @property
     def name(self) -> str:
@@ -292,7 +299,8 @@ def _tune(job: TuneJob, work_dir: Path, history: list[float | None], result: Tun
     batch = min(job.trials_per_batch, remaining)
     with _no_tensor_intrinsics() if job.target == "llvm" else contextlib.nullcontext():
         cost_model: Any = "xgb"
-        strategy: Any = "evolutionary"
+        strategy: Any = ms.search_strategy.EvolutionarySearch(population_size=job.population) \
+            if job.population else "evolutionary"
         result.search, warm_s = "evolutionary", 0.0
         if job.transfer:
             from core.tuning.costmodel import search_strategy
@@ -300,7 +308,7 @@ def _tune(job: TuneJob, work_dir: Path, history: list[float | None], result: Tun
             shared = pools.cost_model(target, threads)
             warm = shared.warm_start(work_dir.parent, own=work_dir)
             warm_s = warm.seconds
-            cost_model, strategy = shared.model, search_strategy(shared, batch)
+            cost_model, strategy = shared.model, search_strategy(shared, batch, job.population)
             result.model_trials, result.search = shared.samples, "evolutionary" if shared.trained else "sampled"
         ms.tune_tir(mod, target=target, work_dir=str(work_dir), max_trials_global=remaining, space=space,
                     num_trials_per_iter=batch, cost_model=cost_model, strategy=strategy,
