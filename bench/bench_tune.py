@@ -133,8 +133,8 @@ def main() -> None:
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--ops", type=int, default=3, help="how many of the demo network's looked-up ops")
     ap.add_argument("--model", type=Path, help="tune this ONNX model's ops as a network instead")
-    ap.add_argument("--resnet", metavar="18|34", choices=["18", "34"],
-                    help="tune ResNet-18/34 at batch 1 (224x224, BN folded; built here with onnx) as a network")
+    ap.add_argument("--resnet", metavar="18|34|50", choices=["18", "34", "50"],
+                    help="tune ResNet-18/34/50 at batch 1 (224x224, BN folded; built here with onnx) as a network")
     ap.add_argument("--trials", type=int, default=16, help="per op (a model: per op on average)")
     ap.add_argument("--batch", type=int, default=8, help="candidates per MetaSchedule batch")
     ap.add_argument("--workers", type=int, help="parallel builds (default: sized to the host)")
@@ -185,7 +185,8 @@ def main() -> None:
         sys.path.insert(0, str(REPO / "tests"))
         from onnx_models import resnet, write
 
-        args.model = write(resnet(blocks={"18": (2, 2, 2, 2), "34": (3, 4, 6, 3)}[args.resnet]),
+        blocks = {"18": (2, 2, 2, 2), "34": (3, 4, 6, 3), "50": (3, 4, 6, 3)}[args.resnet]
+        args.model = write(resnet(blocks=blocks, bottleneck=args.resnet == "50"),
                            Path(os.environ["KDB_STATE_DIR"]) / f"resnet{args.resnet}.onnx")
     try:  # TVM's own output into a file, so the table stands alone (older code: it stays on the terminal)
         from core.tuning.tvm_log import capture_output

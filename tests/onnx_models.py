@@ -93,9 +93,21 @@ def depthwise_block(channels: int = 32, out: int = 64, size: int = 56) -> ModelP
     return g.model(y, "depthwise_block")
 
 
+def bottleneck_block(g: GraphBuilder, x: str, cin: int, width: int, stride: int = 1, prefix: str = "") -> str:
+    """ResNet-50's Bottleneck as torchvision builds it (v1.5: the stride on the 3x3): 1x1 conv-relu, 3x3
+    conv-relu, 1x1 conv to 4 x width, + shortcut (a strided 1x1 conv when the shape changes), relu."""
+    cout = 4 * width
+    y = g.node("Relu", [g.conv(x, cin, width, 1, name=f"{prefix}conv1")], f"{prefix}relu1")
+    y = g.node("Relu", [g.conv(y, width, width, 3, stride=stride, name=f"{prefix}conv2")], f"{prefix}relu2")
+    y = g.conv(y, width, cout, 1, name=f"{prefix}conv3")
+    shortcut = x if stride == 1 and cin == cout else g.conv(x, cin, cout, 1, stride=stride, name=f"{prefix}down")
+    return g.node("Relu", [g.node("Add", [y, shortcut], f"{prefix}add")], f"{prefix}relu3")
+
+
 def resnet(widths: tuple[int, ...] = (64, 128, 256, 512), blocks: tuple[int, ...] = (3, 4, 10, 3), size: int = 224,
-           classes: int = 1000) -> ModelProto:
-    """A ResNet of basic blocks (the default has 109 nodes): stem, stages, global pool, classifier."""
+           classes: int = 1000, bottleneck: bool = False) -> ModelProto:
+    """A ResNet of basic blocks (the default has 109 nodes), or of bottlenecks (blocks (3, 4, 6, 3): ResNet-50):
+    stem, stages, global pool, classifier."""
     g = GraphBuilder({"x": [1, 3, size, size]})
     y = g.node("Relu", [g.conv("x", 3, widths[0], 7, stride=2, name="stem")], "stem_relu")
     y = g.node("MaxPool", [y], "stem_pool", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
@@ -103,8 +115,12 @@ def resnet(widths: tuple[int, ...] = (64, 128, 256, 512), blocks: tuple[int, ...
     for stage, (width, count) in enumerate(zip(widths, blocks, strict=True), start=1):
         for block in range(count):
             stride = 2 if block == 0 and stage > 1 else 1
-            y = basic_block(g, y, cin, width, stride, prefix=f"s{stage}b{block}_")
-            cin = width
+            if bottleneck:
+                y = bottleneck_block(g, y, cin, width, stride, prefix=f"s{stage}b{block}_")
+                cin = 4 * width
+            else:
+                y = basic_block(g, y, cin, width, stride, prefix=f"s{stage}b{block}_")
+                cin = width
     y = g.node("Flatten", [g.node("GlobalAveragePool", [y], "pool")], "flatten", axis=1)  # NNFusion needs axis
     y = g.node("Gemm", [y, g.weight("fc_w", [classes, cin]), g.weight("fc_b", [classes])], "fc", transB=1)
     return g.model(y, "resnet")

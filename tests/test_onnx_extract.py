@@ -120,6 +120,30 @@ def test_a_resnet_of_100_plus_nodes_repeats_configs_and_accounts_for_every_node(
                            "window_stride": [1, 1], "padding_below": [0, 0], "padding_above": [0, 0]}
 
 
+def test_a_bottleneck_resnet_50_extracts_as_nnfusion_fuses_it(model_path):
+    """ResNet-50's layout (blocks 3, 4, 6, 3 of bottlenecks; thin widths keep the file small)."""
+    path = model_path(resnet(widths=(8, 16, 32, 64), blocks=(3, 4, 6, 3), size=64, bottleneck=True))
+    ext = extract(path)
+    assert ext.node_count == 3 + 16 * 7 + 4 + 3  # stem, 16 blocks (+4 shortcut convs), pool/flatten/fc
+    accounted(ext, path)
+    by_type: dict[str, int] = {}
+    for c in ext.configs:
+        by_type[c.op_type] = by_type.get(c.op_type, 0) + ext.count(c)
+    # each block: two Conv+Relu and its 1x1 expansion taking the Add and the Relu; the stem fuses its Relu;
+    # the four shortcut convs (each stage's first block) stay plain
+    assert by_type == {"Fused_Convolution_Relu": 33, "Fused_Convolution_Add_Relu": 16, "Convolution": 4,
+                       "MaxPool": 1, "AvgPool": 1, "Dot": 1}
+    # torchvision's v1.5: a stage's stride is on its first 3x3, after the 1x1 reduction at full size
+    strided = [c.params for c in ext.configs if c.op_type == "Fused_Convolution_Relu"
+               and c.params["window_movement_strides"] == [2, 2]]
+    assert [(p["input_shape"], p["filter_shape"], p["output_shape"]) for p in strided] == [
+        ([1, 3, 64, 64], [8, 3, 7, 7], [1, 8, 32, 32]),  # the stem
+        ([1, 16, 16, 16], [16, 16, 3, 3], [1, 16, 8, 8]),
+        ([1, 32, 8, 8], [32, 32, 3, 3], [1, 32, 4, 4]),
+        ([1, 64, 4, 4], [64, 64, 3, 3], [1, 64, 2, 2]),
+    ]
+
+
 # -- NNFusion's fusion rules ---------------------------------------------------------------------
 
 
