@@ -96,7 +96,7 @@ def run_once(cmd: Command, env: dict[str, str]) -> tuple[float, float]:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     if cmd.terminal:
-        status, output = _run_on_pty(cmd.argv, env)
+        status, output = run_on_pty(cmd.argv, env)
     else:
         proc = subprocess.run(cmd.argv, env=env, cwd=REPO, capture_output=True)
         status, output = proc.returncode, proc.stderr
@@ -108,8 +108,9 @@ def run_once(cmd: Command, env: dict[str, str]) -> tuple[float, float]:
     return elapsed, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
 
 
-def _run_on_pty(argv: list[str], env: dict[str, str]) -> tuple[int, bytes]:
-    """Run with stdout and stderr on a 200x50 pseudo-terminal, reading all it prints; (exit status, output)."""
+def run_on_pty(argv: list[str], env: dict[str, str], timeout: float | None = None) -> tuple[int, bytes]:
+    """Run with stdout and stderr on a 200x50 pseudo-terminal, reading all it prints; (exit status, output).
+    (tests/test_cli_read.py runs kdb on a terminal with it too.)"""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))
     proc = subprocess.Popen(argv, env=env, cwd=REPO, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave)
@@ -119,7 +120,7 @@ def _run_on_pty(argv: list[str], env: dict[str, str]) -> tuple[int, bytes]:
         while chunk := os.read(master, 1 << 16):
             chunks.append(chunk)
     os.close(master)
-    return proc.wait(), b"".join(chunks)
+    return proc.wait(timeout=timeout), b"".join(chunks)
 
 
 def prepare_state(state: Path, db: Path) -> None:

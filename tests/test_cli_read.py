@@ -3,10 +3,8 @@ off a terminal; `kdb show` highlights only on a terminal; each command imports o
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import pty
 import sqlite3
 import subprocess
 import sys
@@ -20,6 +18,7 @@ from core.kernels.rowview import describe_row
 
 sys.path.insert(0, str(REPO / "bench"))
 from bench_browse import write_db
+from bench_cli import run_on_pty
 
 ROWS = 120
 
@@ -85,17 +84,10 @@ def test_ls_json_is_one_object_and_jsonl_a_line_per_kernel(db: Path):
 
 def run_on_terminal(*args: str) -> str:
     """kdb on a pseudo-terminal (what a person sees), its output as text."""
-    master, slave = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "console.entry", *args], cwd=REPO, stdin=subprocess.DEVNULL,
-                            stdout=slave, stderr=slave, env={**os.environ, "COLUMNS": "200", "TERM": "xterm"})
-    os.close(slave)
-    chunks = []
-    with contextlib.suppress(OSError):  # EIO once the child has closed its end
-        while chunk := os.read(master, 1 << 16):
-            chunks.append(chunk)
-    os.close(master)
-    assert proc.wait(timeout=120) == 0, b"".join(chunks)[-2000:]
-    return b"".join(chunks).decode("utf-8", "replace")
+    status, output = run_on_pty([sys.executable, "-m", "console.entry", *args],
+                                {**os.environ, "COLUMNS": "200", "TERM": "xterm"}, timeout=120)
+    assert status == 0, output[-2000:]
+    return output.decode("utf-8", "replace")
 
 
 def test_ls_on_a_terminal_is_a_table_of_one_page(db: Path):
