@@ -101,14 +101,20 @@ def test_depthwise_block_keeps_groups_and_does_not_fuse_them(model_path):
     accounted(ext, path)
 
 
+def nodes_by_type(ext) -> dict[str, int]:  # type: ignore[no-untyped-def]
+    """How many of the model's ops each op type covers (a config counts as often as it occurs)."""
+    by_type: dict[str, int] = {}
+    for c in ext.configs:
+        by_type[c.op_type] = by_type.get(c.op_type, 0) + ext.count(c)
+    return by_type
+
+
 def test_a_resnet_of_100_plus_nodes_repeats_configs_and_accounts_for_every_node(model_path):
     path = model_path(resnet(widths=(8, 16, 32, 64), size=64))
     ext = extract(path)
     assert ext.node_count == 109
     accounted(ext, path)
-    by_type: dict[str, int] = {}
-    for c in ext.configs:
-        by_type[c.op_type] = by_type.get(c.op_type, 0) + ext.count(c)
+    by_type = nodes_by_type(ext)
     # 20 blocks: each one Conv+Relu and one Conv+Add+Relu; the stem's conv fuses its Relu too;
     # three strided 1x1 shortcut convs stay plain (their Add is taken by the block's second conv).
     assert by_type == {"Fused_Convolution_Relu": 21, "Fused_Convolution_Add_Relu": 20, "Convolution": 3,
@@ -126,9 +132,7 @@ def test_a_bottleneck_resnet_50_extracts_as_nnfusion_fuses_it(model_path):
     ext = extract(path)
     assert ext.node_count == 3 + 16 * 7 + 4 + 3  # stem, 16 blocks (+4 shortcut convs), pool/flatten/fc
     accounted(ext, path)
-    by_type: dict[str, int] = {}
-    for c in ext.configs:
-        by_type[c.op_type] = by_type.get(c.op_type, 0) + ext.count(c)
+    by_type = nodes_by_type(ext)
     # each block: two Conv+Relu and its 1x1 expansion taking the Add and the Relu; the stem fuses its Relu;
     # the four shortcut convs (each stage's first block) stay plain
     assert by_type == {"Fused_Convolution_Relu": 33, "Fused_Convolution_Add_Relu": 16, "Convolution": 4,
