@@ -240,6 +240,28 @@ async def test_cuda_without_a_gpu_or_a_tracker_explains_instead_of_starting(tmp_
         assert "there is none here" not in text(screen, "#run-note")
 
 
+async def test_candidates_per_round_are_checked_and_go_to_every_job(tmp_path: Path, no_gpu: None):
+    app = make_app(tmp_path / "k.db")
+    async with app.run_test(size=(160, 45)) as pilot:
+        screen = await open_view(pilot)
+        await import_ops(pilot, screen, write_lines(tmp_path / "ops.txt", [RELU, DOT]), 2)
+        await choose(pilot, screen, trials=3, target="llvm")
+        started = []
+        screen.tune = lambda plan, *args: started.append(plan)  # type: ignore[method-assign]
+
+        screen.query_one("#batch", Input).value = "0"
+        await pilot.press("ctrl+r")
+        await pilot.pause(0.2)
+        assert not started and screen.query_one("#batch", Input).has_class("bad")
+
+        screen.query_one("#batch", Input).value = "8"
+        await pilot.pause(0.2)
+        assert not screen.query_one("#batch", Input).has_class("bad")
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: bool(started))
+        assert [job.trials_per_batch for job in started[0].jobs] == [8, 8]
+
+
 @pytest.fixture
 def ascending_ports(monkeypatch: pytest.MonkeyPatch) -> None:
     """RpcCluster.add_server asks free_port() twice, for the start and the end of its server's port range: two

@@ -223,7 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-transfer", action="store_true",
                    help="give each op MetaSchedule's own fresh cost model instead of one model for the run, "
                         "taught by every trial recorded in the state dir")
-    p.add_argument("--batch", type=int, default=32, metavar="N",
+    p.add_argument("--batch", type=int, default=32, metavar="N",  # core.tuning.job.DEFAULT_BATCH (not imported:
+                   # the parser stays light for every command)
                    help="candidates per search round (default 32); the search costs about the same per round, "
                         "so larger rounds search less per trial and learn less often")
     p.add_argument("--population", type=int, metavar="N",

@@ -42,7 +42,7 @@ from core.errors import InputError
 from core.inject.pipeline import InjectOptions
 from core.opconfigs.opconfig import OpConfig
 from core.settings import ARCH_RE
-from core.tuning.job import PhaseEvent, RpcTarget, TrialEvent, TuneJob, recorded_runs
+from core.tuning.job import DEFAULT_BATCH, PhaseEvent, RpcTarget, TrialEvent, TuneJob, recorded_runs
 from core.tuning.network import Network, NetworkEvent, network_of, predict, spread_budget
 from core.tuning.queue import JobEvent, QueueReport, run_network, run_queue, tuning_root
 from core.tuning.rpc import TrackerStatus, tracker_status
@@ -165,6 +165,11 @@ class TuningScreen(KdbScreen):
                     with Horizontal(classes="option-row"):
                         yield Label("Trials per op", classes="option-label")
                         yield Input(str(settings.tune_trials), type="integer", compact=True, id="trials")
+                    with Horizontal(classes="option-row"):
+                        yield Label("Per round", classes="option-label")
+                        yield Input(str(DEFAULT_BATCH), type="integer", compact=True, id="batch",
+                                    tooltip="candidates per search round: the search costs about the same per "
+                                            "round, so larger rounds search less per trial and learn less often")
                     with Horizontal(classes="option-row"):
                         yield Label("Target", classes="option-label")
                         yield Select([("cuda (GPU)", "cuda"), ("llvm (this CPU)", "llvm")], value="cuda",
@@ -450,6 +455,10 @@ class TuningScreen(KdbScreen):
         self.query_one("#trials", Input).remove_class("bad")
         self.refresh_view()
 
+    @on(Input.Changed, "#batch")
+    def batch_changed(self) -> None:
+        self.query_one("#batch", Input).remove_class("bad")
+
     @on(Select.Changed, "#target")
     @on(Input.Changed, "#arch")
     def work_dirs_changed(self) -> None:
@@ -529,6 +538,11 @@ class TuningScreen(KdbScreen):
             self.query_one("#trials", Input).add_class("bad")
             self.notify("trials per op: a whole number from 1 to 100000", severity="error")
             return
+        batch_text = self.query_one("#batch", Input).value.strip()
+        if not (batch_text.isdigit() and 1 <= int(batch_text) <= 4096):
+            self.query_one("#batch", Input).add_class("bad")
+            self.notify("candidates per round: a whole number from 1 to 4096", severity="error")
+            return
         arch, target, rpc = self._arch(), self._target(), self._rpc()
         if target == "cuda" and not ARCH_RE.fullmatch(arch):
             self.query_one("#arch", Input).add_class("bad")
@@ -556,7 +570,7 @@ class TuningScreen(KdbScreen):
 
         def make_job(config: OpConfig, trials: int) -> TuneJob:
             return TuneJob(config, trials, target, arch, builder_timeout_s=timeout_s, rpc=rpc,
-                           rpc_workers=max(1, free))
+                           rpc_workers=max(1, free), trials_per_batch=int(batch_text))
 
         plan = Plan([make_job(c, int(trials_text)) for c in self.configs], self.network, make_job,
                     int(trials_text) * len(self.configs))

@@ -29,6 +29,7 @@ from core.opconfigs.opconfig import OpConfig
 
 RECORDS = "database_tuning_record.json"
 WORKLOADS = "database_workload.json"
+DEFAULT_BATCH = 32  # candidates per search round, unless a job says otherwise
 FAILED_SECONDS = 1e9  # what MetaSchedule stores for a failed run (seen: 1e10)
 
 
@@ -56,7 +57,7 @@ class TuneJob:
     work_dir: Path | None = None
     builder_timeout_s: float = 120.0  # the default 30 s kills nvcc on big unrolled kernels
     runner_timeout_s: float = 30.0
-    trials_per_batch: int = 32  # candidates per search round (the search costs about the same per round)
+    trials_per_batch: int = DEFAULT_BATCH  # candidates per search round (the search costs about the same per round)
     rpc: RpcTarget | None = None
     rpc_workers: int = 1  # measurements in flight at once over RPC (one per server/GPU)
     builder_workers: int | None = None  # parallel builds (default: sized to this host, pipeline.build_workers)
