@@ -167,6 +167,16 @@ def test_every_cuda_design_space_of_a_pool_builds_into_one_kernel(line: str):
         extract_kernel(source, "k")  # InputError("the schedule produced 2 kernels ...") before
 
 
+def test_a_changed_definition_tunes_in_a_work_dir_of_its_own_and_the_others_keep_theirs(tmp_path: Path):
+    """A work dir's trials are of one TVM workload: the pools' new definition must not resume the old one's
+    trials (their best could not be rebuilt), while every other op resumes the H200 runs' records."""
+    conv = parse_line("cudnn_convolution_op_float|i+1_64_56_56|w+64_64_3_3|o+1_64_56_56|ws+1_1|wd+1_1|p+1_1", "c")
+    pool = parse_line("cudnn_maxpool_op_float|i+1_64_112_112|o+1_64_56_56|win+3_3|ws+2_2|pb+1_1|pa+1_1", "p")
+    # the names of these ops' work dirs in the H200 runs' records (sessions 6 and 7)
+    assert TuneJob(conv, 1).directory(tmp_path).name == "convolution-2b7e692b3f27"
+    assert TuneJob(pool, 1).directory(tmp_path).name not in ("maxpool-bafa16a98e52", "")
+
+
 # ---------------------------------------------------------------------------------------------
 # Streaming: each candidate recorded, then reported, as it is measured (core/tuning/pipeline.py)
 

@@ -14,6 +14,15 @@ from core.errors import InputError
 from core.kernels.ops import CONV_FAMILY, POOLS
 from core.opconfigs.opconfig import OpConfig
 
+# Bumped when an op's definition changes its TVM workload: a tuning work dir holds one workload's trials, so
+# the new definition tunes in a dir of its own instead of resuming trials of the old one (core/tuning/job.py).
+REVISIONS = {"MaxPool": 2, "AvgPool": 2}  # 2: the reduction is the output (_pool)
+
+
+def revision(op_type: str) -> int:
+    return REVISIONS.get(op_type, 1)
+
+
 # NNFusion element-wise op -> how TVM computes it (names of tvm.topi functions, or te lambdas).
 _UNARY = {"Relu": "nn.relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Exp": "exp", "Log": "log", "Sqrt": "sqrt",
           "Abs": "abs", "Negative": "negative", "Erf": "erf", "Floor": "floor", "Ceiling": "ceil", "Sin": "sin",

@@ -84,7 +84,11 @@ class TuneJob:
         return self.config.describe()
 
     def directory(self, root: Path) -> Path:
-        digest = hashlib.sha1(f"{self.config.key}|{self.target}|{self.arch}".encode()).hexdigest()[:12]
+        from core.codegen.te_ops import revision
+
+        rev = revision(self.config.op_type)  # revision 1 keeps the dirs named before revisions existed
+        name = f"{self.config.key}|{self.target}|{self.arch}" + (f"|r{rev}" if rev > 1 else "")
+        digest = hashlib.sha1(name.encode()).hexdigest()[:12]
         return self.work_dir or root / f"{self.config.op_type.lower()}-{digest}"
 
 
