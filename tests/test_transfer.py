@@ -108,3 +108,29 @@ def test_the_search_uses_the_jobs_population_once_the_model_can_rank():
     assert search_strategy(trained, 128).population_size == 512  # MetaSchedule's own
     sampled = search_strategy(untrained, 128, 256)  # an untrained model ranks at random: a small sample
     assert (sampled.population_size, sampled.genetic_num_iters) == (256, 0)
+
+
+def test_a_job_samples_only_until_the_model_can_rank_then_evolves(tmp_path: Path):
+    with TunePools() as pools:
+        with _no_tensor_intrinsics():
+            pools.cost_models[str(target_for(job(SMALL, 1)))] = fresh_model(warmup=3)
+        result = run_tune(job(SMALL, 9), tmp_path, pools=pools)  # one batch of 3 sampled, 6 evolved
+        model = pools.cost_models[str(target_for(job(SMALL, 1)))]
+    assert (result.search, result.new_trials, result.model_trials) == ("sampled, then evolutionary", 9, 0)
+    assert model.trained and model.samples == 9
+    assert len((result.work_dir / RECORDS).read_text().splitlines()) == 9  # each trial recorded once
+
+
+def test_the_search_legs_sample_whole_batches_up_to_the_warm_up():
+    from types import SimpleNamespace
+
+    from core.tuning.job import search_legs
+
+    def model(samples: int, trained: bool = False) -> SimpleNamespace:
+        return SimpleNamespace(warmup=100, samples=samples, trained=trained)
+
+    assert search_legs(200, 64, model(0)) == [128, 72]  # two batches sampled: the model has 128 > 100
+    assert search_legs(200, 64, model(90)) == [64, 136]
+    assert search_legs(100, 128, model(0)) == [100]  # one batch holds the whole job: nothing left to evolve
+    assert search_legs(200, 64, model(300, trained=True)) == [200]
+    assert search_legs(200, 64, None) == [200]  # MetaSchedule's own model (no transfer): one search

@@ -148,7 +148,9 @@ class TuneResult:
     resumed: int = 0  # trials an earlier run had recorded in the work dir
     phases: dict[str, float] = field(default_factory=dict)  # wall seconds by phase (pipeline.py); see PHASES
     model_trials: int = 0  # trials the cost model had learnt from when the search began (transfer)
-    search: str = ""  # "evolutionary" (the model ranks) or "sampled" (untrained model: no mutation rounds)
+    # "evolutionary" (the model ranks), "sampled" (untrained model: no mutation rounds), or "sampled, then
+    # evolutionary" (sampled until the model could rank, the rest evolved: see search_legs)
+    search: str = ""
 
     @property
     def reused(self) -> bool:
@@ -272,6 +274,18 @@ def run_tune(job: TuneJob, root: Path, *, on_event: Callable[[TrialEvent], None]
     return result
 
 
+def search_legs(remaining: int, batch: int, model: Any | None) -> list[int]:
+    """The job's trials as one search or, while the shared cost model cannot rank yet, two: whole batches
+    sampled until the model holds its warm-up trials, then the rest evolved with it. A search chosen once at
+    the start would sample the whole of each process's first op, its largest: on the H200 (session 8) those
+    four ops spent 182-251 trials sampled and ended at 0.82-1.51x cuDNN, while two of them had fused twins of
+    the same shape, evolved with the model, that reached 0.74-0.75x in 111-112 trials."""
+    if model is None or model.trained or remaining <= batch:
+        return [remaining]
+    sampled = min(remaining, -(-max(1, model.warmup - model.samples) // batch) * batch)
+    return [sampled, remaining - sampled] if sampled < remaining else [remaining]
+
+
 def _tune(job: TuneJob, work_dir: Path, history: list[float | None], result: TuneResult, start: float,
           profiler: Any, pools: Any, on_event: Callable[[TrialEvent], None] | None,
           on_phase: Callable[[PhaseEvent], None] | None, cancel: Callable[[], bool]) -> None:
@@ -290,7 +304,6 @@ def _tune(job: TuneJob, work_dir: Path, history: list[float | None], result: Tun
         first_trial=len(history), best=min((s for s in history if s is not None), default=None),
         on_trial=on_event, on_phase=on_phase, should_cancel=cancel)
     stream.profiler = profiler
-    stream.scheduler = ms.task_scheduler.TaskScheduler.create("gradient")
     before = dict(profiler.get())
     mod, _ = prim_func_module(job.config)
     if job.target == "cuda":
@@ -301,29 +314,40 @@ def _tune(job: TuneJob, work_dir: Path, history: list[float | None], result: Tun
         space = "post-order-apply"
     stream.phase("search", 0)
     target, threads = target_for(job), job.builder_workers or pipeline.host_cpus()
-    batch = min(job.trials_per_batch, remaining)
     with _no_tensor_intrinsics() if job.target == "llvm" else contextlib.nullcontext():
-        cost_model: Any = "xgb"
-        strategy: Any = ms.search_strategy.EvolutionarySearch(population_size=job.population) \
-            if job.population else "evolutionary"
-        result.search, warm_s = "evolutionary", 0.0
+        shared, warm_s = None, 0.0
         if job.transfer:
-            from core.tuning.costmodel import search_strategy
-
             shared = pools.cost_model(target, threads)
             warm = shared.warm_start(work_dir.parent, own=work_dir)
             warm_s = warm.seconds
-            cost_model, strategy = shared.model, search_strategy(shared, batch, job.population)
-            result.model_trials, result.search = shared.samples, "evolutionary" if shared.trained else "sampled"
-        ms.tune_tir(mod, target=target, work_dir=str(work_dir), max_trials_global=remaining, space=space,
-                    num_trials_per_iter=batch, cost_model=cost_model, strategy=strategy,
-                    builder=pipeline.StreamBuilder(stream), runner=pipeline.StreamRunner(stream), database=database,
-                    task_scheduler=stream.scheduler,
-                    # The stream records each trial as it is measured: MetaSchedule's AddToDatabase is left out.
-                    measure_callbacks=[ms.measure_callback.RemoveBuildArtifact(), ms.measure_callback.UpdateCostModel(),
-                                       pipeline.EndOfBatch(stream)],
-                    num_tuning_cores=threads, seed=job.seed)
-        if job.transfer:
+            result.model_trials = shared.samples
+        legs = search_legs(remaining, min(job.trials_per_batch, remaining), shared)
+        searches = []
+        for leg in legs:
+            if stream.cancelled:
+                break
+            batch = min(job.trials_per_batch, leg)
+            cost_model: Any = "xgb"
+            strategy: Any = ms.search_strategy.EvolutionarySearch(population_size=job.population) \
+                if job.population else "evolutionary"
+            if shared is not None:
+                from core.tuning.costmodel import search_strategy
+
+                cost_model, strategy = shared.model, search_strategy(shared, batch, job.population)
+            searches.append("evolutionary" if shared is None or shared.trained else "sampled")
+            stream.scheduler = ms.task_scheduler.TaskScheduler.create("gradient")
+            stream.leg_end = stream.generated + leg
+            ms.tune_tir(mod, target=target, work_dir=str(work_dir), max_trials_global=leg, space=space,
+                        num_trials_per_iter=batch, cost_model=cost_model, strategy=strategy,
+                        builder=pipeline.StreamBuilder(stream), runner=pipeline.StreamRunner(stream),
+                        database=database, task_scheduler=stream.scheduler,
+                        # The stream records each trial as it is measured: MetaSchedule's AddToDatabase is left
+                        # out.
+                        measure_callbacks=[ms.measure_callback.RemoveBuildArtifact(),
+                                           ms.measure_callback.UpdateCostModel(), pipeline.EndOfBatch(stream)],
+                        num_tuning_cores=threads, seed=job.seed)
+        result.search = ", then ".join(searches)
+        if shared is not None:
             shared.mark_seen(work_dir)
     result.new_trials, result.errors, result.cancelled = stream.new_trials, stream.errors, stream.cancelled
     result.requeued = getattr(stream.inner, "requeued", 0)

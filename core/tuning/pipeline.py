@@ -192,6 +192,7 @@ class MeasureStream:
         self.workload: Any = None
         self.batch = 0
         self.generated = 0  # candidates MetaSchedule sent, this run
+        self.leg_end = job.trials - first_trial  # `generated` when the tune_tir call under way ends
         self.candidates: list[Candidate] = []
         self.clock = PhaseClock()
         self.build_cpu_s = 0.0
@@ -330,8 +331,8 @@ class MeasureStream:
 
     @property
     def last_batch(self) -> bool:
-        """MetaSchedule generated the whole budget: the batch in flight is its last."""
-        return self.generated >= self.job.trials - self.first_trial
+        """MetaSchedule generated the budget of this tune_tir call: the batch in flight is its last."""
+        return self.generated >= self.leg_end
 
     def phases(self, before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
         """Wall seconds by phase (job.PHASES, "other" left to the caller), from our clock and MetaSchedule's

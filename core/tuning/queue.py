@@ -180,7 +180,9 @@ def _best_text(result: TuneResult) -> str:
         return f"{reused}{result.trials} trials, none succeeded"
     speed = result.job.config.speed_text(result.best_seconds)
     searched = {"evolutionary": f"; searched with a cost model of {result.model_trials} trials",
-                "sampled": f"; sampled (the cost model had {result.model_trials} trials, too few to rank)"}
+                "sampled": f"; sampled (the cost model had {result.model_trials} trials, too few to rank)",
+                "sampled, then evolutionary": f"; sampled until the cost model could rank (it had "
+                                              f"{result.model_trials} trials), then searched with it"}
     return (f"{reused}best {result.best_seconds * 1e6:.2f} us ({speed}) after {result.trials} trials"
             + (searched.get(result.search, "") if result.new_trials else ""))
 
