@@ -167,6 +167,27 @@ def test_every_cuda_design_space_of_a_pool_builds_into_one_kernel(line: str):
         extract_kernel(source, "k")  # InputError("the schedule produced 2 kernels ...") before
 
 
+@pytest.mark.parametrize(("line", "dropped", "kept"), [
+    # 3x3 window: 9 elements over 4-512 threads, one output per block (125 us against cuDNN's 8.4 on the H200)
+    ("cudnn_maxpool_op_float|i+1_64_112_112|o+1_64_56_56|win+3_3|ws+2_2|pb+1_1|pa+1_1", 1, 1),
+    ("cudnn_avgpool_op_float|i+1_512_7_7|o+1_512_1_1|win+7_7|ws+1_1|pb+0_0|pa+0_0", 0, 2),  # 49: a warp's worth
+])
+def test_the_cuda_design_space_drops_cross_thread_reductions_shorter_than_a_warp(line: str, dropped: int, kept: int):
+    from tvm.s_tir import meta_schedule as ms
+
+    from core.codegen.generate import cuda_target, prim_func_module
+    from core.tuning.space import self_contained_cuda_space, spreads_a_short_reduction_over_threads
+
+    mod, _ = prim_func_module(parse_line(line, "pool"))
+    generator = self_contained_cuda_space()
+    context = ms.TuneContext(mod=mod, target=cuda_target("sm_90"), space_generator=generator, task_name="t")
+    every = generator.inner.generate_design_space(mod)
+    ours = context.space_generator.generate_design_space(mod)
+    assert sum(map(spreads_a_short_reduction_over_threads, every)) == dropped
+    assert len(ours) == kept == len(every) - dropped
+    assert not any(map(spreads_a_short_reduction_over_threads, ours))
+
+
 def test_a_changed_definition_tunes_in_a_work_dir_of_its_own_and_the_others_keep_theirs(tmp_path: Path):
     """A work dir's trials are of one TVM workload: the pools' new definition must not resume the old one's
     trials (their best could not be rebuilt), while every other op resumes the H200 runs' records."""

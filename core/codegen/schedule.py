@@ -32,7 +32,7 @@ def default_schedule(mod: Any, threads: int = THREADS, *, bind: bool = True) -> 
         raise InputError(f"the op writes {len(outputs)} outputs; a kernel-DB kernel has one")
     out = outputs[0]
     blocks = list(sch.get_child_blocks(root))
-    reductions = [b for b in blocks if _is_reduction(sch, b)]
+    reductions = [b for b in blocks if is_reduction(sch, b)]
     if len(reductions) > 1:
         raise InputError(f"{len(reductions)} reductions: the default schedule handles one")
     for block in reversed(blocks):  # consumers first, so each producer inlines into what is left
@@ -47,7 +47,7 @@ def default_schedule(mod: Any, threads: int = THREADS, *, bind: bool = True) -> 
         out = sch.get_output_blocks(root)[0]
     else:
         sch.set_scope(red, 0, "local")
-    kinds = _loop_kinds(sch, red)
+    kinds = loop_kinds(sch, red)
     spatial = [loop for loop, kind in kinds if kind == "S"] or [sch.add_unit_loop(red)]
     reduce = [loop for loop, kind in kinds if kind == "R"]
     sch.reorder(*spatial, *reduce)
@@ -71,13 +71,13 @@ def _same(sch: Any, a: Any, b: Any) -> bool:
     return bool(sch.get(a).same_as(sch.get(b)))
 
 
-def _is_reduction(sch: Any, block: Any) -> bool:
+def is_reduction(sch: Any, block: Any) -> bool:
     from tvm import tirx
 
     return any(iv.iter_type == tirx.IterVar.CommReduce for iv in sch.get(block).iter_vars)
 
 
-def _loop_kinds(sch: Any, block: Any) -> list[tuple[Any, str]]:
+def loop_kinds(sch: Any, block: Any) -> list[tuple[Any, str]]:
     """Each loop above the block with its kind: "S" when it feeds only data-parallel block vars (or
     none), "R" when it feeds only reduction block vars. InputError for a loop that feeds both."""
     from tvm import tirx
