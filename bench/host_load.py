@@ -7,14 +7,18 @@ tuning processes share one host. This samples /proc every few seconds (Linux onl
     python3 bench/host_load.py sample --out LOAD.jsonl [--every 5]     # until killed
     python3 bench/host_load.py summary LOAD.jsonl [--trials N]         # a table, and CPU s per trial
 
-Each sample: the host's busy share since the last one, and the CPU seconds of the live processes by kind:
-tuning processes (search, cost model, set-up, code generation; with their reaped children, the nvcc
-checks), TVM's build workers, GPU children, the rest. Kinds are told apart by command line.
+Each sample: the host's busy share since the last one, and each live process's own CPU seconds (user +
+system) with its kind: tuning processes (search, cost model, set-up, code generation), TVM's build workers,
+GPU children, the rest. Kinds are told apart by command line. The summary charges each process what it used
+while sampled, up to its last sample, so one that ends takes nothing back; what no sample saw (processes
+shorter than the interval, such as the nvcc checks, and the last seconds of those that ended) is the
+"unattributed" line, from the host's own busy count.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -37,9 +41,11 @@ def kind_of(cmdline: str) -> str:
     return next((kind for kind, needle in KINDS if needle in cmdline), "other")
 
 
-def process_seconds() -> dict[str, float]:
-    """CPU seconds (user + system, and reaped children's) of the live processes, summed by kind."""
-    totals: dict[str, float] = {}
+def process_seconds() -> dict[str, list]:
+    """Each live process's kind and own CPU seconds (user + system), by pid. Reaped children's seconds are left
+    out: they are their own processes' (a build worker's, an nvcc check's), and counting them again in the
+    parent, as a process's total does once it has waited for them, charged them twice."""
+    procs: dict[str, list] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -49,10 +55,8 @@ def process_seconds() -> dict[str, float]:
         except OSError:  # the process ended between listing and reading
             continue
         fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state is fields[0]
-        ticks = sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
-        kind = kind_of(cmdline)
-        totals[kind] = totals.get(kind, 0.0) + ticks / TICK
-    return totals
+        procs[entry.name] = [kind_of(cmdline), round(sum(int(x) for x in fields[11:13]) / TICK, 2)]  # utime stime
+    return procs
 
 
 def sample(out: Path, every: float) -> None:
@@ -63,8 +67,22 @@ def sample(out: Path, every: float) -> None:
             now = host_ticks()
             busy = (now[0] - last[0]) / max(1, now[1] - last[1])
             last = now
-            f.write(json.dumps({"t": time.time(), "busy": round(busy, 4), "cpu_s": process_seconds()}) + "\n")
+            f.write(json.dumps({"t": time.time(), "busy": round(busy, 4), "procs": process_seconds()}) + "\n")
             f.flush()
+
+
+def by_kind(samples: list[dict]) -> dict[str, float]:
+    """CPU seconds each kind used between the first and the last sample: for each process, its last sampled
+    seconds less those at the first sample (none if it started later)."""
+    first = samples[0]["procs"]
+    last_seen: dict[str, list] = {}
+    for s in samples[1:]:
+        last_seen.update(s["procs"])  # a pid reused by a later process: the later one's figures
+    totals: dict[str, float] = {}
+    for pid, (kind, seconds) in last_seen.items():
+        before = first[pid][1] if pid in first and first[pid][0] == kind and first[pid][1] <= seconds else 0.0
+        totals[kind] = totals.get(kind, 0.0) + seconds - before
+    return totals
 
 
 def summary(path: Path, trials: int | None) -> None:
@@ -72,14 +90,20 @@ def summary(path: Path, trials: int | None) -> None:
     if len(samples) < 2:
         print(f"{path}: fewer than two samples")
         return
-    first, last = samples[0], samples[-1]
-    span = last["t"] - first["t"]
+    if any("procs" not in s for s in samples):
+        print(f"{path}: written by an older host_load (totals by kind, which lost the seconds of processes that "
+              "ended): not summarised")
+        return
+    span = samples[-1]["t"] - samples[0]["t"]
+    cpus = os.cpu_count() or 1
     busy = sum(s["busy"] for s in samples[1:]) / (len(samples) - 1)
-    print(f"{len(samples)} samples over {span:.0f} s; host busy {busy:.0%} of {os.cpu_count()} CPUs on average")
+    print(f"{len(samples)} samples over {span:.0f} s; host busy {busy:.0%} of {cpus} CPUs on average")
     print(f"{'kind':<18} {'CPU s':>9} {'cores':>6}" + (f" {'CPU s/trial':>12}" if trials else ""))
-    # A process that ended in between takes its seconds with it: the deltas undercount short-lived ones.
-    for kind in sorted(set(first["cpu_s"]) | set(last["cpu_s"])):
-        seconds = last["cpu_s"].get(kind, 0.0) - first["cpu_s"].get(kind, 0.0)
+    totals = by_kind(samples)
+    busy_s = sum(b["busy"] * (b["t"] - a["t"]) * cpus for a, b in itertools.pairwise(samples))
+    totals["unattributed"] = max(0.0, busy_s - sum(totals.values()))
+    for kind in sorted(totals, key=lambda k: (k == "unattributed", k)):
+        seconds = totals[kind]
         line = f"{kind:<18} {seconds:>9.1f} {seconds / span:>6.1f}"
         print(line + (f" {seconds / trials:>12.2f}" if trials else ""))
 

@@ -1,4 +1,5 @@
-"""bench/host_load.py charges a process's CPU to its kind, told by its command line."""
+"""bench/host_load.py charges a process's CPU to its kind, told by its command line, and keeps the seconds of
+processes that ended."""
 
 from __future__ import annotations
 
@@ -32,4 +33,22 @@ def test_a_busy_tuning_process_is_charged_to_tuning_processes(tmp_path: Path):
                          capture_output=True, text=True, check=True).stdout
     line = next(ln for ln in out.splitlines() if ln.startswith("tuning processes"))
     seconds, cores, per_trial = (float(x) for x in line.split()[-3:])
-    assert seconds > 0.5 and cores > 0.3 and per_trial == pytest.approx(seconds / 4, abs=0.01), out
+    assert seconds > 0.5 and cores > 0.3 and per_trial == pytest.approx(seconds / 4, abs=0.03), out
+
+
+def test_a_process_that_ends_keeps_the_seconds_it_used_while_sampled():
+    """The first version summed the live processes' totals by kind at the first and last sample: a tuning run
+    that had ended by the last sample showed -23 CPU s for its tuning processes (session 8, on the H200)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("host_load", REPO / "bench" / "host_load.py")
+    assert spec is not None and spec.loader is not None
+    host_load = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(host_load)
+    samples = [
+        {"procs": {"10": ["tuning processes", 5.0], "12": ["other", 100.0]}},
+        {"procs": {"10": ["tuning processes", 12.0], "11": ["build workers", 3.0], "12": ["other", 110.0]}},
+        {"procs": {"10": ["tuning processes", 20.0], "11": ["build workers", 9.0], "12": ["other", 120.0]}},
+        {"procs": {"12": ["other", 130.0]}},  # the tuning process and its build worker have ended
+    ]
+    assert host_load.by_kind(samples) == {"tuning processes": 15.0, "build workers": 9.0, "other": 30.0}
