@@ -212,6 +212,16 @@ async def test_a_model_is_tuned_as_one_network(tmp_path: Path, no_gpu: None):
         assert "small: no op measured yet" in status
         assert "ctrl+r tunes the network: 6 trials over 2 ops" in text(screen, "#run-note")
 
+        await pilot.press("ctrl+r")  # each op probed with a trial, then tuned to its share of the measured time
+        await wait_for(pilot, lambda: not screen.running, timeout=600)
+        report = screen.report
+        assert report is not None and not report.failures and not report.cancelled, screen.run_error
+        trials = {r.job.config.key: r.trials for r in report.results}
+        assert sum(trials.values()) == 6 and min(trials.values()) >= 1
+        await wait_for(pilot, lambda: sum(map(len, screen.history.values())) == 6)  # read back from the work dirs
+        for key in (conv, pool):
+            assert str(table.get_cell(key, "trials")).startswith(f"{trials[key]}/")
+
 
 async def test_cuda_without_a_gpu_or_a_tracker_explains_instead_of_starting(tmp_path: Path, no_gpu: None):
     app = make_app(tmp_path / "k.db")

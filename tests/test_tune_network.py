@@ -17,6 +17,7 @@ from core.tuning.network import (
     network_from_model,
     network_of,
     predict,
+    probe_trials,
     spread_budget,
     tuning_order,
 )
@@ -97,6 +98,19 @@ def test_trials_recorded_earlier_count_and_the_total_is_kept():
     assert again == shares
     # More recorded than the whole budget: every op keeps what it has, no op is cut below it.
     assert spread_budget(network, 10, recorded=shares) == shares
+
+
+def test_ops_with_nothing_measured_are_probed_with_the_floor_before_the_spread():
+    network = ops((CONV, 2), (POOL, 1), (DOT, 1))
+    assert probe_trials(network, 1800) == {CONV.key: FLOOR_TRIALS, POOL.key: FLOOR_TRIALS, DOT.key: FLOOR_TRIALS}
+    # measured ops, and ops that hold the floor's trials already (all failed: no best), need no probe
+    assert probe_trials(network, 1800, recorded={POOL.key: 20}, best={CONV.key: 30e-6}) == {DOT.key: FLOOR_TRIALS}
+    assert probe_trials(network, 8) == {CONV.key: 1, POOL.key: 1, DOT.key: 1}  # the floor shrinks with the budget
+    assert probe_trials(ops((CONV, 1)), 1800) == {}  # one op: nothing to weigh it against
+    # what a probe measured decides the spread: a Dot whose first kernel is slow gets the trials to fix it
+    by_flops = spread_budget(network, 1800)
+    probed = {CONV.key: 30e-6, POOL.key: 5e-6, DOT.key: 60e-6}
+    assert spread_budget(network, 1800, recorded=probe_trials(network, 1800), best=probed)[DOT.key] > 4 * by_flops[DOT.key]
 
 
 def test_tiny_budgets_still_give_every_op_a_trial():

@@ -335,8 +335,8 @@ class TuningScreen(KdbScreen):
         """A network's trials per op (what each holds counted in); empty for a plain list (the budget each)."""
         if self.network is None:
             return {}
-        if self.running:  # the plan the run started with (run_network's own), not one moving with each trial
-            return self.planned
+        if self.running:  # the run's own plan: each op's latest job (after a network's probes, its share)
+            return {**self.planned, **{key: run.planned for key, run in self.live.items() if run.planned}}
         recorded = {c.key: len(self.history.get(c.key, ())) for c in self.configs}
         return spread_budget(self.network.ops, self._budget() * len(self.network.ops), recorded=recorded,
                              best=self._best_by_op())
@@ -603,7 +603,8 @@ class TuningScreen(KdbScreen):
 
         def on_job(event: JobEvent) -> None:
             current["key"] = key = event.key
-            runs[key] = replace(runs[key], status=event.status, detail=event.detail, phase="")
+            runs[key] = replace(runs[key], status=event.status, detail=event.detail, phase="",
+                                planned=event.trials or runs[key].planned)
             if event.status == "tuning":
                 kept = runs[key].trials
                 tap.note(f"{event.job} ({event.index + 1}/{len(plan.jobs)}): "

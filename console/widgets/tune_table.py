@@ -44,6 +44,7 @@ class OpRun:
     runs: tuple[float | None, ...] = ()  # resumed trials first; None: the build or the run failed
     detail: str = ""
     phase: str = ""  # while tuning: where its batch is ("build 5/32"...)
+    planned: int = 0  # the trials its latest job was given (a network's probe, then its share); 0: none yet
 
     @property
     def trials(self) -> int:

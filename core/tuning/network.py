@@ -11,6 +11,12 @@ best time so far x its count; FLOPs x count while nothing of it is measured, sca
 ops reached). Trials an earlier run recorded count against an op's share, so a second run resumes where the
 first stopped and re-spreads by what was measured; an op that already holds more than its share keeps it and
 measures nothing. Ops run largest share first: a session cut short has tuned what pays most.
+
+FLOPs misjudge memory-bound ops and every op whose first kernels come out slow: on the H200 (session 8) the
+Dot got 16 trials by its FLOPs and ended at 7.3x cuBLAS. So before the budget is spread, each op with
+nothing measured is probed with the floor's trials (`probe_trials`), and the spread weighs what the probes
+measured: an op whose kernel is still slow gets the trials to fix it, as MetaSchedule's gradient scheduler
+does after its first round. The probes count against the budget like any recorded trial.
 """
 
 from __future__ import annotations
@@ -103,7 +109,7 @@ def spread_budget(ops: list[NetworkOp], total: int, *, recorded: Mapping[str, in
     recorded = recorded or {}
     weights = estimated_seconds(ops, best or {})
     keys = [op.config.key for op in ops]
-    floor = max(1, min(FLOOR_TRIALS, total // (4 * max(len(keys), 1))))
+    floor = floor_trials(ops, total)
     kept: dict[str, int] = {}
     while True:
         free = [k for k in keys if k not in kept]
@@ -112,6 +118,21 @@ def spread_budget(ops: list[NetworkOp], total: int, *, recorded: Mapping[str, in
         if not over:
             return {k: kept.get(k) or shares[k] for k in keys}
         kept.update(over)
+
+
+def floor_trials(ops: list[NetworkOp], total: int) -> int:
+    return max(1, min(FLOOR_TRIALS, total // (4 * max(len(ops), 1))))
+
+
+def probe_trials(ops: list[NetworkOp], total: int, *, recorded: Mapping[str, int] | None = None,
+                 best: Mapping[str, float] | None = None) -> dict[str, int]:
+    """Trials for each op with nothing measured and fewer than the floor's trials recorded, before the budget
+    is spread: empty when fewer than two ops could be weighed against each other."""
+    recorded, best = recorded or {}, best or {}
+    floor = floor_trials(ops, total)
+    probes = {op.config.key: floor for op in ops
+              if op.config.key not in best and recorded.get(op.config.key, 0) < floor}
+    return probes if len(ops) > 1 and probes else {}
 
 
 def _proportional(keys: list[str], weights: Mapping[str, float], budget: int, floor: int) -> dict[str, int]:

@@ -11,7 +11,7 @@ import contextlib
 import json
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from core.errors import KdbError
 from core.inject.pipeline import InjectOptions, Injector, InjectReport
 from core.kernels.lint import block_form_resources
 from core.tuning.job import PhaseEvent, TrialEvent, TuneJob, TuneResult, best_kernels, recorded_runs, run_tune
-from core.tuning.network import Network, NetworkEvent, predict, spread_budget, tuning_order
+from core.tuning.network import Network, NetworkEvent, predict, probe_trials, spread_budget, tuning_order
 
 
 @dataclass
@@ -169,12 +169,12 @@ def slower_than_tuned(db: KernelDB, keys: dict[str, str], candidates: list[dict[
 def _start_text(job: TuneJob) -> str:
     kept = len(recorded_runs(job.directory(tuning_root())))
     if kept >= job.trials:
-        return f"{kept} trials already recorded by an earlier run: nothing to measure"
-    return f"resuming from {kept} trials recorded by an earlier run" if kept else ""
+        return f"{kept} trials already recorded (by an earlier run, or this run's probe): nothing to measure"
+    return f"resuming from {kept} trials already recorded" if kept else ""
 
 
 def _best_text(result: TuneResult) -> str:
-    reused = (f"reused from an earlier run ({result.resumed} trials recorded in {result.work_dir}; raise the "
+    reused = (f"reused ({result.resumed} trials already recorded in {result.work_dir}; raise the "
               f"trials to tune further): " if result.reused else "")
     if result.best_seconds is None:
         return f"{reused}{result.trials} trials, none succeeded"
@@ -191,6 +191,19 @@ def _best_text(result: TuneResult) -> str:
 # A network
 
 
+def _with_probe(probe: TuneResult, tuned: TuneResult) -> TuneResult:
+    """One op's result over the run: its probe and its job as one (trials, time, phases, errors summed)."""
+    parts = [part for text in (probe.search, tuned.search if tuned.new_trials else "") if text
+             for part in text.split(", then ")]
+    search = ", then ".join(part for i, part in enumerate(parts) if i == 0 or part != parts[i - 1])
+    return replace(tuned, resumed=probe.resumed, model_trials=probe.model_trials, search=search,
+                   new_trials=probe.new_trials + tuned.new_trials, seconds=probe.seconds + tuned.seconds,
+                   requeued=probe.requeued + tuned.requeued,
+                   errors={k: probe.errors.get(k, 0) + tuned.errors.get(k, 0) for k in {*probe.errors, *tuned.errors}},
+                   phases={k: probe.phases.get(k, 0.0) + tuned.phases.get(k, 0.0)
+                           for k in {*probe.phases, *tuned.phases}})
+
+
 def run_network(network: Network, budget: int, make_job: Callable[[Any, int], TuneJob], *, db_path: Path | None,
                 inject_options: InjectOptions | None, on_trial: Callable[[TrialEvent], None] | None = None,
                 on_job: Callable[[JobEvent], None] | None = None,
@@ -200,16 +213,19 @@ def run_network(network: Network, budget: int, make_job: Callable[[Any, int], Tu
     """Tune every op of the network in one queue: `budget` trials in all, spread by each op's share of the
     network's time, what earlier runs recorded counted in; the prediction goes to `on_network` as trials come.
 
+    Ops with nothing measured are first probed (a short job each, nothing injected: network.probe_trials),
+    so that the spread weighs measured times; then each op's job tunes it to its share and injects it.
     `make_job(config, trials)` makes each op's job (target, arch, RPC, timeouts are the caller's).
     """
     root = tuning_root()
-    history = {op.config.key: recorded_runs(make_job(op.config, 1).directory(root)) for op in network.ops}
-    recorded = {key: len(runs) for key, runs in history.items()}
-    best = {key: min(ok) for key, runs in history.items() if (ok := [s for s in runs if s is not None])}
-    shares = spread_budget(network.ops, budget, recorded=recorded, best=best)
-    ops = tuning_order(network.ops, best)
-    jobs = [make_job(op.config, shares[op.config.key]) for op in ops]
-    total = sum(shares.values())
+
+    def measured() -> tuple[dict[str, int], dict[str, float]]:
+        history = {op.config.key: recorded_runs(make_job(op.config, 1).directory(root)) for op in network.ops}
+        return ({key: len(runs) for key, runs in history.items()},
+                {key: min(ok) for key, runs in history.items() if (ok := [s for s in runs if s is not None])})
+
+    recorded, best = measured()
+    total = sum(spread_budget(network.ops, budget, recorded=recorded, best=best).values())
     current = {"key": ""}
 
     def tell() -> None:
@@ -232,8 +248,24 @@ def run_network(network: Network, budget: int, make_job: Callable[[Any, int], Tu
             on_trial(event)
         tell()
 
-    report = run_queue(jobs, db_path=db_path, inject_options=inject_options, on_trial=trial_seen, on_job=job_seen,
-                       should_cancel=should_cancel, on_phase=on_phase)
+    callbacks = dict(on_trial=trial_seen, on_job=job_seen, should_cancel=should_cancel, on_phase=on_phase)
+    report = QueueReport()
+    probes = probe_trials(network.ops, budget, recorded=recorded, best=best)
+    if probes:
+        ops = [op for op in tuning_order(network.ops, best) if op.config.key in probes]
+        report = run_queue([make_job(op.config, probes[op.config.key]) for op in ops], db_path=None,
+                           inject_options=None, **callbacks)
+        recorded, best = measured()
+    if not report.cancelled:
+        shares = spread_budget(network.ops, budget, recorded=recorded, best=best)
+        jobs = [make_job(op.config, shares[op.config.key]) for op in tuning_order(network.ops, best)]
+        tuned = run_queue(jobs, db_path=db_path, inject_options=inject_options, **callbacks)
+        probed = {r.job.config.key: r for r in report.results}
+        report.results = [_with_probe(probed.pop(r.job.config.key), r) if r.job.config.key in probed else r
+                          for r in tuned.results] + list(probed.values())
+        report.injects += tuned.injects
+        report.failures += tuned.failures
+        report.cancelled = tuned.cancelled
     report.network = predict(network, best, sum(recorded.values()), total)
     if on_network is not None:
         on_network(report.network)
