@@ -250,7 +250,7 @@ async def test_cuda_without_a_gpu_or_a_tracker_explains_instead_of_starting(tmp_
         assert "there is none here" not in text(screen, "#run-note")
 
 
-async def test_candidates_per_round_are_checked_and_go_to_every_job(tmp_path: Path, no_gpu: None):
+async def test_the_round_and_the_population_are_checked_and_go_to_every_job(tmp_path: Path, no_gpu: None):
     app = make_app(tmp_path / "k.db")
     async with app.run_test(size=(160, 45)) as pilot:
         screen = await open_view(pilot)
@@ -270,6 +270,20 @@ async def test_candidates_per_round_are_checked_and_go_to_every_job(tmp_path: Pa
         await pilot.press("ctrl+r")
         await wait_for(pilot, lambda: bool(started))
         assert [job.trials_per_batch for job in started[0].jobs] == [8, 8]
+        assert [job.population for job in started[0].jobs] == [None, None]  # MetaSchedule's own
+
+        started.clear()
+        screen.running = False  # the stand-in above started no worker to end the run
+        screen.query_one("#population", Input).value = "4"  # smaller than a round: refused, named
+        await pilot.press("ctrl+r")
+        await pilot.pause(0.2)
+        assert not started and screen.query_one("#population", Input).has_class("bad")
+        screen.query_one("#population", Input).value = "256"
+        await pilot.pause(0.2)
+        assert not screen.query_one("#population", Input).has_class("bad")
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: bool(started))
+        assert [job.population for job in started[0].jobs] == [256, 256]
 
 
 @pytest.fixture

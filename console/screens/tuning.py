@@ -171,6 +171,11 @@ class TuningScreen(KdbScreen):
                                     tooltip="candidates per search round: the search costs about the same per "
                                             "round, so larger rounds search less per trial and learn less often")
                     with Horizontal(classes="option-row"):
+                        yield Label("Population", classes="option-label")
+                        yield Input("", placeholder="512", type="integer", compact=True, id="population",
+                                    tooltip="candidates the evolutionary search keeps and mutates each round "
+                                            "(empty: MetaSchedule's 512); at least one round's worth")
+                    with Horizontal(classes="option-row"):
                         yield Label("Target", classes="option-label")
                         yield Select([("cuda (GPU)", "cuda"), ("llvm (this CPU)", "llvm")], value="cuda",
                                      allow_blank=False, compact=True, id="target")
@@ -456,8 +461,10 @@ class TuningScreen(KdbScreen):
         self.refresh_view()
 
     @on(Input.Changed, "#batch")
-    def batch_changed(self) -> None:
+    @on(Input.Changed, "#population")
+    def search_changed(self) -> None:
         self.query_one("#batch", Input).remove_class("bad")
+        self.query_one("#population", Input).remove_class("bad")
 
     @on(Select.Changed, "#target")
     @on(Input.Changed, "#arch")
@@ -543,6 +550,13 @@ class TuningScreen(KdbScreen):
             self.query_one("#batch", Input).add_class("bad")
             self.notify("candidates per round: a whole number from 1 to 4096", severity="error")
             return
+        population_text = self.query_one("#population", Input).value.strip()
+        if population_text and not (population_text.isdigit()
+                                    and int(batch_text) <= int(population_text) <= 65536):
+            self.query_one("#population", Input).add_class("bad")
+            self.notify(f"population: empty (MetaSchedule's 512) or a whole number from the round's {batch_text} "
+                        "to 65536: the search picks each round from it", severity="error")
+            return
         arch, target, rpc = self._arch(), self._target(), self._rpc()
         if target == "cuda" and not ARCH_RE.fullmatch(arch):
             self.query_one("#arch", Input).add_class("bad")
@@ -570,7 +584,8 @@ class TuningScreen(KdbScreen):
 
         def make_job(config: OpConfig, trials: int) -> TuneJob:
             return TuneJob(config, trials, target, arch, builder_timeout_s=timeout_s, rpc=rpc,
-                           rpc_workers=max(1, free), trials_per_batch=int(batch_text))
+                           rpc_workers=max(1, free), trials_per_batch=int(batch_text),
+                           population=int(population_text) if population_text else None)
 
         plan = Plan([make_job(c, int(trials_text)) for c in self.configs], self.network, make_job,
                     int(trials_text) * len(self.configs))
