@@ -305,6 +305,7 @@ class ContentionStats:
     pager_pages: int = 0
     pager_errors: list[str] = field(default_factory=list)
     exit_codes: list[int] = field(default_factory=list)
+    interrupted: list[int] = field(default_factory=list)  # injectors sent SIGINT at the deadline
     stderr: list[str] = field(default_factory=list)
     summaries: list[dict[str, Any]] = field(default_factory=list)
 
@@ -370,6 +371,7 @@ class Contention:
             done = any(e["event"] == "summary" for e in read_events(self.work / f"inject{i}.out"))
             if proc.poll() is None and not done:  # past its summary, SIGINT would only hit the exit
                 proc.send_signal(signal.SIGINT)
+                self.stats.interrupted.append(i)
         for proc in self._procs:
             try:
                 proc.wait(timeout=60)

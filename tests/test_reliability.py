@@ -219,10 +219,14 @@ async def test_console_browses_while_two_injectors_and_a_deleter_write(tmp_path:
     assert not worker_failures and not errors, (worker_failures, errors)
     assert not [e for e in s.stderr if "locked" in e.lower()], s.stderr
     # Injectors still running at the end were interrupted (SIGINT: "cancelled", exit 130 as `kdb` documents for an
-    # interruption); none failed a kernel. On a quiet machine both finish inside the window (exit 0).
+    # interruption); none failed a kernel. On a quiet machine both finish inside the window (exit 0). One that
+    # wrote its summary just after the harness looked may meet the SIGINT on its way out: killed by the signal
+    # (-2), its work done and reported (CI, 2026-12-04).
     assert len(s.summaries) == 2 and all(e["failed"] == 0 for e in s.summaries), s.summaries
-    assert s.exit_codes[:2] == [130 if e["cancelled"] else 0 for e in s.summaries] and s.exit_codes[2] == 0, \
-        s.exit_codes
+    for i, (code, summary) in enumerate(zip(s.exit_codes[:2], s.summaries, strict=True)):
+        expected = {130} if summary["cancelled"] else {0, -signal.SIGINT} if i in s.interrupted else {0}
+        assert code in expected, (i, s.exit_codes, s.interrupted)
+    assert s.exit_codes[2] == 0, s.exit_codes
     assert len(s.committed) > 1000 and len(s.deleted) > 50, "too little happened to prove anything"
     assert not set(s.committed) - s.deleted - set(rows), "lost writes: committed, never deleted, yet absent"
     assert not s.deleted & set(rows), "deleted rows are back"
