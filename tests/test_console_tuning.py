@@ -259,31 +259,25 @@ async def test_the_round_and_the_population_are_checked_and_go_to_every_job(tmp_
         started = []
         screen.tune = lambda plan, *args: started.append(plan)  # type: ignore[method-assign]
 
-        screen.query_one("#batch", Input).value = "0"
-        await pilot.press("ctrl+r")
-        await pilot.pause(0.2)
-        assert not started and screen.query_one("#batch", Input).has_class("bad")
+        async def refused_then_started(field: str, bad: str, good: str):  # type: ignore[no-untyped-def]
+            started.clear()
+            screen.running = False  # the stand-in above starts no worker to end a run
+            screen.query_one(field, Input).value = bad
+            await pilot.press("ctrl+r")
+            await pilot.pause(0.2)
+            assert not started and screen.query_one(field, Input).has_class("bad")
+            screen.query_one(field, Input).value = good
+            await pilot.pause(0.2)
+            assert not screen.query_one(field, Input).has_class("bad")
+            await pilot.press("ctrl+r")
+            await wait_for(pilot, lambda: bool(started))
+            return started[0]
 
-        screen.query_one("#batch", Input).value = "8"
-        await pilot.pause(0.2)
-        assert not screen.query_one("#batch", Input).has_class("bad")
-        await pilot.press("ctrl+r")
-        await wait_for(pilot, lambda: bool(started))
-        assert [job.trials_per_batch for job in started[0].jobs] == [8, 8]
-        assert [job.population for job in started[0].jobs] == [None, None]  # MetaSchedule's own
-
-        started.clear()
-        screen.running = False  # the stand-in above started no worker to end the run
-        screen.query_one("#population", Input).value = "4"  # smaller than a round: refused, named
-        await pilot.press("ctrl+r")
-        await pilot.pause(0.2)
-        assert not started and screen.query_one("#population", Input).has_class("bad")
-        screen.query_one("#population", Input).value = "256"
-        await pilot.pause(0.2)
-        assert not screen.query_one("#population", Input).has_class("bad")
-        await pilot.press("ctrl+r")
-        await wait_for(pilot, lambda: bool(started))
-        assert [job.population for job in started[0].jobs] == [256, 256]
+        plan = await refused_then_started("#batch", "0", "8")
+        assert [job.trials_per_batch for job in plan.jobs] == [8, 8]
+        assert [job.population for job in plan.jobs] == [None, None]  # MetaSchedule's own
+        plan = await refused_then_started("#population", "4", "256")  # 4: smaller than a round of 8
+        assert [job.population for job in plan.jobs] == [256, 256]
 
 
 @pytest.fixture

@@ -280,9 +280,9 @@ def search_legs(remaining: int, batch: int, model: Any | None) -> list[int]:
     the start would sample the whole of each process's first op, its largest: on the H200 (session 8) those
     four ops spent 182-251 trials sampled and ended at 0.82-1.51x cuDNN, while two of them had fused twins of
     the same shape, evolved with the model, that reached 0.74-0.75x in 111-112 trials."""
-    if model is None or model.trained or remaining <= batch:
+    if model is None or model.trained:
         return [remaining]
-    sampled = min(remaining, -(-max(1, model.warmup - model.samples) // batch) * batch)
+    sampled = min(remaining, -(-max(1, model.warmup - model.samples) // batch) * batch)  # whole batches
     return [sampled, remaining - sampled] if sampled < remaining else [remaining]
 
 
@@ -317,6 +317,8 @@ def _tune(job: TuneJob, work_dir: Path, history: list[float | None], result: Tun
     with _no_tensor_intrinsics() if job.target == "llvm" else contextlib.nullcontext():
         shared, warm_s = None, 0.0
         if job.transfer:
+            from core.tuning.costmodel import search_strategy
+
             shared = pools.cost_model(target, threads)
             warm = shared.warm_start(work_dir.parent, own=work_dir)
             warm_s = warm.seconds
@@ -327,12 +329,13 @@ def _tune(job: TuneJob, work_dir: Path, history: list[float | None], result: Tun
             if stream.cancelled:
                 break
             batch = min(job.trials_per_batch, leg)
-            cost_model: Any = "xgb"
-            strategy: Any = ms.search_strategy.EvolutionarySearch(population_size=job.population) \
-                if job.population else "evolutionary"
-            if shared is not None:
-                from core.tuning.costmodel import search_strategy
-
+            cost_model: Any
+            strategy: Any
+            if shared is None:  # MetaSchedule's own model
+                cost_model = "xgb"
+                strategy = ms.search_strategy.EvolutionarySearch(population_size=job.population) \
+                    if job.population else "evolutionary"
+            else:
                 cost_model, strategy = shared.model, search_strategy(shared, batch, job.population)
             searches.append("evolutionary" if shared is None or shared.trained else "sampled")
             stream.scheduler = ms.task_scheduler.TaskScheduler.create("gradient")

@@ -8,6 +8,7 @@ predicted network time reported as the trials come in.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -195,7 +196,7 @@ def _with_probe(probe: TuneResult, tuned: TuneResult) -> TuneResult:
     """One op's result over the run: its probe and its job as one (trials, time, phases, errors summed)."""
     parts = [part for text in (probe.search, tuned.search if tuned.new_trials else "") if text
              for part in text.split(", then ")]
-    search = ", then ".join(part for i, part in enumerate(parts) if i == 0 or part != parts[i - 1])
+    search = ", then ".join(part for part, _ in itertools.groupby(parts))  # "sampled, then sampled": once
     return replace(tuned, resumed=probe.resumed, model_trials=probe.model_trials, search=search,
                    new_trials=probe.new_trials + tuned.new_trials, seconds=probe.seconds + tuned.seconds,
                    requeued=probe.requeued + tuned.requeued,
