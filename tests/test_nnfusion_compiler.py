@@ -143,6 +143,9 @@ def test_the_compiler_uses_exactly_what_coverage_promised(tmp_path: Path, name: 
     promised, used = report.promised(), report.usage.used_keys()
     assert promised, "every model here has ops the DB serves"
     assert used == promised, f"used {sorted(used)}; promised {sorted(promised)}"
+    launches = report.launches  # the real generated device code compiles, and every launch fits
+    assert launches is not None and not launches.error, launches and launches.error
+    assert launches.launches and not launches.failing(), launches.reasons()
     if not report.usage.library_calls:
         nvcc_compiles(report.result.project, tmp_path)
 

@@ -11,16 +11,20 @@ from console.cli.output import err, out, print_json, shorten
 from core.db.kernel_db import KernelDB
 from core.db.state import StateDB
 from core.nnfusion.compile_job import CompileJob, compile_and_read
+from core.nnfusion.launch_check import LAUNCH_ADVICE
 from core.nnfusion.usage import DB_KERNEL
+from core.settings import load_settings
 
 
 def main(args: argparse.Namespace) -> int:
     flag_list, _, product = compiler_setup(args)
+    settings = load_settings()
     with KernelDB.open(args.db) as db:  # the DB path as the other commands resolve it ($KDB_DB, the default)
         db_path = db.path
     job = CompileJob(model=Path(args.model).expanduser(), db=db_path, flags=tuple(flag_list),
                      product_name=product, binary=args.nnfusion or "", out=Path(args.out) if args.out else None,
-                     timeout_s=args.timeout)
+                     timeout_s=args.timeout, arch=args.arch or settings.archs[0], nvcc=settings.nvcc_path,
+                     launch_check=not args.no_launch_check)
     if args.json or not err.is_terminal:
         report = compile_and_read(job, state=StateDB())
     else:
@@ -33,7 +37,7 @@ def main(args: argparse.Namespace) -> int:
             report = compile_and_read(job, state=StateDB(), on_line=on_line)
     if args.json:
         print_json(report.as_dict())
-        return 0 if report.ok and not report.broken_promises() else 1
+        return 0 if report.ok and not report.broken_promises() and not report.launch_failures() else 1
     result = report.result
     if not report.ok:
         out.print(f"[red]NNFusion failed[/]: {report.reason}", highlight=False)
@@ -66,5 +70,16 @@ def main(args: argparse.Namespace) -> int:
     out.print(f"compiled in {result.seconds:.1f} s ({len(result.lookups)} DB lookups, "
               f"{len(result.substitutions)} patterns substituted); project {result.project}; log {result.log_file}",
               highlight=False)
-    return 0 if not report.broken_promises() else 1
+    failures = report.launch_failures()
+    launches = report.launches
+    if launches is not None and launches.error:
+        out.print(f"[yellow]launch check[/]: {launches.error}", highlight=False)
+    elif launches is not None and not failures:
+        out.print(f"launch check ({launches.arch}, nvcc {launches.seconds:.1f} s): all {len(launches.launches)} "
+                  f"kernel launches fit their kernels' registers", highlight=False)
+    for line in failures:
+        out.print(f"[red]cannot launch[/]: {line}", highlight=False)
+    if failures:
+        out.print(LAUNCH_ADVICE, highlight=False)
+    return 0 if not report.broken_promises() and not failures else 1
 

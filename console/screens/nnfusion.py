@@ -26,6 +26,7 @@ from textual.widgets import DataTable, Label, Log, Static
 from textual.worker import Worker, WorkerState, get_current_worker
 
 from core.nnfusion.compile_job import CompileJob, CompileReport
+from core.nnfusion.launch_check import LAUNCH_ADVICE
 from core.nnfusion.usage import DB_KERNEL
 
 if TYPE_CHECKING:
@@ -40,7 +41,8 @@ def compile_screen(context: ConsoleContext, model: Path) -> CompileScreen:
     """The screen for compiling `model` with the console's DB, as the settings say (binary, flags, product)."""
     settings = context.settings
     return CompileScreen(CompileJob(model=model, db=context.db_path, flags=tuple(settings.nnfusion_flags),
-                                    product_name=settings.product_name, binary=settings.nnfusion_path))
+                                    product_name=settings.product_name, binary=settings.nnfusion_path,
+                                    arch=settings.archs[0], nvcc=settings.nvcc_path))
 
 
 @dataclass(frozen=True)
@@ -166,6 +168,14 @@ class CompileScreen(ModalScreen[None]):
                 f"[dim]log[/] {escape(str(result.log_file))}"]
         if broken:
             text.insert(0, f"[$error]coverage and the compiler disagree on: {escape(', '.join(sorted(broken)))}[/]")
+        launches = report.launches
+        if launches is not None and launches.error:
+            text.append(f"[$warning]launch check: {escape(launches.error)}[/]")
+        elif launches is not None:
+            text.append(f"[dim]launch check ({launches.arch})[/] {len(launches.launches)} launches, "
+                        f"{len(launches.failing())} cannot start")
+        if failures := report.launch_failures():
+            text[:0] = [f"[$error]cannot launch: {escape(line)}[/]" for line in failures] + [escape(LAUNCH_ADVICE)]
         summary.update("\n".join(text))
 
     def action_cancel_or_close(self) -> None:

@@ -1,7 +1,9 @@
 """One "compile with NNFusion" job, shared by `kdb nnfusion` and the console: run the compiler on a model with
 the DB, read what the generated code runs, and hold it against what coverage promised.
 
-A compiler failure becomes a failure record (stage "nnfusion") with the log's decisive lines.
+A compiler failure becomes a failure record (stage "nnfusion") with the log's decisive lines. Then every kernel
+launch of the generated code is checked against the registers nvcc gives its kernel (launch_check): a BlockFusion
+kernel that cannot launch makes the network compute wrong numbers without an error.
 """
 
 from __future__ import annotations
@@ -15,12 +17,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from core.cuda.nvcc import find_nvcc
 from core.db.kernel_db import KernelDB
 from core.db.state import Failure, StateDB, state_dir
-from core.errors import KdbError
+from core.errors import KdbError, ToolError
 from core.nnfusion.compiler import CompileResult, CompilerFlags, compile_model, find_compiler
 from core.nnfusion.coverage import IN_DB, CoverageEntry, coverage
-from core.nnfusion.usage import Usage, analyse_project
+from core.nnfusion.generated import Generated, parse_generated
+from core.nnfusion.launch_check import LaunchReport, check_launches
+from core.nnfusion.usage import Usage, analyse, rows_looked_up
 from core.opconfigs.extract_cache import extract_cached
 
 STAGE = "nnfusion"
@@ -35,6 +40,9 @@ class CompileJob:
     binary: str = ""  # the nnfusion_path setting; empty: nnfusion on PATH
     out: Path | None = None  # the compiler's working folder (default: a new one under the state dir)
     timeout_s: float = 1800.0
+    arch: str = "sm_90"  # the launch check's SM arch (the settings' primary arch)
+    nvcc: str = ""  # the launch check's nvcc (the nvcc_path setting; empty: found on PATH)
+    launch_check: bool = True
 
     def workdir(self) -> Path:
         if self.out is not None:
@@ -52,6 +60,7 @@ class CompileReport:
     reason: str = ""  # why it failed ('' when it ran)
     decisive: list[str] = field(default_factory=list)
     read_seconds: float = 0.0  # kdb's own work: extraction, coverage, reading the generated code
+    launches: LaunchReport | None = None  # None: not checked (turned off, or the compile failed)
 
     @property
     def ok(self) -> bool:
@@ -79,7 +88,19 @@ class CompileReport:
                 "read_seconds": self.read_seconds,
                 "usage": self.usage.as_dict() if self.usage else None,
                 "promised": sorted(self.promised()), "broken_promises": sorted(self.broken_promises()),
+                "launch_check": self.launches.as_dict() if self.launches else None,
                 "coverage": [e.to_dict() for e in self.entries]}
+
+    def launch_failures(self) -> list[str]:
+        """Launches that cannot start on the GPU, each with its reason and the DB rows fused into it."""
+        if self.launches is None:
+            return []
+        rows = {p.function: p.rows for s in (self.usage.steps if self.usage else []) for p in s.parts}
+        lines = []
+        for launch, reason in zip(self.launches.failing(), self.launches.reasons(), strict=True):
+            keys = [k for m in launch.members for k in rows.get(m, ())]
+            lines.append(reason + (f" (DB rows fused into it: {', '.join(keys)})" if keys else ""))
+        return lines
 
 
 def compile_and_read(job: CompileJob, *, state: StateDB | None = None,
@@ -105,12 +126,23 @@ def compile_and_read(job: CompileJob, *, state: StateDB | None = None,
             _record_failure(state, job, result, report)
         return report
     started = time.monotonic()
+    assert result.project is not None
+    source = (result.project / "nnfusion_rt.cu").read_text(encoding="utf-8", errors="replace")
+    generated = parse_generated(source)
     with KernelDB.open(job.db) as db:
-        assert result.project is not None
-        report.usage = analyse_project(result.project / "nnfusion_rt.cu", db,
-                                       [lookup.identifier for lookup in result.lookups])
+        report.usage = analyse(generated, rows_looked_up(db, [lookup.identifier for lookup in result.lookups]))
     report.read_seconds = read + time.monotonic() - started
+    if job.launch_check and not (should_cancel and should_cancel()):
+        report.launches = _launch_check(job, source, generated)
     return report
+
+
+def _launch_check(job: CompileJob, source: str, generated: Generated) -> LaunchReport:
+    try:
+        nvcc = find_nvcc(job.nvcc)
+    except ToolError as exc:
+        return LaunchReport(job.arch, error=f"not checked: {exc}")
+    return check_launches(source, generated, job.arch, nvcc=nvcc, workdir=job.workdir())
 
 
 def _coverage(job: CompileJob) -> tuple[list[CoverageEntry], float]:

@@ -117,14 +117,17 @@ def _block_body(row: KernelRow) -> str:
 def analyse_project(source_file: Path, db: KernelDB, identifiers: Iterable[str] | None = None) -> Usage:
     """Usage of the DB's rows (those of `identifiers` only, when given) in a generated nnfusion_rt.cu."""
     generated = parse_generated(source_file.read_text(encoding="utf-8", errors="replace"))
+    return analyse(generated, rows_looked_up(db, identifiers))
+
+
+def rows_looked_up(db: KernelDB, identifiers: Iterable[str] | None = None) -> list[KernelRow]:
+    """The DB's rows of these Identifiers (every row when None)."""
     if identifiers is None:
-        rows = list(db.iter_rows())
-    else:
-        wanted = sorted(set(identifiers))
-        rows = [r for chunk in range(0, len(wanted), 500)
-                for r in db.iter_rows(f"WHERE Identifier IN ({', '.join('?' * len(wanted[chunk:chunk + 500]))})",
-                                      wanted[chunk:chunk + 500])]
-    return analyse(generated, rows)
+        return list(db.iter_rows())
+    wanted = sorted(set(identifiers))
+    return [r for chunk in range(0, len(wanted), 500)
+            for r in db.iter_rows(f"WHERE Identifier IN ({', '.join('?' * len(wanted[chunk:chunk + 500]))})",
+                                  wanted[chunk:chunk + 500])]
 
 
 def db_kernels_used(db_path: Path, source: str, product_name: str = "") -> dict[str, Any]:

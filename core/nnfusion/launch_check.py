@@ -1,0 +1,163 @@
+"""Can every kernel launch of a generated project start on the GPU? NNFusion never checks.
+
+A BlockFusion kernel runs each fused kernel's block function in blocks of the group's largest block size, and
+it has no `__launch_bounds__`: ptxas gives it as many registers per thread as its hungriest member wants. When
+that many registers times the launch's threads exceed what one block may hold, the launch fails, kernel_entry
+does not look at the error, and the network computes wrong numbers without a word. Seen on the H200: a
+64-thread convolution at 150 registers fused with a 448-thread one (150 registers allow 384 threads).
+
+The check compiles the project's device code (not its host code, which needs cuDNN's and cuBLAS's headers)
+with nvcc for the arch, reads each kernel's registers from ptxas, and holds them against each launch's block.
+It needs no GPU.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from core.cuda.nvcc import compile_source
+from core.nnfusion.generated import Generated
+
+MAX_THREADS_PER_BLOCK = 1024
+REGISTER_UNIT = 8  # registers per thread are allocated in steps of 8 (256 per warp)
+WARP_GRANULARITY = 4  # a block's warps get registers 4 at a time
+SMALL_REGISTER_FILES = {"sm_53": 32768, "sm_62": 32768}  # per block; 65536 on every other arch
+
+LAUNCH_ADVICE = ("NNFusion does not check its launches: this network would run without that kernel and compute wrong "
+                 "numbers without an error. Compile with -fblockfusion_level=0 (BlockFusion off), or keep the rows "
+                 "named out of the DB.")
+_LAUNCH = re.compile(r"\b(\w+)_Call\(\s*dim3\((\d+),\s*(\d+),\s*(\d+)\),\s*dim3\((\d+),\s*(\d+),\s*(\d+)\)")
+
+
+def max_threads_per_block(registers: int, arch: str) -> int:
+    """The most threads a block of a kernel using `registers` per thread may have on `arch` (what CUDA reports
+    as the function's maxThreadsPerBlock; on the H200: 150 registers -> 384, 185 -> 256, 128 -> 512)."""
+    per_warp = -(-max(registers, 1) // REGISTER_UNIT) * REGISTER_UNIT * 32
+    warps = SMALL_REGISTER_FILES.get(arch, 65536) // per_warp // WARP_GRANULARITY * WARP_GRANULARITY
+    return min(MAX_THREADS_PER_BLOCK, warps * 32)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch of kernel_entry, with what ptxas gave the kernel."""
+
+    kernel: str
+    blocks: int
+    threads: int
+    registers: int | None  # None: ptxas said nothing about it
+    members: tuple[str, ...] = ()  # a BlockFusion kernel's block functions
+
+    def max_threads(self, arch: str) -> int | None:
+        return None if self.registers is None else max_threads_per_block(self.registers, arch)
+
+    def fits(self, arch: str) -> bool:
+        limit = self.max_threads(arch)
+        return limit is None or self.threads <= limit
+
+
+@dataclass
+class LaunchReport:
+    arch: str
+    launches: list[Launch] = field(default_factory=list)
+    error: str = ""  # why the check could not run ('' when it ran)
+    seconds: float = 0.0
+
+    def failing(self) -> list[Launch]:
+        return [launch for launch in self.launches if not launch.fits(self.arch)]
+
+    def reasons(self) -> list[str]:
+        return [f"{launch.kernel} cannot launch on {self.arch}: {launch.registers} registers per thread allow "
+                f"{launch.max_threads(self.arch)} threads per block, and kernel_entry launches it with "
+                f"{launch.threads}" for launch in self.failing()]
+
+    def as_dict(self) -> dict[str, object]:
+        return {"arch": self.arch, "error": self.error, "seconds": self.seconds,
+                "launches": [{"kernel": x.kernel, "blocks": x.blocks, "threads": x.threads, "registers": x.registers,
+                              "max_threads": x.max_threads(self.arch), "fits": x.fits(self.arch),
+                              "members": list(x.members)} for x in self.launches],
+                "failing": self.reasons()}
+
+
+def kernel_launches(generated: Generated) -> dict[str, tuple[int, int]]:
+    """Each kernel kernel_entry launches: (blocks, threads per block) of its (first) launch."""
+    entry = generated.functions.get("kernel_entry")
+    launches: dict[str, tuple[int, int]] = {}
+    for m in _LAUNCH.finditer(entry.body if entry else ""):
+        gx, gy, gz, bx, by, bz = (int(g) for g in m.groups()[1:])
+        launches.setdefault(m.group(1), (gx * gy * gz, bx * by * bz))
+    return launches
+
+
+def device_source(source: str, kernels: set[str]) -> str:
+    """A translation unit of the project's device code: each top-level `__device__` definition (the helpers and
+    block functions) and the `__global__` kernels named, in the source's order. Host code stays out: it needs
+    cuDNN's and cuBLAS's headers."""
+    items = []
+    for head, body in _top_level_items(source):
+        name = re.search(r"(\w+)\s*\([^()]*(?:\([^()]*\)[^()]*)*\)\s*$", head)
+        if "__device__" in head or ("__global__" in head and name is not None and name.group(1) in kernels):
+            items.append(f"{head}{{{body}}}")
+    return "\n".join(["#include <cstdint>", "#include <cuda_fp16.h>", "#include <mma.h>", *items]) + "\n"
+
+
+def _top_level_items(source: str) -> list[tuple[str, str]]:
+    """(head, body) of each top-level braced item: the head is the statement before the brace (preprocessor
+    lines and comments left out); strings, characters and comments are skipped while braces are counted."""
+    items: list[tuple[str, str]] = []
+    depth, start, opened, i, n = 0, 0, 0, 0, len(source)
+    while i < n:
+        c = source[i]
+        if source.startswith("//", i) or (c == "#" and not source[source.rfind("\n", 0, i) + 1:i].strip()):
+            while i < n and source[i] != "\n":  # a line comment, or a preprocessor line (with continuations)
+                i += 2 if source.startswith("\\\n", i) else 1
+            if depth == 0:
+                start = i
+            continue
+        if source.startswith("/*", i):
+            end = source.find("*/", i + 2)
+            i = n if end < 0 else end + 2
+            continue
+        if c in "\"'":
+            i += 1
+            while i < n and source[i] != c:
+                i += 2 if source[i] == "\\" else 1
+        elif c == ";" and depth == 0:
+            start = i + 1
+        elif c == "{":
+            if depth == 0:
+                opened = i
+            depth += 1
+        elif c == "}" and depth > 0:
+            depth -= 1
+            if depth == 0:
+                items.append((source[start:opened].strip() + "\n", source[opened + 1:i]))
+                start = i + 1
+        i += 1
+    return items
+
+
+def check_launches(source: str, generated: Generated, arch: str, *, nvcc: str, workdir: Path,
+                   flags: tuple[str, ...] = (), timeout_s: float = 600.0) -> LaunchReport:
+    """Compile the launched kernels' device code for `arch` and check every launch's block against the
+    registers ptxas gave its kernel. Never raises for code nvcc rejects: the report says why it could not check."""
+    launches = kernel_launches(generated)
+    kernels = [name for name in launches if generated.functions.get(name, None) is not None
+               and generated.functions[name].kind == "global"]
+    report = LaunchReport(arch)
+    if not kernels:
+        return report
+    result = compile_source(device_source(source, set(kernels)), arch, nvcc=nvcc,
+                            flags=("--expt-relaxed-constexpr", *flags), timeout_s=timeout_s, workdir=workdir)
+    report.seconds = result.seconds
+    if not result.ok:
+        report.error = f"the device code did not compile: {result.error}"
+        return report
+    for name in kernels:
+        members = tuple(dict.fromkeys(m for m in re.findall(r"\b(\w+_block_kernel)\s*\(",
+                                                            generated.functions[name].body)))
+        resources = result.kernels.get(name)
+        blocks, threads = launches[name]
+        report.launches.append(Launch(name, blocks, threads, resources.registers if resources else None, members))
+    return report

@@ -1,0 +1,169 @@
+"""The launch check: a BlockFusion kernel whose registers cannot hold its launch's block is found on the CPU.
+
+NNFusion launches a BlockFusion kernel with the group's largest block and no __launch_bounds__; on the H200
+(2026-12-04) such a kernel at 150 registers was launched with 448 threads, did not run, and ResNet-18 came out
+90% wrong without an error. bench/results/h200/session9 holds that generated project.
+"""
+
+from __future__ import annotations
+
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from core.cuda.nvcc import find_nvcc
+from core.errors import ToolError
+from core.nnfusion.generated import parse_generated
+from core.nnfusion.launch_check import (
+    _top_level_items,
+    check_launches,
+    device_source,
+    kernel_launches,
+    max_threads_per_block,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+SESSION9 = REPO / "bench" / "results" / "h200" / "session9" / "7-network-results.tgz"
+BROKEN_PROJECT = "net/nnfusion-tuned-best/nnfusion_rt/cuda_codegen/nnfusion_rt.cu"
+
+
+def nvcc_or_skip() -> str:
+    try:
+        return find_nvcc("")
+    except ToolError as exc:
+        pytest.skip(f"the launch check compiles with nvcc: {exc}")
+
+
+@pytest.mark.parametrize(("registers", "threads"), [(150, 384), (185, 256), (128, 512), (16, 1024), (72, 896),
+                                                    (255, 256), (97, 512)])
+def test_max_threads_per_block_is_what_the_h200_reported(registers: int, threads: int):
+    """maxThreadsPerBlock that cudaFuncGetAttributes gave on the H200 for kernels without launch bounds
+    (150, 185 and 128 registers; the rest follow the same rule: 256 registers per warp, 4 warps at a time)."""
+    assert max_threads_per_block(registers, "sm_90") == threads
+
+
+def test_small_register_files_allow_half_the_threads():
+    assert max_threads_per_block(64, "sm_62") == 512
+    assert max_threads_per_block(64, "sm_80") == 1024
+
+
+def program(threads: int, helper_after_kernels: bool = False) -> str:
+    """An nnfusion_rt.cu in NNFusion's layout: library and project headers, host macros with braces, a helper,
+    a register-hungry block function fused with a small one, and kernel_entry launching the fusion."""
+    helper = "__device__ __forceinline__ float twice(float x) { return x + x; }\n"
+    return f"""#include <cuda.h>
+#include <cudnn.h>
+#include <cublas_v2.h>
+#include "nnfusion_rt.h"
+#define CUDA_SAFE_CALL(x) do {{ cudaError_t r = (x); if (r != cudaSuccess) {{ throw 1; }} }} while (0)
+{"" if helper_after_kernels else helper}
+cudnnHandle_t cudnn_handle_0;  // host state the device code must not see: {{ unbalanced in a comment
+__device__ __noinline__ void Hungry_block_kernel(float* input0, float* output0, int thread_id, int block_id, char *shared_buffer)
+{{
+    if (thread_id >= 64) {{ return; }}
+    float acc[96];
+    #pragma unroll
+    for (int i = 0; i < 96; ++i) acc[i] = input0[block_id * 6144 + i * 64 + thread_id];
+    #pragma unroll
+    for (int k = 0; k < 8; ++k) {{
+        #pragma unroll
+        for (int i = 0; i < 96; ++i) acc[i] = acc[i] * acc[(i + k + 1) % 96] + twice(acc[(i * 7 + k) % 96]);
+    }}
+    #pragma unroll
+    for (int i = 0; i < 96; ++i) output0[block_id * 6144 + i * 64 + thread_id] = acc[i];
+}}
+__device__ __noinline__ void Small_block_kernel(float* input0, float* output0, int thread_id, int block_id, char *shared_buffer)
+{{
+    if (thread_id >= {threads}) {{ return; }}
+    output0[block_id * {threads} + thread_id] = input0[block_id * {threads} + thread_id] * 2.0f;
+}}
+{helper if helper_after_kernels else ""}
+extern "C" __global__  void BlockFusionKernel_float_float_cuda_Hungry_Small_0(float* input0, float* output0, float* output1)
+{{
+    __shared__ char shared_buffer[16];
+    if ((int)blockIdx.x <= 9) {{ Hungry_block_kernel(input0, output0, threadIdx.x, blockIdx.x, shared_buffer); }}
+    else {{ Small_block_kernel(input0, output1, threadIdx.x, blockIdx.x - 10, shared_buffer); }}
+}}
+extern void BlockFusionKernel_float_float_cuda_Hungry_Small_0_Call(const dim3 &grids, const dim3 &blocks, unsigned mem, cudaStream_t stream, float* input0, float* output0, float* output1) {{
+    BlockFusionKernel_float_float_cuda_Hungry_Small_0<<<grids, blocks, mem, stream>>>(input0, output0, output1);
+}}
+extern "C" int kernel_entry(float* input0, float* output0, float* output1)
+{{
+ // name=blockfusion_kernel_7
+BlockFusionKernel_float_float_cuda_Hungry_Small_0_Call(dim3(20, 1, 1), dim3({threads}, 1, 1), 0, 0, input0, output0, output1);
+    printf("{{ not a block }}\\n");
+    return 0;
+}}
+"""
+
+
+def test_a_fusion_launched_with_more_threads_than_its_registers_allow_is_found(tmp_path: Path):
+    nvcc = nvcc_or_skip()
+    source = program(1024)
+    report = check_launches(source, parse_generated(source), "sm_90", nvcc=nvcc, workdir=tmp_path)
+    assert not report.error, report.error
+    (launch,) = report.launches
+    assert launch.kernel == "BlockFusionKernel_float_float_cuda_Hungry_Small_0"
+    assert (launch.blocks, launch.threads) == (20, 1024)
+    assert launch.members == ("Hungry_block_kernel", "Small_block_kernel")
+    assert launch.registers is not None and launch.registers > 64, "the hungry member must need more than 64"
+    assert report.failing() == [launch]
+    (reason,) = report.reasons()
+    assert f"{launch.registers} registers per thread allow {max_threads_per_block(launch.registers, 'sm_90')}" \
+        in reason and "launches it with 1024" in reason
+
+
+def test_the_same_fusion_at_a_block_its_registers_hold_passes(tmp_path: Path):
+    nvcc = nvcc_or_skip()
+    source = program(64)
+    report = check_launches(source, parse_generated(source), "sm_90", nvcc=nvcc, workdir=tmp_path)
+    assert not report.error and len(report.launches) == 1 and report.failing() == []
+
+
+def test_device_code_that_does_not_compile_is_reported_not_raised(tmp_path: Path):
+    nvcc = nvcc_or_skip()
+    source = program(64).replace("twice(acc", "undefined_helper(acc")
+    report = check_launches(source, parse_generated(source), "sm_90", nvcc=nvcc, workdir=tmp_path)
+    assert report.error.startswith("the device code did not compile") and "undefined_helper" in report.error
+    assert report.failing() == []
+
+
+def test_device_source_keeps_device_code_and_leaves_host_code_out():
+    source = program(64, helper_after_kernels=True)
+    unit = device_source(source, {"BlockFusionKernel_float_float_cuda_Hungry_Small_0"})
+    for kept in ("Hungry_block_kernel(", "Small_block_kernel(", "float twice(float x)",
+                 "BlockFusionKernel_float_float_cuda_Hungry_Small_0("):
+        assert kept in unit, kept
+    for left_out in ("cudnn", "cublas", "nnfusion_rt.h", "kernel_entry", "_Call(", "CUDA_SAFE_CALL", "printf"):
+        assert left_out not in unit, left_out
+    assert "#pragma unroll" in unit, "preprocessor lines inside bodies stay"
+
+
+def test_top_level_items_skip_braces_in_strings_comments_and_macros():
+    items = _top_level_items('#define M do { } while (0)\n// {\nint f() { return "}"[0] + \'{\'; /* } */ }\n'
+                             'struct S { int a; };\nvoid g()\n{\n}\n')
+    assert [head.strip() for head, _ in items] == ["int f()", "struct S", "void g()"]
+
+
+def test_kernel_launches_reads_grid_and_block():
+    generated = parse_generated(program(448))
+    assert kernel_launches(generated) == {"BlockFusionKernel_float_float_cuda_Hungry_Small_0": (20, 448)}
+
+
+def test_the_project_that_computed_wrong_numbers_on_the_h200_is_caught(tmp_path: Path):
+    """ResNet-18 compiled by NNFusion with session 9's tuned rows: max rel err 0.90 with BlockFusion, 8.3e-7
+    without; cudaFuncGetAttributes on the H200 gave the fused kernel 150 registers and 384 threads at most."""
+    nvcc = nvcc_or_skip()
+    with tarfile.open(SESSION9) as tar:
+        member = tar.extractfile(BROKEN_PROJECT)
+        assert member is not None
+        source = member.read().decode()
+    report = check_launches(source, parse_generated(source), "sm_90", nvcc=nvcc, workdir=tmp_path)
+    assert not report.error, report.error
+    assert len(report.launches) == 19
+    (failing,) = report.failing()
+    assert failing.kernel == "BlockFusionKernel_float_float_float_float_float_float_cuda_Matched_Pattern_Convolution_1"
+    assert (failing.threads, failing.max_threads("sm_90")) == (448, 384)
+    assert failing.members == ("Matched_Pattern_float_float_float_float_cuda_Matched_Pattern_138_block_kernel",
+                               "Convolution_float_float_float_cuda_Convolution_73_block_kernel")
