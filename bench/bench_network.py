@@ -331,6 +331,15 @@ def part_nnfusion(out: Path, db: Path, model: Path, nnfusion: Path, label: str, 
         from core.nnfusion.usage import db_kernels_used
 
         result["db_kernels"] = db_kernels_used(db, source, product)
+    from core.cuda.nvcc import find_nvcc
+    from core.nnfusion.generated import parse_generated
+    from core.nnfusion.launch_check import check_launches
+
+    # the CPU-side launch check, beside what the GPU computed (a launch that cannot start leaves wrong numbers)
+    launches = check_launches(source, parse_generated(source), "sm_90", nvcc=find_nvcc(""), workdir=work / "check")
+    result["launch_check"] = launches.as_dict()
+    for line in launches.reasons() or [launches.error or f"launch check: all {len(launches.launches)} launches fit"]:
+        print(f"  {line}", flush=True)
     (out / f"nnfusion-{label}.json").write_text(json.dumps(result, indent=1))
     print(f"NNFusion [{label}] {' '.join(flags)}: {timing['median_ms']:.4f} ms median "
           f"(p10 {timing['p10_ms']:.4f}, p90 {timing['p90_ms']:.4f}); max rel err vs float64 {result['error']:.2e}; "
