@@ -67,7 +67,8 @@ def sample(out: Path, every: float) -> None:
             now = host_ticks()
             busy = (now[0] - last[0]) / max(1, now[1] - last[1])
             last = now
-            f.write(json.dumps({"t": time.time(), "busy": round(busy, 4), "procs": process_seconds()}) + "\n")
+            f.write(json.dumps({"t": time.time(), "busy": round(busy, 4), "cpus": os.cpu_count(),
+                                "procs": process_seconds()}) + "\n")
             f.flush()
 
 
@@ -77,7 +78,11 @@ def by_kind(samples: list[dict]) -> dict[str, float]:
     first = samples[0]["procs"]
     last_seen: dict[str, list] = {}
     for s in samples[1:]:
-        last_seen.update(s["procs"])  # a pid reused by a later process: the later one's figures
+        for pid, (kind, seconds) in s["procs"].items():  # a pid reused by a later process: the later one's figures
+            seen = last_seen.get(pid)
+            if kind == "other" and seen is not None and seen[0] != "other" and seen[1] <= seconds:
+                kind = seen[0]  # the same process ended and not yet reaped: a zombie has no command line
+            last_seen[pid] = [kind, seconds]
     totals: dict[str, float] = {}
     for pid, (kind, seconds) in last_seen.items():
         before = first[pid][1] if pid in first and first[pid][0] == kind and first[pid][1] <= seconds else 0.0
@@ -95,7 +100,7 @@ def summary(path: Path, trials: int | None) -> None:
               "ended): not summarised")
         return
     span = samples[-1]["t"] - samples[0]["t"]
-    cpus = os.cpu_count() or 1
+    cpus = samples[0].get("cpus") or os.cpu_count() or 1  # the sampled host's (older files: this one's)
     busy = sum(s["busy"] for s in samples[1:]) / (len(samples) - 1)
     print(f"{len(samples)} samples over {span:.0f} s; host busy {busy:.0%} of {cpus} CPUs on average")
     print(f"{'kind':<18} {'CPU s':>9} {'cores':>6}" + (f" {'CPU s/trial':>12}" if trials else ""))

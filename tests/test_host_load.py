@@ -52,3 +52,21 @@ def test_a_process_that_ends_keeps_the_seconds_it_used_while_sampled():
         {"procs": {"12": ["other", 130.0]}},  # the tuning process and its build worker have ended
     ]
     assert host_load.by_kind(samples) == {"tuning processes": 15.0, "build workers": 9.0, "other": 30.0}
+
+
+def test_a_process_that_ended_but_is_not_reaped_keeps_its_kind():
+    """A process started with setsid and never waited for stays a zombie, with no command line: session 9's
+    three finished tuning processes were charged to "other" (1,984 CPU s) while they waited to be reaped."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("host_load", REPO / "bench" / "host_load.py")
+    assert spec is not None and spec.loader is not None
+    host_load = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(host_load)
+    samples = [
+        {"procs": {"12": ["other", 100.0]}},
+        {"procs": {"10": ["tuning processes", 12.0], "12": ["other", 110.0]}},
+        {"procs": {"10": ["other", 20.0], "12": ["other", 120.0]}},  # 10 ended: a zombie
+        {"procs": {"10": ["other", 20.0], "12": ["other", 130.0], "13": ["other", 1.0]}},
+    ]
+    assert host_load.by_kind(samples) == {"tuning processes": 20.0, "other": 31.0}
