@@ -18,7 +18,8 @@
 #                                              NNFusion with the tuned DB (best + efficient, best only, and without
 #                                              BlockFusion), the empty DB and PyTorch, one timing method
 #                                              (bench_network.py); DB defaults to the tuning's
-#     (CONTENDERS="tuned-best empty" limits the NNFusion contenders, NO_PYTORCH=1 skips PyTorch, RUNS=5 times
+#     (CONTENDERS="tuned-best empty" limits the NNFusion contenders, a label with -no-blockfusion appended compiles
+#      that DB with -fblockfusion_level=0; every contender gets the launch check; NO_PYTORCH=1 skips PyTorch, RUNS=5 times
 #      each contender in 5 processes and keeps the median run)
 #   bash bench/h200_network.sh ops [DB]        each op's rows against cuDNN, timed now
 #   bash bench/h200_network.sh verify KERNELS  kdb inject --verify --profile pace, before/after (bench_verify.py)
@@ -108,8 +109,10 @@ network)
       "$R/net/empty.db"
     [ -n "${NO_PYTORCH:-}" ] || python3 bench/bench_network.py pytorch --out "$R/net"
     for label in ${CONTENDERS:-tuned-all empty tuned-best}; do  # each result is copied out as soon as it is there
-      timeout 240 python3 bench/bench_network.py nnfusion --out "$R/net" --db "$R/net/$label.db" --nnfusion "$nnf" \
-        --label "$label" --trace-steps --runs "${RUNS:-1}"
+      db=${label%-no-blockfusion}; off=()  # "<db>-no-blockfusion": that DB compiled with BlockFusion off
+      [ "$db" != "$label" ] && off=(--flag=-fblockfusion_level=0)
+      timeout 240 python3 bench/bench_network.py nnfusion --out "$R/net" --db "$R/net/$db.db" --nnfusion "$nnf" \
+        --label "$label" "${off[@]}" --trace-steps --runs "${RUNS:-1}"
       copy_out
     done
     [ -n "${CONTENDERS:-}" ] || timeout 240 python3 bench/bench_network.py nnfusion --out "$R/net" \
