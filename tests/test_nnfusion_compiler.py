@@ -150,6 +150,26 @@ def test_the_compiler_uses_exactly_what_coverage_promised(tmp_path: Path, name: 
         nvcc_compiles(report.result.project, tmp_path)
 
 
+def test_a_conv_whose_fused_kernel_is_missing_runs_the_plain_row_coverage_promised(tmp_path: Path):
+    """A DB with a plain Convolution row and no fused one for a Conv+bias+Relu: the compiler leaves the pattern
+    unsubstituted and runs the plain row. Coverage says so ("missing: tune it", runs the plain Convolution); the
+    compile report counted only "in DB" ops as promised and called the row it ran unpromised."""
+    g = conv_bias_relu(1)
+    model = write(g.model(g.output, "cbr"), tmp_path / "cbr.onnx")
+    plain = [replace(c, op_type="Convolution") for c in extract(model).configs if c.op_type.startswith("Fused_")]
+    assert plain, "the model has a fused convolution"
+    report = generate_all(plain, "sm_90", check=False)
+    kernels = tmp_path / "plain.json"
+    kernels.write_text(json.dumps(report.items), encoding="utf-8")
+    db = tmp_path / "plain.db"
+    with KernelDB.open(db, create=True) as kdb:
+        assert Injector(kdb, InjectOptions(compile=False), state=None).run([kernels], kind="test").failed == 0
+    compiled = compile_with(model, db, tmp_path)
+    assert compiled.usage is not None and compiled.usage.used_keys(), "the compiler runs the plain row"
+    assert compiled.promised() == compiled.usage.used_keys()
+    assert not compiled.broken_promises()
+
+
 def test_fused_rows_without_twins_are_not_used_and_repair_makes_them_used(tmp_path: Path):
     g = conv_bias_relu(1)
     model = write(g.model(g.output, "cbr"), tmp_path / "cbr.onnx")
