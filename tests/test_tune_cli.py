@@ -154,6 +154,9 @@ def test_a_model_is_tuned_as_one_network_and_resumes_without_measuring_again(tmp
     assert len(probes) == 2 and len(queued) == 4  # the probes' queue, then the tuning's
     probed = [e for e in stream[:queued[2]] if e["event"] == "job" and e["status"] == "done"]
     assert len(probed) == 2 and all("after 1 trials" in e["detail"] for e in probed)
+    # each job event says its queue: the probes' is "probe", and the index counts within it
+    assert [(stream[i]["stage"], stream[i]["index"], stream[i]["of"]) for i in queued] == \
+        [("probe", 0, 2), ("probe", 1, 2), ("", 0, 2), ("", 1, 2)]
     network = network_from_model(Path(model))
     expected = spread_budget(network.ops, 6, recorded={op.config.key: 1 for op in network.ops},
                              best={op.config.key: probes[op.config.describe()] for op in network.ops})

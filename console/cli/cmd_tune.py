@@ -213,8 +213,8 @@ class _Live:
 
     def job(self, event: JobEvent) -> None:
         if self.json_lines:
-            print_json({"event": "job", "job": event.job, "index": event.index, "status": event.status,
-                        "detail": event.detail}, self.stdout)
+            print_json({"event": "job", "job": event.job, "index": event.index, "of": event.of,
+                        "stage": event.stage, "status": event.status, "detail": event.detail}, self.stdout)
             return
         if event.status == "tuning" and self.bar is not None:
             self.bar.update(self._task(event.job), total=event.trials)

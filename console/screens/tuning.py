@@ -622,7 +622,8 @@ class TuningScreen(KdbScreen):
                                 planned=event.trials or runs[key].planned)
             if event.status == "tuning":
                 kept = runs[key].trials
-                tap.note(f"{event.job} ({event.index + 1}/{len(plan.jobs)}): "
+                tap.note(f"{event.job} ({event.stage + ' ' if event.stage else ''}{event.index + 1}/"
+                         f"{event.of or len(plan.jobs)}): "
                          + (f"tuning on from {plural(kept, 'trial')} kept" if kept else "tuning")
                          + f" in {directories[key]}" + (f" ({event.detail})" if event.detail else ""))
             elif event.status != "queued":

@@ -37,6 +37,8 @@ class JobEvent:
     inject: InjectReport | None = None
     key: str = ""  # the job's OpConfig.key
     trials: int = 0  # the job's trial budget (resumed trials included)
+    of: int = 0  # jobs in this queue (`index` counts within it)
+    stage: str = ""  # "probe" for a network's probe queue, "" for the tuning queue
 
 
 @dataclass
@@ -68,14 +70,16 @@ def run_queue(jobs: list[TuneJob], *, db_path: Path | None, inject_options: Inje
               on_trial: Callable[[TrialEvent], None] | None = None,
               on_job: Callable[[JobEvent], None] | None = None,
               should_cancel: Callable[[], bool] | None = None,
-              on_phase: Callable[[PhaseEvent], None] | None = None) -> QueueReport:
-    """Tune jobs one after the other. With db_path and a cuda target, the kernels are injected."""
+              on_phase: Callable[[PhaseEvent], None] | None = None, stage: str = "") -> QueueReport:
+    """Tune jobs one after the other. With db_path and a cuda target, the kernels are injected. `stage` names
+    the queue in its job events (a network run's "probe" queue comes before its tuning queue)."""
     report = QueueReport()
     cancel = should_cancel or (lambda: False)
 
     def job_event(i: int, status: str, detail: str = "", **kw: Any) -> None:
         if on_job is not None:
-            on_job(JobEvent(jobs[i].name, i, status, detail, key=jobs[i].config.key, trials=jobs[i].trials, **kw))
+            on_job(JobEvent(jobs[i].name, i, status, detail, key=jobs[i].config.key, trials=jobs[i].trials,
+                            of=len(jobs), stage=stage, **kw))
 
     for i in range(len(jobs)):
         job_event(i, "queued")
@@ -255,7 +259,7 @@ def run_network(network: Network, budget: int, make_job: Callable[[Any, int], Tu
     if probes:
         ops = [op for op in tuning_order(network.ops, best) if op.config.key in probes]
         report = run_queue([make_job(op.config, probes[op.config.key]) for op in ops], db_path=None,
-                           inject_options=None, **callbacks)
+                           inject_options=None, stage="probe", **callbacks)
         recorded, best = measured()
     if not report.cancelled:
         shares = spread_budget(network.ops, budget, recorded=recorded, best=best)
