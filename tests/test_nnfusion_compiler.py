@@ -22,8 +22,8 @@ from shared_data import shared_path
 pytest.importorskip("onnx")
 pytest.importorskip("tvm")
 
-from conftest import run_kdb_json
-from onnx_models import GraphBuilder, write
+from conftest import run_kdb, run_kdb_json
+from onnx_models import GraphBuilder, basic_block, write
 
 from core.codegen.batch import generate_all
 from core.cuda.nvcc import find_nvcc
@@ -261,6 +261,55 @@ def test_a_compiler_failure_is_a_failure_record_with_its_log(tmp_path: Path, mon
 
 
 
+HUNGRY_BODY = """float acc[96];
+#pragma unroll
+for (int i = 0; i < 96; ++i) acc[i] = input0[i * 64 + threadIdx.x] * input1[i];
+#pragma unroll
+for (int k = 0; k < 8; ++k) {
+#pragma unroll
+  for (int i = 0; i < 96; ++i) acc[i] = acc[i] * acc[(i + k + 1) % 96] + acc[(i * 7 + k) % 96];
+}
+#pragma unroll
+for (int i = 0; i < 96; ++i) output0[i * 64 + threadIdx.x] = acc[i];"""
+
+
+def test_kdb_nnfusion_names_a_blockfusion_kernel_that_cannot_launch(tmp_path: Path):
+    """The H200 fault, built on purpose: ResNet's downsampling block, whose first conv and shortcut conv the
+    compiler puts in one BlockFusion group; one row given 1,024 threads, the other a 64-thread body that needs
+    far more than 64 registers. Both rows compile alone; the fused kernel cannot launch. (Test data for the
+    compiler and nvcc only: these rows do not compute a convolution and never run.)"""
+    g = GraphBuilder({"x": [1, 16, 14, 14]})
+    model = write(g.model(basic_block(g, "x", 16, 32, stride=2), "block"), tmp_path / "block.onnx")
+    db = build_db(model, tmp_path / "k.db", tmp_path)
+    conn = sqlite3.connect(db)
+    rows = {ident: (key, json.loads(fn)) for key, ident, fn in conn.execute(
+        "SELECT Key, Identifier, Function FROM KernelCache WHERE DeviceType = 'CUDA_GPU'")}
+    wide = next(i for i in rows if ";32,16,3,3;" in i)
+    hungry = next(i for i in rows if ";32,16,1,1;" in i)
+    rows[wide][1]["block_dim"] = [1024, 1, 1]
+    rows[hungry][1].update(block_dim=[64, 1, 1], block_function_body=HUNGRY_BODY, function_body=HUNGRY_BODY,
+                           num_syncthreads=0, shared_memory={"symbol": [], "dtype": [], "size": []})
+    for ident in (wide, hungry):  # the fused conv's CUDA twin (same Identifier) keeps the same kernel
+        conn.execute("UPDATE KernelCache SET Function = ? WHERE Identifier = ?", (json.dumps(rows[ident][1]), ident))
+    conn.commit()
+    conn.close()
+    proc, report = run_kdb_json("nnfusion", str(model), "--db", str(db), "--nnfusion", str(COMPILER),
+                                "--product-name", PRODUCT, "--out", str(tmp_path / "nnfusion"))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert report["usage"]["blockfusion_groups"], "the two convolutions are fused"
+    check = report["launch_check"]
+    assert check["arch"] == "sm_90" and not check["error"]
+    (failing,) = [x for x in check["launches"] if not x["fits"]]
+    assert failing["threads"] == 1024 and failing["registers"] > 64 and failing["max_threads"] < 1024
+    (reason,) = check["failing"]
+    assert failing["kernel"] in reason and "launches it with 1024" in reason
+    (named,) = report["launch_failures"]  # the reason with the DB rows fused into the kernel
+    assert named.startswith(reason) and rows[wide][0] in named and rows[hungry][0] in named
+    again = run_kdb("nnfusion", str(model), "--db", str(db), "--nnfusion", str(COMPILER), "--product-name", PRODUCT,
+                    "--out", str(tmp_path / "again"))
+    assert again.returncode == 1 and "cannot launch" in again.stdout and "-fblockfusion_level=0" in again.stdout
+
+
 async def test_the_console_compiles_the_imported_model_and_shows_what_runs(tmp_path: Path):
     """Op configs view: import a model, check coverage, n compiles it; the steps come back with their rows."""
     from console_helpers import FixedDeviceApp
@@ -291,6 +340,10 @@ async def test_the_console_compiles_the_imported_model_and_shows_what_runs(tmp_p
         runs = [str(steps.get_row_at(i)[2]) for i in range(steps.row_count)]
         assert runs.count("DB kernel") == len(dialog.report.promised()) and "cuDNN" not in runs
         assert "DB kernel(s) in the generated code" in str(dialog.query_one("#compile-status", Static).render())
+        launches = dialog.report.launches  # the launch check ran on the generated device code, and says so
+        assert launches is not None and launches.launches and not launches.error
+        summary = str(dialog.query_one("#compile-summary", Static).render())
+        assert f"launch check (sm_90) {len(launches.launches)} launches, 0 cannot start" in summary, summary
         await pilot.press("escape")
         await pilot.pause()
         assert app.screen is screen

@@ -90,6 +90,7 @@ class CompileReport:
                 "usage": self.usage.as_dict() if self.usage else None,
                 "promised": sorted(self.promised()), "broken_promises": sorted(self.broken_promises()),
                 "launch_check": self.launches.as_dict() if self.launches else None,
+                "launch_failures": self.launch_failures(),
                 "coverage": [e.to_dict() for e in self.entries]}
 
     def launch_failures(self) -> list[str]:
