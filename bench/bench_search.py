@@ -1,7 +1,7 @@
 """What one evolutionary-search round costs a CUDA tuning process, by population: no GPU needed.
 
     python3 bench/bench_search.py --records STATE.tgz|TUNING_DIR [--op TEXT] [--populations 512,256,128]
-                                  [--threads 4] [--batch 128] [--rounds 2]
+                                  [--iters 4] [--threads 4] [--batch 128] [--rounds 2]
 
 On the H200 (session 9) the tuning processes spent 3.8 CPU s per measured trial, more than the builds: every op
 now evolves with the shared cost model, and MetaSchedule's search (a population of 512, four rounds of mutation,
@@ -9,8 +9,10 @@ each candidate's features extracted and scored) runs on the same 16 cores as the
 search alone on this machine: the cost model warm-started from real tuning records (a `h200_network.sh` state
 archive, or a tuning root of work dirs), then, for each population, `rounds` calls of MetaSchedule's
 generate_measure_candidates for a batch of `batch` candidates of one op, with their wall and CPU seconds and the
-model's mean predicted score of the batch (relative to the first population's: does a smaller population find
-candidates the model rates as well?). Whether those candidates also run as fast only the GPU can say.
+model's mean predicted score of the batch (relative to the first setting's: does a smaller search find
+candidates the model rates as well?). Whether those candidates also run as fast only the GPU can say. `--iters`
+varies MetaSchedule's rounds of mutation (genetic_num_iters) the same way. Last, what one cost-model update
+costs at this model's size: the op's last `batch` records fed again, as a measured batch is after each round.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ def main() -> None:
     ap.add_argument("--records", type=Path, required=True)
     ap.add_argument("--op", default="", help="a work dir whose name contains TEXT (default: the one with most trials)")
     ap.add_argument("--populations", default="512,256,128")
+    ap.add_argument("--iters", default="4", help="genetic_num_iters values, each tried with every population")
     ap.add_argument("--threads", type=int, default=4, help="the search's threads (a tuning process's share)")
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=2)
@@ -73,10 +76,11 @@ def main() -> None:
         database = ms.database.JSONDatabase(path_workload=str(work / WORKLOADS), path_tuning_record=str(work / RECORDS))
         mod = database.get_all_tuning_records()[0].workload.mod
         rows = []
-        for population in (int(p) for p in args.populations.split(",")):
+        settings = [(int(p), int(i)) for i in args.iters.split(",") for p in args.populations.split(",")]
+        for population, iters in settings:
+            strategy = ms.search_strategy.EvolutionarySearch(population_size=population, genetic_num_iters=iters)
             context = ms.TuneContext(mod=mod, target=target, space_generator=self_contained_cuda_space(),
-                                     search_strategy=ms.search_strategy.EvolutionarySearch(population_size=population),
-                                     num_threads=args.threads, rand_state=1)
+                                     search_strategy=strategy, num_threads=args.threads, rand_state=1)
             spaces = context.generate_design_space()
             context.pre_tuning(max_trials=args.batch * args.rounds, num_trials_per_iter=args.batch,
                                design_spaces=spaces, database=database, cost_model=model.model)
@@ -89,17 +93,44 @@ def main() -> None:
                 scores.append(statistics.fmean(float(s) for s in model.model.predict(context, candidates))
                               if candidates else float("nan"))
             context.post_tuning()
-            rows.append((population, statistics.fmean(walls), statistics.fmean(cpus), statistics.fmean(scores)))
-            print(f"  population {population}: {rows[-1][1]:.1f} s wall, {rows[-1][2]:.1f} CPU s per round",
-                  flush=True)
+            rows.append((population, iters, statistics.fmean(walls), statistics.fmean(cpus), statistics.fmean(scores)))
+            print(f"  population {population}, {iters} mutation rounds: {rows[-1][2]:.1f} s wall, "
+                  f"{rows[-1][3]:.1f} CPU s per round", flush=True)
+        update_wall, update_cpu, size = cost_model_update(model, work, target, args.batch, args.threads)
     base = rows[0]
-    print(f"\n{'population':>10} {'wall s/round':>13} {'CPU s/round':>12} {'CPU s/trial':>12} {'mean score':>11} "
-          f"{'CPU ratio':>10} {'score ratio':>12}")
-    for population, wall, cpu, score in rows:
-        print(f"{population:>10} {wall:>13.1f} {cpu:>12.1f} {cpu / args.batch:>12.3f} {score:>11.3f} "
-              f"{cpu / base[2]:>10.2f} {score / base[3]:>12.2f}")
-    print(f"ratio: population {rows[-1][0]} costs {rows[-1][2] / base[2]:.2f}x the CPU of {base[0]} per round "
-          f"({args.threads} threads, batch {args.batch}, {args.rounds} rounds, cost model of {model.samples} trials)")
+    print(f"\n{'population':>10} {'mutation rounds':>15} {'wall s/round':>13} {'CPU s/round':>12} {'CPU s/trial':>12} "
+          f"{'mean score':>11} {'CPU ratio':>10} {'score ratio':>12}")
+    for population, iters, wall, cpu, score in rows:
+        print(f"{population:>10} {iters:>15} {wall:>13.1f} {cpu:>12.1f} {cpu / args.batch:>12.3f} {score:>11.3f} "
+              f"{cpu / base[3]:>10.2f} {score / base[4]:>12.2f}")
+    print(f"cost-model update of {args.batch} trials at {size} trials: {update_wall:.1f} s wall, "
+          f"{update_cpu:.1f} CPU s ({update_cpu / args.batch:.3f} CPU s per trial)")
+    last = rows[-1]
+    print(f"ratio: population {last[0]} with {last[1]} mutation rounds costs {last[3] / base[3]:.2f}x the CPU of "
+          f"population {base[0]} with {base[1]} per round ({args.threads} threads, batch {args.batch}, {args.rounds} "
+          f"rounds, cost model of {size} trials)")
+
+
+def cost_model_update(model: object, work: Path, target: object, batch: int, threads: int) -> tuple[float, float, int]:
+    """Wall and CPU seconds of one XGBoost update with the op's last `batch` records (features extracted, the
+    model retrained on everything it holds), and the model's size before it."""
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir.meta_schedule.runner import RunnerResult
+
+    from core.tuning.job import FAILED_SECONDS, RECORDS, WORKLOADS
+
+    database = ms.database.JSONDatabase(path_workload=str(work / WORKLOADS), path_tuning_record=str(work / RECORDS))
+    records = database.get_all_tuning_records()[-batch:]
+    candidates = [r.as_measure_candidate() for r in records]
+    results = []
+    for record in records:
+        secs = [float(s) for s in record.run_secs or [] if 0 < float(s) < FAILED_SECONDS]
+        results.append(RunnerResult(run_secs=secs or None, error_msg=None if secs else "failed"))
+    context = ms.TuneContext(mod=records[0].workload.mod, target=target, num_threads=threads)
+    size = int(model.model.data_size)  # type: ignore[attr-defined]
+    wall, cpu = time.perf_counter(), time.process_time()
+    model.model.update(context, candidates, results)  # type: ignore[attr-defined]
+    return time.perf_counter() - wall, time.process_time() - cpu, size
 
 
 if __name__ == "__main__":
