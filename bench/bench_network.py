@@ -8,6 +8,10 @@ Parts, each run on the GPU machine (see docs/BENCHMARKS.md for the commands and 
     python3 bench/bench_network.py nnfusion --out DIR --db DB --nnfusion BIN --label tuned
     python3 bench/bench_network.py ops      --out DIR --db DB   # each op's rows against cuDNN, timed now
 
+and one on the CPU machine, before a device session (the `network` step's fallback DB, carried with the compiler):
+
+    python3 bench/bench_network.py fallback --out .netrun/carry [--db .netrun/carry/kdb.db]
+
 One timing method for every contender: the input already on the GPU, 100 warm-up iterations, then 1000
 iterations each between its own pair of CUDA events on the stream the work runs on; the median. For NNFusion
 that is a C++ driver around the generated project's kernel_entry (its own main_test copies the input from the
@@ -400,6 +404,29 @@ def part_dbs(out: Path, tuned: Path, fallback: Path | None) -> None:
         print(f"{path}: {sum(1 for r in rows if keep(r))} tuned rows + {len(extra)} fallback rows{fastest}")
 
 
+def part_fallback(out: Path, db_path: Path) -> None:
+    """On the CPU machine: kdb's default-schedule rows (TVM's default schedule, no tuning, no GPU) for
+    ResNet-18's ops, the `network` step's fallback DB for ops a tuning left out. Built from the tests' ResNet-18,
+    whose ops have the shapes of torchvision's; a fused op of another pattern simply finds no row."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from onnx_models import resnet, write
+
+    from core.codegen.batch import generate_all
+    from core.db.kernel_db import KernelDB
+    from core.inject.pipeline import InjectOptions, Injector
+    from core.opconfigs.onnx_extract import extract
+
+    model = write(resnet(blocks=(2, 2, 2, 2)), out / "resnet18-tests.onnx")
+    report = generate_all(extract(model).configs, "sm_90", check=False)
+    kernels = out / "fallback-kernels.json"
+    kernels.write_text(json.dumps(report.items), encoding="utf-8")
+    db_path.unlink(missing_ok=True)
+    with KernelDB.open(db_path, create=True) as db:
+        injected = Injector(db, InjectOptions(compile=False), state=None).run([kernels], kind="bench")
+    print(f"{db_path}: {injected.injected} default-schedule rows, {injected.failed} failed, "
+          f"{len(report.failed)} op(s) TVM could not generate")
+
+
 def summary(out: Path) -> None:
     """The latency table of every contender measured into `out`."""
     rows = []
@@ -419,7 +446,7 @@ def summary(out: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("part", choices=["export", "pytorch", "tune", "dbs", "nnfusion", "ops", "summary"])
+    ap.add_argument("part", choices=["export", "pytorch", "tune", "dbs", "nnfusion", "ops", "summary", "fallback"])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--db", type=Path)
     ap.add_argument("--model", type=Path, help="default: OUT/resnet18.onnx")
@@ -448,6 +475,8 @@ def main() -> None:
         part_nnfusion(args.out, args.db, model, args.nnfusion, args.label, args.flag, args.trace_steps, args.runs)
     elif args.part == "ops":
         part_ops(args.out, args.db, model)
+    elif args.part == "fallback":
+        part_fallback(args.out, args.db or args.out / "kdb.db")
     else:
         summary(args.out)
 
