@@ -146,9 +146,13 @@ def test_top_level_items_skip_braces_in_strings_comments_and_macros():
     assert [head.strip() for head, _ in items] == ["int f()", "struct S", "void g()"]
 
 
-def test_kernel_launches_reads_grid_and_block():
+def test_kernel_launches_reads_grid_and_block_and_keeps_the_widest_launch():
     generated = parse_generated(program(448))
     assert kernel_launches(generated) == {"BlockFusionKernel_float_float_cuda_Hungry_Small_0": (20, 448)}
+    call = "BlockFusionKernel_float_float_cuda_Hungry_Small_0_Call(dim3(20, 1, 1), dim3(448, 1, 1)"
+    twice = program(448).replace(call, call.replace("(20, 1, 1), dim3(448", "(7, 1, 1), dim3(64") + ", 0, 0, input0, "
+                                 "output0, output1);\n" + call, 1)
+    assert kernel_launches(parse_generated(twice)) == {"BlockFusionKernel_float_float_cuda_Hungry_Small_0": (20, 448)}
 
 
 def test_the_project_that_computed_wrong_numbers_on_the_h200_is_caught(tmp_path: Path):

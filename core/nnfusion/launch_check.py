@@ -81,12 +81,14 @@ class LaunchReport:
 
 
 def kernel_launches(generated: Generated) -> dict[str, tuple[int, int]]:
-    """Each kernel kernel_entry launches: (blocks, threads per block) of its (first) launch."""
+    """Each kernel kernel_entry launches: (blocks, threads per block) of its launch with the most threads per
+    block (NNFusion launches a function one way; were it launched two ways, the wider one is the one at risk)."""
     entry = generated.functions.get("kernel_entry")
     launches: dict[str, tuple[int, int]] = {}
     for m in _LAUNCH.finditer(entry.body if entry else ""):
         gx, gy, gz, bx, by, bz = (int(g) for g in m.groups()[1:])
-        launches.setdefault(m.group(1), (gx * gy * gz, bx * by * bz))
+        if bx * by * bz > launches.get(m.group(1), (0, 0))[1]:
+            launches[m.group(1)] = (gx * gy * gz, bx * by * bz)
     return launches
 
 
