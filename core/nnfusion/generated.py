@@ -33,10 +33,6 @@ class Function:
     name: str
     kind: str  # "global", "device" or "host"
     body: str  # between the outermost braces
-    head: str = ""  # the definition up to its body's opening brace (qualifiers, name, parameters)
-
-    def definition(self) -> str:
-        return f"{self.head}{{{self.body}}}"
 
 
 @dataclass(frozen=True)
@@ -81,16 +77,15 @@ def parse_generated(source: str) -> Generated:
     functions: dict[str, Function] = {}
     for match in _DEFINITION.finditer(source):
         qualifier, name = match.group(1), match.group(2)
-        found = _body_after(source, match.end())
-        if found is None:
+        body = _body_after(source, match.end())
+        if body is None:
             continue  # a declaration
         kind = "global" if qualifier == "__global__" else "device" if qualifier else "host"
-        functions.setdefault(name, Function(name, kind, found[1], source[match.start():found[0]]))
+        functions.setdefault(name, Function(name, kind, body))
     for match in _HOST_DEFINITION.finditer(source):
-        found = _body_after(source, match.end())
-        if found is not None:
-            functions.setdefault(match.group(1), Function(match.group(1), "host", found[1],
-                                                          source[match.start():found[0]]))
+        body = _body_after(source, match.end())
+        if body is not None:
+            functions.setdefault(match.group(1), Function(match.group(1), "host", body))
     entry = functions.get("kernel_entry")
     steps = [_step(m.group(1), m.group(2), functions) for m in _STEP.finditer(entry.body)] if entry else []
     generated = Generated(functions, steps)
@@ -98,9 +93,8 @@ def parse_generated(source: str) -> Generated:
     return generated
 
 
-def _body_after(source: str, start: int) -> tuple[int, str] | None:
-    """Where the body of the definition whose parameter list opens just before `start` begins (its opening
-    brace), and the text inside its braces."""
+def _body_after(source: str, start: int) -> str | None:
+    """The text inside the braces of the definition whose parameter list opens just before `start`."""
     depth, i = 1, start
     while i < len(source) and depth:  # the parameter list
         depth += {"(": 1, ")": -1}.get(source[i], 0)
@@ -114,7 +108,7 @@ def _body_after(source: str, start: int) -> tuple[int, str] | None:
     while i < len(source) and depth:
         depth += {"{": 1, "}": -1}.get(source[i], 0)
         i += 1
-    return begin - 1, source[begin:i - 1]
+    return source[begin:i - 1]
 
 
 def _step(node: str, statement: str, functions: dict[str, Function]) -> Step:

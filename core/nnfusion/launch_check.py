@@ -145,8 +145,8 @@ def check_launches(source: str, generated: Generated, arch: str, *, nvcc: str, w
     """Compile the launched kernels' device code for `arch` and check every launch's block against the
     registers ptxas gave its kernel. Never raises for code nvcc rejects: the report says why it could not check."""
     launches = kernel_launches(generated)
-    kernels = [name for name in launches if generated.functions.get(name, None) is not None
-               and generated.functions[name].kind == "global"]
+    kernels = [name for name in launches if (f := generated.functions.get(name)) is not None and f.kind == "global"]
+    members = {step.function: step.members for step in generated.steps}  # a BlockFusion kernel's block functions
     report = LaunchReport(arch)
     if not kernels:
         return report
@@ -157,9 +157,8 @@ def check_launches(source: str, generated: Generated, arch: str, *, nvcc: str, w
         report.error = f"the device code did not compile: {result.error}"
         return report
     for name in kernels:
-        members = tuple(dict.fromkeys(m for m in re.findall(r"\b(\w+_block_kernel)\s*\(",
-                                                            generated.functions[name].body)))
         resources = result.kernels.get(name)
         blocks, threads = launches[name]
-        report.launches.append(Launch(name, blocks, threads, resources.registers if resources else None, members))
+        report.launches.append(Launch(name, blocks, threads, resources.registers if resources else None,
+                                      members.get(name, ())))
     return report
