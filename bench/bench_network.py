@@ -408,23 +408,12 @@ def part_fallback(out: Path, db_path: Path) -> None:
     """On the CPU machine: kdb's default-schedule rows (TVM's default schedule, no tuning, no GPU) for
     ResNet-18's ops, the `network` step's fallback DB for ops a tuning left out. Built from the tests' ResNet-18,
     whose ops have the shapes of torchvision's; a fused op of another pattern simply finds no row."""
-    sys.path.insert(0, str(REPO / "tests"))
+    sys.path[:0] = [str(REPO / "tests"), str(REPO / "bench")]
+    from bench_nnfusion import default_schedule_db
     from onnx_models import resnet, write
 
-    from core.codegen.batch import generate_all
-    from core.db.kernel_db import KernelDB
-    from core.inject.pipeline import InjectOptions, Injector
-    from core.opconfigs.onnx_extract import extract
-
     model = write(resnet(blocks=(2, 2, 2, 2)), out / "resnet18-tests.onnx")
-    report = generate_all(extract(model).configs, "sm_90", check=False)
-    kernels = out / "fallback-kernels.json"
-    kernels.write_text(json.dumps(report.items), encoding="utf-8")
-    db_path.unlink(missing_ok=True)
-    with KernelDB.open(db_path, create=True) as db:
-        injected = Injector(db, InjectOptions(compile=False), state=None).run([kernels], kind="bench")
-    print(f"{db_path}: {injected.injected} default-schedule rows, {injected.failed} failed, "
-          f"{len(report.failed)} op(s) TVM could not generate")
+    print(f"{db_path}: {default_schedule_db(model, db_path, out / 'fallback-kernels.json')}")
 
 
 def summary(out: Path) -> None:

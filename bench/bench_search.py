@@ -96,7 +96,7 @@ def main() -> None:
             rows.append((population, iters, statistics.fmean(walls), statistics.fmean(cpus), statistics.fmean(scores)))
             print(f"  population {population}, {iters} mutation rounds: {rows[-1][2]:.1f} s wall, "
                   f"{rows[-1][3]:.1f} CPU s per round", flush=True)
-        update_wall, update_cpu, size = cost_model_update(model, work, target, args.batch, args.threads)
+        update_wall, update_cpu, size = cost_model_update(model, database, target, args.batch, args.threads)
     base = rows[0]
     print(f"\n{'population':>10} {'mutation rounds':>15} {'wall s/round':>13} {'CPU s/round':>12} {'CPU s/trial':>12} "
           f"{'mean score':>11} {'CPU ratio':>10} {'score ratio':>12}")
@@ -111,21 +111,17 @@ def main() -> None:
           f"rounds, cost model of {size} trials)")
 
 
-def cost_model_update(model: object, work: Path, target: object, batch: int, threads: int) -> tuple[float, float, int]:
+def cost_model_update(model: object, database: object, target: object, batch: int,
+                      threads: int) -> tuple[float, float, int]:
     """Wall and CPU seconds of one XGBoost update with the op's last `batch` records (features extracted, the
     model retrained on everything it holds), and the model's size before it."""
     from tvm.s_tir import meta_schedule as ms
-    from tvm.s_tir.meta_schedule.runner import RunnerResult
 
-    from core.tuning.job import FAILED_SECONDS, RECORDS, WORKLOADS
+    from core.tuning.costmodel import runner_result
 
-    database = ms.database.JSONDatabase(path_workload=str(work / WORKLOADS), path_tuning_record=str(work / RECORDS))
-    records = database.get_all_tuning_records()[-batch:]
+    records = database.get_all_tuning_records()[-batch:]  # type: ignore[attr-defined]
     candidates = [r.as_measure_candidate() for r in records]
-    results = []
-    for record in records:
-        secs = [float(s) for s in record.run_secs or [] if 0 < float(s) < FAILED_SECONDS]
-        results.append(RunnerResult(run_secs=secs or None, error_msg=None if secs else "failed"))
+    results = [runner_result(r) for r in records]
     context = ms.TuneContext(mod=records[0].workload.mod, target=target, num_threads=threads)
     size = int(model.model.data_size)  # type: ignore[attr-defined]
     wall, cpu = time.perf_counter(), time.process_time()

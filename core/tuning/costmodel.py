@@ -91,7 +91,6 @@ class SharedCostModel:
     def _learn(self, work_dir: Path) -> tuple[int, str]:
         """Trials learnt from the dir's unseen lines, and what was wrong with those it could not use."""
         from tvm.s_tir import meta_schedule as ms
-        from tvm.s_tir.meta_schedule.runner import RunnerResult
 
         lines = _lines(work_dir / RECORDS)
         done = self.seen.get(work_dir, 0)
@@ -114,9 +113,8 @@ class SharedCostModel:
                     continue
                 if record.target is not None and record.target.kind.name != self.target.kind.name:
                     continue  # another target's trial (an llvm job under the same root) teaches nothing here
-                secs = [float(s) for s in record.run_secs or [] if 0 < float(s) < FAILED_SECONDS]
                 candidates.append(candidate)
-                results.append(RunnerResult(run_secs=secs or None, error_msg=None if secs else "failed"))
+                results.append(runner_result(record))
             if not candidates:
                 continue
             context = ms.TuneContext(mod=workload.mod, target=self.target, num_threads=self.threads)
@@ -124,6 +122,14 @@ class SharedCostModel:
             added += len(candidates)
         self.seen[work_dir] = len(lines)
         return added, f"{bad} record(s) TVM could not rebuild (first: {first_error})" if bad else ""
+
+
+def runner_result(record: Any) -> Any:
+    """A recorded trial as the runner's result the model learns from: its valid run times, or "failed"."""
+    from tvm.s_tir.meta_schedule.runner import RunnerResult
+
+    secs = [float(s) for s in record.run_secs or [] if 0 < float(s) < FAILED_SECONDS]
+    return RunnerResult(run_secs=secs or None, error_msg=None if secs else "failed")
 
 
 def search_strategy(model: SharedCostModel, batch: int, population: int | None = None) -> Any:
