@@ -14,6 +14,17 @@ REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(not Path("/proc/stat").exists(), reason="host_load reads Linux's /proc")
 
 
+def load_host_load():  # type: ignore[no-untyped-def]
+    """bench/host_load.py as a module (a script, not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("host_load", REPO / "bench" / "host_load.py")
+    assert spec is not None and spec.loader is not None
+    host_load = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(host_load)
+    return host_load
+
+
 def test_a_busy_tuning_process_is_charged_to_tuning_processes(tmp_path: Path):
     load = tmp_path / "load.jsonl"
     # A busy loop whose command line names bench_tune.py, as a tuning process's does.
@@ -39,12 +50,7 @@ def test_a_busy_tuning_process_is_charged_to_tuning_processes(tmp_path: Path):
 def test_a_process_that_ends_keeps_the_seconds_it_used_while_sampled():
     """The first version summed the live processes' totals by kind at the first and last sample: a tuning run
     that had ended by the last sample showed -23 CPU s for its tuning processes (session 8, on the H200)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("host_load", REPO / "bench" / "host_load.py")
-    assert spec is not None and spec.loader is not None
-    host_load = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(host_load)
+    host_load = load_host_load()
     samples = [
         {"procs": {"10": ["tuning processes", 5.0], "12": ["other", 100.0]}},
         {"procs": {"10": ["tuning processes", 12.0], "11": ["build workers", 3.0], "12": ["other", 110.0]}},
@@ -57,12 +63,7 @@ def test_a_process_that_ends_keeps_the_seconds_it_used_while_sampled():
 def test_a_process_that_ended_but_is_not_reaped_keeps_its_kind():
     """A process started with setsid and never waited for stays a zombie, with no command line: session 9's
     three finished tuning processes were charged to "other" (1,984 CPU s) while they waited to be reaped."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("host_load", REPO / "bench" / "host_load.py")
-    assert spec is not None and spec.loader is not None
-    host_load = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(host_load)
+    host_load = load_host_load()
     samples = [
         {"procs": {"12": ["other", 100.0]}},
         {"procs": {"10": ["tuning processes", 12.0], "12": ["other", 110.0]}},
