@@ -148,7 +148,8 @@ def main() -> None:
     ap.add_argument("--no-transfer", action="store_true",
                     help="MetaSchedule's own cost model per op instead of one per process warm-started from the "
                          "records on disk (core/tuning/costmodel.py)")
-    ap.add_argument("--population", type=int, help="the evolutionary search's population (default: MetaSchedule's)")
+    ap.add_argument("--population", type=int,
+                    help="the evolutionary search's population (default: core.tuning.job.search_population's)")
     args = ap.parse_args()
     os.environ["KDB_STATE_DIR"] = str(args.state) if args.state else tempfile.mkdtemp(prefix="kdb-bench-tune-")
 

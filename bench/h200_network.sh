@@ -6,7 +6,7 @@
 #                                              network in the background (setsid: it outlives the call); SHARDS
 #                                              processes side by side, each a share of the ops (bench_tune --shard)
 #     (BATCH=N: candidates per search round, default 64; MetaSchedule's search costs the same per round;
-#      POPULATION=N: the evolutionary search's population, default MetaSchedule's 512)
+#      POPULATION=N: the evolutionary search's population, default kdb's 256: core.tuning.job)
 #   bash bench/h200_network.sh wait SECONDS    follow the tuning up to SECONDS; results to $OUT (state.tgz: the
 #                                              tuning records; carry it as .netrun/state.tgz and `start` resumes);
 #                                              prints the trials measured since `start` per minute, finished or not,

@@ -275,7 +275,7 @@ async def test_the_round_and_the_population_are_checked_and_go_to_every_job(tmp_
 
         plan = await refused_then_started("#batch", "0", "8")
         assert [job.trials_per_batch for job in plan.jobs] == [8, 8]
-        assert [job.population for job in plan.jobs] == [None, None]  # MetaSchedule's own
+        assert [job.population for job in plan.jobs] == [None, None]  # kdb's default (job.search_population)
         plan = await refused_then_started("#population", "4", "256")  # 4: smaller than a round of 8
         assert [job.population for job in plan.jobs] == [256, 256]
 

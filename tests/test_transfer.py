@@ -105,7 +105,8 @@ def test_the_search_uses_the_jobs_population_once_the_model_can_rank():
 
     trained, untrained = SimpleNamespace(trained=True), SimpleNamespace(trained=False)
     assert search_strategy(trained, 128, 256).population_size == 256
-    assert search_strategy(trained, 128).population_size == 512  # MetaSchedule's own
+    assert search_strategy(trained, 128).population_size == 256  # kdb's default (MetaSchedule's is 512)
+    assert search_strategy(trained, 300).population_size == 300  # never below one round
     sampled = search_strategy(untrained, 128, 256)  # an untrained model ranks at random: a small sample
     assert (sampled.population_size, sampled.genetic_num_iters) == (256, 0)
 
@@ -134,3 +135,14 @@ def test_the_search_legs_sample_whole_batches_up_to_the_warm_up():
     assert search_legs(100, 128, model(0)) == [100]  # one batch holds the whole job: nothing left to evolve
     assert search_legs(200, 64, model(300, trained=True)) == [200]
     assert search_legs(200, 64, None) == [200]  # MetaSchedule's own model (no transfer): one search
+
+
+def test_a_job_without_a_population_evolves_kdbs_default_never_less_than_its_round():
+    """kdb's default is half MetaSchedule's 512 (the H200's 150 trials/min came with it); a round larger than
+    that gets a population of one round, which MetaSchedule needs to pick it from."""
+    from core.tuning.job import DEFAULT_POPULATION, search_population
+
+    assert DEFAULT_POPULATION == 256
+    assert search_population(None, 32) == 256
+    assert search_population(None, 1024) == 1024
+    assert search_population(128, 32) == 128  # the job's own, as given (TuneJob refuses one below its round)

@@ -232,7 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="candidates per search round (default 32); the search costs about the same per round, "
                         "so larger rounds search less per trial and learn less often")
     p.add_argument("--population", type=int, metavar="N",
-                   help="the evolutionary search's population, at least --batch (default: MetaSchedule's 512)")
+                   help="the evolutionary search's population, at least --batch (default 256, or --batch when larger; "
+                        "MetaSchedule's own is 512)")
     p.add_argument("--json", action="store_true", help="JSON lines of progress events on stdout")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="show TVM's own log here too (it always goes to a file in the state dir)")

@@ -42,7 +42,7 @@ from core.errors import InputError
 from core.inject.pipeline import InjectOptions
 from core.opconfigs.opconfig import OpConfig
 from core.settings import ARCH_RE
-from core.tuning.job import DEFAULT_BATCH, PhaseEvent, RpcTarget, TrialEvent, TuneJob, recorded_runs
+from core.tuning.job import DEFAULT_BATCH, DEFAULT_POPULATION, PhaseEvent, RpcTarget, TrialEvent, TuneJob, recorded_runs
 from core.tuning.network import Network, NetworkEvent, network_of, predict, spread_budget
 from core.tuning.queue import JobEvent, QueueReport, run_network, run_queue, tuning_root
 from core.tuning.rpc import TrackerStatus, tracker_status
@@ -172,9 +172,11 @@ class TuningScreen(KdbScreen):
                                             "round, so larger rounds search less per trial and learn less often")
                     with Horizontal(classes="option-row"):
                         yield Label("Population", classes="option-label")
-                        yield Input("", placeholder="512", type="integer", compact=True, id="population",
+                        yield Input("", placeholder=str(DEFAULT_POPULATION), type="integer", compact=True,
+                                    id="population",
                                     tooltip="candidates the evolutionary search keeps and mutates each round "
-                                            "(empty: MetaSchedule's 512); at least one round's worth")
+                                            f"(empty: kdb's {DEFAULT_POPULATION}, or one round when larger; "
+                                            "MetaSchedule's own is 512); at least one round's worth")
                     with Horizontal(classes="option-row"):
                         yield Label("Target", classes="option-label")
                         yield Select([("cuda (GPU)", "cuda"), ("llvm (this CPU)", "llvm")], value="cuda",
@@ -554,8 +556,8 @@ class TuningScreen(KdbScreen):
         if population_text and not (population_text.isdigit()
                                     and int(batch_text) <= int(population_text) <= 65536):
             self.query_one("#population", Input).add_class("bad")
-            self.notify(f"population: empty (MetaSchedule's 512) or a whole number from the round's {batch_text} "
-                        "to 65536: the search picks each round from it", severity="error")
+            self.notify(f"population: empty (kdb's {DEFAULT_POPULATION}) or a whole number from the round's "
+                        f"{batch_text} to 65536: the search picks each round from it", severity="error")
             return
         arch, target, rpc = self._arch(), self._target(), self._rpc()
         if target == "cuda" and not ARCH_RE.fullmatch(arch):

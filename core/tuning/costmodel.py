@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.tuning.job import FAILED_SECONDS, RECORDS, WORKLOADS
+from core.tuning.job import FAILED_SECONDS, RECORDS, WORKLOADS, search_population
 
 WARMUP_SAMPLES = 100  # MetaSchedule's XGBModel default: below it, predictions are random
 WARM_BUDGET = 2000  # trials one warm start learns from other work dirs: each costs a feature extraction
@@ -134,12 +134,11 @@ def runner_result(record: Any) -> Any:
 
 def search_strategy(model: SharedCostModel, batch: int, population: int | None = None) -> Any:
     """MetaSchedule's evolutionary search where the model can rank (over `population` candidates, default
-    MetaSchedule's 512); else a small sample, ranked at random."""
+    job.search_population's); else a small sample, ranked at random."""
     from tvm.s_tir import meta_schedule as ms
 
     if model.trained:
-        return ms.search_strategy.EvolutionarySearch(population_size=population) if population \
-            else ms.search_strategy.EvolutionarySearch()
+        return ms.search_strategy.EvolutionarySearch(population_size=search_population(population, batch))
     # no mutation rounds: the population's random scores pick the batch (init_min_unmeasured keeps new ones)
     return ms.search_strategy.EvolutionarySearch(population_size=max(2 * batch, 64), genetic_num_iters=0)
 

@@ -30,6 +30,11 @@ from core.opconfigs.opconfig import OpConfig
 RECORDS = "database_tuning_record.json"
 WORKLOADS = "database_workload.json"
 DEFAULT_BATCH = 32  # candidates per search round, unless a job says otherwise
+# The evolutionary search's population, unless a job says otherwise (never below the round's batch). Half of
+# MetaSchedule's 512: on this CPU it costs 0.56x the search's CPU and the model rates its picks 2% lower
+# (bench/bench_search.py); on the H200 it took ResNet-18 from 122 to 150 trials/min, 0.64x to 0.61x cuDNN
+# (docs/BENCHMARKS.md, sessions 9 and 10).
+DEFAULT_POPULATION = 256
 FAILED_SECONDS = 1e9  # what MetaSchedule stores for a failed run (seen: 1e10)
 
 
@@ -46,6 +51,11 @@ class RpcTarget:
         if len(parts) not in (2, 3) or not parts[1].isdigit():
             raise InputError(f"{text!r} is not HOST:PORT:KEY", where="--rpc")
         return cls(parts[0], int(parts[1]), parts[2] if len(parts) == 3 and parts[2] else "kdb")
+
+
+def search_population(population: int | None, batch: int) -> int:
+    """The population a search round evolves: the job's, else DEFAULT_POPULATION (or the batch, when larger)."""
+    return population if population is not None else max(DEFAULT_POPULATION, batch)
 
 
 @dataclass(frozen=True)
@@ -67,7 +77,7 @@ class TuneJob:
     overlap: bool | None = None  # build while measuring (default: when measuring off this CPU; pipeline.py)
     efficient: bool = False  # also a kernel for the most efficient record (time x resource): see above
     transfer: bool = True  # one cost model for the process, warm-started from the root's records (costmodel.py)
-    population: int | None = None  # the evolutionary search's population (None: MetaSchedule's 512)
+    population: int | None = None  # the evolutionary search's population (None: search_population's default)
 
     def __post_init__(self) -> None:
         if self.trials < 1:
@@ -333,8 +343,8 @@ def _tune(job: TuneJob, work_dir: Path, history: list[float | None], result: Tun
             strategy: Any
             if shared is None:  # MetaSchedule's own model
                 cost_model = "xgb"
-                strategy = ms.search_strategy.EvolutionarySearch(population_size=job.population) \
-                    if job.population else "evolutionary"
+                strategy = ms.search_strategy.EvolutionarySearch(
+                    population_size=search_population(job.population, batch))
             else:
                 cost_model, strategy = shared.model, search_strategy(shared, batch, job.population)
             searches.append("evolutionary" if shared is None or shared.trained else "sampled")
