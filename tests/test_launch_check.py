@@ -25,6 +25,7 @@ from core.nnfusion.launch_check import (
 
 REPO = Path(__file__).resolve().parents[1]
 SESSION9 = REPO / "bench" / "results" / "h200" / "session9" / "7-network-results.tgz"
+SESSION10 = REPO / "bench" / "results" / "h200" / "session10" / "4-network-results.tgz"
 BROKEN_PROJECT = "net/nnfusion-tuned-best/nnfusion_rt/cuda_codegen/nnfusion_rt.cu"
 
 
@@ -171,3 +172,55 @@ def test_the_project_that_computed_wrong_numbers_on_the_h200_is_caught(tmp_path:
     assert (failing.threads, failing.max_threads("sm_90")) == (448, 384)
     assert failing.members == ("Matched_Pattern_float_float_float_float_cuda_Matched_Pattern_138_block_kernel",
                                "Convolution_float_float_float_cuda_Convolution_73_block_kernel")
+
+
+def bounded_program(bounds: int, threads: int) -> str:
+    """A kernel with launch bounds (as every kdb row and NNFusion's own kernels have them) whose body nvcc would
+    reject: the check must hold it to its bounds without compiling it."""
+    return f"""#include "nnfusion_rt.h"
+extern "C" __launch_bounds__({bounds}) __global__ void Convolution_float_float_cuda_Convolution_3(float* input0, float* output0)
+{{
+    output0[threadIdx.x] = undefined_helper(input0[threadIdx.x]);
+}}
+extern void Convolution_float_float_cuda_Convolution_3_Call(const dim3 &grids, const dim3 &blocks, unsigned mem, cudaStream_t stream, float* input0, float* output0) {{
+    Convolution_float_float_cuda_Convolution_3<<<grids, blocks, mem, stream>>>(input0, output0);
+}}
+extern "C" int kernel_entry(float* input0, float* output0)
+{{
+ // name=Convolution_3
+Convolution_float_float_cuda_Convolution_3_Call(dim3(8, 1, 1), dim3({threads}, 1, 1), 0, 0, input0, output0);
+    return 0;
+}}
+"""
+
+
+def test_a_kernel_with_launch_bounds_is_held_to_them_without_compiling_it(tmp_path: Path):
+    """ptxas keeps a bounded kernel's registers to fit its bounds, so only the bounds can be broken; compiling it
+    (what made the check cost ten times NNFusion's compile on the H200's tuned ResNet-18) would tell nothing."""
+    source = bounded_program(64, 64)
+    report = check_launches(source, parse_generated(source), "sm_90", nvcc="/nonexistent/nvcc", workdir=tmp_path)
+    (launch,) = report.launches
+    assert (report.error, report.seconds, report.compiled) == ("", 0.0, 0)
+    assert (launch.bounds, launch.registers, launch.max_threads("sm_90"), launch.fits("sm_90")) == (64, None, 64, True)
+    source = bounded_program(64, 128)
+    report = check_launches(source, parse_generated(source), "sm_90", nvcc="/nonexistent/nvcc", workdir=tmp_path)
+    assert report.reasons() == ["Convolution_float_float_cuda_Convolution_3 cannot launch on sm_90: its "
+                                "__launch_bounds__ allow 64 threads per block, and kernel_entry launches it with 128"]
+    assert report.as_dict()["launches"][0]["launch_bounds"] == 64  # type: ignore[index]
+
+
+def test_the_tuned_resnet18_that_ran_right_on_the_h200_compiles_only_its_blockfusion_kernels(tmp_path: Path):
+    """Session 10's tuned ResNet-18 (BlockFusion on, max rel err 6.6e-07 on the H200): 19 launches, of which the
+    four BlockFusion kernels have no launch bounds and are the only ones compiled; every launch fits."""
+    nvcc = nvcc_or_skip()
+    with tarfile.open(SESSION10) as tar:
+        member = tar.extractfile(BROKEN_PROJECT)  # the same path in the archive; this one ran right
+        assert member is not None
+        source = member.read().decode()
+    report = check_launches(source, parse_generated(source), "sm_90", nvcc=nvcc, workdir=tmp_path)
+    assert not report.error, report.error
+    assert len(report.launches) == 19 and report.failing() == []
+    fused = [launch for launch in report.launches if launch.bounds is None]
+    assert report.compiled == 4 and all(launch.kernel.startswith("BlockFusionKernel") for launch in fused)
+    assert all(launch.registers for launch in fused)
+    assert all(launch.threads <= launch.bounds for launch in report.launches if launch.bounds is not None)

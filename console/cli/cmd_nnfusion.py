@@ -75,8 +75,9 @@ def main(args: argparse.Namespace) -> int:
     if launches is not None and launches.error:
         out.print(f"[yellow]launch check[/]: {launches.error}", highlight=False)
     elif launches is not None and not failures:
-        out.print(f"launch check ({launches.arch}, nvcc {launches.seconds:.1f} s): all {len(launches.launches)} "
-                  f"kernel launches fit their kernels' registers", highlight=False)
+        out.print(f"launch check ({launches.arch}): all {len(launches.launches)} kernel launches fit; "
+                  f"{len(launches.launches) - launches.compiled} within their launch bounds, {launches.compiled} "
+                  f"within the registers nvcc gave them ({launches.seconds:.1f} s)", highlight=False)
     for line in failures:
         out.print(f"[red]cannot launch[/]: {line}", highlight=False)
     if failures:

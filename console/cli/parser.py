@@ -184,8 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=1800.0, metavar="S", help="stop the compiler after S seconds")
     p.add_argument("--arch", metavar="sm_XX", help="the launch check's SM arch (default: the first of the settings' "
                    "archs)")
-    p.add_argument("--no-launch-check", action="store_true", help="do not compile the generated device code to "
-                   "check that every launch fits its kernel's registers (needs nvcc, no GPU)")
+    p.add_argument("--no-launch-check", action="store_true", help="do not check that every launch fits its "
+                   "kernel: its launch bounds, or for a kernel without them (BlockFusion's) the registers nvcc gives "
+                   "it (needs nvcc, no GPU)")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("autotvm", help=COMMANDS["autotvm"][1])

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 _DEFINITION = re.compile(
-    r'^(?:extern "C" )?(?:__launch_bounds__\(\d+\) )?(__global__|__device__(?: __noinline__| __forceinline__)?)?'
+    r'^(?:extern "C" )?(?:__launch_bounds__\((\d+)\) )?(__global__|__device__(?: __noinline__| __forceinline__)?)?'
     r"\s*(?:void|int) (\w+)\(", re.MULTILINE)
 _HOST_DEFINITION = re.compile(r"^(?:extern )?void (\w+)\(", re.MULTILINE)
 _STEP = re.compile(r"^\s*// name=(\S+)\s*\n(\s*//\s*eliminated:.*|[^\n]*)", re.MULTILINE)
@@ -33,6 +33,7 @@ class Function:
     name: str
     kind: str  # "global", "device" or "host"
     body: str  # between the outermost braces
+    launch_bounds: int | None = None  # a kernel's __launch_bounds__(N): ptxas keeps its registers to fit N threads
 
 
 @dataclass(frozen=True)
@@ -76,12 +77,12 @@ def parse_generated(source: str) -> Generated:
     """The functions and kernel_entry steps of an nnfusion_rt.cu."""
     functions: dict[str, Function] = {}
     for match in _DEFINITION.finditer(source):
-        qualifier, name = match.group(1), match.group(2)
+        bounds, qualifier, name = match.group(1), match.group(2), match.group(3)
         body = _body_after(source, match.end())
         if body is None:
             continue  # a declaration
         kind = "global" if qualifier == "__global__" else "device" if qualifier else "host"
-        functions.setdefault(name, Function(name, kind, body))
+        functions.setdefault(name, Function(name, kind, body, int(bounds) if bounds else None))
     for match in _HOST_DEFINITION.finditer(source):
         body = _body_after(source, match.end())
         if body is not None:
