@@ -145,6 +145,9 @@ def main() -> None:
     ap.add_argument("--progress", type=Path, help="append each job's and the network's events here (JSON lines)")
     ap.add_argument("--shard", metavar="K/N", help="a model: tune only shard K of N (ops dealt by FLOPs x count, "
                                                    "largest first), so N processes can tune one network side by side")
+    ap.add_argument("--join", metavar="RUN", help="a model: tune it with every other process given the same RUN and "
+                    "--state, each op going to the first process that claims it (core/tuning/claims.py); the "
+                    "budget is the whole network's")
     ap.add_argument("--no-transfer", action="store_true",
                     help="MetaSchedule's own cost model per op instead of one per process warm-started from the "
                          "records on disk (core/tuning/costmodel.py)")
@@ -222,8 +225,14 @@ def main() -> None:
             if args.shard:
                 network = shard_of(network, args.shard)
             network = with_library_times(network, args.target)
+            board: dict[str, Any] = {}
+            if args.join:
+                from core.db.state import state_dir
+                from core.tuning.claims import ClaimBoard
+
+                board["board"] = ClaimBoard(state_dir() / "claims", args.join)
             report = run_network(network, args.trials * len(network.ops), make_job, db_path=db_path,
-                                 inject_options=inject, on_job=log_event, on_network=log_event)
+                                 inject_options=inject, on_job=log_event, on_network=log_event, **board)
         else:
             report = run_queue([make_job(c, args.trials) for c in demo_ops(args.ops)], db_path=db_path,
                                inject_options=inject, on_job=log_event)

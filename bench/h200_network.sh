@@ -4,7 +4,8 @@
 #   bash bench/h200_network.sh start TRIALS [SLEEP] [SHARDS]
 #                                              export ResNet-18 (torchvision, BN folded), start tuning it as one
 #                                              network in the background (setsid: it outlives the call); SHARDS
-#                                              processes side by side, each a share of the ops (bench_tune --shard)
+#                                              processes side by side, each claiming the next op nobody has
+#                                              (bench_tune --join; until session 10 ops were dealt out: --shard)
 #     (BATCH=N: candidates per search round, default 64; MetaSchedule's search costs the same per round;
 #      POPULATION=N: the evolutionary search's population, default kdb's 256: core.tuning.job)
 #   bash bench/h200_network.sh wait SECONDS    follow the tuning up to SECONDS; results to $OUT (state.tgz: the
@@ -55,11 +56,11 @@ start)
   echo "$(date +%s) $(recorded)" >"$R/started.txt"  # the pace count of `wait` starts here
   pkill -f "[h]ost_load.py sample"; rm -f "$R/load.jsonl"
   setsid nohup python3 bench/host_load.py sample --out "$R/load.jsonl" --every 5 >/dev/null 2>&1 </dev/null &
-  shards=${4:-1}
+  shards=${4:-1}; run="run-$(date +%s)"  # the processes claim the ops one at a time (core/tuning/claims.py)
   for k in $(seq 1 "$shards"); do
     setsid nohup python3 bench/bench_tune.py --target cuda --model "$R/net/resnet18.onnx" --trials "${2:?trials}" \
       --batch "${BATCH:-64}" ${POPULATION:+--population "$POPULATION"} --state "$R/state" --progress "$R/progress-$k.jsonl" --out "$R/tune-$k.json" \
-      --shard "$k/$shards" --workers $(( $(nproc) / shards )) >"$R/tune-$k.log" 2>&1 </dev/null &
+      --join "$run" --workers $(( $(nproc) / shards )) >"$R/tune-$k.log" 2>&1 </dev/null &
     echo "tuning shard $k/$shards started (pid $!)"
   done
   sleep "${3:-0}"

@@ -176,3 +176,39 @@ def test_a_model_is_tuned_as_one_network_and_resumes_without_measuring_again(tmp
     assert not [e for e in stream if e["event"] == "trial"]
     assert all(j["reused"] and j["new_trials"] == 0 for j in stream[-1]["jobs"])
     assert stream[-1]["network"]["predicted_seconds"] == pytest.approx(final["predicted_seconds"])
+
+
+@pytest.mark.slow
+@pytest.mark.tvm
+def test_two_processes_joining_one_run_tune_each_op_once(tmp_path: Path):
+    """`kdb tune model --join RUN` in two processes at once, one state dir: each op's probe and job run in one of
+    them (the other says "elsewhere"), and between them they spend the budget once."""
+    pytest.importorskip("tvm")
+    import os
+    import subprocess
+
+    model = str(small_network(tmp_path / "small.onnx"))
+    cmd = [sys.executable, "-m", "console.entry", "tune", model, "--target", "llvm", "--budget", "6", "--json",
+           "--join", "run-1", "--workers", "1"]
+    env = {**os.environ, "KDB_STATE_DIR": str(tmp_path / "state")}
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                              cwd=Path(__file__).resolve().parents[1]) for _ in range(2)]
+    outputs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outputs]
+    streams = [events(out) for out, _ in outputs]
+    for stage in ("probe", ""):
+        tuned = [e["job"] for s in streams for e in s
+                 if e["event"] == "job" and e["stage"] == stage and e["status"] == "tuning"]
+        elsewhere = [e["job"] for s in streams for e in s
+                     if e["event"] == "job" and e["stage"] == stage and e["status"] == "elsewhere"]
+        assert len(tuned) == 2 and len(set(tuned)) == 2, f"stage {stage!r}: each op once: {tuned}"
+        assert sorted(elsewhere) == sorted(tuned), f"stage {stage!r}: the other process left each op alone"
+    jobs = [j for s in streams for j in s[-1]["jobs"]]
+    assert sum(j["trials"] for j in jobs) == 6 and len({j["op"] for j in jobs}) == 2
+    assert all(s[-1]["network"]["measured_ops"] == 2 for s in streams), "each process predicts from all records"
+
+
+def test_join_needs_a_network(tmp_path: Path):
+    proc = run_kdb("tune", str(text_file(tmp_path / "ops.txt", DOT + "\n")), "--target", "llvm", "--join", "r",
+                   timeout=120)
+    assert proc.returncode == 2 and "--join: several processes share the ops of one network" in proc.stderr

@@ -24,10 +24,12 @@ from rich.console import Console
 from console.cli.output import console_for, log, print_json
 from core.codegen.batch import read_inputs
 from core.db.kernel_db import default_db_path
+from core.db.state import state_dir
 from core.errors import InputError, ToolError
 from core.inject.pipeline import InjectOptions
 from core.opconfigs.opconfig import OpConfig
 from core.settings import load_settings
+from core.tuning.claims import ClaimBoard
 from core.tuning.job import PhaseEvent, RpcTarget, TrialEvent, TuneJob
 from core.tuning.network import Network, NetworkEvent, network_of
 from core.tuning.queue import JobEvent, QueueReport, run_network, run_queue, tuning_root
@@ -39,7 +41,8 @@ LLVM_NOTE = ("target llvm: every trial is built and timed on this CPU. CPU kerne
 
 def main(args: argparse.Namespace) -> int:
     settings = load_settings()
-    for option, value in (("--trials", args.trials), ("--budget", args.budget), ("--batch", args.batch)):
+    for option, value in (("--trials", args.trials), ("--budget", args.budget), ("--batch", args.batch),
+                          ("--workers", args.workers)):
         if value is not None and value < 1:
             raise InputError(f"must be at least 1, not {value} (a tuning job measures at least one candidate)",
                              where=option)
@@ -57,6 +60,12 @@ def main(args: argparse.Namespace) -> int:
         if not network.ops:
             raise InputError(f"{network.name}: none of its {len(inputs.configs)} ops is one NNFusion looks up in "
                              "the kernel DB (convolutions, pools, Dot)")
+    board = None
+    if args.join:
+        if network is None:
+            raise InputError("several processes share the ops of one network: give a model or --budget",
+                             where="--join")
+        board = ClaimBoard(state_dir() / "claims", args.join)
     rpc_text = args.rpc or (f"{settings.rpc_tracker}:{settings.rpc_key}" if settings.rpc_tracker else "")
     rpc = RpcTarget.parse(rpc_text) if rpc_text else None
     cluster = None
@@ -84,7 +93,8 @@ def main(args: argparse.Namespace) -> int:
     def make_job(config: OpConfig, n: int) -> TuneJob:
         return TuneJob(config, trials=n, target=args.target, arch=arch, rpc=rpc, rpc_workers=args.rpc_workers,
                        builder_timeout_s=settings.tune_builder_timeout_s, efficient=args.efficient,
-                       transfer=not args.no_transfer, trials_per_batch=args.batch, population=args.population)
+                       transfer=not args.no_transfer, trials_per_batch=args.batch, population=args.population,
+                       builder_workers=args.workers)
 
     if network is not None:
         budget = args.budget or trials * len(network.ops)
@@ -110,7 +120,7 @@ def main(args: argparse.Namespace) -> int:
                                                  should_cancel=lambda: cancel["requested"])
                 if network is not None:
                     report = run_network(network, budget, make_job, db_path=db_path, inject_options=inject,
-                                         on_network=view.network, **callbacks)
+                                         on_network=view.network, board=board, **callbacks)
                 else:
                     report = run_queue([make_job(c, trials) for c in inputs.configs], db_path=db_path,
                                        inject_options=inject, **callbacks)
@@ -220,6 +230,8 @@ class _Live:
             self.bar.update(self._task(event.job), total=event.trials)
         if event.status == "tuning" and event.detail:
             self.say(f"{event.job}: {event.detail}")
+        elif event.status == "elsewhere":
+            self.say(f"elsewhere: {event.job}: {event.detail}")
         elif event.status in ("done", "failed", "cancelled"):
             if self.bar is not None and event.job in self.tasks:
                 self.bar.update(self.tasks[event.job], phase=event.status)

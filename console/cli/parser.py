@@ -232,6 +232,11 @@ def build_parser() -> argparse.ArgumentParser:
                    # the parser stays light for every command)
                    help="candidates per search round (default 32); the search costs about the same per round, "
                         "so larger rounds search less per trial and learn less often")
+    p.add_argument("--join", metavar="RUN",
+                   help="a model: tune it together with every other `kdb tune --join RUN` process of this host and "
+                        "state dir; each op goes to the first process that claims it, so several processes keep a "
+                        "many-core host busy (split the builds with --workers); a new name for each run")
+    p.add_argument("--workers", type=int, metavar="N", help="parallel builds (default: this host's CPUs)")
     p.add_argument("--population", type=int, metavar="N",
                    help="the evolutionary search's population, at least --batch (default 256, or --batch when larger; "
                         "MetaSchedule's own is 512)")

@@ -21,13 +21,15 @@ from core.db.state import StateDB, state_dir
 from core.errors import KdbError
 from core.inject.pipeline import InjectOptions, Injector, InjectReport
 from core.kernels.lint import block_form_resources
+from core.tuning.claims import ClaimBoard
 from core.tuning.job import PhaseEvent, TrialEvent, TuneJob, TuneResult, best_kernels, recorded_runs, run_tune
 from core.tuning.network import Network, NetworkEvent, predict, probe_trials, spread_budget, tuning_order
 
 
 @dataclass
 class JobEvent:
-    """A job's state changed: queued -> tuning -> generating -> injecting -> done | failed | cancelled."""
+    """A job's state changed: queued -> tuning -> generating -> injecting -> done | failed | cancelled, or
+    queued -> elsewhere (another process of the run claimed it: claims.py)."""
 
     job: str
     index: int
@@ -70,9 +72,11 @@ def run_queue(jobs: list[TuneJob], *, db_path: Path | None, inject_options: Inje
               on_trial: Callable[[TrialEvent], None] | None = None,
               on_job: Callable[[JobEvent], None] | None = None,
               should_cancel: Callable[[], bool] | None = None,
-              on_phase: Callable[[PhaseEvent], None] | None = None, stage: str = "") -> QueueReport:
+              on_phase: Callable[[PhaseEvent], None] | None = None, stage: str = "",
+              board: ClaimBoard | None = None) -> QueueReport:
     """Tune jobs one after the other. With db_path and a cuda target, the kernels are injected. `stage` names
-    the queue in its job events (a network run's "probe" queue comes before its tuning queue)."""
+    the queue in its job events (a network run's "probe" queue comes before its tuning queue). With a claim
+    board, a job another process of the run has claimed is left to it (status "elsewhere")."""
     report = QueueReport()
     cancel = should_cancel or (lambda: False)
 
@@ -88,6 +92,9 @@ def run_queue(jobs: list[TuneJob], *, db_path: Path | None, inject_options: Inje
             if cancel():
                 report.cancelled = True
                 job_event(i, "cancelled")
+                continue
+            if board is not None and not board.claim(stage, job.config.key):
+                job_event(i, "elsewhere", "another process of this run tunes it")
                 continue
             try:
                 job_event(i, "tuning", _start_text(job))
@@ -109,6 +116,9 @@ def run_queue(jobs: list[TuneJob], *, db_path: Path | None, inject_options: Inje
             except Exception as exc:  # TVM's own errors: this job fails, the queue goes on
                 report.failures.append((job.name, f"{type(exc).__name__}: {exc}"))
                 job_event(i, "failed", f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300]}")
+            finally:
+                if board is not None:
+                    board.done(stage, job.config.key)
     return report
 
 
@@ -214,13 +224,16 @@ def run_network(network: Network, budget: int, make_job: Callable[[Any, int], Tu
                 on_job: Callable[[JobEvent], None] | None = None,
                 on_phase: Callable[[PhaseEvent], None] | None = None,
                 on_network: Callable[[NetworkEvent], None] | None = None,
-                should_cancel: Callable[[], bool] | None = None) -> QueueReport:
+                should_cancel: Callable[[], bool] | None = None, board: ClaimBoard | None = None) -> QueueReport:
     """Tune every op of the network in one queue: `budget` trials in all, spread by each op's share of the
     network's time, what earlier runs recorded counted in; the prediction goes to `on_network` as trials come.
 
     Ops with nothing measured are first probed (a short job each, nothing injected: network.probe_trials),
     so that the spread weighs measured times; then each op's job tunes it to its share and injects it.
     `make_job(config, trials)` makes each op's job (target, arch, RPC, timeouts are the caller's).
+
+    With a claim board, this is one of several processes tuning the network (claims.py): each op goes to the
+    process that claims it first, and every process waits for all the probes before it spreads the budget.
     """
     root = tuning_root()
 
@@ -259,18 +272,22 @@ def run_network(network: Network, budget: int, make_job: Callable[[Any, int], Tu
     if probes:
         ops = [op for op in tuning_order(network.ops, best) if op.config.key in probes]
         report = run_queue([make_job(op.config, probes[op.config.key]) for op in ops], db_path=None,
-                           inject_options=None, stage="probe", **callbacks)
+                           inject_options=None, stage="probe", board=board, **callbacks)
+        if board is not None and not board.wait_for("probe", [op.config.key for op in ops], should_cancel):
+            report.cancelled = True
         recorded, best = measured()
     if not report.cancelled:
         shares = spread_budget(network.ops, budget, recorded=recorded, best=best)
         jobs = [make_job(op.config, shares[op.config.key]) for op in tuning_order(network.ops, best)]
-        tuned = run_queue(jobs, db_path=db_path, inject_options=inject_options, **callbacks)
+        tuned = run_queue(jobs, db_path=db_path, inject_options=inject_options, board=board, **callbacks)
         probed = {r.job.config.key: r for r in report.results}
         report.results = [_with_probe(probed.pop(r.job.config.key), r) if r.job.config.key in probed else r
                           for r in tuned.results] + list(probed.values())
         report.injects += tuned.injects
         report.failures += tuned.failures
         report.cancelled = tuned.cancelled
+    if board is not None:  # the other processes' ops too, as their records stand now
+        recorded, best = measured()
     report.network = predict(network, best, sum(recorded.values()), total)
     if on_network is not None:
         on_network(report.network)
