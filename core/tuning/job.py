@@ -32,8 +32,8 @@ WORKLOADS = "database_workload.json"
 DEFAULT_BATCH = 32  # candidates per search round, unless a job says otherwise
 # The evolutionary search's population, unless a job says otherwise (never below the round's batch). Half of
 # MetaSchedule's 512: on this CPU it costs 0.56x the search's CPU and the model rates its picks 2% lower
-# (bench/bench_search.py); on the H200 it took ResNet-18 from 122 to 150 trials/min, 0.64x to 0.61x cuDNN
-# (docs/BENCHMARKS.md, sessions 9 and 10).
+# (bench/bench_search.py); on the H200 it took ResNet-18 from 122 to 150 trials/min, its kernels as good
+# (0.61-0.64x cuDNN, against 0.64x: docs/BENCHMARKS.md, sessions 9 and 10).
 DEFAULT_POPULATION = 256
 FAILED_SECONDS = 1e9  # what MetaSchedule stores for a failed run (seen: 1e10)
 
