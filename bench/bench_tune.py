@@ -145,6 +145,7 @@ def main() -> None:
     ap.add_argument("--progress", type=Path, help="append each job's and the network's events here (JSON lines)")
     ap.add_argument("--shard", metavar="K/N", help="a model: tune only shard K of N (ops dealt by FLOPs x count, "
                                                    "largest first), so N processes can tune one network side by side")
+    ap.add_argument("--max-per-op", type=int, metavar="N", help="a model: at most N trials per op (the spread's cap)")
     ap.add_argument("--join", metavar="RUN", help="a model: tune it with every other process given the same RUN and "
                     "--state, each op going to the first process that claims it (core/tuning/claims.py); the "
                     "budget is the whole network's")
@@ -232,7 +233,8 @@ def main() -> None:
 
                 board["board"] = ClaimBoard(state_dir() / "claims", args.join)
             report = run_network(network, args.trials * len(network.ops), make_job, db_path=db_path,
-                                 inject_options=inject, on_job=log_event, on_network=log_event, **board)
+                                 inject_options=inject, on_job=log_event, on_network=log_event,
+                                 cap=args.max_per_op, **board)
         else:
             report = run_queue([make_job(c, args.trials) for c in demo_ops(args.ops)], db_path=db_path,
                                inject_options=inject, on_job=log_event)

@@ -7,7 +7,8 @@
 #                                              processes side by side, each claiming the next op nobody has
 #                                              (bench_tune --join; until session 10 ops were dealt out: --shard)
 #     (BATCH=N: candidates per search round, default 64; MetaSchedule's search costs the same per round;
-#      POPULATION=N: the evolutionary search's population, default kdb's 256: core.tuning.job)
+#      POPULATION=N: the evolutionary search's population, default kdb's 256: core.tuning.job;
+#      MAX_PER_OP=N: no op planned more than N trials, default 256: issue 16's target counts at most 256 per op)
 #   bash bench/h200_network.sh wait SECONDS    follow the tuning up to SECONDS; results to $OUT (state.tgz: the
 #                                              tuning records; carry it as .netrun/state.tgz and `start` resumes);
 #                                              prints the trials measured since `start` per minute, finished or not,
@@ -60,7 +61,7 @@ start)
   for k in $(seq 1 "$shards"); do
     setsid nohup python3 bench/bench_tune.py --target cuda --model "$R/net/resnet18.onnx" --trials "${2:?trials}" \
       --batch "${BATCH:-64}" ${POPULATION:+--population "$POPULATION"} --state "$R/state" --progress "$R/progress-$k.jsonl" --out "$R/tune-$k.json" \
-      --join "$run" --workers $(( $(nproc) / shards )) >"$R/tune-$k.log" 2>&1 </dev/null &
+      --join "$run" --max-per-op "${MAX_PER_OP:-256}" --workers $(( $(nproc) / shards )) >"$R/tune-$k.log" 2>&1 </dev/null &
     echo "tuning shard $k/$shards started (pid $!)"
   done
   sleep "${3:-0}"

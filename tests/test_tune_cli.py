@@ -212,3 +212,17 @@ def test_join_needs_a_network(tmp_path: Path):
     proc = run_kdb("tune", str(text_file(tmp_path / "ops.txt", DOT + "\n")), "--target", "llvm", "--join", "r",
                    timeout=120)
     assert proc.returncode == 2 and "--join: several processes share the ops of one network" in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.tvm
+def test_max_per_op_caps_every_ops_share_of_the_budget(tmp_path: Path):
+    pytest.importorskip("tvm")
+    model = str(small_network(tmp_path / "small.onnx"))
+    proc = run_kdb("tune", model, "--target", "llvm", "--budget", "6", "--max-per-op", "2", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    jobs = events(proc.stdout)[-1]["jobs"]
+    assert sorted(j["trials"] for j in jobs) == [2, 2], "6 trials over 2 ops, neither above 2"
+    refused = run_kdb("tune", str(text_file(tmp_path / "ops.txt", DOT + "\n")), "--target", "llvm",
+                      "--max-per-op", "2", timeout=120)
+    assert refused.returncode == 2 and "--max-per-op: only a network's budget is spread" in refused.stderr

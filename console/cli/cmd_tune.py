@@ -42,7 +42,7 @@ LLVM_NOTE = ("target llvm: every trial is built and timed on this CPU. CPU kerne
 def main(args: argparse.Namespace) -> int:
     settings = load_settings()
     for option, value in (("--trials", args.trials), ("--budget", args.budget), ("--batch", args.batch),
-                          ("--workers", args.workers)):
+                          ("--workers", args.workers), ("--max-per-op", args.max_per_op)):
         if value is not None and value < 1:
             raise InputError(f"must be at least 1, not {value} (a tuning job measures at least one candidate)",
                              where=option)
@@ -60,6 +60,9 @@ def main(args: argparse.Namespace) -> int:
         if not network.ops:
             raise InputError(f"{network.name}: none of its {len(inputs.configs)} ops is one NNFusion looks up in "
                              "the kernel DB (convolutions, pools, Dot)")
+    if args.max_per_op is not None and network is None:
+        raise InputError("only a network's budget is spread over its ops: give a model or --budget",
+                         where="--max-per-op")
     board = None
     if args.join:
         if network is None:
@@ -120,7 +123,7 @@ def main(args: argparse.Namespace) -> int:
                                                  should_cancel=lambda: cancel["requested"])
                 if network is not None:
                     report = run_network(network, budget, make_job, db_path=db_path, inject_options=inject,
-                                         on_network=view.network, board=board, **callbacks)
+                                         on_network=view.network, board=board, cap=args.max_per_op, **callbacks)
                 else:
                     report = run_queue([make_job(c, trials) for c in inputs.configs], db_path=db_path,
                                        inject_options=inject, **callbacks)

@@ -232,6 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
                    # the parser stays light for every command)
                    help="candidates per search round (default 32); the search costs about the same per round, "
                         "so larger rounds search less per trial and learn less often")
+    p.add_argument("--max-per-op", type=int, metavar="N",
+                   help="a model: no op gets more than N trials of the spread budget (the rest goes to the others)")
     p.add_argument("--join", metavar="RUN",
                    help="a model: tune it together with every other `kdb tune --join RUN` process of this host and "
                         "state dir; each op goes to the first process that claims it, so several processes keep a "

@@ -100,11 +100,13 @@ def estimated_seconds(ops: list[NetworkOp], best: Mapping[str, float]) -> dict[s
 
 
 def spread_budget(ops: list[NetworkOp], total: int, *, recorded: Mapping[str, int] | None = None,
-                  best: Mapping[str, float] | None = None) -> dict[str, int]:
-    """Trials per op (recorded ones included) summing to `total`, or to what is recorded when that is more.
+                  best: Mapping[str, float] | None = None, cap: int | None = None) -> dict[str, int]:
+    """Trials per op (recorded ones included) summing to `total`, or to what is recorded when that is more, or
+    to less when every op is at `cap`.
 
     Each op gets a floor, then the rest in proportion to its estimated time. An op that already recorded more
-    than that keeps its trials and the others share what is left (repeated until no op is over).
+    than that keeps its trials, and an op whose share passes `cap` (trials per op at most) gets the cap; the
+    others share what is left (repeated until no op is over).
     """
     recorded = recorded or {}
     weights = estimated_seconds(ops, best or {})
@@ -115,8 +117,10 @@ def spread_budget(ops: list[NetworkOp], total: int, *, recorded: Mapping[str, in
         free = [k for k in keys if k not in kept]
         shares = _proportional(free, weights, total - sum(kept.values()), floor)
         over = {k: recorded[k] for k in free if recorded.get(k, 0) > shares[k]}
+        if cap is not None and not over:
+            over = {k: max(cap, recorded.get(k, 0)) for k in free if shares[k] > cap}
         if not over:
-            return {k: kept.get(k) or shares[k] for k in keys}
+            return {k: kept[k] if k in kept else shares[k] for k in keys}
         kept.update(over)
 
 

@@ -224,13 +224,15 @@ def run_network(network: Network, budget: int, make_job: Callable[[Any, int], Tu
                 on_job: Callable[[JobEvent], None] | None = None,
                 on_phase: Callable[[PhaseEvent], None] | None = None,
                 on_network: Callable[[NetworkEvent], None] | None = None,
-                should_cancel: Callable[[], bool] | None = None, board: ClaimBoard | None = None) -> QueueReport:
+                should_cancel: Callable[[], bool] | None = None, board: ClaimBoard | None = None,
+                cap: int | None = None) -> QueueReport:
     """Tune every op of the network in one queue: `budget` trials in all, spread by each op's share of the
     network's time, what earlier runs recorded counted in; the prediction goes to `on_network` as trials come.
 
     Ops with nothing measured are first probed (a short job each, nothing injected: network.probe_trials),
     so that the spread weighs measured times; then each op's job tunes it to its share and injects it.
-    `make_job(config, trials)` makes each op's job (target, arch, RPC, timeouts are the caller's).
+    `make_job(config, trials)` makes each op's job (target, arch, RPC, timeouts are the caller's). `cap`: no op
+    is planned more trials than this (network.spread_budget).
 
     With a claim board, this is one of several processes tuning the network (claims.py): each op goes to the
     process that claims it first, and every process waits for all the probes before it spreads the budget.
@@ -243,7 +245,7 @@ def run_network(network: Network, budget: int, make_job: Callable[[Any, int], Tu
                 {key: min(ok) for key, runs in history.items() if (ok := [s for s in runs if s is not None])})
 
     recorded, best = measured()
-    total = sum(spread_budget(network.ops, budget, recorded=recorded, best=best).values())
+    total = sum(spread_budget(network.ops, budget, recorded=recorded, best=best, cap=cap).values())
     current = {"key": ""}
 
     def tell() -> None:
@@ -277,7 +279,7 @@ def run_network(network: Network, budget: int, make_job: Callable[[Any, int], Tu
             report.cancelled = True
         recorded, best = measured()
     if not report.cancelled:
-        shares = spread_budget(network.ops, budget, recorded=recorded, best=best)
+        shares = spread_budget(network.ops, budget, recorded=recorded, best=best, cap=cap)
         jobs = [make_job(op.config, shares[op.config.key]) for op in tuning_order(network.ops, best)]
         tuned = run_queue(jobs, db_path=db_path, inject_options=inject_options, board=board, **callbacks)
         probed = {r.job.config.key: r for r in report.results}
