@@ -351,16 +351,30 @@ def part_nnfusion(out: Path, db: Path, model: Path, nnfusion: Path, label: str, 
           f"medians of the {runs} run(s): {', '.join(f'{m:.4f}' for m in timing['runs_median_ms'])} ms", flush=True)
 
 
-def part_ops(out: Path, db: Path, model: Path) -> None:
-    """Each of the model's looked-up ops: the DB's best and efficient rows (their GPU profile) against cuDNN/
-    cuBLAS timed now, the same method; the geometric mean over the convolutions (bench_tune.op_table)."""
+def part_ops(out: Path, db: Path, model: Path, picks: int = 1, pick_out: Path | None = None) -> None:
+    """Each of the model's looked-up ops: the DB's best and efficient rows (their GPU profile, from injection)
+    against cuDNN/cuBLAS timed now, the same method; the geometric mean over the convolutions (bench_tune.op_table).
+    With `picks` > 1 the library is timed in that many processes and each op counts its fastest
+    (bench_tune.fastest_library)."""
     sys.path.insert(0, str(REPO / "bench"))
-    from bench_tune import op_table, with_library_times
+    from bench_tune import fastest_library, op_table, print_op_rows, with_library_times
 
     from core.tuning.network import network_from_model
 
-    network = with_library_times(network_from_model(model), "cuda")
-    rows = op_table(db, network)
+    if picks <= 1:
+        network = with_library_times(network_from_model(model), "cuda")
+        rows = op_table(db, network)
+        (pick_out or out / "ops.json").write_text(json.dumps(rows, indent=1))
+        return
+    runs = []
+    for k in range(picks):  # each in a new process: a new cudnn.benchmark pick
+        path = out / f"ops-pick-{k + 1}.json"
+        subprocess.run([sys.executable, __file__, "ops", "--out", str(out), "--db", str(db), "--model", str(model),
+                        "--pick-out", str(path)], check=True, stdout=subprocess.DEVNULL)
+        runs.append(json.loads(path.read_text()))
+    rows = fastest_library(runs)
+    print(f"library: the fastest of {picks} processes' timings per op")
+    print_op_rows(rows)
     (out / "ops.json").write_text(json.dumps(rows, indent=1))
 
 
@@ -447,6 +461,9 @@ def main() -> None:
     ap.add_argument("--flag", action="append", default=[], help="nnfusion: an extra compiler flag (repeatable)")
     ap.add_argument("--trace-steps", action="store_true",
                     help="nnfusion: synchronise and name each step of the first call (finds the step that hangs)")
+    ap.add_argument("--picks", type=int, default=1,
+                    help="ops: time the library in this many processes, each op counting its fastest")
+    ap.add_argument("--pick-out", type=Path, help=argparse.SUPPRESS)  # ops: one pick's table (the parent merges)
     ap.add_argument("--runs", type=int, default=1,
                     help="nnfusion: run the timing this many times, each in a new process; the median run counts")
     args = ap.parse_args()
@@ -463,7 +480,7 @@ def main() -> None:
     elif args.part == "nnfusion":
         part_nnfusion(args.out, args.db, model, args.nnfusion, args.label, args.flag, args.trace_steps, args.runs)
     elif args.part == "ops":
-        part_ops(args.out, args.db, model)
+        part_ops(args.out, args.db, model, args.picks, args.pick_out)
     elif args.part == "fallback":
         part_fallback(args.out, args.db or args.out / "kdb.db")
     else:

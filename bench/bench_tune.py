@@ -76,10 +76,8 @@ def shard_of(network: Any, spec: str) -> Any:
 
 def op_table(db_path: Path, network: Any) -> list[dict]:
     """Each op's injected kernels against the library: our GPU job's profile of the best and the efficient row
-    (the timing method of bench_gpu.library_us), the library's time, the ratio; and the geometric mean over the
-    convolutions. Not measured where the row or the library time is missing."""
-    import math
-
+    (the timing method of bench_gpu.library_us), the library's time, the ratio; printed with the geometric mean
+    over the convolutions. Not measured where the row or the library time is missing."""
     from core.codegen.generate import kernel_name
     from core.db.kernel_db import KernelDB
 
@@ -92,27 +90,55 @@ def op_table(db_path: Path, network: Any) -> list[dict]:
             for entry in kdb.get("profile", {}).values():  # a DB of several runs: the fastest of a name's rows
                 name = kdb.get("name", "")
                 profiles[name] = min(entry["us"], profiles.get(name, entry["us"]))
-    rows, conv_ratios = [], []
-    print(f"{'op':<88} {'x':>2} {'best us':>8} {'effic us':>8} {'cuDNN us':>8} {'ratio':>6}")
+    rows = []
     for op in network.ops:
         name = kernel_name(op.config)
         best = profiles.get(name.replace("_kernel0", "_best_kernel0"))
         efficient = profiles.get(name.replace("_kernel0", "_efficient_kernel0"))
         library = op.library_seconds * 1e6 if op.library_seconds else None
-        ratio = best / library if best and library else None
-        if ratio and "Convolution" in op.config.op_type:
-            conv_ratios.append(ratio)
-        rows.append({"op": op.config.describe(), "count": op.count, "best_us": best, "efficient_us": efficient,
-                     "library_us": library, "ratio": ratio})
+        rows.append({"op": op.config.describe(), "op_type": op.config.op_type, "count": op.count, "best_us": best,
+                     "efficient_us": efficient, "library_us": library,
+                     "ratio": best / library if best and library else None})
+    print_op_rows(rows)
+    return rows
 
-        def cell(v: float | None, fmt: str = "8.1f") -> str:
-            return format(v, fmt) if v is not None else "   -"
 
-        print(f"{op.config.describe()[:88]:<88} {op.count:>2} {cell(best)} {cell(efficient)} {cell(library)} "
-              f"{cell(ratio, '6.2f')}")
-    if conv_ratios:
-        geo = math.exp(sum(math.log(r) for r in conv_ratios) / len(conv_ratios))
-        print(f"convolutions: geometric mean {geo:.2f}x the library over {len(conv_ratios)} (target <= 0.6x)")
+def print_op_rows(rows: list[dict]) -> float | None:
+    """The op table and the geometric mean of row/library over the convolutions (returned; None: none measured)."""
+    import math
+
+    def cell(v: float | None, fmt: str = "8.1f") -> str:
+        return format(v, fmt) if v is not None else "   -"
+
+    print(f"{'op':<88} {'x':>2} {'best us':>8} {'effic us':>8} {'cuDNN us':>8} {'ratio':>6}")
+    for r in rows:
+        print(f"{r['op'][:88]:<88} {r['count']:>2} {cell(r['best_us'])} {cell(r['efficient_us'])} "
+              f"{cell(r['library_us'])} {cell(r['ratio'], '6.2f')}")
+    ratios = [r["ratio"] for r in rows if r["ratio"] and "Convolution" in r.get("op_type", r["op"].split(" ")[0])]
+    if not ratios:
+        return None
+    geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+    print(f"convolutions: geometric mean {geo:.2f}x the library over {len(ratios)} (target <= 0.6x)")
+    return geo
+
+
+def fastest_library(picks: list[list[dict]]) -> list[dict]:
+    """One op table from several timings of the same DB's rows against the library, each in its own process:
+    each op's library time is its fastest (cudnn.benchmark picks its algorithm anew in each process, by warm
+    runs, and we time cold: the same convolution took 26.8 or 15.4 us on the H200 by the pick). Counting the
+    library at its best is the fair comparison. The rows' times must agree: they are read, not timed."""
+    if not picks:
+        return []
+    first = picks[0]
+    for other in picks[1:]:
+        if [(r["op"], r["best_us"]) for r in other] != [(r["op"], r["best_us"]) for r in first]:
+            raise ValueError("the picks were not taken on the same DB: their rows differ")
+    rows = []
+    for i, row in enumerate(first):
+        times = [p[i]["library_us"] for p in picks if p[i]["library_us"]]
+        library = min(times) if times else None
+        rows.append({**row, "library_us": library, "library_picks_us": times,
+                     "ratio": row["best_us"] / library if row["best_us"] and library else None})
     return rows
 
 

@@ -23,7 +23,8 @@
 #     (CONTENDERS="tuned-best empty" limits the NNFusion contenders, a label with -no-blockfusion appended compiles
 #      that DB with -fblockfusion_level=0; every contender gets the launch check; NO_PYTORCH=1 skips PyTorch, RUNS=5 times
 #      each contender in 5 processes and keeps the median run)
-#   bash bench/h200_network.sh ops [DB]        each op's rows against cuDNN, timed now
+#   bash bench/h200_network.sh ops [DB]        each op's rows (their profile from injection) against cuDNN timed now, in
+#                                              PICKS processes (default 3; each op counts cuDNN's fastest pick)
 #   bash bench/h200_network.sh verify KERNELS  kdb inject --verify --profile pace, before/after (bench_verify.py)
 # Everything lands in /tmp/kdb-run on the machine; each step leaves results.tgz (and tuned.db) in $OUT.
 set -uo pipefail
@@ -98,7 +99,7 @@ reinject)
   tail -n 3 "$R/reinject.jsonl" | cut -c1-600
   copy_out ;;
 ops)
-  python3 bench/bench_network.py ops --out "$R/net" --db "$(realpath "${2:-$R/state/tuned.db}")" 2>&1 | tee "$R/ops.log"
+  python3 bench/bench_network.py ops --out "$R/net" --db "$(realpath "${2:-$R/state/tuned.db}")" --picks "${PICKS:-3}" 2>&1 | tee "$R/ops.log"
   copy_out ;;
 network)
   nnf=$(realpath "${2:?nnfusion binary}"); fallback=$(realpath "${3:?fallback db}")

@@ -1,0 +1,51 @@
+"""The op table's library figure: the fastest of several processes' timings (bench_tune.fastest_library).
+
+On the H200 (session 10) cuDNN ran the 512x256 1x1 convolution in 26.8 us in one process and 15.4 us in the
+next, the same DB and code: cudnn.benchmark picks its algorithm anew in each process. One pick made the
+from-nothing geometric mean 0.613x; counting each op's cuDNN at the faster of the two processes makes it 0.643x."""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+from bench_tune import fastest_library, print_op_rows  # noqa: E402
+
+RESULTS = REPO / "bench" / "results" / "h200" / "session10"
+ONE_BY_ONE = "Convolution in 1x256x14x14 w 512x256x1x1 out 1x512x7x7 s2x2 p0x0"
+
+
+def ops_json(archive: str) -> list[dict]:
+    with tarfile.open(RESULTS / archive) as tar:
+        member = tar.extractfile("net/ops.json")
+        assert member is not None
+        return json.loads(member.read())
+
+
+def test_each_op_counts_the_librarys_fastest_pick_and_the_geomean_follows(capsys: pytest.CaptureFixture[str]):
+    call5, call6 = ops_json("5-ops-results.tgz"), ops_json("6-extend-results.tgz")
+    assert print_op_rows(call5) == pytest.approx(0.6129, abs=1e-4)  # what call 5 printed (one pick)
+    other_pick = copy.deepcopy(call5)  # the same rows, cuDNN timed in another process: call 6's times
+    library6 = {r["op"]: r["library_us"] for r in call6}
+    for row in other_pick:
+        row["library_us"] = library6[row["op"]]
+    merged = fastest_library([call5, other_pick])
+    one = next(r for r in merged if r["op"].startswith(ONE_BY_ONE))
+    assert one["library_us"] == pytest.approx(15.36, abs=0.01) and one["library_picks_us"][0] == pytest.approx(26.816)
+    assert one["ratio"] == pytest.approx(one["best_us"] / 15.36, rel=1e-3)
+    assert all(r["library_us"] == min(r["library_picks_us"]) for r in merged if r["library_us"])
+    assert print_op_rows(merged) == pytest.approx(0.643, abs=1e-3)
+    assert "geometric mean 0.64x the library over 15" in capsys.readouterr().out
+
+
+def test_picks_from_different_dbs_are_refused():
+    call5, call6 = ops_json("5-ops-results.tgz"), ops_json("6-extend-results.tgz")  # call 6 tuned further
+    with pytest.raises(ValueError, match="not taken on the same DB"):
+        fastest_library([call5, call6])
