@@ -223,6 +223,32 @@ async def test_a_model_is_tuned_as_one_network(tmp_path: Path, no_gpu: None):
             assert str(table.get_cell(key, "trials")).startswith(f"{trials[key]}/")
 
 
+async def test_max_per_op_caps_the_networks_shares_and_goes_to_the_run(tmp_path: Path, no_gpu: None):
+    pytest.importorskip("onnx")
+    from onnx_models import small_cnn, write
+
+    app = make_app(tmp_path / "k.db")
+    async with app.run_test(size=(160, 45)) as pilot:
+        screen = await open_view(pilot)
+        await import_ops(pilot, screen, write(small_cnn(), tmp_path / "small.onnx"), 2)
+        await choose(pilot, screen, trials=3, target="llvm")
+        table = screen.query_one(TuneTable)
+        conv, pool = key_of(screen, 0), key_of(screen, 1)
+        assert int(str(table.get_cell(conv, "trials"))[2:]) > 3  # uncapped, the convs take most of the 6
+        started = []
+        screen.tune = lambda plan, *args: started.append(plan)  # type: ignore[method-assign]
+        screen.query_one("#cap", Input).value = "0"
+        await pilot.press("ctrl+r")
+        await pilot.pause(0.2)
+        assert not started and screen.query_one("#cap", Input).has_class("bad")
+        screen.query_one("#cap", Input).value = "2"
+        await pilot.pause(0.3)
+        assert [str(table.get_cell(key, "trials")) for key in (conv, pool)] == ["0/2", "0/2"]
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: bool(started))
+        assert started[0].cap == 2 and started[0].network is not None
+
+
 async def test_cuda_without_a_gpu_or_a_tracker_explains_instead_of_starting(tmp_path: Path, no_gpu: None):
     app = make_app(tmp_path / "k.db")
     async with app.run_test(size=(160, 45)) as pilot:

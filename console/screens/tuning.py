@@ -74,6 +74,7 @@ class Plan:
     network: Network | None
     make_job: Callable[[OpConfig, int], TuneJob]
     budget: int  # a network's trials in all
+    cap: int | None = None  # a network's trials per op at most (None: no cap)
 
 
 class TuningScreen(KdbScreen):
@@ -177,6 +178,11 @@ class TuningScreen(KdbScreen):
                                     tooltip="candidates the evolutionary search keeps and mutates each round "
                                             f"(empty: kdb's {DEFAULT_POPULATION}, or one round when larger; "
                                             "MetaSchedule's own is 512); at least one round's worth")
+                    with Horizontal(classes="option-row"):
+                        yield Label("Max per op", classes="option-label")
+                        yield Input("", placeholder="no cap", type="integer", compact=True, id="cap",
+                                    tooltip="a network: no op gets more trials than this; what the cap frees goes "
+                                            "to the other ops")
                     with Horizontal(classes="option-row"):
                         yield Label("Target", classes="option-label")
                         yield Select([("cuda (GPU)", "cuda"), ("llvm (this CPU)", "llvm")], value="cuda",
@@ -346,7 +352,7 @@ class TuningScreen(KdbScreen):
             return {**self.planned, **{key: run.planned for key, run in self.live.items() if run.planned}}
         recorded = {c.key: len(self.history.get(c.key, ())) for c in self.configs}
         return spread_budget(self.network.ops, self._budget() * len(self.network.ops), recorded=recorded,
-                             best=self._best_by_op())
+                             best=self._best_by_op(), cap=self._cap())
 
     def _prediction(self) -> NetworkEvent:
         assert self.network is not None
@@ -450,6 +456,10 @@ class TuningScreen(KdbScreen):
         text = self.query_one("#trials", Input).value.strip()
         return int(text) if text.isdigit() and 1 <= int(text) <= 100000 else self.context.settings.tune_trials
 
+    def _cap(self) -> int | None:
+        text = self.query_one("#cap", Input).value.strip()
+        return int(text) if text.isdigit() and 1 <= int(text) <= 100000 else None
+
     def _target(self) -> str:
         value = self.query_one("#target", Select).value
         return value if isinstance(value, str) else "cuda"
@@ -458,8 +468,10 @@ class TuningScreen(KdbScreen):
         return self.query_one("#arch", Input).value.strip() or self.context.settings.archs[0]
 
     @on(Input.Changed, "#trials")
+    @on(Input.Changed, "#cap")
     def trials_changed(self) -> None:
         self.query_one("#trials", Input).remove_class("bad")
+        self.query_one("#cap", Input).remove_class("bad")
         self.refresh_view()
 
     @on(Input.Changed, "#batch")
@@ -559,6 +571,11 @@ class TuningScreen(KdbScreen):
             self.notify(f"population: empty (kdb's {DEFAULT_POPULATION}) or a whole number from the round's "
                         f"{batch_text} to 65536: the search picks each round from it", severity="error")
             return
+        cap_text = self.query_one("#cap", Input).value.strip()
+        if cap_text and not (cap_text.isdigit() and 1 <= int(cap_text) <= 100000):
+            self.query_one("#cap", Input).add_class("bad")
+            self.notify("max per op: empty (no cap) or a whole number from 1 to 100000", severity="error")
+            return
         arch, target, rpc = self._arch(), self._target(), self._rpc()
         if target == "cuda" and not ARCH_RE.fullmatch(arch):
             self.query_one("#arch", Input).add_class("bad")
@@ -590,7 +607,7 @@ class TuningScreen(KdbScreen):
                            population=int(population_text) if population_text else None)
 
         plan = Plan([make_job(c, int(trials_text)) for c in self.configs], self.network, make_job,
-                    int(trials_text) * len(self.configs))
+                    int(trials_text) * len(self.configs), self._cap())
         self.cancel_requested = threading.Event()
         self.planned = self._shares()
         self.live, self.report, self.run_error, self.explanation = {}, None, "", ""
@@ -654,7 +671,7 @@ class TuningScreen(KdbScreen):
         with tap:
             if plan.network is not None:
                 return run_network(plan.network, plan.budget, plan.make_job, db_path=db_path, inject_options=inject,
-                                   on_network=on_network, **callbacks)
+                                   on_network=on_network, cap=plan.cap, **callbacks)
             return run_queue(plan.jobs, db_path=db_path, inject_options=inject, **callbacks)
 
     def on_tuning_screen_progressed(self, message: Progressed) -> None:
