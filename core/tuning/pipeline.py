@@ -38,6 +38,7 @@ from tvm.s_tir.meta_schedule.runner import PyRunner, PyRunnerFuture, RunnerFutur
 from tvm.support.popen_pool import PopenPoolExecutor
 
 from core.tuning.job import FAILED_SECONDS, PhaseEvent, TrialEvent, TuneJob, error_kind, first_line
+from core.tuning.nvrtc import install as install_light_nvrtc
 
 FAILED_RECORD_SECONDS = 1e10  # what AddToDatabase stores for a failed candidate
 POLL_S = 0.02  # how often the runner looks at builds and remote measurements in flight
@@ -88,7 +89,9 @@ class TunePools:
     def build_pool(self, workers: int, timeout_s: float) -> PopenPoolExecutor:
         key = (workers, timeout_s)
         if key not in self.builders:
-            self.builders[key] = PopenPoolExecutor(max_workers=workers, timeout=timeout_s)
+            # each worker compiles its candidates' CUDA without libcu++ (nvrtc.py)
+            self.builders[key] = PopenPoolExecutor(max_workers=workers, timeout=timeout_s,
+                                                   initializer=install_light_nvrtc)
         return self.builders[key]
 
     def local_runner(self, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
@@ -132,7 +135,7 @@ def measuring_runner(job: TuneJob, pools: TunePools) -> Any:
     return pools.local_runner(
         ("local", job.runner_timeout_s, cold, job.min_repeat_ms),
         lambda: ms.runner.LocalRunner(timeout_sec=job.runner_timeout_s, evaluator_config=evaluator,
-                                      f_run_evaluator=run_evaluator))
+                                      f_run_evaluator=run_evaluator, initializer=install_light_nvrtc))
 
 
 def build_in_worker(mod: Any, target: Any, path: str) -> float:
