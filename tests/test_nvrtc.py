@@ -114,3 +114,18 @@ def test_the_installed_callback_compiles_and_falls_back_to_tvms_program(nvrtc): 
         cubin = bytes(compile_(kernel % "(float)(uint_least32_t)7"))
         assert cubin[:4] == b"\x7fELF" and light.fallbacks == before + 1
     assert re.search(r"\bstd::", json.dumps(LIGHT_PREAMBLE)) is None
+
+
+@pytest.mark.tvm
+def test_kdb_nvrtc_full_compiles_tvms_own_program(nvrtc, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    import tvm
+
+    from core.tuning import nvrtc as light
+
+    light.install()
+    monkeypatch.setenv(light.FULL_PROGRAM_ENV, "1")
+    before = light.fallbacks
+    with tvm.target.Target({"kind": "cuda", "arch": "sm_90"}):
+        cubin = bytes(tvm.get_global_func("tvm_callback_cuda_compile")(
+            'extern "C" __global__ void main_kernel(float* out) { out[threadIdx.x] = (float)(uint_least32_t)7; }\n'))
+    assert cubin[:4] == b"\x7fELF" and light.fallbacks == before, "the light program was not even tried"

@@ -11,7 +11,8 @@ left as it is; if NVRTC rejects the lighter program, TVM's own compile runs inst
 costs what it did.
 
 `install()` registers the compile as TVM's `tvm_callback_cuda_compile` in the process that compiles: the
-build workers and the measuring runner's worker take it as their pool initializer.
+build workers and the measuring runner's worker take it as their pool initializer. KDB_NVRTC_FULL=1 in the
+environment compiles TVM's own program instead (the workers inherit it): the switch for a comparison.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ typedef unsigned long long uint64_t;
 #define INFINITY (__int_as_float(0x7f800000))
 """
 
+FULL_PROGRAM_ENV = "KDB_NVRTC_FULL"  # "1": compile TVM's own program, libcu++ and all (to compare, or to rule out)
 _lock = threading.Lock()
 fallbacks = 0  # compiles in this process that needed TVM's own program (bench_nvrtc reports it)
 
@@ -93,7 +95,7 @@ def compile_cuda(code: str, *_: Any) -> bytes:
     from tvm.support import nvcc
 
     global fallbacks
-    if os.environ.get("TVM_CUDA_COMPILE_MODE", "nvrtc").lower() != "nvrtc":
+    if os.environ.get(FULL_PROGRAM_ENV) == "1" or os.environ.get("TVM_CUDA_COMPILE_MODE", "nvrtc").lower() != "nvrtc":
         return nvcc.tvm_callback_cuda_compile(code)
     try:
         with _lighter_programs():
