@@ -206,6 +206,11 @@ def test_two_processes_joining_one_run_tune_each_op_once(tmp_path: Path):
     jobs = [j for s in streams for j in s[-1]["jobs"]]
     assert sum(j["trials"] for j in jobs) == 6 and len({j["op"] for j in jobs}) == 2
     assert all(s[-1]["network"]["measured_ops"] == 2 for s in streams), "each process predicts from all records"
+    # the same run name again: every op is claimed already, and the process says why it tuned nothing
+    again = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=Path(__file__).resolve().parents[1],
+                           timeout=600)
+    assert again.returncode == 0 and events(again.stdout)[-1]["jobs"] == []
+    assert "--join run-1: the run's other processes had claimed every op" in again.stderr
 
 
 def test_join_needs_a_network(tmp_path: Path):

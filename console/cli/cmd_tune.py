@@ -135,6 +135,9 @@ def main(args: argparse.Namespace) -> int:
             cluster.stop()
     # Ctrl-C may also end the job in flight as failed (TVM's task refuses to go on): interrupted all the same.
     report.cancelled = report.cancelled or cancel["requested"]
+    if board is not None and not report.results and not report.cancelled:
+        log(f"--join {args.join}: the run's other processes had claimed every op, so this one tuned none "
+            "(a run name used before? each run needs a new one)")
     if args.json:
         print_json(_summary(report, log_path))
     else:
