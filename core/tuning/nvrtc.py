@@ -2,10 +2,11 @@
 
 Every tuning candidate is one NVRTC compile. TVM 0.27 puts `<cuda/std/cstdint>`, `<cuda/std/type_traits>` and
 `<cuda/std/limits>` in front of every kernel, only for the fixed-width integer names, a few `std::` aliases
-for its templates, and INFINITY. Parsing those headers costs about 0.75 CPU s per compile on this CPU, while
-the kernel itself, a 3x3 convolution, costs 0.1-0.5 s (bench/bench_nvrtc.py). The convolution, pooling
-and matrix kernels we tune use none of libcu++, so the compile here gives NVRTC the program without those
-headers, the integer names and INFINITY defined directly, and otherwise TVM's own options. The kernel's PTX
+for its templates, and INFINITY. Parsing those headers (type_traits above all) costs about 0.7 CPU s per
+compile on this CPU, while the kernel itself, a 3x3 convolution, costs 0.1-0.5 s (bench/bench_nvrtc.py). The
+convolution, pooling and matrix kernels we tune use none of libcu++, so the compile here gives NVRTC the
+program without those headers, the integer names and INFINITY defined directly, and otherwise TVM's own
+options. The kernel's PTX
 comes out the same, instruction for instruction (tests/test_nvrtc.py). A program that uses `std::` itself is
 left as it is; if NVRTC rejects the lighter program, TVM's own compile runs instead, so at worst a candidate
 costs what it did.
