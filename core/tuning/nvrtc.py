@@ -6,10 +6,9 @@ for its templates, and INFINITY. Parsing those headers (type_traits above all) c
 compile on this CPU, while the kernel itself, a 3x3 convolution, costs 0.1-0.5 s (bench/bench_nvrtc.py). The
 convolution, pooling and matrix kernels we tune use none of libcu++, so the compile here gives NVRTC the
 program without those headers, the integer names and INFINITY defined directly, and otherwise TVM's own
-options. The kernel's PTX
-comes out the same, instruction for instruction (tests/test_nvrtc.py). A program that uses `std::` itself is
-left as it is; if NVRTC rejects the lighter program, TVM's own compile runs instead, so at worst a candidate
-costs what it did.
+options. The kernel's PTX comes out the same, instruction for instruction (tests/test_nvrtc.py). A program
+that uses `std::` itself is left as it is; if NVRTC rejects the lighter program, TVM's own compile runs
+instead, so at worst a candidate costs what it did.
 
 `install()` registers the compile as TVM's `tvm_callback_cuda_compile` in the process that compiles: the
 build workers and the measuring runner's worker take it as their pool initializer. KDB_NVRTC_FULL=1 in the
