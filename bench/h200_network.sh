@@ -24,7 +24,9 @@
 #      that DB with -fblockfusion_level=0; every contender gets the launch check; NO_PYTORCH=1 skips PyTorch, RUNS=5 times
 #      each contender in 5 processes and keeps the median run)
 #   bash bench/h200_network.sh ops [DB]        each op's rows (their profile from injection) against cuDNN timed now, in
-#                                              PICKS processes (default 3; each op counts cuDNN's fastest pick)
+#                                              PICKS processes (default 3; each op counts cuDNN's fastest pick);
+#                                              REPROFILE=1 first times every row again in a quiet process (kdb gpu
+#                                              profile --all): the rows' own figures, not their injection's
 #   bash bench/h200_network.sh verify KERNELS  kdb inject --verify --profile pace, before/after (bench_verify.py)
 # Everything lands in /tmp/kdb-run on the machine; each step leaves results.tgz (and tuned.db) in $OUT.
 set -uo pipefail
@@ -36,7 +38,7 @@ mkdir -p "$R/state" "$R/net"
 step=${1:?start|wait|network|verify}
 
 copy_out() {  # $OUT takes 8 files at most: the small results go as one archive, rewritten each time
-  (cd "$R" && tar czf "$OUT/results.tgz" --ignore-failed-read $(ls tune*.log tune*.json progress*.jsonl summary.txt \
+  (cd "$R" && tar czf "$OUT/results.tgz" --ignore-failed-read $(ls tune*.log tune*.json progress*.jsonl summary.txt reprofile.json \
     verify.log verify.json reinject.jsonl ops.log load.jsonl net/*.json net/*.log \
     net/nnfusion-*/nnfusion_rt/cuda_codegen/nnfusion_rt.cu 2>/dev/null))
   # the tuning records (MetaSchedule's JSON work dirs): carried back as .netrun/state.tgz, a later session
@@ -99,7 +101,11 @@ reinject)
   tail -n 3 "$R/reinject.jsonl" | cut -c1-600
   copy_out ;;
 ops)
-  python3 bench/bench_network.py ops --out "$R/net" --db "$(realpath "${2:-$R/state/tuned.db}")" --picks "${PICKS:-3}" 2>&1 | tee "$R/ops.log"
+  db=$(realpath "${2:-$R/state/tuned.db}")
+  if [ -n "${REPROFILE:-}" ]; then  # every row timed again now, in a quiet process: its profile is replaced
+    python3 -m console.entry gpu profile --all --db "$db" --json >"$R/reprofile.json" 2>&1 || echo "reprofile failed"
+  fi
+  python3 bench/bench_network.py ops --out "$R/net" --db "$db" --picks "${PICKS:-3}" 2>&1 | tee "$R/ops.log"
   copy_out ;;
 network)
   nnf=$(realpath "${2:?nnfusion binary}"); fallback=$(realpath "${3:?fallback db}")
