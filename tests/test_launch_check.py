@@ -224,3 +224,24 @@ def test_the_tuned_resnet18_that_ran_right_on_the_h200_compiles_only_its_blockfu
     assert report.compiled == 4 and all(launch.kernel.startswith("BlockFusionKernel") for launch in fused)
     assert all(launch.registers for launch in fused)
     assert all(launch.threads <= launch.bounds for launch in report.launches if launch.bounds is not None)
+
+
+def test_the_registers_of_device_code_compiled_before_come_from_the_cache(tmp_path: Path):
+    """`kdb nnfusion` run again on the same DB and model compiles the same device code: the second check reads
+    the registers it kept (no nvcc at all), and other device code is compiled, not taken from the cache."""
+    nvcc = nvcc_or_skip()
+    cache = tmp_path / "cache"
+    source = program(1024)
+    first = check_launches(source, parse_generated(source), "sm_90", nvcc=nvcc, workdir=tmp_path, cache_dir=cache)
+    assert not first.error and not first.cached and len(list(cache.glob("*.json"))) == 1
+    again = check_launches(source, parse_generated(source), "sm_90", nvcc=nvcc, workdir=tmp_path, cache_dir=cache)
+    assert again.cached and again.seconds == 0.0 and again.launches == first.launches
+    assert again.failing() == first.failing() != []  # the 1,024-thread fusion is still caught
+    other = program(64)
+    miss = check_launches(other, parse_generated(other), "sm_90", nvcc=nvcc, workdir=tmp_path, cache_dir=cache)
+    assert not miss.cached and miss.seconds > 0 and len(list(cache.glob("*.json"))) == 2
+    # a torn cache file is compiled again, not trusted
+    for path in cache.glob("*.json"):
+        path.write_text('{"registers": {', encoding="utf-8")
+    torn = check_launches(source, parse_generated(source), "sm_90", nvcc=nvcc, workdir=tmp_path, cache_dir=cache)
+    assert not torn.cached and torn.launches == first.launches

@@ -77,7 +77,9 @@ def main(args: argparse.Namespace) -> int:
     elif launches is not None and not failures:
         out.print(f"launch check ({launches.arch}): all {len(launches.launches)} kernel launches fit; "
                   f"{len(launches.launches) - launches.compiled} within their launch bounds, {launches.compiled} "
-                  f"within the registers nvcc gave them ({launches.seconds:.1f} s)", highlight=False)
+                  "within the registers nvcc gave them "
+                  + ("(from the cache: this device code was compiled before)" if launches.cached
+                     else f"({launches.seconds:.1f} s)"), highlight=False)
     for line in failures:
         out.print(f"[red]cannot launch[/]: {line}", highlight=False)
     if failures:

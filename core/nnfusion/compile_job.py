@@ -144,7 +144,8 @@ def _launch_check(job: CompileJob, source: str, generated: Generated) -> LaunchR
         nvcc = find_nvcc(job.nvcc)
     except ToolError as exc:
         return LaunchReport(job.arch, error=f"not checked: {exc}")
-    return check_launches(source, generated, job.arch, nvcc=nvcc, workdir=job.workdir())
+    return check_launches(source, generated, job.arch, nvcc=nvcc, workdir=job.workdir(),
+                          cache_dir=state_dir() / "launch-check")
 
 
 def _coverage(job: CompileJob) -> tuple[list[CoverageEntry], float]:

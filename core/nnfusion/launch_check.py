@@ -16,6 +16,9 @@ H200's host, ten times NNFusion's own compile. It needs no GPU.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +72,7 @@ class LaunchReport:
     launches: list[Launch] = field(default_factory=list)
     error: str = ""  # why the check could not run ('' when it ran)
     seconds: float = 0.0
+    cached: bool = False  # the registers came from an earlier compile of the same device code (no nvcc run)
 
     def failing(self) -> list[Launch]:
         return [launch for launch in self.launches if not launch.fits(self.arch)]
@@ -86,7 +90,7 @@ class LaunchReport:
         return sum(1 for launch in self.launches if launch.bounds is None)
 
     def as_dict(self) -> dict[str, object]:
-        return {"arch": self.arch, "error": self.error, "seconds": self.seconds,
+        return {"arch": self.arch, "error": self.error, "seconds": self.seconds, "cached": self.cached,
                 "launches": [{"kernel": x.kernel, "blocks": x.blocks, "threads": x.threads, "registers": x.registers,
                               "launch_bounds": x.bounds, "max_threads": x.max_threads(self.arch),
                               "fits": x.fits(self.arch), "members": list(x.members)} for x in self.launches],
@@ -154,10 +158,12 @@ def _top_level_items(source: str) -> list[tuple[str, str]]:
 
 
 def check_launches(source: str, generated: Generated, arch: str, *, nvcc: str, workdir: Path,
-                   flags: tuple[str, ...] = (), timeout_s: float = 600.0) -> LaunchReport:
+                   flags: tuple[str, ...] = (), timeout_s: float = 600.0,
+                   cache_dir: Path | None = None) -> LaunchReport:
     """Check every launch's block: against its kernel's launch bounds, or, for a kernel without them, against the
     registers ptxas gives it (those kernels' device code compiled for `arch`). Never raises for code nvcc
-    rejects: the report says why it could not check."""
+    rejects: the report says why it could not check. With `cache_dir`, the registers of device code compiled
+    before (same code, arch, flags and nvcc) are read from there instead of compiling again."""
     launches = kernel_launches(generated)
     kernels = {name: f for name in launches if (f := generated.functions.get(name)) is not None and f.kind == "global"}
     members = {step.function: step.members for step in generated.steps}  # a BlockFusion kernel's block functions
@@ -165,15 +171,55 @@ def check_launches(source: str, generated: Generated, arch: str, *, nvcc: str, w
     unbounded = {name for name, f in kernels.items() if f.launch_bounds is None}
     registers: dict[str, int | None] = {}
     if unbounded:
-        result = compile_source(device_source(source, unbounded), arch, nvcc=nvcc,
-                                flags=("--expt-relaxed-constexpr", *flags), timeout_s=timeout_s, workdir=workdir)
-        report.seconds = result.seconds
-        if not result.ok:
-            report.error = f"the device code did not compile: {result.error}"
-            return report
-        registers = {name: r.registers if (r := result.kernels.get(name)) else None for name in unbounded}
+        unit, all_flags = device_source(source, unbounded), ("--expt-relaxed-constexpr", *flags)
+        cached = _cache_path(cache_dir, unit, arch, all_flags, nvcc) if cache_dir is not None else None
+        if cached is not None and (known := _read_cache(cached, unbounded)) is not None:
+            registers, report.cached = known, True
+        else:
+            result = compile_source(unit, arch, nvcc=nvcc, flags=all_flags, timeout_s=timeout_s, workdir=workdir)
+            report.seconds = result.seconds
+            if not result.ok:
+                report.error = f"the device code did not compile: {result.error}"
+                return report
+            registers = {name: r.registers if (r := result.kernels.get(name)) else None for name in unbounded}
+            if cached is not None:
+                _write_cache(cached, registers)
     for name, function in kernels.items():
         blocks, threads = launches[name]
         report.launches.append(Launch(name, blocks, threads, registers.get(name), members.get(name, ()),
                                       function.launch_bounds))
     return report
+
+
+def _cache_path(cache_dir: Path, unit: str, arch: str, flags: tuple[str, ...], nvcc: str) -> Path | None:
+    """Where the registers of this device code are kept: named by a hash of the code, the arch, the flags and the
+    nvcc binary (its path, size and time: another toolkit gives other registers). None when nvcc is not there."""
+    try:
+        binary = Path(nvcc).resolve()
+        stat = binary.stat()
+    except OSError:
+        return None
+    digest = hashlib.sha256("\0".join([unit, arch, *flags, str(binary), str(stat.st_size), str(stat.st_mtime_ns)])
+                            .encode("utf-8", "surrogatepass")).hexdigest()
+    return cache_dir / f"{digest}.json"
+
+
+def _read_cache(path: Path, kernels: set[str]) -> dict[str, int | None] | None:
+    try:
+        registers = json.loads(path.read_text(encoding="utf-8"))["registers"]
+    except (OSError, ValueError, KeyError, TypeError):  # absent, or torn: compile again
+        return None
+    if not isinstance(registers, dict) or set(registers) != kernels:
+        return None
+    return {name: registers[name] if isinstance(registers[name], int) else None for name in kernels}
+
+
+def _write_cache(path: Path, registers: dict[str, int | None]) -> None:
+    """Written whole or not at all (a temporary file renamed), so a reader never sees half of it."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.part")
+        partial.write_text(json.dumps({"registers": registers}), encoding="utf-8")
+        os.replace(partial, path)
+    except OSError:
+        pass  # a cache that cannot be written costs a compile next time, nothing else
