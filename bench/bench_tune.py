@@ -252,15 +252,14 @@ def main() -> None:
             if args.shard:
                 network = shard_of(network, args.shard)
             network = with_library_times(network, args.target)
-            board: dict[str, Any] = {}
+            board = None
             if args.join:
-                from core.db.state import state_dir
                 from core.tuning.claims import ClaimBoard
 
-                board["board"] = ClaimBoard(state_dir() / "claims", args.join)
+                board = ClaimBoard.for_run(args.join)
             report = run_network(network, args.trials * len(network.ops), make_job, db_path=db_path,
                                  inject_options=inject, on_job=log_event, on_network=log_event,
-                                 cap=args.max_per_op, **board)
+                                 cap=args.max_per_op, board=board)
         else:
             report = run_queue([make_job(c, args.trials) for c in demo_ops(args.ops)], db_path=db_path,
                                inject_options=inject, on_job=log_event)

@@ -24,7 +24,6 @@ from rich.console import Console
 from console.cli.output import console_for, log, print_json
 from core.codegen.batch import read_inputs
 from core.db.kernel_db import default_db_path
-from core.db.state import state_dir
 from core.errors import InputError, ToolError
 from core.inject.pipeline import InjectOptions
 from core.opconfigs.opconfig import OpConfig
@@ -68,7 +67,7 @@ def main(args: argparse.Namespace) -> int:
         if network is None:
             raise InputError("several processes share the ops of one network: give a model or --budget",
                              where="--join")
-        board = ClaimBoard(state_dir() / "claims", args.join)
+        board = ClaimBoard.for_run(args.join)
     rpc_text = args.rpc or (f"{settings.rpc_tracker}:{settings.rpc_key}" if settings.rpc_tracker else "")
     rpc = RpcTarget.parse(rpc_text) if rpc_text else None
     cluster = None

@@ -33,6 +33,13 @@ class ClaimBoard:
             raise InputError(f"{run!r} is not a run name: letters, digits, '-', '_' and '.'", where="claims")
         self.folder = root / run
 
+    @classmethod
+    def for_run(cls, run: str) -> ClaimBoard:
+        """The board of run `run` in this state dir (where every process of the run must look)."""
+        from core.db.state import state_dir
+
+        return cls(state_dir() / "claims", run)
+
     def _path(self, stage: str, key: str, suffix: str) -> Path:
         # op keys hold any character: the file is named by a hash of the key
         return self.folder / (stage or "tune") / (hashlib.sha256(key.encode()).hexdigest()[:32] + suffix)
