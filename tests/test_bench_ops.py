@@ -49,3 +49,24 @@ def test_picks_from_different_dbs_are_refused():
     call5, call6 = ops_json("5-ops-results.tgz"), ops_json("6-extend-results.tgz")  # call 6 tuned further
     with pytest.raises(ValueError, match="not taken on the same DB"):
         fastest_library([call5, call6])
+
+
+@pytest.mark.parametrize(("call", "empty"), [("5-network-results.tgz", "1.00x"), ("8-network-results.tgz", None)])
+def test_the_latency_table_has_no_ratio_to_an_empty_db_it_did_not_measure(call: str, empty: str | None,
+                                                                          tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]):
+    """Session 11's call 8 timed the tuned DB alone (CONTENDERS="tuned-best"): its table printed "nanx"."""
+    from bench_network import summary
+
+    with tarfile.open(REPO / "bench" / "results" / "h200" / "session11" / call) as tar:
+        for member in tar.getmembers():
+            if member.name.startswith("net/") and member.name.endswith(".json"):
+                (tmp_path / Path(member.name).name).write_bytes(tar.extractfile(member).read())  # type: ignore[union-attr]
+    summary(tmp_path)
+    table = capsys.readouterr().out
+    tuned = next(line for line in table.splitlines() if line.startswith("NNFusion, tuned-best DB"))
+    assert "nan" not in table.lower()
+    if empty is None:
+        assert tuned.split()[-2] == "-" and "0.6866" in tuned
+    else:
+        assert "0.71x" in tuned and empty in next(ln for ln in table.splitlines() if ln.startswith("NNFusion, empty"))

@@ -181,3 +181,33 @@ def test_a_gpu_stage_that_raises_fails_its_kernel_and_the_batch_goes_on(stand_in
         report = Injector(db, options).run([tmp_path / "k.json"])
     assert report.injected == 3 and report.failed == 1
     assert report.failures[0].stage == "gpu" and report.failures[0].reason == "OSError: the GPU child could not be started"
+
+
+def test_kdb_gpu_profile_compiles_with_nvcc_here_and_the_child_loads_the_cubin(stand_in: Path, tmp_path: Path):
+    """With an NvccBuild (what `kdb gpu` and the Kernels view pass) each row is compiled here, as injection
+    does, and the child gets the cubin instead of compiling again through pycuda (seen past 300 s on the H200).
+    A row nvcc rejects fails with nvcc's reason and the others are still checked."""
+    import sqlite3
+
+    from core.gpu import rows as gpu_rows
+
+    (tmp_path / "k.json").write_text(json.dumps(demo_kernels()[:3]))
+    with KernelDB.open(tmp_path / "k.db", create=True) as db:
+        Injector(db, InjectOptions(archs=("sm_80",), nvcc=NVCC, workers=2)).run([tmp_path / "k.json"])
+    broken = next(k for (k,) in sqlite3.connect(tmp_path / "k.db").execute(
+        "SELECT Key FROM KernelCache WHERE DeviceType = 'CUDA_GPU' ORDER BY rowid"))
+    conn = sqlite3.connect(tmp_path / "k.db")
+    fn = json.loads(conn.execute("SELECT Function FROM KernelCache WHERE Key = ?", (broken,)).fetchone()[0])
+    fn["block_function_body"] = "this is not CUDA;\n" + fn["block_function_body"]
+    conn.execute("UPDATE KernelCache SET Function = ? WHERE Key = ?", (json.dumps(fn), broken))
+    conn.commit()
+    conn.close()
+    build = gpu_rows.NvccBuild(("sm_80",), NVCC)
+    with KernelDB.open(tmp_path / "k.db", write=True) as db:
+        report = gpu_rows.check_rows(db, db.iter_table_order(), verify=True, profile=True, workers=2, build=build)
+    by_key = {c.key: c for c in report.checks}
+    assert not by_key[broken].ok and by_key[broken].error.startswith("nvcc (sm_80): ")
+    assert by_key[broken].verified is None  # never sent to the GPU
+    assert sum(c.ok for c in report.checks) == len(report.checks) - 1 >= 2
+    log = [json.loads(line) for line in stand_in.read_text().splitlines()]
+    assert log and all(e["archs"] == ["sm_80"] for e in log)  # every job brought its cubin

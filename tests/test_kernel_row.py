@@ -88,3 +88,43 @@ def test_shared_bytes_weigh_each_dtype():
     assert shared_bytes({"shared_memory": shared}) == 8 * 2 + 2 * 4 + 1 * 8 + 3 * 4
     assert shared_bytes({"shared_memory": {**shared, "dtype": ["half", "float", "double", "bfloat16"]}}) is None
     assert shared_bytes({}) == 0
+
+
+ALIGNED_SHARED = {  # each thread reads four neighbouring floats of a 64-byte aligned array, as TVM's kernels do
+    "tvm_func_name": "demo_aligned_shared_kernel0", "op_type": "Relu",
+    "parameters": {"input_shape": [1, 256], "output_shape": [1, 256]},
+    "code": ('extern "C" __global__ void __launch_bounds__(64) demo_aligned_shared_kernel0(float* __restrict__ input0, '
+             "float* __restrict__ output0) {\n"
+             "  __shared__ alignas(64) float staged_shared[256];\n"
+             "  for (int i = 0; i < 4; ++i) { staged_shared[threadIdx.x * 4 + i] = input0[threadIdx.x * 4 + i]; }\n"
+             "  __syncthreads();\n"
+             "  float a = staged_shared[threadIdx.x * 4], b = staged_shared[threadIdx.x * 4 + 1];\n"
+             "  float c = staged_shared[threadIdx.x * 4 + 2], d = staged_shared[threadIdx.x * 4 + 3];\n"
+             "  output0[threadIdx.x * 4] = max(a, 0.f); output0[threadIdx.x * 4 + 1] = max(b, 0.f);\n"
+             "  output0[threadIdx.x * 4 + 2] = max(c, 0.f); output0[threadIdx.x * 4 + 3] = max(d, 0.f);\n"
+             "}\n"),
+    "gridDim": [1, 1, 1], "blockDim": [64, 1, 1]}
+
+
+def test_a_shared_array_that_asks_for_an_alignment_is_declared_with_it():
+    """NNFusion writes the symbol verbatim into `__shared__ float <symbol>[N];`: the alignment goes there."""
+    sm = json.loads(row_of(ALIGNED_SHARED).function)["shared_memory"]
+    assert sm["symbol"] == ["__align__(64) staged_shared"] and sm["dtype"] == ["float"]
+    plain = json.loads(row_of(SCALAR_SHARED).function)["shared_memory"]
+    assert plain["symbol"] == ["top_kdb_flat"]  # nothing asked, nothing added
+
+
+@pytest.mark.skipif(not NVCC, reason="needs nvcc")
+def test_the_row_keeps_tvms_128_bit_shared_loads(tmp_path: Path):
+    """With the array declared 4-byte aligned (a plain float array) nvcc reads the four floats one by one; the
+    row's standalone form, as NNFusion compiles it, must read them in one 128-bit load as TVM's kernel does."""
+    import subprocess
+
+    from core.cuda.nvcc import standalone_source
+
+    for name, source in (("tvm", ALIGNED_SHARED["code"]),
+                         ("row", standalone_source(json.loads(row_of(ALIGNED_SHARED).function)))):
+        (tmp_path / f"{name}.cu").write_text(source)
+        subprocess.run([NVCC, "-arch=sm_80", "-ptx", "-O3", "-o", str(tmp_path / f"{name}.ptx"),
+                        str(tmp_path / f"{name}.cu")], check=True, capture_output=True, timeout=120)
+        assert "ld.shared.v4.f32" in (tmp_path / f"{name}.ptx").read_text(), name

@@ -347,3 +347,46 @@ async def test_the_console_compiles_the_imported_model_and_shows_what_runs(tmp_p
         await pilot.press("escape")
         await pilot.pause()
         assert app.screen is screen
+
+
+def aligned_shared_code(name: str, params: list[str], threads: int) -> str:
+    """A kernel of the op's own parameters whose shared arrays ask for alignas(64), as TVM's tuned kernels do.
+    (Test data for the compiler and nvcc only: it does not compute the op and never runs.)"""
+    out = next(p for p in params if p == "compute" or p.startswith("output"))
+    ins = [p for p in params if p != out]
+    reads = " + ".join(f"staged_shared[threadIdx.x * 4 + {i}]" for i in range(4))
+    return (f'extern "C" __global__ void __launch_bounds__({threads}) {name}('
+            + ", ".join(f"float* __restrict__ {p}" for p in params) + ") {\n"
+            f"  __shared__ alignas(64) float staged_shared[{threads * 4}];\n"
+            f"  __shared__ alignas(64) float weights_shared[{threads}];\n"
+            f"  for (int i = 0; i < 4; ++i) {{ staged_shared[threadIdx.x * 4 + i] = {ins[0]}[threadIdx.x * 4 + i]; }}\n"
+            f"  weights_shared[threadIdx.x] = {ins[1]}[threadIdx.x];\n"
+            "  __syncthreads();\n"
+            f"  {out}[blockIdx.x * {threads} + threadIdx.x] = {reads} + weights_shared[threadIdx.x];\n"
+            "}\n")
+
+
+def test_shared_arrays_keep_their_alignment_in_the_compilers_code_alone_and_in_blockfusion(tmp_path: Path):
+    """A row's shared arrays asked for alignas(64) (TVM's: it lets nvcc read them 128 bits at a time); NNFusion
+    re-declares them from shared_memory, so the row's symbols carry `__align__(64)`. The real compiler must
+    take such rows, put the alignment on the arrays of a kernel that runs alone and on the pointers of a
+    BlockFusion kernel, and nvcc must compile what it wrote."""
+    from core.cuda.source import parse_kernel
+
+    g = GraphBuilder({"x": [1, 16, 14, 14]})
+    model = write(g.model(basic_block(g, "x", 16, 32, stride=2), "block"), tmp_path / "block.onnx")
+    items = generate_all(extract(model).configs, "sm_90", check=False).items
+    for item in items:
+        if "Convolution" in item["op_type"]:
+            params = [p.name for p in parse_kernel(item["code"]).params]
+            item.update(code=aligned_shared_code(item["tvm_func_name"], params, 64), blockDim=[64, 1, 1])
+    (tmp_path / "kernels.json").write_text(json.dumps(items), encoding="utf-8")
+    with KernelDB.open(tmp_path / "k.db", create=True) as db:
+        injected = Injector(db, InjectOptions(compile=False), state=None).run([tmp_path / "kernels.json"])
+    assert injected.failed == 0, [f.reason for f in injected.failures]
+    report = compile_with(model, tmp_path / "k.db", tmp_path)
+    assert report.usage.blockfusion_groups, "the strided conv and the shortcut conv are fused"
+    source = (report.result.project / "nnfusion_rt.cu").read_text()
+    assert "__shared__ float __align__(64) staged_shared[256];" in source  # a kernel alone: the array itself
+    assert "float* __align__(64) staged_shared = (float*)(shared_buffer + " in source  # BlockFusion: its pointer
+    nvcc_compiles(report.result.project, tmp_path)

@@ -14,7 +14,7 @@ def main(args: argparse.Namespace) -> int:
     if args.gpu_command == "devices":
         return _devices(args)
     from core.gpu.jobs import gpu_children, require_gpu
-    from core.gpu.rows import check_rows
+    from core.gpu.rows import NvccBuild, check_rows
     from core.settings import load_settings
 
     require_gpu()
@@ -30,7 +30,8 @@ def main(args: argparse.Namespace) -> int:
         report = check_rows(db, rows, verify=True, profile=args.gpu_command == "profile",
                             product_name=settings.product_name, timeout_s=settings.gpu_timeout_s,
                             on_result=None if args.json else _print_one,
-                            workers=gpu_children(settings.effective_workers()))
+                            workers=gpu_children(settings.effective_workers()),
+                            build=NvccBuild.from_settings(settings))
     if args.json:
         print_json(report.as_json())
     else:

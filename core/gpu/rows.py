@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import tempfile
 from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from core.cuda.nvcc import compile_check
 from core.db.kernel_db import KernelDB
 from core.errors import InputError
 from core.gpu.jobs import GpuResult, GpuSession, GpuSessions, job_for_row
@@ -28,6 +31,39 @@ class RowCheck:
         return not self.error and all(r is None or r.ok for r in (self.verified, self.timed))
 
 
+@dataclass(frozen=True)
+class NvccBuild:
+    """Compile each row here with nvcc, as `kdb inject` does, and give the GPU child the cubin.
+
+    Without it the child compiles the row again through pycuda, which on the H200 ran past its 300 s for 7 of
+    18 tuned rows that had each compiled in seconds in injection (docs/BENCHMARKS.md, eleventh session)."""
+
+    archs: tuple[str, ...]
+    nvcc: str
+    flags: tuple[str, ...] = ()
+    timeout_s: float = 120.0
+
+    @classmethod
+    def from_settings(cls, settings) -> NvccBuild:  # type: ignore[no-untyped-def]
+        from core.cuda.nvcc import find_nvcc
+
+        return cls(tuple(settings.archs), find_nvcc(settings.nvcc_path), tuple(settings.nvcc_flags),
+                   settings.nvcc_timeout_s)
+
+    def cubins(self, row: KernelRow) -> dict[str, bytes]:
+        """arch -> cubin of the row's translation unit; InputError naming nvcc's reason when one fails."""
+        function = json.loads(row.function)
+        out: dict[str, bytes] = {}
+        with tempfile.TemporaryDirectory(prefix="kdb-gpu-nvcc-") as work:
+            for arch in self.archs:
+                result = compile_check(function, arch, nvcc=self.nvcc, flags=self.flags, timeout_s=self.timeout_s,
+                                       workdir=Path(work))
+                if not result.ok:
+                    raise InputError(result.error)
+                out[arch] = result.cubin
+        return out
+
+
 @dataclass
 class RowsReport:
     checks: list[RowCheck] = field(default_factory=list)
@@ -44,17 +80,19 @@ class RowsReport:
 
 def check_rows(db: KernelDB, rows: Iterable[KernelRow], *, verify: bool, profile: bool, product_name: str = "",
                timeout_s: float = 60.0, on_result: Callable[[RowCheck], None] | None = None,
-               should_cancel: Callable[[], bool] | None = None, workers: int = 1) -> RowsReport:
+               should_cancel: Callable[[], bool] | None = None, workers: int = 1,
+               build: NvccBuild | None = None) -> RowsReport:
     """Run the asked GPU jobs for each row; timed rows get their profile merged into Miscs.
 
     `workers` GPU children run at once (each compiles and verifies its kernel; timed launches take turns on the
-    GPU, core/gpu/exclusive.py); results come back, and profiles are written, in the rows' order, here."""
+    GPU, core/gpu/exclusive.py); results come back, and profiles are written, in the rows' order, here.
+    With `build`, each worker compiles its row with nvcc first and the child loads the cubin."""
     report = RowsReport()
     sessions = GpuSessions(timeout_s=timeout_s)
 
     def run(row: KernelRow) -> RowCheck:
         with sessions.borrow() as session:
-            return _check(session, row, verify=verify, profile=profile)
+            return _check(session, row, verify=verify, profile=profile, build=build)
 
     pending: deque[tuple[KernelRow, Future[RowCheck]]] = deque()
 
@@ -88,14 +126,16 @@ def check_rows(db: KernelDB, rows: Iterable[KernelRow], *, verify: bool, profile
     return report
 
 
-def _check(session: GpuSession, row: KernelRow, *, verify: bool, profile: bool) -> RowCheck:
+def _check(session: GpuSession, row: KernelRow, *, verify: bool, profile: bool,
+           build: NvccBuild | None = None) -> RowCheck:
     """One row's GPU jobs in `session` (a worker thread: no DB, no report)."""
     check = RowCheck(row.key, _name(row))
     try:
+        cubins = build.cubins(row) if build is not None else None
         if verify:
-            check.verified = session.run(job_for_row(row, "verify"))
+            check.verified = session.run(job_for_row(row, "verify", cubins=cubins))
         if profile and (check.verified is None or check.verified.ok):
-            check.timed = session.run(job_for_row(row, "time"))
+            check.timed = session.run(job_for_row(row, "time", cubins=cubins))
     except InputError as exc:
         check.error = str(exc)
     except Exception as exc:  # this row fails with its cause; the others go on

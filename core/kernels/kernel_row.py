@@ -213,7 +213,7 @@ def build_row(
         "block_dim": list(block),
         "block_function_body": prefix + shared_aliases + block_body,
         "shared_memory": {
-            "symbol": [d.symbol for d in src.shared],
+            "symbol": declared_symbols(src.shared),
             "dtype": [d.dtype for d in src.shared],
             "size": aligned_sizes(src.shared),
         },
@@ -255,6 +255,23 @@ DTYPE_BYTES = {"float": 4, "float2": 8, "float4": 16, "half": 2, "half2": 4, "do
                "unsigned int": 4, "char": 1, "signed char": 1, "unsigned char": 1, "int4": 16, "int2": 8,
                "short": 2, "long": 8, "long long": 8, "uint": 4, "int8_t": 1, "uint8_t": 1, "int32_t": 4,
                "uint32_t": 4, "int64_t": 8, "uint64_t": 8, "__half": 2, "__half2": 4, "bool": 1}
+
+
+def declared_symbols(shared: Iterable[SharedDecl]) -> list[str]:
+    """The shared_memory symbols, each array that asks for an alignment declared with it: `__align__(N) name`.
+
+    NNFusion writes each entry verbatim as `__shared__ <dtype> <symbol>[<size>];` (`<dtype>* <symbol> =
+    (<dtype>*)(shared_buffer + <offset>);` in a BlockFusion kernel), and its dtype must be a scalar type. A plain
+    float array is only 4-byte aligned, so nvcc cannot merge neighbouring shared loads into the 128-bit loads of
+    TVM's kernel (`alignas(64)`): the H200 ran such a row 1.79x its own tuning record (docs/BENCHMARKS.md,
+    eleventh session). With the alignment in the symbol the array is declared as TVM declared it; in the
+    BlockFusion form it aligns a pointer variable, which changes nothing there.
+    """
+    out = []
+    for d in shared:
+        elem = DTYPE_BYTES.get(d.dtype)
+        out.append(f"__align__({d.align}) {d.symbol}" if d.align and elem and d.align > elem else d.symbol)
+    return out
 
 
 def aligned_sizes(shared: Iterable[SharedDecl]) -> list[int]:
