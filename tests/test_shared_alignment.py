@@ -41,7 +41,7 @@ def test_padded_sizes_put_every_array_on_the_asked_boundary():
     row = prepare("k.json", 0, ITEM).row
     assert row is not None
     sm = _function(row)["shared_memory"]
-    assert sm["symbol"] == ["a_shared", "b_shared"]
+    assert sm["symbol"] == ["__align__(64) a_shared", "__align__(64) b_shared"]  # declared as TVM declared them
     assert sm["size"][0] >= 2457 and sm["size"][1] >= 784
     byte_sizes = [4 * n for n in sm["size"]]
     # BlockFusion form: running offsets in one shared_buffer; plain form: one array after the other
@@ -65,7 +65,7 @@ def test_gpu_jobs_run_the_kernel_in_nnfusions_form():
     source = job_for_row(row, "verify")["source"]
     assert source == standalone_source(fn)
     # the shared arrays as NNFusion's emit_alloc_shared declares them, then block_function_body
-    assert f"__shared__ float a_shared[{fn['shared_memory']['size'][0]}];" in source
+    assert f"__shared__ float __align__(64) a_shared[{fn['shared_memory']['size'][0]}];" in source
     assert fn["block_function_body"].strip() in source
     assert "alignas" not in source  # not the original declarations of function_body
 
