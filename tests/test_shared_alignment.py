@@ -78,3 +78,16 @@ def test_the_stored_row_round_trips_through_sqlite(tmp_path):
     conn.execute("INSERT INTO t VALUES (?)", (row.function,))
     assert all(isinstance(n, int) for n in json.loads(conn.execute("SELECT f FROM t").fetchone()[0])
                ["shared_memory"]["size"])
+
+
+def test_a_row_that_declares_its_arrays_without_their_alignment_is_a_warning():
+    """Rows injected before the symbols carried `__align__(N)`: they run, but without 128-bit shared loads."""
+    from core.kernels.lint import WARNING
+
+    row = prepare("k.json", 0, ITEM).row
+    fn = _function(row)
+    fn["shared_memory"]["symbol"] = ["a_shared", "b_shared"]  # as kdb wrote it before (sizes still padded)
+    values = dict(zip(COLUMNS, row.values(), strict=True), Function=json.dumps(fn))
+    findings = lint_row((1, *values.values()))
+    assert [(f.severity, f.check) for f in findings] == [(WARNING, "shared-alignment-dropped")]
+    assert "alignas(64)" in findings[0].message and "--replace" in findings[0].message
