@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from core.cuda.nvcc import compile_check
 from core.db.kernel_db import KernelDB
@@ -16,6 +17,9 @@ from core.errors import InputError
 from core.gpu.jobs import GpuResult, GpuSession, GpuSessions, job_for_row
 from core.kernels.kernel_row import KernelRow, distinct_kernels
 from core.kernels.profile import merge_profile
+
+if TYPE_CHECKING:
+    from core.settings import Settings
 
 
 @dataclass
@@ -44,7 +48,7 @@ class NvccBuild:
     timeout_s: float = 120.0
 
     @classmethod
-    def from_settings(cls, settings) -> NvccBuild:  # type: ignore[no-untyped-def]
+    def from_settings(cls, settings: Settings) -> NvccBuild:
         from core.cuda.nvcc import find_nvcc
 
         return cls(tuple(settings.archs), find_nvcc(settings.nvcc_path), tuple(settings.nvcc_flags),
