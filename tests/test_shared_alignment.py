@@ -90,4 +90,47 @@ def test_a_row_that_declares_its_arrays_without_their_alignment_is_a_warning():
     values = dict(zip(COLUMNS, row.values(), strict=True), Function=json.dumps(fn))
     findings = lint_row((1, *values.values()))
     assert [(f.severity, f.check) for f in findings] == [(WARNING, "shared-alignment-dropped")]
-    assert "alignas(64)" in findings[0].message and "--replace" in findings[0].message
+    assert "alignas(64)" in findings[0].message and "kdb db repair --apply" in findings[0].message
+
+
+def test_kdb_db_repair_gives_old_rows_their_alignment_back_and_keeps_the_rest(tmp_path):
+    """A fused kernel injected before 1f8bb1c (plain symbols), its CUDA twin, and a second kernel of the same op
+    after it: repair previews, then rewrites the symbols of the first kernel and its twin only, keeping the
+    Key, the profile and the order NNFusion reads the op's rows in."""
+    from dataclasses import replace
+
+    from conftest import run_kdb_json
+    from test_pattern_twins import fused_row, stored
+
+    from core.db.kernel_db import KernelDB
+    from core.kernels.kernel_row import twin_key
+    from core.kernels.lint import lint_rows
+
+    fn = _function(prepare("k.json", 0, ITEM).row)
+    old = {**fn, "shared_memory": {**fn["shared_memory"], "symbol": ["a_shared", "b_shared"]}}
+    profile = json.dumps({"external_profile": {"time": "NVIDIA H200:12.5;", "resource": 64}})
+    first = replace(fused_row("kdb:first", miscs=profile), function=json.dumps(old))
+    second = fused_row("kdb:second")
+    with KernelDB.open(tmp_path / "k.db", create=True) as db:
+        db.insert(first)
+        db.insert(second)
+    before = stored(tmp_path / "k.db")
+    proc, preview = run_kdb_json("db", "repair", "--db", str(tmp_path / "k.db"))
+    assert proc.returncode == 1 and [m["key"] for m in preview["misaligned"]] == ["kdb:first"]
+    assert preview["realigned"] == [] and stored(tmp_path / "k.db") == before  # a preview writes nothing
+    proc, done = run_kdb_json("db", "repair", "--db", str(tmp_path / "k.db"), "--apply")
+    assert proc.returncode == 0 and done["realigned"] == ["kdb:first"]
+    after = stored(tmp_path / "k.db")
+    for key in ("kdb:first", twin_key("kdb:first")):
+        assert json.loads(after[key][COLUMNS.index("Function")])["shared_memory"]["symbol"] == [
+            "__align__(64) a_shared", "__align__(64) b_shared"]
+        assert after[key][COLUMNS.index("Miscs")] == profile
+    assert after["kdb:second"] == before["kdb:second"]
+    conn = sqlite3.connect(tmp_path / "k.db")
+    order = [k for (k,) in conn.execute("SELECT Key FROM KernelCache WHERE DeviceType = 'CUDA_GPU' ORDER BY rowid")]
+    findings = list(lint_rows(conn.execute(f"SELECT rowid, {', '.join(COLUMNS)} FROM KernelCache")))
+    conn.close()
+    assert order == ["kdb:first", "kdb:second"]  # NNFusion still takes the same first row of the op
+    assert not [f for f in findings if f.check == "shared-alignment-dropped"]
+    proc, again = run_kdb_json("db", "repair", "--db", str(tmp_path / "k.db"))
+    assert proc.returncode == 0 and again["misaligned"] == []

@@ -50,16 +50,29 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _repair(args: argparse.Namespace) -> int:
-    """Fused kernels without their CUDA twin get it (--apply); nothing else in the DB is touched."""
+    """Fused kernels without their CUDA twin get it, rows whose shared arrays lost their alignment get it back
+    (--apply); nothing else in the DB is touched."""
+    from core.db.realign import apply_realign, plan_realign
+
     with KernelDB.open(args.db, write=args.apply) as db:
         unused, orphans = db.pair_problems()
+        realign = plan_realign(db)
         written = db.add_twins([r.key for r in unused]) if args.apply else []
+        realigned = apply_realign(db, realign) if args.apply else []
     if args.json:
         print_json({"db": str(db.path), "applied": args.apply,
                     "missing_twins": [{"key": r.key, "identifier": r.identifier} for r in unused],
                     "twins_written": [r.key for r in written],
-                    "lone_twins": [{"key": r.key, "identifier": r.identifier} for r in orphans]})
+                    "lone_twins": [{"key": r.key, "identifier": r.identifier} for r in orphans],
+                    "misaligned": [{"key": r.key, "identifier": r.identifier} for r, _ in realign],
+                    "realigned": realigned})
     else:
+        if realign:
+            verb = "rewrote" if args.apply else "would rewrite"
+            out.print(f"{len(realign)} kernel(s) declare the shared arrays their code aligns without the alignment "
+                      f"(nvcc reads them 4 bytes at a time); {verb} their shared_memory symbols", highlight=False)
+            for r, _ in realign:
+                out.print(f"  {r.key}  {r.identifier}", markup=False, highlight=False)
         verb = "added" if args.apply else "would add"
         out.print(f"{db.path}: {len(unused)} fused kernel(s) without the CUDA row the compiler needs to use them; "
                   f"{verb} {len(written) if args.apply else len(unused)} twin row(s)", highlight=False)
@@ -70,9 +83,9 @@ def _repair(args: argparse.Namespace) -> int:
                       "abort; repair leaves them alone: delete them, or inject their kernel", highlight=False)
             for r in orphans:
                 out.print(f"  {r.key}  {r.identifier}", markup=False, highlight=False)
-        if unused and not args.apply:
-            out.print("nothing written: `kdb db repair --apply` writes them (one transaction)")
-    left = (not args.apply and unused) or orphans
+        if (unused or realign) and not args.apply:
+            out.print("nothing written: `kdb db repair --apply` writes them")
+    left = (not args.apply and (unused or realign)) or orphans
     return 1 if left else 0
 
 

@@ -135,9 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
     q = dbsub.add_parser("check", help="integrity, schema and lint summary")
     _db_option(q)
     q.add_argument("--json", action="store_true")
-    q = dbsub.add_parser("repair", help="add the CUDA twin rows fused kernels need (a preview unless --apply)")
+    q = dbsub.add_parser("repair", help="add the CUDA twin rows fused kernels need, give shared arrays back the "
+                         "alignment their code asks for (a preview unless --apply)")
     _db_option(q)
-    q.add_argument("--apply", action="store_true", help="write the twins (one transaction); else only show them")
+    q.add_argument("--apply", action="store_true", help="write them (the twins in one transaction); else only "
+                   "show them")
     q.add_argument("--json", action="store_true")
     q = dbsub.add_parser("fastest", help="per op, keep only the row timed fastest on one GPU: NNFusion takes an "
                                          "op's first row, not its fastest (a preview unless --apply)")

@@ -286,7 +286,14 @@ class KernelDB:
 
     def update_miscs(self, key: str, miscs: dict[str, Any]) -> None:
         """Rewrite one row's Miscs (a profile, a verification); a fused kernel's twin follows."""
-        text = json.dumps(miscs, ensure_ascii=False, allow_nan=False)
+        self._update_column(key, "Miscs", miscs)
+
+    def update_function(self, key: str, function: dict[str, Any]) -> None:
+        """Rewrite one row's Function (`kdb db repair`); its Key, which names the kernel's code, stays."""
+        self._update_column(key, "Function", function)
+
+    def _update_column(self, key: str, column: str, value: dict[str, Any]) -> None:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
 
         def body(raw: sqlite3.Connection) -> None:
             # Moved to a new rowid rather than updated in place: the browse index (core/db/summary_index.py)
@@ -295,8 +302,8 @@ class KernelDB:
             if got is None:
                 return
             row = KernelRow.from_values(tuple(got))
-            updated = KernelRow.from_values(tuple(text if c == "Miscs" else v for c, v in zip(COLUMNS, got,
-                                                                                              strict=True)))
+            updated = KernelRow.from_values(tuple(text if c == column else v for c, v in zip(COLUMNS, got,
+                                                                                             strict=True)))
             self._rewrite_in_order(raw, key, updated.values())
             if raw.execute("SELECT 1 FROM KernelCache WHERE Key = ?", (twin_key(row.key),)).fetchone():
                 self._sync_twin(raw, updated)

@@ -229,7 +229,7 @@ def _check_shared_alignment(fn: dict[str, Any], add: Any) -> None:
         add(WARNING, "shared-alignment-dropped",
             f"the kernel's shared arrays ask for alignas({align}) and the row declares them without it: nvcc cannot "
             "read them 128 bits at a time, and such a row ran 1.79x its own tuning record on the H200 "
-            "(re-inject the kernel with --replace: kdb now writes `__align__(N) name` as the symbol)")
+            "(`kdb db repair --apply` writes `__align__(N) name` as the symbol; the row keeps its profile)")
 
 
 def lint_rows(rows: Iterable[tuple[Any, ...]]) -> Iterator[Finding]:
