@@ -296,3 +296,35 @@ async def test_keep_fastest_asks_drops_the_slower_row_and_undo_brings_it_back(ap
             assert not db.has_key(first.key) and db.has_key("kdb:faster")
         await pilot.press("u")
         await wait_rows(pilot, table, ROWS + 1)
+
+
+async def test_repair_asks_then_gives_an_old_rows_shared_arrays_their_alignment(app: FixedDeviceApp):
+    """`F`: what `kdb db repair` mends, here a row injected before the symbols carried `__align__(N)`."""
+    from test_shared_alignment import ITEM
+
+    from core.inject.prepare import prepare
+
+    aligned = prepare("k.json", 0, ITEM).row
+    assert aligned is not None
+    fn = json.loads(aligned.function)
+    fn["shared_memory"]["symbol"] = ["a_shared", "b_shared"]  # as kdb wrote it before 1f8bb1c
+    with KernelDB.open(app.context.db_path, write=True) as db:
+        db.insert(replace(aligned, function=json.dumps(fn)))
+    async with app.run_test(size=(180, 50)) as pilot:
+        table = app.screen.query_one(KernelTable)
+        await wait_rows(pilot, table, ROWS + 1)
+        table.focus()
+        await pilot.press("F")
+        await pilot.pause(0.3)
+        assert isinstance(app.screen, ConfirmDialog) and app.screen.question == \
+            "Give 1 kernel(s) their shared arrays' alignment back?"
+        await pilot.press("y")
+        for _ in range(40):
+            await pilot.pause(0.05)
+            with KernelDB.open(app.context.db_path) as db:
+                (row,) = db.find(aligned.key)
+            if row.function == aligned.function:
+                break
+        assert row.function == aligned.function  # exactly what injection writes now
+        with KernelDB.open(app.context.db_path) as db:
+            assert db.count() == ROWS + 1

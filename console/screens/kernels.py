@@ -37,6 +37,7 @@ from core.db.browse import (
 )
 from core.db.fastest import FastestPlan, plan_fastest, profiled_devices
 from core.db.kernel_db import KernelDB, Schema
+from core.db.realign import RealignPlan, apply_realign, plan_realign
 from core.db.summary_index import SummaryIndex
 from core.errors import DbError
 from core.kernels.kernel_row import KernelRow
@@ -64,7 +65,7 @@ class KernelsScreen(KdbScreen):
         Binding("R", "rebuild_index", "Rebuild the browse index", show=False),
         Binding("C", "convert", "Convert osdi20", show=False),
         Binding("N", "compile_with_nnfusion", "Compile with NNFusion", show=False),
-        Binding("F", "repair_pairs", "Repair fused pairs", show=False),
+        Binding("F", "repair_pairs", "Repair (fused pairs, shared alignment)", show=False),
         Binding("K", "keep_fastest", "Keep each op's fastest row", show=False),
     ]
 
@@ -511,38 +512,47 @@ class KernelsScreen(KdbScreen):
                                         dialog_default(self.app.context.settings)), chosen)  # type: ignore[attr-defined]
 
     def action_repair_pairs(self) -> None:
-        """Fused kernels without the CUDA row NNFusion needs to use them: preview, then add the twins."""
-        self.find_missing_twins()
+        """What `kdb db repair` mends: fused kernels without the CUDA row NNFusion needs to use them, and older
+        rows whose shared arrays lost their alignment. Preview, then write."""
+        self.plan_repair()
 
     @work(thread=True, exit_on_error=False, group="write")
-    def find_missing_twins(self) -> None:
+    def plan_repair(self) -> None:
         with self.app.context.open_db() as db:  # type: ignore[attr-defined]
             unused, orphans = db.pair_problems()
-        self.app.call_from_thread(self._confirm_repair, [r.key for r in unused], len(orphans))
+            realign = plan_realign(db)
+        self.app.call_from_thread(self._confirm_repair, [r.key for r in unused], len(orphans), realign)
 
-    def _confirm_repair(self, keys: list[str], orphans: int) -> None:
+    def _confirm_repair(self, keys: list[str], orphans: int, realign: RealignPlan) -> None:
         note = (f" {orphans} CUDA row(s) without their kernel make the compiler abort; repair leaves them: "
                 "delete them here." if orphans else "")
-        if not keys:
+        if not keys and not realign:
             severity = "warning" if orphans else "information"
-            self.notify("every fused kernel has its CUDA twin." + note, severity=severity)
+            self.notify("every fused kernel has its CUDA twin and every shared array its alignment." + note,
+                        severity=severity)
             return
 
         def confirmed(yes: bool | None) -> None:
             if yes:
-                self.add_twins(keys)
+                self.repair(keys, realign)
 
+        asks = [f"add the CUDA twin of {len(keys)} fused kernel(s)"] if keys else []
+        asks += [f"give {len(realign)} kernel(s) their shared arrays' alignment back"] if realign else []
         self.app.push_screen(ConfirmDialog(
-            f"Add the CUDA twin of {len(keys)} fused kernel(s)?",
+            " and ".join(asks).capitalize() + "?",
             "NNFusion uses a fused kernel only when a CUDA row of its identifier is there too (its pattern "
-            "substitution asks for it). Nothing else in the DB is touched." + note, confirm_label="Add twins"),
+            "substitution asks for it). It declares a row's shared arrays from shared_memory: without the "
+            "alignment its code asks for, nvcc reads them 4 bytes at a time. Nothing else in the DB is touched; "
+            "the rows keep their profiles." + note, confirm_label="Repair"),
             confirmed)
 
     @work(thread=True, exit_on_error=False, group="write")
-    def add_twins(self, keys: list[str]) -> None:
+    def repair(self, keys: list[str], realign: RealignPlan) -> None:
         with self.app.context.open_db(write=True) as db:  # type: ignore[attr-defined]
             written = db.add_twins(keys)
-        self.app.call_from_thread(self.notify, f"added {len(written)} twin row(s)")
+            realigned = apply_realign(db, realign)
+        self.app.call_from_thread(self.notify, f"added {len(written)} twin row(s), realigned {len(realigned)} "
+                                               "kernel(s)")
         self.app.call_from_thread(self.request_sync)
 
     def action_keep_fastest(self) -> None:

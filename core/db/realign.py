@@ -14,11 +14,12 @@ from core.kernels.kernel_row import KernelRow, realigned_symbols
 from core.kernels.ops import DEVICE_TYPE
 
 ASKS_FOR_ALIGNMENT = "(Function LIKE ? OR Function LIKE ?)"
+RealignPlan = list[tuple[KernelRow, dict[str, Any]]]  # (row, its Function with the symbols written now)
 
 
-def plan_realign(db: KernelDB) -> list[tuple[KernelRow, dict[str, Any]]]:
+def plan_realign(db: KernelDB) -> RealignPlan:
     """(row, its Function with the symbols written now) for each kernel whose symbols lost their alignment."""
-    plan = []
+    plan: RealignPlan = []
     for row in db.iter_rows(f"WHERE DeviceType = ? AND {ASKS_FOR_ALIGNMENT}",
                             [DEVICE_TYPE, "%alignas(%", "%__align__(%"]):
         try:
@@ -31,7 +32,7 @@ def plan_realign(db: KernelDB) -> list[tuple[KernelRow, dict[str, Any]]]:
     return plan
 
 
-def apply_realign(db: KernelDB, plan: list[tuple[KernelRow, dict[str, Any]]]) -> list[str]:
+def apply_realign(db: KernelDB, plan: RealignPlan) -> list[str]:
     """Rewrite each planned row's Function (a fused kernel's CUDA twin follows); the keys written."""
     for row, function in plan:
         db.update_function(row.key, function)
