@@ -9,7 +9,8 @@ shared loads into 128-bit ones (docs/BENCHMARKS.md, eleventh session, section 3)
 the DB this compiles three forms of the same code and counts the vector loads in the PTX:
 
     nnfusion          the row exactly as NNFusion compiles it (core.cuda.nvcc.standalone_source)
-    aligned           the same with `alignas(16)` on each shared array (16 bytes: the widest vector load)
+    aligned           the row as `kdb db repair` leaves it (and injection writes it since 1f8bb1c): each shared
+                      array declared with the alignment its code asked for, `__align__(64) name`
     aligned+restrict  and `__restrict__` on the pointer parameters, as TVM writes them (ld.global.nc)
 
 With --gpu each form is compiled to a cubin here (nvcc, the device's arch), verified against float64 numpy and
@@ -42,13 +43,16 @@ KERNEL = "kdb_kernel"
 def form_source(function: dict[str, Any], form: str) -> str:
     """The row's kernel as NNFusion compiles it alone, changed as `form` says."""
     from core.cuda.nvcc import standalone_source
+    from core.kernels.kernel_row import realigned_symbols
 
+    if form in ("aligned", "aligned+restrict"):  # the row as `kdb db repair` (and injection, now) writes it
+        symbols = realigned_symbols(function)
+        if symbols is not None:
+            function = {**function, "shared_memory": {**function["shared_memory"], "symbol": symbols}}
     source = standalone_source(function, KERNEL)
-    if form in ("aligned", "aligned+restrict"):
-        source = re.sub(r"^__shared__ ", "__shared__ alignas(16) ", source, flags=re.M)
     if form == "aligned+restrict":
-        head, rest = source.split(")", 1)  # the signature's parameter list comes first
-        source = re.sub(r"(\w+)\s*\*\s*(input|output)(\d+)", r"\1* __restrict__ \2\3", head) + ")" + rest
+        head, rest = source.split("\n{", 1)  # the signature, then the body
+        source = re.sub(r"(\w+)\s*\*\s*(input|output)(\d+)", r"\1* __restrict__ \2\3", head) + "\n{" + rest
     return source
 
 
@@ -137,12 +141,12 @@ def print_row(entry: dict[str, Any], *, flush: bool = False) -> None:
     global HEADER_PRINTED
     if not HEADER_PRINTED:
         print(f"{'kernel':52s} {'profile':>8s} " + " ".join(f"{f:>22s}" for f in FORMS) + "  aligned/nnfusion")
-        print(f"{'':52s} {'us':>8s} " + " ".join(f"{'us  v4/v2/scalar':>22s}" for _ in FORMS))
+        print(f"{'':52s} {'us':>8s} " + " ".join(f"{'us  v4/v2/scalar/nc':>22s}" for _ in FORMS))
         HEADER_PRINTED = True
     cells = []
     for form in FORMS:
         f = entry["forms"][form]
-        cells.append(f"{_us(f['us'])} {f['v4']:4d}/{f['v2']}/{f['scalar']}".rjust(22))
+        cells.append(f"{_us(f['us'])} {f['v4']:4d}/{f['v2']}/{f['scalar']}/{f['nc']}".rjust(22))
     a, n = entry["forms"]["aligned"]["us"], entry["forms"]["nnfusion"]["us"]
     ratio = f"{a / n:.2f}" if a and n else "not measured"
     print(f"{entry['name'][:52]:52s} {_us(entry['profile_us'])} " + " ".join(cells) + f"  {ratio}", flush=flush)
