@@ -85,9 +85,11 @@ def main() -> None:
 
     from core.cuda.nvcc import compile_source, find_nvcc
     from core.db.kernel_db import KernelDB
-    from core.gpu.jobs import GpuSession, job_for_row
+    from core.gpu.jobs import GpuSession, job_for_row, require_gpu
     from core.kernels.kernel_row import distinct_kernels
 
+    if args.gpu:
+        print(f"GPU: {require_gpu()}")  # no GPU, or no pycuda on the path (`. /tmp/kdb-device/env.sh`): say so now
     nvcc = find_nvcc()
     work = Path(tempfile.mkdtemp(prefix="kdb-shared-align-"))
     results: list[dict[str, Any]] = []
