@@ -5,6 +5,7 @@ llvm target: what a job learnt reaches the next job, a new process learns each r
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -146,3 +147,17 @@ def test_a_job_without_a_population_evolves_kdbs_default_never_less_than_its_rou
     assert search_population(None, 32) == 256
     assert search_population(None, 1024) == 1024
     assert search_population(128, 32) == 128  # the job's own, as given (TuneJob refuses one below its round)
+
+
+def test_an_ops_line_names_the_model_its_tuning_job_searched_with_not_its_probes(tmp_path: Path):
+    """Session 10's bench lines said "the model had 0 trials" for ops whose tuning job ranked with hundreds: the
+    probe, the op's first 16 trials, had started with no model."""
+    from core.tuning.job import TuneResult
+    from core.tuning.queue import _with_probe
+
+    probe = replace(TuneResult(job(SMALL, 16), tmp_path), new_trials=16, model_trials=0, search="sampled")
+    tuned = replace(TuneResult(job(SMALL, 100), tmp_path), new_trials=84, model_trials=288, search="evolutionary")
+    merged = _with_probe(probe, tuned)
+    assert (merged.new_trials, merged.model_trials, merged.search) == (100, 288, "sampled, then evolutionary")
+    idle = replace(tuned, new_trials=0)  # the probe was all the op got: its model is the one that counts
+    assert _with_probe(probe, idle).model_trials == 0 and _with_probe(probe, idle).search == "sampled"

@@ -211,7 +211,10 @@ def _with_probe(probe: TuneResult, tuned: TuneResult) -> TuneResult:
     parts = [part for text in (probe.search, tuned.search if tuned.new_trials else "") if text
              for part in text.split(", then ")]
     search = ", then ".join(part for part, _ in itertools.groupby(parts))  # "sampled, then sampled": once
-    return replace(tuned, resumed=probe.resumed, model_trials=probe.model_trials, search=search,
+    # The model the op's search ranked with: the tuning job's when it measured (a probe starts an op's tuning with
+    # whatever model there was, often none; the job that follows had the probes' trials and more).
+    model_trials = tuned.model_trials if tuned.new_trials else probe.model_trials
+    return replace(tuned, resumed=probe.resumed, model_trials=model_trials, search=search,
                    new_trials=probe.new_trials + tuned.new_trials, seconds=probe.seconds + tuned.seconds,
                    requeued=probe.requeued + tuned.requeued,
                    errors={k: probe.errors.get(k, 0) + tuned.errors.get(k, 0) for k in {*probe.errors, *tuned.errors}},
