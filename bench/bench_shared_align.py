@@ -40,15 +40,14 @@ FORMS = ("nnfusion", "aligned", "aligned+restrict")
 KERNEL = "kdb_kernel"
 
 
-def form_source(function: dict[str, Any], form: str) -> str:
+def form_source(row: Any, form: str) -> str:
     """The row's kernel as NNFusion compiles it alone, changed as `form` says."""
     from core.cuda.nvcc import standalone_source
-    from core.kernels.kernel_row import realigned_symbols
+    from core.db.realign import realigned_function
 
+    function = json.loads(row.function)
     if form in ("aligned", "aligned+restrict"):  # the row as `kdb db repair` (and injection, now) writes it
-        symbols = realigned_symbols(function)
-        if symbols is not None:
-            function = {**function, "shared_memory": {**function["shared_memory"], "symbol": symbols}}
+        function = realigned_function(row) or function
     source = standalone_source(function, KERNEL)
     if form == "aligned+restrict":
         head, rest = source.split("\n{", 1)  # the signature, then the body
@@ -98,12 +97,12 @@ def main() -> None:
         with KernelDB.open(open_db(args.db, work)) as db:
             rows = [r for r in distinct_kernels(db.iter_rows()) if r.device_type == "CUDA_GPU"]
             for row in rows:
-                function, miscs = json.loads(row.function), json.loads(row.miscs or "{}")
+                miscs = json.loads(row.miscs or "{}")
                 name = miscs.get("kdb", {}).get("name", row.key[:20])
                 profile = next(iter(miscs.get("kdb", {}).get("profile", {}).values()), {}).get("us")
                 entry: dict[str, Any] = {"name": name, "profile_us": profile, "forms": {}}
                 for form in FORMS:
-                    source = form_source(function, form)
+                    source = form_source(row, form)
                     counts = ptx_counts(source, args.arch, nvcc, work)
                     timed: dict[str, Any] = {"us": None, "error": "not measured"}
                     if session is not None:

@@ -7,14 +7,37 @@ the row keeps its Key (the kernel's code is the same), its place in the table an
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
+from core.cuda.source import parse_kernel
 from core.db.kernel_db import KernelDB
-from core.kernels.kernel_row import KernelRow, realigned_symbols
+from core.errors import InputError
+from core.kernels.export import row_to_item
+from core.kernels.kernel_row import KernelRow, declared_symbols
 from core.kernels.ops import DEVICE_TYPE
 
 ASKS_FOR_ALIGNMENT = "(Function LIKE ? OR Function LIKE ?)"
 RealignPlan = list[tuple[KernelRow, dict[str, Any]]]  # (row, its Function with the symbols written now)
+_ALIGN_PREFIX = re.compile(r"^\s*__align__\s*\(\s*\d+\s*\)\s*")
+
+
+def realigned_function(row: KernelRow) -> dict[str, Any] | None:
+    """The row's Function with its shared_memory symbols as injection writes them now, or None when they need
+    no change. The alignment each array asked for is read from the row's own kernel (`row_to_item`'s code: TVM's
+    declarations are still in function_body); a row whose symbols are not the names of those arrays, or whose
+    kernel does not read back, is left alone (`kdb lint` names what is wrong with it)."""
+    try:
+        src = parse_kernel(row_to_item(row)["code"])
+    except InputError:
+        return None
+    function = json.loads(row.function)  # row_to_item read it: a JSON object
+    shared = function.get("shared_memory") if isinstance(function.get("shared_memory"), dict) else {}
+    symbols = shared.get("symbol") or []
+    wanted = declared_symbols(src.shared)
+    if [_ALIGN_PREFIX.sub("", str(s)) for s in symbols] != [d.symbol for d in src.shared] or wanted == symbols:
+        return None
+    return {**function, "shared_memory": {**shared, "symbol": wanted}}
 
 
 def plan_realign(db: KernelDB) -> RealignPlan:
@@ -22,13 +45,9 @@ def plan_realign(db: KernelDB) -> RealignPlan:
     plan: RealignPlan = []
     for row in db.iter_rows(f"WHERE DeviceType = ? AND {ASKS_FOR_ALIGNMENT}",
                             [DEVICE_TYPE, "%alignas(%", "%__align__(%"]):
-        try:
-            function = json.loads(row.function)
-        except ValueError:  # `kdb lint` names an unreadable Function; nothing to realign in it
-            continue
-        symbols = realigned_symbols(function) if isinstance(function, dict) else None
-        if symbols is not None:
-            plan.append((row, {**function, "shared_memory": {**function["shared_memory"], "symbol": symbols}}))
+        function = realigned_function(row)
+        if function is not None:
+            plan.append((row, function))
     return plan
 
 

@@ -274,30 +274,6 @@ def declared_symbols(shared: Iterable[SharedDecl]) -> list[str]:
     return out
 
 
-def realigned_symbols(function: dict[str, Any]) -> list[str] | None:
-    """The row's shared_memory symbols as build_row writes them now, or None when they need no change.
-
-    Rows injected before the symbols carried `__align__(N)` (1f8bb1c) declare TVM's aligned arrays without their
-    alignment. Their own function_body still has TVM's declarations, so the alignment each array asked for is
-    read from there; a row whose symbols are not the names of those arrays is left alone."""
-    from core.cuda.source import parse_kernel
-
-    symbols = (function.get("shared_memory") or {}).get("symbol") or []
-    try:
-        kernel = str(function["function_signature"]).replace("void (", "void kdb_realign(", 1)
-        src = parse_kernel(f"{kernel}\n{{\n{function['function_body']}\n}}\n")
-    except (InputError, KeyError, TypeError):
-        return None
-    bare = [_ALIGN_PREFIX.sub("", str(s)) for s in symbols]
-    wanted = declared_symbols(src.shared)
-    if bare != [d.symbol for d in src.shared] or wanted == symbols:
-        return None
-    return wanted
-
-
-_ALIGN_PREFIX = re.compile(r"^\s*__align__\s*\(\s*\d+\s*\)\s*")
-
-
 def aligned_sizes(shared: Iterable[SharedDecl]) -> list[int]:
     """The shared_memory sizes that keep each array's alignment where NNFusion puts it.
 
