@@ -71,7 +71,7 @@ def main() -> None:
     def cpu_s(code: str, light: bool) -> float:
         start = time.process_time()
         if light:
-            with nvrtc._lighter_programs():
+            with nvrtc.lighter_programs():
                 nvcc.compile_cuda(code, target_format="cubin", arch="sm_90", compiler="nvrtc")
         else:
             nvcc.compile_cuda(code, target_format="cubin", arch="sm_90", compiler="nvrtc")
@@ -79,7 +79,7 @@ def main() -> None:
 
     def same_kernel(code: str) -> bool:
         full = nvcc.compile_cuda(code, target_format="ptx", arch="sm_90", compiler="nvrtc")
-        with nvrtc._lighter_programs():
+        with nvrtc.lighter_programs():
             light = nvcc.compile_cuda(code, target_format="ptx", arch="sm_90", compiler="nvrtc")
         return kernel_ptx(full) == kernel_ptx(light)
 

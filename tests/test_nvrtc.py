@@ -82,7 +82,7 @@ def nvrtc(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
 @pytest.mark.slow
 @pytest.mark.tvm
 def test_every_kind_of_tuned_kernel_compiles_to_the_same_ptx_without_libcuxx(nvrtc, tmp_path: Path):  # type: ignore[no-untyped-def]
-    from core.tuning.nvrtc import _lighter_programs
+    from core.tuning.nvrtc import lighter_programs
 
     sources = candidate_sources(STATE, tmp_path, per_op=1)  # one candidate of each of ResNet-18's 18 ops
     sources["infinity"] = ('extern "C" __global__ void __launch_bounds__(32) main_kernel(float* out, float* in) '
@@ -91,7 +91,7 @@ def test_every_kind_of_tuned_kernel_compiles_to_the_same_ptx_without_libcuxx(nvr
         "convolution", "fused_convolution_add_relu", "maxpool", "avgpool", "dot", "infinity"}
     for name, code in sources.items():
         full = nvrtc.compile_cuda(code, target_format="ptx", arch="sm_90", compiler="nvrtc")
-        with _lighter_programs():
+        with lighter_programs():
             light = nvrtc.compile_cuda(code, target_format="ptx", arch="sm_90", compiler="nvrtc")
         assert kernel_ptx(light) == kernel_ptx(full), name
         assert ".version" in bytes(full).decode() and "cuda::std" not in kernel_ptx(light)

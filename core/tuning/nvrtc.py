@@ -72,7 +72,7 @@ def light_source(program: str) -> str | None:
 
 
 @contextmanager
-def _lighter_programs() -> Iterator[None]:
+def lighter_programs() -> Iterator[None]:
     """While it is open, the NVRTC programs TVM creates in this process are light_source's."""
     from cuda.bindings import nvrtc
 
@@ -98,7 +98,7 @@ def compile_cuda(code: str, *_: Any) -> bytes:
     if os.environ.get(FULL_PROGRAM_ENV) == "1" or os.environ.get("TVM_CUDA_COMPILE_MODE", "nvrtc").lower() != "nvrtc":
         return nvcc.tvm_callback_cuda_compile(code)
     try:
-        with _lighter_programs():
+        with lighter_programs():
             return nvcc.compile_cuda(code, target_format="cubin", compiler="nvrtc")
     except (RuntimeError, ImportError):  # NVRTC rejected the light program (or is missing): TVM's own compile,
         fallbacks += 1  # which says what is wrong in its own words
