@@ -50,6 +50,8 @@ def form_source(row: Any, form: str) -> str:
     function = json.loads(row.function)
     if form in ("aligned", "aligned+restrict"):  # the row as `kdb db repair` (and injection, now) writes it
         function = realigned_function(row) or function
+        # ...which since the twelfth session adds __restrict__ too: "aligned" is the alignment alone
+        function = {**function, "function_signature": function["function_signature"].replace("__restrict__ ", "")}
     source = standalone_source(function, KERNEL)
     if form == "aligned+restrict":
         head, rest = source.split("\n{", 1)  # the signature, then the body

@@ -69,10 +69,11 @@ def test_a_kernel_directory_injects_with_compile_check(corpus: tuple[Path, int],
     for fn, miscs, tags in conn.execute("SELECT Function, Miscs, Tags FROM KernelCache"):
         function, misc = json.loads(fn), json.loads(miscs)
         assert "BlockCudaEmitter" in tags.split(",")
-        # NNFusion's own CudaEmitter form: the block size as launch bounds (registers fit the block)
+        # NNFusion's own CudaEmitter form: the block size as launch bounds (registers fit the block), and
+        # __restrict__ pointers as NNFusion's generated kernels have them (read-only loads: ld.global.nc)
         threads = math.prod(function["block_dim"])
         assert function["function_signature"].startswith(
-            f'extern "C" __launch_bounds__({threads}) __global__ void (float* input0')
+            f'extern "C" __launch_bounds__({threads}) __global__ void (float* __restrict__ input0')
         assert not re.search(r"__shared__\s+float\s+\w+\s*\[", function["block_function_body"])
         assert misc["external_profile"]["time"] == ""  # nothing measured, nothing claimed
         assert misc["kdb"]["compile"]["sm_90"]["kdb_block_kernel"]["registers"] > 0
@@ -94,7 +95,8 @@ def test_fused_add_relu_signature_puts_the_bias_before_the_output(tmp_path: Path
     padded = -(-threads // 32) * 32 if fn["num_syncthreads"] else threads
     assert fn["block_dim"] == [padded, 1, 1]
     assert fn["function_signature"] == (f'extern "C" __launch_bounds__({padded}) __global__ void '
-                                        "(float* input0, float* input1, float* input2, float* output0)")
+                                        "(float* __restrict__ input0, float* __restrict__ input1, "
+                                        "float* __restrict__ input2, float* __restrict__ output0)")
     assert fn["block_function_body"].startswith("float* compute = output0;")
     assert fn["shared_memory"] == {"symbol": ["pad_temp_shared", "input1_shared"], "dtype": ["float", "float"],
                                    "size": [227, 88]}

@@ -317,7 +317,7 @@ async def test_repair_asks_then_gives_an_old_rows_shared_arrays_their_alignment(
         await pilot.press("F")
         await pilot.pause(0.3)
         assert isinstance(app.screen, ConfirmDialog) and app.screen.question == \
-            "Give 1 kernel(s) their shared arrays' alignment back?"
+            "Bring 1 kernel(s) to the form injection writes now?"
         await pilot.press("y")
         for _ in range(40):
             await pilot.pause(0.05)

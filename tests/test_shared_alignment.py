@@ -110,7 +110,7 @@ def test_kdb_db_repair_gives_old_rows_their_alignment_back_and_keeps_the_rest(tm
     old = {**fn, "shared_memory": {**fn["shared_memory"], "symbol": ["a_shared", "b_shared"]}}
     profile = json.dumps({"external_profile": {"time": "NVIDIA H200:12.5;", "resource": 64}})
     first = replace(fused_row("kdb:first", miscs=profile), function=json.dumps(old))
-    second = fused_row("kdb:second")
+    second = replace(fused_row("kdb:second"), function=json.dumps(fn))  # in the form injection writes now
     with KernelDB.open(tmp_path / "k.db", create=True) as db:
         db.insert(first)
         db.insert(second)
@@ -134,3 +134,45 @@ def test_kdb_db_repair_gives_old_rows_their_alignment_back_and_keeps_the_rest(tm
     assert not [f for f in findings if f.check == "shared-alignment-dropped"]
     proc, again = run_kdb_json("db", "repair", "--db", str(tmp_path / "k.db"))
     assert proc.returncode == 0 and again["misaligned"] == []
+
+
+def test_restricted_signature_adds_restrict_to_the_form_injection_writes_and_leaves_others():
+    from core.db.realign import restricted_signature
+
+    plain = 'extern "C" __launch_bounds__(128, 1) __global__ void (float* input0, float* input1, float* output0)'
+    assert restricted_signature(plain) == ('extern "C" __launch_bounds__(128, 1) __global__ void (float* __restrict__ '
+                                           'input0, float* __restrict__ input1, float* __restrict__ output0)')
+    assert restricted_signature(restricted_signature(plain) or "") is None  # already there: nothing to do
+    # NNFusion's import script's form (no launch bounds) and odd parameters are not ours to rewrite
+    assert restricted_signature('extern "C" __global__  void (float* input0, float* output0)') is None
+    assert restricted_signature('extern "C" __launch_bounds__(64) __global__ void (float* input0, int n)') is None
+
+
+def test_kdb_db_repair_gives_old_rows_restrict_pointers_and_keeps_their_key_and_profile(tmp_path):
+    """A kernel injected before rows declared their pointers __restrict__, its twin, and a row of NNFusion's import
+    script's form: repair rewrites the first (and its twin) only."""
+    from dataclasses import replace
+
+    from conftest import run_kdb_json
+    from test_pattern_twins import fused_row, stored
+
+    from core.db.kernel_db import KernelDB
+    from core.kernels.kernel_row import twin_key
+
+    fn = _function(prepare("k.json", 0, ITEM).row)
+    assert "float* __restrict__ input0" in fn["function_signature"]  # what injection writes now
+    old = {**fn, "function_signature": fn["function_signature"].replace("__restrict__ ", "")}
+    foreign = {**old, "function_signature": 'extern "C" __global__  void (float* input0, float* input1, '
+                                            'float* input2, float* output0)'}
+    profile = json.dumps({"external_profile": {"time": "NVIDIA H200:12.5;", "resource": 64}})
+    with KernelDB.open(tmp_path / "k.db", create=True) as db:
+        db.insert(replace(fused_row("kdb:old", miscs=profile), function=json.dumps(old)))
+        db.insert(replace(fused_row("kdb:foreign"), function=json.dumps(foreign)))
+    before = stored(tmp_path / "k.db")
+    proc, done = run_kdb_json("db", "repair", "--db", str(tmp_path / "k.db"), "--apply")
+    assert proc.returncode == 0 and done["realigned"] == ["kdb:old"], done
+    after = stored(tmp_path / "k.db")
+    for key in ("kdb:old", twin_key("kdb:old")):
+        assert json.loads(after[key][COLUMNS.index("Function")]) == fn
+        assert after[key][COLUMNS.index("Miscs")] == profile
+    assert after["kdb:foreign"] == before["kdb:foreign"]

@@ -50,8 +50,9 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _repair(args: argparse.Namespace) -> int:
-    """Fused kernels without their CUDA twin get it, rows whose shared arrays lost their alignment get it back
-    (--apply); nothing else in the DB is touched."""
+    """Fused kernels without their CUDA twin get it, rows in an older form than injection writes (shared arrays
+    without their alignment, pointers without __restrict__) are brought up to date (--apply); nothing else in the
+    DB is touched."""
     from core.db.realign import apply_realign, plan_realign
 
     with KernelDB.open(args.db, write=args.apply) as db:
@@ -69,8 +70,10 @@ def _repair(args: argparse.Namespace) -> int:
     else:
         if realign:
             verb = "rewrote" if args.apply else "would rewrite"
-            out.print(f"{len(realign)} kernel(s) declare the shared arrays their code aligns without the alignment "
-                      f"(nvcc reads them 4 bytes at a time); {verb} their shared_memory symbols", highlight=False)
+            out.print(f"{len(realign)} kernel(s) in an older form than injection writes: shared arrays declared "
+                      "without the alignment their code asks for (nvcc reads them 4 bytes at a time), or pointers "
+                      f"without __restrict__ (no read-only loads); {verb} their signature and shared_memory symbols "
+                      "(the code, the Key and the profile stay)", highlight=False)
             for r, _ in realign:
                 out.print(f"  {r.key}  {r.identifier}", markup=False, highlight=False)
         verb = "added" if args.apply else "would add"

@@ -537,13 +537,14 @@ class KernelsScreen(KdbScreen):
                 self.repair(keys, realign)
 
         asks = [f"add the CUDA twin of {len(keys)} fused kernel(s)"] if keys else []
-        asks += [f"give {len(realign)} kernel(s) their shared arrays' alignment back"] if realign else []
+        asks += [f"bring {len(realign)} kernel(s) to the form injection writes now"] if realign else []
         self.app.push_screen(ConfirmDialog(
             " and ".join(asks).capitalize() + "?",
             "NNFusion uses a fused kernel only when a CUDA row of its identifier is there too (its pattern "
             "substitution asks for it). It declares a row's shared arrays from shared_memory: without the "
-            "alignment its code asks for, nvcc reads them 4 bytes at a time. Nothing else in the DB is touched; "
-            "the rows keep their profiles." + note, confirm_label="Repair"),
+            "alignment its code asks for, nvcc reads them 4 bytes at a time; and it compiles the signature as "
+            "written: without __restrict__, no read-only loads. Nothing else in the DB is touched; the rows keep "
+            "their Keys and profiles." + note, confirm_label="Repair"),
             confirmed)
 
     @work(thread=True, exit_on_error=False, group="write")

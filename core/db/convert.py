@@ -85,7 +85,7 @@ def convert_osdi20_row(identifier: Any, platform: Any, function: Any, tags: Any,
     if not isinstance(num_sync, int):
         raise InputError("num_sync missing: the barrier count is unknown")
     inputs = [f"input{i}" for i in range(len(ins))]
-    signature = nnfusion_signature([f"float* {n}" for n in [*inputs, "output0"]], math.prod(block))
+    signature = nnfusion_signature("float", [*inputs, "output0"], math.prod(block))
     function_body = decls + block_body
     fn = {"function_signature": signature, "function_body": function_body, "grid_dim": list(grid),
           "block_dim": list(block), "block_function_body": block_body, "shared_memory": sm,
