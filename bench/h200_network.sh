@@ -21,7 +21,7 @@
 #                                              BlockFusion), the empty DB and PyTorch, one timing method
 #                                              (bench_network.py); DB defaults to the tuning's
 #     (CONTENDERS="tuned-best empty" limits the NNFusion contenders, a label with -no-blockfusion appended compiles
-#      that DB with -fblockfusion_level=0; every contender gets the launch check; NO_PYTORCH=1 skips PyTorch, RUNS=5 times
+#      that DB with -fblockfusion_level=0, one with -checked with -fblockfusion_check_correctness=true; every contender gets the launch check; NO_PYTORCH=1 skips PyTorch, RUNS=5 times
 #      each contender in 5 processes and keeps the median run)
 #   bash bench/h200_network.sh ops [DB]        each op's rows (their profile from injection) against cuDNN timed now, in
 #                                              PICKS processes (default 3; each op counts cuDNN's fastest pick);
@@ -120,6 +120,9 @@ network)
     for label in ${CONTENDERS:-tuned-all empty tuned-best}; do  # each result is copied out as soon as it is there
       db=${label%-no-blockfusion}; off=()  # "<db>-no-blockfusion": that DB compiled with BlockFusion off
       [ "$db" != "$label" ] && off=(--flag=-fblockfusion_level=0)
+      if [ "${label%-checked}" != "$label" ]; then  # "<db>-checked": NNFusion runs each BlockFusion group on the
+        db=${label%-checked}; off=(--flag=-fblockfusion_check_correctness=true)  # GPU and drops one that fails
+      fi
       timeout 240 python3 bench/bench_network.py nnfusion --out "$R/net" --db "$R/net/$db.db" --nnfusion "$nnf" \
         --label "$label" "${off[@]}" --trace-steps --runs "${RUNS:-1}"
       copy_out

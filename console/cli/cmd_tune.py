@@ -96,7 +96,7 @@ def main(args: argparse.Namespace) -> int:
         return TuneJob(config, trials=n, target=args.target, arch=arch, rpc=rpc, rpc_workers=args.rpc_workers,
                        builder_timeout_s=settings.tune_builder_timeout_s, efficient=args.efficient,
                        transfer=not args.no_transfer, trials_per_batch=args.batch, population=args.population,
-                       builder_workers=args.workers)
+                       builder_workers=args.workers, runner_ups=max(0, args.runner_ups))
 
     if network is not None:
         budget = args.budget or trials * len(network.ops)

@@ -227,6 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--efficient", action="store_true",
                    help="also inject each op's most efficient kernel (time x resource) for BlockFusion to swap in; "
                         "on the H200 that made ResNet-18 1.46x slower")
+    p.add_argument("--runner-ups", type=int, default=2, metavar="N",
+                   help="when an op's best row runs 1.2x its record's time or more (timed on the GPU as NNFusion "
+                        "compiles it), inject the next N records' kernels as rows too (default 2; 0: never)")
     p.add_argument("--no-transfer", action="store_true",
                    help="give each op MetaSchedule's own fresh cost model instead of one model for the run, "
                         "taught by every trial recorded in the state dir")

@@ -19,7 +19,7 @@ import math
 import sys
 import time
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,6 +76,9 @@ class TuneJob:
     seed: int | None = None
     overlap: bool | None = None  # build while measuring (default: when measuring off this CPU; pipeline.py)
     efficient: bool = False  # also a kernel for the most efficient record (time x resource): see above
+    # when the best record's row runs RUNNER_UP_RATIO x the record's time or more, this many next records are
+    # injected and timed as rows too (core.tuning.queue; runner_up_kernels)
+    runner_ups: int = 2
     transfer: bool = True  # one cost model for the process, warm-started from the root's records (costmodel.py)
     population: int | None = None  # the evolutionary search's population (None: search_population's default)
 
@@ -426,23 +429,21 @@ def error_kind(error: str) -> str:
 # From the records to kernels
 
 
-def best_kernels(job: TuneJob, work_dir: Path, *, top_k: int = 16, check: bool = True) -> TuneResult:
-    """Kernel JSON for the fastest record, and for the most efficient one (time x resource) if the job asks."""
+def _scored_records(job: TuneJob, work_dir: Path, top_k: int) -> list[tuple[float, int, Any]]:
+    """(mean seconds, resource, scheduled module) of the job's `top_k` fastest successful records."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    from core.codegen.generate import generate, prim_func_module
+    from core.codegen.generate import prim_func_module
     from core.codegen.schedule import launch_dims
 
     if job.target != "cuda":
         raise InputError("kernels for the kernel DB come from CUDA tuning (target cuda)")
-    result = TuneResult(job, work_dir)
     mod, _ = prim_func_module(job.config)
     database = ms.database.JSONDatabase(path_workload=str(work_dir / WORKLOADS),
                                         path_tuning_record=str(work_dir / RECORDS))
-    records = database.get_top_k(database.commit_workload(mod), top_k)
     scored = []
-    for record in records:
+    for record in database.get_top_k(database.commit_workload(mod), top_k):
         secs = [float(s) for s in record.run_secs or []]
         if not secs or min(secs) >= FAILED_SECONDS:
             continue
@@ -450,10 +451,16 @@ def best_kernels(job: TuneJob, work_dir: Path, *, top_k: int = 16, check: bool =
         record.trace.apply_to_schedule(sch, remove_postproc=False)
         grid, block = launch_dims(sch.mod)
         resource = math.ceil(math.prod(block) / 32) * 32 * math.prod(grid)
-        seconds = sum(secs) / len(secs)
-        scored.append((seconds, resource, sch.mod))
+        scored.append((sum(secs) / len(secs), resource, sch.mod))
     if not scored:
         raise InputError(f"{job.name}: no successful trial recorded in {work_dir}")
+    return scored
+
+
+def best_kernels(job: TuneJob, work_dir: Path, *, top_k: int = 16, check: bool = True) -> TuneResult:
+    """Kernel JSON for the fastest record, and for the most efficient one (time x resource) if the job asks."""
+    result = TuneResult(job, work_dir)
+    scored = _scored_records(job, work_dir, top_k)
     result.best_seconds = min(s[0] for s in scored)
     skipped: list[str] = []
     checked = False
@@ -466,23 +473,54 @@ def best_kernels(job: TuneJob, work_dir: Path, *, top_k: int = 16, check: bool =
         for seconds, resource, scheduled in sorted(scored, key=order):
             # The CPU check runs the op's definition (the same for every record): once per job is enough;
             # each kernel's own code is verified on the GPU when it is injected.
-            generated = generate(job.config, job.arch, scheduled=scheduled, check=check and not checked)
-            checked = checked or generated.error == ""
-            problem = generated.error or _standalone_problem(generated.item, job.arch, work_dir)
-            if not problem:
-                assert generated.item is not None
-                generated.item["tvm_func_name"] = generated.item["tvm_func_name"].replace(
-                    "_kernel0", f"_{role}_kernel0")
-                if generated.item["code"] not in [k["code"] for k in result.kernels.values()]:
-                    result.kernels[role] = generated.item
-                result.candidates.append({"role": role, "seconds": seconds, "resource": resource})
-                break
-            skipped.append(f"{seconds * 1e6:.2f} us: {problem[:200]}")
+            item, problem, generated = _kernel_item(job, scheduled, work_dir, check=check and not checked)
+            checked = checked or generated
+            if item is None:
+                skipped.append(f"{seconds * 1e6:.2f} us: {problem[:200]}")
+                continue
+            item["tvm_func_name"] = item["tvm_func_name"].replace("_kernel0", f"_{role}_kernel0")
+            if item["code"] not in [k["code"] for k in result.kernels.values()]:
+                result.kernels[role] = item
+            result.candidates.append({"role": role, "seconds": seconds, "resource": resource})
+            break
     result.errors = {f"skipped schedule ({len(skipped)})": len(skipped)} if skipped else {}
     if not result.kernels:
         raise InputError(f"{job.name}: none of the {len(scored)} best schedules gives a self-contained kernel "
                          f"(first: {skipped[0] if skipped else '?'})")
     return result
+
+
+def runner_up_kernels(job: TuneJob, work_dir: Path, taken: Iterable[str], count: int, *,
+                      top_k: int = 16) -> list[tuple[str, float, dict[str, Any]]]:
+    """(role, seconds, kernel JSON item) for the next `count` fastest records whose kernels differ from the
+    `taken` codes and from each other: roles best2, best3...
+
+    The tuner ranks records by TVM's build of them; NNFusion runs the row's form, compiled by nvcc. Where the
+    best record's row runs far slower than the record (a row of session 12 ran 3x), the next records are
+    injected too and timed as rows, so the DB can hold the fastest row rather than the fastest record."""
+    taken = set(taken)
+    found: list[tuple[str, float, dict[str, Any]]] = []
+    for seconds, _resource, scheduled in sorted(_scored_records(job, work_dir, top_k), key=lambda s: s[0]):
+        if len(found) >= count:
+            break
+        item, _problem, _generated = _kernel_item(job, scheduled, work_dir, check=False)
+        if item is None or item["code"] in taken:
+            continue
+        taken.add(item["code"])
+        role = f"best{len(found) + 2}"
+        item["tvm_func_name"] = item["tvm_func_name"].replace("_kernel0", f"_{role}_kernel0")
+        found.append((role, seconds, item))
+    return found
+
+
+def _kernel_item(job: TuneJob, scheduled: Any, work_dir: Path, *,
+                 check: bool) -> tuple[dict[str, Any] | None, str, bool]:
+    """(kernel JSON item or None, why not, whether TVM generated it without error) for a scheduled record."""
+    from core.codegen.generate import generate
+
+    generated = generate(job.config, job.arch, scheduled=scheduled, check=check)
+    problem = generated.error or _standalone_problem(generated.item, job.arch, work_dir)
+    return (None if problem else generated.item), problem, generated.error == ""
 
 
 def _standalone_problem(item: dict[str, Any] | None, arch: str, work_dir: Path) -> str:

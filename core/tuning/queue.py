@@ -22,7 +22,16 @@ from core.errors import KdbError
 from core.inject.pipeline import InjectOptions, Injector, InjectReport
 from core.kernels.lint import block_form_resources
 from core.tuning.claims import ClaimBoard
-from core.tuning.job import PhaseEvent, TrialEvent, TuneJob, TuneResult, best_kernels, recorded_runs, run_tune
+from core.tuning.job import (
+    PhaseEvent,
+    TrialEvent,
+    TuneJob,
+    TuneResult,
+    best_kernels,
+    recorded_runs,
+    run_tune,
+    runner_up_kernels,
+)
 from core.tuning.network import Network, NetworkEvent, predict, probe_trials, spread_budget, tuning_order
 
 
@@ -129,19 +138,24 @@ def _inject(i: int, job: TuneJob, result: TuneResult, db_path: Path, inject_opti
     kernels = best_kernels(job, result.work_dir)
     result.kernels, result.candidates = kernels.kernels, kernels.candidates
     items = list(kernels.kernels.values())
-    path = result.work_dir / f"kernels-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(items, indent=1), encoding="utf-8")
+    path = _kernel_file(result.work_dir, items)
     result.phases["generate"] = time.perf_counter() - start
     job_event(i, "injecting", f"{len(items)} kernel(s)", result=result)
     start = time.perf_counter()
     state = StateDB()
-    committed: dict[int, str] = {}  # item index -> Key
     try:
         with KernelDB.open(db_path, create=True) as db:
-            injected = Injector(db, inject_options, state=state,
-                                on_commit=lambda c: committed.__setitem__(c.index, c.key)).run([path], kind="tune")
+            injected, committed = _inject_file(db, path, inject_options, state)
             roles = list(kernels.kernels)
-            slow = slower_than_tuned(db, {roles[i]: key for i, key in committed.items()}, result.candidates)
+            keys = {roles[i]: key for i, key in committed.items()}
+            slow = slower_than_tuned(db, keys, result.candidates)
+            ratio = row_to_record(db, keys.get("best"), result.candidates)
+            if job.runner_ups > 0 and ratio is not None and ratio >= RUNNER_UP_RATIO:
+                job_event(i, "injecting", f"the best row runs {ratio:.2f}x its record: the next "
+                                          f"{job.runner_ups} record(s) as rows too", result=result)
+                line, more = _inject_runner_ups(db, job, result, items, inject_options, state, ratio)
+                slow.append(line)
+                injected = _merged(injected, more)
             slow += [f"an earlier row of this op ({first}) comes first in the table, and NNFusion takes the first: "
                      f"`kdb db fastest` keeps the faster" for _key, first in injected.shadowed]
     finally:
@@ -153,6 +167,63 @@ def _inject(i: int, job: TuneJob, result: TuneResult, db_path: Path, inject_opti
               f"failed {injected.failed}" + (f": {injected.failures[0].reason}" if injected.failures else "")
               + "".join(f"; {line}" for line in slow))
     job_event(i, status, detail, result=result, inject=injected)
+
+
+def _kernel_file(work_dir: Path, items: list[dict[str, Any]], suffix: str = "") -> Path:
+    path = work_dir / f"kernels-{time.strftime('%Y%m%d-%H%M%S')}{suffix}.json"
+    path.write_text(json.dumps(items, indent=1), encoding="utf-8")
+    return path
+
+
+def _inject_file(db: KernelDB, path: Path, options: InjectOptions, state: StateDB) -> tuple[InjectReport,
+                                                                                             dict[int, str]]:
+    committed: dict[int, str] = {}  # item index -> Key
+    injected = Injector(db, options, state=state,
+                        on_commit=lambda c: committed.__setitem__(c.index, c.key)).run([path], kind="tune")
+    return injected, committed
+
+
+RUNNER_UP_RATIO = 1.2  # a best row this many times its record's time: the next records are timed as rows too
+
+
+def row_to_record(db: KernelDB, key: str | None, candidates: list[dict[str, Any]], role: str = "best") -> float | None:
+    """The row's own profile (our GPU job) over the time the tuner measured its record; None when either is
+    missing (no GPU here, or the row was not written)."""
+    tuned = next((c["seconds"] * 1e6 for c in candidates if c["role"] == role), None)
+    profiled = _profiled_us(db, key) if key else None
+    return profiled / tuned if profiled and tuned else None
+
+
+def _profiled_us(db: KernelDB, key: str) -> float | None:
+    rows = db.find(key)
+    if not rows:
+        return None
+    profiles = json.loads(rows[0].miscs).get("kdb", {}).get("profile", {})
+    return next((p["us"] for p in profiles.values() if p.get("us")), None)
+
+
+def _inject_runner_ups(db: KernelDB, job: TuneJob, result: TuneResult, items: list[dict[str, Any]],
+                       options: InjectOptions, state: StateDB, ratio: float) -> tuple[str, InjectReport]:
+    """Inject the next records' kernels as rows (roles best2, best3...); the line that says what they ran."""
+    ups = runner_up_kernels(job, result.work_dir, [k["code"] for k in items], job.runner_ups)
+    head = f"the best row runs {ratio:.1f}x its record"
+    if not ups:
+        return f"{head}; no other record gives another self-contained kernel", InjectReport()
+    path = _kernel_file(result.work_dir, [item for _role, _s, item in ups], "-runner-ups")
+    injected, committed = _inject_file(db, path, options, state)
+    timed = []
+    for index, (role, seconds, _item) in enumerate(ups):
+        result.candidates.append({"role": role, "seconds": seconds, "resource": None})
+        us = _profiled_us(db, committed[index]) if index in committed else None
+        timed.append(f"{role} {us:.1f} us (record {seconds * 1e6:.1f})" if us else f"{role} not timed")
+    return f"{head}; the next records as rows: {', '.join(timed)} (`kdb db fastest` keeps the fastest)", injected
+
+
+def _merged(first: InjectReport, more: InjectReport) -> InjectReport:
+    return replace(first, injected=first.injected + more.injected, unchanged=first.unchanged + more.unchanged,
+                   failed=first.failed + more.failed, failures=[*first.failures, *more.failures],
+                   notes=[*first.notes, *more.notes],
+                   shadowed=[*first.shadowed, *more.shadowed])
 
 
 SLOWER_THAN_TUNED = 2.0  # a row timed this many times its tuning measurement is reported
