@@ -89,13 +89,9 @@ def row_for(rows: list[Any], origin: str, name: str) -> Any | None:
 
 
 def counts(source: str, arch: str, nvcc: str, work: Path) -> dict[str, int]:
-    import subprocess
+    from bench_shared_align import ptx_text
 
-    src = work / "k.cu"
-    src.write_text(source, encoding="utf-8")
-    subprocess.run([nvcc, f"-arch={arch}", "-ptx", "-O3", "-w", "-o", str(work / "k.ptx"), str(src)], check=True,
-                   capture_output=True, timeout=300)
-    ptx = (work / "k.ptx").read_text()
+    ptx = ptx_text(source, arch, nvcc, work)
     return {"bar_aligned": len(re.findall(r"\bbar\.sync\b|\bbarrier\.sync\.aligned\b", ptx)),
             "bar_nonaligned": len(re.findall(r"\bbarrier\.sync\s", ptx)),
             "nc": ptx.count("ld.global.nc")}

@@ -59,12 +59,17 @@ def form_source(row: Any, form: str) -> str:
     return source
 
 
-def ptx_counts(source: str, arch: str, nvcc: str, work: Path) -> dict[str, int]:
+def ptx_text(source: str, arch: str, nvcc: str, work: Path) -> str:
+    """The PTX nvcc -O3 makes of one translation unit (in `work`, which the caller owns)."""
     src = work / "k.cu"
     src.write_text(source, encoding="utf-8")
     subprocess.run([nvcc, f"-arch={arch}", "-ptx", "-O3", "-w", "-o", str(work / "k.ptx"), str(src)], check=True,
                    capture_output=True, timeout=300)
-    ptx = (work / "k.ptx").read_text()
+    return (work / "k.ptx").read_text()
+
+
+def ptx_counts(source: str, arch: str, nvcc: str, work: Path) -> dict[str, int]:
+    ptx = ptx_text(source, arch, nvcc, work)
     return {"v4": ptx.count("ld.shared.v4"), "v2": ptx.count("ld.shared.v2"),
             "scalar": len(re.findall(r"ld\.shared\.(?:f32|u32|b32)", ptx)), "nc": ptx.count("ld.global.nc")}
 
