@@ -147,17 +147,17 @@ def _inject(i: int, job: TuneJob, result: TuneResult, db_path: Path, inject_opti
         with KernelDB.open(db_path, create=True) as db:
             injected, committed = _inject_file(db, path, inject_options, state)
             roles = list(kernels.kernels)
-            keys = {roles[i]: key for i, key in committed.items()}
+            keys = {roles[index]: key for index, key in committed.items()}
             slow = slower_than_tuned(db, keys, result.candidates)
+            slow += [f"an earlier row of this op ({first}) comes first in the table, and NNFusion takes the first: "
+                     f"`kdb db fastest` keeps the faster" for _key, first in injected.shadowed]
             ratio = row_to_record(db, keys.get("best"), result.candidates)
             if job.runner_ups > 0 and ratio is not None and ratio >= RUNNER_UP_RATIO:
                 job_event(i, "injecting", f"the best row runs {ratio:.2f}x its record: the next "
                                           f"{job.runner_ups} record(s) as rows too", result=result)
                 line, more = _inject_runner_ups(db, job, result, items, inject_options, state, ratio)
                 slow.append(line)
-                injected = _merged(injected, more)
-            slow += [f"an earlier row of this op ({first}) comes first in the table, and NNFusion takes the first: "
-                     f"`kdb db fastest` keeps the faster" for _key, first in injected.shadowed]
+                report.injects.append(more)  # a runner-up that fails is in its line, not the job's status
     finally:
         state.close()
     result.phases["inject"] = time.perf_counter() - start
@@ -211,19 +211,15 @@ def _inject_runner_ups(db: KernelDB, job: TuneJob, result: TuneResult, items: li
         return f"{head}; no other record gives another self-contained kernel", InjectReport()
     path = _kernel_file(result.work_dir, [item for _role, _s, item in ups], "-runner-ups")
     injected, committed = _inject_file(db, path, options, state)
+    failed = {f.index: f.reason for f in injected.failures}
     timed = []
     for index, (role, seconds, _item) in enumerate(ups):
         result.candidates.append({"role": role, "seconds": seconds, "resource": None})
         us = _profiled_us(db, committed[index]) if index in committed else None
-        timed.append(f"{role} {us:.1f} us (record {seconds * 1e6:.1f})" if us else f"{role} not timed")
+        timed.append(f"{role} {us:.1f} us (record {seconds * 1e6:.1f})" if us
+                     else f"{role} failed: {failed[index][:120]}" if index in failed
+                     else f"{role} not timed (already a row)" if index not in committed else f"{role} not timed")
     return f"{head}; the next records as rows: {', '.join(timed)} (`kdb db fastest` keeps the fastest)", injected
-
-
-def _merged(first: InjectReport, more: InjectReport) -> InjectReport:
-    return replace(first, injected=first.injected + more.injected, unchanged=first.unchanged + more.unchanged,
-                   failed=first.failed + more.failed, failures=[*first.failures, *more.failures],
-                   notes=[*first.notes, *more.notes],
-                   shadowed=[*first.shadowed, *more.shadowed])
 
 
 SLOWER_THAN_TUNED = 2.0  # a row timed this many times its tuning measurement is reported
