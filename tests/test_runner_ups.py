@@ -49,7 +49,10 @@ def test_runner_ups_are_the_next_distinct_kernels_by_record_time(avgpool: tuple[
     codes = [item["code"] for _r, _s, item in ups]
     assert len({best["code"], *codes}) == 3  # three different kernels
     fastest = min(t for t in recorded_runs(work) if t is not None)
-    assert fastest <= ups[0][1] <= ups[1][1]  # in record order, after the best
+    assert fastest <= ups[0][1] and fastest <= ups[1][1]
+    # the first runner-up has another block size than the best (the row's form differs most where the block
+    # does); the second is the next by time
+    assert ups[0][2]["blockDim"] != best["blockDim"], (ups[0][2]["blockDim"], best["blockDim"])
     assert all(item["tvm_func_name"].endswith(f"_{role}_kernel0") for role, _s, item in ups)
 
 
@@ -98,3 +101,14 @@ def test_a_best_row_near_its_record_brings_nothing_more(avgpool: tuple[TuneJob, 
                       lambda i, status, detail, **_: events.append((status, detail)))
     status, detail = events[-1]
     assert status == "done" and "injected 1," in detail and "next records" not in detail, detail
+
+
+def test_the_first_runner_up_is_the_fastest_record_of_another_block_size():
+    from core.tuning.job import _runner_up_order
+
+    records = [(1.1e-5, 0, "same block, second fastest", 64), (1.0e-5, 0, "the best", 64),
+               (1.5e-5, 0, "another block", 128), (1.2e-5, 0, "same block, third", 64)]
+    assert [r[2] for r in _runner_up_order(records)] == [
+        "another block", "the best", "same block, second fastest", "same block, third"]
+    one_size = [r for r in records if r[3] == 64]
+    assert [r[2] for r in _runner_up_order(one_size)] == ["the best", "same block, second fastest", "same block, third"]

@@ -429,8 +429,9 @@ def error_kind(error: str) -> str:
 # From the records to kernels
 
 
-def _scored_records(job: TuneJob, work_dir: Path, top_k: int) -> list[tuple[float, int, Any]]:
-    """(mean seconds, resource, scheduled module) of the job's `top_k` fastest successful records."""
+def _scored_records(job: TuneJob, work_dir: Path, top_k: int) -> list[tuple[float, int, Any, int]]:
+    """(mean seconds, resource, scheduled module, threads per block) of the job's `top_k` fastest successful
+    records."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
@@ -451,7 +452,7 @@ def _scored_records(job: TuneJob, work_dir: Path, top_k: int) -> list[tuple[floa
         record.trace.apply_to_schedule(sch, remove_postproc=False)
         grid, block = launch_dims(sch.mod)
         resource = math.ceil(math.prod(block) / 32) * 32 * math.prod(grid)
-        scored.append((sum(secs) / len(secs), resource, sch.mod))
+        scored.append((sum(secs) / len(secs), resource, sch.mod, math.prod(block)))
     if not scored:
         raise InputError(f"{job.name}: no successful trial recorded in {work_dir}")
     return scored
@@ -470,7 +471,7 @@ def best_kernels(job: TuneJob, work_dir: Path, *, top_k: int = 16, check: bool =
     for role, order in roles:
         # Walk the records from the best down: a schedule may lean on TVM helper functions (cp.async...)
         # that live outside the kernel, which NNFusion cannot store; the first self-contained one wins.
-        for seconds, resource, scheduled in sorted(scored, key=order):
+        for seconds, resource, scheduled, _threads in sorted(scored, key=order):
             # The CPU check runs the op's definition (the same for every record): once per job is enough;
             # each kernel's own code is verified on the GPU when it is injected.
             item, problem, generated = _kernel_item(job, scheduled, work_dir, check=check and not checked)
@@ -492,15 +493,16 @@ def best_kernels(job: TuneJob, work_dir: Path, *, top_k: int = 16, check: bool =
 
 def runner_up_kernels(job: TuneJob, work_dir: Path, taken: Iterable[str], count: int, *,
                       top_k: int = 16) -> list[tuple[str, float, dict[str, Any]]]:
-    """(role, seconds, kernel JSON item) for the next `count` fastest records whose kernels differ from the
-    `taken` codes and from each other: roles best2, best3...
+    """(role, seconds, kernel JSON item) for `count` more records whose kernels differ from the `taken` codes
+    and from each other (roles best2, best3...): the fastest record of another block size than the best's, then
+    the next by time (_runner_up_order).
 
     The tuner ranks records by TVM's build of them; NNFusion runs the row's form, compiled by nvcc. Where the
     best record's row runs far slower than the record (a row of session 12 ran 3x), the next records are
     injected too and timed as rows, so the DB can hold the fastest row rather than the fastest record."""
     taken = set(taken)
     found: list[tuple[str, float, dict[str, Any]]] = []
-    for seconds, _resource, scheduled in sorted(_scored_records(job, work_dir, top_k), key=lambda s: s[0]):
+    for seconds, _resource, scheduled, _threads in _runner_up_order(_scored_records(job, work_dir, top_k)):
         if len(found) >= count:
             break
         item, _problem, _generated = _kernel_item(job, scheduled, work_dir, check=False)
@@ -511,6 +513,15 @@ def runner_up_kernels(job: TuneJob, work_dir: Path, taken: Iterable[str], count:
         item["tvm_func_name"] = item["tvm_func_name"].replace("_kernel0", f"_{role}_kernel0")
         found.append((role, seconds, item))
     return found
+
+
+def _runner_up_order(scored: list[tuple[float, int, Any, int]]) -> list[tuple[float, int, Any, int]]:
+    """The records after the fastest, by time, but the fastest of another block size first: the row's form
+    differs most from TVM's where the block does (a partial warp is padded, with non-aligned barriers), so a
+    record of another block size is the likeliest to escape what slowed the best one's row."""
+    ordered = sorted(scored, key=lambda s: s[0])
+    other = next((s for s in ordered if s[3] != ordered[0][3]), None)
+    return ordered if other is None else [other] + [s for s in ordered if s is not other]
 
 
 def _kernel_item(job: TuneJob, scheduled: Any, work_dir: Path, *,
