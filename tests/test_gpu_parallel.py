@@ -211,3 +211,14 @@ def test_kdb_gpu_profile_compiles_with_nvcc_here_and_the_child_loads_the_cubin(s
     assert sum(c.ok for c in report.checks) == len(report.checks) - 1 >= 2
     log = [json.loads(line) for line in stand_in.read_text().splitlines()]
     assert log and all(e["archs"] == ["sm_80"] for e in log)  # every job brought its cubin
+
+
+def test_nvcc_build_compiles_only_the_devices_arch_when_it_is_known():
+    """The GPU child loads its own arch's cubin alone; a device the settings do not name (settings sm_90, an
+    A100) would otherwise get no cubin and compile the row again through pycuda."""
+    from core.gpu.rows import NvccBuild
+    from core.settings import Settings
+
+    settings = Settings(archs=["sm_70", "sm_90"])
+    assert NvccBuild.from_settings(settings).archs == ("sm_70", "sm_90")
+    assert NvccBuild.from_settings(settings, "sm_80").archs == ("sm_80",)

@@ -13,11 +13,11 @@ from core.errors import KdbError
 def main(args: argparse.Namespace) -> int:
     if args.gpu_command == "devices":
         return _devices(args)
-    from core.gpu.jobs import gpu_children, require_gpu
+    from core.gpu.jobs import gpu_children, require_device
     from core.gpu.rows import NvccBuild, check_rows
     from core.settings import load_settings
 
-    require_gpu()
+    device = require_device()
     settings = load_settings()
     with KernelDB.open(args.db, write=args.gpu_command == "profile") as db:
         if args.all:
@@ -31,7 +31,7 @@ def main(args: argparse.Namespace) -> int:
                             product_name=settings.product_name, timeout_s=settings.gpu_timeout_s,
                             on_result=None if args.json else _print_one,
                             workers=gpu_children(settings.effective_workers()),
-                            build=NvccBuild.from_settings(settings))
+                            build=NvccBuild.from_settings(settings, device.arch))
     if args.json:
         print_json(report.as_json())
     else:

@@ -20,13 +20,16 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.cuda.nvcc import BLOCK_KERNEL, standalone_source
 from core.errors import InputError, ToolError
 from core.gpu.exclusive import LOCK_ENV, WAITING, lock_path
 from core.kernels.export import row_to_item
 from core.kernels.kernel_row import KernelRow
+
+if TYPE_CHECKING:
+    from core.gpu.inventory import DeviceInfo
 
 
 def gpu_children(workers: int) -> int:
@@ -214,7 +217,14 @@ def gpu_available() -> tuple[bool, str]:
 
 
 def require_gpu() -> str:
-    ok, what = gpu_available()
-    if not ok:
-        raise ToolError(what)
-    return what
+    return require_device().name
+
+
+def require_device() -> DeviceInfo:
+    """The CUDA device GPU jobs run on (the first one); ToolError saying why there is none."""
+    from core.gpu.inventory import detect_devices
+
+    devices, reason = detect_devices()
+    if not devices:
+        raise ToolError(reason)
+    return devices[0]

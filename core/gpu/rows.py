@@ -48,11 +48,13 @@ class NvccBuild:
     timeout_s: float = 120.0
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> NvccBuild:
+    def from_settings(cls, settings: Settings, device_arch: str | None = None) -> NvccBuild:
+        """With `device_arch` (the GPU the child runs on) only that arch is compiled: the child loads that cubin
+        alone, and a device whose arch the settings lack would otherwise compile the row again through pycuda."""
         from core.cuda.nvcc import find_nvcc
 
-        return cls(tuple(settings.archs), find_nvcc(settings.nvcc_path), tuple(settings.nvcc_flags),
-                   settings.nvcc_timeout_s)
+        archs = (device_arch,) if device_arch else tuple(settings.archs)
+        return cls(archs, find_nvcc(settings.nvcc_path), tuple(settings.nvcc_flags), settings.nvcc_timeout_s)
 
     def cubins(self, row: KernelRow) -> dict[str, bytes]:
         """arch -> cubin of the row's translation unit; InputError naming nvcc's reason when one fails."""
