@@ -216,9 +216,12 @@ def _inject_runner_ups(db: KernelDB, job: TuneJob, result: TuneResult, items: li
     for index, (role, seconds, _item) in enumerate(ups):
         result.candidates.append({"role": role, "seconds": seconds, "resource": None})
         us = _profiled_us(db, committed[index]) if index in committed else None
-        timed.append(f"{role} {us:.1f} us (record {seconds * 1e6:.1f})" if us
-                     else f"{role} failed: {failed[index][:120]}" if index in failed
-                     else f"{role} not timed (already a row)" if index not in committed else f"{role} not timed")
+        if us:
+            timed.append(f"{role} {us:.1f} us (record {seconds * 1e6:.1f})")
+        elif index in failed:
+            timed.append(f"{role} failed: {failed[index][:120]}")
+        else:  # not committed: the same code is already a row (its Key); committed but not timed: no GPU here
+            timed.append(f"{role} not timed" + (" (already a row)" if index not in committed else ""))
     return f"{head}; the next records as rows: {', '.join(timed)} (`kdb db fastest` keeps the fastest)", injected
 
 
@@ -228,20 +231,14 @@ SLOWER_THAN_TUNED = 2.0  # a row timed this many times its tuning measurement is
 def slower_than_tuned(db: KernelDB, keys: dict[str, str], candidates: list[dict[str, Any]]) -> list[str]:
     """Rows whose own profile (our GPU job) is far slower than the tuner measured their record, with what the
     nvcc check saw: the row is compiled as NNFusion compiles it, not as TVM did (ptxas may spill there)."""
-    tuned = {c["role"]: c["seconds"] * 1e6 for c in candidates}
     lines = []
     for role, key in keys.items():
-        rows = db.find(key)
-        if not rows or role not in tuned:
+        ratio = row_to_record(db, key, candidates, role)
+        profiled = _profiled_us(db, key)
+        if ratio is None or profiled is None or ratio < SLOWER_THAN_TUNED:
             continue
-        miscs = json.loads(rows[0].miscs)
-        kdb = miscs.get("kdb", {})
-        profiled = [p["us"] for p in kdb.get("profile", {}).values() if p.get("us")]
-        if not profiled or profiled[0] < SLOWER_THAN_TUNED * tuned[role]:
-            continue
-        line = (f"the {role} row runs {profiled[0] / tuned[role]:.1f}x its tuned time "
-                f"({profiled[0]:.1f} vs {tuned[role]:.1f} us)")
-        for arch, block in block_form_resources(miscs):
+        line = f"the {role} row runs {ratio:.1f}x its tuned time ({profiled:.1f} vs {profiled / ratio:.1f} us)"
+        for arch, block in block_form_resources(json.loads(db.find(key)[0].miscs)):
             if block.get("spill_stores"):
                 line += f"; {arch}: {block.get('registers')} registers, {block.get('spill_stores')} B spilled"
         lines.append(line)
