@@ -20,7 +20,7 @@ from core.db.kernel_db import KernelDB
 from core.errors import InputError
 from core.kernels.export import row_to_item
 from core.kernels.kernel_row import KernelRow, declared_symbols
-from core.kernels.ops import DEVICE_TYPE
+from core.kernels.ops import DEVICE_TYPE, EXTERNAL_SOURCE
 
 # rows that may be in an older form: arrays that ask for alignment, or no __restrict__ (instr: `_` is a LIKE wildcard)
 OLDER_FORM = "(Function LIKE ? OR Function LIKE ? OR instr(Function, '__restrict__') = 0)"
@@ -48,8 +48,9 @@ def realigned_function(row: KernelRow) -> dict[str, Any] | None:
     wanted = declared_symbols(src.shared)
     if [_ALIGN_PREFIX.sub("", str(s)) for s in symbols] == [d.symbol for d in src.shared] and wanted != symbols:
         updated["shared_memory"] = {**shared, "symbol": wanted}
+    # __restrict__ only where NNFusion's KernelDB emitter compiles the row: an External row gets no in-place pair
     signature = restricted_signature(str(function.get("function_signature", "")))
-    if signature is not None:
+    if signature is not None and row.source == EXTERNAL_SOURCE:
         updated["function_signature"] = signature
     return updated if updated != function else None
 
