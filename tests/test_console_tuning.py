@@ -43,10 +43,10 @@ def make_app(db_path: Path, **settings: object) -> FixedDeviceApp:
 
 @pytest.fixture
 def no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The same answer on every machine, GPU or not."""
-    import core.gpu.jobs
+    """The same answer on every machine, GPU or not (every GPU question asks detect_devices)."""
+    import core.gpu.inventory
 
-    monkeypatch.setattr(core.gpu.jobs, "gpu_available", lambda: (False, "no CUDA device found (test)"))
+    monkeypatch.setattr(core.gpu.inventory, "detect_devices", lambda *_, **__: ([], "no CUDA device found (test)"))
 
 
 async def wait_for(pilot, condition: Callable[[], bool], timeout: float = 60) -> None:
