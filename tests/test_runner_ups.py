@@ -20,7 +20,7 @@ from core.db.kernel_db import KernelDB
 from core.inject.pipeline import InjectOptions
 from core.opconfigs.opconfig import parse_line
 from core.tuning import queue
-from core.tuning.job import TuneJob, TuneResult, recorded_runs, runner_up_kernels
+from core.tuning.job import TuneJob, TuneResult, recorded_runs, runner_up_kernels, scored_records
 
 STATE = Path(__file__).resolve().parents[1] / "bench" / "results" / "h200" / "session12" / "7-state.tgz"
 AVGPOOL = "cudnn_avgpool_op_float|i+1_512_7_7|o+1_512_1_1|win+7_7|ws+1_1|pb+0_0|pa+0_0"
@@ -43,8 +43,11 @@ def avgpool(tmp_path: Path) -> tuple[TuneJob, Path]:
 
 def test_runner_ups_are_the_next_distinct_kernels_by_record_time(avgpool: tuple[TuneJob, Path]):
     job, work = avgpool
-    best = queue.best_kernels(job, work).kernels["best"]
-    ups = runner_up_kernels(job, work, [best["code"]], 2)
+    scored = scored_records(job, work)
+    kernels = queue.best_kernels(job, work, scored=scored)
+    best = kernels.kernels["best"]
+    best_seconds = next(c["seconds"] for c in kernels.candidates if c["role"] == "best")
+    ups = runner_up_kernels(job, work, scored, [best["code"]], 2, after_seconds=best_seconds)
     assert [role for role, _s, _item in ups] == ["best2", "best3"]
     codes = [item["code"] for _r, _s, item in ups]
     assert len({best["code"], *codes}) == 3  # three different kernels

@@ -429,9 +429,12 @@ def error_kind(error: str) -> str:
 # From the records to kernels
 
 
-def _scored_records(job: TuneJob, work_dir: Path, top_k: int) -> list[tuple[float, int, Any, int]]:
+ScoredRecord = tuple[float, int, Any, int]  # (mean seconds, resource, scheduled module, threads per block)
+
+
+def scored_records(job: TuneJob, work_dir: Path, top_k: int = 16) -> list[ScoredRecord]:
     """(mean seconds, resource, scheduled module, threads per block) of the job's `top_k` fastest successful
-    records."""
+    records: what best_kernels and runner_up_kernels choose from (reading them applies each record's trace)."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
@@ -458,10 +461,12 @@ def _scored_records(job: TuneJob, work_dir: Path, top_k: int) -> list[tuple[floa
     return scored
 
 
-def best_kernels(job: TuneJob, work_dir: Path, *, top_k: int = 16, check: bool = True) -> TuneResult:
-    """Kernel JSON for the fastest record, and for the most efficient one (time x resource) if the job asks."""
+def best_kernels(job: TuneJob, work_dir: Path, *, top_k: int = 16, check: bool = True,
+                 scored: list[ScoredRecord] | None = None) -> TuneResult:
+    """Kernel JSON for the fastest record, and for the most efficient one (time x resource) if the job asks.
+    `scored`: the records as scored_records read them, when the caller has them already."""
     result = TuneResult(job, work_dir)
-    scored = _scored_records(job, work_dir, top_k)
+    scored = scored if scored is not None else scored_records(job, work_dir, top_k)
     result.best_seconds = min(s[0] for s in scored)
     skipped: list[str] = []
     checked = False
@@ -491,20 +496,23 @@ def best_kernels(job: TuneJob, work_dir: Path, *, top_k: int = 16, check: bool =
     return result
 
 
-def runner_up_kernels(job: TuneJob, work_dir: Path, taken: Iterable[str], count: int, *,
-                      top_k: int = 16) -> list[tuple[str, float, dict[str, Any]]]:
-    """(role, seconds, kernel JSON item) for `count` more records whose kernels differ from the `taken` codes
-    and from each other (roles best2, best3...): the fastest record of another block size than the best's, then
-    the next by time (_runner_up_order).
+def runner_up_kernels(job: TuneJob, work_dir: Path, scored: list[ScoredRecord], taken: Iterable[str], count: int,
+                      *, after_seconds: float) -> list[tuple[str, float, dict[str, Any]]]:
+    """(role, seconds, kernel JSON item) for `count` more of the `scored` records, slower than `after_seconds`
+    (the best kernel's record: best_kernels generated every record up to it already), whose kernels differ from
+    the `taken` codes and from each other (roles best2, best3...): the fastest record of another block size than
+    the best's, then the next by time (_runner_up_order).
 
     The tuner ranks records by TVM's build of them; NNFusion runs the row's form, compiled by nvcc. Where the
     best record's row runs far slower than the record (a row of session 12 ran 3x), the next records are
     injected too and timed as rows, so the DB can hold the fastest row rather than the fastest record."""
     taken = set(taken)
     found: list[tuple[str, float, dict[str, Any]]] = []
-    for seconds, _resource, scheduled, _threads in _runner_up_order(_scored_records(job, work_dir, top_k)):
+    for seconds, _resource, scheduled, _threads in _runner_up_order(scored):
         if len(found) >= count:
             break
+        if seconds <= after_seconds:
+            continue
         item, _problem, _generated = _kernel_item(job, scheduled, work_dir, check=False)
         if item is None or item["code"] in taken:
             continue
@@ -515,7 +523,7 @@ def runner_up_kernels(job: TuneJob, work_dir: Path, taken: Iterable[str], count:
     return found
 
 
-def _runner_up_order(scored: list[tuple[float, int, Any, int]]) -> list[tuple[float, int, Any, int]]:
+def _runner_up_order(scored: list[ScoredRecord]) -> list[ScoredRecord]:
     """The records after the fastest, by time, but the fastest of another block size first: the row's form
     differs most from TVM's where the block does (a partial warp is padded, with non-aligned barriers), so a
     record of another block size is the likeliest to escape what slowed the best one's row."""

@@ -24,6 +24,7 @@ from core.kernels.lint import block_form_resources
 from core.tuning.claims import ClaimBoard
 from core.tuning.job import (
     PhaseEvent,
+    ScoredRecord,
     TrialEvent,
     TuneJob,
     TuneResult,
@@ -31,6 +32,7 @@ from core.tuning.job import (
     recorded_runs,
     run_tune,
     runner_up_kernels,
+    scored_records,
 )
 from core.tuning.network import Network, NetworkEvent, predict, probe_trials, spread_budget, tuning_order
 
@@ -135,7 +137,8 @@ def _inject(i: int, job: TuneJob, result: TuneResult, db_path: Path, inject_opti
             report: QueueReport, job_event: Callable[..., None]) -> None:
     job_event(i, "generating", _best_text(result), result=result)
     start = time.perf_counter()
-    kernels = best_kernels(job, result.work_dir)
+    scored = scored_records(job, result.work_dir)  # once: the runner-ups choose from the same records
+    kernels = best_kernels(job, result.work_dir, scored=scored)
     result.kernels, result.candidates = kernels.kernels, kernels.candidates
     items = list(kernels.kernels.values())
     path = _kernel_file(result.work_dir, items)
@@ -155,7 +158,7 @@ def _inject(i: int, job: TuneJob, result: TuneResult, db_path: Path, inject_opti
             if job.runner_ups > 0 and ratio is not None and ratio >= RUNNER_UP_RATIO:
                 job_event(i, "injecting", f"the best row runs {ratio:.2f}x its record: the next "
                                           f"{job.runner_ups} record(s) as rows too", result=result)
-                line, more = _inject_runner_ups(db, job, result, items, inject_options, state, ratio)
+                line, more = _inject_runner_ups(db, job, result, scored, items, inject_options, state, ratio)
                 slow.append(line)
                 report.injects.append(more)  # a runner-up that fails is in its line, not the job's status
     finally:
@@ -202,10 +205,13 @@ def _profiled_us(db: KernelDB, key: str) -> float | None:
     return next((p["us"] for p in profiles.values() if p.get("us")), None)
 
 
-def _inject_runner_ups(db: KernelDB, job: TuneJob, result: TuneResult, items: list[dict[str, Any]],
-                       options: InjectOptions, state: StateDB, ratio: float) -> tuple[str, InjectReport]:
+def _inject_runner_ups(db: KernelDB, job: TuneJob, result: TuneResult, scored: list[ScoredRecord],
+                       items: list[dict[str, Any]], options: InjectOptions, state: StateDB,
+                       ratio: float) -> tuple[str, InjectReport]:
     """Inject the next records' kernels as rows (roles best2, best3...); the line that says what they ran."""
-    ups = runner_up_kernels(job, result.work_dir, [k["code"] for k in items], job.runner_ups)
+    best_seconds = next(c["seconds"] for c in result.candidates if c["role"] == "best")
+    ups = runner_up_kernels(job, result.work_dir, scored, [k["code"] for k in items], job.runner_ups,
+                            after_seconds=best_seconds)
     head = f"the best row runs {ratio:.1f}x its record"
     if not ups:
         return f"{head}; no other record gives another self-contained kernel", InjectReport()
