@@ -135,8 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     q = dbsub.add_parser("check", help="integrity, schema and lint summary")
     _db_option(q)
     q.add_argument("--json", action="store_true")
-    q = dbsub.add_parser("repair", help="add the CUDA twin rows fused kernels need, give shared arrays back the "
-                         "alignment their code asks for (a preview unless --apply)")
+    q = dbsub.add_parser("repair", help="add the CUDA twin rows fused kernels need, bring older rows to the form "
+                         "injection writes (shared arrays' alignment, __restrict__ pointers; a preview unless --apply)")
     _db_option(q)
     q.add_argument("--apply", action="store_true", help="write them (the twins in one transaction); else only "
                    "show them")

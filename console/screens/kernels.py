@@ -65,7 +65,7 @@ class KernelsScreen(KdbScreen):
         Binding("R", "rebuild_index", "Rebuild the browse index", show=False),
         Binding("C", "convert", "Convert osdi20", show=False),
         Binding("N", "compile_with_nnfusion", "Compile with NNFusion", show=False),
-        Binding("F", "repair_pairs", "Repair (fused pairs, shared alignment)", show=False),
+        Binding("F", "repair_pairs", "Repair (fused pairs, older row forms)", show=False),
         Binding("K", "keep_fastest", "Keep each op's fastest row", show=False),
     ]
 
@@ -513,7 +513,7 @@ class KernelsScreen(KdbScreen):
 
     def action_repair_pairs(self) -> None:
         """What `kdb db repair` mends: fused kernels without the CUDA row NNFusion needs to use them, and older
-        rows whose shared arrays lost their alignment. Preview, then write."""
+        rows (shared arrays without their alignment, pointers without __restrict__). Preview, then write."""
         self.plan_repair()
 
     @work(thread=True, exit_on_error=False, group="write")
@@ -528,7 +528,7 @@ class KernelsScreen(KdbScreen):
                 "delete them here." if orphans else "")
         if not keys and not realign:
             severity = "warning" if orphans else "information"
-            self.notify("every fused kernel has its CUDA twin and every shared array its alignment." + note,
+            self.notify("every fused kernel has its CUDA twin and every row the form injection writes." + note,
                         severity=severity)
             return
 
