@@ -18,9 +18,12 @@ record) and the DB row injected from it, four forms go through the same GPU chil
     record-nvcc     TVM's source, nvcc -O3 (NNFusion's compiler), TVM's block
     row+restrict    the row as NNFusion compiles it alone, with `__restrict__` on its pointers
     row             the row as NNFusion compiles it alone (what the profile timed)
+    row-whole-warps the row today's generation makes of the same record (core/codegen/whole_warps.py: a
+                    partial last warp padded in the schedule, aligned barriers; `__restrict__`)
 
 record-nvrtc against the record's own figure says whether the timing methods agree; record-nvcc against
-record-nvrtc what the compiler costs; row against record-nvcc what the row's form costs. Without --gpu nothing
+record-nvrtc what the compiler costs; row against record-nvcc what the row's form costs; row-whole-warps
+against row what padding in the schedule instead of the text wins back. Without --gpu nothing
 is timed ("not measured"); registers (nvcc forms) and barrier/`.nc` counts (PTX) are printed either way.
 """
 
@@ -35,6 +38,7 @@ import shutil
 import sys
 import tarfile
 import tempfile
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -43,8 +47,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-FORMS = ("record-nvrtc", "record-nvcc", "row+restrict", "row")
+FORMS = ("record-nvrtc", "record-nvcc", "row+restrict", "row", "row-whole-warps")
 KERNEL = "kdb_kernel"
+TVM_LOCK = threading.Lock()  # TVM's operator definitions keep a global tag scope: one thread at a time
 
 
 def tuning_dirs(state: Path, work: Path) -> list[Path]:
@@ -125,22 +130,54 @@ def tvm_params_in_row_order(code: str, name: str) -> bool:
     return names == canonical
 
 
+def regenerated_row(op_dir: Path, item: dict[str, Any], arch: str) -> Any:
+    """The row today's generation and injection make of the op's best record (the kernel JSON `item` names
+    the op): what the twelfth session's record would give now. InputError when it gives none."""
+    from core.errors import InputError
+    from core.inject.prepare import prepare
+    from core.opconfigs.opconfig import OpConfig
+    from core.tuning.job import TuneJob, best_kernels
+
+    config = OpConfig(item["op_type"], item["parameters"])
+    job = TuneJob(config, trials=1, target="cuda", arch=arch, work_dir=op_dir)
+    kernel = best_kernels(job, op_dir, check=False).kernels["best"]
+    prepared = prepare("regenerated", 0, kernel)
+    if prepared.row is None:
+        raise InputError(f"the regenerated kernel gives no row: {prepared.failure}")
+    return prepared.row
+
+
 def build_forms(op_dir: Path, row: Any, item: dict[str, Any], arch: str, nvcc: str, work: Path,
                 gpu: bool) -> dict[str, dict[str, Any]]:
     """Each form's source, launch, cubin (for --gpu) and PTX counts. A form that cannot be built says why."""
     from bench_shared_align import form_source
 
     from core.cuda.nvcc import compile_source
+    from core.errors import InputError
 
     code, name = item["code"], tvm_kernel_name(item["code"])
+    try:
+        with TVM_LOCK:
+            whole = regenerated_row(op_dir, item, arch)
+        launch = json.loads(whole.function)
+        whole_form: tuple[str, str, Any, Any] | str = (form_source(whole, "nnfusion"), KERNEL, launch["grid_dim"],
+                                                       launch["block_dim"])
+    except InputError as exc:
+        whole_form = f"not generated: {exc}"
     sources = {
         "record-nvrtc": (code, name, item["gridDim"], item["blockDim"]),
         "record-nvcc": (code, name, item["gridDim"], item["blockDim"]),
         "row+restrict": (form_source(row, "aligned+restrict"), KERNEL, None, None),
         "row": (form_source(row, "nnfusion"), KERNEL, None, None),
+        "row-whole-warps": whole_form,
     }
     forms: dict[str, dict[str, Any]] = {}
-    for form, (source, kernel, grid, block) in sources.items():
+    for form, built_from in sources.items():
+        if isinstance(built_from, str):
+            forms[form] = {"kernel": None, "grid": None, "block": None, "source": "", "us": None,
+                           "error": built_from, "registers": None}
+            continue
+        source, kernel, grid, block = built_from
         own = work / f"{op_dir.name}-{FORMS.index(form)}"
         own.mkdir(parents=True)
         entry: dict[str, Any] = {"kernel": kernel, "grid": grid, "block": block, "source": source, "us": None,
@@ -231,7 +268,7 @@ def main() -> None:
             session = GpuSession(timeout_s=120) if args.gpu else None
             try:
                 print(f"{'op':44s} {'record':>7s} {'profile':>7s} " + " ".join(f"{f:>14s}" for f in FORMS)
-                      + "   regs (nvcc / row)  barriers al/non  .nc row+r/row")
+                      + "   regs (nvcc / row / whole)  barriers al/non row, whole  .nc row+r/row")
                 for (op_dir, origin, item, row), forms in zip(ops, built, strict=True):
                     if session is not None:
                         time_forms(session, row, forms, args.arch)
@@ -247,7 +284,9 @@ def main() -> None:
                     print(f"{item['tvm_func_name'][4:48]:44s} {_us(entry['record_us'])} {_us(profile)} "
                           + " ".join(f"{_us(f[form]['us']):>14s}" for form in FORMS)
                           + f"   {f['record-nvcc'].get('registers')} / {f['row'].get('registers')}"
+                          + f" / {f['row-whole-warps'].get('registers')}"
                           + f"  {f['row'].get('bar_aligned')}/{f['row'].get('bar_nonaligned')}"
+                          + f", {f['row-whole-warps'].get('bar_aligned')}/{f['row-whole-warps'].get('bar_nonaligned')}"
                           + f"  {f['row+restrict'].get('nc')}/{f['row'].get('nc')}"
                           + f"  block {entry['block_tvm'][0]}->{entry['block_row'][0]}", flush=True)
                     for form in FORMS:
@@ -268,7 +307,8 @@ def summarize(results: list[dict[str, Any]]) -> None:
     """Geometric means of each step, over the ops where both sides were timed."""
     steps = [("record-nvrtc", "record (MetaSchedule's runner)", None),
              ("record-nvcc", "record-nvrtc", "record-nvrtc"), ("row", "record-nvcc", "record-nvcc"),
-             ("row+restrict", "row", "row")]
+             ("row+restrict", "row", "row"), ("row-whole-warps", "row", "row"),
+             ("row-whole-warps", "record-nvrtc", "record-nvrtc")]
     print(f"{len(results)} ops")
     for form, label, against in steps:
         pairs = []

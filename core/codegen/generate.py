@@ -107,6 +107,9 @@ def generate(config: OpConfig, arch: str, *, scheduled: Any = None, check: bool 
 
         default = scheduled is None
         scheduled = current = default_schedule(mod) if default else scheduled
+        from core.codegen.whole_warps import whole_warp_module
+
+        scheduled = current = whole_warp_module(scheduled)  # as the tuner built it: core/codegen/whole_warps.py
         grid, block = launch_dims(scheduled)
         stage = "codegen"
         import tvm

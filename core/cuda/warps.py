@@ -10,6 +10,9 @@ first such group (bench/h200_network.sh, 2026-12-03; bench/cuda/partial_warp_bar
 The row therefore declares its block padded to whole warps (NNFusion's guard then parks only whole warps),
 its own guard parks the padding threads, and every barrier of the row is the non-aligned `barrier.sync 0`,
 which threads of one warp may reach at different instructions. The barrier count is unchanged.
+
+Kernels our own tuner generates never get here: they are padded in the schedule, before TVM writes them
+(core/codegen/whole_warps.py), which keeps the aligned barriers. This text padding is for kernels from elsewhere.
 """
 
 from __future__ import annotations
