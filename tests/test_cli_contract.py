@@ -105,6 +105,8 @@ CASES: list[tuple[str, int, Callable[[World], list[str]]]] = [
     ("db repair: an unusable DB", 2, lambda w: ["db", "repair", *unusable_db(w)]),
     ("db fastest", 0, lambda w: ["db", "fastest", "--product", "NVIDIA H200"]),
     ("db fastest: no GPU named, none in the profiles", 2, lambda w: ["db", "fastest"]),
+    ("db standalone", 0, lambda w: ["db", "standalone", w.key, "--apply"]),
+    ("db standalone: no such row", 2, lambda w: ["db", "standalone", "kdb:no-such-row"]),
     ("db convert", 0, lambda w: ["db", "convert", str(w.db), str(w.tmp / "converted.db")]),
     ("db convert: the destination exists", 2, lambda w: ["db", "convert", str(w.db), str(w.db)]),
     ("db backup", 0, lambda w: ["db", "backup", str(w.tmp / "backup.db")]),

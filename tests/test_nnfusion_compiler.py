@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import subprocess
 from dataclasses import replace
@@ -287,7 +288,10 @@ def test_kdb_nnfusion_names_a_blockfusion_kernel_that_cannot_launch(tmp_path: Pa
     wide = next(i for i in rows if ";32,16,3,3;" in i)
     hungry = next(i for i in rows if ";32,16,1,1;" in i)
     rows[wide][1]["block_dim"] = [1024, 1, 1]
-    rows[hungry][1].update(block_dim=[64, 1, 1], block_function_body=HUNGRY_BODY, function_body=HUNGRY_BODY,
+    signature = rows[wide][1]["function_signature"]  # bounds to match: the row alone launches with 1,024 threads
+    rows[wide][1]["function_signature"] = re.sub(r"__launch_bounds__\(\d+\)", "__launch_bounds__(1024)", signature)
+    rows[hungry][1].update(block_dim=[64, 1, 1], block_function_body=HUNGRY_BODY + "\n// as BlockFusion's block function",
+                           function_body=HUNGRY_BODY + "\n// as a kernel of its own (CacheCudaEmitter)",
                            num_syncthreads=0, shared_memory={"symbol": [], "dtype": [], "size": []})
     for ident in (wide, hungry):  # the fused conv's CUDA twin (same Identifier) keeps the same kernel
         conn.execute("UPDATE KernelCache SET Function = ? WHERE Identifier = ?", (json.dumps(rows[ident][1]), ident))
@@ -308,6 +312,27 @@ def test_kdb_nnfusion_names_a_blockfusion_kernel_that_cannot_launch(tmp_path: Pa
     again = run_kdb("nnfusion", str(model), "--db", str(db), "--nnfusion", str(COMPILER), "--product-name", PRODUCT,
                     "--out", str(tmp_path / "again"))
     assert again.returncode == 1 and "cannot launch" in again.stdout and "-fblockfusion_level=0" in again.stdout
+    assert "kdb db standalone" in again.stdout and "--fit-launches" in again.stdout
+
+    # --fit-launches: the 64-thread row (registers sized for 64 threads) runs on its own launch; the 1,024-thread
+    # row, which fits its own block, stays in BlockFusion's hands. The compiler itself shows it: the hungry row's
+    # op is no BlockCudaEmitter any more, its function_body is a kernel of its own, every launch fits.
+    proc, fitted = run_kdb_json("nnfusion", str(model), "--db", str(db), "--nnfusion", str(COMPILER),
+                                "--product-name", PRODUCT, "--out", str(tmp_path / "fit"), "--fit-launches")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert fitted["made_standalone"] == [rows[hungry][0]]
+    assert fitted["launch_failures"] == [] and not fitted["broken_promises"]
+    assert rows[hungry][0] in fitted["promised"] and rows[wide][0] in fitted["promised"]
+    fused_members = [m for group in fitted["usage"]["blockfusion_groups"] for m in group]
+    hungry_step = next(s for s in fitted["usage"]["steps"] if any(rows[hungry][0] in p["rows"] for p in s["parts"]))
+    assert hungry_step["kind"] == "kernel" and hungry_step["node"] not in fused_members
+    log = Path(fitted["compile"]["log"]).read_text()
+    assert f"Operator {hungry_step['node']} is not BlockCudaEmitter, skip in BlockFusion" in log
+    undo = run_kdb("db", "standalone", "--db", str(db), rows[hungry][0], "--undo", "--apply")
+    assert undo.returncode == 0, undo.stderr
+    back = run_kdb("nnfusion", str(model), "--db", str(db), "--nnfusion", str(COMPILER), "--product-name", PRODUCT,
+                   "--out", str(tmp_path / "back"))
+    assert back.returncode == 1 and "cannot launch" in back.stdout  # given back to BlockFusion: the fault again
 
 
 async def test_the_console_compiles_the_imported_model_and_shows_what_runs(tmp_path: Path):

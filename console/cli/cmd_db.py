@@ -1,4 +1,4 @@
-"""kdb db init | check | repair | fastest | convert | backup."""
+"""kdb db init | check | repair | fastest | standalone | convert | backup."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from core.db.kernel_db import KernelDB, Schema
 
 
 def main(args: argparse.Namespace) -> int:
-    return {"init": _init, "check": _check, "repair": _repair, "fastest": _fastest, "convert": _convert,
-            "backup": _backup}[args.db_command](args)
+    return {"init": _init, "check": _check, "repair": _repair, "fastest": _fastest, "standalone": _standalone,
+            "convert": _convert, "backup": _backup}[args.db_command](args)
 
 
 def _init(args: argparse.Namespace) -> int:
@@ -90,6 +90,33 @@ def _repair(args: argparse.Namespace) -> int:
             out.print("nothing written: `kdb db repair --apply` writes them")
     left = (not args.apply and (unused or realign)) or orphans
     return 1 if left else 0
+
+
+def _standalone(args: argparse.Namespace) -> int:
+    """The ops of the rows named run on their own launch, never in a BlockFusion group (or back, --undo)."""
+    from core.db.standalone import apply_changes, plan_fusable, plan_standalone
+    from core.kernels.ops import DEFAULT_PRODUCT
+    from core.settings import load_settings
+
+    product = args.product or load_settings().product_name or DEFAULT_PRODUCT
+    with KernelDB.open(args.db, write=args.apply) as db:
+        plan = plan_fusable(db, args.keys) if args.undo else plan_standalone(db, args.keys, product)
+        written = apply_changes(db, plan) if args.apply else []
+    if args.json:
+        print_json({"db": str(db.path), "applied": args.apply, "undo": args.undo,
+                    "product": None if args.undo else product,
+                    "rows": [{"key": c.row.key, "identifier": c.row.identifier, "source": c.source, "tags": c.tags}
+                             for c in plan], "written": written})
+        return 0
+    what = "back to BlockFusion (External rows)" if args.undo else \
+        f"standalone for -fproduct_name={product!r}: on their own launch, never in a BlockFusion group"
+    verb = "changed" if args.apply else "would change"
+    out.print(f"{db.path}: {verb} {len(plan)} row(s) {what}; the code, the Key and the profile stay", highlight=False)
+    for c in plan:
+        out.print(f"  {c.row.key}  {c.row.identifier[:100]}", markup=False, highlight=False)
+    if plan and not args.apply:
+        out.print("nothing written: add --apply to write it")
+    return 0
 
 
 def _fastest(args: argparse.Namespace) -> int:

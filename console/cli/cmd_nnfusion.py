@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from console.cli.cmd_coverage import compiler_setup
 from console.cli.output import err, out, print_json, shorten
 from core.db.kernel_db import KernelDB
 from core.db.state import StateDB
-from core.nnfusion.compile_job import CompileJob, compile_and_read
+from core.errors import InputError
+from core.nnfusion.compile_job import CompileJob, CompileReport, compile_and_read, compile_fitting_launches
 from core.nnfusion.launch_check import LAUNCH_ADVICE
 from core.nnfusion.usage import DB_KERNEL
 from core.settings import load_settings
@@ -25,8 +27,19 @@ def main(args: argparse.Namespace) -> int:
                      product_name=product, binary=args.nnfusion or "", out=Path(args.out) if args.out else None,
                      timeout_s=args.timeout, arch=args.arch or settings.archs[0], nvcc=settings.nvcc_path,
                      launch_check=not args.no_launch_check)
+    if args.fit_launches and args.no_launch_check:
+        raise InputError("--fit-launches needs the launch check: leave out --no-launch-check")
+    made: list[str] = []
+
+    def compile_once(on_line: Callable[[str], None] | None = None) -> CompileReport:
+        nonlocal made
+        if args.fit_launches:
+            report, made = compile_fitting_launches(job, state=StateDB(), on_line=on_line)
+            return report
+        return compile_and_read(job, state=StateDB(), on_line=on_line)
+
     if args.json or not err.is_terminal:
-        report = compile_and_read(job, state=StateDB())
+        report = compile_once()
     else:
         with err.status("compiling with NNFusion…") as status:
             started = time.monotonic()
@@ -34,9 +47,9 @@ def main(args: argparse.Namespace) -> int:
             def on_line(line: str) -> None:
                 status.update(f"NNFusion {time.monotonic() - started:5.1f} s: {shorten(line.strip(), 100)}")
 
-            report = compile_and_read(job, state=StateDB(), on_line=on_line)
+            report = compile_once(on_line)
     if args.json:
-        print_json(report.as_dict())
+        print_json({**report.as_dict(), "made_standalone": made})
         return 0 if report.ok and not report.broken_promises() and not report.launch_failures() else 1
     result = report.result
     if not report.ok:
@@ -80,6 +93,10 @@ def main(args: argparse.Namespace) -> int:
                   "within the registers nvcc gave them "
                   + ("(from the cache: this device code was compiled before)" if launches.cached
                      else f"({launches.seconds:.1f} s)"), highlight=False)
+    if made:
+        out.print(f"made standalone ({len(made)} row(s) of ops fused into a kernel that could not launch; they now run "
+                  f"on their own launch, `kdb db standalone --undo` gives them back): {', '.join(made)}",
+                  highlight=False)
     for line in failures:
         out.print(f"[red]cannot launch[/]: {line}", highlight=False)
     if failures:

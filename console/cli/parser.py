@@ -21,7 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "show": ("console.cli.cmd_show", "show one kernel (by Key, Key prefix or Identifier)"),
     "lint": ("console.cli.cmd_lint", "report rows the compiler could never fetch or would crash on"),
     "failures": ("console.cli.cmd_failures", "list, retry or dismiss failed conversions"),
-    "db": ("console.cli.cmd_db", "init | check | repair | fastest | convert | backup the kernel DB"),
+    "db": ("console.cli.cmd_db", "init | check | repair | fastest | standalone | convert | backup the kernel DB"),
     "settings": ("console.cli.cmd_settings", "show or change the GPU/SM settings"),
     "opconfig": ("console.cli.cmd_opconfig", "extract op configs from an ONNX model, or check op-config files"),
     "coverage": ("console.cli.cmd_coverage", "what NNFusion will run for each op of an ONNX model with this DB"),
@@ -149,6 +149,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "one GPU this DB's profiles name)")
     q.add_argument("--apply", action="store_true", help="remove the slower rows (one transaction, after a backup)")
     q.add_argument("--json", action="store_true")
+    q = dbsub.add_parser("standalone", help="keep ops out of BlockFusion: their rows run on their own launch "
+                         "(NNFusion's Antares row form; for a fused kernel that cannot launch; a preview unless "
+                         "--apply)")
+    _db_option(q)
+    q.add_argument("keys", nargs="+", metavar="KEY", help="a row's Key (or prefix) or Identifier: every CUDA_GPU row "
+                   "of its op changes")
+    q.add_argument("--product", metavar="NAME", help="the -fproduct_name the network is compiled with (default: the "
+                   "settings', else NNFusion's 'default'); kernel selection takes these rows for it only")
+    q.add_argument("--undo", action="store_true", help="give the ops' rows back to BlockFusion (External rows)")
+    q.add_argument("--apply", action="store_true", help="write the change (one transaction); else only show it")
+    q.add_argument("--json", action="store_true")
     q = dbsub.add_parser("convert", help="rewrite an osdi20-schema DB into the current schema")
     q.add_argument("old", metavar="OLD")
     q.add_argument("new", metavar="NEW")
@@ -186,6 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=1800.0, metavar="S", help="stop the compiler after S seconds")
     p.add_argument("--arch", metavar="sm_XX", help="the launch check's SM arch (default: the first of the settings' "
                    "archs)")
+    p.add_argument("--fit-launches", action="store_true", help="when a BlockFusion kernel cannot launch, run the "
+                   "DB rows fused into it on their own launch (writes them to the DB as `kdb db standalone` does) and "
+                   "compile again")
     p.add_argument("--no-launch-check", action="store_true", help="do not check that every launch fits its "
                    "kernel: its launch bounds, or for a kernel without them (BlockFusion's) the registers nvcc gives "
                    "it (needs nvcc, no GPU)")

@@ -293,20 +293,27 @@ class KernelDB:
         self._update_column(key, "Function", function)
 
     def _update_column(self, key: str, column: str, value: dict[str, Any]) -> None:
-        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+        self.update_rows([(key, {column: json.dumps(value, ensure_ascii=False, allow_nan=False)})])
+
+    def update_rows(self, updates: Sequence[tuple[str, dict[str, str]]]) -> None:
+        """Rewrite columns of rows by Key ({column name: text}), all in one transaction; a fused kernel's twin
+        follows. Keys the DB does not have are skipped."""
+        unknown = {c for _key, values in updates for c in values} - (set(COLUMNS) - {"Key"})
+        if unknown:
+            raise ValueError(f"not columns of KernelCache that may change: {sorted(unknown)}")
 
         def body(raw: sqlite3.Connection) -> None:
-            # Moved to a new rowid rather than updated in place: the browse index (core/db/summary_index.py)
-            # sees changed rows by their (rowid, Key) pair without reading any bodies.
-            got = raw.execute(f"{_SELECT} WHERE Key = ?", (key,)).fetchone()
-            if got is None:
-                return
-            row = KernelRow.from_values(tuple(got))
-            updated = KernelRow.from_values(tuple(text if c == column else v for c, v in zip(COLUMNS, got,
-                                                                                             strict=True)))
-            self._rewrite_in_order(raw, key, updated.values())
-            if raw.execute("SELECT 1 FROM KernelCache WHERE Key = ?", (twin_key(row.key),)).fetchone():
-                self._sync_twin(raw, updated)
+            for key, values in updates:
+                # Moved to a new rowid rather than updated in place: the browse index (core/db/summary_index.py)
+                # sees changed rows by their (rowid, Key) pair without reading any bodies.
+                got = raw.execute(f"{_SELECT} WHERE Key = ?", (key,)).fetchone()
+                if got is None:
+                    continue
+                row = KernelRow.from_values(tuple(got))
+                updated = KernelRow.from_values(tuple(values.get(c, v) for c, v in zip(COLUMNS, got, strict=True)))
+                self._rewrite_in_order(raw, key, updated.values())
+                if raw.execute("SELECT 1 FROM KernelCache WHERE Key = ?", (twin_key(row.key),)).fetchone():
+                    self._sync_twin(raw, updated)
 
         self._write(body)
 

@@ -19,10 +19,13 @@ from typing import TYPE_CHECKING, Any
 from core.cuda.warps import pad_body, warp_padded_block
 from core.errors import InputError
 from core.kernels.ops import (
+    BLOCK_TAG,
+    DEFAULT_PRODUCT,
     DEVICE_TYPE,
     EXTERNAL_SOURCE,
     FUSED_OP_TYPES,
     PATTERN_DEVICE_TYPE,
+    STANDALONE_SOURCE,
     parameter_order,
     tags_for,
 )
@@ -62,6 +65,22 @@ class KernelRow:
 # A fused kernel's second row (DeviceType CUDA, for the pattern-substitution pass) has its kernel's Key
 # with this suffix: readable in the Kernels view, and derived, so the pair can be kept in step by Key.
 TWIN_SUFFIX = "#CUDA"
+
+
+def is_standalone(row: KernelRow) -> bool:
+    """A row kernel selection emits on its own launch, never fused by BlockFusion (core/db/standalone.py)."""
+    return row.source == STANDALONE_SOURCE and BLOCK_TAG not in row.tags.split(",")
+
+
+def antares_entry(miscs: Any, product: str) -> dict[str, Any] | None:
+    """A row's `Miscs.antares` when kernel selection would take the row (Source Antares) for `product`, else None:
+    it must name the product and have planned_steps above 0 and a time."""
+    entry = miscs.get("antares") if isinstance(miscs, dict) else None
+    if not isinstance(entry, dict) or entry.get("device_name") != (product or DEFAULT_PRODUCT):
+        return None
+    steps, time = entry.get("planned_steps"), entry.get("time")
+    numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (steps, time))
+    return entry if numeric and steps > 0 else None
 
 
 def needs_pattern_twin(row: KernelRow) -> bool:

@@ -49,6 +49,10 @@ DEVICE_TYPE = "CUDA_GPU"
 PATTERN_DEVICE_TYPE = "CUDA"
 EXTERNAL_SOURCE = "External"
 BASE_TAGS = ("KernelEmitter", "CudaEmitter", "BlockCudaEmitter")
+BLOCK_TAG = "BlockCudaEmitter"  # what BlockFusion fuses; a row without it runs on its own launch
+# A row of this Source without BLOCK_TAG runs standalone: BlockFusion never fuses it (core/db/standalone.py)
+STANDALONE_SOURCE = "Antares"
+DEFAULT_PRODUCT = "default"  # NNFusion's -fproduct_name when none is given
 
 
 @dataclass(frozen=True, slots=True)

@@ -139,6 +139,53 @@ def compile_and_read(job: CompileJob, *, state: StateDB | None = None,
     return report
 
 
+def standalone_candidates(report: CompileReport, db: KernelDB) -> list[str]:
+    """The DB rows to run standalone (core/db/standalone.py) so that every launch fits: of each BlockFusion
+    kernel that cannot launch, the rows fused into it whose own block is smaller than the launch's (ptxas sized
+    their registers for fewer threads); all of its rows when none is."""
+    if report.launches is None or report.usage is None:
+        return []
+    rows = {p.function: p.rows for s in report.usage.steps for p in s.parts}
+    keys: list[str] = []
+    for launch in report.launches.failing():
+        fused = [k for m in launch.members for k in rows.get(m, ())]
+        smaller = [k for k in fused if _block_threads(db, k) < launch.threads]
+        keys += [k for k in (smaller or fused) if k not in keys]
+    return keys
+
+
+def _block_threads(db: KernelDB, key: str) -> int:
+    found = db.find(key)
+    try:
+        block = json.loads(found[0].function)["block_dim"] if found else None
+        return int(block[0]) * int(block[1]) * int(block[2])
+    except (ValueError, TypeError, KeyError, IndexError):
+        return 0  # unreadable: counted as smaller, so the row is among those made standalone
+
+
+def compile_fitting_launches(job: CompileJob, *, state: StateDB | None = None,
+                             on_line: Callable[[str], None] | None = None,
+                             should_cancel: Callable[[], bool] | None = None,
+                             rounds: int = 3) -> tuple[CompileReport, list[str]]:
+    """Compile; while a BlockFusion kernel cannot launch, make the rows fused into it standalone in the job's DB
+    (standalone_candidates) and compile again, at most `rounds` times. (the last report, the Keys made
+    standalone). A row made standalone keeps its kernel: the op runs it on its own launch, unfused."""
+    from core.db.standalone import apply_changes, plan_standalone
+
+    made: list[str] = []
+    for attempt in range(rounds + 1):
+        report = compile_and_read(job, state=state, on_line=on_line, should_cancel=should_cancel)
+        if not report.ok or report.launches is None or attempt == rounds:
+            return report, made
+        with KernelDB.open(job.db, write=True) as db:
+            keys = [k for k in standalone_candidates(report, db) if k not in made]
+            written = apply_changes(db, plan_standalone(db, keys, job.product_name)) if keys else []
+        if not written:
+            return report, made
+        made += written
+    raise AssertionError("unreachable: the last attempt returns")
+
+
 def _launch_check(job: CompileJob, source: str, generated: Generated) -> LaunchReport:
     try:
         nvcc = find_nvcc(job.nvcc)

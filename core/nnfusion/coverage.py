@@ -24,10 +24,22 @@ from __future__ import annotations
 import json
 from collections import Counter, defaultdict
 from dataclasses import dataclass, replace
+from typing import Any
 
 from core.db.kernel_db import KernelDB
 from core.errors import InputError
-from core.kernels.ops import CONV_FAMILY, DEVICE_TYPE, FUSED_OP_TYPES, PATTERN_DEVICE_TYPE, POOLS, SUPPORTED_OP_TYPES
+from core.kernels.kernel_row import antares_entry
+from core.kernels.ops import (
+    BLOCK_TAG,
+    CONV_FAMILY,
+    DEFAULT_PRODUCT,
+    DEVICE_TYPE,
+    FUSED_OP_TYPES,
+    PATTERN_DEVICE_TYPE,
+    POOLS,
+    STANDALONE_SOURCE,
+    SUPPORTED_OP_TYPES,
+)
 from core.kernels.profile import parse_profile
 from core.nnfusion.compiler import CompilerFlags
 from core.opconfigs.onnx_extract import Extraction
@@ -53,7 +65,7 @@ class RowChoice:
     """The row the compiler takes for a lookup, and why that one."""
 
     key: str
-    rows: int  # External CUDA_GPU rows of the identifier
+    rows: int  # External CUDA_GPU rows of the identifier (none: the Antares rows for the product)
     why: str
     time_us: float | None  # profile for the product name (None: none, the compiler assumes 10 us)
     interplay_key: str | None = None  # the row BlockFusion's interplay swaps in, when another
@@ -241,8 +253,7 @@ class _Model:
                           "nothing, for all its rows",), None
         external = [r for r in fetched if r[3] == "External"]
         if not external:
-            return None, (f"{len(fetched)} row(s) of Source {fetched[0][3]!r}: kernel selection uses External rows "
-                          "(and Antares rows profiled for the product)",), None
+            return self._standalone(fetched)
         first = external[0]
         if "BlockCudaEmitter" not in str(first[4]).split(","):
             return None, (), "the first External row has no BlockCudaEmitter tag: the compiler CHECK-fails on it"
@@ -263,6 +274,30 @@ class _Model:
                     f"in a BlockFusion group over {GROUP_CAPACITY} blocks the row with the smallest time x resource "
                     f"({efficient[1]:g} us x {efficient[2]}) replaces it"))
         return choice, tuple(reasons), None
+
+    def _standalone(self, fetched: list[tuple[Any, ...]]) -> tuple[RowChoice | None, tuple[str, ...], str | None]:
+        """No External row: the Antares row for the product with the smallest time (core/db/standalone.py)."""
+        product = self.product or DEFAULT_PRODUCT
+        timed = []
+        for r in fetched:
+            try:
+                entry = antares_entry(json.loads(r[5] or "{}"), product) if r[3] == STANDALONE_SOURCE else None
+            except ValueError:
+                entry = None
+            if entry is not None:
+                timed.append((entry["time"], r))
+        if not timed:
+            return None, (f"{len(fetched)} row(s) of Source {fetched[0][3]!r}: kernel selection uses External rows, "
+                          f"else Antares rows whose Miscs.antares names the product ({product!r})",), None
+        time_us, first = min(timed, key=lambda t: t[0])  # the first of equal times, as the selector's `<` keeps
+        tags = str(first[4]).split(",")
+        if BLOCK_TAG in tags:
+            why = "the fastest Antares row for the product (BlockCudaEmitter: BlockFusion may fuse it)"
+        elif "CudaEmitter" in tags:
+            why = "standalone: the fastest Antares row for the product, never fused by BlockFusion"
+        else:
+            return None, (), "the chosen Antares row has neither CudaEmitter tag: the compiler CHECK-fails on it"
+        return RowChoice(first[1], len(timed), why, time_us), (), None
 
     def _efficient(self, profiles: list[tuple[str, float | None, int]]) -> tuple[str, float, int] | None:
         """fetch_with_tags(efficient=true): the smallest time x resource among rows profiled for the product."""

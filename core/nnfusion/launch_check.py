@@ -32,8 +32,9 @@ WARP_GRANULARITY = 4  # a block's warps get registers 4 at a time
 SMALL_REGISTER_FILES = {"sm_53": 32768, "sm_62": 32768}  # per block; 65536 on every other arch
 
 LAUNCH_ADVICE = ("NNFusion does not check its launches: this network would run without that kernel and compute wrong "
-                 "numbers without an error. Compile with -fblockfusion_level=0 (BlockFusion off), or keep the rows "
-                 "named out of the DB.")
+                 "numbers without an error. Run the rows named on their own launch (`kdb db standalone KEY... "
+                 "--apply`, or `kdb nnfusion --fit-launches` chooses them and compiles again), or compile with "
+                 "-fblockfusion_level=0 (BlockFusion off).")
 _LAUNCH = re.compile(r"\b(\w+)_Call\(\s*dim3\((\d+),\s*(\d+),\s*(\d+)\),\s*dim3\((\d+),\s*(\d+),\s*(\d+)\)")
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from core.kernels.kernel_row import COLUMNS, KernelRow, distinct_kernels
+from core.kernels.kernel_row import COLUMNS, KernelRow, distinct_kernels, is_standalone
 from core.nnfusion.generated import (
     BLOCKFUSION,
     ELIMINATED,
@@ -80,7 +80,7 @@ class Usage:
 def analyse(generated: Generated, rows: Iterable[KernelRow]) -> Usage:
     """Each kernel_entry step with what it runs, given the DB rows to look for (a pair counts once)."""
     kernels = list(distinct_kernels(rows))
-    uses = rows_in_source(generated, ((r.key, r.identifier, r.op_type, _block_body(r)) for r in kernels))
+    uses = rows_in_source(generated, ((r.key, r.identifier, r.op_type, _emitted_body(r)) for r in kernels))
     by_function: dict[str, list[str]] = {}
     for use in uses:
         for fn in use.functions:
@@ -105,12 +105,15 @@ def _part(node: str, function: str, by_function: dict[str, list[str]]) -> Part:
     return Part(node, function, DB_KERNEL if keys else NNFUSION_KERNEL, keys)
 
 
-def _block_body(row: KernelRow) -> str:
+def _emitted_body(row: KernelRow) -> str:
+    """The body the compiler writes for the row: block_function_body (CacheBlockCudaEmitter), or function_body
+    for a standalone row (CacheCudaEmitter, core/db/standalone.py)."""
     try:
         fn = json.loads(row.function)
     except ValueError:
         return ""
-    body = fn.get("block_function_body") if isinstance(fn, dict) else None
+    field = "function_body" if is_standalone(row) else "block_function_body"
+    body = fn.get(field) if isinstance(fn, dict) else None
     return body if isinstance(body, str) else ""
 
 
