@@ -415,3 +415,37 @@ def test_shared_arrays_keep_their_alignment_in_the_compilers_code_alone_and_in_b
     assert "__shared__ float __align__(64) staged_shared[256];" in source  # a kernel alone: the array itself
     assert "float* __align__(64) staged_shared = (float*)(shared_buffer + " in source  # BlockFusion: its pointer
     nvcc_compiles(report.result.project, tmp_path)
+
+
+SESSION12_DB = Path(__file__).resolve().parents[1] / "bench" / "results" / "h200" / "session12" / "7-tuned.db.gz"
+
+
+def test_the_h200s_failing_pair_runs_right_with_its_tuned_rows_made_standalone(tmp_path: Path):
+    """Session 12's tuned rows as the H200 had them: ResNet-18's stage-4 downsampling pair (conv 3x3 s2 + bias +
+    relu, 64 threads at 190+ registers; the shortcut 1x1 s2 conv, 448 threads). With the shortcut's input one op
+    later, as in the network, the compiler fuses them and the kernel cannot launch; --fit-launches makes the
+    3x3 conv's rows standalone and every launch fits, the tuned kernels still used."""
+    import gzip
+    import shutil
+
+    db = tmp_path / "tuned.db"
+    with gzip.open(SESSION12_DB) as src, db.open("wb") as dst:
+        shutil.copyfileobj(src, dst)
+    g = GraphBuilder({"x": [1, 256, 14, 14]})
+    main = g.node("Relu", [g.conv("x", 256, 512, 3, stride=2, bias=True, name="main")], "main_relu")
+    shortcut = g.conv(g.node("Relu", ["x"], "pre"), 256, 512, 1, stride=2, pad=0, name="down")
+    model = write(g.model(g.node("Add", [main, shortcut], "sum"), "downsample_pair"), tmp_path / "pair.onnx")
+    args = ["nnfusion", str(model), "--db", str(db), "--nnfusion", str(COMPILER), "--product-name", PRODUCT]
+    proc, report = run_kdb_json(*args, "--out", str(tmp_path / "first"))
+    assert proc.returncode == 1 and len(report["launch_failures"]) == 1, proc.stderr[-2000:]
+    assert "launches it with 448" in report["launch_failures"][0]
+    proc, fitted = run_kdb_json(*args, "--out", str(tmp_path / "fit"), "--fit-launches")
+    assert proc.returncode == 0 and fitted["launch_failures"] == [] and not fitted["broken_promises"], proc.stderr
+    conn = sqlite3.connect(db)
+    made = {ident for (ident,) in conn.execute(
+        f"SELECT DISTINCT Identifier FROM KernelCache WHERE Key IN ({','.join('?' * len(fitted['made_standalone']))})",
+        fitted["made_standalone"])}
+    conn.close()
+    assert len(made) == 1 and ";512,256,3,3;" in next(iter(made))  # the 3x3 conv's op only; the 1x1 stays fusable
+    used = {k for s in fitted["usage"]["steps"] for p in s["parts"] for k in p["rows"]}
+    assert set(fitted["promised"]) == used and len(used) == 2  # both tuned kernels run
