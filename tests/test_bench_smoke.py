@@ -56,12 +56,14 @@ def test_bench_fastest_agrees_with_the_whole_row_way_on_a_small_db(tmp_path: Pat
 @pytest.mark.skipif(not NVCC, reason="nvcc not found: the bench counts PTX")
 def test_bench_row_gap_finds_session_12s_3x_row_and_its_padding(tmp_path: Path):
     """The row that ran 3x its record (session 12): found from the state's kernel JSON and the DB row injected
-    from it, 49 threads padded to 64, the padding's 18 non-aligned barriers where TVM's kernel has none; nothing
-    timed without --gpu."""
+    from it, 49 threads padded to 64, the padding's 18 non-aligned barriers where TVM's kernel has none, and the
+    row today's generation makes of the same record (padded in the schedule): 2 aligned barriers, no non-aligned
+    one; nothing timed without --gpu."""
     session = REPO / "bench" / "results" / "h200" / "session12"
     proc = bench("bench_row_gap.py", "--state", str(session / "7-state.tgz"), "--db", str(session / "7-tuned.db.gz"),
                  "--only", "abbdfd83dd", shared=tmp_path / "no-shared", tmp=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("fused_convolution_add_relu_abbdfd83dd"))
-    assert "   36.5   111.2 " in line and " 0/18 " in line and line.endswith("block 49->64"), line
+    assert "   36.5   111.2 " in line and " 0/18, 2/0 " in line and line.endswith("block 49->64"), line
+    assert "row-whole-warps / row: not measured" in proc.stdout
     assert "row / record-nvcc: not measured" in proc.stdout
