@@ -274,11 +274,12 @@ for (int k = 0; k < 8; ++k) {
 for (int i = 0; i < 96; ++i) output0[i * 64 + threadIdx.x] = acc[i];"""
 
 
-def test_kdb_nnfusion_names_a_blockfusion_kernel_that_cannot_launch(tmp_path: Path):
+def failing_pair(tmp_path: Path) -> tuple[Path, Path, dict[str, tuple[str, dict]], str, str]:
     """The H200 fault, built on purpose: ResNet's downsampling block, whose first conv and shortcut conv the
     compiler puts in one BlockFusion group; one row given 1,024 threads, the other a 64-thread body that needs
     far more than 64 registers. Both rows compile alone; the fused kernel cannot launch. (Test data for the
-    compiler and nvcc only: these rows do not compute a convolution and never run.)"""
+    compiler and nvcc only: these rows do not compute a convolution and never run.)
+    (model, db, {Identifier: (Key, Function)}, the wide row's Identifier, the hungry one's)."""
     g = GraphBuilder({"x": [1, 16, 14, 14]})
     model = write(g.model(basic_block(g, "x", 16, 32, stride=2), "block"), tmp_path / "block.onnx")
     db = build_db(model, tmp_path / "k.db", tmp_path)
@@ -297,6 +298,12 @@ def test_kdb_nnfusion_names_a_blockfusion_kernel_that_cannot_launch(tmp_path: Pa
         conn.execute("UPDATE KernelCache SET Function = ? WHERE Identifier = ?", (json.dumps(rows[ident][1]), ident))
     conn.commit()
     conn.close()
+    return model, db, rows, wide, hungry
+
+
+def test_kdb_nnfusion_names_a_blockfusion_kernel_that_cannot_launch(tmp_path: Path):
+    """failing_pair: named, with the rows fused into it; --fit-launches mends it; --undo brings it back."""
+    model, db, rows, wide, hungry = failing_pair(tmp_path)
     proc, report = run_kdb_json("nnfusion", str(model), "--db", str(db), "--nnfusion", str(COMPILER),
                                 "--product-name", PRODUCT, "--out", str(tmp_path / "nnfusion"))
     assert proc.returncode == 1, proc.stderr[-2000:]
@@ -449,3 +456,31 @@ def test_the_h200s_failing_pair_runs_right_with_its_tuned_rows_made_standalone(t
     assert len(made) == 1 and ";512,256,3,3;" in next(iter(made))  # the 3x3 conv's op only; the 1x1 stays fusable
     used = {k for s in fitted["usage"]["steps"] for p in s["parts"] for k in p["rows"]}
     assert set(fitted["promised"]) == used and len(used) == 2  # both tuned kernels run
+
+
+async def test_the_console_fits_the_launches_with_f_and_says_which_rows_it_made_standalone(tmp_path: Path):
+    from console_helpers import FixedDeviceApp
+    from test_console_opconfigs import wait_for
+    from textual.widgets import Static
+
+    from console.context import ConsoleContext
+    from console.screens.nnfusion import compile_screen
+    from core.settings import Settings
+
+    model, db, rows, _wide, hungry = failing_pair(tmp_path)
+    settings = Settings(workers=1, nnfusion_path=str(COMPILER), product_name=PRODUCT)
+    context = ConsoleContext(db_path=db, settings=settings, device_summary="no CUDA device (test)")
+    app = FixedDeviceApp(context)
+    async with app.run_test(size=(160, 45)) as pilot:
+        dialog = compile_screen(context, model)
+        app.push_screen(dialog)
+        await wait_for(pilot, lambda: dialog.report is not None, timeout=120)
+        summary = dialog.query_one("#compile-summary", Static)
+        assert dialog.report.launch_failures() and "f here makes them standalone" in str(summary.render())
+        await pilot.press("f")
+        await wait_for(pilot, lambda: dialog.report is not None, timeout=120)
+        assert dialog.report.ok and not dialog.report.launch_failures() and not dialog.report.broken_promises()
+        assert dialog.made_standalone == (rows[hungry][0],)
+        text = str(summary.render())
+        assert "made standalone" in text and rows[hungry][0] in text and "cannot launch" not in text
+        assert dialog.check_action("fit_launches", ()) is False  # nothing left to fit

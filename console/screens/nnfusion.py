@@ -1,5 +1,7 @@
 """Compile with NNFusion: run the user's compiler on a model with the open DB, live, then show what the generated
-code really runs, step by step, against what coverage promised. Esc cancels a run, then closes.
+code really runs, step by step, against what coverage promised. Esc cancels a run, then closes. When a
+BlockFusion kernel cannot launch, f makes the rows fused into it standalone (core/db/standalone.py) and
+compiles again.
 
 The compile runs in a thread worker that owns everything it touches and posts coalesced progress snapshots
 (the log's tail); the result comes back as the worker's return value.
@@ -12,7 +14,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.text import Text
 from textual import work
@@ -46,6 +48,14 @@ def compile_screen(context: ConsoleContext, model: Path) -> CompileScreen:
 
 
 @dataclass(frozen=True)
+class Compiled:
+    """What a compile worker returns: the report, and the rows it made standalone to fit the launches."""
+
+    report: CompileReport
+    made_standalone: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class CompileProgress:
     seconds: float
     lines: int  # log lines so far
@@ -55,7 +65,10 @@ class CompileProgress:
 class CompileScreen(ModalScreen[None]):
     """One compile of one model: its log while it runs, then the steps of kernel_entry and what each runs."""
 
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel_or_close", "Cancel / close")]
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "cancel_or_close", "Cancel / close"),
+        Binding("f", "fit_launches", "Fit launches (standalone rows)"),
+    ]
 
     @dataclass
     class Progressed(Message):
@@ -70,6 +83,7 @@ class CompileScreen(ModalScreen[None]):
         self.cancel = threading.Event()
         self.shown_lines = 0
         self.report: CompileReport | None = None
+        self.made_standalone: tuple[str, ...] = ()
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog dialog-wide", id="compile-dialog"):
@@ -87,9 +101,9 @@ class CompileScreen(ModalScreen[None]):
         self.run_compile(self.job, self.cancel)
 
     @work(thread=True, exit_on_error=False, group="nnfusion", exclusive=True)
-    def run_compile(self, job: CompileJob, cancel: threading.Event) -> CompileReport:
+    def run_compile(self, job: CompileJob, cancel: threading.Event, fit: bool = False) -> Compiled:
         from core.db.state import StateDB
-        from core.nnfusion.compile_job import compile_and_read
+        from core.nnfusion.compile_job import compile_and_read, compile_fitting_launches
 
         worker = get_current_worker()
         started = last_post = time.monotonic()
@@ -105,13 +119,17 @@ class CompileScreen(ModalScreen[None]):
                 self.post_message(self.Progressed(CompileProgress(now - started, count, tuple(tail))))
 
         state = StateDB()
+        options: dict[str, Any] = {"state": state, "on_line": on_line,
+                                   "should_cancel": lambda: cancel.is_set() or worker.is_cancelled}
         try:
-            report = compile_and_read(job, state=state, on_line=on_line,
-                                      should_cancel=lambda: cancel.is_set() or worker.is_cancelled)
+            if fit:
+                report, made = compile_fitting_launches(job, **options)
+            else:
+                report, made = compile_and_read(job, **options), []
         finally:
             state.close()
         self.post_message(self.Progressed(CompileProgress(time.monotonic() - started, count, tuple(tail))))
-        return report
+        return Compiled(report, tuple(made))
 
     def on_compile_screen_progressed(self, message: Progressed) -> None:
         p = message.progress
@@ -126,8 +144,9 @@ class CompileScreen(ModalScreen[None]):
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         if event.worker.group != "nnfusion" or not event.worker.is_finished:
             return
-        if event.state is WorkerState.SUCCESS and isinstance(event.worker.result, CompileReport):
-            self.show_report(event.worker.result)
+        if event.state is WorkerState.SUCCESS and isinstance(event.worker.result, Compiled):
+            self.made_standalone += event.worker.result.made_standalone
+            self.show_report(event.worker.result.report)
         elif event.state is WorkerState.ERROR:
             error = escape(str(event.worker.error))
             self.query_one("#compile-status", Static).update(f"[$error]could not run: {error}[/]")
@@ -174,9 +193,35 @@ class CompileScreen(ModalScreen[None]):
         elif launches is not None:
             text.append(f"[dim]launch check ({launches.arch})[/] {len(launches.launches)} launches, "
                         f"{len(launches.failing())} cannot start")
+        if self.made_standalone:
+            text.insert(0, f"[$success]made standalone[/] (run on their own launch, never fused; `kdb db standalone "
+                           f"--undo` gives them back): {escape(', '.join(self.made_standalone))}")
         if failures := report.launch_failures():
-            text[:0] = [f"[$error]cannot launch: {escape(line)}[/]" for line in failures] + [escape(LAUNCH_ADVICE)]
+            text[:0] = [f"[$error]cannot launch: {escape(line)}[/]" for line in failures] + [
+                escape(LAUNCH_ADVICE) + " [b]f[/b] here makes them standalone and compiles again."]
         summary.update("\n".join(text))
+        self.refresh_bindings()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "fit_launches":  # offered only when a fused kernel cannot launch and nothing runs
+            running = any(w.group == "nnfusion" and w.is_running for w in self.workers)
+            return self.report is not None and bool(self.report.launch_failures()) and not running
+        return True
+
+    def action_fit_launches(self) -> None:
+        self.report = None
+        self.shown_lines = 0
+        with self.app.batch_update():
+            table = self.query_one("#compile-steps", DataTable)
+            table.clear()
+            table.display = False
+            log = self.query_one("#compile-log", Log)
+            log.clear()
+            log.display = True
+            self.query_one("#compile-summary", Static).update("")
+            self.query_one("#compile-status", Static).update("making the rows standalone, compiling again…")
+        self.refresh_bindings()
+        self.run_compile(self.job, self.cancel, fit=True)
 
     def action_cancel_or_close(self) -> None:
         running = any(w.group == "nnfusion" and w.is_running for w in self.workers)
