@@ -48,7 +48,9 @@ must equal NNFusion's `-fproduct_name`), nvcc and timeouts. Saved to the same TO
 added); `d` deletes, `D` clears. `i` imports an op-config file or an ONNX model (nodes with no kernel-DB
 op are listed with the reason). `c` checks the list against the open DB: in DB, missing (tune it) or
 falls back; from then on the check follows every change. `g` generates a kernel for each with TVM and
-injects them, with progress; `escape` cancels, `f` shows the failures (codegen and injection).
+injects them, with progress; `escape` cancels, `f` shows the failures (codegen and injection). `n` compiles
+the imported model with NNFusion and shows what each step of the generated code runs; when a BlockFusion
+kernel cannot launch, `f` there runs the rows fused into it standalone (never fused) and compiles again.
 
 **AutoTVM logs**: `o` opens a tuning log. Each workload: its trials, successes, errors by kind and best
 time; the selected one's best-so-far curve (`l` switches log/linear scale) and best knob config. Lines
