@@ -21,7 +21,8 @@
 #                                              BlockFusion), the empty DB and PyTorch, one timing method
 #                                              (bench_network.py); DB defaults to the tuning's
 #     (CONTENDERS="tuned-best empty" limits the NNFusion contenders, a label with -no-blockfusion appended compiles
-#      that DB with -fblockfusion_level=0, one with -checked with -fblockfusion_check_correctness=true; every contender gets the launch check; NO_PYTORCH=1 skips PyTorch, RUNS=5 times
+#      that DB with -fblockfusion_level=0, one with -checked with -fblockfusion_check_correctness=true, one with -fit a copy whose rows fused into a kernel that cannot launch
+#      are made standalone first (kdb nnfusion --fit-launches); every contender gets the launch check; NO_PYTORCH=1 skips PyTorch, RUNS=5 times
 #      each contender in 5 processes and keeps the median run)
 #   bash bench/h200_network.sh ops [DB]        each op's rows (their profile from injection) against cuDNN timed now, in
 #                                              PICKS processes (default 3; each op counts cuDNN's fastest pick);
@@ -122,6 +123,15 @@ network)
       [ "$db" != "$label" ] && off=(--flag=-fblockfusion_level=0)
       if [ "${label%-checked}" != "$label" ]; then  # "<db>-checked": NNFusion runs each BlockFusion group on the
         db=${label%-checked}; off=(--flag=-fblockfusion_check_correctness=true)  # GPU and drops one that fails
+      fi
+      if [ "${label%-fit}" != "$label" ]; then  # "<db>-fit": a copy of that DB whose rows fused into a kernel that
+        cp "$R/net/${label%-fit}.db" "$R/net/$label.db"  # cannot launch are made standalone (kdb nnfusion --fit-launches)
+        db=$label
+        python3 -m console.entry nnfusion "$R/net/resnet18.onnx" --db "$R/net/$db.db" --nnfusion "$nnf" \
+          --product-name "$(python3 -c 'import torch; print(torch.cuda.get_device_name(0))')" --fit-launches \
+          --out "$R/net/fit-compile" --json >"$R/net/$label-kdb.json" 2>&1 || echo "$label: kdb nnfusion exit $?"
+        python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print('made standalone:', r['made_standalone'], \
+          'launch failures left:', r['launch_failures'])" "$R/net/$label-kdb.json" || true
       fi
       timeout 240 python3 bench/bench_network.py nnfusion --out "$R/net" --db "$R/net/$db.db" --nnfusion "$nnf" \
         --label "$label" "${off[@]}" --trace-steps --runs "${RUNS:-1}"
