@@ -32,6 +32,8 @@ def with_(**changes) -> tuple:
 
 def test_a_good_row_has_no_findings():
     assert lint_row(GOOD) == []
+    standalone = with_(Source="Antares", Tags="KernelEmitter,CudaEmitter")  # core/db/standalone.py's form
+    assert lint_row(standalone) == []
 
 
 @pytest.mark.parametrize(("changes", "severity", "check"), [
@@ -41,6 +43,7 @@ def test_a_good_row_has_no_findings():
     ({"OpType": "Fused_Convolution_Batchnorm"}, "unreachable", "op-type"),
     ({"DeviceType": "CUDA"}, "unreachable", "device-type"),
     ({"Tags": "KernelEmitter,CudaEmitter"}, "crash", "tags"),
+    ({"Source": "Antares", "Tags": "KernelEmitter"}, "crash", "tags"),  # selected, then CHECK-fails
     ({"Miscs": json.dumps({"external_profile": {"time": "H200:abc;", "resource": 1}})}, "crash", "profile"),
     ({"Miscs": json.dumps({"external_profile": {"time": "H200:1.0;", "resource": "32"}})}, "crash", "profile"),
     ({"Miscs": json.dumps({"external_profile": {"resource": 32}})}, "crash", "profile"),

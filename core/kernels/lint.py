@@ -92,6 +92,9 @@ def lint_row(raw: tuple[Any, ...]) -> list[Finding]:
         add(WARNING, "tags", f"Tags {tags!r} hold spaces or empty entries (the compiler splits on ',' only)")
     if source == "External" and "BlockCudaEmitter" not in tag_list:
         add(CRASH, "tags", "External row without the BlockCudaEmitter tag: the compiler CHECK-fails on it")
+    if source == "Antares" and not {"BlockCudaEmitter", "CudaEmitter"} & set(tag_list):
+        add(CRASH, "tags", "Antares row with neither the BlockCudaEmitter nor the CudaEmitter tag: the compiler "
+            "CHECK-fails when it selects it")
     if "Miscs" in parsed:
         _check_miscs(parsed["Miscs"], add)
     if "Function" in parsed:
