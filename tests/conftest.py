@@ -18,6 +18,26 @@ import pytest
 from shared_data import ARTIFACT_KERNELS, REPO, read_items, shared_dir, shared_label, shared_path
 
 KERNELS = shared_path(ARTIFACT_KERNELS)
+# Session 12's tuning state from the H200 (in the repo, not ../shared): real MetaSchedule records for ResNet-18's ops
+SESSION12_STATE = REPO / "bench" / "results" / "h200" / "session12" / "7-state.tgz"
+
+
+def session12_job(line: str, tmp_path: Path):
+    """A CUDA TuneJob of the op-config `line` whose work dir holds that op's session-12 records."""
+    import shutil
+    import tarfile
+
+    from core.opconfigs.opconfig import parse_line
+    from core.tuning.job import TuneJob
+
+    job = TuneJob(parse_line(line), trials=64, target="cuda", arch="sm_90")
+    folder = job.directory(tmp_path / "root").name
+    with tarfile.open(SESSION12_STATE) as tar:
+        members = [m for m in tar.getmembers() if f"/{folder}/database_" in m.name]
+        tar.extractall(tmp_path / "x", members=members, filter="data")
+    work = tmp_path / "work"
+    shutil.copytree(tmp_path / "x" / "state" / "tuning" / folder, work)
+    return TuneJob(job.config, trials=64, target="cuda", arch="sm_90", work_dir=work)
 
 
 def needs_shared(relative: str, what: str) -> pytest.MarkDecorator:

@@ -8,21 +8,18 @@ test_gpu_parallel (it answers 7.5 us for every kernel), so the row-to-record rat
 from __future__ import annotations
 
 import json
-import shutil
-import tarfile
 from pathlib import Path
 
 import pytest
+from conftest import session12_job
 from test_gpu_parallel import stand_in  # noqa: F401  (the fixture)
 from test_kernel_row import NVCC
 
 from core.db.kernel_db import KernelDB
 from core.inject.pipeline import InjectOptions
-from core.opconfigs.opconfig import parse_line
 from core.tuning import queue
 from core.tuning.job import TuneJob, TuneResult, recorded_runs, runner_up_kernels, scored_records
 
-STATE = Path(__file__).resolve().parents[1] / "bench" / "results" / "h200" / "session12" / "7-state.tgz"
 AVGPOOL = "cudnn_avgpool_op_float|i+1_512_7_7|o+1_512_1_1|win+7_7|ws+1_1|pb+0_0|pa+0_0"
 
 pytestmark = [pytest.mark.tvm, pytest.mark.skipif(not NVCC, reason="nvcc not found: kernels are compile-checked")]
@@ -31,14 +28,8 @@ pytestmark = [pytest.mark.tvm, pytest.mark.skipif(not NVCC, reason="nvcc not fou
 @pytest.fixture
 def avgpool(tmp_path: Path) -> tuple[TuneJob, Path]:
     """The job and a work dir holding its records (the op folder of the session-12 state)."""
-    job = TuneJob(parse_line(AVGPOOL), trials=64, target="cuda", arch="sm_90")
-    folder = job.directory(tmp_path / "root").name
-    with tarfile.open(STATE) as tar:
-        members = [m for m in tar.getmembers() if f"/{folder}/database_" in m.name]
-        tar.extractall(tmp_path / "x", members=members, filter="data")
-    work = tmp_path / "work"
-    shutil.copytree(tmp_path / "x" / "state" / "tuning" / folder, work)
-    return TuneJob(job.config, trials=64, target="cuda", arch="sm_90", work_dir=work), work
+    job = session12_job(AVGPOOL, tmp_path)
+    return job, job.work_dir
 
 
 def test_runner_ups_are_the_next_distinct_kernels_by_record_time(avgpool: tuple[TuneJob, Path]):

@@ -9,12 +9,11 @@ text padding made of it ran 3x the record on the H200. Padded in the schedule, T
 from __future__ import annotations
 
 import re
-import shutil
-import tarfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import session12_job
 from test_kernel_row import NVCC
 
 from core.codegen.schedule import launch_dims
@@ -24,7 +23,6 @@ from core.cuda.warps import NON_ALIGNED_BARRIER, unpad_body
 from core.opconfigs.opconfig import parse_line
 from core.tuning.job import TuneJob, scored_records
 
-STATE = Path(__file__).resolve().parents[1] / "bench" / "results" / "h200" / "session12" / "7-state.tgz"
 CONV = "cudnn_convolution_op_float|i+1_256_14_14|w+512_256_3_3|o+1_512_7_7|ws+2_2|wd+1_1|p+1_1|fuse+add_relu"
 AVGPOOL = "cudnn_avgpool_op_float|i+1_512_7_7|o+1_512_1_1|win+7_7|ws+1_1|pb+0_0|pa+0_0"
 GUARD = re.compile(r"if \(\(\(int\)threadIdx\.x\) < 49\) \{")
@@ -32,22 +30,10 @@ GUARD = re.compile(r"if \(\(\(int\)threadIdx\.x\) < 49\) \{")
 pytestmark = [pytest.mark.tvm]
 
 
-def job_with_records(line: str, tmp_path: Path) -> TuneJob:
-    """The op's job, its work dir holding the op's session-12 records."""
-    job = TuneJob(parse_line(line), trials=64, target="cuda", arch="sm_90")
-    folder = job.directory(tmp_path / "root").name
-    with tarfile.open(STATE) as tar:
-        members = [m for m in tar.getmembers() if f"/{folder}/database_" in m.name]
-        tar.extractall(tmp_path / "x", members=members, filter="data")
-    work = tmp_path / "work"
-    shutil.copytree(tmp_path / "x" / "state" / "tuning" / folder, work)
-    return TuneJob(job.config, trials=64, target="cuda", arch="sm_90", work_dir=work)
-
-
 @pytest.fixture(scope="module")
 def conv(tmp_path_factory: pytest.TempPathFactory) -> tuple[TuneJob, Any]:
     """The conv's job and its best record's scheduled module (49 threads, shared memory)."""
-    job = job_with_records(CONV, tmp_path_factory.mktemp("conv"))
+    job = session12_job(CONV, tmp_path_factory.mktemp("conv"))
     best = min(scored_records(job, job.work_dir), key=lambda s: s[0])
     return job, best[2]
 
@@ -150,7 +136,7 @@ def test_a_module_it_cannot_pad_safely_is_left_as_it_is(conv: tuple[TuneJob, Any
         pad_threads(scheduled, 48)
     # A reduction across threads (the AvgPool's 16 threads sum a window together): its lowering counts threads
     # on its own, so it is never padded; it has no shared memory in TIR, so no padding is due either.
-    pool = job_with_records(AVGPOOL, tmp_path)
+    pool = session12_job(AVGPOOL, tmp_path)
     reducing = min(scored_records(pool, pool.work_dir), key=lambda s: s[0])[2]
     threads = launch_dims(reducing)[1][0]
     assert threads % 32 != 0
