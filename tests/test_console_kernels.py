@@ -328,3 +328,31 @@ async def test_repair_asks_then_gives_an_old_rows_shared_arrays_their_alignment(
         assert row.function == aligned.function  # exactly what injection writes now
         with KernelDB.open(app.context.db_path) as db:
             assert db.count() == ROWS + 1
+
+
+async def test_standalone_asks_then_runs_the_op_on_its_own_launch_and_s_again_gives_it_back(app: FixedDeviceApp):
+    """`S`: what `kdb db standalone` does, for the current row's op; pressed again, the op's rows go back."""
+    from core.kernels.kernel_row import is_standalone
+
+    async with app.run_test(size=(180, 50)) as pilot:
+        table = app.screen.query_one(KernelTable)
+        await wait_rows(pilot, table, ROWS)
+        table.focus()
+        key = table.current_key()
+        assert key is not None
+
+        async def press_s_and_confirm(question: str) -> bool:
+            await pilot.press("S")
+            await pilot.pause(0.3)
+            assert isinstance(app.screen, ConfirmDialog) and app.screen.question == question, app.screen
+            await pilot.press("y")
+            for _ in range(40):
+                await pilot.pause(0.05)
+                with KernelDB.open(app.context.db_path) as db:
+                    (row,) = [r for r in db.find(key) if r.key == key]
+                if is_standalone(row) == question.startswith("Run"):
+                    break
+            return is_standalone(row)
+
+        assert await press_s_and_confirm("Run 1 row(s) of 1 op(s) standalone?")
+        assert not await press_s_and_confirm("Give 1 standalone row(s) of 1 op(s) back to BlockFusion?")

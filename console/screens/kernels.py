@@ -38,6 +38,7 @@ from core.db.browse import (
 from core.db.fastest import FastestPlan, plan_fastest, profiled_devices
 from core.db.kernel_db import KernelDB, Schema
 from core.db.realign import RealignPlan, apply_realign, plan_realign
+from core.db.standalone import RowChange
 from core.db.summary_index import SummaryIndex
 from core.errors import DbError
 from core.kernels.kernel_row import KernelRow
@@ -67,6 +68,7 @@ class KernelsScreen(KdbScreen):
         Binding("N", "compile_with_nnfusion", "Compile with NNFusion", show=False),
         Binding("F", "repair_pairs", "Repair (fused pairs, older row forms)", show=False),
         Binding("K", "keep_fastest", "Keep each op's fastest row", show=False),
+        Binding("S", "toggle_standalone", "Standalone: never fused by BlockFusion (or back)", show=False),
     ]
 
     @dataclass
@@ -590,6 +592,53 @@ class KernelsScreen(KdbScreen):
             f"{len(plan.removals)} kernel(s) go ({unmeasured} of them not timed on {plan.device}), with their CUDA "
             "twins. NNFusion takes an op's first row, not its fastest. `u` puts them back until you quit.",
             confirm_label="Keep fastest"), confirmed)
+
+    def action_toggle_standalone(self) -> None:
+        """The ops of the marked rows (or the current one) run on their own launch, never fused by BlockFusion; if
+        some are standalone already, they go back to BlockFusion instead (core/db/standalone.py)."""
+        keys = self._selection()
+        if keys:
+            self.plan_standalone(keys)
+
+    @work(thread=True, exit_on_error=False, group="write")
+    def plan_standalone(self, keys: list[str]) -> None:
+        from core.db.standalone import plan_fusable, plan_standalone
+        from core.kernels.ops import DEFAULT_PRODUCT
+
+        product = self.app.context.settings.product_name or DEFAULT_PRODUCT  # type: ignore[attr-defined]
+        with self.app.context.open_db() as db:  # type: ignore[attr-defined]
+            back = plan_fusable(db, keys)
+            plan = back or plan_standalone(db, keys, product)
+        self.app.call_from_thread(self._confirm_standalone, plan, bool(back), product)
+
+    def _confirm_standalone(self, plan: list[RowChange], back: bool, product: str) -> None:
+        if not plan:
+            self.notify("no External row of these ops to change", severity="warning")
+            return
+
+        def confirmed(yes: bool | None) -> None:
+            if yes:
+                self.write_standalone(plan)
+
+        ops = len({c.row.identifier for c in plan})
+        if back:
+            question = f"Give {len(plan)} standalone row(s) of {ops} op(s) back to BlockFusion?"
+            detail = "They become External rows again, which BlockFusion may fuse with other kernels."
+        else:
+            question = f"Run {len(plan)} row(s) of {ops} op(s) standalone?"
+            detail = (f"For -fproduct_name {product!r}, kernel selection then emits each op's kernel on its own "
+                      "launch, never fused by BlockFusion: for a fused kernel that cannot launch (`kdb nnfusion` "
+                      "names it). The code, the Keys and the profiles stay; S again gives them back.")
+        self.app.push_screen(ConfirmDialog(question, detail, confirm_label="Change"), confirmed)
+
+    @work(thread=True, exit_on_error=False, group="write")
+    def write_standalone(self, plan: list[RowChange]) -> None:
+        from core.db.standalone import apply_changes
+
+        with self.app.context.open_db(write=True) as db:  # type: ignore[attr-defined]
+            written = apply_changes(db, plan)
+        self.app.call_from_thread(self.notify, f"changed {len(written)} row(s)")
+        self.app.call_from_thread(self.request_sync)
 
     def action_export(self) -> None:
         keys = self._selection()
