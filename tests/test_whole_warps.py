@@ -178,3 +178,10 @@ def test_the_whole_warp_row_computes_the_op_on_the_gpu(conv: tuple[TuneJob, Any]
     with GpuSession(timeout_s=120) as session:
         verified = session.run(job_for_row(row, "verify"))
     assert verified.ok, verified.reason
+
+
+def test_scored_records_count_the_threads_the_row_launches(conv: tuple[TuneJob, Any]):
+    """Runner-ups pick "another block size" first: the size the padded row launches (64), not TVM's 49."""
+    job, _scheduled = conv
+    scored = scored_records(job, job.work_dir)
+    assert scored and all(threads % 32 == 0 for _s, _r, _m, threads in scored), [s[3] for s in scored]

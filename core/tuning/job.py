@@ -444,6 +444,7 @@ def scored_records(job: TuneJob, work_dir: Path, top_k: int = 16) -> list[Scored
 
     from core.codegen.generate import prim_func_module
     from core.codegen.schedule import launch_dims
+    from core.codegen.whole_warps import whole_warp_module
 
     if job.target != "cuda":
         raise InputError("kernels for the kernel DB come from CUDA tuning (target cuda)")
@@ -457,7 +458,7 @@ def scored_records(job: TuneJob, work_dir: Path, top_k: int = 16) -> list[Scored
             continue
         sch = tvm.s_tir.Schedule(mod)
         record.trace.apply_to_schedule(sch, remove_postproc=False)
-        grid, block = launch_dims(sch.mod)
+        grid, block = launch_dims(whole_warp_module(sch.mod))  # the block the row launches, as it was timed
         resource = math.ceil(math.prod(block) / 32) * 32 * math.prod(grid)
         scored.append((sum(secs) / len(secs), resource, sch.mod, math.prod(block)))
     if not scored:
