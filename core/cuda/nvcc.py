@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -127,6 +128,18 @@ def compile_check(function: dict[str, Any], arch: str, *, nvcc: str, flags: list
     """Compile the row's kernel for one arch; never raises for a bad kernel (see CompileResult.ok)."""
     return compile_source(translation_unit(function), arch, nvcc=nvcc, flags=flags, timeout_s=timeout_s,
                           workdir=workdir, cancel=cancel)
+
+
+def compile_archs(function: dict[str, Any], archs: Iterable[str], *, nvcc: str, flags: list[str] | tuple[str, ...],
+                  timeout_s: float, workdir: Path, cancel: threading.Event | None = None) -> list[CompileResult]:
+    """compile_check for each arch in turn, up to the first that fails (its result is the last)."""
+    results = []
+    for arch in archs:
+        results.append(compile_check(function, arch, nvcc=nvcc, flags=flags, timeout_s=timeout_s, workdir=workdir,
+                                     cancel=cancel))
+        if not results[-1].ok:
+            break
+    return results
 
 
 def compile_source(source: str, arch: str, *, nvcc: str, flags: list[str] | tuple[str, ...] = (),

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from core.cuda.nvcc import compile_check
+from core.cuda.nvcc import compile_archs
 from core.db.kernel_db import KernelDB
 from core.errors import InputError
 from core.gpu.jobs import GpuResult, GpuSession, GpuSessions, job_for_row
@@ -58,16 +58,13 @@ class NvccBuild:
 
     def cubins(self, row: KernelRow) -> dict[str, bytes]:
         """arch -> cubin of the row's translation unit; InputError naming nvcc's reason when one fails."""
-        function = json.loads(row.function)
-        out: dict[str, bytes] = {}
         with tempfile.TemporaryDirectory(prefix="kdb-gpu-nvcc-") as work:
-            for arch in self.archs:
-                result = compile_check(function, arch, nvcc=self.nvcc, flags=self.flags, timeout_s=self.timeout_s,
-                                       workdir=Path(work))
-                if not result.ok:
-                    raise InputError(result.error)
-                out[arch] = result.cubin
-        return out
+            results = compile_archs(json.loads(row.function), self.archs, nvcc=self.nvcc, flags=self.flags,
+                                    timeout_s=self.timeout_s, workdir=Path(work))
+        failed = next((r for r in results if not r.ok), None)
+        if failed is not None:
+            raise InputError(failed.error)
+        return {arch: r.cubin for arch, r in zip(self.archs, results, strict=True)}
 
 
 @dataclass

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from core.cuda.barriers import BarrierCount
-from core.cuda.nvcc import SPILL_LIMIT_BYTES, CompileResult, compile_check, find_nvcc
+from core.cuda.nvcc import SPILL_LIMIT_BYTES, CompileResult, compile_archs, find_nvcc
 from core.db.engine import DbLocked
 from core.db.fastest import shadowed
 from core.db.kernel_db import InsertOutcome, KernelDB
@@ -403,15 +403,8 @@ class Injector:
         return Compiled(results)
 
     def _compile_archs(self, function: dict[str, Any]) -> list[CompileResult]:
-        results = []
-        for arch in self.options.archs:
-            res = compile_check(function, arch, nvcc=self._nvcc, flags=self.options.nvcc_flags,
-                                timeout_s=self.options.nvcc_timeout_s, workdir=self._workdir,
-                                cancel=self._cancel_event)
-            results.append(res)
-            if not res.ok:
-                break
-        return results
+        return compile_archs(function, self.options.archs, nvcc=self._nvcc, flags=self.options.nvcc_flags,
+                             timeout_s=self.options.nvcc_timeout_s, workdir=self._workdir, cancel=self._cancel_event)
 
     def _drain_compiles(self, compiling: deque[tuple[Prepared, Future[Compiled]]], *,
                         block: bool) -> None:
