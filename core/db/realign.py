@@ -19,13 +19,12 @@ from core.cuda.source import parse_kernel
 from core.db.kernel_db import KernelDB
 from core.errors import InputError
 from core.kernels.export import row_to_item
-from core.kernels.kernel_row import KernelRow, declared_symbols
+from core.kernels.kernel_row import ALIGN_PREFIX, KernelRow, declared_symbols
 from core.kernels.ops import DEVICE_TYPE, EXTERNAL_SOURCE
 
 # rows that may be in an older form: arrays that ask for alignment, or no __restrict__ (instr: `_` is a LIKE wildcard)
 OLDER_FORM = "(Function LIKE ? OR Function LIKE ? OR instr(Function, '__restrict__') = 0)"
 RealignPlan = list[tuple[KernelRow, dict[str, Any]]]  # (row, its Function as injection writes it now)
-_ALIGN_PREFIX = re.compile(r"^\s*__align__\s*\(\s*\d+\s*\)\s*")
 # The signature injection writes (nnfusion_signature), with or without the one-block bound of a spilling kernel
 _ROW_SIGNATURE = re.compile(r'^(extern "C" __launch_bounds__\(\s*\d+(?:\s*,\s*\d+)?\s*\) __global__ void \()(.*)\)$')
 _PLAIN_POINTER = re.compile(r"^([\w ]*\w)\s*\*\s*((?:input|output)\d+)$")
@@ -46,7 +45,7 @@ def realigned_function(row: KernelRow) -> dict[str, Any] | None:
     shared = function.get("shared_memory") if isinstance(function.get("shared_memory"), dict) else {}
     symbols = shared.get("symbol") or []
     wanted = declared_symbols(src.shared)
-    if [_ALIGN_PREFIX.sub("", str(s)) for s in symbols] == [d.symbol for d in src.shared] and wanted != symbols:
+    if [ALIGN_PREFIX.sub("", str(s)) for s in symbols] == [d.symbol for d in src.shared] and wanted != symbols:
         updated["shared_memory"] = {**shared, "symbol": wanted}
     # __restrict__ only where NNFusion's KernelDB emitter compiles the row: an External row gets no in-place pair
     signature = restricted_signature(str(function.get("function_signature", "")))

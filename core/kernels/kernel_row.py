@@ -286,6 +286,10 @@ DTYPE_BYTES = {"float": 4, "float2": 8, "float4": 16, "half": 2, "half2": 4, "do
                "uint32_t": 4, "int64_t": 8, "uint64_t": 8, "__half": 2, "__half2": 4, "bool": 1}
 
 
+# The alignment declared_symbols puts before a symbol (lint and `kdb db repair` recognise it by this one pattern)
+ALIGN_PREFIX = re.compile(r"^\s*__align__\s*\(\s*\d+\s*\)\s*")
+
+
 def declared_symbols(shared: Iterable[SharedDecl]) -> list[str]:
     """The shared_memory symbols, each array that asks for an alignment declared with it: `__align__(N) name`.
 

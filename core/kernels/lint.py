@@ -20,7 +20,7 @@ from typing import Any
 from core.cuda.nvcc import SPILL_LIMIT_BYTES
 from core.cuda.warps import partial_warp_barriers
 from core.errors import InputError
-from core.kernels.kernel_row import DTYPE_BYTES
+from core.kernels.kernel_row import ALIGN_PREFIX, DTYPE_BYTES
 from core.kernels.ops import DEVICE_TYPE, FUSED_OP_TYPES, PATTERN_DEVICE_TYPE, SUPPORTED_OP_TYPES
 from core.kernels.opsig import signature_from_attributes
 from core.kernels.profile import parse_profile
@@ -209,7 +209,6 @@ def _check_function(fn: Any, block: bool, add: Any) -> None:
 
 
 _ALIGNED_SHARED = re.compile(r"__shared__[^;]*?(?:alignas|__align__)\s*\(\s*(\d+)\s*\)")
-_ALIGNED_SYMBOL = re.compile(r"\s*__align__\s*\(")
 
 
 def _check_shared_alignment(fn: dict[str, Any], add: Any) -> None:
@@ -228,7 +227,7 @@ def _check_shared_alignment(fn: dict[str, Any], add: Any) -> None:
             f"the kernel's shared arrays ask for alignas({align}), which NNFusion's re-declaration drops, and their "
             "sizes do not keep it: vector loads fault with 'misaligned address' in the compiled network "
             "(re-inject the kernel with --replace: kdb now pads the sizes)")
-    elif align > 4 and not any(_ALIGNED_SYMBOL.match(str(s)) for s in sm.get("symbol") or []):
+    elif align > 4 and not any(ALIGN_PREFIX.match(str(s)) for s in sm.get("symbol") or []):
         add(WARNING, "shared-alignment-dropped",
             f"the kernel's shared arrays ask for alignas({align}) and the row declares them without it: nvcc cannot "
             "read them 128 bits at a time, and such a row ran 1.79x its own tuning record on the H200 "
