@@ -346,7 +346,7 @@ async def test_standalone_asks_then_runs_the_op_on_its_own_launch_and_s_again_gi
             await pilot.pause(0.3)
             assert isinstance(app.screen, ConfirmDialog) and app.screen.question == question, app.screen
             await pilot.press("y")
-            for _ in range(40):
+            for _ in range(300):  # the write runs in a worker: up to 15 s on a busy CI machine
                 await pilot.pause(0.05)
                 with KernelDB.open(app.context.db_path) as db:
                     (row,) = [r for r in db.find(key) if r.key == key]
@@ -355,4 +355,9 @@ async def test_standalone_asks_then_runs_the_op_on_its_own_launch_and_s_again_gi
             return is_standalone(row)
 
         assert await press_s_and_confirm("Run 1 row(s) of 1 op(s) standalone?")
+        for _ in range(100):  # the rewritten row moved in the page; the cursor follows it there
+            await pilot.pause(0.05)
+            if table.current_key() == key:
+                break
+        assert table.current_key() == key
         assert not await press_s_and_confirm("Give 1 standalone row(s) of 1 op(s) back to BlockFusion?")

@@ -88,12 +88,13 @@ class KernelTable(DataTable[object]):
         current = [str(k.value) for k in self.rows]
         wanted = [r.key for r in rows]
         if current != wanted:
-            keep = self.cursor_row
+            # The cursor stays on its row: an edit rewrites a row at a new rowid, which can move it in the page
+            keep, keep_key = self.cursor_row, self.current_key()
             self.clear()
             for r in rows:
                 self.add_row(*cells(r, r.key in marked), key=r.key)
             if rows:
-                self.move_cursor(row=min(keep, len(rows) - 1))
+                self.move_cursor(row=wanted.index(keep_key) if keep_key in wanted else min(keep, len(rows) - 1))
             return
         for r in rows:
             for (col, _, _, _), value in zip(COLUMNS, cells(r, r.key in marked), strict=True):
