@@ -360,4 +360,5 @@ async def test_standalone_asks_then_runs_the_op_on_its_own_launch_and_s_again_gi
             if table.current_key() == key:
                 break
         assert table.current_key() == key
+        assert str(table.get_cell(key, "tags")) == "standalone" and str(table.get_cell(key, "source")) == "Antares"
         assert not await press_s_and_confirm("Give 1 standalone row(s) of 1 op(s) back to BlockFusion?")

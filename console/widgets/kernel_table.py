@@ -25,7 +25,7 @@ COLUMNS = [  # (key, label, sort key or None, width)
     ("lint", "lint", None, 24),
     ("name", "kernel", None, 40),
     ("source", "source", "source", 8),
-    ("tags", "tags", "tags", 6),
+    ("tags", "tags", "tags", 10),
 ]
 _DIMS = re.compile(r"\d+(?:,\d+)*(?:;\d+(?:,\d+)*)*")
 
@@ -55,8 +55,11 @@ def shapes_of(op_type: str, identifier: str) -> str:
 
 def cells(row: KernelSummary, marked: bool) -> list[object]:
     best = row.best_time()
-    extra_tags = ",".join(t for t in row.tags.split(",") if t not in ("KernelEmitter", "CudaEmitter",
-                                                                       "BlockCudaEmitter"))
+    tags = row.tags.split(",")
+    extra = [t for t in tags if t not in ("KernelEmitter", "CudaEmitter", "BlockCudaEmitter")]
+    # "block": BlockFusion may fuse the row; "standalone": a kernel of its own (core/db/standalone.py)
+    emitter = "block" if "BlockCudaEmitter" in tags else "standalone" if "CudaEmitter" in tags else "none"
+    shown_tags = ",".join(extra) if extra and emitter == "block" else ",".join([emitter, *extra])
     launch = f"{'x'.join(map(str, row.grid or []))} / {'x'.join(map(str, row.block or []))}"
     return [
         "●" if marked else " ",
@@ -70,7 +73,7 @@ def cells(row: KernelSummary, marked: bool) -> list[object]:
         Text("ok", style="green") if not row.problem else Text(_fit(row.problem, 24), style="bold red"),
         _fit(row.name or row.identifier, 40),
         row.source,
-        extra_tags or "block",
+        shown_tags,
     ]
 
 
