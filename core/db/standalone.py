@@ -24,11 +24,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from core.db.fastest import time_on
 from core.db.kernel_db import KernelDB
 from core.errors import InputError
 from core.kernels.kernel_row import KernelRow, is_standalone
 from core.kernels.ops import BLOCK_TAG, DEFAULT_PRODUCT, DEVICE_TYPE, EXTERNAL_SOURCE, STANDALONE_SOURCE
-from core.kernels.profile import parse_profile
 
 UNPROFILED_US = 1e6  # the selector keeps the smallest time under 1e9 us: a row without a profile still counts
 
@@ -52,8 +52,7 @@ def plan_standalone(db: KernelDB, keys: Iterable[str], product: str) -> list[Row
         if row.source != EXTERNAL_SOURCE:
             continue  # standalone already, or a row of NNFusion's own kind: left as it is
         miscs = _miscs(row)
-        time = _profiled_us(miscs, product)
-        miscs["antares"] = {"device_name": product, "planned_steps": 1, "time": time}
+        miscs["antares"] = {"device_name": product, "planned_steps": 1, "time": _profiled_us(row, product)}
         tags = ",".join(t for t in row.tags.split(",") if t and t != BLOCK_TAG)
         changes.append(RowChange(row, STANDALONE_SOURCE, tags, miscs))
     return changes
@@ -101,12 +100,10 @@ def _miscs(row: KernelRow) -> dict[str, Any]:
     return miscs
 
 
-def _profiled_us(miscs: dict[str, Any], product: str) -> float:
+
+def _profiled_us(row: KernelRow, product: str) -> float:
     """The row's profile for the product (what the selector ranks standalone rows by), else UNPROFILED_US."""
-    profile = miscs.get("external_profile")
-    text = profile.get("time") if isinstance(profile, dict) else None
     try:
-        times = parse_profile(text) if isinstance(text, str) else {}
-    except InputError:
-        times = {}
-    return times.get(product, UNPROFILED_US)
+        return time_on(row.miscs, product)
+    except InputError:  # not timed on the product, or an unreadable profile: still a row to take
+        return UNPROFILED_US
