@@ -24,7 +24,7 @@ from core.errors import KdbError, ToolError
 from core.nnfusion.compiler import CompileResult, CompilerFlags, compile_model, find_compiler
 from core.nnfusion.coverage import CoverageEntry, coverage
 from core.nnfusion.generated import Generated, parse_generated
-from core.nnfusion.launch_check import LaunchReport, check_launches
+from core.nnfusion.launch_check import Launch, LaunchReport, check_launches
 from core.nnfusion.usage import DB_KERNEL, Usage, analyse, rows_looked_up
 from core.opconfigs.extract_cache import extract_cached
 
@@ -95,14 +95,18 @@ class CompileReport:
 
     def launch_failures(self) -> list[str]:
         """Launches that cannot start on the GPU, each with its reason and the DB rows fused into it."""
+        lines = []
+        for (_launch, keys), reason in zip(self.failing_launches(), self.launches.reasons() if self.launches else [],
+                                           strict=True):
+            lines.append(reason + (f" (DB rows fused into it: {', '.join(keys)})" if keys else ""))
+        return lines
+
+    def failing_launches(self) -> list[tuple[Launch, list[str]]]:
+        """Each launch that cannot start on the GPU, with the Keys of the DB rows fused into it."""
         if self.launches is None:
             return []
         rows = {p.function: p.rows for s in (self.usage.steps if self.usage else []) for p in s.parts}
-        lines = []
-        for launch, reason in zip(self.launches.failing(), self.launches.reasons(), strict=True):
-            keys = [k for m in launch.members for k in rows.get(m, ())]
-            lines.append(reason + (f" (DB rows fused into it: {', '.join(keys)})" if keys else ""))
-        return lines
+        return [(launch, [k for m in launch.members for k in rows.get(m, ())]) for launch in self.launches.failing()]
 
 
 def compile_and_read(job: CompileJob, *, state: StateDB | None = None,
@@ -143,12 +147,8 @@ def standalone_candidates(report: CompileReport, db: KernelDB) -> list[str]:
     """The DB rows to run standalone (core/db/standalone.py) so that every launch fits: of each BlockFusion
     kernel that cannot launch, the rows fused into it whose own block is smaller than the launch's (ptxas sized
     their registers for fewer threads); all of its rows when none is."""
-    if report.launches is None or report.usage is None:
-        return []
-    rows = {p.function: p.rows for s in report.usage.steps for p in s.parts}
     keys: list[str] = []
-    for launch in report.launches.failing():
-        fused = [k for m in launch.members for k in rows.get(m, ())]
+    for launch, fused in report.failing_launches():
         smaller = [k for k in fused if _block_threads(db, k) < launch.threads]
         keys += [k for k in (smaller or fused) if k not in keys]
     return keys
@@ -173,9 +173,9 @@ def compile_fitting_launches(job: CompileJob, *, state: StateDB | None = None,
     from core.db.standalone import apply_changes, plan_standalone
 
     made: list[str] = []
-    for attempt in range(rounds + 1):
+    for _ in range(rounds):
         report = compile_and_read(job, state=state, on_line=on_line, should_cancel=should_cancel)
-        if not report.ok or report.launches is None or attempt == rounds:
+        if not report.ok or report.launches is None:
             return report, made
         with KernelDB.open(job.db, write=True) as db:
             keys = [k for k in standalone_candidates(report, db) if k not in made]
@@ -183,7 +183,7 @@ def compile_fitting_launches(job: CompileJob, *, state: StateDB | None = None,
         if not written:
             return report, made
         made += written
-    raise AssertionError("unreachable: the last attempt returns")
+    return compile_and_read(job, state=state, on_line=on_line, should_cancel=should_cancel), made
 
 
 def _launch_check(job: CompileJob, source: str, generated: Generated) -> LaunchReport:
