@@ -67,3 +67,16 @@ def test_bench_row_gap_finds_session_12s_3x_row_and_its_padding(tmp_path: Path):
     assert "   36.5   111.2 " in line and " 0/18, 2/0 " in line and line.endswith("block 49->64"), line
     assert "row-whole-warps / row: not measured" in proc.stdout
     assert "row / record-nvcc: not measured" in proc.stdout
+
+
+def test_bench_transfer_ranks_session_14s_dot_trials_with_a_model_of_other_ops(tmp_path: Path):
+    """A quick run (2 work dirs of other ops teach): every teacher's line, the Dot's 256 trials and its best
+    measured time; the figures in BENCHMARKS come from the full run over sessions 12 and 14."""
+    session = REPO / "bench" / "results" / "h200" / "session14"
+    proc = bench("bench_transfer.py", "--state", str(session / "3-state.tgz"), "--teach-ops", "2", "--test", "dot",
+                 shared=tmp_path / "no-shared", tmp=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    rows = [line.split() for line in proc.stdout.splitlines() if line.startswith("3-state.tgz")]
+    assert [" ".join(r[1:4]) for r in rows] == ["other families (convolution,", "the first 16", "all but the"]
+    assert all(r[-1] == "60.0" and "256" in r for r in rows), rows
+    assert all(-1 <= float(r[-6]) <= 1 for r in rows)

@@ -100,15 +100,12 @@ def test_without_transfer_each_job_has_metaschedules_own_model(tuned_root: Path,
 
 
 def test_the_search_uses_the_jobs_population_once_the_model_can_rank():
-    from types import SimpleNamespace
-
     from core.tuning.costmodel import search_strategy
 
-    trained, untrained = SimpleNamespace(trained=True), SimpleNamespace(trained=False)
-    assert search_strategy(trained, 128, 256).population_size == 256
-    assert search_strategy(trained, 128).population_size == 256  # kdb's default (MetaSchedule's is 512)
-    assert search_strategy(trained, 300).population_size == 300  # never below one round
-    sampled = search_strategy(untrained, 128, 256)  # an untrained model ranks at random: a small sample
+    assert search_strategy(True, 128, 256).population_size == 256
+    assert search_strategy(True, 128).population_size == 256  # kdb's default (MetaSchedule's is 512)
+    assert search_strategy(True, 300).population_size == 300  # never below one round
+    sampled = search_strategy(False, 128, 256)  # a model that cannot rank: a small sample, ranked at random
     assert (sampled.population_size, sampled.genetic_num_iters) == (256, 0)
 
 
@@ -128,14 +125,18 @@ def test_the_search_legs_sample_whole_batches_up_to_the_warm_up():
 
     from core.tuning.job import search_legs
 
-    def model(samples: int, trained: bool = False) -> SimpleNamespace:
-        return SimpleNamespace(warmup=100, samples=samples, trained=trained)
+    def model(samples: int, trained: bool = False, of_kind: int | None = None) -> SimpleNamespace:
+        kind = samples if of_kind is None else of_kind
+        return SimpleNamespace(warmup=100, samples=samples, trained=trained, samples_of=lambda family: kind,
+                               can_rank=lambda family: trained and kind >= 100)
 
-    assert search_legs(200, 64, model(0)) == [128, 72]  # two batches sampled: the model has 128 > 100
-    assert search_legs(200, 64, model(90)) == [64, 136]
-    assert search_legs(100, 128, model(0)) == [100]  # one batch holds the whole job: nothing left to evolve
-    assert search_legs(200, 64, model(300, trained=True)) == [200]
-    assert search_legs(200, 64, None) == [200]  # MetaSchedule's own model (no transfer): one search
+    assert search_legs(200, 64, model(0), "dot") == [128, 72]  # two batches sampled: the model has 128 > 100
+    assert search_legs(200, 64, model(90), "dot") == [64, 136]
+    assert search_legs(100, 128, model(0), "dot") == [100]  # one batch holds the whole job: nothing left to evolve
+    assert search_legs(200, 64, model(300, trained=True), "dot") == [200]
+    # trained on 300 trials of other kinds and 40 of this one: sampled until it holds 100 of this kind
+    assert search_legs(200, 64, model(300, trained=True, of_kind=40), "dot") == [64, 136]
+    assert search_legs(200, 64, None, "dot") == [200]  # MetaSchedule's own model (no transfer): one search
 
 
 def test_a_job_without_a_population_evolves_kdbs_default_never_less_than_its_round():
@@ -161,3 +162,37 @@ def test_an_ops_line_names_the_model_its_tuning_job_searched_with_not_its_probes
     assert (merged.new_trials, merged.model_trials, merged.search) == (100, 288, "sampled, then evolutionary")
     idle = replace(tuned, new_trials=0)  # the probe was all the op got: its model is the one that counts
     assert _with_probe(probe, idle).model_trials == 0 and _with_probe(probe, idle).search == "sampled"
+
+
+def test_an_ops_kind_is_its_first_op_and_pools_are_one_kind(tmp_path: Path):
+    from core.tuning.costmodel import family_of_dir, op_family
+
+    assert op_family("Fused_Convolution_Add_Relu") == op_family("Convolution") == "convolution"
+    assert op_family("MaxPool") == op_family("AvgPool") == "pool"
+    assert op_family("Dot") == "dot"
+    assert family_of_dir(tmp_path / "fused_convolution_add_relu-07161a2219b6") == "convolution"
+
+
+POOL = parse_line("cudnn_avgpool_op_float|i+1_8_6_6|o+1_8_1_1|win+6_6|ws+1_1|pb+0_0|pa+0_0", "pool")
+
+
+def test_a_model_trained_on_other_kinds_of_op_samples_a_new_kind_at_random_until_it_knows_it(
+        tuned_root: Path, tmp_path: Path):
+    """Session 14's Dot: its search started from a model of 235 convolution trials, was steered to 1-4 blocks of
+    250-1,000 threads and ended at 60 us, where session 12 had found 15 us. A model that holds too few trials of
+    an op's kind samples it at random; what the sample measures then teaches the shared model."""
+    root = tmp_path / "root"
+    shutil.copytree(tuned_root, root)  # 10 dot trials
+    with TunePools() as pools:
+        with _no_tensor_intrinsics():
+            model = fresh_model(warmup=8)
+            pools.cost_models[str(target_for(job(SMALL, 1)))] = model
+        pool = run_tune(job(POOL, 6), root, pools=pools)  # trained (on 10 dot trials), but no pool trial
+        assert model.trained and (model.samples_of("dot"), model.samples_of("pool")) == (10, 6)
+        dot = run_tune(job(SMALL, 8), root, pools=pools)  # 6 on disk: 2 more, and the model knows dots
+    assert (pool.search, pool.model_trials, pool.model_family, pool.model_family_trials) == ("sampled", 10, "pool", 0)
+    assert pool.new_trials == 6 and model.samples == 18
+    assert (dot.search, dot.model_family_trials) == ("evolutionary", 10)
+    from core.tuning.queue import _best_text
+
+    assert "sampled (the cost model had 10 trials, 0 of pool ops, too few to rank)" in _best_text(pool)

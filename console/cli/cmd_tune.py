@@ -163,7 +163,7 @@ def _summary(report: QueueReport, log_path: Path) -> dict[str, Any]:
                       "best_us": r.best_seconds * 1e6 if r.best_seconds else None,
                       "trials_per_minute": round(r.trials_per_minute, 1), "errors": r.errors,
                       "work_dir": str(r.work_dir), "phases_s": {k: round(v, 2) for k, v in r.phases.items()},
-                      "search": r.search, "model_trials": r.model_trials,
+                      "search": r.search, "model_trials": r.model_trials, "model_family_trials": r.model_family_trials,
                       "kernels": sorted(r.kernels)} for r in report.results]}
 
 

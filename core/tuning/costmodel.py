@@ -12,12 +12,20 @@ tuning process's time on the H200) ranked its candidates by coin toss. Here inst
   convolution taught ranks the next one's candidates: transfer across shapes, as Ansor and TenSet do.
 - While the model is still untrained, evolving on random scores buys nothing: the search samples a small
   population and picks from it (`search_strategy`), a fraction of the time, the same candidates in law.
+- The model ranks an op only once it holds `warmup` trials of the op's kind (`op_family`): before that the op's
+  candidates are sampled at random, and what they measure then teaches the model. Early in a run the model
+  knows a few trials of other kinds, and it ranks a new kind badly: on the H200's records (bench_transfer.py,
+  session 14), a model of the first 16 trials of 34 convolution and pooling ops ranked none of the Dot's fast
+  candidates (12.6 us) in its top 64 (best 38.6 us, where 16 picked at random give 13.8 on average), and
+  session 14's Dot search, started from such a model, ended at 60 us against session 12's 15 us. A model of
+  all 6,439 of those trials ranked them first.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +34,18 @@ from core.tuning.job import FAILED_SECONDS, RECORDS, WORKLOADS, search_populatio
 
 WARMUP_SAMPLES = 100  # MetaSchedule's XGBModel default: below it, predictions are random
 WARM_BUDGET = 2000  # trials one warm start learns from other work dirs: each costs a feature extraction
+
+
+def op_family(op_type: str) -> str:
+    """The kind of op whose trials teach the model to rank an op: a fused op's first op (a fused
+    Conv+Add+Relu is a convolution), pools as one kind."""
+    name = op_type.lower().removeprefix("fused_").split("_")[0]
+    return "pool" if name.endswith("pool") else name
+
+
+def family_of_dir(work_dir: Path) -> str:
+    """The kind of op a work dir's trials are of: its name is `<op type>-<digest>` (TuneJob.directory)."""
+    return op_family(work_dir.name.rsplit("-", 1)[0])
 
 
 @dataclass
@@ -49,14 +69,22 @@ class SharedCostModel:
         self.warmup = warmup
         self.model = ms.cost_model.XGBModel(num_warmup_samples=warmup, num_tuning_cores=threads)
         self.seen: dict[Path, int] = {}  # work dir -> record lines already in the model
+        self.family_samples: Counter[str] = Counter()  # op_family -> trials of that kind in the model
 
     @property
     def samples(self) -> int:
         return int(self.model.data_size)
 
+    def samples_of(self, family: str) -> int:
+        return self.family_samples[family]
+
     @property
     def trained(self) -> bool:
         return self.samples >= self.warmup and self.model.booster is not None
+
+    def can_rank(self, family: str) -> bool:
+        """Trained, and on `warmup` trials of this kind of op at least."""
+        return self.trained and self.samples_of(family) >= self.warmup
 
     def warm_start(self, root: Path, own: Path | None = None, budget: int = WARM_BUDGET) -> WarmStart:
         """Learn from the records under `root` (one work dir per op) that the model has not seen: `own` (the
@@ -86,42 +114,83 @@ class SharedCostModel:
 
     def mark_seen(self, work_dir: Path) -> None:
         """The trials of `work_dir` reached the model live (the job tuned in this process)."""
-        self.seen[work_dir] = len(_lines(work_dir / RECORDS))
+        lines = len(_lines(work_dir / RECORDS))
+        self.family_samples[family_of_dir(work_dir)] += max(0, lines - self.seen.get(work_dir, 0))
+        self.seen[work_dir] = lines
 
     def _learn(self, work_dir: Path) -> tuple[int, str]:
         """Trials learnt from the dir's unseen lines, and what was wrong with those it could not use."""
-        from tvm.s_tir import meta_schedule as ms
-
         lines = _lines(work_dir / RECORDS)
-        done = self.seen.get(work_dir, 0)
-        workloads = [ms.database.Workload.from_json(w) for w in _parsed(_lines(work_dir / WORKLOADS))]
-        by_workload: dict[int, list[Any]] = {}
-        for entry in _parsed(lines[done:]):
-            if isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], int) \
-                    and 0 <= entry[0] < len(workloads):
-                by_workload.setdefault(entry[0], []).append(entry[1])
-        added, bad, first_error = 0, 0, ""
-        for index, records in by_workload.items():
-            workload = workloads[index]
-            candidates, results = [], []
-            for raw in records:
-                try:
-                    record = ms.database.TuningRecord.from_json(raw, workload)
-                    candidate = record.as_measure_candidate()
-                except RuntimeError as exc:  # TVM's errors (InternalError, TVMError) subclass it
-                    bad, first_error = bad + 1, first_error or str(exc).strip().splitlines()[-1][:200]
-                    continue
-                if record.target is not None and record.target.kind.name != self.target.kind.name:
-                    continue  # another target's trial (an llvm job under the same root) teaches nothing here
-                candidates.append(candidate)
-                results.append(runner_result(record))
-            if not candidates:
-                continue
-            context = ms.TuneContext(mod=workload.mod, target=self.target, num_threads=self.threads)
-            self.model.update(context, candidates, results)
-            added += len(candidates)
+        trials = recorded_trials(work_dir, self.target, lines[self.seen.get(work_dir, 0):])
+        for group in trials.groups:
+            context = ms_tune_context(group.workload.mod, self.target, self.threads)
+            self.model.update(context, group.candidates, group.results)
         self.seen[work_dir] = len(lines)
-        return added, f"{bad} record(s) TVM could not rebuild (first: {first_error})" if bad else ""
+        self.family_samples[family_of_dir(work_dir)] += trials.count
+        return trials.count, trials.problem
+
+
+@dataclass
+class TrialGroup:
+    """One workload's recorded trials, as the cost model takes them."""
+
+    workload: Any  # ms.database.Workload
+    candidates: list[Any]  # MeasureCandidate
+    results: list[Any]  # RunnerResult
+
+
+@dataclass
+class RecordedTrials:
+    groups: list[TrialGroup] = field(default_factory=list)
+    bad: int = 0  # records TVM could not rebuild
+    first_error: str = ""
+
+    @property
+    def count(self) -> int:
+        return sum(len(g.candidates) for g in self.groups)
+
+    @property
+    def problem(self) -> str:
+        return f"{self.bad} record(s) TVM could not rebuild (first: {self.first_error})" if self.bad else ""
+
+
+def recorded_trials(work_dir: Path, target: Any, lines: list[str] | None = None) -> RecordedTrials:
+    """The trials of a MetaSchedule work dir (or of `lines`, some of its record lines) for `target`'s kind,
+    grouped by workload: what a cost model learns from."""
+    from tvm.s_tir import meta_schedule as ms
+
+    if lines is None:
+        lines = _lines(work_dir / RECORDS)
+    workloads = [ms.database.Workload.from_json(w) for w in _parsed(_lines(work_dir / WORKLOADS))]
+    by_workload: dict[int, list[Any]] = {}
+    for entry in _parsed(lines):
+        if isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], int) \
+                and 0 <= entry[0] < len(workloads):
+            by_workload.setdefault(entry[0], []).append(entry[1])
+    out = RecordedTrials()
+    for index, records in by_workload.items():
+        group = TrialGroup(workloads[index], [], [])
+        for raw in records:
+            try:
+                record = ms.database.TuningRecord.from_json(raw, group.workload)
+                candidate = record.as_measure_candidate()
+            except RuntimeError as exc:  # TVM's errors (InternalError, TVMError) subclass it
+                out.bad += 1
+                out.first_error = out.first_error or str(exc).strip().splitlines()[-1][:200]
+                continue
+            if record.target is not None and record.target.kind.name != target.kind.name:
+                continue  # another target's trial (an llvm job under the same root) teaches nothing here
+            group.candidates.append(candidate)
+            group.results.append(runner_result(record))
+        if group.candidates:
+            out.groups.append(group)
+    return out
+
+
+def ms_tune_context(mod: Any, target: Any, threads: int) -> Any:
+    from tvm.s_tir import meta_schedule as ms
+
+    return ms.TuneContext(mod=mod, target=target, num_threads=threads)
 
 
 def runner_result(record: Any) -> Any:
@@ -132,12 +201,12 @@ def runner_result(record: Any) -> Any:
     return RunnerResult(run_secs=secs or None, error_msg=None if secs else "failed")
 
 
-def search_strategy(model: SharedCostModel, batch: int, population: int | None = None) -> Any:
+def search_strategy(ranks: bool, batch: int, population: int | None = None) -> Any:
     """MetaSchedule's evolutionary search where the model can rank (over `population` candidates, default
-    job.search_population's); else a small sample, ranked at random."""
+    job.search_population's); else a small sample, to be ranked at random (with ms.cost_model.RandomModel)."""
     from tvm.s_tir import meta_schedule as ms
 
-    if model.trained:
+    if ranks:
         return ms.search_strategy.EvolutionarySearch(population_size=search_population(population, batch))
     # no mutation rounds: the population's random scores pick the batch (init_min_unmeasured keeps new ones)
     return ms.search_strategy.EvolutionarySearch(population_size=max(2 * batch, 64), genetic_num_iters=0)

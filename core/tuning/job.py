@@ -161,7 +161,10 @@ class TuneResult:
     resumed: int = 0  # trials an earlier run had recorded in the work dir
     phases: dict[str, float] = field(default_factory=dict)  # wall seconds by phase (pipeline.py); see PHASES
     model_trials: int = 0  # trials the cost model had learnt from when the search began (transfer)
-    # "evolutionary" (the model ranks), "sampled" (untrained model: no mutation rounds), or "sampled, then
+    model_family: str = ""  # the op's kind (costmodel.op_family)
+    model_family_trials: int = 0  # of model_trials, those of the op's kind
+    # "evolutionary" (the model ranks), "sampled" (at random: the model holds too few trials of the op's kind;
+    # no mutation rounds), or "sampled, then
     # evolutionary" (sampled until the model could rank, the rest evolved: see search_legs)
     search: str = ""
 
@@ -287,15 +290,16 @@ def run_tune(job: TuneJob, root: Path, *, on_event: Callable[[TrialEvent], None]
     return result
 
 
-def search_legs(remaining: int, batch: int, model: Any | None) -> list[int]:
+def search_legs(remaining: int, batch: int, model: Any | None, family: str) -> list[int]:
     """The job's trials as one search or, while the shared cost model cannot rank yet, two: whole batches
-    sampled until the model holds its warm-up trials, then the rest evolved with it. A search chosen once at
+    sampled until the model holds its warm-up trials of the op's kind (`family`), then the rest evolved with
+    it. A search chosen once at
     the start would sample the whole of each process's first op, its largest: on the H200 (session 8) those
     four ops spent 182-251 trials sampled and ended at 0.82-1.51x cuDNN, while two of them had fused twins of
     the same shape, evolved with the model, that reached 0.74-0.75x in 111-112 trials."""
-    if model is None or model.trained:
+    if model is None or model.can_rank(family):
         return [remaining]
-    sampled = min(remaining, -(-max(1, model.warmup - model.samples) // batch) * batch)  # whole batches
+    sampled = min(remaining, -(-max(1, model.warmup - model.samples_of(family)) // batch) * batch)  # whole batches
     return [sampled, remaining - sampled] if sampled < remaining else [remaining]
 
 
@@ -328,29 +332,34 @@ def _tune(job: TuneJob, work_dir: Path, history: list[float | None], result: Tun
     stream.phase("search", 0)
     target, threads = target_for(job), job.builder_workers or pipeline.host_cpus()
     with _no_tensor_intrinsics() if job.target == "llvm" else contextlib.nullcontext():
-        shared, warm_s = None, 0.0
-        if job.transfer:
-            from core.tuning.costmodel import search_strategy
+        from core.tuning.costmodel import op_family, search_strategy
 
+        shared, warm_s, learn_s = None, 0.0, 0.0
+        family = op_family(job.config.op_type)
+        if job.transfer:
             shared = pools.cost_model(target, threads)
             warm = shared.warm_start(work_dir.parent, own=work_dir)
             warm_s = warm.seconds
             result.model_trials = shared.samples
-        legs = search_legs(remaining, min(job.trials_per_batch, remaining), shared)
+            result.model_family, result.model_family_trials = family, shared.samples_of(family)
+        legs = search_legs(remaining, min(job.trials_per_batch, remaining), shared, family)
         searches = []
         for leg in legs:
             if stream.cancelled:
                 break
             batch = min(job.trials_per_batch, leg)
+            ranks = shared is None or shared.can_rank(family)
             cost_model: Any
             strategy: Any
             if shared is None:  # MetaSchedule's own model
                 cost_model = "xgb"
                 strategy = ms.search_strategy.EvolutionarySearch(
                     population_size=search_population(job.population, batch))
-            else:
-                cost_model, strategy = shared.model, search_strategy(shared, batch, job.population)
-            searches.append("evolutionary" if shared is None or shared.trained else "sampled")
+            elif ranks:
+                cost_model, strategy = shared.model, search_strategy(True, batch, job.population)
+            else:  # at random: a model trained on other kinds of op would steer the sample (costmodel.py)
+                cost_model, strategy = ms.cost_model.RandomModel(), search_strategy(False, batch, job.population)
+            searches.append("evolutionary" if ranks else "sampled")
             stream.scheduler = ms.task_scheduler.TaskScheduler.create("gradient")
             stream.leg_end = stream.generated + leg
             ms.tune_tir(mod, target=target, work_dir=str(work_dir), max_trials_global=leg, space=space,
@@ -362,6 +371,8 @@ def _tune(job: TuneJob, work_dir: Path, history: list[float | None], result: Tun
                         measure_callbacks=[ms.measure_callback.RemoveBuildArtifact(),
                                            ms.measure_callback.UpdateCostModel(), pipeline.EndOfBatch(stream)],
                         num_tuning_cores=threads, seed=job.seed)
+            if shared is not None and not ranks:  # the sample's trials teach the shared model now
+                learn_s += shared.warm_start(work_dir.parent, own=work_dir, budget=0).seconds
         result.search = ", then ".join(searches)
         if shared is not None:
             shared.mark_seen(work_dir)
@@ -370,7 +381,7 @@ def _tune(job: TuneJob, work_dir: Path, history: list[float | None], result: Tun
     result.phases = stream.phases(before, dict(profiler.get()))
     # learning from the records on disk is cost-model time, not set-up
     result.phases["set-up"] = max(0.0, result.phases.get("set-up", 0.0) - warm_s)
-    result.phases["cost model"] = result.phases.get("cost model", 0.0) + warm_s
+    result.phases["cost model"] = result.phases.get("cost model", 0.0) + warm_s + learn_s
 
 
 TENSOR_INTRINSICS = "tvm.s_tir.tensor_intrin"

@@ -264,10 +264,13 @@ def _best_text(result: TuneResult) -> str:
     if result.best_seconds is None:
         return f"{reused}{result.trials} trials, none succeeded"
     speed = result.job.config.speed_text(result.best_seconds)
+    # a model trained on other kinds of op does not rank this one yet: say how many of its trials were of its kind
+    kind = (f", {result.model_family_trials} of {result.model_family} ops"
+            if result.model_family and result.model_family_trials < result.model_trials else "")
     searched = {"evolutionary": f"; searched with a cost model of {result.model_trials} trials",
-                "sampled": f"; sampled (the cost model had {result.model_trials} trials, too few to rank)",
+                "sampled": f"; sampled (the cost model had {result.model_trials} trials{kind}, too few to rank)",
                 "sampled, then evolutionary": f"; sampled until the cost model could rank (it had "
-                                              f"{result.model_trials} trials), then searched with it"}
+                                              f"{result.model_trials} trials{kind}), then searched with it"}
     return (f"{reused}best {result.best_seconds * 1e6:.2f} us ({speed}) after {result.trials} trials"
             + (searched.get(result.search, "") if result.new_trials else ""))
 
@@ -283,8 +286,9 @@ def _with_probe(probe: TuneResult, tuned: TuneResult) -> TuneResult:
     search = ", then ".join(part for part, _ in itertools.groupby(parts))  # "sampled, then sampled": once
     # The model the op's search ranked with: the tuning job's when it measured (a probe starts an op's tuning with
     # whatever model there was, often none; the job that follows had the probes' trials and more).
-    model_trials = tuned.model_trials if tuned.new_trials else probe.model_trials
-    return replace(tuned, resumed=probe.resumed, model_trials=model_trials, search=search,
+    model = tuned if tuned.new_trials else probe
+    return replace(tuned, resumed=probe.resumed, model_trials=model.model_trials, model_family=model.model_family,
+                   model_family_trials=model.model_family_trials, search=search,
                    new_trials=probe.new_trials + tuned.new_trials, seconds=probe.seconds + tuned.seconds,
                    requeued=probe.requeued + tuned.requeued,
                    errors={k: probe.errors.get(k, 0) + tuned.errors.get(k, 0) for k in {*probe.errors, *tuned.errors}},
