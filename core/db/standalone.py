@@ -100,7 +100,6 @@ def _miscs(row: KernelRow) -> dict[str, Any]:
     return miscs
 
 
-
 def _profiled_us(row: KernelRow, product: str) -> float:
     """The row's profile for the product (what the selector ranks standalone rows by), else UNPROFILED_US."""
     try:

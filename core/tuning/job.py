@@ -164,8 +164,8 @@ class TuneResult:
     model_family: str = ""  # the op's kind (costmodel.op_family)
     model_family_trials: int = 0  # of model_trials, those of the op's kind
     # "evolutionary" (the model ranks), "sampled" (at random: the model holds too few trials of the op's kind;
-    # no mutation rounds), or "sampled, then
-    # evolutionary" (sampled until the model could rank, the rest evolved: see search_legs)
+    # no mutation rounds), or "sampled, then evolutionary" (sampled until the model could rank, the rest
+    # evolved: see search_legs)
     search: str = ""
 
     @property
@@ -293,10 +293,10 @@ def run_tune(job: TuneJob, root: Path, *, on_event: Callable[[TrialEvent], None]
 def search_legs(remaining: int, batch: int, model: Any | None, family: str) -> list[int]:
     """The job's trials as one search or, while the shared cost model cannot rank yet, two: whole batches
     sampled until the model holds its warm-up trials of the op's kind (`family`), then the rest evolved with
-    it. A search chosen once at
-    the start would sample the whole of each process's first op, its largest: on the H200 (session 8) those
-    four ops spent 182-251 trials sampled and ended at 0.82-1.51x cuDNN, while two of them had fused twins of
-    the same shape, evolved with the model, that reached 0.74-0.75x in 111-112 trials."""
+    it. A search chosen once at the start would sample the whole of each process's first op, its largest: on
+    the H200 (session 8) those four ops spent 182-251 trials sampled and ended at 0.82-1.51x cuDNN, while two of
+    them had fused twins of the same shape, evolved with the model, that reached 0.74-0.75x in 111-112
+    trials."""
     if model is None or model.can_rank(family):
         return [remaining]
     sampled = min(remaining, -(-max(1, model.warmup - model.samples_of(family)) // batch) * batch)  # whole batches
@@ -350,15 +350,13 @@ def _tune(job: TuneJob, work_dir: Path, history: list[float | None], result: Tun
             batch = min(job.trials_per_batch, leg)
             ranks = shared is None or shared.can_rank(family)
             cost_model: Any
-            strategy: Any
             if shared is None:  # MetaSchedule's own model
                 cost_model = "xgb"
-                strategy = ms.search_strategy.EvolutionarySearch(
-                    population_size=search_population(job.population, batch))
             elif ranks:
-                cost_model, strategy = shared.model, search_strategy(True, batch, job.population)
+                cost_model = shared.model
             else:  # at random: a model trained on other kinds of op would steer the sample (costmodel.py)
-                cost_model, strategy = ms.cost_model.RandomModel(), search_strategy(False, batch, job.population)
+                cost_model = ms.cost_model.RandomModel()
+            strategy = search_strategy(ranks, batch, job.population)
             searches.append("evolutionary" if ranks else "sampled")
             stream.scheduler = ms.task_scheduler.TaskScheduler.create("gradient")
             stream.leg_end = stream.generated + leg
