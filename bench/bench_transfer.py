@@ -80,11 +80,11 @@ def main() -> int:
         root = tmp / str(n)
         with tarfile.open(state) as tar:
             tar.extractall(root, filter="data")
-        others = 0
+        other_dirs = 0
         for work_dir in sorted((root / "state" / "tuning").iterdir()):
             if family_of_dir(work_dir) != args.test:
-                others += 1
-                if args.teach_ops is not None and others > args.teach_ops:
+                other_dirs += 1
+                if args.teach_ops is not None and other_dirs > args.teach_ops:
                     continue
             for group in recorded_trials(work_dir, target).groups:
                 groups.append((state.name, family_of_dir(work_dir), group))
@@ -111,12 +111,12 @@ def main() -> int:
                                    group.results)
         return models[key]
 
+    others = [g for _, f, g in groups if f != args.test]
+    # built once: model_from knows a set of groups by their ids
+    early = [TrialGroup(g.workload, g.candidates[:args.early], g.results[:args.early]) for g in others]
     teachers = {
-        f"other families ({', '.join(sorted({f for _, f, _ in groups if f != args.test}))})":
-            lambda state: [g for _, f, g in groups if f != args.test],
-        f"the first {args.early} trials of each other op": lambda state: [
-            TrialGroup(g.workload, g.candidates[:args.early], g.results[:args.early])
-            for _, f, g in groups if f != args.test],
+        f"other families ({', '.join(sorted({f for _, f, _ in groups if f != args.test}))})": lambda state: others,
+        f"the first {args.early} trials of each other op": lambda state: early,
         f"{args.test} of the other states": lambda state: [g for s, f, g in groups if f == args.test and s != state],
         "all but the test trials": lambda state: [g for s, f, g in groups if not (f == args.test and s == state)],
     }
