@@ -73,9 +73,13 @@ def reference(config: OpConfig, arrays: list[np.ndarray]) -> np.ndarray:
             out = out + xs[2]
         return np.maximum(out, 0) if op != "Convolution" else out
     if op == "Dot":
-        a = xs[0].T if p.get("transpose_A") else xs[0]
-        b = xs[1].T if p.get("transpose_B") else xs[1]
-        return a @ b
+        # The operands as matrices (a left operand of rank > 2 has its leading axes as rows, however the caller
+        # shaped the arrays: the op config's shapes, or te_ops' 2-D ones); the result in the op config's shape.
+        m, k, _ = config.matrix_dims()
+        ta = bool(p.get("transpose_A"))
+        a = xs[0].reshape((k, m) if ta else (m, k))
+        b = xs[1]
+        return ((a.T if ta else a) @ (b.T if p.get("transpose_B") else b)).reshape(p["out_shape"])
     if op in POOLS:
         return _pool(xs[0], op, p["window_shape"], p["window_stride"], p["padding_below"], p["padding_above"])
     if op == "Gelu":
@@ -111,7 +115,8 @@ def check_on_cpu(config: OpConfig, mod: Any, shapes: list[tuple[int, ...]]) -> f
     exe["main"](*(tvm.runtime.tensor(a, dev) for a in arrays), out)
     want = reference(config, arrays)
     scale = max(float(np.abs(want).max()), 1e-30)
-    err = float(np.abs(out.numpy().astype(np.float64) - want).max()) / scale
+    got = out.numpy().astype(np.float64).reshape(want.shape)  # a Dot's TVM output is 2-D, its op config's may not be
+    err = float(np.abs(got - want).max()) / scale
     if not err <= TOLERANCE:
         raise InputError(f"TVM's result differs from numpy's by {err:.2e} (relative; limit {TOLERANCE:g})")
     return err

@@ -36,6 +36,7 @@ def define(config: OpConfig) -> tuple[list[Any], Any]:
     from tvm import te, topi
 
     p, op = config.params, config.op_type
+    want = list(_out_shape(config))
     if op in CONV_FAMILY:
         data = te.placeholder(tuple(p["input_shape"]), name="input0")
         weight = te.placeholder(tuple(p["filter_shape"]), name="input1")
@@ -56,10 +57,14 @@ def define(config: OpConfig) -> tuple[list[Any], Any]:
         if op != "Convolution":
             out = topi.nn.relu(out)
     elif op == "Dot":
-        a = te.placeholder(tuple(p["arg0_shape"]), name="input0")
-        b = te.placeholder(tuple(p["arg1_shape"]), name="input1")
-        inputs, out = [a, b], topi.nn.matmul(a, b, transpose_a=bool(p.get("transpose_A")),
-                                             transpose_b=bool(p.get("transpose_B")))
+        # One [M, K] x [K, N] product whatever the left operand's rank: its leading axes are rows (the kernel's
+        # buffers are flat), so a [1,128,768] x [768,768] Dot is the 2-D GEMM TVM and MetaSchedule know best.
+        m, k, n = config.matrix_dims()
+        ta, tb = bool(p.get("transpose_A")), bool(p.get("transpose_B"))
+        a = te.placeholder((k, m) if ta else (m, k), name="input0")
+        b = te.placeholder((n, k) if tb else (k, n), name="input1")
+        inputs, out = [a, b], topi.nn.matmul(a, b, transpose_a=ta, transpose_b=tb)
+        want = [m, n]
     elif op in POOLS:
         data = te.placeholder(tuple(p["input_shape"]), name="input0")
         inputs, out = [data], _pool(data, p, op)
@@ -68,9 +73,9 @@ def define(config: OpConfig) -> tuple[list[Any], Any]:
         inputs = [te.placeholder(tuple(s), name=f"input{i}") for i, s in enumerate(shapes)]
         out = _elementwise(op, inputs)
     output = out if out.op.name == "output0" else te.compute(out.shape, lambda *i: out(*i), name="output0")
-    if [int(d) for d in output.shape] != list(_out_shape(config)):
+    if [int(d) for d in output.shape] != want:
         raise InputError(f"TVM's {op} gives shape {[int(d) for d in output.shape]}, the op config says "
-                         f"{_out_shape(config)}", where=config.source)
+                         f"{want}", where=config.source)
     return inputs, output
 
 

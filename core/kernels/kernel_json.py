@@ -5,7 +5,8 @@ A kernel JSON file holds one object or a list of objects:
 Parameters per op type (the names NNFusion's tools use):
     conv family: input_shape, filter_shape, output_shape, window_movement_strides,
                  window_dilation_strides, padding_below_diff [, padding_above_diff]
-    Dot:         arg0_shape, arg1_shape, out_shape, transpose_A, transpose_B
+    Dot:         arg0_shape, arg1_shape, out_shape, transpose_A, transpose_B (arg0 may have rank > 2,
+                 untransposed: [d0.., K] x [K, N] = [d0.., N], as NNFusion makes it from ONNX MatMul)
     pools:       input_shape, output_shape, window_shape, window_stride, padding_below, padding_above
     element-wise: input_shape (one input) or input_shapes (several), output_shape
 Every check names the field it rejects and why; the caps keep absurd input from exhausting memory.
@@ -309,10 +310,20 @@ def _pool(op_type: str, params: dict[str, Any], dtype: str) -> OpSignature:
 
 
 def _dot(params: dict[str, Any], dtype: str, warnings: list[str]) -> OpSignature:
-    a = _shape(params, "arg0_shape", rank=2)
-    b = _shape(params, "arg1_shape", rank=2)
-    out = _shape(params, "out_shape", rank=2)
+    # NNFusion's ONNX importer makes a Dot of a MatMul whose left operand has rank >= 2 and right rank 2 (a
+    # BERT dense layer: [1,128,768] x [768,768]); a 1-D operand or a right one of rank > 2 becomes BatchMatMul.
+    a = _shape(params, "arg0_shape")
+    if len(a) < 2:
+        raise _fail("parameters.arg0_shape", f"must have rank 2 or more, got {len(a)} (NNFusion makes a MatMul "
+                    "with a 1-D left operand a BatchMatMul, which the kernel DB cannot hold)")
+    b = _shape(params, "arg1_shape")
+    if len(b) != 2:
+        raise _fail("parameters.arg1_shape", f"must have rank 2, got {len(b)} (NNFusion makes a MatMul whose "
+                    "right operand is not 2-D a BatchMatMul, which the kernel DB cannot hold)")
+    out = _shape(params, "out_shape", rank=len(a))
     ta, tb = _bool(params, "transpose_A"), _bool(params, "transpose_B")
+    if len(a) > 2:
+        return _batched_rows_dot(a, b, out, ta, tb, dtype)
     m, n = out
     # The stored layouts the compiler sees: A is [M,K] ([K,M] when transposed), B is [K,N] ([N,K]).
     # Some tools declare the logical (already transposed) shape instead; accept it and say so.
@@ -335,6 +346,22 @@ def _dot(params: dict[str, Any], dtype: str, warnings: list[str]) -> OpSignature
             raise _fail("parameters.arg1_shape",
                         f"{list(b)} does not match K={a_k}, N={n} (transpose_B={str(tb).lower()})")
     return OpSignature("Dot", (a, b), (out,), DotParams(ta, tb), dtype)
+
+
+def _batched_rows_dot(a: Shape, b: Shape, out: Shape, ta: bool, tb: bool, dtype: str) -> OpSignature:
+    """A Dot whose left operand has rank > 2: [d0.., K] x [K, N] = [d0.., N], the leading axes rows of one GEMM."""
+    if ta or tb:
+        key = "transpose_A" if ta else "transpose_B"
+        raise _fail(f"parameters.{key}", f"must be false for a left operand of rank {len(a)}: NNFusion makes such a "
+                    "Dot only from MatMul, which never transposes (its Dot shape inference gets transposes of "
+                    "rank > 2 wrong, and ONNX's Gemm takes 2-D operands)")
+    if b[0] != a[-1]:
+        raise _fail("parameters.arg1_shape", f"{list(b)} does not match K={a[-1]} of arg0_shape {list(a)}")
+    want = (*a[:-1], b[1])
+    if out != want:
+        raise _fail("parameters.out_shape", f"{list(out)} does not follow from {list(a)} x {list(b)} "
+                    f"(expected {list(want)})")
+    return OpSignature("Dot", (a, b), (out,), DotParams(False, False), dtype)
 
 
 def _elementwise(op_type: str, params: dict[str, Any], dtype: str) -> OpSignature:

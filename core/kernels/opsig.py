@@ -7,11 +7,12 @@ generates for the node, or the row is never fetched. Rules (from NNFusION-KERNEL
     Convolution = base + Strides{s..}Strides{d..}CoordinateDiff{pad below..}
     Pools       = base + Shape{window}Strides{stride}Shape{pad below}Shape{pad above}
     Fused conv  = Convolution identifier (data, filter) + Add<out;out;out> and/or Relu<out;out> members
-    Dot, element-wise = base (Dot transposes travel in Tags)
+    Dot, element-wise = base (Dot transposes travel in Tags; a Dot's left operand may have rank > 2)
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +46,20 @@ class DotParams:
 
 
 Params = ConvParams | PoolParams | DotParams | None
+
+
+def dot_mkn(a: Sequence[int], b: Sequence[int], transpose_a: bool = False,
+            transpose_b: bool = False) -> tuple[int, int, int]:
+    """(M, K, N) of a Dot as one matrix product, its shapes as stored (validated: kernel_json._dot).
+
+    NNFusion makes a Dot of a left operand of rank > 2 from an ONNX MatMul by a 2-D weight (never transposed):
+    the leading axes are its rows, so M is their product. A rank-2 Dot may be transposed (ONNX Gemm)."""
+    if transpose_a:
+        m, k = a[1], a[0]
+    else:
+        m, k = math.prod(a[:-1]), a[-1]
+    n = b[0] if transpose_b else b[1]
+    return m, k, n
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,8 +21,10 @@ The mapping follows NNFusion's ONNX importer and its pattern-substitution pass:
   otherwise.)
 - Gemm -> Dot with transA/transB on the stored shapes of A and B. The C add is reported unmapped when
   C is broadcast (the usual bias) or scaled (beta != 1); a full-shape C with beta = 1 is a plain Add.
-  alpha != 1 is a separate Multiply in NNFusion and is reported unmapped. MatMul with 2-D inputs ->
-  Dot; batched or 1-D MatMul is unmapped.
+  alpha != 1 is a separate Multiply in NNFusion and is reported unmapped; A and B must be 2-D (ONNX).
+  MatMul whose left input has rank >= 2 and right input rank 2 -> Dot (the left input's leading axes are
+  rows: a BERT dense layer [1,128,768] x [768,768]); any other MatMul (a 1-D input, a right input of rank
+  > 2) becomes BatchMatMul in NNFusion and is unmapped.
 - MaxPool / AveragePool -> MaxPool / AvgPool (ceil_mode only when it does not change the shape; no
   dilations); an AvgPool over padding gets a note, since the identifier does not say whether the
   padding counts. GlobalAveragePool / GlobalMaxPool -> a pool whose window is the spatial size.
@@ -400,7 +402,13 @@ class _Extractor:
     def _gemm(self, i: int, node: Any) -> None:
         a, b, y = node.input[0], node.input[1], node.output[0]
         c = node.input[2] if len(node.input) > 2 else ""
-        a_shape, b_shape, out = self.t.shape(a), self.t.shape(b), self.t.shape(y)
+        a_shape, b_shape = self.t.shape(a), self.t.shape(b)
+        if len(a_shape) != 2 or len(b_shape) != 2:
+            # ONNX shape inference leaves such a Gemm's output unknown; NNFusion makes a Dot of it anyway and
+            # aborts once transB is set (its Dot shape inference gets transposes of rank > 2 wrong).
+            raise _NotMapped(f"Gemm {a_shape} x {b_shape}: ONNX's Gemm takes 2-D A and B (export a MatMul, "
+                             "whose Dot may have a left operand of any rank >= 2)")
+        out = self.t.shape(y)
         dtype = self.t.dtype([a, b, c, y])
         attrs = _attrs(node)
         alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
@@ -426,13 +434,15 @@ class _Extractor:
                                           "op type)"))
 
     def _matmul(self, i: int, node: Any) -> None:
+        # NNFusion's importer (matmul.cpp) makes a Dot when the left operand has rank >= 2 and the right rank 2
+        # (a BERT dense layer [1,128,768] x [768,768]: Dot1,128,768;768,768;1,128,768...); every other MatMul
+        # (a 1-D operand, a right operand of rank > 2) becomes Reshape + Broadcast + BatchMatMul.
         a, b, y = node.input[0], node.input[1], node.output[0]
         a_shape, b_shape = self.t.shape(a), self.t.shape(b)
-        if len(a_shape) > 2 or len(b_shape) > 2:
-            raise _NotMapped(f"batched MatMul {a_shape} x {b_shape}: NNFusion emits BatchMatMul, which has no "
-                             "kernel-DB op type")
-        if len(a_shape) != 2 or len(b_shape) != 2:
-            raise _NotMapped(f"MatMul {a_shape} x {b_shape} has a 1-D operand: only 2-D MatMul is a Dot")
+        if len(a_shape) < 2 or len(b_shape) != 2:
+            why = "a 1-D operand" if 1 in (len(a_shape), len(b_shape)) else "a right operand of rank > 2"
+            raise _NotMapped(f"MatMul {a_shape} x {b_shape} has {why}: NNFusion emits BatchMatMul, which has no "
+                             "kernel-DB op type (a Dot needs a left operand of rank 2 or more and a 2-D right one)")
         dtype = self.t.dtype([a, b, y])
         params = {"arg0_shape": a_shape, "arg1_shape": b_shape, "out_shape": self.t.shape(y),
                   "transpose_A": False, "transpose_B": False}

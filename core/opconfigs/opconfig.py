@@ -6,6 +6,7 @@ Line format (the Rammer artifact's, extended the same way for the other ops):
         optional fields: g+G (groups: depthwise when G = channels), pa+.. (pad above),
         fuse+relu or fuse+add_relu (the fused op types NNFusion fetches)
     cublas_dot_op_float|a+M_K|b+K_N|o+M_N|ta+0|tb+0
+        a+ may have rank > 2, untransposed (a BERT dense layer: a+1_128_768|b+768_768|o+1_128_768)
     cudnn_maxpool_op_float|i+..|o+..|win+3_3|ws+2_2|pb+1_1|pa+1_1      (cudnn_avgpool_op_float alike)
     elementwise_relu_op_float|i+..|o+..                                 (one i+ per input)
 
@@ -27,7 +28,7 @@ from typing import Any
 from core.errors import InputError
 from core.kernels.kernel_json import MAX_FILE_BYTES, validate_item
 from core.kernels.ops import CONV_FAMILY, ELEMENTWISE_ARITY, POOLS
-from core.kernels.opsig import OpSignature
+from core.kernels.opsig import OpSignature, dot_mkn
 
 _DTYPE_BYTES = {"float": 4, "half": 2, "double": 8}
 _FUSE = {"relu": "Fused_Convolution_Relu", "add_relu": "Fused_Convolution_Add_Relu"}
@@ -81,12 +82,16 @@ class OpConfig:
             out, filt = p["output_shape"], p["filter_shape"]
             return 2 * math.prod(out) * math.prod(filt[1:])
         if self.op_type == "Dot":
-            m, n = p["out_shape"]
-            k = p["arg0_shape"][0 if p.get("transpose_A") else 1]
+            m, k, n = self.matrix_dims()
             return 2 * m * n * k
         if self.op_type in POOLS:
             return math.prod(p["output_shape"]) * math.prod(p["window_shape"])
         return math.prod(p["output_shape"])
+
+    def matrix_dims(self) -> tuple[int, int, int]:
+        """A Dot's (M, K, N) as one matrix product: a left operand of rank > 2 gives its leading axes as rows."""
+        p = self.params
+        return dot_mkn(p["arg0_shape"], p["arg1_shape"], bool(p.get("transpose_A")), bool(p.get("transpose_B")))
 
     @property
     def memory_bound(self) -> bool:
