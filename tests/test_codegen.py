@@ -24,6 +24,8 @@ from core.opconfigs.opconfig import OpConfig, parse_line
 OTHER_OPS = [
     "cublas_dot_op_float|a+16_256|b+256_128|o+16_128|ta+0|tb+0",
     "cublas_dot_op_float|a+256_16|b+128_256|o+16_128|ta+1|tb+1",
+    "cublas_dot_op_float|a+2_8_64|b+64_48|o+2_8_48|ta+0|tb+0",  # MatMul of a rank-3 activation (BERT's dense)
+    "cublas_dot_op_float|a+2_3_4_32|b+32_24|o+2_3_4_24|ta+0|tb+0",
     "cudnn_maxpool_op_float|i+1_64_56_56|o+1_64_28_28|win+3_3|ws+2_2|pb+1_1|pa+0_0",
     "cudnn_avgpool_op_float|i+1_32_28_28|o+1_32_28_28|win+3_3|ws+1_1|pb+1_1|pa+1_1",
     "elementwise_relu_op_float|i+1_64_56_56|o+1_64_56_56",
@@ -68,6 +70,27 @@ def test_other_ops_and_fused_convolutions(tmp_path: Path):
             assert len(list(distinct_kernels(rows))) == 1, g.config.describe()
             fused = g.config.op_type.startswith("Fused_")  # a fused kernel has its CUDA twin beside it
             assert sorted(r.device_type for r in rows) == (["CUDA", "CUDA_GPU"] if fused else ["CUDA_GPU"])
+
+
+def test_a_dot_of_a_rank_3_activation_is_one_gemm_its_kernel_checked_against_numpy():
+    """The leading axes are rows of one [M, K] x [K, N] product (the kernel's buffers are flat); the float64
+    reference takes the op config's shapes (GPU verification) or TVM's 2-D ones (the CPU check) alike."""
+    import numpy as np
+
+    from core.codegen.generate import prim_func_module
+    from core.codegen.reference import inputs_for, reference
+
+    config = parse_line("cublas_dot_op_float|a+2_8_64|b+64_48|o+2_8_48|ta+0|tb+0", "bert.txt:1")
+    _mod, shapes = prim_func_module(config)
+    assert shapes == [(16, 64), (64, 48), (16, 48)]
+    result = generate(config, "sm_90")
+    assert result.item is not None and result.error == ""
+    assert result.max_rel_error is not None and result.max_rel_error < 1e-4
+    assert result.item["parameters"]["arg0_shape"] == [2, 8, 64]  # the row keeps the shapes NNFusion looks up
+    a, b = inputs_for(config, [(2, 8, 64), (64, 48)])
+    want = np.einsum("bik,kn->bin", a.astype(np.float64), b.astype(np.float64))
+    np.testing.assert_allclose(reference(config, [a, b]), want, rtol=1e-12)
+    np.testing.assert_allclose(reference(config, [a.reshape(16, 64), b]), want, rtol=1e-12)
 
 
 def test_grouped_convolution_is_refused_with_the_reason():

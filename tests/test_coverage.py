@@ -223,3 +223,19 @@ def test_cli_coverage_json_exit_status_and_table(tmp_path: Path):
     proc, data = run_kdb_json("coverage", "--db", str(db_path), str(model))
     assert proc.returncode == 1  # an op is missing: a finding, as the README says
     assert [e["status"] for e in data["entries"]] == [IN_DB, MISSING]
+
+
+def test_a_bert_dense_dot_is_promised_from_its_row_and_falls_back_to_cublas_without(tmp_path: Path):
+    """NNFusion makes a Dot of a [1,128,768] x [768,768] MatMul: coverage promises its row (the compiler test
+    finds it used), and says cuBLAS runs it while the DB has none; the broadcast bias Add stays NNFusion's."""
+    g = GraphBuilder({"x": [1, 128, 768]})
+    y = g.node("Add", [g.node("MatMul", ["x", g.weight("w", [768, 768])], "dense"), g.weight("b", [768])], "bias")
+    model = write(g.model(y, "bert_dense"), tmp_path / "bert.onnx")
+    (dot,) = extract(model).configs
+    row = kernel_row(dot)
+    assert row.identifier == "Dot1,128,768;768,768;1,128,768floatfloatfloat"
+    (entry,) = entries_for(model, make_db(tmp_path / "k.db", [row]))
+    assert (entry.status, entry.runs, entry.row and entry.row.key) == (IN_DB, DB_KERNEL, row.key)
+    assert entry.db_flops == 2 * 128 * 768 * 768
+    (none,) = entries_for(model, make_db(tmp_path / "empty.db", []))
+    assert (none.status, none.runs, none.row) == (MISSING, "cuBLAS", None)

@@ -180,8 +180,10 @@ def conv_configs(draw: st.DrawFn, *, any_dtype: bool, grouped: bool) -> OpConfig
 def dot_configs(draw: st.DrawFn, *, any_dtype: bool) -> OpConfig:
     m, k, n = (draw(st.integers(1, 4096)) for _ in range(3))
     ta, tb = draw(st.booleans()), draw(st.booleans())
-    params = {"arg0_shape": [k, m] if ta else [m, k], "arg1_shape": [n, k] if tb else [k, n], "out_shape": [m, n],
-              "transpose_A": ta, "transpose_B": tb}
+    # NNFusion's Dot of a MatMul by a 2-D weight: the left operand's leading axes (never transposed) are rows
+    lead = [] if ta or tb else draw(st.lists(st.integers(1, 8), max_size=2))
+    params = {"arg0_shape": [k, m] if ta else [*lead, m, k], "arg1_shape": [n, k] if tb else [k, n],
+              "out_shape": [*lead, m, n], "transpose_A": ta, "transpose_B": tb}
     return OpConfig("Dot", params, 1, draw(pick(DTYPES)) if any_dtype else "float")
 
 

@@ -28,3 +28,35 @@ def test_an_output_that_follows_from_no_padding_is_refused_naming_the_field():
         validate_item(strided_conv(29))
     with pytest.raises(InputError, match=r"output_shape\[2\].*28 does not follow"):
         validate_item(strided_conv(28, padding_above_diff=[0, 0]))  # an explicit pad above rules out 28
+
+
+def dot_item(a: list[int], b: list[int], out: list[int], *, ta: bool = False, tb: bool = False) -> dict:
+    return {"tvm_func_name": "k", "op_type": "Dot", "code": "__global__ void k() {}", "gridDim": [1],
+            "blockDim": [1], "parameters": {"arg0_shape": a, "arg1_shape": b, "out_shape": out,
+                                            "transpose_A": ta, "transpose_B": tb}}
+
+
+@pytest.mark.parametrize(("a", "b", "out", "identifier"), [
+    ([1, 128, 768], [768, 768], [1, 128, 768], "Dot1,128,768;768,768;1,128,768floatfloatfloat"),
+    ([2, 3, 16, 32], [32, 8], [2, 3, 16, 8], "Dot2,3,16,32;32,8;2,3,16,8floatfloatfloat"),
+    ([1, 64], [64, 256], [1, 256], "Dot1,64;64,256;1,256floatfloatfloat"),
+])
+def test_a_dot_of_any_left_rank_from_two_is_the_identifier_nnfusion_looks_up(a, b, out, identifier):
+    """The compiler's own lookups (seen with ../shared/nnfusion): a MatMul by a 2-D weight is a Dot whatever
+    the activation's rank, its identifier the shapes as they are."""
+    assert validate_item(dot_item(a, b, out)).op.identifier == identifier
+
+
+@pytest.mark.parametrize(("a", "b", "out", "params", "field", "reason"), [
+    ([768], [768, 3072], [3072], {}, "arg0_shape", "rank 2 or more, got 1.*BatchMatMul"),
+    ([1, 128, 768], [768], [1, 128], {}, "arg1_shape", "must have rank 2, got 1.*BatchMatMul"),
+    ([2, 128, 64], [2, 64, 128], [2, 128, 128], {}, "arg1_shape", "must have rank 2, got 3.*BatchMatMul"),
+    ([1, 128, 768], [768, 64], [1, 128, 64], {"ta": True}, "transpose_A", "must be false.*rank 3.*MatMul"),
+    ([1, 128, 768], [64, 768], [1, 128, 64], {"tb": True}, "transpose_B", "must be false.*rank 3.*MatMul"),
+    ([1, 128, 768], [512, 64], [1, 128, 64], {}, "arg1_shape", "K=768"),
+    ([1, 128, 768], [768, 64], [2, 128, 64], {}, "out_shape", r"expected \[1, 128, 64\]"),
+    ([1, 128, 768], [768, 64], [128, 64], {}, "out_shape", "must have rank 3, got 2"),
+])
+def test_a_dot_nnfusion_does_not_make_is_refused_naming_the_field(a, b, out, params, field, reason):
+    with pytest.raises(InputError, match=rf"parameters\.{field}.*{reason}"):
+        validate_item(dot_item(a, b, out, **params))

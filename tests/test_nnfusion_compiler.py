@@ -17,7 +17,9 @@ import subprocess
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
+from onnx import numpy_helper
 from shared_data import shared_path
 
 pytest.importorskip("onnx")
@@ -84,6 +86,35 @@ def gemms(batch: int) -> GraphBuilder:
     return g.finish(g.node("MatMul", [y, g.weight("w2", [32, 16])], "fc2"))
 
 
+def bert_dense(batch: int) -> GraphBuilder:
+    """BERT's feed-forward on a [batch, 128, 768] activation: MatMul by a 2-D weight (a Dot of a rank-3 left
+    operand in NNFusion), a broadcast bias Add, GELU written with Erf, the 3072 -> 768 MatMul back, bias."""
+    g = GraphBuilder({"x": [batch, 128, 768]})
+
+    def scalar(name: str, value: float) -> str:
+        g.initializers.append(numpy_helper.from_array(np.array(value, dtype=np.float32), g.unique(name)))
+        return g.initializers[-1].name
+
+    y = g.node("Add", [g.node("MatMul", ["x", g.weight("attn_out_w", [768, 768])], "attn_out"),
+                       g.weight("attn_out_b", [768])], "attn_out_bias")
+    h = g.node("Add", [g.node("MatMul", [y, g.weight("ffn_in_w", [768, 3072])], "ffn_in"),
+                       g.weight("ffn_in_b", [3072])], "ffn_in_bias")
+    erf = g.node("Erf", [g.node("Div", [h, scalar("sqrt2", 2 ** 0.5)], "gelu_scale")], "gelu_erf")
+    gelu = g.node("Mul", [g.node("Mul", [h, g.node("Add", [erf, scalar("one", 1.0)], "gelu_one")], "gelu_mul"),
+                          scalar("half", 0.5)], "gelu")
+    out = g.node("MatMul", [gelu, g.weight("ffn_out_w", [3072, 768])], "ffn_out")
+    return g.finish(g.node("Add", [out, g.weight("ffn_out_b", [768])], "ffn_out_bias"))
+
+
+def lstm_step(batch: int) -> GraphBuilder:
+    """One LSTM-like step: the input's and the hidden state's [batch, H] x [H, 4H] gate products (2-D Dots),
+    summed, squashed."""
+    g = GraphBuilder({"x": [batch, 64], "h": [batch, 64]})
+    gates = g.node("Add", [g.node("MatMul", ["x", g.weight("w_ih", [64, 256])], "gates_x"),
+                           g.node("MatMul", ["h", g.weight("w_hh", [64, 256])], "gates_h")], "gates")
+    return g.finish(g.node("Tanh", [g.node("Sigmoid", [gates], "squash")], "cell"))
+
+
 def elementwise_chain(batch: int) -> GraphBuilder:
     """Sigmoid -> Tanh -> Exp: one NNFusion kernel at the default level; looked up one by one at level 0."""
     g = GraphBuilder({"x": [batch, 256]})
@@ -97,7 +128,7 @@ def _finish(self: GraphBuilder, output: str) -> GraphBuilder:
 
 GraphBuilder.finish = _finish  # type: ignore[attr-defined]
 MODELS = {"conv_bias_relu": conv_bias_relu, "conv_residual": conv_residual, "branches": branches,
-          "pools": pools, "gemms": gemms}
+          "pools": pools, "gemms": gemms, "bert_dense": bert_dense, "lstm_step": lstm_step}
 
 
 # -- the pipeline -------------------------------------------------------------------------------
@@ -149,6 +180,35 @@ def test_the_compiler_uses_exactly_what_coverage_promised(tmp_path: Path, name: 
     assert launches.launches and not launches.failing(), launches.reasons()
     if not report.usage.library_calls:
         nvcc_compiles(report.result.project, tmp_path)
+
+
+BERT_DOTS = {"Dot1,128,768;768,768;1,128,768floatfloatfloat", "Dot1,128,768;768,3072;1,128,3072floatfloatfloat",
+             "Dot1,128,3072;3072,768;1,128,768floatfloatfloat"}
+
+
+def test_bert_dense_layers_run_their_rank_3_dot_rows_and_kdb_nnfusion_finds_them(tmp_path: Path):
+    """NNFusion makes a Dot of each MatMul by a 2-D weight whatever the activation's rank: extraction finds the
+    three [1,128,K] x [K,N] Dots, codegen and injection write their rows, and `kdb nnfusion` finds every row
+    promised in the generated code and no cuBLAS call left."""
+    g = bert_dense(1)
+    model = write(g.model(g.output, "bert_dense"), tmp_path / "bert.onnx")
+    dots = [c for c in extract(model).configs if c.op_type == "Dot"]
+    assert {c.signature().identifier for c in dots} == BERT_DOTS
+    db = build_db(model, tmp_path / "k.db", tmp_path)
+    proc, report = run_kdb_json("nnfusion", str(model), "--db", str(db), "--nnfusion", str(COMPILER),
+                                "--product-name", PRODUCT, "--out", str(tmp_path / "nnfusion"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    in_db = {e["identifier"]: e["row"]["key"] for e in report["coverage"] if e["status"] == IN_DB}
+    assert set(in_db) == BERT_DOTS
+    used = {k for s in report["usage"]["steps"] for part in s["parts"] for k in part["rows"]}
+    assert set(report["promised"]) == used == set(in_db.values()) and not report["broken_promises"]
+    assert report["usage"]["library_calls"] == {}, "no cuBLAS left: every Dot runs its DB row"
+    source = (Path(report["compile"]["project"]) / "nnfusion_rt.cu").read_text()
+    with KernelDB.open(db) as kdb:
+        for key in in_db.values():
+            (row,) = kdb.iter_rows("WHERE Key = ?", (key,))
+            body = json.loads(row.function)["block_function_body"]
+            assert re.sub(r"\s+", "", body) in re.sub(r"\s+", "", source), f"{row.identifier} not in the code"
 
 
 def test_a_conv_whose_fused_kernel_is_missing_runs_the_plain_row_coverage_promised(tmp_path: Path):

@@ -247,7 +247,7 @@ def test_unmapped_reasons(model_path):
         g.node("Mul", ["x", g.weight("scale", [16])], "scale_mul"),
         g.node("Softmax", ["x"], "softmax"),
         g.node("Relu", ["dyn"], "dyn_relu"),
-        g.node("MatMul", ["seq", g.weight("w", [16, 8])], "batched"),
+        g.node("MatMul", ["seq", g.weight("w", [2, 16, 8])], "batched"),
         g.node("Add", ["ids", "ids"], "int_add"),
         g.node("Max", ["x", "x", "x"], "max3"),
         g.node("LeakyRelu", ["x"], "leaky"),
@@ -260,8 +260,9 @@ def test_unmapped_reasons(model_path):
                               "which has no kernel-DB op type, in front)",
         ("softmax", "Softmax"): "no kernel-DB op type",
         ("dyn_relu", "Relu"): "dynamic shape: 'dyn' has dimension 'N'",
-        ("batched", "MatMul"): "batched MatMul [2, 4, 16] x [16, 8]: NNFusion emits BatchMatMul, which has no "
-                               "kernel-DB op type",
+        ("batched", "MatMul"): "MatMul [2, 4, 16] x [2, 16, 8] has a right operand of rank > 2: NNFusion emits "
+                               "BatchMatMul, which has no kernel-DB op type (a Dot needs a left operand of rank 2 "
+                               "or more and a 2-D right one)",
         ("int_add", "Add"): "element type INT64: op configs cover float, half and double",
         ("max3", "Max"): "3 inputs: NNFusion's Maximum takes 2",
         ("leaky", "LeakyRelu"): "no kernel-DB op type",
@@ -383,3 +384,49 @@ def test_inputs_nnfusions_importer_cannot_take_are_noted(model_path):
     assert set(notes) == {"flat", "fc"}
     assert "axis" in notes["flat"] and "aborts" in notes["flat"]
     assert "without its C input" in notes["fc"] and "MatMul" in notes["fc"]
+
+
+def dot(a: list[int], b: list[int], out: list[int]) -> dict:
+    return {"arg0_shape": a, "arg1_shape": b, "out_shape": out, "transpose_A": False, "transpose_B": False}
+
+
+def test_a_matmul_by_a_2d_weight_is_a_dot_whatever_the_activations_rank(model_path):
+    """NNFusion's importer makes a Dot when the left input has rank >= 2 and the right rank 2 (BERT's dense
+    layers); the broadcast bias Add after it stays NNFusion's. Every other MatMul becomes BatchMatMul (the
+    compiler's lookups, seen with ../shared/nnfusion: BatchMatMul1,768;768,3072;1,3072...)."""
+    g = GraphBuilder({"x": [1, 128, 768], "v": [768], "img": [2, 3, 16, 32]})
+    y = g.node("MatMul", ["x", g.weight("w", [768, 768])], "dense")
+    y = g.node("Add", [y, g.weight("b", [768])], "dense_bias")
+    y = g.node("Erf", [g.node("MatMul", [y, g.weight("up_w", [768, 3072])], "up")], "erf")
+    g.node("MatMul", ["img", g.weight("proj", [32, 8])], "rank4")
+    g.node("MatMul", ["v", g.weight("vw", [768, 3072])], "vector_left")
+    g.node("MatMul", ["x", g.weight("vr", [768])], "vector_right")
+    g.node("MatMul", ["x", g.weight("bw", [1, 768, 768])], "batched_right")
+    ext = extract(model_path(g.model(y)))
+    assert summary(ext) == [
+        ("Dot", dot([1, 128, 768], [768, 768], [1, 128, 768]), 1, 1, [("dense",)]),
+        ("Dot", dot([1, 128, 768], [768, 3072], [1, 128, 3072]), 1, 1, [("up",)]),
+        ("Erf", {"input_shapes": [[1, 128, 3072]], "output_shape": [1, 128, 3072]}, 1, 1, [("erf",)]),
+        ("Dot", dot([2, 3, 16, 32], [32, 8], [2, 3, 16, 8]), 1, 1, [("rank4",)]),
+    ]
+    assert [c.signature().identifier for c in ext.configs if c.op_type == "Dot"] == [
+        "Dot1,128,768;768,768;1,128,768floatfloatfloat", "Dot1,128,768;768,3072;1,128,3072floatfloatfloat",
+        "Dot2,3,16,32;32,8;2,3,16,8floatfloatfloat"]
+    reasons = {u.node: u.reason for u in ext.unmapped}
+    assert set(reasons) == {"dense_bias", "vector_left", "vector_right", "batched_right"}
+    assert reasons["dense_bias"].startswith("broadcast: inputs [1, 128, 768] and [768]")
+    assert reasons["vector_left"].startswith("MatMul [768] x [768, 3072] has a 1-D operand: NNFusion emits BatchMatMul")
+    assert reasons["vector_right"].startswith("MatMul [1, 128, 768] x [768] has a 1-D operand")
+    assert reasons["batched_right"].startswith("MatMul [1, 128, 768] x [1, 768, 768] has a right operand of rank > 2")
+
+
+def test_a_gemm_is_a_2d_dot_and_one_of_other_ranks_is_refused_with_the_onnx_rule(model_path):
+    """ONNX's Gemm takes 2-D A and B (so its transposes only ever meet 2-D Dots); shape inference leaves a 3-D
+    one's output unknown, and NNFusion aborts on it once transB is set."""
+    g = GraphBuilder({"x": [1, 128, 768]})
+    g.node("Gemm", ["x", g.weight("w", [64, 768]), g.weight("b", [64])], "gemm3d", transB=1)
+    ext = extract(model_path(g.model("gemm3d_out")))
+    assert ext.configs == []
+    assert [(u.node, u.reason) for u in ext.unmapped] == [
+        ("gemm3d", "Gemm [1, 128, 768] x [64, 768]: ONNX's Gemm takes 2-D A and B (export a MatMul, whose Dot may "
+                   "have a left operand of any rank >= 2)")]

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 
 from core.errors import InputError
-from core.opconfigs.opconfig import parse_line
+from core.opconfigs.opconfig import format_line, format_structured, parse_line, parse_structured
 
 CONV = "convolution_op_float|ws+1_1|w+10_1_1_1|g+{g}|i+1_2_1_1|wd+1_1|p+0_0|pa+0_0|o+1_10_1_1"
 
@@ -33,3 +36,50 @@ def test_conv_and_pool_flops():
     assert conv.flops == 2 * (16 * 32 * 32) * (3 * 3 * 3)
     pool = parse_line("cudnn_maxpool_op_float|i+1_16_32_32|o+1_16_16_16|win+2_2|ws+2_2|pb+0_0|pa+0_0")
     assert pool.flops == 16 * 16 * 16 * 4
+
+
+BERT_DOT = "cublas_dot_op_float|a+1_128_768|b+768_768|o+1_128_768|ta+0|tb+0"
+
+
+def test_a_bert_dense_dot_reads_from_lines_toml_and_json_alike():
+    """NNFusion's Dot of a [1,128,768] activation by a [768,768] weight: one op config in all three formats, the
+    identifier the compiler looks up, the FLOPs of its [128,768] x [768,768] product."""
+    config = parse_line(BERT_DOT, "ops.txt:1")
+    assert format_line(config) == BERT_DOT
+    assert config.signature().identifier == "Dot1,128,768;768,768;1,128,768floatfloatfloat"
+    assert config.matrix_dims() == (128, 768, 768)
+    assert config.flops == 2 * 128 * 768 * 768
+    assert config.bytes_moved == (128 * 768 * 2 + 768 * 768) * 4
+    assert config.describe() == "Dot 1x128x768 x 768x768"
+    by_hand = {"toml": '[[op]]\nop_type = "Dot"\narg0_shape = [1, 128, 768]\narg1_shape = [768, 768]\n'
+                       'out_shape = [1, 128, 768]\n',
+               "json": '[{"op_type": "Dot", "arg0_shape": [1, 128, 768], "arg1_shape": [768, 768], '
+                       '"out_shape": [1, 128, 768], "transpose_A": false, "transpose_B": false}]'}
+    for fmt, text in by_hand.items():
+        for source in (text, format_structured([config], fmt)):
+            read = parse_structured(source, fmt, f"ops.{fmt}")
+            assert read.errors == [] and [format_line(c) for c in read.configs] == [BERT_DOT]
+            assert read.configs[0].signature() == config.signature()
+
+
+def test_a_rank_4_dot_counts_every_leading_axis_as_rows():
+    config = parse_line("cublas_dot_op_float|a+2_3_16_32|b+32_8|o+2_3_16_8|ta+0|tb+0")
+    assert config.matrix_dims() == (96, 32, 8) and config.flops == 2 * 96 * 32 * 8
+
+
+@pytest.mark.parametrize(("a", "b", "out", "ta", "reason"), [
+    ([768, 128, 1], [768, 768], [1, 128, 768], 1, "transpose_A.*must be false"),
+    ([768], [768, 3072], [3072], 0, "arg0_shape.*BatchMatMul"),
+    ([1, 128, 768], [1, 768, 768], [1, 128, 768], 0, "arg1_shape.*BatchMatMul"),
+])
+def test_a_dot_nnfusion_never_makes_is_refused_where_it_was_written(a, b, out, ta, reason):
+    def dims(shape: list[int]) -> str:
+        return "_".join(map(str, shape))
+
+    line = f"cublas_dot_op_float|a+{dims(a)}|b+{dims(b)}|o+{dims(out)}|ta+{ta}|tb+0"
+    with pytest.raises(InputError, match=reason) as caught:
+        parse_line(line, "ops.txt:7")
+    assert caught.value.where == "ops.txt:7"
+    entry = {"op_type": "Dot", "arg0_shape": a, "arg1_shape": b, "out_shape": out, "transpose_A": bool(ta)}
+    (error,) = parse_structured(json.dumps([entry]), "json", "ops.json").errors
+    assert error.where == "ops.json#0" and re.search(reason, str(error))

@@ -188,6 +188,24 @@ def test_the_cuda_design_space_drops_cross_thread_reductions_shorter_than_a_warp
     assert not any(map(spreads_a_short_reduction_over_threads, ours))
 
 
+def test_a_rank_3_dot_tunes_the_2d_gemm_workload_in_a_work_dir_of_its_own(tmp_path: Path):
+    """NNFusion's Dot of a [2,8,64] activation by a [64,48] weight: MetaSchedule tunes the [16,64] x [64,48] GEMM
+    (the very workload of that 2-D Dot, which CUDA tuning already handles), in a work dir of its own (its kernels
+    are the rank-3 op's rows); an llvm job measures it."""
+    import tvm
+
+    from core.codegen.generate import prim_func_module
+
+    rank3 = parse_line("cublas_dot_op_float|a+2_8_64|b+64_48|o+2_8_48|ta+0|tb+0", "bert")
+    flat = parse_line("cublas_dot_op_float|a+16_64|b+64_48|o+16_48|ta+0|tb+0", "gemm")
+    mod, _ = prim_func_module(rank3)
+    tvm.ir.assert_structural_equal(mod, prim_func_module(flat)[0])
+    assert TuneJob(rank3, 1).directory(tmp_path) != TuneJob(flat, 1).directory(tmp_path)
+    result = run_tune(TuneJob(rank3, trials=2, target="llvm", trials_per_batch=2, builder_workers=2, seed=3),
+                      tmp_path / "llvm")
+    assert result.trials == 2 and result.best_seconds is not None
+
+
 def test_a_changed_definition_tunes_in_a_work_dir_of_its_own_and_the_others_keep_theirs(tmp_path: Path):
     """A work dir's trials are of one TVM workload: the pools' new definition must not resume the old one's
     trials (their best could not be rebuilt), while every other op resumes the H200 runs' records."""
