@@ -27,13 +27,19 @@ def main(args: argparse.Namespace) -> int:
                      product_name=product, binary=args.nnfusion or "", out=Path(args.out) if args.out else None,
                      timeout_s=args.timeout, arch=args.arch or settings.archs[0], nvcc=settings.nvcc_path,
                      launch_check=not args.no_launch_check)
-    if args.fit_launches and args.no_launch_check:
-        raise InputError("--fit-launches needs the launch check: leave out --no-launch-check")
+    fit = args.run if args.fit_launches is None else args.fit_launches  # --run: on unless --no-fit-launches
+    if fit and args.no_launch_check:
+        raise InputError("--fit-launches needs the launch check: leave out --no-launch-check"
+                         + (" (--run turns it on: --no-fit-launches turns it off)" if args.run else ""))
+    if args.run:
+        from console.cli.nnfusion_run import run_network_command
+
+        return run_network_command(args, job, fit_launches=fit)
     made: list[str] = []
 
     def compile_once(on_line: Callable[[str], None] | None = None) -> CompileReport:
         nonlocal made
-        if args.fit_launches:
+        if fit:
             report, made = compile_fitting_launches(job, state=StateDB(), on_line=on_line)
             return report
         return compile_and_read(job, state=StateDB(), on_line=on_line)

@@ -197,12 +197,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=1800.0, metavar="S", help="stop the compiler after S seconds")
     p.add_argument("--arch", metavar="sm_XX", help="the launch check's SM arch (default: the first of the settings' "
                    "archs)")
-    p.add_argument("--fit-launches", action="store_true", help="when a BlockFusion kernel cannot launch, run the "
-                   "DB rows fused into it on their own launch (writes them to the DB as `kdb db standalone` does) and "
-                   "compile again")
+    p.add_argument("--fit-launches", action=argparse.BooleanOptionalAction, default=None,
+                   help="when a BlockFusion kernel cannot launch, run the DB rows fused into it on their own launch "
+                   "(writes them to the DB as `kdb db standalone` does) and compile again (default: on with --run, "
+                   "off without)")
     p.add_argument("--no-launch-check", action="store_true", help="do not check that every launch fits its "
                    "kernel: its launch bounds, or for a kernel without them (BlockFusion's) the registers nvcc gives "
                    "it (needs nvcc, no GPU)")
+    run = p.add_argument_group("running the network (--run)")
+    run.add_argument("--run", action="store_true", help="also build the generated project with nvcc (cuDNN/cuBLAS "
+                     "from their Python wheels), run it on the GPU on a seeded input against ONNX Runtime's output "
+                     "(CPU), and time it against the same model compiled with an empty DB. Exit 1 when its output "
+                     "is wrong or it is slower; 2 without a GPU (the networks are built, not run). --out DIR gets "
+                     "with-db/ and empty-db/")
+    run.add_argument("--max-error", type=float, default=1e-4, metavar="E", help="the largest relative error "
+                     "allowed: max|out - ref| / max|ref| per output (default 1e-4)")
+    run.add_argument("--seed", type=int, default=0, metavar="N", help="the input's random seed (default 0)")
+    run.add_argument("--warmup", type=int, default=100, metavar="N", help="kernel_entry calls before timing "
+                     "(default 100)")
+    run.add_argument("--iterations", type=_positive, default=1000, metavar="N", help="timed kernel_entry calls, "
+                     "each between its own CUDA events; the median counts (default 1000)")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("autotvm", help=COMMANDS["autotvm"][1])

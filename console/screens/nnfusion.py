@@ -1,7 +1,9 @@
 """Compile with NNFusion: run the user's compiler on a model with the open DB, live, then show what the generated
 code really runs, step by step, against what coverage promised. Esc cancels a run, then closes. When a
 BlockFusion kernel cannot launch, f makes the rows fused into it standalone (core/db/standalone.py) and
-compiles again.
+compiles again. r runs the network on the GPU (core/gpu/network_run.py): compiled with the DB (fitting the
+launches, as `kdb nnfusion --run` does by default) and with an empty DB, both built with nvcc, checked against
+ONNX Runtime and timed; without a GPU both are built and not run.
 
 The compile runs in a thread worker that owns everything it touches and posts coalesced progress snapshots
 (the log's tail); the result comes back as the worker's return value.
@@ -27,6 +29,7 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Label, Log, Static
 from textual.worker import Worker, WorkerState, get_current_worker
 
+from core.gpu.network_run import ERROR_FORMULA, NetworkRun
 from core.nnfusion.compile_job import CompileJob, CompileReport
 from core.nnfusion.launch_check import LAUNCH_ADVICE
 from core.nnfusion.usage import DB_KERNEL
@@ -37,6 +40,7 @@ if TYPE_CHECKING:
 PROGRESS_INTERVAL_S = 0.1
 RUNS_STYLE = {DB_KERNEL: "green", "cuDNN": "yellow", "cuBLAS": "yellow"}
 TAIL_LINES = 200
+RUN_FITS_LAUNCHES = True  # r fits the launches first, as `kdb nnfusion --run` does unless --no-fit-launches
 
 
 def compile_screen(context: ConsoleContext, model: Path) -> CompileScreen:
@@ -56,6 +60,13 @@ class Compiled:
 
 
 @dataclass(frozen=True)
+class RunProgress:
+    seconds: float
+    stage: str  # "compile (with-db)", "build (empty-db)", "run (with-db)", ...
+    detail: str
+
+
+@dataclass(frozen=True)
 class CompileProgress:
     seconds: float
     lines: int  # log lines so far
@@ -68,6 +79,7 @@ class CompileScreen(ModalScreen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "cancel_or_close", "Cancel / close"),
         Binding("f", "fit_launches", "Fit launches (standalone rows)"),
+        Binding("r", "run_network", "Run on the GPU vs the empty DB"),
     ]
 
     @dataclass
@@ -77,6 +89,13 @@ class CompileScreen(ModalScreen[None]):
         def can_replace(self, message: Message) -> bool:
             return isinstance(message, CompileScreen.Progressed)
 
+    @dataclass
+    class RunProgressed(Message):
+        progress: RunProgress
+
+        def can_replace(self, message: Message) -> bool:
+            return isinstance(message, CompileScreen.RunProgressed)
+
     def __init__(self, job: CompileJob) -> None:
         super().__init__()
         self.job = job
@@ -84,6 +103,8 @@ class CompileScreen(ModalScreen[None]):
         self.shown_lines = 0
         self.report: CompileReport | None = None
         self.made_standalone: tuple[str, ...] = ()
+        self.network_run: NetworkRun | None = None
+        self.report_summary = ""  # the shown report's summary (markup), which a run's verdict goes above
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog dialog-wide", id="compile-dialog"):
@@ -131,6 +152,30 @@ class CompileScreen(ModalScreen[None]):
         self.post_message(self.Progressed(CompileProgress(time.monotonic() - started, count, tuple(tail))))
         return Compiled(report, tuple(made))
 
+    @work(thread=True, exit_on_error=False, group="nnfusion", exclusive=True)
+    def run_network(self, job: CompileJob, cancel: threading.Event, fit_launches: bool) -> NetworkRun:
+        from core.db.state import StateDB
+        from core.gpu.network_run import RunOptions, run_network
+
+        worker = get_current_worker()
+        started = time.monotonic()
+
+        def on_progress(stage: str, detail: str) -> None:  # coalesced by RunProgressed.can_replace
+            self.post_message(self.RunProgressed(RunProgress(time.monotonic() - started, stage, detail)))
+
+        state = StateDB()
+        try:
+            return run_network(job, RunOptions(fit_launches=fit_launches), state=state, on_progress=on_progress,
+                               should_cancel=lambda: cancel.is_set() or worker.is_cancelled)
+        finally:
+            state.close()
+
+    def on_compile_screen_run_progressed(self, message: RunProgressed) -> None:
+        p = message.progress
+        note = " · cancelling…" if self.cancel.is_set() else " · esc cancels"
+        self.query_one("#compile-status", Static).update(
+            f"running the network: {p.seconds:.1f} s · {escape(p.stage)}: {escape(p.detail.strip()[:100])}{note}")
+
     def on_compile_screen_progressed(self, message: Progressed) -> None:
         p = message.progress
         log = self.query_one("#compile-log", Log)
@@ -147,6 +192,8 @@ class CompileScreen(ModalScreen[None]):
         if event.state is WorkerState.SUCCESS and isinstance(event.worker.result, Compiled):
             self.made_standalone += event.worker.result.made_standalone
             self.show_report(event.worker.result.report)
+        elif event.state is WorkerState.SUCCESS and isinstance(event.worker.result, NetworkRun):
+            self.show_run(event.worker.result)
         elif event.state is WorkerState.ERROR:
             error = escape(str(event.worker.error))
             self.query_one("#compile-status", Static).update(f"[$error]could not run: {error}[/]")
@@ -199,10 +246,52 @@ class CompileScreen(ModalScreen[None]):
         if failures := report.launch_failures():
             text[:0] = [f"[$error]cannot launch: {escape(line)}[/]" for line in failures] + [
                 escape(LAUNCH_ADVICE) + " [b]f[/b] here makes them standalone and compiles again."]
-        summary.update("\n".join(text))
+        self.report_summary = "\n".join(text)
+        summary.update(self.report_summary)
         self.refresh_bindings()
 
+    def show_run(self, run: NetworkRun) -> None:
+        """The run's verdict above the compile's table and summary (of the compile with the DB it ran)."""
+        self.network_run = run
+        self.made_standalone += tuple(k for k in run.with_db.made_standalone if k not in self.made_standalone)
+        report = run.with_db.compile
+        if report is not None and report.ok:
+            self.query_one("#compile-steps", DataTable).clear()
+            self.show_report(report)
+        summary = self.query_one("#compile-summary", Static)
+        lines = []
+        for contender in (run.with_db, run.empty_db):
+            if contender.timing is not None:
+                lines.append(f"{contender.label}: {contender.timing['median_ms']:.4f} ms median, max rel err "
+                             f"{contender.error:.2e}")
+            elif contender.build is not None and contender.build.ok:
+                lines.append(f"{contender.label}: built ({escape(str(contender.build.harness))})")
+            elif contender.problem:
+                lines.append(f"{contender.label}: {escape(contender.problem)}")
+        if run.ratio is not None:
+            lines.append(f"ratio {run.ratio:.3f}x (with the DB / with the empty DB)")
+        if run.reference is not None:
+            lines.append(f"[dim]error: {escape(ERROR_FORMULA)}; reference {escape(run.reference.runtime)}; allowed "
+                         f"{run.options.max_error:g}[/]")
+        lines += [f"[$warning]{escape(note)}[/]" for note in run.notes]
+        lines.append(f"[dim]work folder[/] {escape(str(run.workdir))}")
+        summary.update("\n".join(lines) + ("\n" + self.report_summary if report is not None and report.ok else ""))
+        style = "$success" if run.status == 0 else "$error" if run.status == 1 else "$warning"
+        verdict = "; ".join(run.findings) or "right, and not slower than with the empty DB"
+        where = f" on {run.device}" if run.device else ""
+        self.query_one("#compile-status", Static).update(f"[{style}]network{escape(where)}: {escape(verdict)}[/]")
+        self.refresh_bindings()
+
+    def action_run_network(self) -> None:
+        self.cancel.clear()
+        self.report = None
+        self.query_one("#compile-status", Static).update("running the network: starting…")
+        self.refresh_bindings()
+        self.run_network(self.job, self.cancel, RUN_FITS_LAUNCHES)
+
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "run_network":  # offered whenever nothing runs
+            return not any(w.group == "nnfusion" and w.is_running for w in self.workers)
         if action == "fit_launches":  # offered only when a fused kernel cannot launch and nothing runs
             running = any(w.group == "nnfusion" and w.is_running for w in self.workers)
             return self.report is not None and bool(self.report.launch_failures()) and not running
