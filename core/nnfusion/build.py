@@ -32,7 +32,7 @@ HARNESS_SOURCE = "kdb_harness.cu"
 HARNESS = "kdb_harness"
 LIBRARY = "libnnfusion_naive_rt.so"
 # The harness's exit statuses besides 0 (its stderr says more).
-HARNESS_USAGE, HARNESS_NO_DEVICE, HARNESS_CUDA_ERROR = 2, 3, 4
+HARNESS_BAD_INPUT, HARNESS_NO_DEVICE, HARNESS_CUDA_ERROR = 2, 3, 4
 
 # C types NNFusion writes in kernel_entry's signature (element_type::c_type_string), as numpy dtypes.
 C_TYPES = {"float": "float32", "double": "float64", "half": "float16", "int8_t": "int8", "uint8_t": "uint8",
@@ -127,15 +127,19 @@ def read_signature(project: Path) -> Signature:
 def harness_source(signature: Signature) -> str:
     """The harness for one kernel_entry signature. argv: WARMUP ITERATIONS, then one file per input (read), then
     one per output (written)."""
-    n_in, n_out = len(signature.inputs), len(signature.outputs)
-    sizes = ", ".join(f"{t.elements}ull * sizeof({t.c_type})" for t in (*signature.inputs, *signature.outputs))
+    n_in = len(signature.inputs)
     args = [f"({t.c_type}*)device[{i}]" for i, t in enumerate(signature.inputs)]
     for j, t in enumerate(signature.outputs):
         k = n_in + j
         args.append(f"({t.c_type}**)&device[{k}]" if t.by_pointer else f"({t.c_type}*)device[{k}]")
-    by_pointer = ", ".join("true" if t.by_pointer else "false" for t in signature.outputs)
-    return (_HARNESS.replace("@N_IN@", str(n_in)).replace("@N_OUT@", str(n_out)).replace("@SIZES@", sizes)
-            .replace("@BY_POINTER@", by_pointer).replace("@CALL@", f"kernel_entry({', '.join(args)})"))
+    values = {
+        "N_IN": str(n_in), "N_OUT": str(len(signature.outputs)),
+        "SIZES": ", ".join(f"{t.elements}ull * sizeof({t.c_type})" for t in (*signature.inputs, *signature.outputs)),
+        "BY_POINTER": ", ".join("true" if t.by_pointer else "false" for t in signature.outputs),
+        "CALL": f"kernel_entry({', '.join(args)})", "BAD_INPUT": str(HARNESS_BAD_INPUT),
+        "NO_DEVICE": str(HARNESS_NO_DEVICE), "CUDA_ERROR": str(HARNESS_CUDA_ERROR),
+    }
+    return re.sub(r"@(\w+)@", lambda m: values[m.group(1)], _HARNESS)
 
 
 # kernel_entry's outputs of the default form (T**) point into NNFusion's memory pool: the harness allocates
@@ -149,12 +153,14 @@ _HARNESS = r"""// kdb's harness around NNFusion's kernel_entry (written by core/
 #include <cuda_runtime.h>
 #include "nnfusion_rt.h"
 
+enum { KDB_BAD_INPUT = @BAD_INPUT@, KDB_NO_DEVICE = @NO_DEVICE@, KDB_CUDA_ERROR = @CUDA_ERROR@ };
+
 static const int N_IN = @N_IN@, N_OUT = @N_OUT@;
 static const size_t BYTES[N_IN + N_OUT] = {@SIZES@};
 static const bool BY_POINTER[N_OUT] = {@BY_POINTER@};
 
 #define CHECK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
-    fprintf(stderr, "kdb harness: %s: %s\n", #x, cudaGetErrorString(e_)); return 4; } } while (0)
+    fprintf(stderr, "kdb harness: %s: %s\n", #x, cudaGetErrorString(e_)); return KDB_CUDA_ERROR; } } while (0)
 
 static int entry(void** device) { return @CALL@; }
 
@@ -165,7 +171,7 @@ static int checked_call(void** device, const char* what) {
     if (status != 0 || launched != cudaSuccess || done != cudaSuccess) {
         fprintf(stderr, "kdb harness: %s: kernel_entry returned %d; launch: %s; run: %s\n", what, status,
                 cudaGetErrorString(launched), cudaGetErrorString(done));
-        return 4;
+        return KDB_CUDA_ERROR;
     }
     return 0;
 }
@@ -174,27 +180,33 @@ static int run(int argc, char** argv) {
     if (argc != 3 + N_IN + N_OUT) {
         fprintf(stderr, "usage: %s WARMUP ITERATIONS INPUT... OUTPUT... (%d inputs, %d outputs)\n", argv[0], N_IN,
                 N_OUT);
-        return 2;
+        return KDB_BAD_INPUT;
     }
     int warmup = atoi(argv[1]), iterations = atoi(argv[2]);
-    if (warmup < 0 || iterations < 1) { fprintf(stderr, "kdb harness: bad WARMUP or ITERATIONS\n"); return 2; }
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-        fprintf(stderr, "kdb harness: no CUDA GPU\n");
-        return 3;
+    if (warmup < 0 || iterations < 1) {
+        fprintf(stderr, "kdb harness: bad WARMUP or ITERATIONS\n");
+        return KDB_BAD_INPUT;
     }
-    std::vector<void*> device(N_IN + N_OUT, nullptr);
-    for (int i = 0; i < N_IN; ++i) {
-        std::vector<char> host(BYTES[i] + 1);
+    std::vector<std::vector<char>> host(N_IN);
+    for (int i = 0; i < N_IN; ++i) {  // each file holds exactly its tensor: one byte more is an error too
+        host[i].resize(BYTES[i] + 1);
         FILE* f = fopen(argv[3 + i], "rb");
-        size_t got = f ? fread(host.data(), 1, BYTES[i] + 1, f) : 0;
+        size_t got = f ? fread(host[i].data(), 1, BYTES[i] + 1, f) : 0;
         if (f) fclose(f);
         if (got != BYTES[i]) {
             fprintf(stderr, "kdb harness: %s: expected %zu bytes, read %zu\n", argv[3 + i], BYTES[i], got);
-            return 2;
+            return KDB_BAD_INPUT;
         }
+    }
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+        fprintf(stderr, "kdb harness: no CUDA GPU\n");
+        return KDB_NO_DEVICE;
+    }
+    std::vector<void*> device(N_IN + N_OUT, nullptr);
+    for (int i = 0; i < N_IN; ++i) {
         CHECK(cudaMalloc(&device[i], BYTES[i]));
-        CHECK(cudaMemcpy(device[i], host.data(), BYTES[i], cudaMemcpyHostToDevice));
+        CHECK(cudaMemcpy(device[i], host[i].data(), BYTES[i], cudaMemcpyHostToDevice));
     }
     cuda_init();  // loads the weights from ./Constant/
     for (int j = 0; j < N_OUT; ++j)
@@ -219,7 +231,7 @@ static int run(int argc, char** argv) {
         FILE* f = fopen(argv[3 + N_IN + j], "wb");
         if (!f || fwrite(host.data(), 1, host.size(), f) != host.size()) {
             fprintf(stderr, "kdb harness: cannot write %s\n", argv[3 + N_IN + j]);
-            return 2;
+            return KDB_BAD_INPUT;
         }
         fclose(f);
     }
@@ -236,7 +248,7 @@ int main(int argc, char** argv) {
         return run(argc, argv);
     } catch (const std::exception& e) {  // NNFusion's CUDA_SAFE_CALL throws
         fprintf(stderr, "kdb harness: %s\n", e.what());
-        return 4;
+        return KDB_CUDA_ERROR;
     }
 }
 """
