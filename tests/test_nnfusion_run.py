@@ -1,0 +1,277 @@
+"""`kdb nnfusion MODEL --run`: the generated project built with nvcc against the cuDNN/cuBLAS wheels, kdb's harness
+around kernel_entry, ONNX Runtime's reference, and the DB's network timed against the empty DB's.
+
+On this CPU machine (no GPU, no driver) everything up to the launch happens for real (the real compiler, nvcc
+compile and link, ONNX Runtime) and the run stops with "no CUDA GPU", status 2, no time. The `gpu` test runs the
+whole thing on a device machine. Each test skips, with the reason, where a tool it needs is absent: the compiler
+(../shared/nnfusion), nvcc, the `run` extra's wheels (cuDNN, cuBLAS, onnxruntime).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from shared_data import shared_path
+
+pytest.importorskip("onnx")
+
+from conftest import run_kdb, run_kdb_json
+from onnx import TensorProto, helper
+from onnx_models import OPSET, GraphBuilder, write
+
+from core.cuda.nvcc import find_nvcc
+from core.db.kernel_db import KernelDB
+from core.errors import InputError, ToolError
+from core.nnfusion.build import (
+    HARNESS_BAD_INPUT,
+    HARNESS_NO_DEVICE,
+    LIBRARY,
+    find_cuda_libraries,
+    harness_source,
+    read_signature,
+    run_environment,
+    run_step,
+)
+from core.nnfusion.compile_job import CompileJob
+from core.nnfusion.compiler import compile_model
+from core.nnfusion.reference import largest_error, relative_error, tensor_file
+
+COMPILER = Path(os.environ.get("KDB_TEST_NNFUSION", shared_path("nnfusion/bin/nnfusion")))
+needs_compiler = pytest.mark.skipif(not COMPILER.is_file(), reason=f"needs the NNFusion compiler at {COMPILER} "
+                                    "(../shared/nnfusion, or KDB_TEST_NNFUSION): absent on a fresh clone")
+
+
+def nvcc_or_skip() -> str:
+    try:
+        return find_nvcc("")
+    except ToolError as exc:
+        pytest.skip(f"needs nvcc: {exc}")
+
+
+def libraries_or_skip(nvcc: str):  # type: ignore[no-untyped-def]
+    try:
+        return find_cuda_libraries(nvcc)
+    except ToolError as exc:
+        pytest.skip(f"needs the cuDNN and cuBLAS wheels (pip install '.[run]'): {exc}")
+
+
+def onnxruntime_or_skip() -> None:
+    pytest.importorskip("onnxruntime", reason="needs onnxruntime (pip install '.[run]')")
+
+
+def no_gpu_or_skip() -> None:
+    from core.gpu.inventory import detect_devices
+
+    if detect_devices()[0]:
+        pytest.skip("a CUDA GPU is here: test_the_network_runs_right_and_timed_on_the_gpu covers this machine")
+
+
+def two_in_two_out(path: Path) -> Path:
+    """Conv+bias+Relu of x, plus y, then a max pool: two inputs, two outputs (the sum and the pool)."""
+    g = GraphBuilder({"x": [2, 8, 16, 16], "y": [2, 16, 16, 16]})
+    total = g.node("Add", [g.node("Relu", [g.conv("x", 8, 16, 3, bias=True, name="c1")], "r1"), "y"], "add")
+    pooled = g.node("MaxPool", [total], "mp", kernel_shape=[2, 2], strides=[2, 2])
+    graph = helper.make_graph(g.nodes, "two_in_two_out", g.inputs,
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in (pooled, total)],
+                              initializer=g.initializers)
+    return write(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]), path)
+
+
+def empty_db(path: Path) -> Path:
+    KernelDB.open(path, create=True).close()
+    return path
+
+
+def generated_project(tmp_path: Path, flags: tuple[str, ...] = ()) -> Path:
+    model = two_in_two_out(tmp_path / "two.onnx")
+    result = compile_model(model, empty_db(tmp_path / "empty.db"), tmp_path / "nnfusion", binary=COMPILER,
+                           flags=flags)
+    assert result.ok and result.project is not None, result.tail
+    return result.project
+
+
+# -- the error measure ---------------------------------------------------------------------------
+
+def test_the_error_is_the_largest_difference_over_the_largest_reference_value():
+    ref = np.array([1.0, -4.0, 2.0], dtype=np.float32)
+    assert relative_error(ref, ref) == 0.0
+    assert relative_error(np.array([1.0, -4.0, 2.2]), ref) == pytest.approx(0.2 / 4.0)
+    assert relative_error(np.array([1.0, np.nan, 2.0]), ref) == math.inf  # NaN is wrong, never "within bounds"
+    assert relative_error(np.zeros(3), np.zeros(3)) == 0.0
+    assert relative_error(np.array([0.0, 1e-3]), np.zeros(2)) > 1e20  # anything against an all-zero reference
+    worst, each = largest_error([ref, np.array([0.0, 1.0])], [ref, np.array([0.0, 2.0])])
+    assert each == [0.0, 0.5] and worst == 0.5
+    with pytest.raises(InputError):
+        relative_error(np.zeros(2), np.zeros(3))
+
+
+# -- kernel_entry's signature and the harness ----------------------------------------------------------
+
+def test_a_project_without_a_readable_signature_is_named_with_the_reason(tmp_path: Path):
+    (tmp_path / "nnfusion_rt.h").write_text('extern "C" int kernel_entry(float* Parameter_0_0, float** Result_1_0);')
+    with pytest.raises(InputError, match=r"para_info\.json"):
+        read_signature(tmp_path)
+    (tmp_path / "para_info.json").write_text(json.dumps({
+        "input": {"x": {"id": "((float32*)(inputs[0]))", "name": "Parameter_0_0", "shape": [2]}},
+        "output": {"y": {"id": "((float32*)(outputs[0]))", "name": "Result_9_0", "shape": [2]}}}))
+    with pytest.raises(InputError, match=r"nnfusion_rt\.h: kernel_entry argument Result_1_0 is not in para_info"):
+        read_signature(tmp_path)
+    (tmp_path / "nnfusion_rt.h").write_text('extern "C" int kernel_entry(bool* Parameter_0_0, float** Result_9_0);')
+    with pytest.raises(InputError, match="'bool\\* Parameter_0_0': not a pointer to one of"):
+        read_signature(tmp_path)
+
+
+@needs_compiler
+@pytest.mark.parametrize("extern_results", [False, True])
+def test_the_harness_calls_kernel_entry_with_every_input_and_output_and_compiles(tmp_path: Path,
+                                                                                 extern_results: bool):
+    """NNFusion's kernel_entry(in..., out...) for two inputs and two outputs: outputs are T** into its memory pool
+    by default, T* buffers of the caller's with -fextern_result_memory. The harness passes each in its place and
+    nvcc compiles it against the generated nnfusion_rt.h."""
+    nvcc = nvcc_or_skip()
+    flags = ("-fextern_result_memory=true",) if extern_results else ()
+    project = generated_project(tmp_path, flags)
+    signature = read_signature(project)
+    assert [(t.onnx_name, t.shape, t.dtype) for t in signature.inputs] == [
+        ("x", (2, 8, 16, 16), "float32"), ("y", (2, 16, 16, 16), "float32")]
+    # kernel_entry's output order is the model's (mp first), which para_info.json (keys sorted) does not keep
+    assert [(t.onnx_name, t.shape) for t in signature.outputs] == [("mp_out", (2, 16, 8, 8)),
+                                                                   ("add_out", (2, 16, 16, 16))]
+    assert all(t.by_pointer != extern_results for t in signature.outputs)
+    source = harness_source(signature)
+    out = "(float**)&device[{}]" if not extern_results else "(float*)device[{}]"
+    assert f"kernel_entry((float*)device[0], (float*)device[1], {out.format(2)}, {out.format(3)})" in source
+    # x, y, then the outputs (the pool, then the sum)
+    assert "{4096ull * sizeof(float), 8192ull * sizeof(float), 2048ull * sizeof(float), 8192ull * sizeof(float)}" in source
+    (project / "kdb_harness.cu").write_text(source)
+    step = run_step("nvcc kdb_harness.cu", [nvcc, "-c", "-std=c++17", "-gencode=arch=compute_90,code=sm_90",
+                                            "kdb_harness.cu", "-o", "kdb_harness.o"], cwd=project, timeout_s=300)
+    assert step.ok, step.output[-3000:]
+
+
+# -- the whole run on this CPU machine ------------------------------------------------------------------
+
+@needs_compiler
+def test_on_a_machine_without_a_gpu_both_networks_are_built_and_none_is_run(tmp_path: Path):
+    """`kdb nnfusion --run --json`: both compiles, both nvcc builds (compile and link against the wheels'
+    libraries), the seeded input and ONNX Runtime's reference; then "no CUDA GPU", status 2, no time anywhere."""
+    nvcc = nvcc_or_skip()
+    libraries = libraries_or_skip(nvcc)
+    onnxruntime_or_skip()
+    no_gpu_or_skip()
+    model = two_in_two_out(tmp_path / "two.onnx")
+    db = empty_db(tmp_path / "user.db")
+    proc, report = run_kdb_json("nnfusion", str(model), "--db", str(db), "--nnfusion", str(COMPILER), "--run",
+                                "--out", str(tmp_path / "run"), env={"KDB_STATE_DIR": str(tmp_path / "state")})
+    assert proc.returncode == 2, proc.stderr
+    assert report["status"] == 2 and report["findings"][0].startswith("no CUDA GPU: the network was built but not "
+                                                                      "run (")
+    assert report["fit_launches"] is True  # --run fits the launches unless --no-fit-launches
+    assert report["median_ms"] == {"with-db": None, "empty-db": None} and report["ratio"] is None
+    assert report["reference"]["runtime"].startswith("onnxruntime") and report["seed"] == 0
+    assert "Python package nvidia.cudnn" in report["libraries"]["libcudnn"]
+    harnesses = []
+    for contender in report["contenders"]:
+        assert contender["run"] is None and contender["timing"] is None and contender["max_rel_error"] is None
+        build = contender["build"]
+        assert build["ok"] and [s["what"] for s in build["steps"]] == ["nvcc nnfusion_rt.cu", "nvcc kdb_harness.cu"]
+        project = Path(build["project"])
+        assert (project / LIBRARY).is_file() and Path(build["harness"]).is_file()
+        assert project.parent.parent.name == contender["label"]  # --out DIR holds with-db/ and empty-db/
+        harnesses.append(Path(build["harness"]))
+    inputs = sorted((tmp_path / "run" / "inputs").glob("*.bin"))
+    assert [p.name for p in inputs] == ["0_x.bin", "1_y.bin"]
+    x = np.fromfile(inputs[0], dtype=np.float32)
+    assert x.size == 2 * 8 * 16 * 16 and np.all(np.isfinite(x)) and x.std() > 0.5  # seeded standard normal
+
+    # The harness itself: an input of the wrong size is refused before the GPU is asked for; the right ones
+    # reach the GPU question, which this machine answers with "no CUDA GPU".
+    env = run_environment(libraries)
+    harness = harnesses[0]
+    outs = [str(tmp_path / f"out{i}.bin") for i in range(2)]
+    short = tmp_path / "short.bin"
+    short.write_bytes(inputs[1].read_bytes()[:-4])
+    bad = run_step("harness", [str(harness), "1", "1", str(inputs[0]), str(short), *outs], cwd=harness.parent,
+                   timeout_s=60, env=env)
+    assert bad.returncode == HARNESS_BAD_INPUT and f"{short}: expected 32768 bytes, read 32764" in bad.output
+    step = run_step("harness", [str(harness), "1", "1", *map(str, inputs), *outs], cwd=harness.parent,
+                    timeout_s=60, env=env)
+    assert step.returncode == HARNESS_NO_DEVICE and "no CUDA GPU" in step.output
+
+
+@needs_compiler
+def test_run_with_no_launch_check_says_how_to_turn_the_fit_off(tmp_path: Path):
+    model = two_in_two_out(tmp_path / "two.onnx")
+    proc = run_kdb("nnfusion", str(model), "--db", str(empty_db(tmp_path / "k.db")), "--nnfusion", str(COMPILER),
+                   "--run", "--no-launch-check", env={"KDB_STATE_DIR": str(tmp_path / "state")})
+    assert proc.returncode == 2 and "--no-fit-launches turns it off" in proc.stderr
+
+
+@needs_compiler
+async def test_r_in_the_compile_dialog_builds_the_networks_and_says_there_is_no_gpu(tmp_path: Path,
+                                                                                    monkeypatch: pytest.MonkeyPatch):
+    libraries_or_skip(nvcc_or_skip())
+    onnxruntime_or_skip()
+    no_gpu_or_skip()
+    from console_helpers import FixedDeviceApp
+    from test_console_opconfigs import wait_for
+    from textual.widgets import Static
+
+    from console.context import ConsoleContext
+    from console.screens.nnfusion import compile_screen
+    from core.settings import Settings
+
+    monkeypatch.setenv("KDB_STATE_DIR", str(tmp_path / "state"))
+    model = two_in_two_out(tmp_path / "two.onnx")
+    context = ConsoleContext(db_path=empty_db(tmp_path / "user.db"),
+                             settings=Settings(workers=1, nnfusion_path=str(COMPILER)),
+                             device_summary="no CUDA device (test)")
+    app = FixedDeviceApp(context)
+    async with app.run_test(size=(160, 45)) as pilot:
+        dialog = compile_screen(context, model)
+        app.push_screen(dialog)
+        await wait_for(pilot, lambda: dialog.report is not None, timeout=120)
+        await pilot.press("r")
+        await wait_for(pilot, lambda: dialog.network_run is not None, timeout=300)
+        run = dialog.network_run
+        assert run.status == 2 and run.options.fit_launches and run.with_db.build and run.with_db.build.ok
+        status = str(dialog.query_one("#compile-status", Static).render())
+        assert "no CUDA GPU: the network was built but not run" in status, status
+        summary = str(dialog.query_one("#compile-summary", Static).render())
+        assert "with-db: built" in summary and "empty-db: built" in summary, summary
+
+
+# -- the whole run on a GPU ---------------------------------------------------------------------
+
+@pytest.mark.gpu
+@needs_compiler
+def test_the_network_runs_right_and_timed_on_the_gpu(tmp_path: Path):
+    """On a device machine: the network with a DB of kdb's kernels (TVM's default schedule) and with the empty DB,
+    each run and timed by the harness; the DB's output within 1e-4 of ONNX Runtime's; both medians measured."""
+    pytest.importorskip("tvm")
+    libraries_or_skip(nvcc_or_skip())
+    onnxruntime_or_skip()
+    from test_nnfusion_compiler import build_db, conv_bias_relu
+
+    from core.gpu.network_run import RunOptions, run_network
+
+    g = conv_bias_relu(1)
+    model = write(g.model(g.output, "conv_bias_relu"), tmp_path / "conv_bias_relu.onnx")
+    db = build_db(model, tmp_path / "k.db", tmp_path)
+    job = CompileJob(model, db, binary=str(COMPILER), out=tmp_path / "run")
+    run = run_network(job, RunOptions(warmup=10, iterations=100))
+    assert run.device, run.no_device
+    db_run, empty = run.with_db, run.empty_db
+    assert not db_run.problem and not empty.problem, run.findings
+    assert db_run.error is not None and db_run.error <= 1e-4, run.findings
+    assert empty.error is not None and math.isfinite(empty.error)
+    assert db_run.timing and empty.timing and db_run.timing["median_ms"] > 0 and empty.timing["median_ms"] > 0
+    assert db_run.timing["iterations"] == 100 and run.ratio == db_run.timing["median_ms"] / empty.timing["median_ms"]
+    assert run.status == (1 if run.ratio > 1 else 0), run.findings
+    outputs = db_run.build.project / "outputs"
+    assert tensor_file(outputs, 0, db_run.build.signature.outputs[0]).stat().st_size == 4 * 16 * 8 * 8
