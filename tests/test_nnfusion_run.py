@@ -205,11 +205,33 @@ def test_on_a_machine_without_a_gpu_both_networks_are_built_and_none_is_run(tmp_
 
 
 @needs_compiler
-def test_run_with_no_launch_check_says_how_to_turn_the_fit_off(tmp_path: Path):
+def test_a_run_cancelled_during_the_builds_stops_them_and_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    libraries_or_skip(nvcc_or_skip())
+    onnxruntime_or_skip()
+    from core.gpu.network_run import RunOptions, run_network
+
+    monkeypatch.setenv("KDB_STATE_DIR", str(tmp_path / "state"))
     model = two_in_two_out(tmp_path / "two.onnx")
-    proc = run_kdb("nnfusion", str(model), "--db", str(empty_db(tmp_path / "k.db")), "--nnfusion", str(COMPILER),
-                   "--run", "--no-launch-check", env={"KDB_STATE_DIR": str(tmp_path / "state")})
+    job = CompileJob(model, empty_db(tmp_path / "user.db"), binary=str(COMPILER), out=tmp_path / "run")
+    stages: list[str] = []
+    run = run_network(job, RunOptions(), on_progress=lambda stage, _detail: stages.append(stage),
+                      should_cancel=lambda: "reference" in stages)  # cancel once the builds have started
+    assert run.status == 2 and run.findings == ["cancelled"] and run.with_db.problem == "cancelled"
+    assert run.with_db.build is not None and run.with_db.build.steps[-1].cancelled
+    assert not (run.with_db.build.project / LIBRARY).exists() and run.with_db.run is None
+
+
+@needs_compiler
+def test_the_run_options_are_refused_where_they_cannot_be_honoured(tmp_path: Path):
+    model = two_in_two_out(tmp_path / "two.onnx")
+    common = ("nnfusion", str(model), "--db", str(empty_db(tmp_path / "k.db")), "--nnfusion", str(COMPILER))
+    env = {"KDB_STATE_DIR": str(tmp_path / "state")}
+    proc = run_kdb(*common, "--run", "--no-launch-check", env=env)  # the fit, on with --run, needs the check
     assert proc.returncode == 2 and "--no-fit-launches turns it off" in proc.stderr
+    proc = run_kdb(*common, "--seed", "3", "--iterations", "10", env=env)  # never silently ignored
+    assert proc.returncode == 2 and "--seed, --iterations: only with --run" in proc.stderr
+    proc = run_kdb(*common, "--run", "--warmup", "-1", env=env)
+    assert proc.returncode == 2 and "warm-up -1" in proc.stderr
 
 
 @needs_compiler

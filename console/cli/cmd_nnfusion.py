@@ -31,10 +31,12 @@ def main(args: argparse.Namespace) -> int:
     if fit and args.no_launch_check:
         raise InputError("--fit-launches needs the launch check: leave out --no-launch-check"
                          + (" (--run turns it on: --no-fit-launches turns it off)" if args.run else ""))
-    if args.run:
-        from console.cli.nnfusion_run import run_network_command
+    from console.cli.nnfusion_run import run_network_command, run_options_given
 
+    if args.run:
         return run_network_command(args, job, fit_launches=fit)
+    if given := run_options_given(args):
+        raise InputError(f"{', '.join(given)}: only with --run")
     made: list[str] = []
 
     def compile_once(on_line: Callable[[str], None] | None = None) -> CompileReport:

@@ -11,10 +11,17 @@ from core.db.state import StateDB
 from core.gpu.network_run import ERROR_FORMULA, Contender, NetworkRun, RunOptions, run_network
 from core.nnfusion.compile_job import CompileJob
 
+# The run's options on the command line, and RunOptions' fields they set (the parser leaves them None: unset).
+RUN_OPTIONS = {"--max-error": "max_error", "--seed": "seed", "--warmup": "warmup", "--iterations": "iterations"}
+
+
+def run_options_given(args: argparse.Namespace) -> list[str]:
+    return [flag for flag, name in RUN_OPTIONS.items() if getattr(args, name) is not None]
+
 
 def run_network_command(args: argparse.Namespace, job: CompileJob, *, fit_launches: bool) -> int:
-    options = RunOptions(max_error=args.max_error, fit_launches=fit_launches, seed=args.seed, warmup=args.warmup,
-                         iterations=args.iterations)
+    given = {name: getattr(args, name) for name in RUN_OPTIONS.values() if getattr(args, name) is not None}
+    options = RunOptions(fit_launches=fit_launches, **given)
     state = StateDB()
     try:
         if args.json or not err.is_terminal:

@@ -210,12 +210,12 @@ def build_parser() -> argparse.ArgumentParser:
                      "(CPU), and time it against the same model compiled with an empty DB. Exit 1 when its output "
                      "is wrong or it is slower; 2 without a GPU (the networks are built, not run). --out DIR gets "
                      "with-db/ and empty-db/")
-    run.add_argument("--max-error", type=float, default=1e-4, metavar="E", help="the largest relative error "
+    run.add_argument("--max-error", type=float, metavar="E", help="the largest relative error "
                      "allowed: max|out - ref| / max|ref| per output (default 1e-4)")
-    run.add_argument("--seed", type=int, default=0, metavar="N", help="the input's random seed (default 0)")
-    run.add_argument("--warmup", type=int, default=100, metavar="N", help="kernel_entry calls before timing "
+    run.add_argument("--seed", type=int, metavar="N", help="the input's random seed (default 0)")
+    run.add_argument("--warmup", type=int, metavar="N", help="kernel_entry calls before timing "
                      "(default 100)")
-    run.add_argument("--iterations", type=_positive, default=1000, metavar="N", help="timed kernel_entry calls, "
+    run.add_argument("--iterations", type=_positive, metavar="N", help="timed kernel_entry calls, "
                      "each between its own CUDA events; the median counts (default 1000)")
     p.add_argument("--json", action="store_true")
 

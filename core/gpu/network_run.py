@@ -14,6 +14,8 @@ networks are built but not run; a tool missing; the empty DB's network failing; 
 from __future__ import annotations
 
 import importlib.util
+import shutil
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -172,8 +174,8 @@ def _measure(run: NetworkRun, nvcc: str, libraries: CudaLibraries, state: StateD
              cancelled: Callable[[], bool]) -> None:
     job, options = run.job, run.options
     db_job = replace(job, out=run.workdir / WITH_DB, arch=run.arch)
+    shutil.rmtree(run.workdir / EMPTY_DB, ignore_errors=True)  # kdb's own folder: a fresh empty DB each run
     empty_path = run.workdir / EMPTY_DB / "empty.db"
-    empty_path.unlink(missing_ok=True)
     KernelDB.open(empty_path, create=True).close()
     empty_job = replace(job, db=empty_path, out=run.workdir / EMPTY_DB, arch=run.arch)
 
@@ -201,15 +203,24 @@ def _measure(run: NetworkRun, nvcc: str, libraries: CudaLibraries, state: StateD
     inputs_dir = run.workdir / "inputs"
     say("reference", f"seed {options.seed}: inputs, ONNX Runtime on the CPU; nvcc builds both networks")
     arrays = make_inputs(signatures[0], inputs_dir, options.seed)
+    interrupted = threading.Event()
+
+    def stop() -> bool:
+        return interrupted.is_set() or cancelled()
+
     with ThreadPoolExecutor(max_workers=3) as pool:
-        reference = pool.submit(onnx_runtime_reference, job.model, signatures[0], arrays)
-        builds = {c.label: pool.submit(build_network, p, arch=run.arch, nvcc=nvcc, libraries=libraries,
-                                       timeout_s=options.build_timeout_s, should_cancel=cancelled)
-                  for c, p in zip((run.with_db, run.empty_db), projects, strict=True)}
-        for contender in (run.with_db, run.empty_db):
-            contender.build = built = builds[contender.label].result()
-            say(f"build ({contender.label})", "done" if built.ok else built.error)
-        run.reference = reference.result()
+        try:
+            reference = pool.submit(onnx_runtime_reference, job.model, signatures[0], arrays)
+            builds = {c.label: pool.submit(build_network, p, arch=run.arch, nvcc=nvcc, libraries=libraries,
+                                           timeout_s=options.build_timeout_s, should_cancel=stop)
+                      for c, p in zip((run.with_db, run.empty_db), projects, strict=True)}
+            for contender in (run.with_db, run.empty_db):
+                contender.build = built = builds[contender.label].result()
+                say(f"build ({contender.label})", "done" if built.ok else built.error)
+            run.reference = reference.result()
+        except BaseException:  # Ctrl-C or an error: the other builds' nvcc are stopped, not waited for
+            interrupted.set()
+            raise
     for contender in (run.with_db, run.empty_db):
         if contender.build is not None and not contender.build.ok:
             contender.problem = f"nvcc failed: {contender.build.error}"

@@ -374,17 +374,21 @@ def run_step(what: str, command: list[str], *, cwd: Path, timeout_s: float, env:
                                 stdin=subprocess.DEVNULL, text=True, errors="replace", start_new_session=True)
     except OSError as exc:
         raise ToolError(f"{what}: cannot run {command[0]}: {exc.strerror or exc}") from exc
-    while True:  # poll: a cancel or the time limit stops it while it is silent too
-        try:
-            out, _ = proc.communicate(timeout=0.2)
-            break
-        except subprocess.TimeoutExpired:
-            step.cancelled = bool(should_cancel and should_cancel())
-            step.timed_out = not step.cancelled and time.monotonic() - start > timeout_s
-            if step.cancelled or step.timed_out:
-                kill_group(proc, timeout_s=5)
-                out = ""
+    try:
+        while True:  # poll: a cancel or the time limit stops it while it is silent too
+            try:
+                out, _ = proc.communicate(timeout=0.2)
                 break
+            except subprocess.TimeoutExpired:
+                step.cancelled = bool(should_cancel and should_cancel())
+                step.timed_out = not step.cancelled and time.monotonic() - start > timeout_s
+                if step.cancelled or step.timed_out:
+                    kill_group(proc, timeout_s=5)
+                    out = ""
+                    break
+    except BaseException:  # Ctrl-C: the child is in its own session and would outlive us
+        kill_group(proc, timeout_s=5)
+        raise
     step.seconds = time.monotonic() - start
     step.output = (out or "")[-20_000:]
     step.returncode = None if (step.cancelled or step.timed_out) else proc.returncode
