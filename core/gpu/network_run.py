@@ -162,6 +162,9 @@ def run_network(job: CompileJob, options: RunOptions = RunOptions(), *, state: S
     run.device = devices[0].name if devices else ""
     if devices and run.arch != job.arch:
         run.notes.append(f"built for the GPU's {run.arch}, not {job.arch}")
+    if devices and job.product_name != run.device:  # NNFusion reads the rows' profiles for the product name
+        run.notes.append(f"compiled for the product name {job.product_name or '(none)'!r}, the GPU is "
+                         f"{run.device!r}: rows chosen by their profile were chosen for the other")
     run.workdir.mkdir(parents=True, exist_ok=True)
     try:
         _measure(run, nvcc, libraries, state, say, cancelled)
