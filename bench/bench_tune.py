@@ -99,7 +99,8 @@ def op_table(db_path: Path, network: Any) -> list[dict]:
                    default=None)
         efficient = profiles.get(name.replace("_kernel0", "_efficient_kernel0"))
         library = op.library_seconds * 1e6 if op.library_seconds else None
-        rows.append({"op": op.config.describe(), "op_type": op.config.op_type, "count": op.count, "best_us": best,
+        rows.append({"op": op.config.describe(), "op_type": op.config.op_type, "count": op.count, "kernel": stem,
+                     "best_us": best,
                      "efficient_us": efficient, "library_us": library,
                      "ratio": best / library if best and library else None})
     print_op_rows(rows)
