@@ -46,7 +46,8 @@ def main() -> None:
     from core.nnfusion.launch_check import check_launches
 
     nvcc = find_nvcc("")
-    print(f"{'project':60s} {'launches':>8s} {'compiled':>8s} {'failing':>7s} {'wall s':>7s} {'nvcc s':>7s}")
+    print(f"{'project':60s} {'launches':>8s} {'kernels':>8s} {'compiled':>8s} {'failing':>7s} {'wall s':>7s} "
+          f"{'nvcc s':>7s}")
     for spec in args.projects:
         source = read(spec)
         generated = parse_generated(source)
@@ -60,9 +61,9 @@ def main() -> None:
         if report.error:
             print(f"{spec}: {report.error}")
             continue
-        compiled = getattr(report, "compiled", len(report.launches))  # before launch bounds counted: all
         label = spec.partition(":")[0].removeprefix("bench/results/h200/")
-        print(f"{label[-60:]:60s} {len(report.launches):8d} {compiled:8d} {len(report.failing()):7d} "
+        print(f"{label[-60:]:60s} {report.launch_count:8d} {len(report.kernels):8d} {report.compiled:8d} "
+              f"{len(report.failing()):7d} "
               f"{statistics.median(walls):7.2f} {statistics.median(nvccs):7.2f}")
 
 

@@ -551,7 +551,7 @@ def part_nnfusion(out: Path, db: Path, model: Path, nnfusion: Path, label: str, 
     # the CPU-side launch check, beside what the GPU computed (a launch that cannot start leaves wrong numbers)
     launches = check_launches(source, parse_generated(source), "sm_90", nvcc=find_nvcc(""), workdir=work / "check")
     result["launch_check"] = launches.as_dict()
-    for line in launches.reasons() or [launches.error or f"launch check: all {len(launches.launches)} launches fit"]:
+    for line in launches.reasons() or [launches.error or f"launch check: {launches.summary()}"]:
         print(f"  {line}", flush=True)
     (out / f"nnfusion-{label}.json").write_text(json.dumps(result, indent=1))
     print(f"NNFusion [{label}] {' '.join(flags)}: {timing['median_ms']:.4f} ms median "

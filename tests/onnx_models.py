@@ -37,6 +37,12 @@ class GraphBuilder:
         self.initializers.append(numpy_helper.from_array(data, name))
         return name
 
+    def constant(self, prefix: str, values: list[Any], dtype: Any = np.int64) -> str:
+        """An initializer of these values (axes, pads, split sizes: what newer opsets take as inputs)."""
+        name = self.unique(prefix)
+        self.initializers.append(numpy_helper.from_array(np.array(values, dtype=dtype), name))
+        return name
+
     def node(self, op_type: str, inputs: list[str], name: str | None = None, **attrs: Any) -> str:
         name = self.unique(name or op_type.lower())
         self.nodes.append(helper.make_node(op_type, inputs, [f"{name}_out"], name=name, **attrs))
@@ -51,12 +57,12 @@ class GraphBuilder:
         return self.node("Conv", inputs, name, kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4,
                          group=group)
 
-    def model(self, output: str, name: str = "model") -> ModelProto:
+    def model(self, output: str, name: str = "model", opset: int = OPSET) -> ModelProto:
         # The output's shape is left to shape inference, as for most exported models.
         graph = helper.make_graph(self.nodes, name, self.inputs,
                                   [helper.make_tensor_value_info(output, TensorProto.FLOAT, None)],
                                   initializer=self.initializers)
-        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
 def basic_block(g: GraphBuilder, x: str, cin: int, cout: int, stride: int = 1, prefix: str = "") -> str:
@@ -139,3 +145,38 @@ def small_cnn() -> ModelProto:
     y = g.node("Relu", [g.conv(y, 8, 8, 3, name="b")], "relu_b")
     y = g.node("Sigmoid", [g.node("MaxPool", [y], "pool", kernel_shape=[2, 2], strides=[2, 2])], "sigmoid")
     return g.model(y, "small")
+
+
+def attention_block(tokens: int = 64, width: int = 64) -> ModelProto:
+    """A BERT encoder's attention and its layer norm, small: Q, K, V projections (MatMul by [width, width] weights:
+    Dots), scores Q x K^T (a batched MatMul), Softmax, context, + residual, LayerNormalization. NNFusion writes
+    its softmax and layer-norm helpers at file scope (`const int GPU_WARP_SIZE = 32;` and templates using it)."""
+    g = GraphBuilder({"x": [1, tokens, width]})
+    q, k, v = (g.node("MatMul", ["x", g.weight(f"w{n}", [width, width])], n) for n in ("q", "k", "v"))
+    scores = g.node("MatMul", [q, g.node("Transpose", [k], "kt", perm=[0, 2, 1])], "scores")
+    context = g.node("MatMul", [g.node("Softmax", [scores], "softmax", axis=-1), v], "context")
+    y = g.node("Add", [context, "x"], "residual")
+    y = g.node("LayerNormalization", [y, g.weight("ln_g", [width]), g.weight("ln_b", [width])], "ln", axis=-1,
+               epsilon=1e-5)
+    return g.model(y, "attention_block")
+
+
+def unrolled_lstm(steps: int = 4, hidden: int = 32) -> ModelProto:
+    """An LSTM unrolled over `steps` inputs, one MatMul per gate for the input and for the state, weights shared
+    across steps: 8 x steps MatMuls of one shape ([1, hidden] x [hidden, hidden]), which NNFusion runs as one
+    kernel launched 8 x steps times."""
+    g = GraphBuilder({**{f"x{t}": [1, hidden] for t in range(steps)}, "h0": [1, hidden], "c0": [1, hidden]})
+    gates = ("i", "f", "g", "o")
+    w = {gate: g.weight(f"w_{gate}", [hidden, hidden]) for gate in gates}
+    u = {gate: g.weight(f"u_{gate}", [hidden, hidden]) for gate in gates}
+    h, c = "h0", "c0"
+    for t in range(steps):
+        act = {}
+        for gate in gates:
+            pre = g.node("Add", [g.node("MatMul", [f"x{t}", w[gate]], f"xw_{gate}{t}"),
+                                 g.node("MatMul", [h, u[gate]], f"hu_{gate}{t}")], f"pre_{gate}{t}")
+            act[gate] = g.node("Tanh" if gate == "g" else "Sigmoid", [pre], f"{gate}{t}")
+        c = g.node("Add", [g.node("Mul", [act["f"], c], f"fc{t}"), g.node("Mul", [act["i"], act["g"]], f"ig{t}")],
+                   f"c{t}")
+        h = g.node("Mul", [act["o"], g.node("Tanh", [c], f"tc{t}")], f"h{t}")
+    return g.model(h, "unrolled_lstm")

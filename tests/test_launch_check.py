@@ -104,7 +104,7 @@ def test_a_fusion_launched_with_more_threads_than_its_registers_allow_is_found(t
     source = program(1024)
     report = check_launches(source, parse_generated(source), "sm_90", nvcc=nvcc, workdir=tmp_path)
     assert not report.error, report.error
-    (launch,) = report.launches
+    (launch,) = report.kernels
     assert launch.kernel == "BlockFusionKernel_float_float_cuda_Hungry_Small_0"
     assert (launch.blocks, launch.threads) == (20, 1024)
     assert launch.members == ("Hungry_block_kernel", "Small_block_kernel")
@@ -119,7 +119,7 @@ def test_the_same_fusion_at_a_block_its_registers_hold_passes(tmp_path: Path):
     nvcc = nvcc_or_skip()
     source = program(64)
     report = check_launches(source, parse_generated(source), "sm_90", nvcc=nvcc, workdir=tmp_path)
-    assert not report.error and len(report.launches) == 1 and report.failing() == []
+    assert not report.error and len(report.kernels) == 1 and report.failing() == []
 
 
 def test_device_code_that_does_not_compile_is_reported_not_raised(tmp_path: Path):
@@ -136,9 +136,81 @@ def test_device_source_keeps_device_code_and_leaves_host_code_out():
     for kept in ("Hungry_block_kernel(", "Small_block_kernel(", "float twice(float x)",
                  "BlockFusionKernel_float_float_cuda_Hungry_Small_0("):
         assert kept in unit, kept
-    for left_out in ("cudnn", "cublas", "nnfusion_rt.h", "kernel_entry", "_Call(", "CUDA_SAFE_CALL", "printf"):
+    for left_out in ("cudnn", "cublas", "nnfusion_rt.h", "kernel_entry", "_Call(", "printf"):
         assert left_out not in unit, left_out
     assert "#pragma unroll" in unit, "preprocessor lines inside bodies stay"
+    assert "#define CUDA_SAFE_CALL" in unit, "file-scope macros stay (device code may use them); host code's calls go"
+
+
+FILE_SCOPE_HELPERS = """#include <cuda.h>
+#include <cudnn.h>
+#include "nnfusion_rt.h"
+// Check compute capability
+const int GPU_WARP_SIZE = 32;
+static const float kScale = 0.5f;
+typedef float acc_float;
+#define SQUARE(x) ((x) * (x))
+__device__ int launched_blocks;
+__constant__ float bias_table[4] = {1.0f, 2.0f, 3.0f, 4.0f};
+cudnnHandle_t cudnn_handle_0;
+template <typename T>
+__device__ __forceinline__ T WARP_SHFL_XOR(T value, int laneMask, int width = GPU_WARP_SIZE, unsigned int mask = 0xffffffff)
+{
+#if CUDA_VERSION >= 9000
+    return __shfl_xor_sync(mask, value, laneMask, width);
+#else
+    return __shfl_xor(value, laneMask, width);
+#endif
+}
+template <typename T>
+struct Add {
+  __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
+};
+inline int log2_ceil(int value) { int n = 0; while ((1 << n) < value) ++n; return n; }
+__device__ __noinline__ void Reduce_block_kernel(float* input0, float* output0, int thread_id, int block_id, char *shared_buffer)
+{
+    acc_float sum = SQUARE(input0[block_id * GPU_WARP_SIZE + thread_id]) * kScale + bias_table[thread_id % 4];
+    for (int offset = GPU_WARP_SIZE / 2; offset > 0; offset /= 2) sum = Add<float>()(sum, WARP_SHFL_XOR(sum, offset));
+    if (thread_id == 0) { output0[block_id] = sum; atomicAdd(&launched_blocks, 1); }
+}
+extern "C" __global__  void BlockFusionKernel_float_float_cuda_Reduce_0(float* input0, float* output0)
+{
+    __shared__ char shared_buffer[16];
+    Reduce_block_kernel(input0, output0, threadIdx.x, blockIdx.x, shared_buffer);
+}
+extern void BlockFusionKernel_float_float_cuda_Reduce_0_Call(const dim3 &grids, const dim3 &blocks, unsigned mem, cudaStream_t stream, float* input0, float* output0) {
+    BlockFusionKernel_float_float_cuda_Reduce_0<<<grids, blocks, mem, stream>>>(input0, output0);
+}
+extern "C" int kernel_entry(float* input0, float* output0)
+{
+ // name=blockfusion_kernel_3
+BlockFusionKernel_float_float_cuda_Reduce_0_Call(dim3(8, 1, 1), dim3(32, 1, 1), 0, 0, input0, output0);
+ // name=blockfusion_kernel_4
+BlockFusionKernel_float_float_cuda_Reduce_0_Call(dim3(8, 1, 1), dim3(32, 1, 1), 0, 0, output0, input0);
+    return 0;
+}
+"""
+
+
+def test_file_scope_helpers_that_device_code_uses_are_kept(tmp_path: Path):
+    """What NNFusion writes at file scope for its reductions, softmax and layer norm (BERT's project: a constant
+    GPU_WARP_SIZE used as a default argument of a template __device__ helper), plus the other file-scope things
+    device code may use: a typedef, a macro, a __device__ and a __constant__ variable, a type with __device__
+    members. The unit compiles; host state (the cuDNN handle, a host helper) stays out."""
+    nvcc = nvcc_or_skip()
+    unit = device_source(FILE_SCOPE_HELPERS, {"BlockFusionKernel_float_float_cuda_Reduce_0"})
+    for kept in ("const int GPU_WARP_SIZE = 32;", "static const float kScale", "typedef float acc_float;",
+                 "#define SQUARE", "__device__ int launched_blocks;", "__constant__ float bias_table[4] =",
+                 "struct Add", "#if CUDA_VERSION >= 9000"):
+        assert kept in unit, kept
+    assert "cudnn" not in unit and "log2_ceil" not in unit and "kernel_entry" not in unit
+    report = check_launches(FILE_SCOPE_HELPERS, parse_generated(FILE_SCOPE_HELPERS), "sm_90", nvcc=nvcc,
+                            workdir=tmp_path)
+    assert not report.error, report.error
+    (kernel,) = report.kernels
+    assert kernel.registers is not None and kernel.fits("sm_90")
+    assert (kernel.launches, report.launch_count, len(report.kernels)) == (2, 2, 1)
+    assert report.summary().startswith("all 2 kernel launches (1 distinct kernel) fit")
 
 
 def test_top_level_items_skip_braces_in_strings_comments_and_macros():
@@ -149,11 +221,15 @@ def test_top_level_items_skip_braces_in_strings_comments_and_macros():
 
 def test_kernel_launches_reads_grid_and_block_and_keeps_the_widest_launch():
     generated = parse_generated(program(448))
-    assert kernel_launches(generated) == {"BlockFusionKernel_float_float_cuda_Hungry_Small_0": (20, 448)}
+    assert kernel_launches(generated) == {"BlockFusionKernel_float_float_cuda_Hungry_Small_0": (20, 448, 1)}
     call = "BlockFusionKernel_float_float_cuda_Hungry_Small_0_Call(dim3(20, 1, 1), dim3(448, 1, 1)"
     twice = program(448).replace(call, call.replace("(20, 1, 1), dim3(448", "(7, 1, 1), dim3(64") + ", 0, 0, input0, "
                                  "output0, output1);\n" + call, 1)
-    assert kernel_launches(parse_generated(twice)) == {"BlockFusionKernel_float_float_cuda_Hungry_Small_0": (20, 448)}
+    assert kernel_launches(parse_generated(twice)) == {"BlockFusionKernel_float_float_cuda_Hungry_Small_0": (20, 448, 2)}
+    eliminated = program(448).replace(call, "// eliminated: " + call.replace("dim3(448", "dim3(1024") + ", 0, 0, "
+                                      "input0, output0, output1);\n" + call, 1)  # NNFusion removed it: never runs
+    assert kernel_launches(parse_generated(eliminated)) == {"BlockFusionKernel_float_float_cuda_Hungry_Small_0":
+                                                            (20, 448, 1)}
 
 
 def test_the_project_that_computed_wrong_numbers_on_the_h200_is_caught(tmp_path: Path):
@@ -166,7 +242,7 @@ def test_the_project_that_computed_wrong_numbers_on_the_h200_is_caught(tmp_path:
         source = member.read().decode()
     report = check_launches(source, parse_generated(source), "sm_90", nvcc=nvcc, workdir=tmp_path)
     assert not report.error, report.error
-    assert len(report.launches) == 19
+    assert len(report.kernels) == 19
     (failing,) = report.failing()
     assert failing.kernel == "BlockFusionKernel_float_float_float_float_float_float_cuda_Matched_Pattern_Convolution_1"
     assert (failing.threads, failing.max_threads("sm_90")) == (448, 384)
@@ -199,14 +275,14 @@ def test_a_kernel_with_launch_bounds_is_held_to_them_without_compiling_it(tmp_pa
     (what made the check cost ten times NNFusion's compile on the H200's tuned ResNet-18) would tell nothing."""
     source = bounded_program(64, 64)
     report = check_launches(source, parse_generated(source), "sm_90", nvcc="/nonexistent/nvcc", workdir=tmp_path)
-    (launch,) = report.launches
+    (launch,) = report.kernels
     assert (report.error, report.seconds, report.compiled) == ("", 0.0, 0)
     assert (launch.bounds, launch.registers, launch.max_threads("sm_90"), launch.fits("sm_90")) == (64, None, 64, True)
     source = bounded_program(64, 128)
     report = check_launches(source, parse_generated(source), "sm_90", nvcc="/nonexistent/nvcc", workdir=tmp_path)
     assert report.reasons() == ["Convolution_float_float_cuda_Convolution_3 cannot launch on sm_90: its "
                                 "__launch_bounds__ allow 64 threads per block, and kernel_entry launches it with 128"]
-    assert report.as_dict()["launches"][0]["launch_bounds"] == 64  # type: ignore[index]
+    assert report.as_dict()["kernels"][0]["launch_bounds"] == 64  # type: ignore[index]
 
 
 def test_the_tuned_resnet18_that_ran_right_on_the_h200_compiles_only_its_blockfusion_kernels(tmp_path: Path):
@@ -219,11 +295,11 @@ def test_the_tuned_resnet18_that_ran_right_on_the_h200_compiles_only_its_blockfu
         source = member.read().decode()
     report = check_launches(source, parse_generated(source), "sm_90", nvcc=nvcc, workdir=tmp_path)
     assert not report.error, report.error
-    assert len(report.launches) == 19 and report.failing() == []
-    fused = [launch for launch in report.launches if launch.bounds is None]
+    assert len(report.kernels) == 19 and report.failing() == []
+    fused = [launch for launch in report.kernels if launch.bounds is None]
     assert report.compiled == 4 and all(launch.kernel.startswith("BlockFusionKernel") for launch in fused)
     assert all(launch.registers for launch in fused)
-    assert all(launch.threads <= launch.bounds for launch in report.launches if launch.bounds is not None)
+    assert all(launch.threads <= launch.bounds for launch in report.kernels if launch.bounds is not None)
 
 
 def test_the_registers_of_device_code_compiled_before_come_from_the_cache(tmp_path: Path):
@@ -235,7 +311,7 @@ def test_the_registers_of_device_code_compiled_before_come_from_the_cache(tmp_pa
     first = check_launches(source, parse_generated(source), "sm_90", nvcc=nvcc, workdir=tmp_path, cache_dir=cache)
     assert not first.error and not first.cached and len(list(cache.glob("*.json"))) == 1
     again = check_launches(source, parse_generated(source), "sm_90", nvcc=nvcc, workdir=tmp_path, cache_dir=cache)
-    assert again.cached and again.seconds == 0.0 and again.launches == first.launches
+    assert again.cached and again.seconds == 0.0 and again.kernels == first.kernels
     assert again.failing() == first.failing() != []  # the 1,024-thread fusion is still caught
     other = program(64)
     miss = check_launches(other, parse_generated(other), "sm_90", nvcc=nvcc, workdir=tmp_path, cache_dir=cache)
@@ -244,4 +320,4 @@ def test_the_registers_of_device_code_compiled_before_come_from_the_cache(tmp_pa
     for path in cache.glob("*.json"):
         path.write_text('{"registers": {', encoding="utf-8")
     torn = check_launches(source, parse_generated(source), "sm_90", nvcc=nvcc, workdir=tmp_path, cache_dir=cache)
-    assert not torn.cached and torn.launches == first.launches
+    assert not torn.cached and torn.kernels == first.kernels

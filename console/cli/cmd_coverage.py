@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from console.cli.output import out, print_json, shorten
-from core.db.kernel_db import KernelDB
+from rich.markup import escape
+
+from console.cli.output import err, out, print_json, shorten
+from core.db.kernel_db import KernelDB, kernel_db_path
 from core.nnfusion.compiler import CompilerFlags
 from core.nnfusion.coverage import ABORTS, FALLS_BACK, FUSED_AWAY, IN_DB, MISSING, NOT_USED, coverage, summarize
 from core.opconfigs.extract_cache import extract_cached
+from core.opconfigs.nnfusion_import import Blocker
 from core.settings import load_settings
 
 STYLE = {IN_DB: "green", MISSING: "yellow", NOT_USED: "red", FUSED_AWAY: "dim", FALLS_BACK: "magenta",
@@ -27,14 +30,21 @@ def compiler_setup(args: argparse.Namespace) -> tuple[list[str], CompilerFlags, 
 def main(args: argparse.Namespace) -> int:
     extraction = extract_cached(Path(args.model))  # a model seen before: ONNX is not even imported
     flag_list, flags, product = compiler_setup(args)
-    with KernelDB.open(args.db) as db:
+    db_path = kernel_db_path(args.db)
+    created = KernelDB.create_if_missing(db_path)  # an empty DB is the answer NNFusion itself would start from
+    if created:
+        err.print(f"no kernel DB at {db_path} yet: created it, empty (NNFusion's table), as the compiler would",
+                  highlight=False)
+    with KernelDB.open(db_path) as db:
         entries = coverage(extraction, db, flags, product)
     summary = summarize(entries)
-    findings = any(e.status in (MISSING, NOT_USED, ABORTS) for e in entries)
+    findings = bool(extraction.blockers) or any(e.status in (MISSING, NOT_USED, ABORTS) for e in entries)
     if args.json:
-        print_json({"model": extraction.model_name, "db": str(db.path), "flags": flag_list, "product_name": product,
+        print_json({"model": extraction.model_name, "db": str(db.path), "db_created": created, "flags": flag_list,
+                    "product_name": product,
                     "summary": summary, "entries": [e.to_dict() for e in entries],
-                    "unmapped": [u._asdict() for u in extraction.unmapped]})
+                    "unmapped": [u._asdict() for u in extraction.unmapped],
+                    "blockers": [b._asdict() for b in extraction.blockers]})
         return 1 if findings else 0
     from rich.table import Table
 
@@ -63,4 +73,14 @@ def main(args: argparse.Namespace) -> int:
     if extraction.unmapped:
         out.print(f"{len(extraction.unmapped)} nodes map to no kernel-DB op (`kdb opconfig extract` lists them)",
                   highlight=False)
+    print_blockers(extraction.model_name, extraction.blockers)  # last: what must change before anything else
     return 1 if findings else 0
+
+
+def print_blockers(model: str, blockers: list[Blocker]) -> None:
+    """Nodes NNFusion cannot compile whatever the DB holds, each named with its op and why."""
+    if blockers:
+        out.print(f"[bold red]NNFusion cannot compile {escape(model)}[/], whatever the DB holds "
+                  f"({len(blockers)} node{'s' * (len(blockers) != 1)}):", highlight=False)
+    for b in blockers:
+        out.print(f"  node {b.node} ({b.op_type}): {b.reason}", markup=False, highlight=False, soft_wrap=True)

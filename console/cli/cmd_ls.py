@@ -14,28 +14,38 @@ from collections.abc import Iterable, Iterator
 from contextlib import closing
 from dataclasses import asdict
 from itertools import islice
+from pathlib import Path
 
 from console.cli.output import is_terminal, out, print_json, shorten, write
 from core.db.browse import KernelFilter, KernelSummary, iter_kernels
-from core.db.kernel_db import KernelDB, Schema
+from core.db.kernel_db import KernelDB, Schema, init_command, kernel_db_path
 
 PAGE = 50  # rows shown without --limit or --all
 COLUMNS = ("op type", "identifier", "key", "grid", "block", "smem B", "barriers", "best time")
+
+
+def _no_kernels(args: argparse.Namespace, path: Path, schema: str, note: str) -> int:
+    if args.json:
+        print_json({"db": str(path), "schema": schema, "note": note, "kernels": [], "more": False})
+    elif not args.jsonl:
+        out.print(note, markup=False, highlight=False)
+    return 0
 
 
 def main(args: argparse.Namespace) -> int:
     flt = KernelFilter(text=args.text or "", op_type=args.op or "", source=args.source or "", tag=args.tag or "",
                        device=args.device or "", lint=args.lint or "")
     limit = 0 if args.all else args.limit or PAGE
-    with KernelDB.open(args.db) as db:
+    path = kernel_db_path(args.db)
+    if not path.exists():  # nothing to list; a listing creates no file
+        return _no_kernels(args, path, "missing", f"no kernel DB at {path} yet (`{init_command(path)}` creates it; "
+                           "`kdb inject` and `kdb tune` create it as they write)")
+    with KernelDB.open(path) as db:
         if db.schema is not Schema.CURRENT:
-            note = (f"{db.path}: no KernelCache table yet (`kdb db init` creates it)" if db.schema is Schema.EMPTY
-                    else f"{db.path} uses the older osdi20 schema (read-only): `kdb db convert` rewrites it")
-            if args.json:
-                print_json({"db": str(db.path), "schema": db.schema.value, "note": note, "kernels": [], "more": False})
-            elif not args.jsonl:
-                out.print(note, markup=False, highlight=False)
-            return 0
+            return _no_kernels(args, db.path, db.schema.value,
+                               f"{db.path}: no KernelCache table yet (`{init_command(db.path)}` creates it)"
+                               if db.schema is Schema.EMPTY else
+                               f"{db.path} uses the older osdi20 schema (read-only): `kdb db convert` rewrites it")
         # One row past the page says whether there are more, without counting the whole table.
         rows = iter_kernels(db, flt, sort=args.sort, descending=args.desc, limit=limit + 1 if limit else 0)
         with closing(rows):  # its read transaction ends here, before the DB closes, even if the pipe broke

@@ -7,12 +7,18 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from console.cli.cmd_coverage import compiler_setup
+from console.cli.cmd_coverage import compiler_setup, print_blockers
 from console.cli.output import err, out, print_json, shorten
-from core.db.kernel_db import KernelDB
+from core.db.kernel_db import kernel_db_path
 from core.db.state import StateDB
 from core.errors import InputError
-from core.nnfusion.compile_job import CompileJob, CompileReport, compile_and_read, compile_fitting_launches
+from core.nnfusion.compile_job import (
+    CompileJob,
+    CompileReport,
+    compile_and_read,
+    compile_fitting_launches,
+    import_blockers,
+)
 from core.nnfusion.launch_check import LAUNCH_ADVICE
 from core.nnfusion.usage import DB_KERNEL
 from core.settings import load_settings
@@ -20,13 +26,11 @@ from core.settings import load_settings
 
 def main(args: argparse.Namespace) -> int:
     flag_list, _, product = compiler_setup(args)
-    settings = load_settings()
-    with KernelDB.open(args.db) as db:  # the DB path as the other commands resolve it ($KDB_DB, the default)
-        db_path = db.path
-    job = CompileJob(model=Path(args.model).expanduser(), db=db_path, flags=tuple(flag_list),
-                     product_name=product, binary=args.nnfusion or "", out=Path(args.out) if args.out else None,
-                     timeout_s=args.timeout, arch=args.arch or settings.archs[0], nvcc=settings.nvcc_path,
-                     launch_check=not args.no_launch_check)
+    given = {"arch": args.arch} if args.arch else {}
+    job = CompileJob.from_settings(load_settings(), Path(args.model).expanduser(), kernel_db_path(args.db),
+                                   flags=tuple(flag_list), product_name=product, binary=args.nnfusion or "",
+                                   out=Path(args.out) if args.out else None, timeout_s=args.timeout,
+                                   launch_check=not args.no_launch_check, **given)
     fit = args.run if args.fit_launches is None else args.fit_launches  # --run: on unless --no-fit-launches
     if fit and args.no_launch_check:
         raise InputError("--fit-launches needs the launch check: leave out --no-launch-check"
@@ -35,8 +39,11 @@ def main(args: argparse.Namespace) -> int:
 
     if args.run:
         return run_network_command(args, job, fit_launches=fit)
-    if given := run_options_given(args):
-        raise InputError(f"{', '.join(given)}: only with --run")
+    if run_options := run_options_given(args):
+        raise InputError(f"{', '.join(run_options)}: only with --run")
+    if not args.json and (blockers := import_blockers(job)):  # said before the compiler runs; it stays the judge
+        print_blockers(job.model.name, blockers)
+        out.print("compiling anyway: your NNFusion has the last word", highlight=False)
     made: list[str] = []
 
     def compile_once(on_line: Callable[[str], None] | None = None) -> CompileReport:
@@ -58,21 +65,25 @@ def main(args: argparse.Namespace) -> int:
             report = compile_once(on_line)
     if args.json:
         print_json({**report.as_dict(), "made_standalone": made})
-        return 0 if report.ok and not report.broken_promises() and not report.launch_failures() else 1
+        return 1 if report.problems() else 0
+    if report.db_created:
+        err.print(f"no kernel DB at {job.db} yet: created it, empty (NNFusion's table), as the compiler would",
+                  highlight=False)
     result = report.result
     if not report.ok:
         out.print(f"[red]NNFusion failed[/]: {report.reason}", highlight=False)
         for line in report.decisive:
             out.print(f"  {line}", markup=False, highlight=False)
         out.print(f"log: {result.log_file if result else '-'} (recorded in `kdb failures`)", highlight=False)
+        if report.blockers:
+            out.print("as kdb said before compiling: " + "; ".join(f"node {b.node} ({b.op_type})"
+                                                                   for b in report.blockers), highlight=False)
         return 1
     from rich.table import Table
 
     usage = report.usage
     assert usage is not None and result is not None
-    table = Table(caption=f"{len(usage.steps)} kernel launches in kernel_entry; BlockFusion groups: "
-                  f"{len(usage.blockfusion_groups())}; library calls: {usage.library_calls or 'none'}",
-                  caption_justify="left")
+    table = Table(caption=usage.summary(), caption_justify="left")
     for col in ("step", "node", "runs", "DB row"):
         table.add_column(col, overflow="fold")
     for i, step in enumerate(usage.steps, start=1):
@@ -84,7 +95,9 @@ def main(args: argparse.Namespace) -> int:
             table.add_row(label, part.node, f"[{style}]{part.runs}[/]", ", ".join(shorten(k, 20) for k in part.rows))
     out.print(table)
     promised, used = report.promised(), usage.used_keys()
-    out.print(f"DB kernels used: {len(used)} of the {len(promised)} coverage promised"
+    nodes = sum(1 for part in usage.parts() if part.rows)
+    out.print(f"DB rows in the code: {len(used)} of the {len(promised)} coverage promised, run by {nodes} "
+              f"node{'s' * (nodes != 1)}"
               + (f"; promised but not in the code: {', '.join(sorted(promised - used))}" if promised - used else "")
               + (f"; in the code but not promised: {', '.join(sorted(used - promised))}" if used - promised else ""),
               highlight=False)
@@ -94,13 +107,11 @@ def main(args: argparse.Namespace) -> int:
     failures = report.launch_failures()
     launches = report.launches
     if launches is not None and launches.error:
-        out.print(f"[yellow]launch check[/]: {launches.error}", highlight=False)
-    elif launches is not None and not failures:
-        out.print(f"launch check ({launches.arch}): all {len(launches.launches)} kernel launches fit; "
-                  f"{len(launches.launches) - launches.compiled} within their launch bounds, {launches.compiled} "
-                  "within the registers nvcc gave them "
-                  + ("(from the cache: this device code was compiled before)" if launches.cached
-                     else f"({launches.seconds:.1f} s)"), highlight=False)
+        out.print(f"[red]launch check could not run[/] ({launches.arch}): {launches.error}", highlight=False)
+    elif launches is not None:
+        out.print(f"launch check ({launches.arch}): {launches.summary()}", highlight=False)
+    else:
+        out.print("launch check: skipped (--no-launch-check)", highlight=False)
     if made:
         out.print(f"made standalone ({len(made)} row(s) of ops fused into a kernel that could not launch; they now run "
                   f"on their own launch, `kdb db standalone --undo` gives them back): {', '.join(made)}",
@@ -109,5 +120,5 @@ def main(args: argparse.Namespace) -> int:
         out.print(f"[red]cannot launch[/]: {line}", highlight=False)
     if failures:
         out.print(LAUNCH_ADVICE, highlight=False)
-    return 0 if not report.broken_promises() and not failures else 1
+    return 1 if report.problems() else 0
 

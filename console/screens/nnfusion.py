@@ -45,10 +45,7 @@ RUN_FITS_LAUNCHES = True  # r fits the launches first, as `kdb nnfusion --run` d
 
 def compile_screen(context: ConsoleContext, model: Path) -> CompileScreen:
     """The screen for compiling `model` with the console's DB, as the settings say (binary, flags, product)."""
-    settings = context.settings
-    return CompileScreen(CompileJob(model=model, db=context.db_path, flags=tuple(settings.nnfusion_flags),
-                                    product_name=settings.product_name, binary=settings.nnfusion_path,
-                                    arch=settings.archs[0], nvcc=settings.nvcc_path))
+    return CompileScreen(CompileJob.from_settings(context.settings, model, context.db_path))
 
 
 @dataclass(frozen=True)
@@ -208,6 +205,8 @@ class CompileScreen(ModalScreen[None]):
         result = report.result
         if not report.ok or report.usage is None or result is None:
             lines = "\n".join(f"  {escape(line)}" for line in report.decisive)
+            lines += "".join(f"\n[$error]kdb knew: node {escape(b.node)} ({escape(b.op_type)}): {escape(b.reason)}[/]"
+                             for b in report.blockers)
             status.update(f"[$error]NNFusion failed: {escape(report.reason)}[/]")
             summary.update((lines + "\n" if lines else "") + (
                 "[dim]kept in the Failures view (3) with the log[/]" if report.reason != "cancelled" else ""))
@@ -228,18 +227,16 @@ class CompileScreen(ModalScreen[None]):
         status.update(f"compiled in {result.seconds:.1f} s: {len(used)} DB kernel(s) in the generated code, "
                       f"{len(promised)} promised by coverage")
         broken = report.broken_promises()
-        text = [f"BlockFusion groups: {len(usage.blockfusion_groups())} · library calls: "
-                f"{escape(str(usage.library_calls or 'none'))} · {len(result.substitutions)} patterns substituted",
+        text = [f"{escape(usage.summary())} · {len(result.substitutions)} patterns substituted",
                 f"[dim]project[/] {escape(str(result.project))}",
                 f"[dim]log[/] {escape(str(result.log_file))}"]
         if broken:
             text.insert(0, f"[$error]coverage and the compiler disagree on: {escape(', '.join(sorted(broken)))}[/]")
         launches = report.launches
         if launches is not None and launches.error:
-            text.append(f"[$warning]launch check: {escape(launches.error)}[/]")
+            text.insert(0, f"[$error]launch check could not run ({launches.arch}): {escape(launches.error)}[/]")
         elif launches is not None:
-            text.append(f"[dim]launch check ({launches.arch})[/] {len(launches.launches)} launches, "
-                        f"{len(launches.failing())} cannot start")
+            text.append(f"[dim]launch check ({launches.arch})[/] {escape(launches.summary())}")
         if self.made_standalone:
             text.insert(0, f"[$success]made standalone[/] (run on their own launch, never fused; `kdb db standalone "
                            f"--undo` gives them back): {escape(', '.join(self.made_standalone))}")

@@ -176,6 +176,10 @@ class OpConfigsScreen(KdbScreen):
                 text += f" · {len(self.configs) - len(entries)} not checked (c)"
         elif self.configs:
             text += f" · c checks which have a kernel in {escape(self.context.db_path.name)}"
+        if entries:  # with coverage: a model NNFusion cannot compile whatever the DB holds comes first
+            text = "".join(f"[$error]NNFusion cannot compile {escape(model.model_name)}: node {escape(b.node)} "
+                           f"({escape(b.op_type)}): {escape(b.reason)}[/]\n"
+                           for model in self.models.values() for b in model.blockers) + text
         self.query_one("#opconfigs-status", Static).update(text)
 
     def _current(self) -> OpConfig | None:

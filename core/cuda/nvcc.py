@@ -147,6 +147,7 @@ def compile_source(source: str, arch: str, *, nvcc: str, flags: list[str] | tupl
     """Compile one translation unit to a cubin; never raises for bad code (see CompileResult.ok)."""
     import time
 
+    workdir = workdir.resolve()  # nvcc runs inside the temporary folder: a relative path would point elsewhere
     workdir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="nvcc-", dir=workdir) as tmp:
         src = Path(tmp) / "kernel.cu"

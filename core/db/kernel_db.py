@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -78,6 +79,16 @@ def default_db_path() -> Path:
     return Path.home() / ".cache" / "nnfusion" / "kernel_cache.db"
 
 
+def kernel_db_path(given: Path | str | None = None) -> Path:
+    """The DB a command works on: the path given (--db), else $KDB_DB, else NNFusion's default."""
+    return Path(given).expanduser() if given else default_db_path()
+
+
+def init_command(path: Path) -> str:
+    """The one command that creates the DB at `path` (`--db` named unless it is the default)."""
+    return "kdb db init" + ("" if path == default_db_path() else f" --db {shlex.quote(str(path))}")
+
+
 class KernelDB:
     """One kernel DB file. Open with KernelDB.open(); close() when done (or use `with`)."""
 
@@ -92,11 +103,11 @@ class KernelDB:
     @classmethod
     def open(cls, path: Path | str | None = None, *, write: bool = False, create: bool = False) -> KernelDB:
         """Open a kernel DB. write=True refuses the osdi20 schema; create=True makes the file and table."""
-        path = Path(path).expanduser() if path is not None else default_db_path()
+        path = kernel_db_path(path)
         check_sqlite_file(path)
         if not path.exists():
             if not create:
-                raise DbError(f"no kernel DB at {path} (`kdb db init` creates one)")
+                raise DbError(f"no kernel DB at {path} (`{init_command(path)}` creates one)")
             path.parent.mkdir(parents=True, exist_ok=True)
         elif (write or create) and path.stat().st_size > 0:
             # Look before writing: even the switch to WAL writes the header, so what a writer must refuse
@@ -121,6 +132,19 @@ class KernelDB:
         if create and schema is Schema.EMPTY:
             db.init()
         return db
+
+    @classmethod
+    def create_if_missing(cls, path: Path | str | None = None) -> bool:
+        """Make the DB at `path` with NNFusion's exact table when there is no file yet, or a file without the table
+        (as the compiler itself does when it opens a DB); True when it did. A file of another kind is refused as
+        open() refuses it."""
+        path = kernel_db_path(path)
+        if path.exists():
+            with cls.open(path) as db:
+                if db.schema is not Schema.EMPTY:
+                    return False
+        cls.open(path, create=True).close()
+        return True
 
     def init(self) -> None:
         with transaction(self.connection(), self.path, write=True) as conn:

@@ -13,7 +13,7 @@ import re
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +24,11 @@ from core.errors import KdbError, ToolError
 from core.nnfusion.compiler import CompileResult, CompilerFlags, compile_model, find_compiler
 from core.nnfusion.coverage import CoverageEntry, coverage
 from core.nnfusion.generated import Generated, parse_generated
-from core.nnfusion.launch_check import Launch, LaunchReport, check_launches
+from core.nnfusion.launch_check import LaunchedKernel, LaunchReport, check_launches
 from core.nnfusion.usage import DB_KERNEL, Usage, analyse, rows_looked_up
 from core.opconfigs.extract_cache import extract_cached
+from core.opconfigs.nnfusion_import import Blocker
+from core.settings import Settings
 
 STAGE = "nnfusion"
 
@@ -37,16 +39,26 @@ class CompileJob:
     db: Path
     flags: tuple[str, ...] = ()
     product_name: str = ""
-    binary: str = ""  # the nnfusion_path setting; empty: nnfusion on PATH
+    binary: str = ""  # the compiler given for this job (--nnfusion); empty: nnfusion_path, else nnfusion on PATH
     out: Path | None = None  # the compiler's working folder (default: a new one under the state dir)
     timeout_s: float = 1800.0
     arch: str = "sm_90"  # the launch check's SM arch (the settings' primary arch)
     nvcc: str = ""  # the launch check's nvcc (the nvcc_path setting; empty: found on PATH)
     launch_check: bool = True
+    nnfusion_path: str = ""  # the nnfusion_path setting (find_compiler: after binary, before PATH)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, model: Path, db: Path, **given: Any) -> CompileJob:
+        """The job as the settings say (compiler, flags, product name, the launch check's arch and nvcc); what a
+        command was given (`given`, CompileJob's fields) comes first."""
+        job = cls(model=model, db=db, flags=tuple(settings.nnfusion_flags), product_name=settings.product_name,
+                  arch=settings.archs[0], nvcc=settings.nvcc_path, nnfusion_path=settings.nnfusion_path)
+        return replace(job, **given)
 
     def workdir(self) -> Path:
+        """Absolute: the compiler and nvcc run in folders of their own, where a relative path means another place."""
         if self.out is not None:
-            return self.out
+            return self.out.expanduser().resolve()
         stem = re.sub(r"[^A-Za-z0-9_.-]", "_", self.model.stem)[:60] or "model"
         return state_dir() / "nnfusion" / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
 
@@ -61,10 +73,29 @@ class CompileReport:
     decisive: list[str] = field(default_factory=list)
     read_seconds: float = 0.0  # kdb's own work: extraction, coverage, reading the generated code
     launches: LaunchReport | None = None  # None: not checked (turned off, or the compile failed)
+    db_created: bool = False  # the DB was not there: an empty one was made (NNFusion's table)
+    blockers: list[Blocker] = field(default_factory=list)  # nodes kdb knows NNFusion cannot compile
 
     @property
     def ok(self) -> bool:
         return not self.reason and self.usage is not None
+
+    def problems(self) -> list[str]:
+        """Why this is no clean result, each said whole; none when the compiler ran, its code runs exactly the rows
+        coverage promised, and every launch was checked and fits (the launch check skipped on request aside).
+        `kdb nnfusion`'s exit status follows it: a check that could not run is never a pass."""
+        if not self.ok:
+            return [f"NNFusion failed: {self.reason}"]
+        found = [f"kdb said NNFusion cannot compile node {b.node} ({b.op_type}), and this NNFusion did: {b.reason}"
+                 for b in self.blockers]  # kdb's knowledge of the importer is wrong for this compiler
+        if broken := self.broken_promises():
+            found.append(f"coverage and the compiler disagree on {len(broken)} row(s): {', '.join(sorted(broken))}")
+        if self.launches is not None and self.launches.error:
+            found.append(f"the launch check could not run: {self.launches.error}")
+        elif self.launches is None and self.job.launch_check:
+            found.append("the launch check did not run (cancelled)")
+        found += [f"cannot launch: {line}" for line in self.launch_failures()]
+        return found
 
     def promised(self) -> set[str]:
         """The rows coverage said the compiler would run: an op's own row, or the plain Convolution row a conv
@@ -79,8 +110,10 @@ class CompileReport:
 
     def as_dict(self) -> dict[str, Any]:
         r = self.result
-        return {"ok": self.ok, "reason": self.reason, "decisive_lines": self.decisive,
-                "model": str(self.job.model), "db": str(self.job.db), "flags": list(self.job.flags),
+        return {"ok": self.ok, "reason": self.reason, "decisive_lines": self.decisive, "problems": self.problems(),
+                "model": str(self.job.model), "db": str(self.job.db), "db_created": self.db_created,
+                "blockers": [b._asdict() for b in self.blockers],
+                "flags": list(self.job.flags),
                 "product_name": self.job.product_name,
                 "compile": None if r is None else {"command": r.command, "returncode": r.returncode,
                                                    "seconds": r.seconds, "log": str(r.log_file),
@@ -101,7 +134,7 @@ class CompileReport:
             lines.append(reason + (f" (DB rows fused into it: {', '.join(keys)})" if keys else ""))
         return lines
 
-    def failing_launches(self) -> list[tuple[Launch, list[str]]]:
+    def failing_launches(self) -> list[tuple[LaunchedKernel, list[str]]]:
         """Each launch that cannot start on the GPU, with the Keys of the DB rows fused into it."""
         if self.launches is None:
             return []
@@ -114,16 +147,19 @@ def compile_and_read(job: CompileJob, *, state: StateDB | None = None,
                      should_cancel: Callable[[], bool] | None = None) -> CompileReport:
     """Run the job. KdbError when it cannot start (no compiler, no model); a failing compile is reported."""
     report = CompileReport(job)
-    binary = find_compiler(job.binary)
+    binary = find_compiler(job.binary, job.nnfusion_path)
     if not job.model.is_file():
         raise KdbError(f"{job.model}: no such model file")
+    # A DB not there yet is an empty one: NNFusion itself creates the file and its table. Made before the compiler
+    # and coverage read it, so both see the same file.
+    report.db_created = KernelDB.create_if_missing(job.db)
     # kdb's own reading of the model (extraction, coverage) runs while the compiler does: it needs nothing from it.
     with ThreadPoolExecutor(max_workers=1) as pool:
         promise = pool.submit(_coverage, job)
         result = compile_model(job.model, job.db, job.workdir(), binary=binary, product_name=job.product_name,
                                flags=job.flags, timeout_s=job.timeout_s, on_line=on_line,
                                should_cancel=should_cancel)
-        report.entries, read = promise.result()  # an unreadable model raises here, as it would have before
+        report.entries, report.blockers, read = promise.result()  # an unreadable model raises here
     report.result = result
     if not result.ok:
         report.reason = result.reason()
@@ -188,19 +224,28 @@ def compile_fitting_launches(job: CompileJob, *, state: StateDB | None = None,
 
 def _launch_check(job: CompileJob, source: str, generated: Generated) -> LaunchReport:
     try:
-        nvcc = find_nvcc(job.nvcc)
-    except ToolError as exc:
-        return LaunchReport(job.arch, error=f"not checked: {exc}")
-    return check_launches(source, generated, job.arch, nvcc=nvcc, workdir=job.workdir(),
-                          cache_dir=state_dir() / "launch-check")
+        nvcc, missing = find_nvcc(job.nvcc), ""
+    except ToolError as exc:  # needed only when a kernel has no launch bounds: check_launches says when
+        nvcc, missing = "", str(exc)
+    report = check_launches(source, generated, job.arch, nvcc=nvcc, workdir=job.workdir(),
+                            cache_dir=state_dir() / "launch-check")
+    if report.error and missing:
+        report.error += f" ({missing})"
+    return report
 
 
-def _coverage(job: CompileJob) -> tuple[list[CoverageEntry], float]:
+def import_blockers(job: CompileJob) -> list[Blocker]:
+    """The nodes of the job's model NNFusion cannot compile whatever the DB holds, known before it runs (the model's
+    extraction is kept: the compile's own coverage reads it again for nothing)."""
+    return extract_cached(job.model).blockers
+
+
+def _coverage(job: CompileJob) -> tuple[list[CoverageEntry], list[Blocker], float]:
     started = time.monotonic()
     extraction = extract_cached(job.model)  # a model compiled before: ONNX is not even imported
     with KernelDB.open(job.db) as db:
         entries = coverage(extraction, db, CompilerFlags.parse(job.flags), job.product_name)
-    return entries, time.monotonic() - started
+    return entries, extraction.blockers, time.monotonic() - started
 
 
 def _record_failure(state: StateDB, job: CompileJob, result: CompileResult, report: CompileReport) -> None:

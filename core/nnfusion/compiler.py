@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -30,8 +31,15 @@ FLAG_DEFAULTS: dict[str, int | bool] = {
 _FLAG = re.compile(r"^--?f(\w+?)(?:=(.*))?$")
 _LOOKUP = re.compile(r"Trying to fetch kernel (.*) on DeviceType: (\S+)\s*$")
 _SUBSTITUTED = re.compile(r"Substitution applied: (.*?)\s*$")
-_DECISIVE = re.compile(r"\b(ERROR|FATAL|Check failed|CHECK|terminate called|what\(\)|Aborted|exception)\b",
+_DECISIVE = re.compile(r"\b(ERROR|FATAL|Check failed|CHECK|Failure at|terminate called|what\(\)|Aborted|exception)\b",
                        re.IGNORECASE)
+# Lines every run prints, failing or not: the optional onnxruntime pre-optimisation's traceback, and kernel
+# selection finding no kernel for graph inputs and outputs.
+_HARMLESS = re.compile(r"ort_run_frozen|onnxruntime|^Traceback \(most recent call last\)|Failed to optimize ONNX Graph "
+                       r"with external tool|No valid kernel found:.*\(op type: (?:Parameter|Constant|Result),")
+_PREFIX = re.compile(r"^\[(?:INFO|DEBUG|WARNING|ERROR|FATAL)\] \S+ \S+ \d+\s+|^\s*what\(\):\s*")
+_LOG_LINE = re.compile(r"^\[(?:INFO|DEBUG|WARNING|ERROR|FATAL)\]")
+_CONVERTING = re.compile(r"graph_convert\.cpp \d+\s+convert node: (.*?)\s*$")
 
 
 @dataclass(frozen=True)
@@ -99,29 +107,70 @@ class CompileResult:
         return folder if (folder / "nnfusion_rt.cu").is_file() else None
 
     def decisive_lines(self, limit: int = 12) -> list[str]:
-        """What says why a run failed: the error lines of the log, else its end."""
+        """What says why a run failed: the node the importer was converting when it stopped, then the log's error
+        messages (a check's text joined with the line it continues on; each once), else the log's end (not when
+        the importer stopped without a message: its last lines are only progress)."""
         text = self.log_file.read_text(encoding="utf-8", errors="replace") if self.log_file.exists() else ""
-        lines = [line.rstrip() for line in text.splitlines() if line.strip()]
-        errors = [line for line in lines if _DECISIVE.search(line)]
-        return (errors or lines)[-limit:]
+        lines = [line.rstrip() for line in text.splitlines() if line.strip() and not _HARMLESS.search(line)]
+        messages: list[str] = []
+        for i, line in enumerate(lines):
+            if _DECISIVE.search(line):
+                follows = lines[i + 1] if i + 1 < len(lines) else ""
+                continued = bool(follows) and not _LOG_LINE.match(follows) and not _DECISIVE.search(follows)
+                messages.append(_PREFIX.sub("", line).strip() + (f" {follows.strip()}" if continued else ""))
+        messages = list(dict.fromkeys(messages))  # a failed check is logged, then printed again by terminate
+        node = self.importing_node()
+        head = [f"while importing ONNX node {node or '(unnamed)'}"] if node is not None else []
+        return head + (messages[-limit:] if messages else [] if node is not None else lines[-limit:])
+
+    def importing_node(self) -> str | None:
+        """The ONNX node the importer was converting when the run ended, when it ended there (None otherwise)."""
+        if self.returncode == 0 or not self.log_file.exists():
+            return None
+        node = None
+        for line in self.log_file.read_text(encoding="utf-8", errors="replace").splitlines():
+            if (m := _CONVERTING.search(line)) is not None:
+                node = m.group(1)
+            elif "convert graph done" in line:
+                node = None
+        return node
 
     def reason(self) -> str:
         if self.cancelled:
             return "cancelled"
         if self.timed_out:
             return f"the compiler ran past its time limit ({self.seconds:.0f} s)"
-        if self.returncode != 0:
-            lines = self.decisive_lines(3)
-            return f"nnfusion exited with status {self.returncode}" + (f": {lines[-1]}" if lines else "")
+        if self.returncode is not None and self.returncode != 0:
+            how = (f"was killed by {_signal_name(-self.returncode)}" if self.returncode < 0
+                   else f"exited with status {self.returncode}")
+            cause = next((line for line in self.decisive_lines(6) if not line.startswith("while importing")), "")
+            node = self.importing_node()
+            where = f" while importing ONNX node {node or '(unnamed)'}" if node is not None else ""
+            return f"nnfusion {how}{where}" + (f": {cause}" if cause else "")
         return "" if self.project else "nnfusion exited 0 but wrote no nnfusion_rt/cuda_codegen/nnfusion_rt.cu"
 
 
-def find_compiler(setting: str = "") -> Path:
-    """The nnfusion binary: the setting (a path, or a name on PATH), else `nnfusion` on PATH."""
-    name = setting or "nnfusion"
-    found = shutil.which(name) if os.sep not in name else (name if os.access(name, os.X_OK) else None)
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name  # SIGABRT: a failed check; SIGSEGV: a crash
+    except ValueError:
+        return f"signal {number}"
+
+
+def find_compiler(given: str = "", setting: str = "") -> Path:
+    """The nnfusion binary, found the one way every command finds it: `given` (a command's --nnfusion), else the
+    nnfusion_path setting, else `nnfusion` on PATH. Each may be a path or a name on PATH. KdbError says where it
+    looked when none is there."""
+    if given:
+        name, where = given, f"--nnfusion ({given!r})"
+    elif setting:
+        name, where = setting, f"the nnfusion_path setting ({setting!r})"
+    else:
+        name, where = "nnfusion", "PATH (set nnfusion_path in the settings, or give --nnfusion PATH)"
+    name = os.path.expanduser(name)
+    found = shutil.which(name) if os.sep not in name else (name if os.access(name, os.X_OK) and
+                                                            os.path.isfile(name) else None)
     if not found:
-        where = f"the nnfusion_path setting ({setting!r})" if setting else "PATH (set nnfusion_path in the settings)"
         raise KdbError(f"no NNFusion compiler found in {where}: point it at the nnfusion binary "
                        "(built from github.com/microsoft/nnfusion; its assets stay beside it)")
     return Path(found).resolve()
@@ -137,6 +186,7 @@ def compile_model(model: Path, db: Path, workdir: Path, *, binary: Path, product
     """
     if not model.is_file():
         raise KdbError(f"{model}: no such model file")
+    workdir = workdir.resolve()  # the log's path and the project's are reported: never relative to our cwd
     workdir.mkdir(parents=True, exist_ok=True)
     command = [str(binary), str(model.resolve()), "-f", "onnx", f"-fkernel_cache_path={db.resolve()}",
                "-min_log_level=0", *flags]

@@ -45,6 +45,9 @@ class Step:
     kind: str  # KERNEL, BLOCKFUSION, LIBRARY, HOST or ELIMINATED
     library: str = ""  # "cuDNN" / "cuBLAS" for LIBRARY steps
     members: tuple[str, ...] = ()  # a BlockFusion kernel's block functions, in block order
+    # each block-function call, in block order: one per fused node (nodes of one kernel share its block function,
+    # named after the first of them: an LSTM's Dots of one shape call one function many times)
+    calls: tuple[str, ...] = ()
 
 
 @dataclass
@@ -126,10 +129,9 @@ def _step(node: str, statement: str, functions: dict[str, Function]) -> Step:
         return Step(node, name, LIBRARY, library="cuDNN" if calls[0].startswith("cudnn") else "cuBLAS")
     if function.kind == "host":
         return Step(node, name, HOST)
-    members = tuple(dict.fromkeys(
-        m for m in re.findall(r"\b(\w+_block_kernel)\s*\(", function.body) if m in functions))
-    if name.startswith("BlockFusionKernel") or members:
-        return Step(node, name, BLOCKFUSION, members=members)
+    calls = tuple(m for m in re.findall(r"\b(\w+_block_kernel)\s*\(", function.body) if m in functions)
+    if name.startswith("BlockFusionKernel") or calls:
+        return Step(node, name, BLOCKFUSION, members=tuple(dict.fromkeys(calls)), calls=calls)
     return Step(node, name, KERNEL)
 
 

@@ -22,6 +22,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from core.cuda.nvcc import compile_source
 from core.nnfusion.generated import Generated
@@ -35,6 +36,7 @@ LAUNCH_ADVICE = ("NNFusion does not check its launches: this network would run w
                  "numbers without an error. Run the rows named on their own launch (`kdb db standalone KEY... "
                  "--apply`, or `kdb nnfusion --fit-launches` chooses them and compiles again), or compile with "
                  "-fblockfusion_level=0 (BlockFusion off).")
+_LINE_COMMENT = re.compile(r"//[^\n]*")
 _LAUNCH = re.compile(r"\b(\w+)_Call\(\s*dim3\((\d+),\s*(\d+),\s*(\d+)\),\s*dim3\((\d+),\s*(\d+),\s*(\d+)\)")
 
 
@@ -46,9 +48,18 @@ def max_threads_per_block(registers: int, arch: str) -> int:
     return min(MAX_THREADS_PER_BLOCK, warps * 32)
 
 
+class WidestLaunch(NamedTuple):
+    """How kernel_entry launches one kernel: the launch with the most threads per block, and how many launches."""
+
+    blocks: int
+    threads: int
+    launches: int = 1
+
+
 @dataclass(frozen=True)
-class Launch:
-    """One kernel launch of kernel_entry, with what ptxas gave the kernel."""
+class LaunchedKernel:
+    """One distinct kernel kernel_entry launches (once or many times: NNFusion emits one function for nodes of
+    the same kernel), its widest launch, and what ptxas gave it."""
 
     kernel: str
     blocks: int
@@ -56,6 +67,7 @@ class Launch:
     registers: int | None  # None: not compiled (a bounded kernel), or ptxas said nothing about it
     members: tuple[str, ...] = ()  # a BlockFusion kernel's block functions
     bounds: int | None = None  # the kernel's __launch_bounds__ (then it was not compiled)
+    launches: int = 1  # how many statements of kernel_entry launch it
 
     def max_threads(self, arch: str) -> int | None:
         if self.bounds is not None:
@@ -70,92 +82,191 @@ class Launch:
 @dataclass
 class LaunchReport:
     arch: str
-    launches: list[Launch] = field(default_factory=list)
+    kernels: list[LaunchedKernel] = field(default_factory=list)  # each distinct kernel launched
     error: str = ""  # why the check could not run ('' when it ran)
     seconds: float = 0.0
     cached: bool = False  # the registers came from an earlier compile of the same device code (no nvcc run)
 
-    def failing(self) -> list[Launch]:
-        return [launch for launch in self.launches if not launch.fits(self.arch)]
+    @property
+    def launch_count(self) -> int:
+        """Kernel launches in kernel_entry (library calls are none)."""
+        return sum(k.launches for k in self.kernels)
+
+    def failing(self) -> list[LaunchedKernel]:
+        return [kernel for kernel in self.kernels if not kernel.fits(self.arch)]
 
     def reasons(self) -> list[str]:
-        return [f"{launch.kernel} cannot launch on {self.arch}: "
-                + (f"its __launch_bounds__ allow {launch.bounds} threads per block" if launch.bounds is not None
-                   else f"{launch.registers} registers per thread allow {launch.max_threads(self.arch)} threads "
-                        "per block")
-                + f", and kernel_entry launches it with {launch.threads}" for launch in self.failing()]
+        return [f"{k.kernel} cannot launch on {self.arch}: "
+                + (f"its __launch_bounds__ allow {k.bounds} threads per block" if k.bounds is not None
+                   else f"{k.registers} registers per thread allow {k.max_threads(self.arch)} threads per block")
+                + f", and kernel_entry launches it with {k.threads}"
+                + (f" ({k.launches} launches of it)" if k.launches > 1 else "") for k in self.failing()]
 
     @property
     def compiled(self) -> int:
-        """Kernels nvcc compiled for the check (those without launch bounds)."""
-        return sum(1 for launch in self.launches if launch.bounds is None)
+        """Distinct kernels nvcc compiled for the check (those without launch bounds)."""
+        return sum(1 for kernel in self.kernels if kernel.bounds is None)
+
+    def summary(self) -> str:
+        """One line on what was checked: launches and distinct kernels, each named as what it is."""
+        if self.error:
+            return f"not checked: {self.error}"
+        failing = self.failing()
+        head = (f"{len(failing)} of the {_kernels(len(self.kernels))} cannot launch" if failing else
+                f"all {self.launch_count} kernel launch{'es' * (self.launch_count != 1)} "
+                f"({_kernels(len(self.kernels))}) fit")
+        how = ("from the cache: this device code was compiled before" if self.cached
+               else f"nvcc {self.seconds:.1f} s" if self.compiled else "nothing compiled")
+        return (f"{head}; {len(self.kernels) - self.compiled} kernels held to their launch bounds, {self.compiled} "
+                f"to the registers nvcc gave them ({how})")
 
     def as_dict(self) -> dict[str, object]:
         return {"arch": self.arch, "error": self.error, "seconds": self.seconds, "cached": self.cached,
-                "launches": [{"kernel": x.kernel, "blocks": x.blocks, "threads": x.threads, "registers": x.registers,
-                              "launch_bounds": x.bounds, "max_threads": x.max_threads(self.arch),
-                              "fits": x.fits(self.arch), "members": list(x.members)} for x in self.launches],
+                "launches": self.launch_count, "distinct_kernels": len(self.kernels),
+                "kernels": [{"kernel": x.kernel, "launches": x.launches, "blocks": x.blocks, "threads": x.threads,
+                             "registers": x.registers, "launch_bounds": x.bounds,
+                             "max_threads": x.max_threads(self.arch), "fits": x.fits(self.arch),
+                             "members": list(x.members)} for x in self.kernels],
                 "failing": self.reasons()}
 
 
-def kernel_launches(generated: Generated) -> dict[str, tuple[int, int]]:
+def _kernels(count: int) -> str:
+    return f"{count} distinct kernel{'s' * (count != 1)}"
+
+
+def kernel_launches(generated: Generated) -> dict[str, WidestLaunch]:
     """Each kernel kernel_entry launches: (blocks, threads per block) of its launch with the most threads per
-    block (NNFusion launches a function one way; were it launched two ways, the wider one is the one at risk)."""
+    block (were it launched two ways, the wider one is the one at risk), and its number of launches."""
     entry = generated.functions.get("kernel_entry")
-    launches: dict[str, tuple[int, int]] = {}
-    for m in _LAUNCH.finditer(entry.body if entry else ""):
+    launches: dict[str, WidestLaunch] = {}
+    # "// eliminated: F_Call(...)" is a launch NNFusion removed (an in-place reshape, a broadcast): it never runs
+    for m in _LAUNCH.finditer(_LINE_COMMENT.sub("", entry.body) if entry else ""):
         gx, gy, gz, bx, by, bz = (int(g) for g in m.groups()[1:])
-        if bx * by * bz > launches.get(m.group(1), (0, 0))[1]:
-            launches[m.group(1)] = (gx * gy * gz, bx * by * bz)
+        known = launches.get(m.group(1), WidestLaunch(0, 0, 0))
+        wider = bx * by * bz > known.threads
+        launches[m.group(1)] = WidestLaunch(gx * gy * gz if wider else known.blocks,
+                                            bx * by * bz if wider else known.threads, known.launches + 1)
     return launches
 
 
+# Headers only the host code needs (and a build machine may lack): their includes stay out of the device unit.
+_HOST_ONLY_HEADER = re.compile(r'^\s*#\s*include\s*(?:"|<(?:cudnn|cublas|curand|cusparse|cufft|nccl|mpi))')
+# File-scope declarations device code may use: constants (GPU_WARP_SIZE), types, device and constant variables.
+_DEVICE_VISIBLE = re.compile(r"^(?:template\s*<.*?>\s*)?(?:(?:static|inline|extern)\s+)*"
+                             r"(?:typedef|using|const|constexpr|__device__|__constant__|struct|class|union|enum)\b",
+                             re.DOTALL)
+_TYPE_HEAD = re.compile(r"\b(?:struct|class|union|enum)\b[^()]*$")
+
+
 def device_source(source: str, kernels: set[str]) -> str:
-    """A translation unit of the project's device code: each top-level `__device__` definition (the helpers and
-    block functions) and the `__global__` kernels named, in the source's order. Host code stays out: it needs
-    cuDNN's and cuBLAS's headers."""
-    items = []
-    for head, body in _top_level_items(source):
+    """A translation unit of the project's device code, in the source's order: its preprocessor lines (macros and
+    conditionals; not the library headers), every file-scope declaration device code can see (constants such as
+    GPU_WARP_SIZE, typedefs, types, `__device__` variables), every `__device__` function and type (the helpers
+    NNFusion writes for reductions, softmax and layer norm; the block functions), and the `__global__` kernels
+    named. Host code stays out: it needs cuDNN's and cuBLAS's headers."""
+    parts = ["#include <cstdint>", "#include <cuda_fp16.h>", "#include <mma.h>"]
+    for piece in _top_level(source):
+        if piece.kind == "directive":
+            if not _HOST_ONLY_HEADER.match(piece.text):
+                parts.append(piece.text)
+        elif piece.kind == "statement":
+            if _DEVICE_VISIBLE.match(piece.text):
+                parts.append(piece.text)
+        elif _keeps(piece.head, kernels):
+            parts.append(f"{piece.head}{{{piece.body}}}{piece.tail}")
+    return "\n".join(parts) + "\n"
+
+
+def _keeps(head: str, kernels: set[str]) -> bool:
+    """Whether a braced top-level item belongs to the device unit: device functions and variables, types (their
+    members may be device code), and the kernels named."""
+    if "__global__" in head:
         name = re.search(r"(\w+)\s*\([^()]*(?:\([^()]*\)[^()]*)*\)\s*$", head)
-        if "__device__" in head or ("__global__" in head and name is not None and name.group(1) in kernels):
-            items.append(f"{head}{{{body}}}")
-    return "\n".join(["#include <cstdint>", "#include <cuda_fp16.h>", "#include <mma.h>", *items]) + "\n"
+        return name is not None and name.group(1) in kernels
+    return "__device__" in head or "__constant__" in head or _TYPE_HEAD.search(head) is not None
 
 
-def _top_level_items(source: str) -> list[tuple[str, str]]:
-    """(head, body) of each top-level braced item: the head is the statement before the brace (preprocessor
-    lines and comments left out); strings, characters and comments are skipped while braces are counted."""
-    items: list[tuple[str, str]] = []
+class _Piece(NamedTuple):
+    kind: str  # "directive" (a preprocessor line), "statement" (ends with ;) or "item" (braced)
+    text: str = ""  # a directive's or statement's text
+    head: str = ""  # an item's text before its brace
+    body: str = ""  # between its braces
+    tail: str = ""  # ";" when one closes it (a struct, an initialised variable)
+
+
+def _top_level(source: str) -> list[_Piece]:
+    """The file-scope pieces of a CUDA source in order, comments left out (a directive between a head's lines
+    becomes a piece of its own, before it). Strings, characters and comments are skipped while braces are
+    counted; preprocessor lines and comments inside bodies stay in the bodies."""
+    pieces: list[_Piece] = []
     depth, start, opened, i, n = 0, 0, 0, 0, len(source)
+    cuts: list[tuple[int, int]] = []  # comments and directives at file scope since `start`: not part of a text
+    pending: _Piece | None = None  # an item whose closing ';' may follow
+
+    def text(begin: int, end: int) -> str:
+        kept, at = [], begin
+        for cut_begin, cut_end in cuts:
+            if cut_begin >= begin and cut_end <= end:
+                kept.append(source[at:cut_begin])
+                at = cut_end
+        return "".join(kept) + source[at:end]
+
+    def flush() -> None:
+        nonlocal pending
+        if pending is not None:
+            pieces.append(pending)
+            pending = None
+
     while i < n:
         c = source[i]
-        if source.startswith("//", i) or (c == "#" and not source[source.rfind("\n", 0, i) + 1:i].strip()):
-            while i < n and source[i] != "\n":  # a line comment, or a preprocessor line (with continuations)
-                i += 2 if source.startswith("\\\n", i) else 1
+        if source.startswith(("//", "/*"), i) or (c == "#" and not source[source.rfind("\n", 0, i) + 1:i].strip()):
+            begin = i
+            if source.startswith("/*", i):
+                end = source.find("*/", i + 2)
+                i = n if end < 0 else end + 2
+            else:
+                while i < n and source[i] != "\n":  # a line comment, or a preprocessor line (with continuations)
+                    i += 2 if source.startswith("\\\n", i) else 1
             if depth == 0:
-                start = i
-            continue
-        if source.startswith("/*", i):
-            end = source.find("*/", i + 2)
-            i = n if end < 0 else end + 2
+                cuts.append((begin, i))
+                if c == "#":
+                    flush()
+                    pieces.append(_Piece("directive", source[begin:i]))
             continue
         if c in "\"'":
             i += 1
             while i < n and source[i] != c:
                 i += 2 if source[i] == "\\" else 1
         elif c == ";" and depth == 0:
-            start = i + 1
+            statement = text(start, i).strip()
+            if pending is not None and not statement:
+                pieces.append(pending._replace(tail=";"))
+                pending = None
+            else:
+                flush()
+                if statement:
+                    pieces.append(_Piece("statement", statement + ";"))
+            start, cuts = i + 1, []
         elif c == "{":
             if depth == 0:
+                flush()
                 opened = i
             depth += 1
         elif c == "}" and depth > 0:
             depth -= 1
             if depth == 0:
-                items.append((source[start:opened].strip() + "\n", source[opened + 1:i]))
-                start = i + 1
+                pending = _Piece("item", head=text(start, opened).strip() + "\n", body=source[opened + 1:i])
+                start, cuts = i + 1, []
+        elif depth == 0 and pending is not None and not c.isspace():
+            flush()  # no ';' closed the item: what follows is a piece of its own
         i += 1
-    return items
+    flush()
+    return pieces
+
+
+def _top_level_items(source: str) -> list[tuple[str, str]]:
+    """(head, body) of each top-level braced item (the head is the statement before the brace)."""
+    return [(p.head, p.body) for p in _top_level(source) if p.kind == "item"]
 
 
 def check_launches(source: str, generated: Generated, arch: str, *, nvcc: str, workdir: Path,
@@ -171,6 +282,10 @@ def check_launches(source: str, generated: Generated, arch: str, *, nvcc: str, w
     report = LaunchReport(arch)
     unbounded = {name for name, f in kernels.items() if f.launch_bounds is None}
     registers: dict[str, int | None] = {}
+    if unbounded and not nvcc:
+        report.error = (f"no nvcc to compile the {len(unbounded)} kernel(s) without launch bounds, whose registers "
+                        "decide how many threads they can launch with")
+        return report
     if unbounded:
         unit, all_flags = device_source(source, unbounded), ("--expt-relaxed-constexpr", *flags)
         cached = _cache_path(cache_dir, unit, arch, all_flags, nvcc) if cache_dir is not None else None
@@ -186,9 +301,9 @@ def check_launches(source: str, generated: Generated, arch: str, *, nvcc: str, w
             if cached is not None:
                 _write_cache(cached, registers)
     for name, function in kernels.items():
-        blocks, threads = launches[name]
-        report.launches.append(Launch(name, blocks, threads, registers.get(name), members.get(name, ()),
-                                      function.launch_bounds))
+        widest = launches[name]
+        report.kernels.append(LaunchedKernel(name, widest.blocks, widest.threads, registers.get(name),
+                                             members.get(name, ()), function.launch_bounds, widest.launches))
     return report
 
 

@@ -44,9 +44,10 @@ class StepUse:
     node: str
     kind: str
     parts: tuple[Part, ...]
+    function: str = ""  # the kernel (or host function) the step calls
 
     def as_dict(self) -> dict[str, Any]:
-        return {"node": self.node, "kind": self.kind,
+        return {"node": self.node, "kind": self.kind, "function": self.function,
                 "parts": [{"node": p.node, "function": p.function, "runs": p.runs, "rows": list(p.rows)}
                           for p in self.parts]}
 
@@ -66,15 +67,37 @@ class Usage:
     def blockfusion_groups(self) -> list[StepUse]:
         return [s for s in self.steps if s.kind == BLOCKFUSION]
 
+    def kernel_launches(self) -> list[StepUse]:
+        """The steps that launch a kernel (a library call launches the library's own, unseen here)."""
+        return [s for s in self.steps if s.kind in (KERNEL, BLOCKFUSION)]
+
+    def distinct_kernels(self) -> set[str]:
+        """The kernels launched: NNFusion emits one function for nodes of one kernel (an unrolled LSTM's 128 Dots
+        of one shape launch one kernel 128 times)."""
+        return {s.function for s in self.kernel_launches()}
+
+    def summary(self) -> str:
+        """kernel_entry in one line: its steps, as kernel launches (of how many distinct kernels) and library calls."""
+        launches, kernels = len(self.kernel_launches()), len(self.distinct_kernels())
+        groups = self.blockfusion_groups()
+        calls = sum(self.library_calls.values())
+        by_library = ", ".join(f"{name} {count}" for name, count in sorted(self.library_calls.items()))
+        return (f"kernel_entry runs {len(self.steps)} steps: {launches} kernel launch{'es' * (launches != 1)} of "
+                f"{kernels} distinct kernel{'s' * (kernels != 1)}"
+                + (f" ({len(groups)} BlockFusion launches, running {sum(len(s.parts) for s in groups)} nodes)"
+                   if groups else "")
+                + f", {calls} library call{'s' * (calls != 1)}" + (f" ({by_library})" if by_library else ""))
+
     def as_dict(self) -> dict[str, Any]:
         parts = self.parts()
         return {"steps": [s.as_dict() for s in self.steps],
+                "kernel_launches": len(self.kernel_launches()), "distinct_kernels": len(self.distinct_kernels()),
+                "library_calls": self.library_calls,
                 "db_rows_used": sorted(self.used_keys()),
                 "db_rows_not_used": sorted(r.key for r in self.rows if not r.functions),
-                "kernels": {runs: sum(p.runs == runs for p in parts)
-                            for runs in (DB_KERNEL, NNFUSION_KERNEL, "cuDNN", "cuBLAS")},
-                "blockfusion_groups": [[p.node for p in s.parts] for s in self.blockfusion_groups()],
-                "library_calls": self.library_calls}
+                "nodes_run_by": {runs: sum(p.runs == runs for p in parts)
+                                 for runs in (DB_KERNEL, NNFUSION_KERNEL, "cuDNN", "cuBLAS")},
+                "blockfusion_groups": [[p.node for p in s.parts] for s in self.blockfusion_groups()]}
 
 
 def analyse(generated: Generated, rows: Iterable[KernelRow]) -> Usage:
@@ -92,12 +115,19 @@ def analyse(generated: Generated, rows: Iterable[KernelRow]) -> Usage:
         if step.kind == LIBRARY:
             parts: tuple[Part, ...] = (Part(step.node, step.function, step.library),)
         elif step.kind == BLOCKFUSION:
-            parts = tuple(_part(member_node(m), m, by_function) for m in step.members)
+            parts = tuple(_part(_call_node(m, step.calls[:k]), m, by_function) for k, m in enumerate(step.calls))
         else:
             assert step.kind == KERNEL
             parts = (_part(step.node, step.function, by_function),)
-        steps.append(StepUse(step.node, step.kind, parts))
+        steps.append(StepUse(step.node, step.kind, parts, step.function))
     return Usage(steps, uses, generated.library_calls())
+
+
+def _call_node(block_function: str, earlier: tuple[str, ...]) -> str:
+    """The node a block-function call runs: the one the function is named after for its first call; the code does
+    not name the nodes that share the function (NNFusion emits one per kernel), so those are said to share it."""
+    node = member_node(block_function)
+    return node if block_function not in earlier else f"a node sharing {node}'s kernel"
 
 
 def _part(node: str, function: str, by_function: dict[str, list[str]]) -> Part:

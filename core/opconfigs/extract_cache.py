@@ -19,11 +19,12 @@ from typing import Any
 
 from core.db.state import state_dir
 from core.kernels import ops, opsig
-from core.opconfigs import onnx_extract, opconfig
+from core.opconfigs import nnfusion_import, onnx_extract, opconfig
+from core.opconfigs.nnfusion_import import Blocker
 from core.opconfigs.onnx_extract import Extraction, Note, Unmapped, extract
 from core.opconfigs.opconfig import OpConfig
 
-FORMAT_VERSION = b"2"  # 2: the fusion graph (units, links)
+FORMAT_VERSION = b"3"  # 2: the fusion graph (units, links); 3: the nodes NNFusion cannot compile
 
 
 def extract_cached(path: Path) -> Extraction:
@@ -33,7 +34,8 @@ def extract_cached(path: Path) -> Extraction:
     except OSError:
         return extract(path)  # which says what is wrong with the path
     h = hashlib.sha256(FORMAT_VERSION)
-    for part in (model, *(Path(m.__file__ or "").read_bytes() for m in (onnx_extract, opconfig, ops, opsig)),
+    code = (onnx_extract, nnfusion_import, opconfig, ops, opsig)
+    for part in (model, *(Path(m.__file__ or "").read_bytes() for m in code),
                  _onnx_install()):
         h.update(hashlib.sha256(part).digest())
     entry = state_dir() / "extractions" / f"{h.hexdigest()[:32]}.json"
@@ -59,6 +61,7 @@ def _onnx_install() -> bytes:
 def _to_json(e: Extraction) -> dict[str, Any]:
     return {"model_name": e.model_name, "node_count": e.node_count, "configs": [asdict(c) for c in e.configs],
             "nodes": e.nodes, "unmapped": [list(u) for u in e.unmapped], "notes": [list(n) for n in e.notes],
+            "blockers": [list(b) for b in e.blockers],
             "units": sorted(e.units), "links": [list(link) for link in e.links]}
 
 
@@ -71,4 +74,5 @@ def _from_json(d: dict[str, Any]) -> Extraction:
     return Extraction(d["model_name"], d["node_count"], configs,
                       {key: [tuple(m) for m in members] for key, members in d["nodes"].items()},
                       [Unmapped(*u) for u in d["unmapped"]], [Note(*n) for n in d["notes"]],
+                      [Blocker(*b) for b in d["blockers"]],
                       frozenset(d["units"]), tuple(tuple(link) for link in d["links"]))

@@ -48,6 +48,7 @@ from typing import Any, NamedTuple
 
 from core.errors import InputError
 from core.kernels.ops import ELEMENTWISE_ARITY
+from core.opconfigs.nnfusion_import import Blocker, import_blockers
 from core.opconfigs.opconfig import OpConfig, dedupe, validate
 
 # ONNX op -> NNFusion's element-wise op (as its ONNX importer translates them).
@@ -91,6 +92,8 @@ class Extraction:
     nodes: dict[str, list[tuple[str, ...]]]  # config.key -> the ONNX nodes of each occurrence
     unmapped: list[Unmapped] = field(default_factory=list)
     notes: list[Note] = field(default_factory=list)
+    # nodes NNFusion cannot compile whatever the DB holds (core/opconfigs/nnfusion_import.py)
+    blockers: list[Blocker] = field(default_factory=list)
     # NNFusion's element-wise fusion works on its own graph: every element-wise node, non-transposing reshape and
     # the bias Add it puts after a Conv/Gemm with a bias ("<node>/bias") is a unit; links join a unit to the
     # units that read its output. (See core/nnfusion/coverage.py for what the compiler does with them.)
@@ -115,6 +118,7 @@ class Extraction:
                          "nodes": ["+".join(n) for n in self.nodes[c.key]]} for c in self.configs],
             "unmapped": [u._asdict() for u in self.unmapped],
             "notes": [n._asdict() for n in self.notes],
+            "blockers": [b._asdict() for b in self.blockers],
         }
 
 
@@ -129,7 +133,8 @@ class _NotMapped(Exception):
 def extract(path: Path | str) -> Extraction:
     """The op configs of the model at `path`; InputError when it is not a readable ONNX model."""
     path = Path(path)
-    graph = _load(path).graph
+    model = _load(path)
+    graph = model.graph
     extractor = _Extractor(graph)
     extractor.run()
     nodes: dict[str, list[tuple[str, ...]]] = defaultdict(list)
@@ -137,7 +142,7 @@ def extract(path: Path | str) -> Extraction:
         nodes[config.key].append(members)
     units, links = extractor.fusion_graph()
     return Extraction(graph.name or path.stem, len(graph.node), dedupe(c for c, _ in extractor.ops), dict(nodes),
-                      extractor.unmapped, extractor.notes, units, links)
+                      extractor.unmapped, extractor.notes, import_blockers(model), units, links)
 
 
 def _load(path: Path) -> Any:
@@ -311,9 +316,6 @@ class _Extractor:
         elif op in ONNX_ELEMENTWISE:
             self._elementwise(i, node)
         elif op in LAYOUT_OPS:
-            if op == "Flatten" and "axis" not in _attrs(node):
-                self.notes.append(Note(self.names[i], "Flatten without its axis attribute: NNFusion's ONNX importer "
-                                       "aborts on it ('unknown attribute axis'); write axis=1 (the default) out"))
             raise _NotMapped("layout/shape op: no kernel-DB op type")
         elif op in CONTROL_FLOW:
             raise _NotMapped("control flow: its subgraphs are not analysed")
@@ -415,9 +417,6 @@ class _Extractor:
         params = {"arg0_shape": a_shape, "arg1_shape": b_shape, "out_shape": out,
                   "transpose_A": bool(attrs.get("transA", 0)), "transpose_B": bool(attrs.get("transB", 0))}
         self._emit(OpConfig("Dot", params, 1, dtype, source=self.names[i]), [i])
-        if not c:
-            self.notes.append(Note(self.names[i], "Gemm without its C input: NNFusion's ONNX importer crashes on it "
-                                   "(segfault at 'convert node', seen with its main branch); export it as MatMul"))
         if alpha != 1:
             self.unmapped.append(Unmapped(self.names[i], "Gemm", f"alpha={alpha:g}: NNFusion scales the Dot's result "
                                           "in a separate Multiply by a constant"))

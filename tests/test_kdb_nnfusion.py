@@ -1,0 +1,108 @@
+"""`kdb nnfusion` as the README has users run it, against the real compiler: the compiler the settings name, a DB
+not there yet, a relative --out, the launch check of a project with NNFusion's own file-scope helpers (BERT's
+softmax and layer norm), and launches counted as launches. Where the check could not run, the command fails.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from shared_data import shared_path
+
+pytest.importorskip("onnx")
+
+from conftest import run_kdb, run_kdb_json
+from onnx_models import attention_block, unrolled_lstm, write
+
+from core.db.kernel_db import NNFUSION_DDL
+from core.nnfusion.generated import parse_generated
+from core.nnfusion.launch_check import kernel_launches
+from core.nnfusion.usage import DB_KERNEL
+
+COMPILER = Path(os.environ.get("KDB_TEST_NNFUSION", shared_path("nnfusion/bin/nnfusion")))
+pytestmark = pytest.mark.skipif(not COMPILER.is_file(), reason=f"needs the NNFusion compiler at {COMPILER} "
+                                "(../shared/nnfusion, or KDB_TEST_NNFUSION): absent on a fresh clone")
+# PATH without any nnfusion: the compiler must come from the setting
+BARE_PATH = {"PATH": os.pathsep.join([str(Path(sys.executable).parent), "/usr/bin", "/bin"])}
+
+
+def entry_launches(project: Path) -> tuple[int, int]:
+    """(launch statements, distinct kernels launched) of kernel_entry, counted from the generated source."""
+    body = parse_generated((project / "nnfusion_rt.cu").read_text()).functions["kernel_entry"].body
+    running = "\n".join(line for line in body.splitlines() if not line.lstrip().startswith("//"))  # not eliminated
+    calls = re.findall(r"\b(\w+)_Call\(\s*dim3", running)
+    return len(calls), len(set(calls))
+
+
+def test_the_readme_pipeline_on_a_new_db_with_a_relative_out_checks_every_launch(tmp_path: Path):
+    """BERT's encoder: NNFusion writes `const int GPU_WARP_SIZE = 32;` and templates using it at file scope, and a
+    BlockFusion kernel (no launch bounds) is compiled for the check. The check dropped the constant ("identifier
+    GPU_WARP_SIZE is undefined"), a relative --out made nvcc miss its output file, and both exited 0."""
+    model = write(attention_block(), tmp_path / "attention.onnx")
+    assert run_kdb("settings", f"nnfusion_path={COMPILER}").returncode == 0
+    proc, report = run_kdb_json("nnfusion", model.name, "--db", "new.db", "--out", "out", cwd=tmp_path,
+                                env=BARE_PATH)
+    assert proc.returncode == 0, (proc.stderr[-2000:], report.get("problems"))
+    assert report["ok"] and report["problems"] == [] and report["db_created"] is True
+    assert (tmp_path / "new.db").is_file() and NNFUSION_DDL.startswith("CREATE TABLE IF NOT EXISTS KernelCache(")
+    assert Path(report["compile"]["command"][0]) == COMPILER.resolve()  # the setting's compiler
+    project = Path(report["compile"]["project"])
+    assert project.is_absolute() and project.is_relative_to(tmp_path / "out")
+    assert "const int GPU_WARP_SIZE = 32;" in (project / "nnfusion_rt.cu").read_text()
+    check = report["launch_check"]
+    assert check["error"] == "", check["error"]
+    unbounded = [k for k in check["kernels"] if k["launch_bounds"] is None]
+    assert unbounded and all(k["registers"] for k in unbounded), "a BlockFusion kernel was compiled and measured"
+    assert (check["launches"], check["distinct_kernels"]) == entry_launches(project)
+    usage = report["usage"]  # cuBLAS calls are steps, not kernel launches
+    assert (usage["kernel_launches"], usage["distinct_kernels"]) == entry_launches(project)
+    assert usage["library_calls"].get("cuBLAS", 0) >= 3 and len(usage["steps"]) > usage["kernel_launches"]
+
+
+def test_a_launch_check_that_cannot_run_fails_the_command_and_says_why(tmp_path: Path):
+    model = write(attention_block(), tmp_path / "attention.onnx")
+    assert run_kdb("settings", "nvcc_path=/nowhere/bin/nvcc").returncode == 0
+    args = ("nnfusion", str(model), "--db", str(tmp_path / "k.db"), "--nnfusion", str(COMPILER))
+    proc, report = run_kdb_json(*args, "--out", str(tmp_path / "a"))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    (problem,) = report["problems"]
+    assert problem.startswith("the launch check could not run: no nvcc to compile") and "/nowhere/bin/nvcc" in problem
+    assert report["launch_check"]["error"] in problem
+    text = run_kdb(*args, "--out", str(tmp_path / "b"))
+    assert text.returncode == 1 and "launch check could not run" in text.stdout and "no nvcc" in text.stdout
+    skipped = run_kdb(*args, "--out", str(tmp_path / "c"), "--no-launch-check")  # asked not to check: no problem
+    assert skipped.returncode == 0 and "launch check: skipped" in skipped.stdout, skipped.stdout
+
+
+def test_launches_and_distinct_kernels_are_counted_as_what_they_are(tmp_path: Path):
+    """An unrolled LSTM: 32 MatMuls of one shape run one DB row, fused by BlockFusion into a few kernels. The report
+    said "N kernel launches" of kernel_entry's steps (library calls included) and then "all M kernel launches fit"
+    of its distinct kernels; now launches are launch statements and distinct kernels are kernels, in both."""
+    pytest.importorskip("tvm")
+    from test_nnfusion_compiler import build_db
+
+    model = write(unrolled_lstm(steps=4), tmp_path / "lstm.onnx")
+    db = build_db(model, tmp_path / "k.db", tmp_path)
+    args = ("nnfusion", str(model), "--db", str(db), "--nnfusion", str(COMPILER))
+    proc, report = run_kdb_json(*args, "--out", str(tmp_path / "json"))
+    assert proc.returncode == 0, (proc.stderr[-2000:], report.get("problems"))
+    launches, kernels = entry_launches(Path(report["compile"]["project"]))
+    assert kernels < launches, "the model launches some kernel more than once"
+    usage, check = report["usage"], report["launch_check"]
+    assert (usage["kernel_launches"], usage["distinct_kernels"]) == (launches, kernels)
+    assert (check["launches"], check["distinct_kernels"]) == (launches, kernels)
+    assert sum(k["launches"] for k in check["kernels"]) == launches
+    generated = parse_generated((Path(report["compile"]["project"]) / "nnfusion_rt.cu").read_text())
+    assert {k: w.launches for k, w in kernel_launches(generated).items()} == {
+        k["kernel"]: k["launches"] for k in check["kernels"]}
+    assert usage["nodes_run_by"][DB_KERNEL] == 32  # every MatMul runs the one Dot row
+    text = run_kdb(*args, "--out", str(tmp_path / "text"))
+    assert text.returncode == 0, text.stderr[-2000:]
+    flat = " ".join(text.stdout.split())  # the table's caption folds
+    assert f"{launches} kernel launches of {kernels} distinct kernels" in flat, flat
+    assert f"all {launches} kernel launches ({kernels} distinct kernels) fit" in flat, flat
+    assert "run by 32 nodes" in flat

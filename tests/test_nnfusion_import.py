@@ -1,0 +1,162 @@
+"""What NNFusion cannot compile whatever the kernel DB holds (core/opconfigs/nnfusion_import.py): each pattern as a
+one-node model, found by kdb before any compiler runs, and held against the real compiler (it fails on the blocked
+form and compiles the written-out one). `kdb coverage` names the node and exits 1; `kdb nnfusion` says it before
+compiling and reports the compiler's decisive lines."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from shared_data import shared_path
+
+pytest.importorskip("onnx")
+
+from conftest import run_kdb, run_kdb_json
+from onnx import ModelProto
+from onnx_models import GraphBuilder, write
+
+from core.opconfigs.nnfusion_import import Blocker, import_blockers
+from core.opconfigs.onnx_extract import extract
+
+COMPILER = Path(os.environ.get("KDB_TEST_NNFUSION", shared_path("nnfusion/bin/nnfusion")))
+needs_compiler = pytest.mark.skipif(not COMPILER.is_file(), reason=f"needs the NNFusion compiler at {COMPILER} "
+                                    "(../shared/nnfusion, or KDB_TEST_NNFUSION): absent on a fresh clone")
+X = {"x": [1, 4, 8, 8]}
+
+
+def one(op: str, inputs: list[str] | None = None, opset: int = 17, shape: dict | None = None,
+        extra: Callable[[GraphBuilder], list[str]] | None = None, **attrs: object) -> ModelProto:
+    """A model of one node (named "n") on x."""
+    g = GraphBuilder(shape or X)
+    ins = ["x", *(extra(g) if extra else [])] if inputs is None else inputs
+    return g.model(g.node(op, ins, "n", **attrs), op.lower(), opset=opset)
+
+
+def conv_weight(g: GraphBuilder) -> list[str]:
+    return [g.weight("w", [4, 4, 3, 3])]
+
+
+# (pattern, the blocked model, the same written the way NNFusion takes it, or None when there is none)
+CASES: dict[str, tuple[Callable[[], ModelProto], Callable[[], ModelProto] | None]] = {
+    "Flatten without axis": (lambda: one("Flatten"), lambda: one("Flatten", axis=1)),
+    "Gemm without C": (lambda: one("Gemm", shape={"x": [1, 16]}, extra=lambda g: [g.weight("w", [16, 8])]),
+                       lambda: one("Gemm", shape={"x": [1, 16]},
+                                   extra=lambda g: [g.weight("w", [16, 8]), g.weight("c", [8])])),
+    "Unsqueeze with axes as an input": (lambda: one("Unsqueeze", extra=lambda g: [g.constant("axes", [0])]),
+                                        lambda: one("Unsqueeze", opset=11, axes=[0])),
+    "Dropout without ratio 0": (lambda: one("Dropout", opset=11), lambda: one("Dropout", opset=11, ratio=0.0)),
+    "Conv with auto_pad": (lambda: one("Conv", extra=conv_weight, kernel_shape=[3, 3], auto_pad="SAME_UPPER"),
+                           lambda: one("Conv", extra=conv_weight, kernel_shape=[3, 3], pads=[1, 1, 1, 1])),
+    "AveragePool without strides": (lambda: one("AveragePool", kernel_shape=[2, 2]),
+                                    lambda: one("AveragePool", kernel_shape=[2, 2], strides=[1, 1])),
+    "Pad without attributes": (lambda: one("Pad", extra=lambda g: [g.constant("pads", [0, 0, 1, 1, 0, 0, 1, 1])]),
+                               lambda: one("Pad", extra=lambda g: [g.constant("pads", [0, 0, 1, 1, 0, 0, 1, 1])],
+                                           mode="constant")),
+    "Pad with pads as an attribute": (lambda: one("Pad", opset=2, pads=[0, 0, 1, 1, 0, 0, 1, 1]), None),
+    "an op without translator or generic op": (lambda: one("Elu"), lambda: one("Sign")),  # Sign: a generic op
+    "GRU": (lambda: one("GRU", shape={"x": [3, 1, 4]}, hidden_size=8,
+                        extra=lambda g: [g.weight("W", [1, 24, 4]), g.weight("R", [1, 24, 8])]), None),
+    "Upsample": (lambda: one("Upsample", opset=9, extra=lambda g: [g.constant("scales", [1, 1, 2, 2], "float32")]),
+                 None),
+    "ConvTranspose": (lambda: one("ConvTranspose", extra=conv_weight, kernel_shape=[3, 3]), None),
+    "LSTM": (lambda: one("LSTM", shape={"x": [3, 1, 4]}, hidden_size=8,
+                         extra=lambda g: [g.weight("W", [1, 32, 4]), g.weight("R", [1, 32, 8])]), None),
+    "Resize": (lambda: one("Resize", extra=lambda g: ["", g.constant("scales", [1, 1, 2, 2], "float32")]), None),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_kdb_finds_the_node_before_any_compiler_runs(case: str):
+    blocked, fixed = CASES[case]
+    model = blocked()
+    (blocker,) = import_blockers(model)
+    assert blocker == Blocker("n", model.graph.node[0].op_type, blocker.reason) and blocker.reason
+    if fixed is not None:
+        assert import_blockers(fixed()) == []
+
+
+def nnfusion(model: ModelProto, work: Path) -> subprocess.CompletedProcess[str]:
+    work.mkdir(parents=True)
+    path = write(model, work / "m.onnx")
+    return subprocess.run([str(COMPILER), str(path), "-f", "onnx", f"-fkernel_cache_path={work / 'k.db'}"], cwd=work,
+                          capture_output=True, text=True, timeout=300)
+
+
+@needs_compiler
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_real_compiler_fails_where_kdb_says_and_compiles_the_written_out_form(tmp_path: Path, case: str):
+    blocked, fixed = CASES[case]
+    failed = nnfusion(blocked(), tmp_path / "blocked")
+    assert failed.returncode != 0, failed.stdout[-2000:]
+    assert not (tmp_path / "blocked" / "nnfusion_rt" / "cuda_codegen" / "nnfusion_rt.cu").exists()
+    if fixed is not None:
+        compiled = nnfusion(fixed(), tmp_path / "fixed")
+        assert compiled.returncode == 0, compiled.stdout[-3000:]
+        assert (tmp_path / "fixed" / "nnfusion_rt" / "cuda_codegen" / "nnfusion_rt.cu").is_file()
+
+
+def flatten_network(tmp_path: Path) -> Path:
+    """A conv network whose classifier's Flatten has no axis (as a hand-built AlexNet had it)."""
+    g = GraphBuilder({"x": [1, 3, 16, 16]})
+    y = g.node("Relu", [g.conv("x", 3, 8, 3, name="conv")], "relu")
+    y = g.node("Flatten", [g.node("GlobalAveragePool", [y], "pool")], "flatten")
+    y = g.node("Gemm", [y, g.weight("fc_w", [10, 8]), g.weight("fc_b", [10])], "fc", transB=1)
+    return write(g.model(y, "flatten_net"), tmp_path / "flatten_net.onnx")
+
+
+def test_kdb_coverage_names_the_node_and_exits_1(tmp_path: Path):
+    model = flatten_network(tmp_path)
+    assert [b.node for b in extract(model).blockers] == ["flatten"]
+    proc, report = run_kdb_json("coverage", str(model), "--db", str(tmp_path / "k.db"))
+    assert proc.returncode == 1
+    (blocker,) = report["blockers"]
+    assert (blocker["node"], blocker["op_type"]) == ("flatten", "Flatten") and "axis" in blocker["reason"]
+    text = run_kdb("coverage", str(model), "--db", str(tmp_path / "k.db"))
+    flat = " ".join(text.stdout.split())
+    assert text.returncode == 1 and "NNFusion cannot compile flatten_net" in flat
+    assert "node flatten (Flatten): Flatten without its axis attribute" in flat
+
+
+@needs_compiler
+def test_kdb_nnfusion_says_it_before_compiling_and_gives_the_compilers_decisive_lines(tmp_path: Path):
+    model = flatten_network(tmp_path)
+    args = ("nnfusion", str(model), "--db", str(tmp_path / "k.db"), "--nnfusion", str(COMPILER))
+    text = run_kdb(*args, "--out", str(tmp_path / "text"))
+    assert text.returncode == 1
+    flat = " ".join(text.stdout.split())
+    said, failed = flat.find("node flatten (Flatten)"), flat.find("NNFusion failed")
+    assert 0 <= said < failed, flat
+    assert "killed by SIGABRT while importing ONNX node flatten" in flat
+    assert "Node (flatten): unknown attribute 'axis'" in flat
+    proc, report = run_kdb_json(*args, "--out", str(tmp_path / "json"))
+    assert proc.returncode == 1 and not report["ok"]
+    assert report["decisive_lines"][0] == "while importing ONNX node flatten"
+    assert any("unknown attribute 'axis'" in line for line in report["decisive_lines"])
+    assert not any("onnxruntime" in line for line in report["decisive_lines"])  # every run's noise left out
+    assert [b["node"] for b in report["blockers"]] == ["flatten"]
+
+
+async def test_the_consoles_coverage_names_the_node_nnfusion_cannot_compile(tmp_path: Path):
+    from console_helpers import FixedDeviceApp
+    from test_console_opconfigs import import_path, open_view, text, wait_for
+
+    from console.context import ConsoleContext
+    from core.db.kernel_db import KernelDB
+    from core.settings import Settings
+
+    model = flatten_network(tmp_path)
+    KernelDB.create_if_missing(tmp_path / "k.db")
+    app = FixedDeviceApp(ConsoleContext(db_path=tmp_path / "k.db", settings=Settings(workers=1),
+                                        device_summary="no CUDA device (test)"))
+    async with app.run_test(size=(160, 45)) as pilot:
+        screen = await open_view(pilot)
+        await import_path(pilot, screen, model, len(extract(model).configs))
+        assert "cannot compile" not in text(screen, "#opconfigs-status")  # said with coverage (c)
+        await pilot.press("c")
+        await wait_for(pilot, lambda: len(screen.coverage) == len(screen.configs))
+        status = " ".join(text(screen, "#opconfigs-status").split())
+        assert "NNFusion cannot compile flatten_net: node flatten (Flatten): Flatten without its axis" in status
