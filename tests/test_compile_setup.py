@@ -68,8 +68,7 @@ def test_the_cli_and_the_console_build_the_job_from_the_settings(tmp_path: Path)
 
 def test_kdb_nnfusion_looks_for_the_compiler_the_settings_name(tmp_path: Path):
     """With nnfusion_path saved, the command said "no NNFusion compiler found in PATH": it never read the setting."""
-    model = tmp_path / "m.onnx"
-    model.write_bytes(b"")  # the compiler is looked for first
+    model = onnx_model(tmp_path)
     assert run_kdb("settings", "nnfusion_path=/nowhere/bin/nnfusion").returncode == 0
     proc = run_kdb("nnfusion", str(model), "--db", str(tmp_path / "k.db"))
     assert proc.returncode == 2

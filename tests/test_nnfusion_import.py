@@ -119,6 +119,8 @@ def test_kdb_coverage_names_the_node_and_exits_1(tmp_path: Path):
     flat = " ".join(text.stdout.split())
     assert text.returncode == 1 and "NNFusion cannot compile flatten_net" in flat
     assert "node flatten (Flatten): Flatten without its axis attribute" in flat
+    extracted = run_kdb("opconfig", "extract", str(model))  # extraction says it too (exit 0: it extracted)
+    assert extracted.returncode == 0 and "node flatten (Flatten)" in " ".join(extracted.stdout.split())
 
 
 @needs_compiler

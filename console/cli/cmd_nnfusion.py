@@ -37,13 +37,13 @@ def main(args: argparse.Namespace) -> int:
                          + (" (--run turns it on: --no-fit-launches turns it off)" if args.run else ""))
     from console.cli.nnfusion_run import run_network_command, run_options_given
 
-    if args.run:
-        return run_network_command(args, job, fit_launches=fit)
-    if run_options := run_options_given(args):
+    if not args.run and (run_options := run_options_given(args)):
         raise InputError(f"{', '.join(run_options)}: only with --run")
     if not args.json and (blockers := import_blockers(job)):  # said before the compiler runs; it stays the judge
         print_blockers(job.model.name, blockers)
         out.print("compiling anyway: your NNFusion has the last word", highlight=False)
+    if args.run:
+        return run_network_command(args, job, fit_launches=fit)
     made: list[str] = []
 
     def compile_once(on_line: Callable[[str], None] | None = None) -> CompileReport:

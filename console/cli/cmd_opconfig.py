@@ -74,6 +74,9 @@ def print_extraction(extraction: Extraction) -> None:
         out.print(table)
     for note in extraction.notes:
         out.print(f"note: {note.node}: {note.text}", markup=False, highlight=False, soft_wrap=True)
+    from console.cli.cmd_coverage import print_blockers
+
+    print_blockers(extraction.model_name, extraction.blockers)
 
 
 def _check(args: argparse.Namespace) -> int:

@@ -71,4 +71,6 @@ class ImportReport(Static):
         else:
             lines.append("every node maps to an op config")
         lines += [f"[dim]note: {escape(n.node)}: {escape(n.text)}[/]" for n in extraction.notes]
+        lines += [f"[$error]NNFusion cannot compile node {escape(b.node)} ({escape(b.op_type)}): {escape(b.reason)}[/]"
+                  for b in extraction.blockers]
         self.update("\n".join(lines))
