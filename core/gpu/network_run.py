@@ -294,8 +294,8 @@ def _judge(run: NetworkRun) -> None:
     if slower:
         run.findings.append(f"slower with the DB: {db.timing['median_ms']:.4f} ms against "
                             f"{empty.timing['median_ms']:.4f} ms with the empty DB")
-    if db.compile is not None and (failures := db.compile.launch_failures()):
-        run.notes += [f"cannot launch: {line}" for line in failures]
+    if db.compile is not None:  # the compile's own problems (a launch check that could not run, too) ride along
+        run.notes += db.compile.problems()
     run.status = FAILED if wrong or slower else OK
 
 
