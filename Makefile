@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+HEADERS := $(VENV)/.headers
 
 .PHONY: run test bench-smoke fuzz lint clean
 
@@ -13,12 +14,17 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[tvm,dev]'
 	touch $(STAMP)
 
+# The cuDNN/cuBLAS headers the network zoo's compile check needs (tests/test_zoo.py); only `make test` installs them.
+$(HEADERS): $(STAMP)
+	$(BIN)/pip install -q -e '.[headers]'
+	touch $(HEADERS)
+
 run: $(STAMP)
 	$(BIN)/kdb console --demo
 
 # One pytest run over every core (pytest-xdist; work stealing evens out the long tuning tests): the default
 # suite, the fuzz run (10,000 examples per parser) and bench-smoke (tests/test_bench_smoke.py) together.
-test: $(STAMP)
+test: $(STAMP) $(HEADERS)
 	$(BIN)/ruff check core console tests bench
 	$(BIN)/lint-imports
 	$(BIN)/pytest -q -n auto --dist worksteal -m "not gpu"

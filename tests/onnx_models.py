@@ -180,3 +180,27 @@ def unrolled_lstm(steps: int = 4, hidden: int = 32) -> ModelProto:
                    f"c{t}")
         h = g.node("Mul", [act["o"], g.node("Tanh", [c], f"tc{t}")], f"h{t}")
     return g.model(h, "unrolled_lstm")
+
+
+# -- helpers for the network zoo (tests/zoo.py) --------------------------------------------------------------
+
+def constant(g: GraphBuilder, prefix: str, values: list[int] | list[float], dtype: type = np.int64) -> str:
+    """A constant initializer (a Reshape's shape, a Clip's bound, a scale): what exporters write for them."""
+    name = g.unique(prefix)
+    g.initializers.append(numpy_helper.from_array(np.asarray(values, dtype=dtype), name))
+    return name
+
+
+def scalar(g: GraphBuilder, prefix: str, value: float) -> str:
+    """A float32 scalar initializer (rank 0), as exporters write `x / 8.0` or `x * 0.5`."""
+    name = g.unique(prefix)
+    g.initializers.append(numpy_helper.from_array(np.asarray(value, dtype=np.float32), name))
+    return name
+
+
+def node_outputs(g: GraphBuilder, op_type: str, inputs: list[str], count: int, name: str, **attrs: Any) -> list[str]:
+    """A node of several outputs (Split): the names of its outputs."""
+    name = g.unique(name)
+    outputs = [f"{name}_out{i}" for i in range(count)]
+    g.nodes.append(helper.make_node(op_type, inputs, outputs, name=name, **attrs))
+    return outputs
