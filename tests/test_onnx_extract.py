@@ -134,9 +134,10 @@ def test_a_bottleneck_resnet_50_extracts_as_nnfusion_fuses_it(model_path):
     accounted(ext, path)
     by_type = nodes_by_type(ext)
     # each block: two Conv+Relu and its 1x1 expansion taking the Add and the Relu; the stem fuses its Relu;
-    # the four shortcut convs (each stage's first block) stay plain
-    assert by_type == {"Fused_Convolution_Relu": 33, "Fused_Convolution_Add_Relu": 16, "Convolution": 4,
-                       "MaxPool": 1, "AvgPool": 1, "Dot": 1}
+    # the four shortcut convs (each stage's first block) stay plain, and so do stage 1's three expansions: the
+    # first block's shortcut conv has their shapes and is its Add's second input (the compiler would crash)
+    assert by_type == {"Fused_Convolution_Relu": 33, "Fused_Convolution_Add_Relu": 13, "Convolution": 7,
+                       "Add": 3, "Relu": 3, "MaxPool": 1, "AvgPool": 1, "Dot": 1}
     # torchvision's v1.5: a stage's stride is on its first 3x3, after the 1x1 reduction at full size
     strided = [c.params for c in ext.configs if c.op_type == "Fused_Convolution_Relu"
                and c.params["window_movement_strides"] == [2, 2]]
@@ -149,6 +150,26 @@ def test_a_bottleneck_resnet_50_extracts_as_nnfusion_fuses_it(model_path):
 
 
 # -- NNFusion's fusion rules ---------------------------------------------------------------------
+
+
+def test_a_conv_at_an_adds_second_input_is_not_fused_nor_any_conv_of_its_shapes(model_path):
+    """NNFusion's Conv+Add+Relu substitution takes the Add's second input for the residual: with the conv there, the
+    compiler segfaults once the DB holds the fused kernel (seen with ../shared/nnfusion; tests/test_zoo.py's ResNet-50,
+    whose first shortcut conv has the shapes of the block's expansion). Such a conv stays a Convolution, and so does
+    every conv of its shapes (the compiler would substitute at the second input too); other convs still fuse."""
+    g = GraphBuilder({"x": [1, 16, 14, 14]})
+    y = g.node("Relu", [g.node("Add", ["x", g.conv("x", 16, 16, 3, name="second")], "add1")], "relu1")
+    y = g.node("Relu", [g.node("Add", [g.conv(y, 16, 16, 3, name="same_shapes"), y], "add2")], "relu2")
+    y = g.node("Relu", [g.node("Add", [g.conv(y, 16, 16, 1, pad=0, name="other"), y], "add3")], "relu3")
+    ext = extract(model_path(g.model(y)))
+    plain = conv_params(16, 16, 3, 14, 14)
+    assert [(c.op_type, c.params, ext.nodes[c.key]) for c in ext.configs if c.op_type not in ("Add", "Relu")] == [
+        ("Convolution", plain, [("second",), ("same_shapes",)]),
+        ("Fused_Convolution_Add_Relu", conv_params(16, 16, 1, 14, 14, pad=0), [("other", "add3", "relu3")]),
+    ]
+    notes = {n.node: n.text for n in ext.notes}
+    assert "it is the Add's second input" in notes["add1"] and "crashes" in notes["add1"]
+    assert "a conv of its shapes is, at add1, the Add's second input" in notes["add2"]
 
 
 def test_conv_bias_fuses_with_a_relu_and_is_an_unmapped_broadcast_without_one(model_path):

@@ -17,6 +17,10 @@ The mapping follows NNFusion's ONNX importer and its pattern-substitution pass:
   only consumer is the Add and the Add's only consumer is the Relu (the Add's other input is the
   residual, or a bias NNFusion broadcasts first); else Conv -> Relu gives Fused_Convolution_Relu.
   The fused nodes are consumed. When two convs feed one Add, the first in node order takes it.
+  The conv must be the Add's first input: the substitution takes the Add's second input as the residual,
+  and with the conv there the compiler crashes (segfault). So a conv feeding an Add's second input stays
+  a Convolution, and so does every conv of its shapes: the compiler would substitute the pattern there
+  too (ResNet-50's first block: conv3 and the shortcut conv have one shape, the shortcut comes second).
   (The compiler substitutes only when the DB holds the fused kernel; coverage says what happens
   otherwise.)
 - Gemm -> Dot with transA/transB on the stored shapes of A and B. The C add is reported unmapped when
@@ -263,6 +267,7 @@ class _Extractor:
                 if name:
                     self.users[name].append(i)
         self.graph_outputs = {o.name for o in graph.output}
+        self.second_input_convs = self._convs_feeding_a_second_input()
         self.done: set[int] = set()
         self.ops: list[tuple[OpConfig, tuple[str, ...]]] = []
         self.unmapped: list[Unmapped] = []
@@ -344,11 +349,40 @@ class _Extractor:
 
     # -- convolutions ---------------------------------------------------------------------
 
-    def _conv(self, i: int, node: Any) -> None:
+    def _convs_feeding_a_second_input(self) -> dict[str, str]:
+        """Conv -> Add -> Relu chains (single out-edges, as the compiler matches them) whose conv is the Add's second
+        input: the conv's shapes (_conv_shapes) -> the Add's name."""
+        found: dict[str, str] = {}
+        for node in self.nodes:
+            biased = len(node.input) > 2 and bool(node.input[2])  # its chain is Conv -> Add(bias) -> ...
+            if node.op_type != "Conv" or biased or int(_attrs(node).get("group", 1)) != 1:
+                continue
+            add = self._only_user(node.output[0], "Add")
+            if add is None or self.nodes[add].input[1] != node.output[0] \
+                    or self._only_user(self.nodes[add].output[0], "Relu") is None:
+                continue
+            try:
+                found.setdefault(self._conv_shapes(node), self.names[add])
+            except (_NotMapped, InputError):
+                continue  # reported when the conv itself is mapped
+        return found
+
+    def _only_user(self, tensor: str, op_type: str) -> int | None:
+        """The node of this op type that is the tensor's only out-edge, mapped or not."""
+        users = self.users.get(tensor, [])
+        if len(users) != 1 or tensor in self.graph_outputs:
+            return None
+        return users[0] if self.nodes[users[0]].op_type == op_type else None
+
+    def _conv_shapes(self, node: Any) -> str:
+        """What the compiler's identifier of a convolution says: its shapes, strides, dilations, padding, type."""
         x, w, y = node.input[0], node.input[1], node.output[0]
         bias = node.input[2] if len(node.input) > 2 else ""
+        return repr((self._conv_params(node), self.t.dtype([x, w, bias, y])))
+
+    def _conv_params(self, node: Any) -> dict[str, Any]:
+        x, w, y = node.input[0], node.input[1], node.output[0]
         xs, ws, ys = self.t.shape(x), self.t.shape(w), self.t.shape(y)
-        dtype = self.t.dtype([x, w, bias, y])
         spatial = len(xs) - 2
         if spatial < 1 or len(ws) != len(xs) or len(ys) != len(xs):
             raise _NotMapped(f"input {xs}, filter {ws}: not an N,C,spatial.. convolution")
@@ -363,7 +397,15 @@ class _Extractor:
         }
         if above != below:
             params["padding_above_diff"] = above
-        groups = int(attrs.get("group", 1))
+        return params
+
+    def _conv(self, i: int, node: Any) -> None:
+        x, w, y = node.input[0], node.input[1], node.output[0]
+        bias = node.input[2] if len(node.input) > 2 else ""
+        params = self._conv_params(node)
+        ys = params["output_shape"]
+        dtype = self.t.dtype([x, w, bias, y])
+        groups = int(_attrs(node).get("group", 1))
         op_type, members = self._fuse(i, ys, dtype, bool(bias)) if groups == 1 else ("Convolution", [i])
         self._emit(OpConfig(op_type, params, groups, dtype, source="+".join(self.names[m] for m in members)), members)
         if bias and op_type == "Convolution":
@@ -377,6 +419,8 @@ class _Extractor:
         relu = self._sole_consumer(conv_out, "Relu")
         if relu is not None and self._same(relu, out, dtype):
             # With a bias NNFusion's chain is already Convolution -> Add -> Relu.
+            if has_bias and self._second_input_crash(i, self.names[relu], second=False):
+                return "Convolution", [i]
             return ("Fused_Convolution_Add_Relu" if has_bias else "Fused_Convolution_Relu"), [i, relu]
         add = None if has_bias else self._sole_consumer(conv_out, "Add")
         if add is None or not self._same(add, out, dtype):
@@ -389,10 +433,24 @@ class _Extractor:
         relu = self._sole_consumer(self.nodes[add].output[0], "Relu")
         if relu is None or not self._same(relu, out, dtype):
             return "Convolution", [i]
+        if self._second_input_crash(i, self.names[add], second=b == conv_out):
+            return "Convolution", [i]
         if other_shape != out:
             self.notes.append(Note(self.names[add], f"the {other_shape} input is broadcast to {out} before the fused "
                                    "Conv+Add+Relu (a Broadcast node: no kernel-DB op type)"))
         return "Fused_Convolution_Add_Relu", [i, add, relu]
+
+    def _second_input_crash(self, i: int, at: str, *, second: bool) -> bool:
+        """Whether conv i's Conv+Add+Relu would crash the compiler (it, or a conv of its shapes, is an Add's second
+        input); if so, a note at `at` says why it is not fused."""
+        add = self.second_input_convs.get(self._conv_shapes(self.nodes[i]))
+        if add is None:
+            return False
+        where = "it is" if second else f"a conv of its shapes is, at {add},"
+        self.notes.append(Note(at, f"Conv+Add+Relu not fused: {where} the Add's second input, which NNFusion's pattern "
+                               "substitution takes for the residual; the compiler crashes (segfault) on it when the DB "
+                               "holds the fused kernel. Write Add(conv, residual) to fuse"))
+        return True
 
     def _same(self, j: int, out: list[int], dtype: str) -> bool:
         """Node j's output has this shape and element type (so it can join a fused conv)."""
