@@ -239,3 +239,19 @@ def test_a_bert_dense_dot_is_promised_from_its_row_and_falls_back_to_cublas_with
     assert entry.db_flops == 2 * 128 * 768 * 768
     (none,) = entries_for(model, make_db(tmp_path / "empty.db", []))
     assert (none.status, none.runs, none.row) == (MISSING, "cuBLAS", None)
+
+
+def test_a_compiler_that_threw_is_reported_with_the_exceptions_message(tmp_path: Path):
+    """The `what():` line carries the message of the exception that ended NNFusion (the NASNet cell of
+    tests/test_zoo.py, its log's last two lines here): the reason ends with it, not with the type alone."""
+    from core.nnfusion.compiler import CompileResult
+
+    log = tmp_path / "nnfusion.log"
+    log.write_text("[INFO] 2026-12-05T07:38:57z onnx.cpp 86\tParsing\n"
+                   "terminate called after throwing an instance of 'nnfusion::graph::autobroadcast_incompatible_shapes'\n"
+                   "  what():  Auto-broadcast not possible for these input shapes: shape1=[1, 44, 26, 26] "
+                   "shape2=[1, 44, 28, 28]\n", encoding="utf-8")
+    result = CompileResult(["nnfusion"], tmp_path, -6, 0.4, log)
+    assert [line.split(" ")[0] for line in result.decisive_lines()] == ["terminate", ""]
+    assert result.reason().endswith("what():  Auto-broadcast not possible for these input shapes: "
+                                    "shape1=[1, 44, 26, 26] shape2=[1, 44, 28, 28]")

@@ -31,7 +31,8 @@ FLAG_DEFAULTS: dict[str, int | bool] = {
 _FLAG = re.compile(r"^--?f(\w+?)(?:=(.*))?$")
 _LOOKUP = re.compile(r"Trying to fetch kernel (.*) on DeviceType: (\S+)\s*$")
 _SUBSTITUTED = re.compile(r"Substitution applied: (.*?)\s*$")
-_DECISIVE = re.compile(r"\b(ERROR|FATAL|Check failed|CHECK|Failure at|terminate called|what\(\)|Aborted|exception)\b",
+# `what():` (the message of the exception that ended it) has no word boundary after its parenthesis: outside \b..\b.
+_DECISIVE = re.compile(r"\b(ERROR|FATAL|Check failed|CHECK|Failure at|terminate called|Aborted|exception)\b|\bwhat\(\)",
                        re.IGNORECASE)
 # Lines every run prints, failing or not: the optional onnxruntime pre-optimisation's traceback, and kernel
 # selection finding no kernel for graph inputs and outputs.
