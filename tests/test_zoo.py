@@ -115,11 +115,14 @@ def test_the_network_compiles_with_the_kernels_kdb_made(tmp_path: Path, name: st
     assert inject.returncode == 0, said(inject)
     compiled = kdb(tmp_path, "nnfusion", "model.onnx", "--db", DB, "--nnfusion", str(COMPILER), "--json")
     report = json.loads(compiled.stdout)
+    outcome = (f"exit {compiled.returncode}: {report['reason']}\n" + "\n".join(report["decisive_lines"])
+               + f"\nlaunch check: {report['launch_check'] and report['launch_check']['error']}; cannot launch: "
+               f"{report['launch_failures']}; broken promises: {report['broken_promises']}")
     if name in COMPILER_FAULTS:
         assert compiled.returncode == 1 and not report["ok"], "the compiler now takes it: give it the full checks"
-        assert COMPILER_FAULTS[name] in "\n".join([report["reason"], *report["decisive_lines"]]), said(compiled)
+        assert COMPILER_FAULTS[name] in "\n".join([report["reason"], *report["decisive_lines"]]), outcome
         return
-    assert compiled.returncode == 0, said(compiled)
+    assert compiled.returncode == 0, outcome
     assert report["ok"] and report["product_name"] == PRODUCT
     promised, used = set(report["promised"]), set(report["usage"]["db_rows_used"])
     assert promised, "every network here has ops the DB serves"
@@ -127,6 +130,6 @@ def test_the_network_compiles_with_the_kernels_kdb_made(tmp_path: Path, name: st
     from_db = {e["identifier"] for e in report["coverage"] if e["row"] and e["row"]["key"] in used}
     assert not set(MUST_RUN_FROM_DB.get(name, ())) - from_db, f"run from the DB: {sorted(from_db)}"
     check = report["launch_check"]  # ran on the generated device code: compiled, every launch fits
-    assert check is not None and check["arch"] == "sm_90", said(compiled)
+    assert check is not None and check["arch"] == "sm_90", outcome
     assert not check["error"] and check["launches"] and not report["launch_failures"], check["error"]
     nvcc_compiles(Path(report["compile"]["project"]), tmp_path, report["usage"]["library_calls"])

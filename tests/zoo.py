@@ -89,8 +89,9 @@ def _dense(g: GraphBuilder, x: str, n_in: int, n_out: int, name: str) -> str:
 
 
 def _layer_norm(g: GraphBuilder, x: str, hidden: int, name: str, eps: float = 1e-12) -> str:
-    """LayerNorm as torch.onnx writes it below opset 17: ReduceMean, Sub, Pow, ReduceMean, Add eps, Sqrt, Div, *
-    gamma + beta (opset 17's LayerNormalization is a GenericOp in NNFusion's importer; see test_zoo)."""
+    """LayerNorm as torch.onnx's TorchScript exporter writes it: ReduceMean, Sub, Pow, ReduceMean, Add eps, Sqrt, Div,
+    * gamma + beta. (NNFusion's importer takes opset 17's LayerNormalization too, as a LayerNorm op of its own
+    kernel; the decomposed form gives the kernel DB more to look up: its element-wise ops.)"""
     mean = g.node("ReduceMean", [x], f"{name}_mean", axes=[-1], keepdims=1)
     centred = g.node("Sub", [x, mean], f"{name}_sub")
     var = g.node("ReduceMean", [g.node("Pow", [centred, scalar(g, f"{name}_two", 2.0)], f"{name}_pow")],
