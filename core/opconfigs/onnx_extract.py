@@ -361,10 +361,8 @@ class _Extractor:
             if add is None or self.nodes[add].input[1] != node.output[0] \
                     or self._only_user(self.nodes[add].output[0], "Relu") is None:
                 continue
-            try:
-                found.setdefault(self._conv_shapes(node), self.names[add])
-            except (_NotMapped, InputError):
-                continue  # reported when the conv itself is mapped
+            if (shapes := self._conv_shapes(node)) is not None:
+                found.setdefault(shapes, self.names[add])
         return found
 
     def _only_user(self, tensor: str, op_type: str) -> int | None:
@@ -374,15 +372,23 @@ class _Extractor:
             return None
         return users[0] if self.nodes[users[0]].op_type == op_type else None
 
-    def _conv_shapes(self, node: Any) -> str:
-        """What the compiler's identifier of a convolution says: its shapes, strides, dilations, padding, type."""
+    def _conv_shapes(self, node: Any) -> str | None:
+        """What the compiler's identifier of a convolution is made of (its input, filter and output shapes, strides,
+        dilations, pads, element types) as the model writes them; None where shape inference left one unknown."""
+        shapes = [self.t.known_shape(name) for name in node.output[:1] + node.input[:2]]
+        if None in shapes:
+            return None
+        attrs = _attrs(node)
+        spatial = len(shapes[0] or []) - 2
+        return repr((shapes, list(attrs.get("strides", [1] * spatial)), list(attrs.get("dilations", [1] * spatial)),
+                     list(attrs.get("pads", [0] * 2 * spatial)), attrs.get("auto_pad", "NOTSET"),
+                     [self.t.elem_type(name) for name in node.input[:2]]))
+
+    def _conv(self, i: int, node: Any) -> None:
         x, w, y = node.input[0], node.input[1], node.output[0]
         bias = node.input[2] if len(node.input) > 2 else ""
-        return repr((self._conv_params(node), self.t.dtype([x, w, bias, y])))
-
-    def _conv_params(self, node: Any) -> dict[str, Any]:
-        x, w, y = node.input[0], node.input[1], node.output[0]
         xs, ws, ys = self.t.shape(x), self.t.shape(w), self.t.shape(y)
+        dtype = self.t.dtype([x, w, bias, y])
         spatial = len(xs) - 2
         if spatial < 1 or len(ws) != len(xs) or len(ys) != len(xs):
             raise _NotMapped(f"input {xs}, filter {ws}: not an N,C,spatial.. convolution")
@@ -397,15 +403,7 @@ class _Extractor:
         }
         if above != below:
             params["padding_above_diff"] = above
-        return params
-
-    def _conv(self, i: int, node: Any) -> None:
-        x, w, y = node.input[0], node.input[1], node.output[0]
-        bias = node.input[2] if len(node.input) > 2 else ""
-        params = self._conv_params(node)
-        ys = params["output_shape"]
-        dtype = self.t.dtype([x, w, bias, y])
-        groups = int(_attrs(node).get("group", 1))
+        groups = int(attrs.get("group", 1))
         op_type, members = self._fuse(i, ys, dtype, bool(bias)) if groups == 1 else ("Convolution", [i])
         self._emit(OpConfig(op_type, params, groups, dtype, source="+".join(self.names[m] for m in members)), members)
         if bias and op_type == "Convolution":
@@ -443,7 +441,8 @@ class _Extractor:
     def _second_input_crash(self, i: int, at: str, *, second: bool) -> bool:
         """Whether conv i's Conv+Add+Relu would crash the compiler (it, or a conv of its shapes, is an Add's second
         input); if so, a note at `at` says why it is not fused."""
-        add = self.second_input_convs.get(self._conv_shapes(self.nodes[i]))
+        shapes = self._conv_shapes(self.nodes[i])
+        add = self.second_input_convs.get(shapes) if shapes is not None else None
         if add is None:
             return False
         where = "it is" if second else f"a conv of its shapes is, at {add},"
