@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-HEADERS := $(VENV)/.headers
+RUN_EXTRA := $(VENV)/.run-extra
 
 .PHONY: run test bench-smoke fuzz lint clean
 
@@ -14,17 +14,19 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[tvm,dev]'
 	touch $(STAMP)
 
-# The cuDNN/cuBLAS headers the network zoo's compile check needs (tests/test_zoo.py); only `make test` installs them.
-$(HEADERS): $(STAMP)
-	$(BIN)/pip install -q -e '.[headers]'
-	touch $(HEADERS)
+# The `run` extra (cuDNN, cuBLAS, ONNX Runtime: about 1 GB of wheels) for the tests only: the network zoo compiles
+# NNFusion's generated code with the real library headers (tests/test_zoo.py), and `kdb nnfusion --run` builds and
+# links it (tests/test_nnfusion_run.py). `make run` does without.
+$(RUN_EXTRA): $(STAMP)
+	$(BIN)/pip install -q -e '.[run]'
+	touch $(RUN_EXTRA)
 
 run: $(STAMP)
 	$(BIN)/kdb console --demo
 
 # One pytest run over every core (pytest-xdist; work stealing evens out the long tuning tests): the default
 # suite, the fuzz run (10,000 examples per parser) and bench-smoke (tests/test_bench_smoke.py) together.
-test: $(STAMP) $(HEADERS)
+test: $(STAMP) $(RUN_EXTRA)
 	$(BIN)/ruff check core console tests bench
 	$(BIN)/lint-imports
 	$(BIN)/pytest -q -n auto --dist worksteal -m "not gpu"

@@ -8,13 +8,12 @@
 
 (with `--db kernel_cache.db`, a fresh DB per network). The compiler must run exactly the DB rows coverage promised,
 every launch of its code must fit (the launch check ran), and the generated nnfusion_rt.cu must compile with nvcc for
-sm_90: with the real cuDNN/cuBLAS headers where the `headers` extra is installed, else (when no library call is left)
-with empty stand-ins for the two headers it includes.
+sm_90: with the real cuDNN/cuBLAS headers where the `run` extra is installed (`make test` installs it), else (when no
+library call is left) with empty stand-ins for the two headers it includes.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -31,6 +30,8 @@ from onnx_models import write
 from zoo import ZOO
 
 from core.cuda.nvcc import find_nvcc
+from core.errors import ToolError
+from core.nnfusion.build import find_cuda_libraries
 
 COMPILER = Path(os.environ.get("KDB_TEST_NNFUSION", shared_path("nnfusion/bin/nnfusion")))
 pytestmark = [
@@ -63,17 +64,6 @@ MUST_RUN_FROM_DB = {
 }
 
 
-def wheel_include(header: str) -> Path | None:
-    """The include folder of an installed NVIDIA wheel (the `headers` extra: nvidia-cudnn-jit-cu13, nvidia-cublas)
-    that holds `header`, or None."""
-    spec = importlib.util.find_spec("nvidia")
-    for root in (spec.submodule_search_locations or []) if spec else []:
-        for include in sorted(Path(root).glob("*/include")):
-            if (include / header).is_file():
-                return include
-    return None
-
-
 def kdb(work: Path, *args: str) -> subprocess.CompletedProcess[str]:
     proc = run_kdb(*args, cwd=work)
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]  # whatever the outcome, never a crash
@@ -85,20 +75,21 @@ def said(proc: subprocess.CompletedProcess[str]) -> str:
 
 
 def nvcc_compiles(project: Path, work: Path, library_calls: dict[str, int]) -> None:
-    """nnfusion_rt.cu compiles for sm_90: with the real library headers where the wheels are installed, else with
-    empty stand-ins when the code calls no library (skip otherwise, saying why)."""
-    includes = [wheel_include(h) for h in LIBRARY_HEADERS]
-    if None in includes:
+    """nnfusion_rt.cu compiles for sm_90: with the cuDNN/cuBLAS headers `kdb nnfusion --run` builds with (the `run`
+    extra's wheels, which `make test` installs), else with empty stand-ins when the code calls no library (skip
+    otherwise, saying why)."""
+    nvcc = find_nvcc("")
+    try:
+        includes = list(find_cuda_libraries(nvcc).include_dirs)
+    except ToolError as exc:
         if library_calls:
-            pytest.skip(f"nnfusion_rt.cu calls {library_calls}: compiling it needs the cuDNN/cuBLAS headers "
-                        "(pip install -e '.[headers]')")
-        stand_ins = work / "no-libraries"
-        stand_ins.mkdir(exist_ok=True)
+            pytest.skip(f"nnfusion_rt.cu calls {library_calls}: compiling it needs the cuDNN/cuBLAS headers ({exc})")
+        includes = [work / "no-libraries"]
+        includes[0].mkdir(exist_ok=True)
         for header in LIBRARY_HEADERS:
-            (stand_ins / header).write_text("// included, nothing from it called\n", encoding="utf-8")
-        includes = [stand_ins]
-    proc = subprocess.run([find_nvcc(""), "-c", "-gencode", "arch=compute_90,code=sm_90", "--expt-relaxed-constexpr",
-                           *(f"-I{i}" for i in dict.fromkeys(includes)), "nnfusion_rt.cu", "-o", str(work / "rt.o")],
+            (includes[0] / header).write_text("// included, nothing from it called\n", encoding="utf-8")
+    proc = subprocess.run([nvcc, "-c", "-gencode", "arch=compute_90,code=sm_90", "--expt-relaxed-constexpr",
+                           *(f"-I{i}" for i in includes), "nnfusion_rt.cu", "-o", str(work / "rt.o")],
                           cwd=project, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
 
