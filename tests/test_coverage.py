@@ -243,7 +243,7 @@ def test_a_bert_dense_dot_is_promised_from_its_row_and_falls_back_to_cublas_with
 
 def test_a_compiler_that_threw_is_reported_with_the_exceptions_message(tmp_path: Path):
     """The `what():` line carries the message of the exception that ended NNFusion (the NASNet cell of
-    tests/test_zoo.py, its log's last two lines here): the reason ends with it, not with the type alone."""
+    tests/test_zoo.py, its log's last two lines here): the decisive lines keep it, not the exception's type alone."""
     from core.nnfusion.compiler import CompileResult
 
     log = tmp_path / "nnfusion.log"
@@ -252,6 +252,5 @@ def test_a_compiler_that_threw_is_reported_with_the_exceptions_message(tmp_path:
                    "  what():  Auto-broadcast not possible for these input shapes: shape1=[1, 44, 26, 26] "
                    "shape2=[1, 44, 28, 28]\n", encoding="utf-8")
     result = CompileResult(["nnfusion"], tmp_path, -6, 0.4, log)
-    assert [line.split(" ")[0] for line in result.decisive_lines()] == ["terminate", ""]
-    assert result.reason().endswith("what():  Auto-broadcast not possible for these input shapes: "
-                                    "shape1=[1, 44, 26, 26] shape2=[1, 44, 28, 28]")
+    message = "Auto-broadcast not possible for these input shapes: shape1=[1, 44, 26, 26] shape2=[1, 44, 28, 28]"
+    assert any(message in line for line in result.decisive_lines()), result.decisive_lines()
