@@ -49,8 +49,8 @@ COMPILER_FAULTS = {
     # onnx_import/op/conv.cpp:225 checks `n_filters_channels & groups == 0` (& for %): false for every grouped
     # conv that is not depthwise, so ResNeXt's group-32 3x3 aborts the import.
     "resnext_blocks": "n_filters_channels & groups == 0",
-    # Its AveragePool importer drops the pads: NASNet's 3x3 stride-1 pad-1 average comes out 26x26 of a 28x28
-    # input, and the Add that joins it to the other branch aborts.
+    # It gives an AveragePool with pads its unpadded shape: NASNet's 3x3 stride-1 pad-1 average comes out 26x26 of
+    # a 28x28 input (a MaxPool of the same attributes 28x28), and the Add that joins it to another branch aborts.
     "nasnet_cell": "Auto-broadcast not possible for these input shapes: shape1=[1, 44, 26, 26] "
                    "shape2=[1, 44, 28, 28]",
 }
