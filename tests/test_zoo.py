@@ -94,6 +94,7 @@ def nvcc_compiles(project: Path, work: Path, library_calls: dict[str, int]) -> N
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 
+@pytest.mark.slow  # 10-45 s each on 2 busy cores: started first, so none runs on alone at the end
 @pytest.mark.parametrize("name", list(ZOO))
 def test_the_network_compiles_with_the_kernels_kdb_made(tmp_path: Path, name: str):
     write(ZOO[name](), tmp_path / "model.onnx")
