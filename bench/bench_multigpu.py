@@ -30,8 +30,9 @@ SHARED = shared_dir()
 
 def run(n_gpus: int, trials: int) -> dict:
     from core.opconfigs.opconfig import read_opconfigs
-    from core.tuning.job import RpcTarget, TuneJob, run_tune
+    from core.tuning.job import RpcTarget, TuneJob
     from core.tuning.rpc import local_gpu_cluster
+    from core.tuning.run import run_tune
 
     config = read_opconfigs(SHARED / "nnfusion-artifact" / "op_configs" / "alexnet_conv_kernels.txt").configs[2]
     config = replace(config, op_type="Fused_Convolution_Relu", line_format=None)

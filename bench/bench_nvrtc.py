@@ -32,7 +32,7 @@ def candidate_sources(state: Path, work: Path, per_op: int) -> dict[str, str]:
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    from core.tuning.job import build_candidate
+    from core.tuning.pipeline import build_candidate
 
     with tarfile.open(state) as tar:
         tar.extractall(work, filter="data")

@@ -67,7 +67,7 @@ def tuning_dirs(state: Path, work: Path) -> list[Path]:
 
 def best_record_us(op_dir: Path) -> float | None:
     """The fastest successful measurement among the op's records (MetaSchedule's runner), in microseconds."""
-    from core.tuning.job import recorded_runs
+    from core.tuning.records import recorded_runs
 
     times = [t for t in recorded_runs(op_dir) if t is not None]
     return min(times) * 1e6 if times else None
@@ -136,7 +136,8 @@ def regenerated_row(op_dir: Path, item: dict[str, Any], arch: str) -> Any:
     from core.errors import InputError
     from core.inject.prepare import prepare
     from core.opconfigs.opconfig import OpConfig
-    from core.tuning.job import TuneJob, best_kernels
+    from core.tuning.harvest import best_kernels
+    from core.tuning.job import TuneJob
 
     config = OpConfig(item["op_type"], item["parameters"])
     job = TuneJob(config, trials=1, target="cuda", arch=arch, work_dir=op_dir)

@@ -58,7 +58,7 @@ def main() -> None:
 
     from core.codegen.generate import cuda_target
     from core.tuning.costmodel import SharedCostModel
-    from core.tuning.job import RECORDS, WORKLOADS
+    from core.tuning.records import RECORDS, WORKLOADS
     from core.tuning.space import self_contained_cuda_space
 
     with tempfile.TemporaryDirectory(prefix="kdb-bench-search-") as tmp:

@@ -27,8 +27,9 @@ from console.widgets.kernel_table import KernelTable
 from console.widgets.log_tail import LogTailView
 from console.widgets.tune_table import TuneTable
 from core.settings import Settings
-from core.tuning.job import TuneJob, recorded_runs
+from core.tuning.job import TuneJob
 from core.tuning.queue import run_queue, tuning_root
+from core.tuning.records import recorded_runs
 
 RELU = "elementwise_relu_op_float|i+1_4096|o+1_4096"
 DOT = "cublas_dot_op_float|a+32_32|b+32_32|o+32_32|ta+0|tb+0"

@@ -41,7 +41,7 @@ from bench_reliability import (
 from core.db.engine import BUSY_TIMEOUT_ENV, busy_timeout
 from core.db.kernel_db import KernelDB
 from core.errors import DbError
-from core.tuning.job import RECORDS, recorded_runs, repair_work_dir
+from core.tuning.records import RECORDS, recorded_runs, repair_work_dir
 
 
 def kernels_file(path: Path, items: list[dict[str, Any]]) -> Path:

@@ -18,7 +18,9 @@ from test_kernel_row import NVCC
 from core.db.kernel_db import KernelDB
 from core.inject.pipeline import InjectOptions
 from core.tuning import queue
-from core.tuning.job import TuneJob, TuneResult, recorded_runs, runner_up_kernels, scored_records
+from core.tuning.harvest import runner_up_kernels, scored_records
+from core.tuning.job import TuneJob, TuneResult
+from core.tuning.records import recorded_runs
 
 AVGPOOL = "cudnn_avgpool_op_float|i+1_512_7_7|o+1_512_1_1|win+7_7|ws+1_1|pb+0_0|pa+0_0"
 
@@ -98,7 +100,7 @@ def test_a_best_row_near_its_record_brings_nothing_more(avgpool: tuple[TuneJob, 
 
 
 def test_the_first_runner_up_is_the_fastest_record_of_another_block_size():
-    from core.tuning.job import _runner_up_order
+    from core.tuning.harvest import _runner_up_order
 
     records = [(1.1e-5, 0, "same block, second fastest", 64), (1.0e-5, 0, "the best", 64),
                (1.5e-5, 0, "another block", 128), (1.2e-5, 0, "same block, third", 64)]

@@ -64,45 +64,42 @@ def test_a_new_state_file_has_the_same_columns(tmp_path: Path):
         assert columns == [tuple(c) for c in old.execute(f"PRAGMA table_info({table})")]
 
 
-def test_the_rows_read_and_write_exactly_the_declared_columns():
-    # core/db/state_schema.py declares the tables (SQLModel); state.py's dataclasses read and write them.
-    from dataclasses import fields
-
-    from core.db.state import Run
-    from core.db.state_schema import FailureTable, RunTable
-
-    for record, table in ((Run, RunTable), (Failure, FailureTable)):
-        assert [f.name for f in fields(record)] == [c.name for c in table.__table__.columns]
+def test_a_new_state_file_is_written_in_the_first_layout_indexes_included(tmp_path: Path):
+    # Run and Failure (core/db/state.py) are the one declaration of the schema: their fields make the tables.
+    StateDB(tmp_path / "new.db").close()
+    new = sqlite3.connect(tmp_path / "new.db")
+    assert [r[0] for r in new.execute("SELECT sql FROM sqlite_master WHERE sql IS NOT NULL ORDER BY rowid")] \
+        == FIRST_LAYOUT
 
 
 def test_a_second_command_creating_the_state_file_waits_for_the_first(tmp_path: Path):
     """Two commands on a new state dir: the one that finds no tables while the other creates them waits for the
-    creation lock and then finds them (it died on "table run already exists" before the lock)."""
-    import fcntl
-    import os
+    other's write and then finds its tables (it died on "table run already exists" before)."""
     import threading
 
-    from core.db.state_schema import create_tables, creation_lock
-
     path = tmp_path / "state.db"
-    fd = os.open(creation_lock(path), os.O_RDWR | os.O_CREAT, 0o644)
-    fcntl.flock(fd, fcntl.LOCK_EX)  # "the first command", in the middle of creating the tables
+    first = sqlite3.connect(path, isolation_level=None)
+    first.execute("PRAGMA journal_mode = WAL")
+    first.execute("BEGIN IMMEDIATE")  # "the first command", in the middle of creating the tables
+    for statement in FIRST_LAYOUT:
+        first.execute(statement)
     errors: list[BaseException] = []
+    looked = threading.Event()
 
     def second() -> None:
         try:
-            create_tables(path)
+            state = StateDB(path)  # finds no table (the first's are not committed), then asks for the write lock
+            state.close()
         except BaseException as exc:  # handed to the test thread
             errors.append(exc)
+        finally:
+            looked.set()
 
     waiting = threading.Thread(target=second)
     waiting.start()
-    waiting.join(timeout=1.0)
-    assert waiting.is_alive() and not errors, errors  # it waits instead of racing the first
-    create_tables(tmp_path / "other.db")  # (the schema, to copy below)
-    with sqlite3.connect(path) as conn, sqlite3.connect(tmp_path / "other.db") as other:
-        for (sql,) in other.execute("SELECT sql FROM sqlite_master WHERE sql IS NOT NULL"):
-            conn.execute(sql)  # the first command's tables land
-    os.close(fd)  # the first command is done
+    assert not looked.wait(timeout=1.0) and not errors, errors  # it waits for the lock instead of racing the first
+    first.execute("COMMIT")  # the first command is done
     waiting.join(timeout=30)
     assert not waiting.is_alive() and not errors, errors
+    assert [r[0] for r in first.execute("SELECT sql FROM sqlite_master WHERE sql IS NOT NULL ORDER BY rowid")] \
+        == FIRST_LAYOUT

@@ -14,8 +14,9 @@ pytest.importorskip("tvm")
 
 from core.opconfigs.opconfig import parse_line
 from core.tuning.costmodel import RECORDS, WORKLOADS, SharedCostModel
-from core.tuning.job import TuneJob, _no_tensor_intrinsics, run_tune, target_for
+from core.tuning.job import TuneJob
 from core.tuning.pipeline import TunePools
+from core.tuning.run import _no_tensor_intrinsics, run_tune, target_for
 
 pytestmark = pytest.mark.slow
 SMALL = parse_line("cublas_dot_op_float|a+16_16|b+16_16|o+16_16|ta+0|tb+0", "small")
@@ -123,7 +124,7 @@ def test_a_job_samples_only_until_the_model_can_rank_then_evolves(tmp_path: Path
 def test_the_search_legs_sample_whole_batches_up_to_the_warm_up():
     from types import SimpleNamespace
 
-    from core.tuning.job import search_legs
+    from core.tuning.run import search_legs
 
     def model(samples: int, trained: bool = False, of_kind: int | None = None) -> SimpleNamespace:
         kind = samples if of_kind is None else of_kind

@@ -17,10 +17,12 @@ pytest.importorskip("tvm")
 from tvm.s_tir.meta_schedule.runner import RunnerResult
 
 from core.opconfigs.opconfig import parse_line
-from core.tuning.job import RpcTarget, TuneJob, recorded_runs, repair_work_dir, run_tune
+from core.tuning.job import RpcTarget, TuneJob
 from core.tuning.measure import COLD_RUNS
+from core.tuning.records import recorded_runs, repair_work_dir
 from core.tuning.resilient import RequeuedFuture, is_session_error
 from core.tuning.rpc import RpcCluster
+from core.tuning.run import run_tune
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -277,7 +279,8 @@ def test_an_llvm_job_does_not_import_the_tensor_intrinsics(tmp_path: Path):
     code = (
         "import sys; from pathlib import Path\n"
         "from core.opconfigs.opconfig import parse_line\n"
-        "from core.tuning.job import TuneJob, run_tune\n"
+        "from core.tuning.job import TuneJob\n"
+        "from core.tuning.run import run_tune\n"
         "c = parse_line('cublas_dot_op_float|a+8_8|b+8_8|o+8_8|ta+0|tb+0', 'd')\n"
         f"r = run_tune(TuneJob(c, 1, 'llvm', builder_workers=1), Path({str(tmp_path)!r}))\n"
         "assert r.trials == 1, r\n"

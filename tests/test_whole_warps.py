@@ -21,7 +21,8 @@ from core.codegen.whole_warps import _CannotPad, pad_threads, partial_warp_threa
 from core.cuda.source import mask
 from core.cuda.warps import NON_ALIGNED_BARRIER, unpad_body
 from core.opconfigs.opconfig import parse_line
-from core.tuning.job import TuneJob, scored_records
+from core.tuning.harvest import scored_records
+from core.tuning.job import TuneJob
 
 CONV = "cudnn_convolution_op_float|i+1_256_14_14|w+512_256_3_3|o+1_512_7_7|ws+2_2|wd+1_1|p+1_1|fuse+add_relu"
 AVGPOOL = "cudnn_avgpool_op_float|i+1_512_7_7|o+1_512_1_1|win+7_7|ws+1_1|pb+0_0|pa+0_0"
@@ -123,7 +124,7 @@ def test_the_tuners_build_times_the_padded_form(conv: tuple[TuneJob, Any]):
     import tvm
 
     from core.codegen.generate import cuda_target
-    from core.tuning.job import build_candidate
+    from core.tuning.pipeline import build_candidate
 
     _job, scheduled = conv
     built = build_candidate(scheduled, tvm.target.Target(cuda_target("sm_90")), None)

@@ -42,9 +42,10 @@ from core.errors import InputError
 from core.inject.pipeline import InjectOptions
 from core.opconfigs.opconfig import OpConfig
 from core.settings import ARCH_RE
-from core.tuning.job import DEFAULT_BATCH, DEFAULT_POPULATION, PhaseEvent, RpcTarget, TrialEvent, TuneJob, recorded_runs
+from core.tuning.job import DEFAULT_BATCH, DEFAULT_POPULATION, PhaseEvent, RpcTarget, TrialEvent, TuneJob
 from core.tuning.network import Network, NetworkEvent, network_of, predict, spread_budget
 from core.tuning.queue import JobEvent, QueueReport, run_network, run_queue, tuning_root
+from core.tuning.records import recorded_runs
 from core.tuning.rpc import TrackerStatus, tracker_status
 
 TRACKER_REFRESH_S = 3.0

@@ -2,6 +2,9 @@
 
 Default location: the user data dir (`KDB_STATE_DIR` overrides it). Each failure keeps the input
 item it came from, so it can be retried after a fix (a new SM arch, an edited item).
+
+The dataclasses Run and Failure are the file's schema, declared once: their fields are the tables' columns
+(create_table_sql), in the layout SQLModel's create_all gave the first state files (tests/test_state_db.py).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from core.db.engine import check_sqlite_file, connect, transaction
 from core.errors import printable
@@ -35,10 +38,17 @@ def now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
+# A column's SQL type by its field's annotation; "| None" makes it nullable.
+SQL_TYPES = {"int": "INTEGER", "str": "VARCHAR", "bool": "BOOLEAN"}
+INDEXED = {"index": True}  # a field's metadata: the column gets an index (ix_<table>_<column>)
+
+
 @dataclass(kw_only=True)
 class Run:
+    TABLE: ClassVar[str] = "run"
+
     id: int | None = None
-    kind: str  # inject, retry, codegen, tune
+    kind: str  # inject, retry, codegen, tune, nnfusion
     db_path: str
     started_at: str = field(default_factory=now)
     finished_at: str | None = None
@@ -51,9 +61,11 @@ class Run:
 
 @dataclass(kw_only=True)
 class Failure:
+    TABLE: ClassVar[str] = "failure"
+
     id: int | None = None
-    run_id: int | None = None
-    db_path: str
+    run_id: int | None = field(default=None, metadata=INDEXED)
+    db_path: str = field(metadata=INDEXED)
     file: str
     item_index: int | None = None  # None: the whole file failed
     name: str = ""
@@ -80,6 +92,22 @@ class Failure:
 Record = TypeVar("Record", Run, Failure)
 
 
+def create_table_sql(cls: type[Run | Failure]) -> list[str]:
+    """CREATE TABLE and CREATE INDEX statements for a record class (IF NOT EXISTS: two commands may create a new
+    state file at once). `id` is the primary key; no defaults in SQL: every insert names its values."""
+    columns = []
+    for f in fields(cls):
+        base, _, optional = str(f.type).partition(" | ")
+        if base not in SQL_TYPES or optional not in ("", "None"):
+            raise TypeError(f"{cls.__name__}.{f.name}: {f.type} has no SQL column type")
+        columns.append(f"{f.name} {SQL_TYPES[base]}{'' if optional and f.name != 'id' else ' NOT NULL'}")
+    statements = [f"CREATE TABLE IF NOT EXISTS {cls.TABLE} (\n\t" + ", \n\t".join(columns)
+                  + ", \n\tPRIMARY KEY (id)\n)"]
+    statements += [f"CREATE INDEX IF NOT EXISTS ix_{cls.TABLE}_{f.name} ON {cls.TABLE} ({f.name})"
+                   for f in sorted(fields(cls), key=lambda f: f.name) if f.metadata.get("index")]
+    return statements
+
+
 class StateDB:
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or state_dir() / "state.db"
@@ -94,12 +122,12 @@ class StateDB:
 
     def _create_tables(self) -> None:
         # Looked for first: most opens find them, and a reader need not take the write lock.
-        found = self.conn.execute(
-            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN ('run', 'failure')").fetchone()[0]
+        found = self.conn.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN (?, ?)",
+                                  (Run.TABLE, Failure.TABLE)).fetchone()[0]
         if found < 2:
-            from core.db.state_schema import create_tables  # SQLModel: only when a state file is new
-
-            create_tables(self.path)
+            with self._transaction() as conn:
+                for statement in create_table_sql(Run) + create_table_sql(Failure):
+                    conn.execute(statement)
 
     def close(self) -> None:
         self.conn.close()
@@ -109,9 +137,8 @@ class StateDB:
 
     def _select(self, cls: type[Record], where: str = "", params: Sequence[Any] = ()) -> list[Record]:
         names = [f.name for f in fields(cls)]
-        table = "run" if cls is Run else "failure"
         with transaction(self.conn, self.path, write=False) as conn:
-            got = conn.execute(f"SELECT {', '.join(names)} FROM {table} {where}", tuple(params)).fetchall()
+            got = conn.execute(f"SELECT {', '.join(names)} FROM {cls.TABLE} {where}", tuple(params)).fetchall()
         bools = {f.name for f in fields(cls) if f.type == "bool"}
         return [cls(**{n: bool(v) if n in bools else v for n, v in zip(names, r, strict=True)}) for r in got]
 
@@ -119,8 +146,7 @@ class StateDB:
     def _insert(conn: sqlite3.Connection, record: Run | Failure) -> int:
         names = [f.name for f in fields(record) if f.name != "id"]  # SQLite numbers the rows
         values = tuple(getattr(record, n) for n in names)
-        table = "run" if isinstance(record, Run) else "failure"
-        cursor = conn.execute(f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
+        cursor = conn.execute(f"INSERT INTO {record.TABLE} ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
                               values)
         assert cursor.lastrowid is not None
         return cursor.lastrowid

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.tuning.job import FAILED_SECONDS, RECORDS, WORKLOADS, search_population
+from core.tuning.job import search_population
+from core.tuning.records import FAILED_SECONDS, RECORDS, WORKLOADS
 
 WARMUP_SAMPLES = 100  # MetaSchedule's XGBModel default: below it, predictions are random
 WARM_BUDGET = 2000  # trials one warm start learns from other work dirs: each costs a feature extraction

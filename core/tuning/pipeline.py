@@ -37,8 +37,12 @@ from tvm.s_tir.meta_schedule.builder import BuilderInput, BuilderResult, PyBuild
 from tvm.s_tir.meta_schedule.runner import PyRunner, PyRunnerFuture, RunnerFuture, RunnerInput, RunnerResult
 from tvm.support.popen_pool import PopenPoolExecutor
 
-from core.tuning.job import FAILED_SECONDS, PhaseEvent, TrialEvent, TuneJob, error_kind, first_line
+from core.tuning import measure
+from core.tuning.costmodel import SharedCostModel
+from core.tuning.job import PhaseEvent, TrialEvent, TuneJob
 from core.tuning.nvrtc import install as install_light_nvrtc
+from core.tuning.records import FAILED_SECONDS
+from core.tuning.resilient import ResilientRunner
 
 FAILED_RECORD_SECONDS = 1e10  # what AddToDatabase stores for a failed candidate
 POLL_S = 0.02  # how often the runner looks at builds and remote measurements in flight
@@ -76,11 +80,9 @@ class TunePools:
     def __init__(self) -> None:
         self.builders: dict[tuple[int, float], PopenPoolExecutor] = {}
         self.runners: dict[tuple[Any, ...], Any] = {}
-        self.cost_models: dict[str, Any] = {}  # target -> costmodel.SharedCostModel: what earlier jobs taught
+        self.cost_models: dict[str, SharedCostModel] = {}  # target -> what earlier jobs taught
 
     def cost_model(self, target: Any, threads: int) -> Any:
-        from core.tuning.costmodel import SharedCostModel
-
         key = str(target)
         if key not in self.cost_models:
             self.cost_models[key] = SharedCostModel(target, threads)
@@ -121,13 +123,9 @@ def measuring_runner(job: TuneJob, pools: TunePools) -> Any:
     run_evaluator = rpc_run_evaluator = None
     cold = job.cold_l2 if job.cold_l2 is not None else job.target == "cuda"
     if cold:  # a network meets a layer's weights cold: on CUDA, trials are timed that way (measure.py)
-        from core.tuning import measure
-
         evaluator = measure.cold_evaluator_config()
         run_evaluator, rpc_run_evaluator = measure.cold_run_evaluator, measure.cold_rpc_run_evaluator
     if job.rpc is not None:
-        from core.tuning.resilient import ResilientRunner
-
         return ResilientRunner(ms.runner.RPCRunner(
             ms.runner.RPCConfig(job.rpc.host, job.rpc.port, job.rpc.key,
                                 session_timeout_sec=int(max(job.runner_timeout_s, 10))),
@@ -138,14 +136,45 @@ def measuring_runner(job: TuneJob, pools: TunePools) -> Any:
                                       f_run_evaluator=run_evaluator, initializer=install_light_nvrtc))
 
 
+def build_candidate(mod: Any, target: Any, _params: Any) -> Any:
+    """The builder's build: MetaSchedule's default without `import tvm.s_tir.tensor_intrin`.
+
+    That import registers every tensor intrinsic through TVMScript: 19 s per build worker on the H200 host
+    (50 s on a busy 2-core machine), for nothing (candidates arrive already scheduled; the CUDA rules we
+    tune with never tensorize).
+    """
+    from tvm.driver import build
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    from core.codegen.whole_warps import whole_warp_module
+
+    if target.kind.name == "cuda":  # time the candidate in the form its row will have
+        mod = whole_warp_module(mod)
+    return build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target)
+
+
+def first_line(text: str) -> str:
+    lines = [ln.strip() for ln in str(text).strip().splitlines() if ln.strip()]
+    # TVM's messages end with the cause; a traceback's last line says the most.
+    return (lines[-1] if lines else "")[:300]
+
+
+def error_kind(error: str) -> str:
+    text = error.lower()
+    for needle, kind in (("timeout", "timeout"), ("timed out", "timeout"), ("memory", "out of memory"),
+                         ("illegal", "illegal access"), ("launch", "launch failed"), ("nvcc", "nvcc error")):
+        if needle in text:
+            return kind
+    return "other"
+
+
+
 def build_in_worker(mod: Any, target: Any, path: str) -> float:
     """A build worker's job: compile one candidate and link it into a .so at `path`; the seconds it took.
 
     Linked here, in parallel: MetaSchedule's default exports a .tar, which its runner links with g++ before
     every measurement, one candidate at a time (on the H200 that serial link was a large share of each trial).
     """
-    from core.tuning.job import build_candidate
-
     start = time.perf_counter()
     build_candidate(mod, target, None).export_library(path)
     return time.perf_counter() - start

@@ -22,19 +22,11 @@ from core.errors import KdbError
 from core.inject.pipeline import InjectOptions, Injector, InjectReport
 from core.kernels.lint import block_form_resources
 from core.tuning.claims import ClaimBoard
-from core.tuning.job import (
-    PhaseEvent,
-    ScoredRecord,
-    TrialEvent,
-    TuneJob,
-    TuneResult,
-    best_kernels,
-    recorded_runs,
-    run_tune,
-    runner_up_kernels,
-    scored_records,
-)
+from core.tuning.harvest import ScoredRecord, best_kernels, runner_up_kernels, scored_records
+from core.tuning.job import PhaseEvent, TrialEvent, TuneJob, TuneResult
 from core.tuning.network import Network, NetworkEvent, predict, probe_trials, spread_budget, tuning_order
+from core.tuning.records import recorded_runs
+from core.tuning.run import run_tune
 
 
 @dataclass
