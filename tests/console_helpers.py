@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from pathlib import Path
+
+from textual.pilot import Pilot
 
 from console.app import KdbApp
 from console.context import ConsoleContext
@@ -43,3 +47,14 @@ class FixedDeviceApp(KdbApp):
 
     def detect_device(self) -> None:  # type: ignore[override]
         self.sub_title = f"{self.context.db_path} · {self.context.device_summary}"
+
+
+async def wait_until(pilot: Pilot[object], condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+    """Wait for the event a test checks (`condition` true), not for a time: the app processes its messages and
+    workers between polls. `timeout_s` only bounds a wait that never ends (a busy 2-core CI machine takes
+    seconds where a laptop takes milliseconds); the failure names `what` was awaited."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waited {timeout_s:g} s for {what}")
+        await pilot.pause(0.02)

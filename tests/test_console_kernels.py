@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from console_helpers import FixedDeviceApp, build_small_db
+from console_helpers import FixedDeviceApp, build_small_db, wait_until
 
 from console.context import ConsoleContext
 from console.widgets.dialogs import ConfirmDialog
@@ -36,11 +36,13 @@ def shown_text(widget) -> str:
 
 
 async def wait_rows(pilot, table: KernelTable, n: int) -> None:
-    for _ in range(50):
-        await pilot.pause(0.05)
-        if table.row_count == n:
-            return
-    raise AssertionError(f"table has {table.row_count} rows, expected {n}")
+    await wait_until(pilot, lambda: table.row_count == n, f"the table to show {n} rows")
+
+
+async def wait_for_dialog(pilot, app: FixedDeviceApp) -> ConfirmDialog:
+    await wait_until(pilot, lambda: isinstance(app.screen, ConfirmDialog), "the confirmation dialog")
+    assert isinstance(app.screen, ConfirmDialog)
+    return app.screen
 
 
 async def test_browse_filter_sort_and_detail(app: FixedDeviceApp):
@@ -52,14 +54,13 @@ async def test_browse_filter_sort_and_detail(app: FixedDeviceApp):
         await pilot.press("escape")
         table.focus()
         await pilot.press("down")
-        await pilot.pause(0.3)
-        detail = shown_text(app.screen.query_one("#detail-body"))
-        assert "Dot" in detail or "demo_dot" in detail
+        await wait_until(pilot, lambda: "Dot" in shown_text(app.screen.query_one("#detail-body")),
+                         "the detail pane to show the Dot row")
         # sort by the shapes column (the identifier's order), descending on the second click
         await pilot.click("#kernel-table", offset=(45, 0))
         await pilot.click("#kernel-table", offset=(45, 0))
-        await pilot.pause(0.3)
-        assert app.screen.sort == "identifier" and app.screen.descending
+        await wait_until(pilot, lambda: app.screen.sort == "identifier" and app.screen.descending,
+                         "the descending sort by identifier")
 
 
 async def test_lint_filter_shows_problem_rows_only(app: FixedDeviceApp, tmp_path: Path):
@@ -78,7 +79,7 @@ async def test_delete_asks_then_undo_restores(app: FixedDeviceApp):
         await wait_rows(pilot, table, ROWS)
         table.focus()
         await pilot.press("space", "down", "space", "d")
-        await pilot.pause(0.2)
+        await wait_for_dialog(pilot, app)
         await pilot.press("y")
         await wait_rows(pilot, table, ROWS - 2)
         with KernelDB.open(app.context.db_path) as db:
@@ -96,14 +97,12 @@ async def test_export_writes_kernel_json_that_reinjects_unchanged(app: FixedDevi
         await wait_rows(pilot, table, ROWS)
         table.focus()
         await pilot.press("e")
-        await pilot.pause(0.2)
+        await wait_until(pilot, lambda: bool(app.screen.query("#path")), "the export dialog's path field")
         field = app.screen.query_one("#path")
         field.value = str(out)
         await pilot.press("enter")
-        for _ in range(40):
-            await pilot.pause(0.05)
-            if out.exists():
-                break
+        await wait_until(pilot, lambda: any(n.message.startswith("exported ") for n in app._notifications),
+                         "the export's notification")
     items = json.loads(out.read_text())
     assert len(items) == 1 and set(items[0]) >= {"tvm_func_name", "op_type", "parameters", "code", "gridDim"}
     from core.db.state import StateDB
@@ -121,8 +120,12 @@ async def test_detail_pane_shows_shared_memory_and_not_measured(app: FixedDevice
         await pilot.press("slash", *"dot_m64")
         await wait_rows(pilot, table, 1)
         table.focus()
-        await pilot.pause(0.4)
-        text = shown_text(app.screen.query_one(KernelDetail).query_one("#detail-body"))
+
+        def detail() -> str:
+            return shown_text(app.screen.query_one(KernelDetail).query_one("#detail-body"))
+
+        await wait_until(pilot, lambda: "A_shared_kdb_flat" in detail(), "the detail pane of the dot_m64 row")
+        text = detail()
         assert "A_shared_kdb_flat" in text and "not measured" in text and "barriers" in text
 
 
@@ -133,21 +136,21 @@ async def test_rows_written_by_another_process_show_up_without_a_keypress(app: F
     async with app.run_test(size=(180, 50)) as pilot:
         table = app.screen.query_one(KernelTable)
         await wait_rows(pilot, table, ROWS)
-        for _ in range(100):  # the index is built in the background after the first page
-            await pilot.pause(0.05)
-            if not app.screen.syncing:
-                break
+        # the index is built in the background after the first page
+        await wait_until(pilot, lambda: not app.screen.syncing, "the browse index")
         conn = sqlite3.connect(app.context.db_path)  # another tool: no notification reaches the console
         conn.execute("INSERT INTO KernelCache SELECT 'other-tool', Identifier, OpType, Attributes, Source, "
                      "DeviceType, Function, Tags, Miscs FROM KernelCache LIMIT 1")
         conn.execute("DELETE FROM KernelCache WHERE Key = (SELECT min(Key) FROM KernelCache WHERE Key != 'other-tool')")
         conn.commit()
         conn.close()
-        for _ in range(120):  # the check runs every 3 s
-            await pilot.pause(0.05)
-            keys = {str(k.value) for k in table.rows}
-            if "other-tool" in keys and app.screen.total is not None:  # the count follows the page
-                break
+        def keys() -> set[str]:
+            return {str(k.value) for k in table.rows}
+
+        # the check runs every 3 s; the count follows the page
+        await wait_until(pilot, lambda: "other-tool" in keys() and app.screen.total is not None,
+                         "the other tool's row on the page")
+        keys = keys()
         assert "other-tool" in keys and len(keys) == ROWS and app.screen.total == ROWS
 
 
@@ -196,14 +199,10 @@ async def test_a_failing_worker_is_reported_once_on_every_view(app: FixedDeviceA
 
     async with app.run_test(size=(180, 50)) as pilot:
         await app.switch_mode(mode)
-        await pilot.pause(0.2)
         app.screen.run_worker(fail, thread=True, exit_on_error=False, group="test")
-        for _ in range(40):
-            await pilot.pause(0.05)
-            errors = [n.message for n in app._notifications if "the one failure" in n.message]
-            if errors:
-                break
-        await pilot.pause(0.2)
+        await wait_until(pilot, lambda: any("the one failure" in n.message for n in app._notifications),
+                         "the worker's failure to be reported")
+        await pilot.pause()  # a second report would be posted by the same failure's handlers: processed by now
         assert [n.message for n in app._notifications if "the one failure" in n.message] == [
             "RuntimeError: the one failure"]
 
@@ -262,11 +261,11 @@ async def test_every_view_footer_fits_200_columns_with_all_its_keys(app: FixedDe
             app.screen.refresh_bindings()
             footer = app.screen.query_one(Footer)
             wanted = {b.description for b in [*app.screen.BINDINGS, *app.BINDINGS] if b.show}
-            for _ in range(40):  # the footer composes its keys again once the bindings change
-                await pilot.pause(0.05)
-                keys = list(footer.query(FooterKey))
-                if footer.query(".-command-palette") and {k.description for k in keys} >= wanted:
-                    break
+            # the footer composes its keys again once the bindings change
+            await wait_until(pilot, lambda: bool(footer.query(".-command-palette")) and  # noqa: B023
+                             {k.description for k in footer.query(FooterKey)} >= wanted,  # noqa: B023
+                             f"every key of the {mode} view in the footer")
+            keys = list(footer.query(FooterKey))
             palette = footer.query_one(".-command-palette", FooterKey)
             keys = [k for k in keys if k is not palette]
             assert {k.description for k in keys} >= wanted, (mode, wanted - {k.description for k in keys})
@@ -287,8 +286,7 @@ async def test_keep_fastest_asks_drops_the_slower_row_and_undo_brings_it_back(ap
         await wait_rows(pilot, table, ROWS + 1)
         table.focus()
         await pilot.press("K")
-        await pilot.pause(0.3)
-        assert isinstance(app.screen, ConfirmDialog) and app.screen.question == \
+        assert (await wait_for_dialog(pilot, app)).question == \
             "Keep only the fastest row of 1 op(s) on NVIDIA H200?"
         await pilot.press("y")
         await wait_rows(pilot, table, ROWS)
@@ -315,17 +313,16 @@ async def test_repair_asks_then_gives_an_old_rows_shared_arrays_their_alignment(
         await wait_rows(pilot, table, ROWS + 1)
         table.focus()
         await pilot.press("F")
-        await pilot.pause(0.3)
-        assert isinstance(app.screen, ConfirmDialog) and app.screen.question == \
-            "Bring 1 kernel(s) to the form injection writes now?"
+        assert (await wait_for_dialog(pilot, app)).question == "Bring 1 kernel(s) to the form injection writes now?"
         await pilot.press("y")
-        for _ in range(40):
-            await pilot.pause(0.05)
+
+        def function() -> str:
             with KernelDB.open(app.context.db_path) as db:
                 (row,) = db.find(aligned.key)
-            if row.function == aligned.function:
-                break
-        assert row.function == aligned.function  # exactly what injection writes now
+            return row.function
+
+        # exactly what injection writes now
+        await wait_until(pilot, lambda: function() == aligned.function, "the repaired row in the DB")
         with KernelDB.open(app.context.db_path) as db:
             assert db.count() == ROWS + 1
 
@@ -341,24 +338,23 @@ async def test_standalone_asks_then_runs_the_op_on_its_own_launch_and_s_again_gi
         key = table.current_key()
         assert key is not None
 
-        async def press_s_and_confirm(question: str) -> bool:
-            await pilot.press("S")
-            await pilot.pause(0.3)
-            assert isinstance(app.screen, ConfirmDialog) and app.screen.question == question, app.screen
-            await pilot.press("y")
-            for _ in range(300):  # the write runs in a worker: up to 15 s on a busy CI machine
-                await pilot.pause(0.05)
-                with KernelDB.open(app.context.db_path) as db:
-                    (row,) = [r for r in db.find(key) if r.key == key]
-                if is_standalone(row) == question.startswith("Run"):
-                    break
+        def row_is_standalone() -> bool:
+            with KernelDB.open(app.context.db_path) as db:
+                (row,) = [r for r in db.find(key) if r.key == key]
             return is_standalone(row)
 
-        assert await press_s_and_confirm("Run 1 row(s) of 1 op(s) standalone?")
-        for _ in range(100):  # the rewritten row moved in the page; the cursor follows it there
-            await pilot.pause(0.05)
-            if table.current_key() == key:
-                break
-        assert table.current_key() == key
-        assert str(table.get_cell(key, "tags")) == "standalone" and str(table.get_cell(key, "source")) == "Antares"
-        assert not await press_s_and_confirm("Give 1 standalone row(s) of 1 op(s) back to BlockFusion?")
+        async def press_s_and_confirm(question: str) -> None:
+            await pilot.press("S")
+            assert (await wait_for_dialog(pilot, app)).question == question
+            await pilot.press("y")
+            # the write runs in a worker
+            await wait_until(pilot, lambda: row_is_standalone() == question.startswith("Run"), "the write in the DB")
+
+        await press_s_and_confirm("Run 1 row(s) of 1 op(s) standalone?")
+        # then the page reloads (the DB's row was rewritten before it: wait for the row the table shows, and
+        # for the cursor, which follows the row to its new place in the page)
+        await wait_until(pilot, lambda: key in table.rows and str(table.get_cell(key, "tags")) == "standalone",
+                         "the page to show the row standalone")
+        await wait_until(pilot, lambda: table.current_key() == key, "the cursor on the rewritten row")
+        assert str(table.get_cell(key, "source")) == "Antares"
+        await press_s_and_confirm("Give 1 standalone row(s) of 1 op(s) back to BlockFusion?")
