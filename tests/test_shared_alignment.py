@@ -12,10 +12,13 @@ import json
 import sqlite3
 from itertools import accumulate
 
+import pytest
+
 from core.cuda.nvcc import standalone_source
+from core.cuda.source import parse_kernel
 from core.gpu.jobs import job_for_row
 from core.inject.prepare import prepare
-from core.kernels.kernel_row import COLUMNS
+from core.kernels.kernel_row import ALIGN_PREFIX, COLUMNS, DTYPE_BYTES
 from core.kernels.lint import CRASH, lint_row
 
 CODE = """extern "C" __global__ void __launch_bounds__(64) default_function_kernel(float* __restrict__ input0,
@@ -47,6 +50,64 @@ def test_padded_sizes_put_every_array_on_the_asked_boundary():
     # BlockFusion form: running offsets in one shared_buffer; plain form: one array after the other
     assert all(offset % 64 == 0 for offset in accumulate(byte_sizes))
     assert lint_row((1, *row.values())) == []
+
+
+def block_fusion_offsets(shared_memory: dict) -> list[int]:
+    """Each array's byte offset in NNFusion's one shared_buffer of a BlockFusion kernel: the running sum of the
+    arrays before it."""
+    sizes = [DTYPE_BYTES[t] * n for t, n in zip(shared_memory["dtype"], shared_memory["size"], strict=True)]
+    return [0, *accumulate(sizes)][:-1]
+
+
+# Kernels whose arrays do not all ask for an alignment: an aligned array after an unaligned one must still land
+# on its boundary, so the unaligned arrays are padded too (padding only the arrays that ask for it faults).
+MIXED = {
+    "unaligned, then aligned": ("__shared__ float a_shared[2457];", "__shared__ alignas(64) float b_shared[784];"),
+    "aligned, then unaligned": ("__shared__ alignas(64) float a_shared[2457];", "__shared__ float b_shared[784];"),
+    "half between them": ("__shared__ alignas(16) float a_shared[2457];\n  __shared__ half h_shared[3];",
+                          "__shared__ alignas(64) float b_shared[784];"),
+}
+
+
+def mixed_item(first: str, second: str) -> dict:
+    code = CODE.replace("__shared__ alignas(64) float a_shared[2457];", first) \
+               .replace("__shared__ alignas(64) float b_shared[784];", second)
+    if "h_shared" in code:
+        code = "#include <cuda_fp16.h>\n" + code.replace("__syncthreads();", "h_shared[0] = a_shared[0];\n  __syncthreads();")
+    return {**ITEM, "code": code}
+
+
+@pytest.mark.parametrize("case", list(MIXED))
+def test_mixed_alignment_keeps_each_aligned_array_on_its_boundary_in_both_forms(case: str):
+    src = parse_kernel(mixed_item(*MIXED[case])["code"])
+    asked = {d.symbol: d.align for d in src.shared if d.align}
+    assert asked and len(asked) < len(src.shared)  # a mixed fixture: some arrays ask, some do not
+    row = prepare("k.json", 0, mixed_item(*MIXED[case])).row
+    assert row is not None
+    sm = _function(row)["shared_memory"]
+    for symbol, offset in zip(sm["symbol"], block_fusion_offsets(sm), strict=True):
+        name = ALIGN_PREFIX.sub("", symbol)
+        if name in asked:  # BlockFusion form: the array at its running offset; plain form: __align__ in the symbol
+            assert offset % asked[name] == 0, (case, sm)
+            assert symbol == f"__align__({asked[name]}) {name}", (case, sm)
+        else:
+            assert symbol == name, (case, sm)  # declared as TVM declared it: no alignment it did not ask for
+    assert lint_row((1, *row.values())) == []
+
+
+@pytest.mark.parametrize("case", list(MIXED))
+def test_a_mixed_row_with_an_unpadded_array_before_an_aligned_one_is_a_crash_finding(case: str):
+    row = prepare("k.json", 0, mixed_item(*MIXED[case])).row
+    fn = _function(row)
+    src = parse_kernel(mixed_item(*MIXED[case])["code"])
+    # only the arrays that ask for an alignment padded (sizes as TVM declared them for the others)
+    fn["shared_memory"]["size"] = [size if d.align else d.size
+                                   for size, d in zip(fn["shared_memory"]["size"], src.shared, strict=True)]
+    aligned_after_unpadded = any(offset % 64 for offset, d in zip(block_fusion_offsets(fn["shared_memory"]),
+                                                                 src.shared, strict=True) if d.align == 64)
+    values = dict(zip(COLUMNS, row.values(), strict=True), Function=json.dumps(fn))
+    findings = [f.severity for f in lint_row((1, *values.values())) if f.check == "shared-alignment"]
+    assert findings == ([CRASH] if aligned_after_unpadded else [])
 
 
 def test_a_row_that_lost_the_alignment_is_a_crash_finding():
