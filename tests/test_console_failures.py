@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from console_helpers import SNAPSHOT_DIR, FixedDeviceApp, build_small_db
+from console_helpers import SNAPSHOT_DIR, FixedDeviceApp, build_small_db, wait_until
 from rich.console import Console
 from textual.widgets import TextArea
 
 from console.context import ConsoleContext
-from console.screens.failures import FailureTree, group_failures
+from console.screens.failures import FailuresScreen, FailureTree, group_failures
+from console.widgets.dialogs import ConfirmDialog
 from console.widgets.failure_detail import field_line, json_lines, log_excerpt
 from core.cuda.nvcc import find_nvcc, translation_unit
 from core.db.kernel_db import KernelDB
@@ -89,14 +89,6 @@ def shown_text(widget) -> str:
     return console.export_text()
 
 
-async def wait_until(pilot, condition: Callable[[], bool], what: str, timeout: float = 60) -> None:
-    for _ in range(int(timeout / 0.05)):
-        if condition():
-            return
-        await pilot.pause(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def leaves(tree: FailureTree) -> list:
     return [leaf for stage in tree.root.children for reason in stage.children for leaf in reason.children]
 
@@ -105,7 +97,6 @@ async def open_view(pilot, app: FixedDeviceApp, n_leaves: int) -> FailureTree:
     await pilot.press("3")
     tree = app.screen.query_one(FailureTree)
     await wait_until(pilot, lambda: len(leaves(tree)) == n_leaves, f"{n_leaves} failure(s) in the tree")
-    await pilot.pause(0.1)
     tree.focus()
     return tree
 
@@ -119,16 +110,24 @@ async def cursor_to(pilot, tree: FailureTree, name: str) -> None:
             title = tree.screen.query_one("#failure-place-title")
             # the place is highlighted in a worker: wait for it
             await wait_until(pilot, lambda t=title: "highlighting" not in shown_text(t), "the highlighted place")
-            await pilot.pause(0.1)
             return
         await pilot.press("down")
     raise AssertionError(f"no failure of {name} in the tree")
 
 
-async def wait_retry_done(pilot, app: FixedDeviceApp) -> None:
-    await pilot.pause(0.1)
-    await wait_until(pilot, lambda: app.screen.retry_worker is None, "the retry to finish", timeout=120)
-    await pilot.pause(0.3)  # the reload after it
+async def press_and_wait_retry(pilot, app: FixedDeviceApp, *keys: str) -> None:
+    """Press the keys that start a retry, then wait for its end and for the reload it starts (its RetryDone
+    reloads the view: a newer load generation, whose worker has posted its failures)."""
+    screen = next(s for s in app.screen_stack if isinstance(s, FailuresScreen))
+    started = screen.generation
+    await pilot.press(*keys)
+
+    def reloaded() -> bool:
+        loading = [w for w in app.workers if w.node is screen and w.group == "failures-load" and not w.is_finished]
+        return screen.retry_worker is None and screen.generation > started and not loading
+
+    await wait_until(pilot, reloaded, "the retry to end and the view to reload", timeout_s=120)
+    await pilot.pause()  # the last load's message, posted before its worker finished
 
 
 # -- pure helpers -----------------------------------------------------------------------------
@@ -201,15 +200,13 @@ async def test_retry_a_compile_failure_after_a_settings_change(tmp_path: Path):
         assert "error at line" in shown_text(app.screen.query_one("#failure-place-title"))
         assert "atomicAdd" in shown_text(app.screen.query_one("#failure-log"))
 
-        await pilot.press("r")  # same settings: fails again, as a fresh failure
-        await wait_retry_done(pilot, app)
+        await press_and_wait_retry(pilot, app, "r")  # same settings: fails again, as a fresh failure
         [again] = open_failures(db)
         assert again.id != failure.id and again.stage == "compile"
         assert tree.cursor_node is not None and tree.cursor_node.data.failures[0].id == again.id
 
         app.context.settings.archs = ["sm_90"]
-        await pilot.press("r")
-        await wait_retry_done(pilot, app)
+        await press_and_wait_retry(pilot, app, "r")
         assert open_failures(db) == []
         assert leaves(tree) == []
         assert "No open failures" in shown_text(app.screen.query_one("#failure-summary"))
@@ -243,8 +240,7 @@ async def test_edit_the_item_then_retry_injects_it(tmp_path: Path):
         fixed = json.loads(editor.text)
         fixed["parameters"]["output_shape"] = [1, 2048]
         editor.load_text(json.dumps(fixed, indent=2))
-        await pilot.press("ctrl+s")
-        await wait_retry_done(pilot, app)
+        await press_and_wait_retry(pilot, app, "ctrl+s")
         assert open_failures(db) == []
     state = StateDB()
     try:
@@ -263,12 +259,12 @@ async def test_dismiss_asks_then_removes_the_failure(tmp_path: Path):
         tree = await open_view(pilot, app, 1)
         await cursor_to(pilot, tree, "demo_sigmoid_spin_kernel0")
         await pilot.press("x")
-        await pilot.pause(0.2)
-        await pilot.press("escape")  # cancelled: still there
-        await pilot.pause(0.3)
+        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmDialog), "the confirmation dialog")
+        await pilot.press("escape")  # cancelled: still there (only a confirmation starts the write)
+        await wait_until(pilot, lambda: isinstance(app.screen, FailuresScreen), "the dialog to close")
         assert len(open_failures(db)) == 1
         await pilot.press("x")
-        await pilot.pause(0.2)
+        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmDialog), "the confirmation dialog")
         await pilot.press("y")
         await wait_until(pilot, lambda: leaves(tree) == [], "the tree to empty")
     assert open_failures(db) == []
@@ -291,8 +287,7 @@ async def test_retry_all_resolves_what_the_new_arch_builds(tmp_path: Path):
     app = make_app(db, archs=["sm_90"])
     async with app.run_test(size=(160, 45)) as pilot:
         tree = await open_view(pilot, app, 3)
-        await pilot.press("R")
-        await wait_retry_done(pilot, app)
+        await press_and_wait_retry(pilot, app, "R")
         await wait_until(pilot, lambda: len(leaves(tree)) == 1, "one failure left")
     [left] = open_failures(db)
     assert left.stage == "barriers" and left.id != demo_failure.id  # superseded by this retry's record
@@ -307,10 +302,7 @@ async def test_escape_cancels_a_retry_between_kernels(tmp_path: Path):
     app = make_app(db, archs=["sm_90"])
     async with app.run_test(size=(160, 45)) as pilot:
         await open_view(pilot, app, 8)
-        await pilot.press("R")
-        await pilot.pause(0.05)
-        await pilot.press("escape")
-        await wait_retry_done(pilot, app)
+        await press_and_wait_retry(pilot, app, "R", "escape")
         assert any(n.message.startswith("cancelled:") for n in app._notifications)
         assert not app.screen.query_one("#retry-progress").display
     assert len(open_failures(db)) == 8  # a cancelled retry closes none (see core.inject.retry)
@@ -381,8 +373,7 @@ async def test_a_retry_that_cannot_start_is_reported(tmp_path: Path):
     app.context.settings.nvcc_path = str(tmp_path / "no-such-nvcc")
     async with app.run_test(size=(160, 45)) as pilot:
         await open_view(pilot, app, 1)
-        await pilot.press("r")
-        await wait_retry_done(pilot, app)
+        await press_and_wait_retry(pilot, app, "r")
         assert not app.screen.query_one("#retry-progress").display
         assert any("nvcc not found" in n.message for n in app._notifications)
     assert len(open_failures(app.context.db_path)) == 1
@@ -463,7 +454,6 @@ async def test_edit_the_op_config_then_retry_generates_and_injects_it(tmp_path: 
         del fixed["groups"]
         fixed["filter_shape"] = [8, 8, 3, 3]
         editor.load_text(json.dumps(fixed, indent=2))
-        await pilot.press("ctrl+s")
-        await wait_retry_done(pilot, app)
+        await press_and_wait_retry(pilot, app, "ctrl+s")
         assert open_failures(db) == []
     assert kernel_count(db) == 11 and row_from(db, "ops.txt#1")
