@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from autotvm_logs import demo_network_log
 from conftest import needs_shared
-from console_helpers import SNAPSHOT_DIR, FixedDeviceApp
+from console_helpers import SNAPSHOT_DIR, FixedDeviceApp, wait_until
 from shared_data import ARTIFACT_LOGS, shared_path
 from textual.widgets import Input, Sparkline, Static
 
@@ -34,12 +34,8 @@ def make_app() -> FixedDeviceApp:
                                          settings=Settings(workers=1), device_summary="no CUDA device (test)"))
 
 
-async def wait_for(pilot, condition: Callable[[], bool], timeout: float = 60) -> None:
-    for _ in range(int(timeout / 0.05)):
-        if condition():
-            return
-        await pilot.pause(0.05)
-    raise AssertionError("timed out waiting")
+async def wait_for(pilot, condition: Callable[[], bool], timeout: float = 60, what: str = "the AutoTVM view") -> None:
+    await wait_until(pilot, condition, what, timeout_s=timeout)
 
 
 async def open_log(pilot, path: Path, *, loads: bool = True) -> AutoTvmScreen:
@@ -190,9 +186,10 @@ async def test_the_floor_of_the_curve_reaches_the_last_column(tmp_path: Path, wi
     async with make_app().run_test(size=(width, 45)) as pilot:
         screen = await open_log(pilot, log)
         for _ in ("log", "linear"):
-            await pilot.pause(0.2)
             line, body = screen.query_one(Sparkline), screen.query_one("#plot-body")
-            assert line.region.right == body.region.right and line.region.width > width // 3
+            await wait_for(pilot, lambda line=line, body=body: line.region.right == body.region.right
+                           and line.region.width > width // 3, what="the curve laid out across the plot")
+            await pilot.pause()  # and drawn in the scale just chosen
             bottom = "".join(s.text for s in line.render_line(line.size.height - 1))
             assert len(bottom) == line.size.width and bottom.endswith("▁" * 10) and " " not in bottom, bottom
             await pilot.press("l")

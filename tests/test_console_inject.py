@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from console_helpers import SNAPSHOT_DIR, FixedDeviceApp
+from console_helpers import SNAPSHOT_DIR, FixedDeviceApp, wait_until
 from textual.widgets import Checkbox, Input, Label, ProgressBar, Static
 
 from console.context import ConsoleContext
@@ -49,12 +49,8 @@ def make_app(db_path: Path) -> FixedDeviceApp:
                                          device_summary="no CUDA device (test)"))
 
 
-async def wait_for(pilot, condition: Callable[[], bool], timeout: float = 60) -> None:
-    for _ in range(int(timeout / 0.05)):
-        if condition():
-            return
-        await pilot.pause(0.05)
-    raise AssertionError("timed out waiting")
+async def wait_for(pilot, condition: Callable[[], bool], what: str = "the Inject view") -> None:
+    await wait_until(pilot, condition, what, timeout_s=60)
 
 
 async def open_inject(pilot) -> InjectScreen:
@@ -154,16 +150,16 @@ async def test_bad_arch_shows_an_inline_error_and_does_not_start(tmp_path: Path)
 
         screen.query_one("#archs", Input).value = "sm_90, banana"
         await pilot.press("ctrl+r")
-        await pilot.pause(0.1)
-        assert error.display and "banana: not an SM arch" in text(screen, "#archs-error")
+        await wait_for(pilot, lambda: error.display, "the arch error")
+        assert "banana: not an SM arch" in text(screen, "#archs-error")
         assert not screen.running and screen.report is None
 
         screen.query_one("#archs", Input).value = "sm_10"  # the right shape, but no nvcc builds for it
         await pilot.pause()
         assert not error.display  # editing clears the error
         await pilot.press("ctrl+r")
-        await pilot.pause(0.1)
         if screen.probe is not None and screen.probe.archs:
+            await wait_for(pilot, lambda: error.display, "the arch error")
             assert "sm_10: not supported" in text(screen, "#archs-error")
             assert not screen.running and screen.report is None
     assert not db_path.exists()
@@ -235,10 +231,14 @@ async def test_stage_counts_are_shown_whole_in_a_narrow_terminal(tmp_path: Path)
         screen.add_path(src)
         screen.query_one("#compile", Checkbox).value = False
         await run_to_end(pilot, screen)
-        await pilot.pause(0.1)
-        rows = {}
-        for row in screen.query(StageProgress):
-            label = row.query_one(".stage-counts", Label)
-            rows[row.stage] = (str(label.render()), label.content_region.width)
+
+        def counts() -> dict[str, tuple[str, int]]:
+            return {row.stage: (str(label.render()), label.content_region.width)
+                    for row in screen.query(StageProgress) for label in [row.query_one(".stage-counts", Label)]}
+
+        # the counts are laid out after the run's last progress message
+        await wait_for(pilot, lambda: counts().get("read", ("", 0))[0] == "4 passed · 1 failed", "the read counts")
+        await pilot.pause()  # and laid out: the refresh after the update
+        rows = counts()
         assert rows["read"][0] == "4 passed · 1 failed"
         assert all(len(text) <= width for text, width in rows.values()), rows

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import needs_shared
-from console_helpers import SNAPSHOT_DIR, FixedDeviceApp, build_small_db
+from console_helpers import SNAPSHOT_DIR, FixedDeviceApp, build_small_db, wait_until
 from shared_data import ARTIFACT_OPCONFIGS, shared_path
 from textual.widgets import Input, Static
 
@@ -39,12 +39,8 @@ def make_app(db_path: Path) -> FixedDeviceApp:
                                          device_summary="no CUDA device (test)"))
 
 
-async def wait_for(pilot, condition: Callable[[], bool], timeout: float = 60) -> None:
-    for _ in range(int(timeout / 0.05)):
-        if condition():
-            return
-        await pilot.pause(0.05)
-    raise AssertionError("timed out waiting")
+async def wait_for(pilot, condition: Callable[[], bool], timeout: float = 60, what: str = "the Op configs view") -> None:
+    await wait_until(pilot, condition, what, timeout_s=timeout)
 
 
 async def open_view(pilot) -> OpConfigsScreen:
@@ -314,17 +310,21 @@ def test_snapshot_with_coverage(snap_compare):
 @pytest.mark.skipif(importlib.util.find_spec("tvm") is None, reason="needs apache-tvm")
 async def test_cancel_stops_between_ops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     import asyncio
-    import time
+    import threading
 
     import core.codegen.batch as batch
 
     real_generate = batch.generate
+    escape_pressed = threading.Event()
+    generated: list[object] = []
 
-    def slow_generate(*args, **kwargs):  # type: ignore[no-untyped-def]
-        time.sleep(0.3)  # time for the test to press escape between two ops
+    def held_generate(*args, **kwargs):  # type: ignore[no-untyped-def]
+        if generated:  # the second op waits for the test's escape: the cancel lands between two ops
+            assert escape_pressed.wait(timeout=120), "the test never pressed escape"
+        generated.append(args)
         return real_generate(*args, **kwargs)
 
-    monkeypatch.setattr(batch, "generate", slow_generate)
+    monkeypatch.setattr(batch, "generate", held_generate)
     lines = [f"elementwise_relu_op_float|i+1_{n}|o+1_{n}" for n in range(8, 14)]
     db_path = tmp_path / "k.db"
     app = make_app(db_path)
@@ -336,6 +336,7 @@ async def test_cancel_stops_between_ops(tmp_path: Path, monkeypatch: pytest.Monk
         bar = screen.query_one("#stage-codegen .stage-counts", Static)
         await wait_for(pilot, lambda: "1 passed" in str(bar.render()))
         await pilot.press("escape")
+        escape_pressed.set()
         await start
         await wait_for(pilot, lambda: screen.result is not None and not screen.running)
 

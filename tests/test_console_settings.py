@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from console_helpers import SNAPSHOT_DIR, FixedDeviceApp, build_small_db
+from console_helpers import SNAPSHOT_DIR, FixedDeviceApp, build_small_db, wait_until
 
 from console.context import ConsoleContext
 from console.screens import settings as settings_screen
@@ -59,11 +59,7 @@ def make_app(db: Path) -> FixedDeviceApp:
 
 
 async def until(pilot, condition: Callable[[], bool], what: str) -> None:
-    for _ in range(100):
-        await pilot.pause(0.05)
-        if condition():
-            return
-    raise AssertionError(f"timed out waiting for {what}")
+    await wait_until(pilot, condition, what)
 
 
 async def open_settings(pilot) -> SettingsScreen:
@@ -175,8 +171,6 @@ async def test_bad_values_show_inline_and_are_never_saved(db: Path, fake_machine
         screen = await open_settings(pilot)
         await type_into(pilot, name, text)
         await pilot.press("ctrl+s")
-        await pilot.pause(0.1)
-        await app.workers.wait_for_complete()
         await until(pilot, lambda: why in text_of(screen, f"#error-{name}"), f"the inline error on {name}")
         assert screen.query_one(f"#field-{name}").has_class("invalid")
         assert screen.focused is screen.query_one(f"#field-{name}")

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from console_helpers import SNAPSHOT_DIR, FixedDeviceApp, build_small_db
+from console_helpers import SNAPSHOT_DIR, FixedDeviceApp, build_small_db, wait_until
 from textual.widgets import Input, Select, Sparkline, Static
 
 import console.screens.tuning as tuning
@@ -50,12 +50,8 @@ def no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(core.gpu.inventory, "detect_devices", lambda *_, **__: ([], "no CUDA device found (test)"))
 
 
-async def wait_for(pilot, condition: Callable[[], bool], timeout: float = 60) -> None:
-    for _ in range(int(timeout / 0.1)):
-        if condition():
-            return
-        await pilot.pause(0.1)
-    raise AssertionError("timed out waiting")
+async def wait_for(pilot, condition: Callable[[], bool], timeout: float = 60, what: str = "the Tuning view") -> None:
+    await wait_until(pilot, condition, what, timeout_s=timeout)
 
 
 async def open_view(pilot) -> TuningScreen:
@@ -82,7 +78,14 @@ async def import_ops(pilot, screen: TuningScreen, path: Path, expected: int) -> 
 async def choose(pilot, screen: TuningScreen, *, trials: int, target: str) -> None:
     screen.query_one("#trials", Input).value = str(trials)
     screen.query_one("#target", Select).value = target
-    await pilot.pause(0.3)
+
+    await pilot.pause()  # their Changed messages: the view re-plans, and a worker reads the target's work dirs
+
+    def read() -> bool:
+        return not [w for w in pilot.app.workers if w.node is screen and w.group == "history" and not w.is_finished]
+
+    await wait_for(pilot, read, what=f"the work dirs of {target} read")
+    await pilot.pause()  # the history's message, posted before its worker finished
 
 
 def text(widget, selector: str) -> str:
@@ -134,7 +137,8 @@ async def test_a_run_fills_the_table_the_curve_and_the_log(tmp_path: Path, monke
 
         table.focus()
         table.move_cursor(row=1)  # the Dot: its curve
-        await pilot.pause(0.2)
+        await wait_for(pilot, lambda: "Dot 32x32 x 32x32" in text(screen, "#tune-selected"), what="the Dot selected")
+        await pilot.pause()  # the plot follows the selection
         plot = screen.query_one(BestSoFarPlot)
         # One point per trial from the first successful one (a busy machine can fail a build or two first),
         # never rising, ending at the best time.
@@ -240,11 +244,11 @@ async def test_max_per_op_caps_the_networks_shares_and_goes_to_the_run(tmp_path:
         screen.tune = lambda plan, *args: started.append(plan)  # type: ignore[method-assign]
         screen.query_one("#cap", Input).value = "0"
         await pilot.press("ctrl+r")
-        await pilot.pause(0.2)
-        assert not started and screen.query_one("#cap", Input).has_class("bad")
+        await wait_for(pilot, lambda: screen.query_one("#cap", Input).has_class("bad"), what="#cap marked bad")
+        assert not started
         screen.query_one("#cap", Input).value = "2"
-        await pilot.pause(0.3)
-        assert [str(table.get_cell(key, "trials")) for key in (conv, pool)] == ["0/2", "0/2"]
+        await wait_for(pilot, lambda: [str(table.get_cell(key, "trials")) for key in (conv, pool)] == ["0/2", "0/2"],
+                       what="both ops capped at 2 trials")
         await pilot.press("ctrl+r")
         await wait_for(pilot, lambda: bool(started))
         assert started[0].cap == 2 and started[0].network is not None
@@ -291,11 +295,11 @@ async def test_the_round_and_the_population_are_checked_and_go_to_every_job(tmp_
             screen.running = False  # the stand-in above starts no worker to end a run
             screen.query_one(field, Input).value = bad
             await pilot.press("ctrl+r")
-            await pilot.pause(0.2)
-            assert not started and screen.query_one(field, Input).has_class("bad")
+            await wait_for(pilot, lambda: screen.query_one(field, Input).has_class("bad"), what=f"{field} marked bad")
+            assert not started
             screen.query_one(field, Input).value = good
-            await pilot.pause(0.2)
-            assert not screen.query_one(field, Input).has_class("bad")
+            await wait_for(pilot, lambda: not screen.query_one(field, Input).has_class("bad"),
+                           what=f"{field} no longer bad")
             await pilot.press("ctrl+r")
             await wait_for(pilot, lambda: bool(started))
             return started[0]
