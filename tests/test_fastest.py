@@ -53,16 +53,29 @@ def keys_in_table_order(path: Path) -> list[str]:
         conn.close()
 
 
+def written_by_another_tool(path: Path, rows: list[KernelRow]) -> None:
+    """Rows in the order given, as NNFusion's import script or a kdb from before rows were kept fastest-first
+    wrote them (kdb's own writes would put each op's fastest row first)."""
+    from core.kernels.kernel_row import needs_pattern_twin, pattern_twin
+
+    KernelDB.open(path, create=True).close()
+    conn = sqlite3.connect(path)
+    with conn:
+        for row in rows:
+            for r in (row, pattern_twin(row)) if needs_pattern_twin(row) else (row,):
+                conn.execute("INSERT INTO KernelCache VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", r.values())
+    conn.close()
+
+
 @pytest.fixture
 def db_path(tmp_path: Path) -> Path:
     path = tmp_path / "k.db"
-    with KernelDB.open(path, create=True) as db:
-        for row in (relu("kdb:relu-first-slow", {H200: 50.0}), relu("kdb:relu-fast", {H200: 20.0, V100: 90.0}),
-                    relu("kdb:relu-unmeasured"), relu("kdb:relu-v100-only", {V100: 1.0}),
-                    fused("kdb:fused-slow", {H200: 30.0}), fused("kdb:fused-fast", {H200: 10.0}),
-                    relu("kdb:lone", {H200: 99.0}, n=4),  # the only row of its op: never touched
-                    relu("kdb:other-a", {V100: 5.0}, n=8), relu("kdb:other-b", n=8)):  # none timed on the H200
-            db.insert(row)
+    written_by_another_tool(path, [
+        relu("kdb:relu-first-slow", {H200: 50.0}), relu("kdb:relu-fast", {H200: 20.0, V100: 90.0}),
+        relu("kdb:relu-unmeasured"), relu("kdb:relu-v100-only", {V100: 1.0}),
+        fused("kdb:fused-slow", {H200: 30.0}), fused("kdb:fused-fast", {H200: 10.0}),
+        relu("kdb:lone", {H200: 99.0}, n=4),  # the only row of its op: never touched
+        relu("kdb:other-a", {V100: 5.0}, n=8), relu("kdb:other-b", n=8)])  # none timed on the H200  # none timed on the H200
     return path
 
 

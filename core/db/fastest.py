@@ -1,12 +1,14 @@
-"""One kernel per op, the fastest measured on a GPU: what the compiler then finds first.
+"""One kernel per op, the fastest measured on a GPU: the others deleted.
 
 NNFusion's kernel selection takes an op's FIRST External row in table order and does not compare profiles
-(kernel_selection.cpp, FetchBasedSelector::fetch_inventory). A DB that gathers kernels from several tuning
-runs therefore keeps running the first run's kernel even where a later run measured a faster one (and
-BlockFusion's interplay may swap in any other row with a smaller time x resource). `plan_fastest` finds, for
-each op (Identifier and Tags, DeviceType CUDA_GPU), the row with the smallest time for one device in
-`Miscs.external_profile.time`; `apply_fastest` removes the other rows of those ops (a fused kernel's CUDA
-twin goes with its row) in one transaction, after a backup.
+(kernel_selection.cpp, FetchBasedSelector::fetch_inventory). kdb's own writes keep each op's rows fastest-first
+(core/db/op_rows.py), so the first row is already the fastest; what `kdb db fastest` still adds is deleting the
+slower rows: BlockFusion's interplay can otherwise swap in any row with a smaller time x resource (a slower one:
+ResNet-18 ran 1.46x slower on the H200 with such rows), and a DB written by another tool (or by kdb before the
+order was kept) gets its fastest row as the op's only one. `plan_fastest` finds, for each op (Identifier and Tags,
+DeviceType CUDA_GPU), the row with the smallest time for one device in `Miscs.external_profile.time`;
+`apply_fastest` removes the other rows of those ops (a fused kernel's CUDA twin goes with its row) in one
+transaction, after a backup.
 
 Only ops with at least one row measured on the device are touched. A row not measured there cannot be
 ranked: it is removed with the reason "not measured", so `kdb gpu profile` it first to keep it in the race.
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from core.db.kernel_db import KernelDB
+from core.db.op_rows import time_on
 from core.errors import InputError
 from core.kernels.kernel_row import KernelRow
 from core.kernels.ops import DEVICE_TYPE
@@ -50,20 +53,6 @@ class FastestPlan:
     @property
     def removals(self) -> list[str]:
         return [loser.key for choice in self.choices for loser in choice.removed]
-
-
-def time_on(miscs_text: str, device: str) -> float:
-    """Microseconds on `device` from a row's Miscs; InputError when absent or unreadable."""
-    try:
-        miscs = json.loads(miscs_text or "{}")
-    except ValueError as exc:
-        raise InputError(f"Miscs is not JSON ({exc})") from exc
-    profile = miscs.get("external_profile") if isinstance(miscs, dict) else None
-    text = profile.get("time", "") if isinstance(profile, dict) else ""
-    times = parse_profile(text)
-    if device not in times:
-        raise InputError(f"not measured on {device!r}" + (f" (only on {', '.join(times)})" if times else ""))
-    return times[device]
 
 
 def profiled_devices(db: KernelDB) -> set[str]:

@@ -8,6 +8,7 @@ timeout and would fail on a long-held lock. The older osdi20 schema is recognise
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shlex
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from core.db.engine import busy_timeout, check_sqlite_file, connect, is_locked, locked_error, quick_check, transaction
+from core.db.op_rows import KnownOps, op_rows, restore_order, standalone_columns, standalone_product
 from core.errors import DbError
 from core.kernels.kernel_row import (
     COLUMNS,
@@ -30,7 +32,7 @@ from core.kernels.kernel_row import (
     primary_key,
     twin_key,
 )
-from core.kernels.ops import DEVICE_TYPE, FUSED_OP_TYPES, PATTERN_DEVICE_TYPE
+from core.kernels.ops import DEVICE_TYPE, EXTERNAL_SOURCE, FUSED_OP_TYPES, PATTERN_DEVICE_TYPE
 
 _SELECT = f"SELECT {', '.join(COLUMNS)} FROM KernelCache"
 _INSERT = f"INSERT INTO KernelCache ({', '.join(COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
@@ -70,6 +72,15 @@ class InsertResult:
     outcome: InsertOutcome
     replaced: tuple[KernelRow, ...] = ()  # rows this insert removed (for undo/backups)
     note: str = ""
+    standalone_for: str = ""  # the product the row went in standalone for, as its op's other rows are
+
+
+class DeletedRows(list[KernelRow]):
+    """Rows a delete removed, with the rowid each had: `restore` puts rows of equal rank back in their place."""
+
+    def __init__(self, rows: Iterable[KernelRow] = (), rowids: dict[str, int] | None = None) -> None:
+        super().__init__(rows)
+        self.rowids = rowids or {}
 
 
 def default_db_path() -> Path:
@@ -97,6 +108,9 @@ class KernelDB:
         self.readonly = readonly
         self.schema = schema
         self._conn: sqlite3.Connection | None = conn
+        # The -fproduct_name whose times order each op's rows (core/db/op_rows.py); None: the product_name setting
+        self.order_product: str | None = None
+        self._known_ops = KnownOps()
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -203,13 +217,43 @@ class KernelDB:
         """
         return self._write(lambda raw: self._insert_in_transaction(raw, row, replace))
 
+    def ordering_product(self) -> str:
+        """The product whose times order each op's rows: `order_product`, else the product_name setting (read once;
+        empty: each op is ranked by the one GPU its rows were timed on)."""
+        if self.order_product is None:
+            from core.settings import load_settings
+
+            self.order_product = load_settings().product_name
+        return self.order_product
+
+    def _keep_order(self, raw: sqlite3.Connection, identifiers: Iterable[str],
+                    places: dict[str, int] | None = None) -> None:
+        """Every write ends here, in its transaction: the ops it touched fastest-first again (core/db/op_rows.py)."""
+        for identifier in dict.fromkeys(identifiers):
+            restore_order(raw, identifier, self.ordering_product(), places)
+
     def _write(self, body: Any) -> Any:
         """Run body(the sqlite3 connection) in one write transaction."""
         with self.writing() as raw:
             return body(raw)
 
+    def _insert_in_transaction(self, raw: sqlite3.Connection, row: KernelRow, replace: bool) -> InsertResult:
+        others = op_rows(raw, row.identifier) if self._known_ops.may_have(raw, row.identifier) else []
+        self._known_ops.add(row.identifier)
+        standalone = standalone_product(others) \
+            if row.device_type == DEVICE_TYPE and row.source == EXTERNAL_SOURCE else None
+        if standalone is not None:  # an External row would be taken first and fuse the op again: keep it standalone
+            source, tags, miscs = standalone_columns(row, standalone)
+            row = dataclasses.replace(row, source=source, tags=tags,
+                                      miscs=json.dumps(miscs, ensure_ascii=False, allow_nan=False))
+        result = self._insert_row(raw, row, replace)
+        if result.outcome is not InsertOutcome.UNCHANGED and others:
+            self._keep_order(raw, [row.identifier])
+        return dataclasses.replace(result, standalone_for=standalone or "") \
+            if standalone is not None and result.outcome is not InsertOutcome.UNCHANGED else result
+
     @classmethod
-    def _insert_in_transaction(cls, raw: sqlite3.Connection, row: KernelRow, replace: bool) -> InsertResult:
+    def _insert_row(cls, raw: sqlite3.Connection, row: KernelRow, replace: bool) -> InsertResult:
         values = row.values()
         existing = raw.execute(f"{_SELECT} WHERE Key = ?", (row.key,)).fetchone()
         removed: list[KernelRow] = []
@@ -254,8 +298,8 @@ class KernelDB:
     @staticmethod
     def _rewrite_in_order(raw: sqlite3.Connection, key: str, values: tuple[Any, ...]) -> None:
         """Write the row `key` anew (a new rowid: the browse index sees changed rows by (rowid, Key)) and move
-        the rows of its Identifier and DeviceType that came after it behind it, in their order: NNFusion takes
-        a lookup's first row in table order, so a profile written to one kernel must not hand it another."""
+        the rows of its Identifier and DeviceType that came after it behind it, in their order (a fused kernel's
+        CUDA twin: CUDA_GPU rows are put in order by op_rows.restore_order instead)."""
         old = raw.execute("SELECT rowid, Identifier, DeviceType FROM KernelCache WHERE Key = ?", (key,)).fetchone()
         followers: list[Any] = []
         if old is not None:
@@ -271,14 +315,15 @@ class KernelDB:
         # A plain autocommit read: no write lock.
         return self.connection().execute("SELECT 1 FROM KernelCache WHERE Key = ?", (key,)).fetchone() is not None
 
-    def delete(self, keys: Sequence[str]) -> list[KernelRow]:
-        """Delete rows by Key in one transaction; returns them so the caller can undo.
+    def delete(self, keys: Sequence[str]) -> DeletedRows:
+        """Delete rows by Key in one transaction; returns them (with their rowids) so the caller can undo.
 
         A fused kernel's pair goes together: deleting either row deletes its partner (a CUDA twin left
-        alone would make the compiler abort; a CUDA_GPU row without its twin is never used)."""
+        alone would make the compiler abort; a CUDA_GPU row without its twin is never used). The rows left keep
+        their order, so each op stays fastest-first."""
 
-        def body(raw: sqlite3.Connection) -> list[KernelRow]:
-            out: list[KernelRow] = []
+        def body(raw: sqlite3.Connection) -> DeletedRows:
+            out = DeletedRows()
             for key in keys:
                 got = raw.execute(f"{_SELECT} WHERE Key = ?", (key,)).fetchone()
                 if got is None:
@@ -289,21 +334,29 @@ class KernelDB:
                 for k in (row.key, partner):
                     if k is None:
                         continue
-                    found = raw.execute(f"{_SELECT} WHERE Key = ?", (k,)).fetchone()
+                    found = raw.execute(f"SELECT rowid, {', '.join(COLUMNS)} FROM KernelCache WHERE Key = ?",
+                                        (k,)).fetchone()
                     if found is not None:
-                        out.append(KernelRow.from_values(tuple(found)))
+                        out.append(KernelRow.from_values(tuple(found[1:])))
+                        out.rowids[k] = found[0]
                         raw.execute("DELETE FROM KernelCache WHERE Key = ?", (k,))
             return out
 
         return self._write(body)
 
     def restore(self, rows: Iterable[KernelRow]) -> int:
-        """Put rows back exactly as they were (undo of a delete); existing keys are left alone."""
+        """Put rows back exactly as they were (undo of a delete); existing keys are left alone. Each op is then
+        fastest-first again; rows `delete` gave (DeletedRows) go back to their place among rows of equal rank."""
+        places = rows.rowids if isinstance(rows, DeletedRows) else {}
 
         def body(raw: sqlite3.Connection) -> int:
-            n = 0
+            n, touched = 0, []
             for row in rows:
                 n += raw.execute(_INSERT.replace("INSERT", "INSERT OR IGNORE", 1), row.values()).rowcount or 0
+                if row.device_type == DEVICE_TYPE:
+                    touched.append(row.identifier)
+                    self._known_ops.add(row.identifier)
+            self._keep_order(raw, touched, places)
             return n
 
         return self._write(body)
@@ -327,17 +380,26 @@ class KernelDB:
             raise ValueError(f"not columns of KernelCache that may change: {sorted(unknown)}")
 
         def body(raw: sqlite3.Connection) -> None:
+            places: dict[str, int] = {}
+            touched: list[str] = []
             for key, values in updates:
                 # Moved to a new rowid rather than updated in place: the browse index (core/db/summary_index.py)
-                # sees changed rows by their (rowid, Key) pair without reading any bodies.
-                got = raw.execute(f"{_SELECT} WHERE Key = ?", (key,)).fetchone()
+                # sees changed rows by their (rowid, Key) pair without reading any bodies. Its old rowid is its
+                # place among rows of equal rank when the op is put in order again.
+                got = raw.execute(f"SELECT rowid, {', '.join(COLUMNS)} FROM KernelCache WHERE Key = ?",
+                                  (key,)).fetchone()
                 if got is None:
                     continue
-                row = KernelRow.from_values(tuple(got))
-                updated = KernelRow.from_values(tuple(values.get(c, v) for c, v in zip(COLUMNS, got, strict=True)))
-                self._rewrite_in_order(raw, key, updated.values())
+                row = KernelRow.from_values(tuple(got[1:]))
+                updated = KernelRow.from_values(tuple(values.get(c, v) for c, v in zip(COLUMNS, got[1:], strict=True)))
+                raw.execute("DELETE FROM KernelCache WHERE Key = ?", (key,))
+                raw.execute(_INSERT, updated.values())
+                places.setdefault(key, got[0])
+                touched += [r.identifier for r in (row, updated) if r.device_type == DEVICE_TYPE]
+                self._known_ops.add(updated.identifier)
                 if raw.execute("SELECT 1 FROM KernelCache WHERE Key = ?", (twin_key(row.key),)).fetchone():
                     self._sync_twin(raw, updated)
+            self._keep_order(raw, touched, places)
 
         self._write(body)
 

@@ -14,7 +14,8 @@ BlockFusion skips every kernel that is not a BlockCudaEmitter ("is not BlockCuda
 
 So a standalone row is the same kernel with Source "Antares", no BlockCudaEmitter tag, and `Miscs.antares`
 naming the product it is for. Every CUDA_GPU row of the op's Identifier changes together: one External row left
-would be taken first. The Key, the code, the profile and the order stay; `fusable` turns the rows back.
+would be taken first. The Key, the code, the profile and the order stay; `fusable` turns the rows back. A row
+injected later for a standalone op goes in standalone too (core/db/kernel_db.py, insert): the op stays as it was made.
 """
 
 from __future__ import annotations
@@ -24,13 +25,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from core.db.fastest import time_on
 from core.db.kernel_db import KernelDB
+from core.db.op_rows import UNPROFILED_US, standalone_columns
 from core.errors import InputError
 from core.kernels.kernel_row import KernelRow, is_standalone
-from core.kernels.ops import BLOCK_TAG, DEFAULT_PRODUCT, DEVICE_TYPE, EXTERNAL_SOURCE, STANDALONE_SOURCE
+from core.kernels.ops import BLOCK_TAG, DEFAULT_PRODUCT, DEVICE_TYPE, EXTERNAL_SOURCE
 
-UNPROFILED_US = 1e6  # the selector keeps the smallest time under 1e9 us: a row without a profile still counts
+__all__ = ["UNPROFILED_US", "RowChange", "apply_changes", "plan_fusable", "plan_standalone"]
 
 
 @dataclass(frozen=True)
@@ -51,10 +52,7 @@ def plan_standalone(db: KernelDB, keys: Iterable[str], product: str) -> list[Row
     for row in _rows_of_ops(db, keys):
         if row.source != EXTERNAL_SOURCE:
             continue  # standalone already, or a row of NNFusion's own kind: left as it is
-        miscs = _miscs(row)
-        miscs["antares"] = {"device_name": product, "planned_steps": 1, "time": _profiled_us(row, product)}
-        tags = ",".join(t for t in row.tags.split(",") if t and t != BLOCK_TAG)
-        changes.append(RowChange(row, STANDALONE_SOURCE, tags, miscs))
+        changes.append(RowChange(row, *standalone_columns(row, product)))
     return changes
 
 
@@ -99,10 +97,3 @@ def _miscs(row: KernelRow) -> dict[str, Any]:
         raise InputError(f"row {row.key[:20]}: Miscs is not a JSON object", where=row.key)
     return miscs
 
-
-def _profiled_us(row: KernelRow, product: str) -> float:
-    """The row's profile for the product (what the selector ranks standalone rows by), else UNPROFILED_US."""
-    try:
-        return time_on(row.miscs, product)
-    except InputError:  # not timed on the product, or an unreadable profile: still a row to take
-        return UNPROFILED_US

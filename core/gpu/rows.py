@@ -172,7 +172,10 @@ def _store_profile(db: KernelDB, row: KernelRow, device: str, timed: GpuResult) 
     except InputError:  # an unreadable old profile string: replace it rather than keep a broken one
         profile["time"] = merge_profile("", device, timed.microseconds or 0.0)
     miscs["external_profile"] = profile
+    antares = miscs.get("antares")
+    if isinstance(antares, dict) and antares.get("device_name") == device:
+        antares["time"] = timed.microseconds  # a standalone row: kernel selection ranks the op's rows by this time
     kdb = miscs.setdefault("kdb", {}) if isinstance(miscs.get("kdb", {}), dict) else {}
     kdb.setdefault("profile", {})[device] = timed.profile_entry()
     miscs["kdb"] = kdb
-    db.update_miscs(row.key, miscs)
+    db.update_miscs(row.key, miscs)  # the op's rows are put fastest-first again in the same transaction

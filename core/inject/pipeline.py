@@ -116,6 +116,7 @@ class InjectReport:
     cancelled: bool = False
     notes: list[str] = field(default_factory=list)
     shadowed: list[tuple[str, str]] = field(default_factory=list)  # (injected key, the earlier row NNFusion takes)
+    standalone: dict[str, str] = field(default_factory=dict)  # injected key -> product: went in standalone, as its op
     run_id: int | None = None
     replaced_rows: int = 0
     backup: str | None = None
@@ -123,7 +124,8 @@ class InjectReport:
     def as_json(self) -> dict[str, Any]:
         return {"injected": self.injected, "unchanged": self.unchanged, "failed": self.failed,
                 "failures": [f.as_report() for f in self.failures],
-                "shadowed": [{"key": key, "used_instead": first} for key, first in self.shadowed]}
+                "shadowed": [{"key": key, "used_instead": first} for key, first in self.shadowed],
+                "standalone": [{"key": key, "product": product} for key, product in self.standalone.items()]}
 
 
 def _batched(items: Iterator[tuple[str, int, Any]], size: int) -> Iterator[tuple[tuple[str, int, Any], ...]]:
@@ -270,6 +272,7 @@ class Injector:
                 done = ", ".join(f"{n} {what}" for what, n in self._gpu_counts.items())
                 self.report.notes.append(f"gpu ({self._device or 'no answer'}): {done}")
             self._note_shadowed()
+            self._note_standalone()
             if self.state is not None and self.report.run_id is not None:
                 self.state.finish_run(self.report.run_id, injected=self.report.injected,
                                       unchanged=self.report.unchanged, failed=self.report.failed,
@@ -291,8 +294,19 @@ class Injector:
             key, first = self.report.shadowed[0]
             self.report.notes.append(
                 f"{len(self.report.shadowed)} injected kernel(s) come after an earlier row of their op, and NNFusion "
-                f"takes an op's first row (e.g. {first} before {key}): `kdb db fastest` keeps the faster one, "
-                "`--replace` the new one")
+                f"takes an op's first row (e.g. {first} before {key}): each op's rows are kept fastest-first, so the "
+                "earlier row was timed faster, or neither was timed (`kdb gpu profile` times them, `kdb db fastest` "
+                "then keeps the faster one alone); `--replace` keeps the new one alone")
+
+    def _note_standalone(self) -> None:
+        """Say which new rows went in standalone: their op's rows run on their own launch (`kdb db standalone`)."""
+        if not self.report.standalone:
+            return
+        key, product = next(iter(self.report.standalone.items()))
+        self.report.notes.append(
+            f"{len(self.report.standalone)} injected kernel(s) went in standalone for -fproduct_name={product!r}, as "
+            f"the other rows of their op are (made so for a launch that did not fit; e.g. {key}): BlockFusion never "
+            "fuses them; `kdb db standalone --undo KEY --apply` gives the op back to BlockFusion")
 
     def _backup_before_replace(self) -> str | None:
         """Replace deletes rows: copy a non-empty DB first (or fail before any write)."""
@@ -460,6 +474,8 @@ class Injector:
             self._count_unchanged()
             return
         self._committed.append(row.key)
+        if result.standalone_for:
+            self.report.standalone[row.key] = result.standalone_for
         if self.on_commit is not None:
             self.on_commit(Committed(row.key, item.file, item.index, len(result.replaced)))
         self.report.injected += 1
