@@ -1,18 +1,22 @@
-"""kdb db init | check | repair | fastest | standalone | convert | backup."""
+"""kdb db init | check | repair | fastest | standalone | leave-to-library | convert | backup."""
 
 from __future__ import annotations
 
 import argparse
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from console.cli.output import out, print_json
 from core.db.kernel_db import KernelDB, Schema
 
+if TYPE_CHECKING:
+    from core.db.library import Verdict
+
 
 def main(args: argparse.Namespace) -> int:
     return {"init": _init, "check": _check, "repair": _repair, "fastest": _fastest, "standalone": _standalone,
-            "convert": _convert, "backup": _backup}[args.db_command](args)
+            "leave-to-library": _leave_to_library, "convert": _convert, "backup": _backup}[args.db_command](args)
 
 
 def _init(args: argparse.Namespace) -> int:
@@ -51,23 +55,35 @@ def _check(args: argparse.Namespace) -> int:
 
 def _repair(args: argparse.Namespace) -> int:
     """Fused kernels without their CUDA twin get it, rows in an older form than injection writes (shared arrays
-    without their alignment, pointers without __restrict__) are brought up to date (--apply); nothing else in the
-    DB is touched."""
+    without their alignment, pointers without __restrict__) are brought up to date, ops whose rows are not
+    fastest-first are put in order (--apply); nothing else in the DB is touched."""
     from core.db.realign import apply_realign, plan_realign
 
     with KernelDB.open(args.db, write=args.apply) as db:
         unused, orphans = db.pair_problems()
         realign = plan_realign(db)
+        disorder = db.order_problems()
+        rankable = [p for p in disorder if p.fastest]
         written = db.add_twins([r.key for r in unused]) if args.apply else []
         realigned = apply_realign(db, realign) if args.apply else []
+        reordered = db.put_in_order([p.identifier for p in rankable]) if args.apply else []
     if args.json:
         print_json({"db": str(db.path), "applied": args.apply,
                     "missing_twins": [{"key": r.key, "identifier": r.identifier} for r in unused],
                     "twins_written": [r.key for r in written],
                     "lone_twins": [{"key": r.key, "identifier": r.identifier} for r in orphans],
                     "misaligned": [{"key": r.key, "identifier": r.identifier} for r, _ in realign],
-                    "realigned": realigned})
+                    "realigned": realigned,
+                    "out_of_order": [{"identifier": p.identifier, "first": p.first, "fastest": p.fastest or None,
+                                      "why": p.why} for p in disorder],
+                    "reordered": reordered})
     else:
+        if disorder:
+            verb = "put" if args.apply else "would put"
+            out.print(f"{len(rankable)} op(s) whose first row, the one NNFusion takes, is not their fastest: {verb} "
+                      "their rows fastest-first (the rows stay as they are)", highlight=False)
+            for p in disorder:
+                out.print(f"  {p.identifier[:90]}: {p.why}", markup=False, highlight=False)
         if realign:
             verb = "rewrote" if args.apply else "would rewrite"
             out.print(f"{len(realign)} kernel(s) in an older form than injection writes: shared arrays declared "
@@ -86,9 +102,9 @@ def _repair(args: argparse.Namespace) -> int:
                       "abort; repair leaves them alone: delete them, or inject their kernel", highlight=False)
             for r in orphans:
                 out.print(f"  {r.key}  {r.identifier}", markup=False, highlight=False)
-        if (unused or realign) and not args.apply:
+        if (unused or realign or rankable) and not args.apply:
             out.print("nothing written: `kdb db repair --apply` writes them")
-    left = (not args.apply and (unused or realign)) or orphans
+    left = (not args.apply and (unused or realign or rankable)) or orphans
     return 1 if left else 0
 
 
@@ -120,7 +136,9 @@ def _standalone(args: argparse.Namespace) -> int:
 
 
 def _fastest(args: argparse.Namespace) -> int:
-    """Per op, keep the row measured fastest on one GPU (--apply); else show what would go and why."""
+    """Per op, keep the row measured fastest on one GPU (--apply); else show what would go and why. kdb keeps that
+    row first already; deleting the others keeps BlockFusion from swapping in a slower row of smaller time x
+    resource, and mends DBs another tool wrote."""
     from core.db.fastest import apply_fastest, plan_fastest, profiled_devices
     from core.db.state import state_dir
     from core.errors import InputError
@@ -167,6 +185,63 @@ def _fastest(args: argparse.Namespace) -> int:
     elif plan.removals and not args.apply:
         out.print("nothing written: `kdb db fastest --apply` removes them (one transaction, after a backup)")
     return 0
+
+
+def _leave_to_library(args: argparse.Namespace) -> int:
+    """Ops whose row ran slower than the library on a GPU: show them, set their rows aside (--apply), or put rows
+    set aside back (--undo FILE)."""
+    from core.db.library import apply_leave_to_library, plan_leave_to_library, read_times, set_aside_rows
+    from core.db.library import undo_leave_to_library as undo
+    from core.db.state import state_dir
+    from core.errors import InputError
+
+    if args.undo:
+        rows = set_aside_rows(Path(args.undo).expanduser())
+        with KernelDB.open(args.db, write=args.apply) as db:
+            written = undo(db, Path(args.undo).expanduser()) if args.apply else 0
+        if args.json:
+            print_json({"db": str(db.path), "applied": args.apply, "undo": args.undo,
+                        "rows": [{"key": r.key, "identifier": r.identifier} for r in rows], "rows_written": written})
+            return 0
+        verb = f"put back {written} row(s)" if args.apply else f"would put back {len(rows)} kernel(s)"
+        out.print(f"{db.path}: {verb} from {args.undo}", highlight=False)
+        for r in rows:
+            out.print(f"  {r.key}  {r.identifier[:100]}", markup=False, highlight=False)
+        if rows and not args.apply:
+            out.print("nothing written: add --apply to write it")
+        return 0
+    if not args.times:
+        raise InputError("name the times file (TIMES.json), or --undo FILE", where="leave-to-library")
+    if not 0 <= args.margin < 1000:
+        raise InputError(f"--margin {args.margin:g}: expected a percentage of 0 or more", where="--margin")
+    device, times = read_times(Path(args.times).expanduser())
+    with KernelDB.open(args.db, write=args.apply) as db:
+        plan = plan_leave_to_library(db, device, times, args.margin / 100)
+        removed = apply_leave_to_library(db, plan, state_dir() / "backups") if args.apply else []
+    if args.json:
+        print_json({"db": str(db.path), "device": device, "applied": args.apply,
+                    "set_aside": str(plan.set_aside) if plan.set_aside else None, "rows_removed": len(removed),
+                    "slower": [_verdict(v) for v in plan.slower], "kept": [_verdict(v) for v in plan.kept],
+                    "not_measured": [{**_verdict(v), "why": v.why} for v in plan.not_measured],
+                    "absent": plan.absent})
+        return 1 if plan.slower and not args.apply else 0
+    verb = "left" if args.apply else "would leave"
+    out.print(f"{db.path}: {len(plan.slower)} op(s) whose row ran slower than the library on {device}: {verb} them "
+              "to the library", highlight=False)
+    for line in plan.describe():
+        out.print(f"  {line}", markup=False, highlight=False)
+    if plan.set_aside:
+        out.print(f"removed {len(removed)} row(s), set aside first in {plan.set_aside}; "
+                  f"`kdb db leave-to-library --undo {plan.set_aside} --apply` puts them back", highlight=False)
+    elif plan.slower:
+        out.print("nothing written: add --apply to remove them (one transaction, the rows set aside first)")
+    return 1 if plan.slower and not args.apply else 0
+
+
+def _verdict(v: Verdict) -> dict[str, object]:
+    return {"identifier": v.identifier, "op_type": v.op_type, "key": v.key, "rows": list(v.rows),
+            "row_us": v.row_us, "library_us": v.library_us,
+            "extra_us": v.extra_us if v.row_us is not None and v.library_us is not None else None}
 
 
 def _convert(args: argparse.Namespace) -> int:

@@ -21,7 +21,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "show": ("console.cli.cmd_show", "show one kernel (by Key, Key prefix or Identifier)"),
     "lint": ("console.cli.cmd_lint", "report rows the compiler could never fetch or would crash on"),
     "failures": ("console.cli.cmd_failures", "list, retry or dismiss failed conversions"),
-    "db": ("console.cli.cmd_db", "init | check | repair | fastest | standalone | convert | backup the kernel DB"),
+    "db": ("console.cli.cmd_db", "init | check | repair | fastest | standalone | leave-to-library | convert | backup "
+                                 "the kernel DB"),
     "settings": ("console.cli.cmd_settings", "show or change the GPU/SM settings"),
     "opconfig": ("console.cli.cmd_opconfig", "extract op configs from an ONNX model, or check op-config files"),
     "coverage": ("console.cli.cmd_coverage", "what NNFusion will run for each op of an ONNX model with this DB"),
@@ -136,13 +137,15 @@ def build_parser() -> argparse.ArgumentParser:
     _db_option(q)
     q.add_argument("--json", action="store_true")
     q = dbsub.add_parser("repair", help="add the CUDA twin rows fused kernels need, bring older rows to the form "
-                         "injection writes (shared arrays' alignment, __restrict__ pointers; a preview unless --apply)")
+                         "injection writes (shared arrays' alignment, __restrict__ pointers), put each op's rows "
+                         "fastest-first (a preview unless --apply)")
     _db_option(q)
     q.add_argument("--apply", action="store_true", help="write them (the twins in one transaction); else only "
                    "show them")
     q.add_argument("--json", action="store_true")
-    q = dbsub.add_parser("fastest", help="per op, keep only the row timed fastest on one GPU: NNFusion takes an "
-                                         "op's first row, not its fastest (a preview unless --apply)")
+    q = dbsub.add_parser("fastest", help="per op, delete every row but the one timed fastest on one GPU (kdb keeps "
+                                         "that one first already): BlockFusion can no longer swap in a slower row "
+                                         "of smaller time x resource (a preview unless --apply)")
     _db_option(q)
     q.add_argument("--product", metavar="NAME",
                    help="the GPU whose times rank the rows, as in -fproduct_name (default: the settings', or the "
@@ -159,6 +162,17 @@ def build_parser() -> argparse.ArgumentParser:
                    "settings', else NNFusion's 'default'); kernel selection takes these rows for it only")
     q.add_argument("--undo", action="store_true", help="give the ops' rows back to BlockFusion (External rows)")
     q.add_argument("--apply", action="store_true", help="write the change (one transaction); else only show it")
+    q.add_argument("--json", action="store_true")
+    q = dbsub.add_parser("leave-to-library", help="ops whose row ran slower than the library (cuDNN, cuBLAS, "
+                         "NNFusion's own kernel) on a GPU: their rows set aside, the op left to the library (a preview "
+                         "unless --apply; --undo FILE puts them back)")
+    _db_option(q)
+    q.add_argument("times", nargs="?", metavar="TIMES.json", help='{"device": GPU, "ops": [{"identifier", '
+                   '"library_us", "row_us" (default: the row\'s profile)}]}: times measured on that GPU')
+    q.add_argument("--margin", type=float, default=0.0, metavar="PCT",
+                   help="act only where the row is more than PCT %% slower (default 0)")
+    q.add_argument("--undo", metavar="FILE", help="put back the rows an earlier --apply set aside into FILE")
+    q.add_argument("--apply", action="store_true", help="write it (one transaction; the rows set aside first)")
     q.add_argument("--json", action="store_true")
     q = dbsub.add_parser("convert", help="rewrite an osdi20-schema DB into the current schema")
     q.add_argument("old", metavar="OLD")

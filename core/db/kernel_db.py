@@ -21,7 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from core.db.engine import busy_timeout, check_sqlite_file, connect, is_locked, locked_error, quick_check, transaction
-from core.db.op_rows import KnownOps, op_rows, restore_order, standalone_columns, standalone_product
+from core.db.op_rows import (
+    KnownOps,
+    OrderProblem,
+    op_rows,
+    order_problems,
+    restore_order,
+    standalone_columns,
+    standalone_product,
+)
 from core.errors import DbError
 from core.kernels.kernel_row import (
     COLUMNS,
@@ -403,6 +411,17 @@ class KernelDB:
 
         self._write(body)
 
+    def order_problems(self) -> list[OrderProblem]:
+        """Ops whose rows are not fastest-first (written by another tool, or by kdb before it kept the order)."""
+        self._require_current()
+        with self.reading() as raw:
+            return order_problems(raw, self.ordering_product())
+
+    def put_in_order(self, identifiers: Iterable[str]) -> list[str]:
+        """Put these ops' rows fastest-first, in one transaction; the Keys moved."""
+        return self._write(lambda raw: [key for identifier in dict.fromkeys(identifiers)
+                                        for key in restore_order(raw, identifier, self.ordering_product())])
+
     # -- what the compiler sees ---------------------------------------------------------------
 
     def fetch_like_compiler(self, identifier: str, device_type: str) -> list[tuple[Any, ...]]:
@@ -545,16 +564,7 @@ class KernelDB:
 
     def backup_to_new_file(self, folder: Path, prefix: str) -> Path:
         """Back up into folder under a fresh time-stamped name (never over an earlier backup)."""
-        folder.mkdir(parents=True, exist_ok=True)
-        stem = f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
-        for n in range(1, 1000):
-            dest = folder / (f"{stem}.db" if n == 1 else f"{stem}-{n}.db")
-            try:
-                dest.open("x").close()  # claim the name: two backups in one second must not share a file
-            except FileExistsError:
-                continue
-            return self.backup(dest)
-        raise DbError(f"no free backup name in {folder}")
+        return self.backup(new_db_file(folder, prefix))
 
     def backup(self, dest: Path) -> Path:
         """A consistent copy through SQLite's online backup API (never a file copy of a live DB)."""
@@ -565,6 +575,21 @@ class KernelDB:
         finally:
             target.close()
         return dest
+
+
+def new_db_file(folder: Path, prefix: str) -> Path:
+    """A new empty file in folder under a fresh time-stamped name, claimed (two writers in one second must not
+    share it)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
+    for n in range(1, 1000):
+        dest = folder / (f"{stem}.db" if n == 1 else f"{stem}-{n}.db")
+        try:
+            dest.open("x").close()
+        except FileExistsError:
+            continue
+        return dest
+    raise DbError(f"no free file name in {folder}")
 
 
 def _osdi20_is_read_only(path: Path) -> DbError:

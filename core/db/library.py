@@ -1,0 +1,178 @@
+"""Ops whose DB row runs slower than what NNFusion runs without it: leave them to the library.
+
+Without a row for an op, NNFusion runs cuDNN (convolutions, pools), cuBLAS (Dot) or its own kernel (element-wise
+ops; a fused Conv+Add+Relu becomes cuDNN's convolution plus NNFusion's element-wise kernel). A tuned row that is
+slower than that makes the network slower than the empty DB would. Given each op's time on one GPU for its row and
+for the library, `plan_leave_to_library` names the ops whose row is slower and by how much; `apply_leave_to_library`
+sets their rows aside (every CUDA_GPU row of the op, a fused kernel's CUDA twin with its row) into a file of
+NNFusion's own format, then deletes them in one transaction; `undo_leave_to_library` puts them back from that file.
+
+Times are only acted on when measured on a GPU: the times file names the GPU, and an op whose library or row time
+is missing is "not measured" and left alone. A row time not in the file is the row's own profile for that GPU
+(written only by a GPU run). The times file (JSON):
+
+    {"device": "NVIDIA H200",
+     "ops": [{"identifier": "Convolution1,64,56,56;...", "library_us": 9.8, "row_us": 12.5}, ...]}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from core.db.kernel_db import KernelDB, new_db_file
+from core.db.op_rows import op_rows, profile_times
+from core.errors import InputError
+from core.kernels.kernel_row import TWIN_SUFFIX, KernelRow
+from core.kernels.ops import DEVICE_TYPE
+
+NOT_MEASURED = "not measured"
+
+
+@dataclass(frozen=True)
+class OpTimes:
+    """One op's times on the plan's GPU, in microseconds (None: not measured)."""
+
+    identifier: str
+    library_us: float | None
+    row_us: float | None = None  # None: the profile of the row the compiler takes
+
+
+@dataclass(frozen=True)
+class Verdict:
+    identifier: str
+    op_type: str
+    key: str  # the row the compiler takes: the op's first (rows are kept fastest-first)
+    rows: tuple[str, ...]  # every CUDA_GPU row of the op
+    row_us: float | None
+    library_us: float | None
+    why: str = ""  # why it cannot be judged ("not measured: ..."); "" when both times are known
+
+    @property
+    def extra_us(self) -> float:
+        """What the row costs over the library per run of the op (negative: it saves that much)."""
+        return (self.row_us or 0.0) - (self.library_us or 0.0)
+
+    @property
+    def ratio(self) -> float:
+        return (self.row_us or 0.0) / self.library_us if self.library_us else math.inf
+
+
+@dataclass
+class LibraryPlan:
+    device: str
+    slower: list[Verdict] = field(default_factory=list)  # their rows go: the library is faster
+    kept: list[Verdict] = field(default_factory=list)  # the row is at least as fast
+    not_measured: list[Verdict] = field(default_factory=list)
+    absent: list[str] = field(default_factory=list)  # identifiers without a CUDA_GPU row in the DB
+    set_aside: Path | None = None  # written by apply_leave_to_library before it deleted anything
+
+    @property
+    def removals(self) -> list[str]:
+        return [key for verdict in self.slower for key in verdict.rows]
+
+    def describe(self) -> list[str]:
+        """One line per op judged, slower first."""
+        lines = [f"{v.op_type}: its row {v.key} takes {v.row_us:g} us, the library {v.library_us:g} us on "
+                 f"{self.device}: {v.extra_us:g} us ({v.ratio:.2f}x) slower; {len(v.rows)} row(s) would go  "
+                 f"{v.identifier[:90]}" for v in self.slower]
+        lines += [f"{v.op_type}: row {v.row_us:g} us, library {v.library_us:g} us: the row stays  {v.identifier[:90]}"
+                  for v in self.kept]
+        lines += [f"{v.op_type}: {v.why}: left as it is  {v.identifier[:90]}" for v in self.not_measured]
+        lines += [f"no row in the DB: {identifier[:100]}" for identifier in self.absent]
+        return lines
+
+
+def read_times(path: Path) -> tuple[str, list[OpTimes]]:
+    """(the GPU, each op's times) from a times file; InputError names the file, the item and the reason."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read it ({exc.strerror or exc})", where=str(path)) from exc
+    except ValueError as exc:
+        raise InputError(f"{path}: not JSON ({exc})", where=str(path)) from exc
+    if not isinstance(data, dict) or not isinstance(data.get("ops"), list):
+        raise InputError(f"{path}: expected an object with \"device\" and a list \"ops\"", where=str(path))
+    device = data.get("device")
+    if not isinstance(device, str) or not device.strip():
+        raise InputError(f"{path}: \"device\" must name the GPU the times were measured on ({NOT_MEASURED} "
+                         "otherwise)", where=str(path))
+    ops = []
+    for i, item in enumerate(data["ops"]):
+        where = f"{path}: ops[{i}]"
+        if not isinstance(item, dict) or not isinstance(item.get("identifier"), str) or not item["identifier"]:
+            raise InputError(f"{where}: expected an object with an \"identifier\"", where=where)
+        ops.append(OpTimes(item["identifier"], _time(item, "library_us", where), _time(item, "row_us", where)))
+    return device, ops
+
+
+def _time(item: dict[str, Any], name: str, where: str) -> float | None:
+    value = item.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise InputError(f"{where}: {name} {value!r} is not a positive time in microseconds (null: {NOT_MEASURED})",
+                         where=where)
+    return float(value)
+
+
+def plan_leave_to_library(db: KernelDB, device: str, times: list[OpTimes], margin: float = 0.0) -> LibraryPlan:
+    """Which ops' rows run slower than the library on `device` by more than `margin` (a fraction: 0.05 = 5%);
+    reads only."""
+    if not device.strip():
+        raise InputError(f"the times name no GPU: {NOT_MEASURED}", where="device")
+    plan = LibraryPlan(device)
+    with db.reading() as raw:
+        for op in times:
+            rows = op_rows(raw, op.identifier)
+            if not rows:
+                plan.absent.append(op.identifier)
+                continue
+            first = rows[0]
+            op_type = raw.execute("SELECT OpType FROM KernelCache WHERE Key = ?", (first.key,)).fetchone()[0]
+            row_us = op.row_us if op.row_us is not None else profile_times(first.miscs).get(device)
+            missing = [what for what, us in (("the library", op.library_us), ("its row", row_us)) if us is None]
+            verdict = Verdict(op.identifier, op_type, first.key, tuple(r.key for r in rows), row_us, op.library_us,
+                              f"{NOT_MEASURED} on {device}: {' and '.join(missing)}" if missing else "")
+            if missing:
+                plan.not_measured.append(verdict)
+            elif verdict.ratio > 1.0 + margin:
+                plan.slower.append(verdict)
+            else:
+                plan.kept.append(verdict)
+    plan.slower.sort(key=lambda v: -v.extra_us)
+    return plan
+
+
+def apply_leave_to_library(db: KernelDB, plan: LibraryPlan, folder: Path) -> list[KernelRow]:
+    """Set the plan's rows aside into a new file under `folder` (plan.set_aside), then delete them from the DB in
+    one transaction; the rows deleted."""
+    if not plan.removals:
+        return []
+    keys = plan.removals
+    with db.reading() as raw:  # in table order, twins with their rows: the file is a kernel DB of its own
+        marks = ",".join("?" * len(keys))
+        rows = [KernelRow.from_values(tuple(r)) for r in raw.execute(
+            "SELECT Key, Identifier, OpType, Attributes, Source, DeviceType, Function, Tags, Miscs FROM KernelCache "
+            f"WHERE Key IN ({marks}) OR Key IN (SELECT Key || ? FROM KernelCache WHERE Key IN ({marks})) "
+            "ORDER BY rowid", (*keys, TWIN_SUFFIX, *keys))]
+    plan.set_aside = new_db_file(folder, "left-to-library")
+    with KernelDB.open(plan.set_aside, create=True) as aside:
+        aside.restore(rows)
+    return db.delete(keys)
+
+
+def undo_leave_to_library(db: KernelDB, set_aside: Path) -> int:
+    """Put the rows of a set-aside file back (Keys the DB has again are left alone); the rows written."""
+    with KernelDB.open(set_aside) as aside:
+        rows = list(aside.iter_table_order())
+    return db.restore(rows)
+
+
+def set_aside_rows(set_aside: Path) -> list[KernelRow]:
+    """The CUDA_GPU rows a set-aside file holds (what an undo would put back)."""
+    with KernelDB.open(set_aside) as aside:
+        return [r for r in aside.iter_table_order() if r.device_type == DEVICE_TYPE]
