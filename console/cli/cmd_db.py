@@ -64,9 +64,9 @@ def _repair(args: argparse.Namespace) -> int:
         realign = plan_realign(db)
         disorder = db.order_problems()
         rankable = [p for p in disorder if p.fastest]
+        reordered = db.put_in_order([p.identifier for p in rankable]) if args.apply else []
         written = db.add_twins([r.key for r in unused]) if args.apply else []
         realigned = apply_realign(db, realign) if args.apply else []
-        reordered = db.put_in_order([p.identifier for p in rankable]) if args.apply else []
     if args.json:
         print_json({"db": str(db.path), "applied": args.apply,
                     "missing_twins": [{"key": r.key, "identifier": r.identifier} for r in unused],
