@@ -254,27 +254,34 @@ def test_fused_rows_without_twins_are_not_used_and_repair_makes_them_used(tmp_pa
     assert report.usage is not None and report.usage.used_keys() == report.promised() == {r.key for r in kernels}
 
 
-def test_the_compiler_takes_an_ops_first_row_and_fastest_puts_the_fastest_there(tmp_path: Path):
+def test_the_compiler_takes_the_row_a_profile_update_made_fastest_and_fastest_leaves_it_alone(tmp_path: Path):
+    """NNFusion takes an op's first row in table order, not its fastest: every write keeps the fastest first. A
+    later row timed slower stays behind; once a profile update makes it the fastest, the compiler takes it."""
     g = pools(1)
     model = write(g.model(g.output, "pools"), tmp_path / "pools.onnx")
     db_path = build_db(model, tmp_path / "k.db", tmp_path)
     with KernelDB.open(db_path, write=True) as db:
         first = next(db.iter_rows("WHERE OpType = 'MaxPool'"))
         fn = json.loads(first.function)
-        fn["block_function_body"] = "// a later tuning run's kernel\n" + fn["block_function_body"]
-        fn["function_body"] = "// a later tuning run's kernel\n" + fn["function_body"]
-        timed = {"external_profile": {"time": f"{PRODUCT}:50;", "resource": 64}}
-        db.update_miscs(first.key, timed)
-        faster = replace(first, key="kdb:later-and-faster", function=json.dumps(fn),
-                         miscs=json.dumps({"external_profile": {"time": f"{PRODUCT}:10;", "resource": 64}}))
-        db.insert(faster)  # after the first in table order
+        for body in ("block_function_body", "function_body"):  # neither body inside the other: usage tells them apart
+            assert ";" in fn[body]
+            fn[body] = fn[body].replace(";", "; // a later tuning run's kernel\n", 1)
+        db.update_miscs(first.key, {"external_profile": {"time": f"{PRODUCT}:50;", "resource": 64}})
+        later = replace(first, key="kdb:later", function=json.dumps(fn),
+                        miscs=json.dumps({"external_profile": {"time": f"{PRODUCT}:60;", "resource": 64}}))
+        db.insert(later)  # slower: behind the first row
     before = compile_with(model, db_path, tmp_path / "before")
     assert before.usage is not None and first.key in before.usage.used_keys()
-    assert faster.key not in before.usage.used_keys()  # 5x faster by its profile, and not used
-    proc, report = run_kdb_json("db", "fastest", "--db", str(db_path), "--product", PRODUCT, "--apply")
-    assert proc.returncode == 0 and [op["kept"] for op in report["ops"]] == [faster.key]
+    assert later.key not in before.usage.used_keys()
+    with KernelDB.open(db_path, write=True) as db:  # timed again (the write `kdb gpu profile` makes): now 5x faster
+        db.update_miscs(later.key, {"external_profile": {"time": f"{PRODUCT}:10;", "resource": 64}})
     after = compile_with(model, db_path, tmp_path / "after")
-    assert after.usage is not None and faster.key in after.usage.used_keys() and first.key not in after.usage.used_keys()
+    assert after.usage is not None and later.key in after.usage.used_keys() and first.key not in after.usage.used_keys()
+    assert after.promised() == after.usage.used_keys()  # coverage reads the same order
+    proc, report = run_kdb_json("db", "fastest", "--db", str(db_path), "--product", PRODUCT, "--apply")
+    assert proc.returncode == 0 and [op["kept"] for op in report["ops"]] == [later.key]  # it deletes the slower row
+    kept = compile_with(model, db_path, tmp_path / "kept")
+    assert kept.usage is not None and later.key in kept.usage.used_keys()
 
 
 def test_element_wise_rows_are_used_only_at_fusion_level_0(tmp_path: Path):
