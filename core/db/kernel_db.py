@@ -23,6 +23,7 @@ from typing import Any
 from core.db.engine import busy_timeout, check_sqlite_file, connect, is_locked, locked_error, quick_check, transaction
 from core.db.op_rows import (
     KnownOps,
+    OpRow,
     OrderProblem,
     op_rows,
     order_problems,
@@ -255,8 +256,11 @@ class KernelDB:
             row = dataclasses.replace(row, source=source, tags=tags,
                                       miscs=json.dumps(miscs, ensure_ascii=False, allow_nan=False))
         result = self._insert_row(raw, row, replace)
-        if result.outcome is not InsertOutcome.UNCHANGED and others:
-            self._keep_order(raw, [row.identifier])
+        if result.outcome is not InsertOutcome.UNCHANGED and others and not replace and row.device_type == DEVICE_TYPE:
+            # the op's rows now: the others as they were, then this one (a new rowid, found by its Key's index)
+            (rowid,) = raw.execute("SELECT rowid FROM KernelCache WHERE Key = ?", (row.key,)).fetchone()
+            now = [r for r in others if r.key != row.key] + [OpRow(rowid, row.key, row.source, row.tags, row.miscs)]
+            restore_order(raw, row.identifier, self.ordering_product(), rows=now)
         return dataclasses.replace(result, standalone_for=standalone or "") \
             if standalone is not None and result.outcome is not InsertOutcome.UNCHANGED else result
 

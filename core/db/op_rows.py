@@ -100,11 +100,12 @@ def fastest_first(rows: list[OpRow], device: str | None, places: Mapping[str, in
 
 
 def restore_order(raw: sqlite3.Connection, identifier: str, product: str,
-                  places: Mapping[str, int] | None = None) -> list[str]:
+                  places: Mapping[str, int] | None = None, rows: list[OpRow] | None = None) -> list[str]:
     """Put the op's CUDA_GPU rows fastest-first in table order, inside the caller's write transaction; the Keys
     moved. Rows from the first one out of place on are written anew at the end of the table, in order (a row's
-    columns never change here). `places`: rows the caller wrote anew, and where they stood."""
-    rows = op_rows(raw, identifier)
+    columns never change here). `places`: rows the caller wrote anew, and where they stood; `rows`: the op's rows
+    in rowid order when the caller knows them (spares a scan of the table)."""
+    rows = op_rows(raw, identifier) if rows is None else rows
     if len(rows) < 2:
         return []
     wanted = fastest_first(rows, ranking_device(rows, product), places)
