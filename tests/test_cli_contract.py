@@ -107,6 +107,10 @@ CASES: list[tuple[str, int, Callable[[World], list[str]]]] = [
     ("db fastest: no GPU named, none in the profiles", 2, lambda w: ["db", "fastest"]),
     ("db standalone", 0, lambda w: ["db", "standalone", w.key, "--apply"]),
     ("db standalone: no such row", 2, lambda w: ["db", "standalone", "kdb:no-such-row"]),
+    ("db leave-to-library: nothing measured", 0, lambda w: ["db", "leave-to-library", w.file(
+        "times.json", json.dumps({"device": "NVIDIA H200", "ops": [{"identifier": "Relu", "library_us": None}]}))]),
+    ("db leave-to-library: no GPU named", 2, lambda w: ["db", "leave-to-library", w.file(
+        "times.json", json.dumps({"ops": []}))]),
     ("db convert", 0, lambda w: ["db", "convert", str(w.db), str(w.tmp / "converted.db")]),
     ("db convert: the destination exists", 2, lambda w: ["db", "convert", str(w.db), str(w.db)]),
     ("db backup", 0, lambda w: ["db", "backup", str(w.tmp / "backup.db")]),
