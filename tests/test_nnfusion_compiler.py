@@ -409,6 +409,24 @@ def test_kdb_nnfusion_names_a_blockfusion_kernel_that_cannot_launch(tmp_path: Pa
     assert back.returncode == 1 and "cannot launch" in back.stdout  # given back to BlockFusion: the fault again
 
 
+def test_a_row_injected_after_the_fit_keeps_the_op_standalone_and_every_launch_fits(tmp_path: Path):
+    """failing_pair fitted, then a later tuning run's kernel of the fitted op injected as the External row tuning
+    writes: it goes in standalone, so the compiler does not take it first and fuse the op into the failing launch."""
+    model, db, rows, _wide, hungry = failing_pair(tmp_path)
+    args = ["nnfusion", str(model), "--db", str(db), "--nnfusion", str(COMPILER), "--product-name", PRODUCT]
+    proc, fitted = run_kdb_json(*args, "--out", str(tmp_path / "fit"), "--fit-launches")
+    assert proc.returncode == 0 and fitted["made_standalone"] == [rows[hungry][0]], proc.stderr[-2000:]
+    with KernelDB.open(db, write=True) as kdb:
+        (made,) = kdb.find(rows[hungry][0])
+        fn = dict(rows[hungry][1], block_function_body=rows[hungry][1]["block_function_body"] + "\n// a later run's",
+                  function_body=rows[hungry][1]["function_body"] + "\n// a later run's")
+        later = replace(made, key="kdb:later-tuning", source="External", function=json.dumps(fn),
+                        tags="KernelEmitter,CudaEmitter,BlockCudaEmitter", miscs="{}")
+        assert kdb.insert(later).standalone_for == PRODUCT
+    proc, again = run_kdb_json(*args, "--out", str(tmp_path / "again"))
+    assert proc.returncode == 0 and again["launch_failures"] == [] and not again["broken_promises"], proc.stderr[-2000:]
+
+
 async def test_the_console_compiles_the_imported_model_and_shows_what_runs(tmp_path: Path):
     """Op configs view: import a model, check coverage, n compiles it; the steps come back with their rows."""
     from console_helpers import FixedDeviceApp
