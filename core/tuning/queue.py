@@ -144,8 +144,10 @@ def _inject(i: int, job: TuneJob, result: TuneResult, db_path: Path, inject_opti
             roles = list(kernels.kernels)
             keys = {roles[index]: key for index, key in committed.items()}
             slow = slower_than_tuned(db, keys, result.candidates)
-            slow += [f"an earlier row of this op ({first}) comes first in the table, and NNFusion takes the first: "
-                     f"`kdb db fastest` keeps the faster" for _key, first in injected.shadowed]
+            slow += [f"an earlier row of this op ({first}), timed faster or neither timed, comes first in the table, "
+                     "and NNFusion takes the first" for _key, first in injected.shadowed]
+            slow += [f"went in standalone for {product!r}, as the op's other rows are (fitted launches): BlockFusion "
+                     "never fuses it" for product in dict.fromkeys(injected.standalone.values())]
             ratio = row_to_record(db, keys.get("best"), result.candidates)
             if job.runner_ups > 0 and ratio is not None and ratio >= RUNNER_UP_RATIO:
                 job_event(i, "injecting", f"the best row runs {ratio:.2f}x its record: the next "
