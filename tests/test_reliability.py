@@ -510,7 +510,7 @@ def test_jsonl_reports_each_commit_each_failure_then_a_summary(tmp_path: Path):
     assert failed["index"] == 3 and failed["stage"] == "validate"
     assert events[-1] | {"failures": None} == {"event": "summary", "injected": 3, "unchanged": 0, "failed": 1,
                                                "failures": None, "cancelled": False, "replaced_rows": 0,
-                                               "backup": None, "shadowed": []}
+                                               "backup": None, "shadowed": [], "standalone": []}
     again = jsonl(run_kdb("inject", "--db", str(db), "--no-compile", "--jsonl", str(src)).stdout)
     assert [e["event"] for e in again] == ["failed", "summary"] and again[-1]["unchanged"] == 3
     # --json is as it was: one object, nothing else on stdout.
