@@ -515,7 +515,8 @@ def test_jsonl_reports_each_commit_each_failure_then_a_summary(tmp_path: Path):
     assert [e["event"] for e in again] == ["failed", "summary"] and again[-1]["unchanged"] == 3
     # --json is as it was: one object, nothing else on stdout.
     plain = run_kdb("inject", "--db", str(db), "--no-compile", "--json", str(src))
-    assert set(json.loads(plain.stdout)) == {"injected", "unchanged", "failed", "failures", "cancelled", "shadowed"}
+    assert set(json.loads(plain.stdout)) == {"injected", "unchanged", "failed", "failures", "cancelled", "shadowed",
+                                             "standalone"}
 
 
 def test_inject_replace_backs_up_first_and_says_where(tmp_path: Path):
