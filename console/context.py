@@ -18,4 +18,6 @@ class ConsoleContext:
 
     def open_db(self, *, write: bool = False) -> KernelDB:
         """A short-lived handle for one worker's job (each worker opens its own: no shared connection)."""
-        return KernelDB.open(self.db_path, write=write)
+        db = KernelDB.open(self.db_path, write=write)
+        db.order_product = self.settings.product_name  # the console's settings rank each op's rows on every write
+        return db

@@ -164,6 +164,8 @@ def test_repair_previews_then_puts_a_db_written_elsewhere_in_order(tmp_path: Pat
     path = tmp_path / "k.db"
     written_by_another_tool(path, [relu("kdb:slow", {H200: 50.0}), relu("kdb:fast", {H200: 10.0})])
     before = path.read_bytes()
+    proc, check = run_kdb_json("db", "check", "--db", str(path))
+    assert check["out_of_order"] == [relu("x").identifier]
     preview = run_kdb("db", "repair", "--db", str(path))
     assert preview.returncode == 1 and "1 op(s) whose first row" in preview.stdout and "would put" in preview.stdout
     assert path.read_bytes() == before

@@ -37,6 +37,8 @@ def _check(args: argparse.Namespace) -> int:
         result = {"db": str(db.path), "schema": db.schema.value, "integrity": integrity, "tables": tables}
         rows, findings = lint_db(db) if db.schema is Schema.CURRENT else (None, [])
         result["rows"] = rows
+        disorder = db.order_problems() if db.schema is Schema.CURRENT else []
+        result["out_of_order"] = [p.identifier for p in disorder]
     result["lint"] = dict(Counter(f.severity for f in findings))
     extra = [t for t in tables if t != "KernelCache"]
     ok = integrity == ["ok"] and not any(f.severity != "warning" for f in findings)
@@ -48,6 +50,9 @@ def _check(args: argparse.Namespace) -> int:
         if extra:
             out.print(f"[yellow]other tables in the NNFusion file: {', '.join(extra)}[/]")
         out.print(f"lint: {result['lint'] or 'no findings'} (`kdb lint` lists them)")
+        if disorder:
+            out.print(f"[yellow]{len(disorder)} op(s) whose first row, the one NNFusion takes, is not their fastest "
+                      "(or cannot be ranked): `kdb db repair` names them and puts them in order[/]")
         if db.schema is Schema.OSDI20:
             out.print("older osdi20 schema: read-only here; `kdb db convert OLD NEW` rewrites it")
     return 0 if ok else 1
