@@ -305,8 +305,9 @@ class Injector:
         key, product = next(iter(self.report.standalone.items()))
         self.report.notes.append(
             f"{len(self.report.standalone)} injected kernel(s) went in standalone for -fproduct_name={product!r}, as "
-            f"the other rows of their op are (made so for a launch that did not fit; e.g. {key}): BlockFusion never "
-            "fuses them; `kdb db standalone --undo KEY --apply` gives the op back to BlockFusion")
+            f"the other rows of their op are (kept out of BlockFusion by `kdb db standalone` or a launch fit; e.g. "
+            f"{key}): an External row would be taken first and fused again; `kdb db standalone --undo KEY --apply` "
+            "gives the op back to BlockFusion")
 
     def _backup_before_replace(self) -> str | None:
         """Replace deletes rows: copy a non-empty DB first (or fail before any write)."""
