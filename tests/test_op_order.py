@@ -248,3 +248,16 @@ def test_a_row_differing_only_in_its_profile_is_ranked_by_it(tmp_path: Path):
         db.insert(slow)
         db.insert(replace(slow, key="kdb:two", miscs=profiled({H200: 39.0})))
         assert op_keys(db, ident) == ["kdb:two", "kdb:one"]
+
+
+def test_a_rewritten_row_gets_a_rowid_no_row_had_even_the_last_one(tmp_path: Path):
+    """The browse index sees a changed row by its (rowid, Key); SQLite hands the table's last row its rowid back
+    when it is deleted and inserted again."""
+    path = tmp_path / "k.db"
+    with KernelDB.open(path, create=True) as db:
+        db.insert(relu("kdb:a"))
+        db.insert(relu("kdb:last", n=4))
+        before = dict(db.connection().execute("SELECT Key, rowid FROM KernelCache"))
+        db.update_miscs("kdb:last", json.loads(profiled({H200: 3.0})))
+        after = dict(db.connection().execute("SELECT Key, rowid FROM KernelCache"))
+    assert after["kdb:a"] == before["kdb:a"] and after["kdb:last"] > max(before.values())

@@ -317,8 +317,9 @@ class KernelDB:
         if old is not None:
             followers = raw.execute(f"{_SELECT} WHERE Identifier = ? AND DeviceType = ? AND rowid > ? ORDER BY rowid",
                                     (old[1], old[2], old[0])).fetchall()
-            raw.execute("DELETE FROM KernelCache WHERE Key = ?", (key,))
-        raw.execute(_INSERT, values)
+            _rewrite_at_end(raw, key, values)
+        else:
+            raw.execute(_INSERT, values)
         for follower in followers:
             raw.execute("DELETE FROM KernelCache WHERE Key = ?", (follower[0],))
             raw.execute(_INSERT, tuple(follower))
@@ -404,8 +405,7 @@ class KernelDB:
                     continue
                 row = KernelRow.from_values(tuple(got[1:]))
                 updated = KernelRow.from_values(tuple(values.get(c, v) for c, v in zip(COLUMNS, got[1:], strict=True)))
-                raw.execute("DELETE FROM KernelCache WHERE Key = ?", (key,))
-                raw.execute(_INSERT, updated.values())
+                _rewrite_at_end(raw, key, updated.values())
                 places.setdefault(key, got[0])
                 touched += [r.identifier for r in (row, updated) if r.device_type == DEVICE_TYPE]
                 self._known_ops.add(updated.identifier)
@@ -579,6 +579,15 @@ class KernelDB:
         finally:
             target.close()
         return dest
+
+
+def _rewrite_at_end(raw: sqlite3.Connection, key: str, values: tuple[Any, ...]) -> None:
+    """Replace the row `key` by `values` under a rowid no row had: the browse index (core/db/summary_index.py) sees a
+    changed row by its (rowid, Key) pair, and SQLite would give the table's last row its own rowid back."""
+    (top,) = raw.execute("SELECT max(rowid) FROM KernelCache").fetchone()
+    raw.execute("DELETE FROM KernelCache WHERE Key = ?", (key,))
+    raw.execute(f"INSERT INTO KernelCache (rowid, {', '.join(COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (top + 1, *values))
 
 
 def new_db_file(folder: Path, prefix: str) -> Path:
