@@ -37,7 +37,8 @@ def main(args: argparse.Namespace) -> int:
                        device=args.device or "", lint=args.lint or "")
     limit = 0 if args.all else args.limit or PAGE
     path = kernel_db_path(args.db)
-    if not path.exists():  # nothing to list; a listing creates no file
+    # Nothing to list, and a listing creates no file. A dangling link is no "not yet": KernelDB.open names it.
+    if not path.exists() and not path.is_symlink():
         return _no_kernels(args, path, "missing", f"no kernel DB at {path} yet (`{init_command(path)}` creates it; "
                            "`kdb inject` and `kdb tune` create it as they write)")
     with KernelDB.open(path) as db:
