@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import needs_shared
 from shared_data import ARTIFACT_OPCONFIGS, shared_path
@@ -75,8 +76,6 @@ def test_other_ops_and_fused_convolutions(tmp_path: Path):
 def test_a_dot_of_a_rank_3_activation_is_one_gemm_its_kernel_checked_against_numpy():
     """The leading axes are rows of one [M, K] x [K, N] product (the kernel's buffers are flat); the float64
     reference takes the op config's shapes (GPU verification) or TVM's 2-D ones (the CPU check) alike."""
-    import numpy as np
-
     from core.codegen.generate import prim_func_module
     from core.codegen.reference import inputs_for, reference
 
@@ -93,10 +92,14 @@ def test_a_dot_of_a_rank_3_activation_is_one_gemm_its_kernel_checked_against_num
     np.testing.assert_allclose(reference(config, [a.reshape(16, 64), b]), want, rtol=1e-12)
 
 
-def test_grouped_convolution_is_refused_with_the_reason():
+def test_grouped_convolution_is_refused_with_what_nnfusion_really_does():
     config = parse_line("cudnn_convolution_op_float|i+1_32_8_8|w+32_1_3_3|o+1_32_8_8|ws+1_1|wd+1_1|p+1_1|g+32", "dw")
     result = generate(config, "sm_90")
     assert result.item is None and "no op type" in result.error
+    assert "DepthwiseConv2dNative" in result.error and "kernel of its own" in result.error and "cuDNN" not in result.error
+    grouped = parse_line("cudnn_convolution_op_float|i+1_64_8_8|w+64_2_3_3|o+1_64_8_8|ws+1_1|wd+1_1|p+1_1|g+32", "rx")
+    result = generate(grouped, "sm_90")  # ResNeXt's: the compiler aborts on it (tests/test_nnfusion_compiler.py)
+    assert result.item is None and "importer aborts" in result.error and "cuDNN" not in result.error
 
 
 def test_a_wrong_definition_would_be_caught_by_the_numpy_check(monkeypatch: pytest.MonkeyPatch):
@@ -148,3 +151,65 @@ def test_launch_dims_of_metaschedule_schedules_with_annotations():
     assert "annotations" in script
     bound = {tag: int(n) for n, tag in re.findall(r'thread_binding\((\d+), thread="(blockIdx\.x|threadIdx\.x)"', script)}
     assert (grid[0], block[0]) == (bound["blockIdx.x"], bound["threadIdx.x"])
+
+
+# -- element-wise ops: every op of NNFusion's element-op map ------------------------------------
+
+def _elementwise_config(op: str, dtype: str = "float") -> OpConfig:
+    from core.kernels.ops import ELEMENTWISE_ARITY
+
+    return OpConfig(op, {"input_shapes": [[3, 67]] * ELEMENTWISE_ARITY[op], "output_shape": [3, 67]}, dtype=dtype,
+                    source=f"ew:{op}")
+
+
+def test_every_element_wise_op_has_a_definition_or_a_reason():
+    from core.codegen.te_ops import elementwise_definitions
+    from core.kernels.ops import ELEMENTWISE_ARITY, ELEMENTWISE_NO_ROW
+
+    defined = set(elementwise_definitions("float32"))
+    assert defined.isdisjoint(ELEMENTWISE_NO_ROW)
+    assert defined | set(ELEMENTWISE_NO_ROW) == set(ELEMENTWISE_ARITY)
+
+
+def test_element_wise_ops_match_numpy_and_inject(tmp_path: Path):
+    """Every op with a definition: TVM's llvm build of it against the float64 reference (NNFusion's formula),
+    then its CUDA kernel compiled by nvcc for sm_90 as the injection pipeline does."""
+    from core.kernels.ops import ELEMENTWISE_ARITY, ELEMENTWISE_NO_ROW
+
+    report = generate_all([_elementwise_config(op) for op in ELEMENTWISE_ARITY if op not in ELEMENTWISE_NO_ROW],
+                          "sm_90")
+    assert not report.failed, [(g.config.op_type, g.stage, g.error) for g in report.failed]
+    assert all(g.max_rel_error is not None and g.max_rel_error < 1e-4 for g in report.generated)
+    injected, failures = inject(report.items, tmp_path)
+    assert failures == [] and injected == len(report.items), [(f.name, f.stage, f.reason) for f in failures]
+
+
+@pytest.mark.parametrize("op", ["Equal", "Less", "And", "Not", "Select", "Max", "Nop"])
+def test_element_wise_ops_no_row_can_serve_are_refused_with_the_reason(op: str):
+    result = generate(_elementwise_config(op), "sm_90")
+    assert result.item is None and result.stage == "define"
+    assert result.error.startswith(f"no kernel-DB row for {op}: ")
+    assert ("boolean" if op not in ("Max", "Nop") else "Max and Min are reductions" if op == "Max"
+            else "no NNFusion operator is named Nop") in result.error
+
+
+@pytest.mark.parametrize("dtype", ["half", "double"])
+def test_a_dtype_codegen_cannot_write_is_refused_not_written_as_float(dtype: str):
+    result = generate(_elementwise_config("Erf", dtype), "sm_90")
+    assert result.item is None and result.stage == "define" and f"op config is {dtype}" in result.error
+
+
+@pytest.mark.parametrize(("op", "wrong"), [
+    ("Erf", lambda a: np.tanh(a)),  # close to erf near 0, and still wrong
+    ("Gelu", lambda a: a * 0.5 * (1 + np.tanh(a))),
+    ("DivNoNan", lambda x0, x1: np.where(x1 != 0, x0 / np.where(x1 != 0, x1, 1), x0)),  # wrong at the zeros
+    ("Relu6", lambda a: np.maximum(a, 0)),
+    ("Sign", lambda a: np.where(a > 0, 1.0, 0.0)),
+])
+def test_a_wrong_element_wise_reference_is_caught(monkeypatch: pytest.MonkeyPatch, op: str, wrong):
+    """The check compares two independent definitions: a wrong formula on either side fails it."""
+    import core.codegen.reference as reference
+
+    monkeypatch.setitem(reference._ELEMENTWISE, op, wrong)
+    result = generate(_elementwise_config(op), "sm_90")
+    assert result.item is None and result.stage == "check" and "differs from numpy" in result.error

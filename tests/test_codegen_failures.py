@@ -133,7 +133,7 @@ def test_retry_generates_again_and_injects(tmp_path: Path, monkeypatch: pytest.M
             assert len(db.find(parse_line(CONV).signature().identifier)) == 1
         assert (report.injected, report.failed) == (1, 1)
         [grouped] = state.failures(db_path)  # failed again: a fresh record, the old one superseded
-        assert grouped.id not in ids and grouped.stage == CODEGEN_STAGE and "grouped convolution" in grouped.reason
+        assert grouped.id not in ids and grouped.stage == CODEGEN_STAGE and "DepthwiseConv2dNative" in grouped.reason
         assert grouped.item_index == 2 and grouped.detail_dict()["codegen_stage"] == "define"
         closed = {f.id: f for f in state.failures(db_path, include_closed=True)}
         assert closed[ids[0]].resolved_at is not None and closed[ids[1]].dismissed

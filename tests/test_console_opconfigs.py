@@ -193,19 +193,19 @@ async def test_import_an_opconfig_file_and_a_bad_one(tmp_path: Path, make_file: 
 
 async def test_import_an_onnx_model_lists_unmapped_nodes(tmp_path: Path):
     pytest.importorskip("onnx")
-    from onnx_models import mlp, write
+    from onnx_models import depthwise_block, write
 
-    model = write(mlp(), tmp_path / "mlp.onnx")
+    model = write(depthwise_block(), tmp_path / "dw.onnx")
     app = make_app(tmp_path / "k.db")
     async with app.run_test(size=(160, 45)) as pilot:
         screen = await open_view(pilot)
-        await import_path(pilot, screen, model, 5)
-        assert [c.op_type for c in screen.configs] == ["Dot", "Relu", "Dot", "Relu", "Dot"]
-        assert screen.configs[0].source == "mlp.onnx:gemm1"
+        await import_path(pilot, screen, model, 2)
+        assert [c.op_type for c in screen.configs] == ["Relu", "Fused_Convolution_Relu"]
+        assert screen.configs[0].source == "dw.onnx:relu1"
         report = text(screen, "#import-report")
-        assert "model mlp, 5 nodes -> 5 distinct op configs (5 added)" in report
-        assert "2 nodes unmapped" in report
-        assert "gemm1 (Gemm): bias add: C [256] is broadcast" in report
+        assert "model depthwise_block, 4 nodes -> 2 distinct op configs (2 added)" in report
+        assert "1 nodes unmapped" in report
+        assert "dw (Conv): depthwise convolution (group=32): NNFusion runs it as DepthwiseConv2dNative" in report
 
 
 @pytest.mark.parametrize("suffix", [".txt", ".toml", ".json"])

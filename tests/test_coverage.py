@@ -33,7 +33,7 @@ from core.nnfusion.coverage import (
     coverage,
     summarize,
 )
-from core.opconfigs.onnx_extract import extract
+from core.opconfigs.onnx_extract import Extraction, extract
 from core.opconfigs.opconfig import OpConfig
 
 FUNCTION = {"function_signature": 'extern "C" __global__  void (float* input0, float* input1, float* output0)',
@@ -195,11 +195,20 @@ def test_pattern_substitution_off_leaves_fused_rows_unused(tmp_path: Path):
     assert any("-fpattern_substitution=false" in r for r in entry.reasons)
 
 
-def test_depthwise_falls_back(tmp_path: Path):
+def test_grouped_convs_of_a_model_are_unmapped_and_hand_written_ones_say_what_nnfusion_does(tmp_path: Path):
     model = write(depthwise_block(), tmp_path / "dw.onnx")
-    entries = entries_for(model, make_db(tmp_path / "k.db", []))
-    assert (entries[0].status, entries[0].runs) == (FALLS_BACK, "DepthwiseConv2dNative (NNFusion's kernel)")
-    assert "depthwise convolution (groups=32)" in entries[0].reasons[0]
+    assert [e.config.op_type for e in entries_for(model, make_db(tmp_path / "k.db", []))] == [
+        "Relu", "Fused_Convolution_Relu"]  # the depthwise conv is no lookup: `unmapped` says why
+    conv = {"input_shape": [1, 32, 8, 8], "output_shape": [1, 32, 8, 8], "window_movement_strides": [1, 1],
+            "window_dilation_strides": [1, 1], "padding_below_diff": [1, 1]}
+    depthwise = OpConfig("Convolution", {**conv, "filter_shape": [32, 1, 3, 3]}, 32, source="dw")
+    grouped = OpConfig("Convolution", {**conv, "filter_shape": [32, 8, 3, 3]}, 4, source="g4")
+    hand_written = Extraction("op configs", 2, [depthwise, grouped], {depthwise.key: [("dw",)], grouped.key: [("g4",)]})
+    with KernelDB.open(make_db(tmp_path / "k.db", [])) as db:
+        dw_entry, grouped_entry = coverage(hand_written, db, None, H200)
+    assert (dw_entry.status, dw_entry.runs) == (FALLS_BACK, "DepthwiseConv2dNative (NNFusion's kernel)")
+    assert "depthwise convolution (group=32)" in dw_entry.reasons[0]
+    assert grouped_entry.status == ABORTS and "importer aborts" in grouped_entry.reasons[0]
 
 
 def test_flops_share_counts_only_ops_that_run_db_kernels(tmp_path: Path):
@@ -227,17 +236,20 @@ def test_cli_coverage_json_exit_status_and_table(tmp_path: Path):
 
 def test_a_bert_dense_dot_is_promised_from_its_row_and_falls_back_to_cublas_without(tmp_path: Path):
     """NNFusion makes a Dot of a [1,128,768] x [768,768] MatMul: coverage promises its row (the compiler test
-    finds it used), and says cuBLAS runs it while the DB has none; the broadcast bias Add stays NNFusion's."""
+    finds it used), and says cuBLAS runs it while the DB has none; the bias Add after it, alone, is looked up as a
+    full-shape Add."""
     g = GraphBuilder({"x": [1, 128, 768]})
     y = g.node("Add", [g.node("MatMul", ["x", g.weight("w", [768, 768])], "dense"), g.weight("b", [768])], "bias")
     model = write(g.model(y, "bert_dense"), tmp_path / "bert.onnx")
-    (dot,) = extract(model).configs
+    dot, add = extract(model).configs
     row = kernel_row(dot)
     assert row.identifier == "Dot1,128,768;768,768;1,128,768floatfloatfloat"
-    (entry,) = entries_for(model, make_db(tmp_path / "k.db", [row]))
+    assert add.signature().identifier == "Add1,128,768;1,128,768;1,128,768floatfloatfloat"
+    entry, add_entry = entries_for(model, make_db(tmp_path / "k.db", [row]))
     assert (entry.status, entry.runs, entry.row and entry.row.key) == (IN_DB, DB_KERNEL, row.key)
     assert entry.db_flops == 2 * 128 * 768 * 768
-    (none,) = entries_for(model, make_db(tmp_path / "empty.db", []))
+    assert (add_entry.status, add_entry.runs) == (MISSING, "NNFusion's kernel")
+    none, _ = entries_for(model, make_db(tmp_path / "empty.db", []))
     assert (none.status, none.runs, none.row) == (MISSING, "cuBLAS", None)
 
 

@@ -22,8 +22,8 @@ from core.opconfigs.onnx_extract import Extraction, extract
 
 def everything(e: Extraction) -> tuple:
     """Every field, the configs' uncompared ones (source, line format) and the fusion graph included."""
-    return (e.model_name, e.node_count, [asdict(c) for c in e.configs], e.nodes, e.unmapped, e.notes, e.units,
-            e.links)
+    return (e.model_name, e.node_count, [asdict(c) for c in e.configs], e.nodes, e.unmapped, e.notes, e.graph, e.outputs,
+            e.kernel_fusion_level, e.pattern_substitution)
 
 
 def test_a_model_seen_before_gives_the_same_extraction(tmp_path: Path):
@@ -49,6 +49,18 @@ def test_new_bytes_at_the_same_path_are_extracted_again(tmp_path: Path):
     assert extract_cached(model).model_name == "resnet_block"
     write(mlp(), model)
     assert everything(extract_cached(model)) == everything(extract(model))
+
+
+def test_other_compiler_flags_are_another_extraction(tmp_path: Path):
+    from core.nnfusion.compiler import CompilerFlags
+
+    model = write(mlp(), tmp_path / "mlp.onnx")
+    default, level0 = extract_cached(model), extract_cached(model, CompilerFlags(kernel_fusion_level=0))
+    assert len(list((state_dir() / "extractions").iterdir())) == 2
+    assert (default.kernel_fusion_level, level0.kernel_fusion_level) == (3, 0)
+    assert len(level0.looked_up()) > len(default.looked_up())  # the bias Adds and Relus are looked up at level 0
+    assert everything(extract_cached(model, CompilerFlags(kernel_fusion_level=0))) == everything(level0)
+    assert everything(extract_cached(model)) == everything(default)
 
 
 @pytest.mark.parametrize("content", ["not json", "{}", json.dumps({"configs": [{"op_type": 1}]})])

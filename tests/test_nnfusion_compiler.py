@@ -34,7 +34,9 @@ from core.db.kernel_db import KernelDB
 from core.errors import KdbError
 from core.inject.pipeline import InjectOptions, Injector
 from core.kernels.kernel_row import COLUMNS
+from core.kernels.ops import SUPPORTED_OP_TYPES
 from core.nnfusion.compile_job import CompileJob, compile_and_read
+from core.nnfusion.compiler import CompilerFlags
 from core.nnfusion.coverage import IN_DB, NOT_USED
 from core.opconfigs.onnx_extract import extract
 
@@ -128,7 +130,9 @@ def _finish(self: GraphBuilder, output: str) -> GraphBuilder:
 
 GraphBuilder.finish = _finish  # type: ignore[attr-defined]
 MODELS = {"conv_bias_relu": conv_bias_relu, "conv_residual": conv_residual, "branches": branches,
-          "pools": pools, "gemms": gemms, "bert_dense": bert_dense, "lstm_step": lstm_step}
+          "pools": pools, "gemms": gemms, "bert_dense": bert_dense, "lstm_step": lstm_step,
+          "conv_bias_alone": lambda b: conv_bias_alone(b),
+          "projection_residual": lambda b: projection_residual(b)}  # defined below
 
 
 # -- the pipeline -------------------------------------------------------------------------------
@@ -199,7 +203,8 @@ def test_bert_dense_layers_run_their_rank_3_dot_rows_and_kdb_nnfusion_finds_them
                                 "--product-name", PRODUCT, "--out", str(tmp_path / "nnfusion"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     in_db = {e["identifier"]: e["row"]["key"] for e in report["coverage"] if e["status"] == IN_DB}
-    assert set(in_db) == BERT_DOTS
+    # and the first bias Add, which feeds the next Dot alone: NNFusion looks it up as a full-shape Add
+    assert set(in_db) == BERT_DOTS | {"Add1,128,768;1,128,768;1,128,768floatfloatfloat"}
     used = {k for s in report["usage"]["steps"] for part in s["parts"] for k in part["rows"]}
     assert set(report["promised"]) == used == set(in_db.values()) and not report["broken_promises"]
     assert report["usage"]["library_calls"] == {}, "no cuBLAS left: every Dot runs its DB row"
@@ -294,6 +299,152 @@ def test_element_wise_rows_are_used_only_at_fusion_level_0(tmp_path: Path):
     assert level0.usage is not None and len(level0.promised()) == 3
     assert level0.usage.used_keys() == level0.promised()
     assert {e.status for e in level0.entries} == {IN_DB}
+
+
+# -- what the compiler fetches is what extraction writes ------------------------------------------
+
+def conv_bias_alone(batch: int) -> GraphBuilder:
+    """A conv's bias Add with no element-wise neighbour: looked up alone as a full-shape Add at every level."""
+    g = GraphBuilder({"x": [batch, 8, 16, 16]})
+    y = g.conv(g.conv("x", 8, 16, 1, pad=0, bias=True, name="c1"), 16, 16, 3, bias=True, name="c2")
+    return g.finish(g.node("MaxPool", [y], "pool", kernel_shape=[2, 2], strides=[2, 2]))
+
+
+def projection_residual(batch: int) -> GraphBuilder:
+    """MobileNetV2's inverted residual: expand (conv+bias+Clip), depthwise (+bias+Clip), project (conv+bias, no
+    activation), then the residual Add; a second block without the residual (its projection's Add alone)."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    g = GraphBuilder({"x": [batch, 8, 16, 16]})
+    for value, name in ((0.0, "zero"), (6.0, "six")):
+        g.initializers.append(numpy_helper.from_array(np.array(value, np.float32), name))
+
+    def block(x: str, cin: int, cout: int, stride: int, name: str) -> str:
+        y = g.node("Clip", [g.conv(x, cin, 4 * cin, 1, pad=0, bias=True, name=f"{name}_e"), "zero", "six"], f"{name}_e6")
+        y = g.conv(y, 4 * cin, 4 * cin, 3, stride=stride, group=4 * cin, bias=True, name=f"{name}_dw")
+        y = g.conv(g.node("Clip", [y, "zero", "six"], f"{name}_dw6"), 4 * cin, cout, 1, pad=0, bias=True,
+                   name=f"{name}_p")
+        return g.node("Add", [y, x], f"{name}_add") if stride == 1 and cin == cout else y
+
+    y = block(block("x", 8, 8, 1, "b1"), 8, 12, 2, "b2")
+    return g.finish(g.node("GlobalAveragePool", [y], "gap"))
+
+
+def depthwise(batch: int) -> GraphBuilder:
+    g = GraphBuilder({"x": [batch, 16, 16, 16]})
+    y = g.node("Relu", [g.conv("x", 16, 16, 3, group=16, bias=True, name="dw")], "r")
+    return g.finish(g.conv(g.conv(y, 16, 16, 3, group=16, name="dw2"), 16, 32, 1, pad=0, name="pw"))
+
+
+def gemm_bias(batch: int) -> GraphBuilder:
+    """Gemm+bias alone (its Add looked up), Gemm+bias+Relu (one kernel of NNFusion's own at the default level),
+    two Gemms side by side (their Adds in one wave of the fusion pass: each joins its broadcast)."""
+    g = GraphBuilder({"x": [batch, 64]})
+    y = g.node("Gemm", ["x", g.weight("w1", [32, 64]), g.weight("b1", [32])], "fc1", transB=1)
+    y = g.node("Relu", [g.node("Gemm", [y, g.weight("w2", [48, 32]), g.weight("b2", [48])], "fc2", transB=1)], "r")
+    a = g.node("Gemm", [y, g.weight("w3", [16, 48]), g.weight("b3", [16])], "fc3", transB=1)
+    b = g.node("Gemm", [y, g.weight("w4", [16, 48]), g.weight("b4", [16])], "fc4", transB=1)
+    return g.finish(g.node("MatMul", [a, g.node("Transpose", [b], "t", perm=[1, 0])], "mm"))
+
+
+def softmax_erf(batch: int) -> GraphBuilder:
+    """A transformer's feed-forward and output: dense + bias, GELU written with Erf, dense + bias, Softmax, and a
+    mean subtracted (ReduceMean is a Sum and a Divide by the count in NNFusion)."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    g = GraphBuilder({"x": [batch * 8, 32]})
+    for value, name in ((1.4142135, "sqrt2"), (1.0, "one"), (0.5, "half")):
+        g.initializers.append(numpy_helper.from_array(np.array(value, np.float32), name))
+    f = g.node("Add", [g.node("MatMul", ["x", g.weight("w1", [32, 64])], "mm1"), g.weight("b1", [64])], "bias1")
+    erf = g.node("Erf", [g.node("Div", [f, "sqrt2"], "scaled")], "erf")
+    gelu = g.node("Mul", [g.node("Mul", [f, g.node("Add", [erf, "one"], "plus1")], "gate"), "half"], "gelu")
+    y = g.node("Add", [g.node("MatMul", [gelu, g.weight("w2", [64, 32])], "mm2"), g.weight("b2", [32])], "bias2")
+    y = g.node("Softmax", [y], "softmax", axis=-1)
+    return g.finish(g.node("Sub", [y, g.node("ReduceMean", [y], "mean", axes=[-1])], "center"))
+
+
+def bert_layer(batch: int) -> GraphBuilder:
+    """A whole (small) BERT encoder layer: Q/K/V dense layers side by side, the batched attention MatMuls with
+    the scale and Softmax, the output dense + residual, LayerNorm written out (ReduceMean, Pow, Sqrt, Div: what
+    exporters write), the Erf GELU feed-forward and a second LayerNorm."""
+    g = GraphBuilder({"x": [batch, 16, 32]})
+
+    def scalar(name: str, value: float) -> str:
+        g.initializers.append(numpy_helper.from_array(np.array(value, dtype=np.float32), g.unique(name)))
+        return g.initializers[-1].name
+
+    def dense(x: str, n_in: int, n_out: int, name: str) -> str:
+        y = g.node("MatMul", [x, g.weight(f"{name}_w", [n_in, n_out])], name)
+        return g.node("Add", [y, g.weight(f"{name}_b", [n_out])], f"{name}_bias")
+
+    def layer_norm(x: str, name: str) -> str:
+        centred = g.node("Sub", [x, g.node("ReduceMean", [x], f"{name}_mean", axes=[-1])], f"{name}_centre")
+        var = g.node("ReduceMean", [g.node("Pow", [centred, scalar("two", 2.0)], f"{name}_sq")], f"{name}_var",
+                     axes=[-1])
+        std = g.node("Sqrt", [g.node("Add", [var, scalar("eps", 1e-5)], f"{name}_eps")], f"{name}_std")
+        y = g.node("Mul", [g.node("Div", [centred, std], f"{name}_norm"), g.weight(f"{name}_g", [32])], f"{name}_mul")
+        return g.node("Add", [y, g.weight(f"{name}_b", [32])], f"{name}_out")
+
+    q, k, v = (dense("x", 32, 32, name) for name in ("q", "k", "v"))
+    scores = g.node("MatMul", [q, g.node("Transpose", [k], "kt", perm=[0, 2, 1])], "qk")
+    probs = g.node("Softmax", [g.node("Div", [scores, scalar("scale", 8.0)], "scaled")], "probs", axis=-1)
+    h = layer_norm(g.node("Add", [dense(g.node("MatMul", [probs, v], "ctx"), 32, 32, "o"), "x"], "res1"), "ln1")
+    f = dense(h, 32, 128, "ff1")
+    erf = g.node("Erf", [g.node("Div", [f, scalar("sqrt2", 1.4142135)], "gelu_in")], "erf")
+    gelu = g.node("Mul", [g.node("Mul", [f, g.node("Add", [erf, scalar("one", 1.0)], "gelu_1p")], "gelu_x"),
+                          scalar("half", 0.5)], "gelu")
+    return g.finish(layer_norm(g.node("Add", [dense(gelu, 128, 32, "ff2"), h], "res2"), "ln2"))
+
+
+LOOKUP_MODELS = {"conv_bias_relu": conv_bias_relu, "conv_bias_alone": conv_bias_alone,
+                 "conv_residual": conv_residual, "projection_residual": projection_residual, "depthwise": depthwise,
+                 "gemm_bias": gemm_bias, "elementwise_chain": elementwise_chain, "softmax_erf": softmax_erf,
+                 "bert_layer": bert_layer}
+
+
+def kernel_db_lookups(log: Path) -> set[str]:
+    """The identifiers the compiler tried to fetch (either DeviceType) whose op type a kernel-DB row can have."""
+    found = set()
+    for identifier in re.findall(r"Trying to fetch kernel (.*) on DeviceType: \S+", log.read_text()):
+        op = next((op for op in sorted(SUPPORTED_OP_TYPES, key=len, reverse=True) if identifier.startswith(op)), "")
+        rest = identifier[len(op):]
+        if op and rest[:1] and (rest[0].isdigit() or rest[0] == ";"):
+            found.add(identifier)
+    return found
+
+
+@pytest.mark.parametrize("flags", [(), ("-fkernel_fusion_level=0",)], ids=["default", "level0"])
+@pytest.mark.parametrize("batch", [1, 4])
+@pytest.mark.parametrize("name", list(LOOKUP_MODELS))
+def test_the_compiler_fetches_exactly_the_op_configs_extraction_writes(tmp_path: Path, name: str, batch: int, flags):
+    """Extraction at the compiler's flags writes op configs; once the DB holds their kernels, the identifiers of
+    kernel-DB op types the compiler tries to fetch (its -min_log_level=0 log) are exactly theirs."""
+    g = LOOKUP_MODELS[name](batch)
+    model = write(g.model(g.output, name), tmp_path / f"{name}.onnx")
+    configs = extract(model, CompilerFlags.parse(flags)).looked_up()
+    report = generate_all(configs, "sm_90", check=False)
+    assert not report.failed, [f"{f.config.describe()}: {f.error}" for f in report.failed]
+    (tmp_path / "kernels.json").write_text(json.dumps(report.items), encoding="utf-8")
+    with KernelDB.open(tmp_path / "k.db", create=True) as db:
+        assert Injector(db, InjectOptions(compile=False), state=None).run([tmp_path / "kernels.json"]).failed == 0
+    compiled = compile_with(model, tmp_path / "k.db", tmp_path, flags)
+    written = {c.signature().identifier for c in configs}
+    fetched = kernel_db_lookups(compiled.result.log_file)
+    assert fetched == written, f"fetched, not written: {sorted(fetched - written)}; written, not fetched: " \
+                               f"{sorted(written - fetched)}"
+
+
+def test_a_grouped_conv_that_is_not_depthwise_makes_the_compiler_abort_as_extraction_says(tmp_path: Path):
+    g = GraphBuilder({"x": [1, 64, 8, 8]})
+    g.output = g.conv("x", 64, 64, 3, group=32, name="resnext")  # ResNeXt's 32 groups
+    model = write(g.model(g.output, "grouped"), tmp_path / "grouped.onnx")
+    [unmapped] = extract(model).unmapped
+    assert unmapped.node == "resnext" and "importer aborts" in unmapped.reason
+    proc = subprocess.run([str(COMPILER), str(model), "-f", "onnx"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode != 0 and "n_filters_channels & groups == 0" in proc.stdout + proc.stderr
 
 
 def test_a_gemm_without_c_is_flagged(tmp_path: Path):

@@ -28,8 +28,8 @@ def compiler_setup(args: argparse.Namespace) -> tuple[list[str], CompilerFlags, 
 
 
 def main(args: argparse.Namespace) -> int:
-    extraction = extract_cached(Path(args.model))  # a model seen before: ONNX is not even imported
     flag_list, flags, product = compiler_setup(args)
+    extraction = extract_cached(Path(args.model), flags)  # a model seen before: ONNX is not even imported
     db_path = kernel_db_path(args.db)
     created = KernelDB.create_if_missing(db_path)  # an empty DB is the answer NNFusion itself would start from
     if created:

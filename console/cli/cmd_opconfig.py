@@ -6,6 +6,7 @@ import argparse
 from collections import Counter
 from pathlib import Path
 
+from console.cli.opconfig_input import lookup_flags
 from console.cli.output import out, print_json, shorten
 from core.errors import InputError
 from core.opconfigs.onnx_extract import Extraction, extract
@@ -19,10 +20,13 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _extract(args: argparse.Namespace) -> int:
-    extraction = extract(Path(args.model))
-    written = write_opconfigs(extraction.configs, Path(args.output)) if args.output else None
+    flag_list, flags = lookup_flags(args)
+    extraction = extract(Path(args.model), flags)
+    looked_up = extraction.looked_up()
+    written = write_opconfigs(looked_up, Path(args.output)) if args.output else None
     if args.json:
-        print_json({**extraction.to_dict(), "written": str(written) if written else None})
+        print_json({**extraction.to_dict(), "compiler_flags": flag_list, "looked_up": len(looked_up),
+                    "written": str(written) if written else None})
         return 0
     print_extraction(extraction)
     if written:
@@ -56,14 +60,21 @@ def print_extraction(extraction: Extraction) -> None:
     from rich.table import Table
 
     ops = sum(extraction.count(c) for c in extraction.configs)
-    table = Table(caption=f"{extraction.model_name}: {extraction.node_count} nodes -> {len(extraction.configs)} "
-                  f"distinct op configs ({ops} ops), {len(extraction.unmapped)} not mapped", caption_justify="left")
-    for col in ("op type", "description", "count", "nodes"):
-        table.add_column(col, overflow="fold", justify="right" if col == "count" else "left")
+    away = extraction.fused_away()
+    looked_up = extraction.looked_up()
+    fused = (f"; {len(extraction.configs) - len(looked_up)} more fused into NNFusion's own element-wise kernels at "
+             f"-fkernel_fusion_level={extraction.kernel_fusion_level}, never looked up, not written"
+             if len(looked_up) < len(extraction.configs) else "")
+    table = Table(caption=f"{extraction.model_name}: {extraction.node_count} nodes -> {len(looked_up)} distinct op "
+                  f"configs the compiler looks up ({ops - sum(away.values())} ops){fused}; "
+                  f"{len(extraction.unmapped)} not mapped", caption_justify="left")
+    for col in ("op type", "description", "count", "fused away", "nodes"):
+        table.add_column(col, overflow="fold", justify="right" if col in ("count", "fused away") else "left")
     for c in extraction.configs:
         nodes = ["+".join(n) for n in extraction.nodes[c.key]]
         more = f" (+{len(nodes) - 3})" if len(nodes) > 3 else ""
-        table.add_row(c.op_type, _description(c), str(extraction.count(c)), escape(", ".join(nodes[:3]) + more))
+        table.add_row(c.op_type, _description(c), str(extraction.count(c)), str(away.get(c.key, "")),
+                      escape(", ".join(nodes[:3]) + more))
     out.print(table)
     if extraction.unmapped:
         table = Table(title="not mapped to a kernel-DB op", title_justify="left")

@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from console.cli.output import log
 from core.codegen.batch import load_configs
 from core.errors import InputError
+from core.nnfusion.compiler import CompilerFlags
 from core.opconfigs.opconfig import OpConfig
+from core.settings import load_settings
 
 
-def read_op_configs(inputs: list[str]) -> tuple[list[OpConfig], list[InputError]]:
-    """Op configs of files, ONNX models and directories, and what could not be read (already logged)."""
-    configs, errors = load_configs([Path(p) for p in inputs])
+def lookup_flags(args: argparse.Namespace) -> tuple[list[str], CompilerFlags]:
+    """The compiler flags a command works with (the settings' nnfusion_flags, then --flag): they decide which ops of
+    a model the compiler looks up."""
+    flags = [*load_settings().nnfusion_flags, *getattr(args, "flag", [])]
+    return flags, CompilerFlags.parse(flags)
+
+
+def read_op_configs(inputs: list[str], flags: CompilerFlags | None = None) -> tuple[list[OpConfig], list[InputError]]:
+    """Op configs of files, ONNX models (the ops looked up at `flags`) and directories, and what could not be read
+    (already logged)."""
+    configs, errors = load_configs([Path(p) for p in inputs], flags)
     for e in errors:
         log(f"skipped: {e}")
     return configs, errors

@@ -45,10 +45,14 @@ def _positive(text: str) -> int:
     return value
 
 
-def _compiler_options(p: argparse.ArgumentParser) -> None:
+def _flag_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--flag", action="append", default=[], metavar="-fNAME=VALUE",
                    help="an NNFusion flag (repeatable, after the settings' nnfusion_flags), e.g. "
                    "--flag=-fkernel_fusion_level=0")
+
+
+def _compiler_options(p: argparse.ArgumentParser) -> None:
+    _flag_option(p)
     p.add_argument("--product-name", metavar="NAME",
                    help="-fproduct_name: the device name profiles are read for (default: the settings')")
 
@@ -188,7 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
     q = osub.add_parser("extract",
                         help="op configs of an ONNX model (shape inference; fused Conv+Relu, Conv+Add+Relu)")
     q.add_argument("model", metavar="MODEL.onnx")
-    q.add_argument("-o", "--output", metavar="FILE", help="write them to FILE (.toml, .json, else the line format)")
+    q.add_argument("-o", "--output", metavar="FILE", help="write the ones the compiler looks up at the flags to FILE "
+                   "(.toml, .json, else the line format)")
+    _flag_option(q)
     q.add_argument("--json", action="store_true")
     q = osub.add_parser("check", help="validate op-config files (any form) and print them de-duplicated")
     q.add_argument("files", nargs="+", metavar="FILE")
@@ -248,6 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", metavar="FILE", help="kernel JSON output (default: stdout)")
     p.add_argument("--arch", metavar="sm_XX", help="target SM arch (default: the first of the settings' archs)")
     p.add_argument("--no-check", action="store_true", help="skip the CPU numerics check against numpy")
+    _flag_option(p)  # which ops of a model the compiler looks up
     p.add_argument("--json", action="store_true", help="a JSON report on stdout (kernels go to -o)")
 
     p = sub.add_parser("tune", help=COMMANDS["tune"][1])

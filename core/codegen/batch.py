@@ -11,6 +11,7 @@ from core.codegen.failures import codegen_failure
 from core.codegen.generate import Generated, generate, require_tvm
 from core.db.state import StateDB
 from core.errors import InputError
+from core.opconfigs.onnx_extract import LookupFlags
 from core.opconfigs.opconfig import OpConfig, read_opconfigs
 
 
@@ -64,8 +65,10 @@ class Inputs:
         return self.counts.get(config.key, 0)
 
 
-def read_inputs(paths: list[Path]) -> Inputs:
-    """Op configs from op-config files (lines, .toml, .json) and ONNX models, and directories of them."""
+def read_inputs(paths: list[Path], flags: LookupFlags | None = None) -> Inputs:
+    """Op configs from op-config files (lines, .toml, .json) and ONNX models, and directories of them. Of a model,
+    the ops the compiler looks up at these flags (NNFusion's defaults unless given), each counted as often as it
+    is looked up."""
     inputs = Inputs()
     files: list[Path] = []
     for path in paths:  # directories: every op-config file and ONNX model in them
@@ -76,10 +79,12 @@ def read_inputs(paths: list[Path]) -> Inputs:
             if path.suffix.lower() == ".onnx":
                 from core.opconfigs.onnx_extract import extract
 
-                extraction = extract(path)
+                extraction = extract(path, flags)
                 inputs.models.append(extraction.model_name)
-                for config in extraction.configs:
-                    inputs.add(replace(config, source=f"{path}:{config.source}"), extraction.count(config))
+                away = extraction.fused_away()
+                for config in extraction.looked_up():
+                    inputs.add(replace(config, source=f"{path}:{config.source}"),
+                               extraction.count(config) - away.get(config.key, 0))
             else:
                 result = read_opconfigs(path)
                 for config in result.configs:
@@ -90,9 +95,9 @@ def read_inputs(paths: list[Path]) -> Inputs:
     return inputs
 
 
-def load_configs(paths: list[Path]) -> tuple[list[OpConfig], list[InputError]]:
-    """Op configs from op-config files (lines, .toml, .json) and ONNX models, de-duplicated."""
-    inputs = read_inputs(paths)
+def load_configs(paths: list[Path], flags: LookupFlags | None = None) -> tuple[list[OpConfig], list[InputError]]:
+    """Op configs from op-config files (lines, .toml, .json) and ONNX models (read_inputs), de-duplicated."""
+    inputs = read_inputs(paths, flags)
     return inputs.configs, inputs.errors
 
 

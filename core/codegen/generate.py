@@ -98,8 +98,11 @@ def generate(config: OpConfig, arch: str, *, scheduled: Any = None, check: bool 
     try:
         validate(config)
         if config.groups != 1:
-            raise InputError(f"grouped convolution (groups={config.groups}): NNFusion's kernel DB has no op type "
-                             "for it (the compiler runs it with cuDNN), so no kernel JSON is written")
+            from core.opconfigs.onnx_extract import grouped_conv_reason
+
+            p = config.params
+            reason, _ = grouped_conv_reason(config.groups, p["input_shape"][1], p["filter_shape"][0])
+            raise InputError(f"{reason}; no kernel JSON is written")
         mod, shapes = prim_func_module(config)
         current = mod
         stage = "schedule"

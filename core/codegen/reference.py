@@ -3,6 +3,7 @@ numpy reference."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -53,12 +54,45 @@ def _pool(x: np.ndarray, kind: str, win, strides, pb, pa) -> np.ndarray:
     return out if kind == "MaxPool" else out / count
 
 
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def _normcdf(a: np.ndarray) -> np.ndarray:
+    return 0.5 * (1 + _erf(a / math.sqrt(2)))
+
+
+def _power_backward_exponent(x0: np.ndarray, x1: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        positive = np.power(x0, x1) * np.log(np.where(x0 > 0, x0, 1.0))
+    return np.where(x0 > 0, positive, np.where(x0 == 0, np.where(x1 >= 0, 0.0, np.inf), np.nan))
+
+
+def _div_no_nan(x0: np.ndarray, x1: np.ndarray) -> np.ndarray:
+    return np.where(x1 != 0, x0 / np.where(x1 != 0, x1, 1.0), 0.0)
+
+
+# NNFusion's element-op map (cuda_common_ops.hpp) in float64; te_ops.elementwise_definitions is the TVM side.
 _ELEMENTWISE = {
-    "Relu": lambda a: np.maximum(a, 0), "Sigmoid": lambda a: 1 / (1 + np.exp(-a)), "Tanh": np.tanh,
-    "Exp": np.exp, "Log": np.log, "Sqrt": np.sqrt, "Abs": np.abs, "Negative": np.negative, "Floor": np.floor,
-    "Ceiling": np.ceil, "Sin": np.sin, "Cos": np.cos, "Rsqrt": lambda a: 1 / np.sqrt(a), "Square": np.square,
-    "Relu6": lambda a: np.clip(a, 0, 6), "Add": np.add, "Subtract": np.subtract, "Multiply": np.multiply,
-    "Divide": np.divide, "Maximum": np.maximum, "Minimum": np.minimum, "Power": np.power,
+    "Abs": np.abs, "Acos": np.arccos, "Asin": np.arcsin, "Atan": np.arctan, "Ceiling": np.ceil, "Cos": np.cos,
+    "Cosh": np.cosh, "Erf": _erf, "Exp": np.exp, "Floor": np.floor,
+    "Log": np.log, "Sin": np.sin, "Sinh": np.sinh, "Sqrt": np.sqrt, "Rsqrt": lambda a: 1 / np.sqrt(a),
+    "Square": np.square, "Tan": np.tan, "Tanh": np.tanh, "Sign": np.sign, "Convert": lambda a: a.copy(),
+    "Gelu": lambda a: a * _normcdf(a), "Relu": lambda a: np.maximum(a, 0), "Relu6": lambda a: np.clip(a, 0, 6),
+    "Negative": np.negative, "Sigmoid": lambda a: 1 / (1 + np.exp(-a)),
+    "Power": np.power,
+    "PowerBackwardBase": lambda x0, x1: np.where(x1 != 0, x1 * np.power(x0, x1 - 1), 0.0),
+    "PowerBackwardExponent": _power_backward_exponent,
+    "Subtract": np.subtract, "Divide": np.divide, "DivNoNan": _div_no_nan,
+    "ReluBackprop": lambda x0, x1: x1 * (x0 > 0), "Relu6Backprop": lambda x0, x1: x1 * (x0 > 0) * (x0 < 6),
+    "Add": np.add, "Multiply": np.multiply, "Minimum": np.minimum, "Maximum": np.maximum,
+    "SigmoidBackprop": lambda x0, x1: x1 / (2 + np.exp(-x0) + np.exp(x0)),
+    "GeluGrad": lambda x0, x1: x1 * (_normcdf(x0) + x0 * np.exp(-0.5 * x0 * x0) / math.sqrt(2 * math.pi)),
+}  # fmt: skip
+# Inputs the check draws for an op (default: uniform in [-1, 1)): inside the op's domain, wide enough to reach
+# every branch of its definition.
+_INPUT_RANGES = {
+    **dict.fromkeys(["Log", "Sqrt", "Rsqrt", "Power", "PowerBackwardBase", "PowerBackwardExponent"], (0.1, 2.0)),
+    **dict.fromkeys(["Relu6", "Relu6Backprop"], (-8.0, 8.0)),
 }
 
 
@@ -82,10 +116,6 @@ def reference(config: OpConfig, arrays: list[np.ndarray]) -> np.ndarray:
         return ((a.T if ta else a) @ (b.T if p.get("transpose_B") else b)).reshape(p["out_shape"])
     if op in POOLS:
         return _pool(xs[0], op, p["window_shape"], p["window_stride"], p["padding_below"], p["padding_above"])
-    if op == "Gelu":
-        from math import erf
-
-        return xs[0] * 0.5 * (1 + np.vectorize(erf)(xs[0] / np.sqrt(2)))
     fn = _ELEMENTWISE.get(op)
     if fn is None:
         raise InputError(f"no numpy reference for {op}")
@@ -94,9 +124,11 @@ def reference(config: OpConfig, arrays: list[np.ndarray]) -> np.ndarray:
 
 def inputs_for(config: OpConfig, shapes: list[tuple[int, ...]], seed: int = 0) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
-    positive = config.op_type in ("Log", "Sqrt", "Rsqrt", "Power")
-    return [(rng.uniform(0.1, 2.0, s) if positive else rng.uniform(-1.0, 1.0, s)).astype(np.float32)
-            for s in shapes]
+    low, high = _INPUT_RANGES.get(config.op_type, (-1.0, 1.0))
+    arrays = [rng.uniform(low, high, s).astype(np.float32) for s in shapes]
+    if config.op_type == "DivNoNan" and arrays[1].size:
+        arrays[1].flat[::7] = 0  # its other branch: a zero divisor gives 0
+    return arrays
 
 
 def check_on_cpu(config: OpConfig, mod: Any, shapes: list[tuple[int, ...]]) -> float | None:

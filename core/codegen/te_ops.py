@@ -3,15 +3,17 @@
 Tensors are named as the kernel DB wants them: inputs input0.., the result output0, so the generated
 kernel's parameters need no renaming beyond TVM's `_ptr` suffix. Layout NCHW; fp32.
 Semantics worth knowing: AvgPool excludes padding from the average (ONNX's count_include_pad=0);
-Fused_Convolution_Add_Relu adds a full output-shaped tensor (input2) before the ReLU.
+Fused_Convolution_Add_Relu adds a full output-shaped tensor (input2) before the ReLU; element-wise ops compute
+what NNFusion's own kernel for them computes (its element-op map), and those no row can serve say why.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from core.errors import InputError
-from core.kernels.ops import CONV_FAMILY, POOLS
+from core.kernels.ops import CONV_FAMILY, ELEMENTWISE_NO_ROW, POOLS
 from core.opconfigs.opconfig import OpConfig
 
 # Bumped when an op's definition changes its TVM workload: a tuning work dir holds one workload's trials, so
@@ -23,19 +25,14 @@ def revision(op_type: str) -> int:
     return REVISIONS.get(op_type, 1)
 
 
-# NNFusion element-wise op -> how TVM computes it (names of tvm.topi functions, or te lambdas).
-_UNARY = {"Relu": "nn.relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Exp": "exp", "Log": "log", "Sqrt": "sqrt",
-          "Abs": "abs", "Negative": "negative", "Erf": "erf", "Floor": "floor", "Ceiling": "ceil", "Sin": "sin",
-          "Cos": "cos", "Rsqrt": "rsqrt", "Square": None, "Relu6": None, "Gelu": None}
-_BINARY = {"Add": "add", "Subtract": "subtract", "Multiply": "multiply", "Divide": "divide",
-           "Maximum": "maximum", "Minimum": "minimum", "Power": "power"}
-
-
 def define(config: OpConfig) -> tuple[list[Any], Any]:
     """(inputs, output) tensors for the op; output named output0. InputError if TVM cannot express it."""
     from tvm import te, topi
 
     p, op = config.params, config.op_type
+    if config.dtype != "float":  # every placeholder below is float32: a half/double row would lie in its signature
+        raise InputError(f"kdb generates fp32 kernels only; this {op} op config is {config.dtype}",
+                         where=config.source)
     want = list(_out_shape(config))
     if op in CONV_FAMILY:
         data = te.placeholder(tuple(p["input_shape"]), name="input0")
@@ -117,22 +114,67 @@ def _out_shape(config: OpConfig) -> list[int]:
 
 
 def _elementwise(op: str, inputs: list[Any]) -> Any:
-    from tvm import te, tirx, topi
+    """NNFusion's CUDA definition of the op (its element-op map, cuda_common_ops.hpp), one element at a time."""
+    from tvm import te
 
-    if op in _BINARY:
-        return getattr(topi, _BINARY[op])(inputs[0], inputs[1])
-    x = inputs[0]
-    if op == "Square":
-        return te.compute(x.shape, lambda *i: x(*i) * x(*i), name="square")
-    if op == "Relu6":
-        return te.compute(x.shape, lambda *i: tirx.min(tirx.max(x(*i), 0.0), 6.0), name="relu6")
-    if op == "Gelu":
-        return te.compute(x.shape, lambda *i: x(*i) * 0.5 * (1.0 + tirx.erf(x(*i) * 0.7071067811865476)),
-                          name="gelu")
-    name = _UNARY.get(op)
-    if name is None:
-        raise InputError(f"no TVM definition for the element-wise op {op} yet")
-    fn: Any = topi
-    for part in name.split("."):
-        fn = getattr(fn, part)
-    return fn(x)
+    if op in ELEMENTWISE_NO_ROW:
+        raise InputError(f"no kernel-DB row for {op}: {ELEMENTWISE_NO_ROW[op]}")
+    scalar = elementwise_definitions(inputs[0].dtype).get(op)
+    if scalar is None:
+        raise InputError(f"no TVM definition for the element-wise op {op}")
+    return te.compute(inputs[0].shape, lambda *i: scalar(*(t(*i) for t in inputs)), name="output0")
+
+
+@functools.cache
+def elementwise_definitions(dtype: str) -> dict[str, Any]:
+    """op -> a function of the inputs' scalars (tirx expressions), as NNFusion's kernel computes them (built on
+    first use: `tvm` is imported only when code is generated)."""
+    from tvm import tirx
+
+    def const(value: float) -> Any:
+        return tirx.const(value, dtype)
+
+    def flag(cond: Any) -> Any:  # C's int(cond) as a number of the tensor's type
+        return tirx.Select(cond, const(1.0), const(0.0))
+
+    def gelu(x: Any) -> Any:  # x * normcdf(x) (NNFusion's _Gelu)
+        return x * const(0.5) * (const(1.0) + tirx.erf(x * const(0.7071067811865476)))
+
+    def power_backward_exponent(x0: Any, x1: Any) -> Any:
+        # NNFusion's 1.0/0.0 and 0.0/0.0 made at run time: TVM would print constants as CUDART_INF_F / CUDART_NAN_F,
+        # which need a header NNFusion's generated code does not include.
+        at_zero = tirx.Select(x1 >= const(0.0), const(0.0), const(1.0) / tirx.abs(x0))  # x0 == 0: +inf
+        return tirx.Select(x0 > const(0.0), tirx.power(x0, x1) * tirx.log(x0),
+                           tirx.Select(x0 == const(0.0), at_zero, tirx.log(x0)))  # x0 < 0: log gives NaN
+
+    unary = {name: getattr(tirx, fn) for name, fn in (
+        ("Abs", "abs"), ("Acos", "acos"), ("Asin", "asin"), ("Atan", "atan"), ("Ceiling", "ceil"), ("Cos", "cos"),
+        ("Cosh", "cosh"), ("Erf", "erf"), ("Exp", "exp"), ("Floor", "floor"), ("Log", "log"), ("Sin", "sin"),
+        ("Sinh", "sinh"), ("Sqrt", "sqrt"), ("Rsqrt", "rsqrt"), ("Tan", "tan"), ("Tanh", "tanh"))}
+    return {
+        **unary,
+        "Square": lambda x: x * x,
+        "Sign": lambda x: flag(x > const(0.0)) - flag(x < const(0.0)),
+        "Convert": lambda x: x,  # one element type in and out: a copy
+        "Gelu": gelu,
+        "Relu": lambda x: tirx.max(x, const(0.0)),
+        "Relu6": lambda x: tirx.min(tirx.max(x, const(0.0)), const(6.0)),
+        "Negative": lambda x: -x,
+        "Sigmoid": lambda x: const(1.0) / (const(1.0) + tirx.exp(-x)),
+        "Power": tirx.power,
+        "PowerBackwardBase": lambda x0, x1: tirx.Select(
+            x1 != const(0.0), x1 * tirx.power(x0, x1 - const(1.0)), const(0.0)),
+        "PowerBackwardExponent": power_backward_exponent,
+        "Subtract": lambda x0, x1: x0 - x1,
+        "Divide": lambda x0, x1: x0 / x1,
+        "DivNoNan": lambda x0, x1: tirx.Select(x1 != const(0.0), x0 / x1, const(0.0)),
+        "ReluBackprop": lambda x0, x1: x1 * flag(x0 > const(0.0)),
+        "Relu6Backprop": lambda x0, x1: x1 * flag(x0 > const(0.0)) * flag(x0 < const(6.0)),
+        "Add": lambda x0, x1: x0 + x1,
+        "Multiply": lambda x0, x1: x0 * x1,
+        "Minimum": lambda x0, x1: tirx.Select(x0 > x1, x1, x0),
+        "Maximum": lambda x0, x1: tirx.Select(x0 > x1, x0, x1),
+        "SigmoidBackprop": lambda x0, x1: x1 / (const(2.0) + tirx.exp(-x0) + tirx.exp(x0)),
+        "GeluGrad": lambda x0, x1: x1 * (const(0.5) * (const(1.0) + tirx.erf(x0 * const(0.7071067811865476)))
+                                         + x0 * const(0.3989422804014327) * tirx.exp(const(-0.5) * x0 * x0)),
+    }

@@ -19,11 +19,26 @@ ELEMENTWISE_ARITY: dict[str, int] = {
             "Max", "Min", "Power", "PowerBackwardBase", "PowerBackwardExponent", "Subtract",
             "Divide", "DivNoNan", "Equal", "NotEqual", "Greater", "GreaterEq", "Less", "LessEq",
             "ReluBackprop", "Relu6Backprop", "And", "Or", "Add", "Multiply", "Minimum", "Maximum",
-            "SigmoidBackprop",
+            "SigmoidBackprop", "GeluGrad",
         ],
         2,
     ),
     "Select": 3,
+}  # fmt: skip
+
+# Element-wise ops of the map that no kernel-DB row can serve, and why (read in NNFusion's sources).
+_BOOLEAN = ("NNFusion gives it boolean (char) tensors, and an op config has one element type for all its tensors "
+            "(float, half or double): kdb cannot describe its row")
+ELEMENTWISE_NO_ROW: dict[str, str] = {
+    **dict.fromkeys(["Equal", "NotEqual", "Greater", "GreaterEq", "Less", "LessEq"],
+                    "a comparison: its output is boolean (char) while its inputs are not; " + _BOOLEAN),
+    **dict.fromkeys(["And", "Or", "Not"], "a logical op: " + _BOOLEAN),
+    "Select": "its condition input is boolean (char) and its values are not; " + _BOOLEAN,
+    **dict.fromkeys(["Max", "Min"], "in NNFusion's graphs Max and Min are reductions (ArithmeticReduction), which "
+                    "use this entry of the element-op map inside their own kernels: no two-input element-wise node "
+                    "of that name is ever looked up (the element-wise ops are Maximum and Minimum)"),
+    "Nop": "no NNFusion operator is named Nop: the element-op map's entry is never a node of a graph, so nothing "
+           "looks it up",
 }  # fmt: skip
 
 CONV_FAMILY = ("Convolution", "Fused_Convolution_Relu", "Fused_Convolution_Add_Relu")

@@ -242,7 +242,7 @@ def import_blockers(job: CompileJob) -> list[Blocker]:
 
 def _coverage(job: CompileJob) -> tuple[list[CoverageEntry], list[Blocker], float]:
     started = time.monotonic()
-    extraction = extract_cached(job.model)  # a model compiled before: ONNX is not even imported
+    extraction = extract_cached(job.model, CompilerFlags.parse(job.flags))  # a model compiled before: no ONNX
     with KernelDB.open(job.db) as db:
         entries = coverage(extraction, db, CompilerFlags.parse(job.flags), job.product_name)
     return entries, extraction.blockers, time.monotonic() - started

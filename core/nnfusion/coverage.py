@@ -7,9 +7,9 @@ tests/test_nnfusion_compiler.py), in the order they run:
    node only when the DB holds a row of the fused identifier under DeviceType CUDA. Its kernel is then fetched
    under CUDA_GPU (none there: the compiler aborts). Not substituted, the convolution is looked up alone and the
    Add/Relu stay element-wise nodes.
-2. Element-wise fusion (-fkernel_fusion_level > 0): element-wise nodes (and non-transposing reshapes, and the
-   bias Add after a Conv/Gemm) that feed one another become one kernel of NNFusion's own; only a lone one is
-   looked up in the DB.
+2. Element-wise fusion (-fkernel_fusion_level > 0): element-wise nodes (the bias Add NNFusion puts after a
+   Conv/Gemm among them) become kernels of NNFusion's own as its KernelFusionPass groups them, replayed on a model
+   of its graph (core/opconfigs/fusion.py); only those it leaves alone are looked up in the DB.
 3. Kernel selection: each remaining node's identifier is fetched under CUDA_GPU; the compiler takes the FIRST
    External row in table order (profiles are not compared). A row of an unsupported OpType under the same
    identifier makes the fetch return nothing. Without a row: cuDNN for convolutions and pools, cuBLAS for Dot,
@@ -22,7 +22,7 @@ tests/test_nnfusion_compiler.py), in the order they run:
 from __future__ import annotations
 
 import json
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -42,7 +42,7 @@ from core.kernels.ops import (
 )
 from core.kernels.profile import parse_profile
 from core.nnfusion.compiler import CompilerFlags
-from core.opconfigs.onnx_extract import Extraction
+from core.opconfigs.onnx_extract import Extraction, grouped_conv_reason
 from core.opconfigs.opconfig import OpConfig
 
 # Status of an op: what the DB does for it.
@@ -106,8 +106,7 @@ class CoverageEntry:
 def fallback_for(config: OpConfig) -> str:
     """What the compiler runs for this op when the DB has no kernel for it."""
     if config.groups != 1:
-        depthwise = config.groups == _channels(config)
-        return "DepthwiseConv2dNative (NNFusion's kernel)" if depthwise else "cuDNN"
+        return "DepthwiseConv2dNative (NNFusion's kernel)" if _depthwise(config) else GROUPED_ABORT
     if config.op_type == "Convolution" or config.op_type in POOLS:
         return "cuDNN"
     if config.op_type in CONV_FAMILY:
@@ -117,17 +116,17 @@ def fallback_for(config: OpConfig) -> str:
     return NNFUSION_KERNEL
 
 
-def _channels(config: OpConfig) -> int | None:
+GROUPED_ABORT = "nothing: the compiler aborts at import"
+
+
+def _depthwise(config: OpConfig) -> bool:
     shape = config.params.get("input_shape")
-    return shape[1] if isinstance(shape, list) and len(shape) > 1 else None
+    return isinstance(shape, list) and len(shape) > 1 and config.groups == shape[1]
 
 
 def _no_op_type(config: OpConfig) -> str:
-    if config.groups == _channels(config):
-        return (f"depthwise convolution (groups={config.groups}) has no kernel-DB op type; NNFusion emits "
-                "DepthwiseConv2dNative")
-    return (f"grouped convolution (groups={config.groups}) has no kernel-DB op type; NNFusion splits it into one "
-            "Convolution per group")
+    shape, filt = config.params.get("input_shape") or [0, 0], config.params.get("filter_shape") or [0]
+    return grouped_conv_reason(config.groups, shape[1], filt[0])[0]
 
 
 def coverage(extraction: Extraction, db: KernelDB, flags: CompilerFlags | None = None,
@@ -165,7 +164,8 @@ class _Model:
     def entry(self, config: OpConfig, count: int, fused_away: int = 0) -> CoverageEntry:
         fallback = fallback_for(config)
         if config.groups != 1:
-            return CoverageEntry(config, count, None, 0, FALLS_BACK, fallback, fallback, reasons=(_no_op_type(config),))
+            status = FALLS_BACK if _depthwise(config) else ABORTS
+            return CoverageEntry(config, count, None, 0, status, fallback, fallback, reasons=(_no_op_type(config),))
         try:
             identifier = config.signature().identifier
         except InputError as exc:
@@ -342,31 +342,10 @@ class _Model:
     # -- element-wise fusion --------------------------------------------------------------------
 
     def _fused_units(self, ex: Extraction, substituted: set[str]) -> set[str]:
-        """Units in a group of two or more after substitution: NNFusion's own ElementWiseFused kernels."""
-        if self.flags.kernel_fusion_level <= 0 or not ex.units:
-            return set()
-        consumed: set[str] = set()
-        for config in ex.configs:
-            if config.key not in substituted:
-                continue
-            for members in ex.nodes.get(config.key, []):
-                consumed.update(m for m in members[1:] if m in ex.units)
-                consumed.add(f"{members[0]}/bias")
-        parent = {u: u for u in ex.units - consumed}
-
-        def root(u: str) -> str:
-            while parent[u] != u:
-                parent[u] = parent[parent[u]]
-                u = parent[u]
-            return u
-
-        for a, b in ex.links:
-            if a in parent and b in parent:
-                parent[root(a)] = root(b)
-        size: dict[str, int] = defaultdict(int)
-        for u in parent:
-            size[root(u)] += 1
-        return {u for u in parent if size[root(u)] > 1}
+        """Element-wise nodes in NNFusion's own ElementWiseFused kernels, the patterns the DB serves substituted."""
+        patterns = [members for config in ex.configs if config.key in substituted
+                    for members in ex.nodes.get(config.key, [])]
+        return ex.fused_units(self.flags.kernel_fusion_level, patterns)
 
     def _fusion_reason(self, kernels: int) -> str:
         text = (f"NNFusion fuses it with its element-wise neighbours into one kernel of its own "

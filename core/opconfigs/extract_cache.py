@@ -19,29 +19,31 @@ from typing import Any
 
 from core.db.state import state_dir
 from core.kernels import ops, opsig
-from core.opconfigs import nnfusion_import, onnx_extract, opconfig
+from core.opconfigs import fusion, nnfusion_import, onnx_extract, opconfig
+from core.opconfigs.fusion import GraphNode
 from core.opconfigs.nnfusion_import import Blocker
-from core.opconfigs.onnx_extract import Extraction, Note, Unmapped, extract
+from core.opconfigs.onnx_extract import Extraction, LookupFlags, Note, Unmapped, extract
 from core.opconfigs.opconfig import OpConfig
 
-FORMAT_VERSION = b"3"  # 2: the fusion graph (units, links); 3: the nodes NNFusion cannot compile
+FORMAT_VERSION = b"4"  # 3: the nodes NNFusion cannot compile; 4: the compiler-graph model and the flags
 
 
-def extract_cached(path: Path) -> Extraction:
-    """extract(path), or what it gave for the same bytes, code and onnx before."""
+def extract_cached(path: Path, flags: LookupFlags | None = None) -> Extraction:
+    """extract(path, flags), or what it gave for the same bytes, flags, code and onnx before."""
     try:
         model = path.read_bytes()
     except OSError:
-        return extract(path)  # which says what is wrong with the path
+        return extract(path, flags)  # which says what is wrong with the path
     h = hashlib.sha256(FORMAT_VERSION)
-    code = (onnx_extract, nnfusion_import, opconfig, ops, opsig)
-    for part in (model, *(Path(m.__file__ or "").read_bytes() for m in code),
+    flag_text = f"{flags.kernel_fusion_level}:{flags.pattern_substitution}" if flags is not None else "defaults"
+    code = (onnx_extract, fusion, nnfusion_import, opconfig, ops, opsig)
+    for part in (model, flag_text.encode(), *(Path(m.__file__ or "").read_bytes() for m in code),
                  _onnx_install()):
         h.update(hashlib.sha256(part).digest())
     entry = state_dir() / "extractions" / f"{h.hexdigest()[:32]}.json"
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):  # none yet, or not one of ours
         return _from_json(json.loads(entry.read_text(encoding="utf-8")))
-    extraction = extract(path)
+    extraction = extract(path, flags)
     tmp = entry.with_name(entry.name + ".tmp")
     with contextlib.suppress(OSError):
         entry.parent.mkdir(parents=True, exist_ok=True)
@@ -62,7 +64,8 @@ def _to_json(e: Extraction) -> dict[str, Any]:
     return {"model_name": e.model_name, "node_count": e.node_count, "configs": [asdict(c) for c in e.configs],
             "nodes": e.nodes, "unmapped": [list(u) for u in e.unmapped], "notes": [list(n) for n in e.notes],
             "blockers": [list(b) for b in e.blockers],
-            "units": sorted(e.units), "links": [list(link) for link in e.links]}
+            "graph": [asdict(n) for n in e.graph], "outputs": list(e.outputs),
+            "kernel_fusion_level": e.kernel_fusion_level, "pattern_substitution": e.pattern_substitution}
 
 
 def _from_json(d: dict[str, Any]) -> Extraction:
@@ -75,4 +78,5 @@ def _from_json(d: dict[str, Any]) -> Extraction:
                       {key: [tuple(m) for m in members] for key, members in d["nodes"].items()},
                       [Unmapped(*u) for u in d["unmapped"]], [Note(*n) for n in d["notes"]],
                       [Blocker(*b) for b in d["blockers"]],
-                      frozenset(d["units"]), tuple(tuple(link) for link in d["links"]))
+                      tuple(GraphNode(**{**n, "inputs": tuple(n["inputs"])}) for n in d["graph"]), tuple(d["outputs"]),
+                      d["kernel_fusion_level"], d["pattern_substitution"])

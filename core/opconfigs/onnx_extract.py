@@ -4,14 +4,15 @@ Shapes come from ONNX shape inference (plus what the model declares and its init
 top-level node ends up in an op config (named in its `source`) or in `unmapped` with the reason.
 The mapping follows NNFusion's ONNX importer and its pattern-substitution pass:
 
-- Conv (NCHW, group=1) -> Convolution. pads [begins.., ends..] -> padding_below_diff = begins, with
-  padding_above_diff = ends when they differ; auto_pad SAME_* / VALID is resolved from the shapes.
-  (NNFusion's importer swaps the two halves of `pads`; for the usual symmetric pads that is moot.)
-- Conv with group > 1 -> a Convolution op config with `groups`: NNFusion has no kernel-DB op type
-  for it (it emits DepthwiseConv2dNative, or one Convolution per group), so coverage reports it
-  as falling back.
-- Conv with a bias input: NNFusion emits Convolution -> Add(Broadcast(bias)). That broadcast add is
-  reported unmapped, unless a Relu follows: the chain is then Conv+Add+Relu and fuses (below).
+- Conv (NCHW, group=1) -> Convolution. Symmetric pads -> padding_below_diff. Asymmetric pads: NNFusion
+  pads the input with a Pad node and looks up a convolution of the padded input without padding (its
+  importer swaps the two halves of `pads`, so the padding lands on the wrong sides: a note says so).
+  auto_pad other than NOTSET makes NNFusion's importer abort: unmapped, with that reason.
+- Conv with group > 1 is no op config (unmapped): a depthwise one (group = channels) NNFusion runs as
+  DepthwiseConv2dNative with a kernel of its own, which main's kernel DB has no op type for; on any other
+  group count (ResNeXt's 32) NNFusion's importer aborts (a CHECK that fails for every group count).
+- Conv with a bias input: NNFusion emits Convolution -> Add(Broadcast(bias)); the Add is a full-shape Add
+  ("<conv>/bias"), unless a Relu follows: the chain is then Conv+Add+Relu and fuses (below).
 - Fusion, as NNFusion's pattern substitution matches it (op types along single out-edges; a graph
   output is an out-edge too): Conv -> Add -> Relu gives Fused_Convolution_Add_Relu when the conv's
   only consumer is the Add and the Add's only consumer is the Relu (the Add's other input is the
@@ -21,20 +22,25 @@ The mapping follows NNFusion's ONNX importer and its pattern-substitution pass:
   and with the conv there the compiler crashes (segfault). So a conv feeding an Add's second input stays
   a Convolution, and so does every conv of its shapes: the compiler would substitute the pattern there
   too (ResNet-50's first block: conv3 and the shortcut conv have one shape, the shortcut comes second).
-  (The compiler substitutes only when the DB holds the fused kernel; coverage says what happens
-  otherwise.)
-- Gemm -> Dot with transA/transB on the stored shapes of A and B. The C add is reported unmapped when
-  C is broadcast (the usual bias) or scaled (beta != 1); a full-shape C with beta = 1 is a plain Add.
-  alpha != 1 is a separate Multiply in NNFusion and is reported unmapped; A and B must be 2-D (ONNX).
+  With -fpattern_substitution=false nothing fuses. (The compiler substitutes only when the DB holds
+  the fused kernel; coverage says what happens otherwise.)
+- Gemm -> Dot with transA/transB on the stored shapes of A and B (2-D, as ONNX has them), then the
+  element-wise ops NNFusion puts after it: a Multiply by alpha ("<gemm>/alpha", when not 1), a Multiply
+  of C by beta ("<gemm>/beta"), and the Add of C broadcast to the output ("<gemm>/bias", a full-shape Add).
   MatMul whose left input has rank >= 2 and right input rank 2 -> Dot (the left input's leading axes are
   rows: a BERT dense layer [1,128,768] x [768,768]); any other MatMul (a 1-D input, a right input of rank
   > 2) becomes BatchMatMul in NNFusion and is unmapped.
 - MaxPool / AveragePool -> MaxPool / AvgPool (ceil_mode only when it does not change the shape; no
   dilations); an AvgPool over padding gets a note, since the identifier does not say whether the
   padding counts. GlobalAveragePool / GlobalMaxPool -> a pool whose window is the spatial size.
-- Element-wise ops NNFusion knows (Mul -> Multiply, Max -> Maximum, ...) with every input of the
-  output's shape and one element type -> that op; broadcasting ones are unmapped (NNFusion puts a
-  Broadcast node, which has no kernel-DB op type, in front of them).
+- Element-wise ops NNFusion knows (Mul -> Multiply, Max -> Maximum, ...) of one element type -> that op
+  with every input of the output's shape (NNFusion reshapes and broadcasts a smaller input first). Clip
+  -> Maximum ("<clip>/max") and Minimum; ReduceMean -> a Sum (unmapped) and a Divide of the reduced
+  shape ("<node>/mean"). Comparisons, logical ops and Where are unmapped: no row can serve them.
+- Which element-wise ops the compiler looks up depends on -fkernel_fusion_level: its kernel fusion,
+  replayed on a model of the compiler's graph (`graph`, core/opconfigs/fusion.py), puts most of them
+  into kernels of its own. `configs` holds every op; `looked_up()` those the compiler fetches at the
+  flags given to extract() once the DB holds them, which is what is written and generated.
 - Everything else (layout/shape ops, Softmax, BatchNormalization, ...) is unmapped with its reason,
   as is any node whose shapes are unknown or dynamic, or whose element type is not float, half or
   double.
@@ -46,12 +52,24 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from core.errors import InputError
-from core.kernels.ops import ELEMENTWISE_ARITY
+from core.kernels.ops import ELEMENTWISE_ARITY, ELEMENTWISE_NO_ROW, FUSED_OP_TYPES
+from core.opconfigs.fusion import (
+    BROADCAST,
+    ELEMENTWISE,
+    OTHER,
+    RESHAPE,
+    SOURCE,
+    GraphNode,
+    broadcast_fusible,
+    fused_nodes,
+    substitute,
+)
 from core.opconfigs.nnfusion_import import Blocker, import_blockers
 from core.opconfigs.opconfig import OpConfig, dedupe, validate
 
@@ -63,6 +81,10 @@ ONNX_ELEMENTWISE: dict[str, str] = {
     "Ceil": "Ceiling", "Floor": "Floor", "Sin": "Sin", "Cos": "Cos", "Tan": "Tan", "Asin": "Asin",
     "Acos": "Acos", "Atan": "Atan", "Sinh": "Sinh", "Cosh": "Cosh", "Sign": "Sign", "Gelu": "Gelu",
 }  # fmt: skip
+
+# ONNX ops NNFusion imports as element-wise ops of its map that no kernel-DB row can serve.
+ONNX_NO_ROW = {"Equal": "Equal", "Greater": "Greater", "Less": "Less", "Not": "Not", "And": "And", "Or": "Or",
+               "Where": "Select"}
 
 LAYOUT_OPS = frozenset([
     "Flatten", "Reshape", "Identity", "Transpose", "Squeeze", "Unsqueeze", "Concat", "Split", "Slice",
@@ -98,28 +120,57 @@ class Extraction:
     notes: list[Note] = field(default_factory=list)
     # nodes NNFusion cannot compile whatever the DB holds (core/opconfigs/nnfusion_import.py)
     blockers: list[Blocker] = field(default_factory=list)
-    # NNFusion's element-wise fusion works on its own graph: every element-wise node, non-transposing reshape and
-    # the bias Add it puts after a Conv/Gemm with a bias ("<node>/bias") is a unit; links join a unit to the
-    # units that read its output. (See core/nnfusion/coverage.py for what the compiler does with them.)
-    units: frozenset[str] = frozenset()
-    links: tuple[tuple[str, str], ...] = ()
+    # A model of the compiler's own graph (core/opconfigs/fusion.py): which element-wise nodes its kernel fusion
+    # leaves alone. Each element-wise op config's occurrence names its node first in `nodes`.
+    graph: tuple[GraphNode, ...] = ()
+    outputs: tuple[str, ...] = ()
+    # The compiler flags the extraction was made for (what `looked_up` answers for).
+    kernel_fusion_level: int = 3
+    pattern_substitution: bool = True
 
     def count(self, config: OpConfig) -> int:
         return len(self.nodes.get(config.key, ()))
 
+    @property
+    def units(self) -> frozenset[str]:
+        """The graph's element-wise nodes (those kernel fusion may take)."""
+        return frozenset(n.name for n in self.graph if n.kind == ELEMENTWISE)
+
     def unit_of(self, config: OpConfig, members: tuple[str, ...]) -> str | None:
-        """The fusion unit of one occurrence of an element-wise config (a Gemm's bias Add is its node's /bias)."""
-        if not members:
-            return None
-        node = members[0]
-        return node if node in self.units else (f"{node}/bias" if f"{node}/bias" in self.units else None)
+        """The element-wise graph node of one occurrence of a config (None: not an element-wise node)."""
+        return members[0] if members and members[0] in self.units else None
+
+    def fused_units(self, level: int, substituted: Iterable[tuple[str, ...]]) -> set[str]:
+        """Element-wise nodes NNFusion fuses into its own kernels at this level, with these patterns (each
+        occurrence's nodes, the convolution first) substituted."""
+        units = self.units
+        patterns = [(m[0], *([f"{m[0]}/bias"] if f"{m[0]}/bias" in units else []), *m[1:]) for m in substituted]
+        return fused_nodes(substitute(list(self.graph), patterns), list(self.outputs), level)
+
+    def fused_away(self) -> dict[str, int]:
+        """config.key -> occurrences fused away at the extraction's flags, its fused convolutions substituted
+        (as they are once the DB holds the configs' kernels)."""
+        substituted = [m for c in self.configs if c.op_type in FUSED_OP_TYPES and self.pattern_substitution
+                       for m in self.nodes.get(c.key, [])]
+        fused = self.fused_units(self.kernel_fusion_level, substituted)
+        away = {c.key: sum(1 for m in self.nodes.get(c.key, []) if self.unit_of(c, m) in fused) for c in self.configs}
+        return {k: n for k, n in away.items() if n}
+
+    def looked_up(self) -> list[OpConfig]:
+        """The op configs the compiler looks up at the extraction's flags once the DB holds them: what to write."""
+        away = self.fused_away()
+        return [c for c in self.configs if away.get(c.key, 0) < self.count(c)]
 
     def to_dict(self) -> dict[str, Any]:
+        away = self.fused_away()
         return {
             "model": self.model_name,
             "nodes": self.node_count,
+            "flags": {"kernel_fusion_level": self.kernel_fusion_level,
+                      "pattern_substitution": self.pattern_substitution},
             "configs": [{"config": c.to_dict(), "description": c.describe(), "count": self.count(c),
-                         "nodes": ["+".join(n) for n in self.nodes[c.key]]} for c in self.configs],
+                         "fused_away": away.get(c.key, 0), "nodes": ["+".join(n) for n in self.nodes[c.key]]}
+                        for c in self.configs],
             "unmapped": [u._asdict() for u in self.unmapped],
             "notes": [n._asdict() for n in self.notes],
             "blockers": [b._asdict() for b in self.blockers],
@@ -134,19 +185,35 @@ class _NotMapped(Exception):
         self.reason = reason
 
 
-def extract(path: Path | str) -> Extraction:
-    """The op configs of the model at `path`; InputError when it is not a readable ONNX model."""
+class LookupFlags(Protocol):
+    """The compiler flags that decide what it looks up (core/nnfusion/compiler.py's CompilerFlags has them)."""
+
+    kernel_fusion_level: int
+    pattern_substitution: bool
+
+
+def extract(path: Path | str, flags: LookupFlags | None = None) -> Extraction:
+    """The op configs of the model at `path` for these compiler flags (NNFusion's defaults unless given);
+    InputError when it is not a readable ONNX model."""
     path = Path(path)
+    level = flags.kernel_fusion_level if flags is not None else 3
+    substitution = flags.pattern_substitution if flags is not None else True
     model = _load(path)
     graph = model.graph
-    extractor = _Extractor(graph)
+    extractor = _Extractor(graph, substitution)
     extractor.run()
     nodes: dict[str, list[tuple[str, ...]]] = defaultdict(list)
     for config, members in extractor.ops:
         nodes[config.key].append(members)
-    units, links = extractor.fusion_graph()
+    model_graph, outputs = _CompilerGraph(extractor).build()
+    notes = list(extractor.notes)
+    if level in (1, 2):
+        notes.append(Note("(model)", f"-fkernel_fusion_level={level} groups element-wise nodes by the compiler's "
+                          "schedule, connected or not; kdb replays that schedule on its model of the graph, which the "
+                          "real compiler was checked against at levels 0 and 3 only"))
     return Extraction(graph.name or path.stem, len(graph.node), dedupe(c for c, _ in extractor.ops), dict(nodes),
-                      extractor.unmapped, extractor.notes, import_blockers(model), units, links)
+                      extractor.unmapped, notes, import_blockers(model), tuple(model_graph), tuple(outputs), level,
+                      substitution)
 
 
 def _load(path: Path) -> Any:
@@ -256,8 +323,35 @@ def _pads(attrs: dict[str, Any], size: list[int], out: list[int], window: list[i
     return pads[:spatial], pads[spatial:]
 
 
+def reduce_mean_shape(shape: list[int] | None, attrs: dict[str, Any]) -> list[int] | None:
+    """The shape of the Sum NNFusion's ReduceMean makes (the reduced axes dropped: keepdims is a Reshape after)."""
+    if shape is None:
+        return None
+    axes = {a % len(shape) for a in attrs.get("axes", range(len(shape)))} if shape else set()
+    return [d for a, d in enumerate(shape) if a not in axes]
+
+
+def grouped_conv_reason(groups: int, channels: int, filters: int, padding_ok: bool = True) -> tuple[str, bool]:
+    """Why a grouped convolution is never a kernel-DB lookup (what NNFusion does with it instead), and whether the
+    compiler gets past it at all. `padding_ok`: SAME or VALID padding, the only kinds DepthwiseConv2dNative takes."""
+    if groups != channels:
+        return (f"grouped convolution (group={groups}, not depthwise): NNFusion's ONNX importer aborts on it (its "
+                "CHECK 'n_filters_channels & groups == 0' in frontend/onnx_import/op/conv.cpp fails for every group "
+                "count: & binds after ==), so the model does not compile", False)
+    if filters != groups:
+        return (f"depthwise convolution with {filters} filters for {groups} channels: NNFusion's ONNX importer aborts "
+                "on it (DepthwiseConv2dNative takes a depth multiplier of 1 only)", False)
+    if not padding_ok:
+        return ("depthwise convolution whose padding is neither SAME nor VALID: NNFusion's ONNX importer aborts on it "
+                "(DepthwiseConv2dNative takes those two only)", False)
+    return (f"depthwise convolution (group={groups}): NNFusion runs it as DepthwiseConv2dNative, with a kernel of its "
+            "own; the kernel DB of NNFusion's main branch has no op type for it, so no row can serve it", True)
+
+
 class _Extractor:
-    def __init__(self, graph: Any) -> None:
+    def __init__(self, graph: Any, substitution: bool = True) -> None:
+        self.graph = graph
+        self.substitution = substitution  # the compiler's pattern substitution (-fpattern_substitution)
         self.nodes = list(graph.node)
         self.names = [n.name or f"{n.op_type}#{i}" for i, n in enumerate(self.nodes)]
         self.t = _Tensors(graph)
@@ -283,27 +377,6 @@ class _Extractor:
             except _NotMapped as exc:
                 self.unmapped.append(Unmapped(self.names[i], node.op_type, exc.reason))
 
-    def fusion_graph(self) -> tuple[frozenset[str], tuple[tuple[str, ...], ...]]:
-        """The units of NNFusion's element-wise fusion and their links (see Extraction.units)."""
-        out_unit: dict[int, str] = {}
-        units: set[str] = set()
-        for i, node in enumerate(self.nodes):
-            if node.op_type in ONNX_ELEMENTWISE or node.op_type in RESHAPES:
-                out_unit[i] = self.names[i]
-            elif node.op_type in ("Conv", "Gemm") and len(node.input) > 2 and node.input[2] \
-                    and float(_attrs(node).get("beta", 1.0)) != 0:
-                out_unit[i] = f"{self.names[i]}/bias"  # NNFusion's Add after the Convolution / Dot
-        units.update(out_unit.values())
-        links: set[tuple[str, str]] = set()
-        for i, node in enumerate(self.nodes):
-            if i not in out_unit:
-                continue
-            for tensor in node.output:
-                for j in self.users.get(tensor, []):
-                    if self.nodes[j].op_type in ONNX_ELEMENTWISE or self.nodes[j].op_type in RESHAPES:
-                        links.add((out_unit[i], self.names[j]))
-        return frozenset(units), tuple(sorted(links))
-
     def _map(self, i: int, node: Any) -> None:
         op = node.op_type
         if node.domain not in ("", "ai.onnx"):
@@ -320,6 +393,12 @@ class _Extractor:
             self._global_pool(i, node)
         elif op in ONNX_ELEMENTWISE:
             self._elementwise(i, node)
+        elif op == "Clip":
+            self._clip(i, node)
+        elif op == "ReduceMean":
+            self._reduce_mean(i, node)
+        elif op in ONNX_NO_ROW:
+            raise _NotMapped(f"NNFusion's {ONNX_NO_ROW[op]}: {ELEMENTWISE_NO_ROW[ONNX_NO_ROW[op]]}")
         elif op in LAYOUT_OPS:
             raise _NotMapped("layout/shape op: no kernel-DB op type")
         elif op in CONTROL_FLOW:
@@ -393,23 +472,40 @@ class _Extractor:
         if spatial < 1 or len(ws) != len(xs) or len(ys) != len(xs):
             raise _NotMapped(f"input {xs}, filter {ws}: not an N,C,spatial.. convolution")
         attrs = _attrs(node)
+        if attrs.get("auto_pad", "NOTSET") != "NOTSET":
+            raise _NotMapped(f"auto_pad={attrs['auto_pad']}: NNFusion's ONNX importer aborts on it (a blocker): "
+                             "nothing is looked up")
         strides = list(attrs.get("strides", [1] * spatial))
         dilations = list(attrs.get("dilations", [1] * spatial))
         window = [d * (k - 1) + 1 for k, d in zip(ws[2:], dilations, strict=True)]
         below, above = _pads(attrs, xs[2:], ys[2:], window, strides)
+        groups = int(attrs.get("group", 1))
+        if groups != 1:
+            reason, compiles = self._grouped_conv(i, ws, groups, below, xs[1])
+            if bias and compiles:
+                self._emit_elementwise("Add", [ys, ys], ys, dtype, f"{self.names[i]}/bias")
+            raise _NotMapped(reason)
+        if above != below:
+            # The importer pads the input with a Pad node and convolves without padding.
+            self.notes.append(Note(self.names[i], f"pads {below} before and {above} after differ: NNFusion pads the "
+                                   "input with a Pad node (no kernel-DB op type) and looks up a convolution of the "
+                                   "padded input without padding (its importer swaps the two halves of `pads`, so the "
+                                   "padded input is shifted against ONNX's)"))
+            xs = [*xs[:2], *(n + b + a for n, b, a in zip(xs[2:], below, above, strict=True))]
+            below = [0] * spatial
         params: dict[str, Any] = {
             "input_shape": xs, "filter_shape": ws, "output_shape": ys, "window_movement_strides": strides,
             "window_dilation_strides": dilations, "padding_below_diff": below,
         }
-        if above != below:
-            params["padding_above_diff"] = above
-        groups = int(attrs.get("group", 1))
-        op_type, members = self._fuse(i, ys, dtype, bool(bias)) if groups == 1 else ("Convolution", [i])
-        self._emit(OpConfig(op_type, params, groups, dtype, source="+".join(self.names[m] for m in members)), members)
-        if bias and op_type == "Convolution":
-            self.unmapped.append(Unmapped(
-                self.names[i], "Conv", f"bias add: the {self.t.known_shape(bias)} bias is broadcast over {ys} "
-                "(NNFusion adds Broadcast + Add after the Convolution; a broadcast has no kernel-DB op type)"))
+        op_type, members = self._fuse(i, ys, dtype, bool(bias)) if self.substitution else ("Convolution", [i])
+        self._emit(OpConfig(op_type, params, 1, dtype, source="+".join(self.names[m] for m in members)), members)
+        if bias and op_type == "Convolution":  # NNFusion's bias Add (after a Broadcast of the bias), not fused
+            self._emit_elementwise("Add", [ys, ys], ys, dtype, f"{self.names[i]}/bias")
+
+    def _grouped_conv(self, i: int, ws: list[int], groups: int, below: list[int], channels: int) -> tuple[str, bool]:
+        dilations = _attrs(self.nodes[i]).get("dilations", [1] * len(below))
+        same = all(2 * b == d * (k - 1) for b, d, k in zip(below, dilations, ws[2:], strict=True))
+        return grouped_conv_reason(groups, channels, ws[0], same or not any(below))
 
     def _fuse(self, i: int, out: list[int], dtype: str, has_bias: bool) -> tuple[str, list[int]]:
         """NNFusion's Conv+Add+Relu, then Conv+Relu pattern: the op type and the nodes it consumes."""
@@ -474,20 +570,29 @@ class _Extractor:
         params = {"arg0_shape": a_shape, "arg1_shape": b_shape, "out_shape": out,
                   "transpose_A": bool(attrs.get("transA", 0)), "transpose_B": bool(attrs.get("transB", 0))}
         self._emit(OpConfig("Dot", params, 1, dtype, source=self.names[i]), [i])
+        self._gemm_elementwise(i, out, self.t.known_shape(c) if c else None, alpha, beta, dtype)
+
+    def _gemm_elementwise(self, i: int, out: list[int], c_shape: list[int] | None, alpha: float, beta: float,
+                          dtype: str) -> None:
+        """The element-wise nodes NNFusion's Gemm puts after its Dot: x alpha, C x beta, + C (broadcast first)."""
+        name = self.names[i]
         if alpha != 1:
-            self.unmapped.append(Unmapped(self.names[i], "Gemm", f"alpha={alpha:g}: NNFusion scales the Dot's result "
-                                          "in a separate Multiply by a constant"))
-        if not c or beta == 0:
+            self._emit_elementwise("Multiply", [out, out], out, dtype, f"{name}/alpha")
+        if c_shape is None or beta == 0:
             return
-        c_shape = self.t.known_shape(c)
-        if c_shape == out and beta == 1:
-            self._emit(OpConfig("Add", {"input_shapes": [out, out], "output_shape": out}, 1, dtype,
-                                source=self.names[i]), [i])
-        else:
-            how = f"scaled by beta={beta:g} and " if beta != 1 else ""
-            self.unmapped.append(Unmapped(self.names[i], "Gemm", f"bias add: C {c_shape} is {how}broadcast over {out} "
-                                          "(NNFusion adds Broadcast + Add after the Dot; a broadcast has no kernel-DB "
-                                          "op type)"))
+        if beta != 1:
+            self._emit_elementwise("Multiply", [c_shape, c_shape], c_shape, dtype, f"{name}/beta")
+        self._emit_elementwise("Add", [out, out], out, dtype, f"{name}/bias")
+
+    def _emit_elementwise(self, op_type: str, shapes: list[list[int]], out: list[int], dtype: str, unit: str) -> None:
+        """An element-wise node NNFusion adds itself (named `unit` in its graph model)."""
+        config = OpConfig(op_type, {"input_shapes": shapes, "output_shape": out}, 1, dtype, source=unit)
+        try:
+            validate(config)
+        except InputError as exc:
+            self.unmapped.append(Unmapped(unit, op_type, f"invalid op config: {exc.reason}"))
+            return
+        self.ops.append((config, (unit,)))
 
     def _matmul(self, i: int, node: Any) -> None:
         # NNFusion's importer (matmul.cpp) makes a Dot when the left operand has rank >= 2 and the right rank 2
@@ -553,14 +658,34 @@ class _Extractor:
         arity = ELEMENTWISE_ARITY[op_type]
         if len(inputs) != arity:
             raise _NotMapped(f"{len(inputs)} inputs: NNFusion's {op_type} takes {arity}")
-        shapes = [self.t.shape(n) for n in inputs]
+        for n in inputs:
+            self.t.shape(n)  # known and static, or not mapped
         out = self.t.shape(node.output[0])
-        if any(s != out for s in shapes):
-            raise _NotMapped(f"broadcast: inputs {' and '.join(map(str, shapes))} -> {out} (NNFusion puts a Broadcast "
-                             "node, which has no kernel-DB op type, in front)")
         dtype = self.t.dtype([*inputs, node.output[0]])
-        self._emit(OpConfig(op_type, {"input_shapes": shapes, "output_shape": out}, 1, dtype, source=self.names[i]),
-                   [i])
+        # An input of another shape is reshaped and broadcast to the output's first (nodes of no kernel-DB op type):
+        # the op itself is looked up with every input of the output's shape.
+        self._emit(OpConfig(op_type, {"input_shapes": [out] * arity, "output_shape": out}, 1, dtype,
+                            source=self.names[i]), [i])
+
+    def _reduce_mean(self, i: int, node: Any) -> None:
+        """NNFusion's ReduceMean: a Sum (no kernel-DB op type on main), then a Divide by the count, looked up with
+        the reduced shape."""
+        x, y = node.input[0], node.output[0]
+        reduced = reduce_mean_shape(self.t.shape(x), _attrs(node))
+        dtype = self.t.dtype([x, y])
+        if reduced is not None:
+            self._emit_elementwise("Divide", [reduced, reduced], reduced, dtype, f"{self.names[i]}/mean")
+        raise _NotMapped("its Sum is a reduction, which the kernel DB of NNFusion's main branch has no op type for "
+                         "(the Divide by the count that follows it is an op config of its own)")
+
+    def _clip(self, i: int, node: Any) -> None:
+        """NNFusion's Clip: Maximum(x, min) then Minimum(max, that), each bound a broadcast scalar."""
+        x, y = node.input[0], node.output[0]
+        out = self.t.shape(y)
+        dtype = self.t.dtype([x, y])
+        self.done.add(i)
+        self._emit_elementwise("Maximum", [out, out], out, dtype, f"{self.names[i]}/max")
+        self._emit_elementwise("Minimum", [out, out], out, dtype, self.names[i])
 
 
 def _broadcasts_to(shape: list[int], target: list[int]) -> bool:
@@ -568,3 +693,159 @@ def _broadcasts_to(shape: list[int], target: list[int]) -> bool:
     if len(shape) > len(target):
         return False
     return all(s in (1, t) for s, t in zip(reversed(shape), reversed(target), strict=False))
+
+
+class _CompilerGraph:
+    """A model of the graph NNFusion's ONNX importer builds (the nodes kernel fusion tells apart, named after the
+    ONNX nodes: "<node>/bias" is the Add after a Conv or Gemm, "<clip>/max" the Maximum of a Clip), for
+    core/opconfigs/fusion.py. Node order follows the importer's; shapes the extractor's."""
+
+    def __init__(self, ex: _Extractor) -> None:
+        self.ex = ex
+        self.nodes: list[GraphNode] = []
+        self.producer: dict[str, str] = {}  # tensor -> graph node
+
+    def build(self) -> tuple[list[GraphNode], list[str]]:
+        ex = self.ex
+        for tensor in (*(vi.name for vi in ex.graph.input), *ex.t.initializers):
+            if tensor not in self.producer:
+                self._add(GraphNode(tensor, SOURCE), [tensor])
+        for i, node in enumerate(ex.nodes):
+            self._node(ex.names[i], node)
+        outputs = []
+        for o in ex.graph.output:
+            if o.name in self.producer:
+                outputs.append(f"{o.name}/result")
+                self._add(GraphNode(outputs[-1], OTHER, inputs=(self.producer[o.name],)), [])
+        return self.nodes, outputs
+
+    def _add(self, node: GraphNode, tensors: list[str]) -> str:
+        self.nodes.append(node)
+        for t in tensors:
+            self.producer[t] = node.name
+        return node.name
+
+    def _size(self, shape: list[int] | None) -> int:
+        return math.prod(shape) if shape is not None else 0
+
+    def _input(self, tensor: str) -> str | None:
+        return self.producer.get(tensor)
+
+    def _broadcast_to(self, source: str, shape: list[int] | None, out: list[int] | None, name: str) -> str:
+        """NNFusion's numpy-style broadcast of one operand: a Reshape dropping its broadcast dims of 1 (when it
+        has any), then a Broadcast to the output's shape."""
+        if shape is None or out is None or shape == out:
+            return source
+        rank = len(out)
+        padded = [1] * (rank - len(shape)) + shape
+        axes = [a for a in range(rank) if padded[a] == 1 and out[a] != 1]
+        kept = [d for a, d in enumerate(padded) if a not in axes]
+        if kept != shape:
+            source = self._add(GraphNode(f"{name}/reshape", RESHAPE, self._size(kept), (source,)), [])
+        if not axes:  # only dims of 1 were missing: the Reshape alone makes the shape
+            return source
+        return self._add(GraphNode(f"{name}/broadcast", BROADCAST, self._size(out), (source,),
+                                   broadcast_fusible(out, axes)), [])
+
+    def _node(self, name: str, node: Any) -> None:
+        ex, op = self.ex, node.op_type
+        inputs = [self._input(t) for t in node.input if t]
+        known = [i for i in inputs if i is not None]
+        outs = [o for o in node.output if o]
+        out_shape = ex.t.known_shape(outs[0]) if outs else None
+        if op == "Constant":
+            self._add(GraphNode(name, SOURCE), outs)
+        elif op in ("Identity", "Dropout") and known:
+            self.producer[outs[0]] = known[0]  # no node of its own in an inference graph
+        elif op == "Conv" and len(known) == len([t for t in node.input if t]) >= 2:
+            self._conv(name, node, known, out_shape)
+        elif op == "Gemm" and len(known) == len([t for t in node.input if t]) >= 2:
+            self._gemm(name, node, known, out_shape)
+        elif op == "Clip" and known:
+            self._clip(name, node, out_shape, outs)
+        elif op in ONNX_ELEMENTWISE and len(known) == len(node.input):
+            operands = tuple(self._broadcast_to(src, ex.t.known_shape(t), out_shape, f"{name}/{k}")
+                             for k, (src, t) in enumerate(zip(known, node.input, strict=True)))
+            self._add(GraphNode(name, ELEMENTWISE, self._size(out_shape), operands), outs)
+        elif op == "MatMul" and len(known) == 2:
+            self._matmul(name, node, known, out_shape)
+        elif op == "ReduceMean" and known:
+            self._reduce_mean(name, node, known[0], out_shape)
+        elif op in RESHAPES and known:
+            self._add(GraphNode(name, RESHAPE, self._size(out_shape), (known[0],)), outs)
+        else:  # one node of no interest to kernel fusion (Softmax among them: the pass keeps it out by name)
+            self._add(GraphNode(name, OTHER, self._size(out_shape), tuple(known)), outs)
+
+    def _clip(self, name: str, node: Any, out: list[int] | None, outs: list[str]) -> None:
+        """Maximum(x, min) then Minimum(max, that), each bound (an input, else a constant) broadcast first."""
+        bounds = []
+        for slot, kind in ((1, "min"), (2, "max")):
+            given = self._input(node.input[slot]) if len(node.input) > slot and node.input[slot] else None
+            bound = given or self._add(GraphNode(f"{name}/{kind}_value", SOURCE), [])
+            bounds.append(self._add(GraphNode(f"{name}/{kind}_broadcast", BROADCAST, self._size(out), (bound,), True),
+                                    []))
+        data = self._input(node.input[0]) or ""
+        low = self._add(GraphNode(f"{name}/max", ELEMENTWISE, self._size(out), (data, bounds[0])), [])
+        self._add(GraphNode(name, ELEMENTWISE, self._size(out), (bounds[1], low)), outs)
+
+    def _conv(self, name: str, node: Any, known: list[str], out: list[int] | None) -> None:
+        attrs = _attrs(node)
+        data, weight = known[0], known[1]
+        groups = int(attrs.get("group", 1))
+        pads = list(attrs.get("pads", []))
+        if groups == 1 and pads[:len(pads) // 2] != pads[len(pads) // 2:]:
+            value = self._add(GraphNode(f"{name}/pad_value", SOURCE), [])
+            data = self._add(GraphNode(f"{name}/pad", OTHER, inputs=(data, value)), [])
+        elif groups != 1:  # depthwise: its filter transposed first
+            weight = self._add(GraphNode(f"{name}/filter", OTHER, inputs=(weight,)), [])
+        conv = self._add(GraphNode(name, OTHER, self._size(out), (data, weight)), [])
+        if len(known) > 2 and len(node.input) > 2 and node.input[2]:
+            rank = len(out) if out is not None else 0
+            bias = self._add(GraphNode(f"{name}/bias_broadcast", BROADCAST, self._size(out), (known[2],),
+                                       out is not None and broadcast_fusible(out, [0, *range(2, rank)])), [])
+            conv = self._add(GraphNode(f"{name}/bias", ELEMENTWISE, self._size(out), (conv, bias)), [])
+        self.producer[node.output[0]] = conv
+
+    def _matmul(self, name: str, node: Any, known: list[str], out: list[int] | None) -> None:
+        """A Dot when the right side is a matrix and the left has rank 2 or more; else NNFusion's BatchMatMul
+        between Reshapes and Broadcasts of both sides, and a Reshape back."""
+        shapes = [self.ex.t.known_shape(t) for t in node.input[:2]]
+        if shapes[0] is None or shapes[1] is None or (len(shapes[0]) >= 2 and len(shapes[1]) == 2):
+            self._add(GraphNode(name, OTHER, self._size(out), tuple(known)), [node.output[0]])
+            return
+        sides = []
+        for k, (src, shape) in enumerate(zip(known, shapes, strict=True)):
+            sides.append(self._add(GraphNode(f"{name}/reshape{k}", RESHAPE, self._size(shape), (src,)), []))
+        for k, side in enumerate(list(sides)):
+            sides[k] = self._add(GraphNode(f"{name}/broadcast{k}", BROADCAST, 0, (side,)), [])
+        batched = self._add(GraphNode(f"{name}/batch_matmul", OTHER, self._size(out), tuple(sides)), [])
+        self._add(GraphNode(name, RESHAPE, self._size(out), (batched,)), [node.output[0]])
+
+    def _reduce_mean(self, name: str, node: Any, data: str, out: list[int] | None) -> None:
+        """Sum, then a Divide by the count (a broadcast scalar), then a Reshape when the reduced axes are kept."""
+        reduced = reduce_mean_shape(self.ex.t.known_shape(node.input[0]), _attrs(node))
+        total = self._add(GraphNode(f"{name}/sum", OTHER, self._size(reduced), (data,)), [])
+        count = self._add(GraphNode(f"{name}/count", SOURCE), [])
+        count = self._add(GraphNode(f"{name}/count/broadcast", BROADCAST, self._size(reduced), (count,), True), [])
+        mean = self._add(GraphNode(f"{name}/mean", ELEMENTWISE, self._size(reduced), (total, count)), [])
+        if _attrs(node).get("keepdims", 1):
+            self._add(GraphNode(name, RESHAPE, self._size(out), (mean,)), [node.output[0]])
+        else:
+            self.producer[node.output[0]] = mean
+
+    def _gemm(self, name: str, node: Any, known: list[str], out: list[int] | None) -> None:
+        attrs = _attrs(node)
+        alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
+        result = self._add(GraphNode(name, OTHER, self._size(out), tuple(known[:2])), [])
+        if alpha != 1:
+            value = self._add(GraphNode(f"{name}/alpha_value", SOURCE), [])
+            result = self._add(GraphNode(f"{name}/alpha", ELEMENTWISE, self._size(out), (result, value)), [])
+        if beta != 0 and len(known) > 2:
+            c_shape = self.ex.t.known_shape(node.input[2])
+            bias = known[2]
+            if beta != 1:
+                value = self._add(GraphNode(f"{name}/beta_value", SOURCE), [])
+                bias = self._add(GraphNode(f"{name}/beta", ELEMENTWISE, self._size(c_shape), (bias, value)), [])
+            bias = self._broadcast_to(bias, c_shape, out, f"{name}/c")
+            result = self._add(GraphNode(f"{name}/bias", ELEMENTWISE, self._size(out), (result, bias)), [])
+        self.producer[node.output[0]] = result
