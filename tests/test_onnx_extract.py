@@ -530,3 +530,14 @@ def test_which_broadcasts_join_an_element_wise_kernel(shape, axes, fusible):
     from core.opconfigs.fusion import broadcast_fusible
 
     assert broadcast_fusible(shape, axes) is fusible
+
+
+def test_a_graph_input_named_like_a_node_stays_apart_in_the_graph_model(model_path):
+    """unrolled_lstm's inputs h0, c0 share their names with its last nodes: the model of the compiler's graph
+    merged them once, left the cell's element-wise ops unconnected, and promised lookups the compiler never made
+    (it fuses the whole cell: tests/test_kdb_nnfusion.py)."""
+    from onnx_models import unrolled_lstm
+
+    ext = extract(model_path(unrolled_lstm(steps=1)))
+    assert {"h0", "c0"} <= {n.name for n in ext.graph if n.kind == "elementwise"}
+    assert [c.op_type for c in ext.looked_up()] == ["Dot"]

@@ -53,7 +53,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
@@ -704,12 +704,13 @@ class _CompilerGraph:
         self.ex = ex
         self.nodes: list[GraphNode] = []
         self.producer: dict[str, str] = {}  # tensor -> graph node
+        self.taken: set[str] = set()
 
     def build(self) -> tuple[list[GraphNode], list[str]]:
         ex = self.ex
         for tensor in (*(vi.name for vi in ex.graph.input), *ex.t.initializers):
             if tensor not in self.producer:
-                self._add(GraphNode(tensor, SOURCE), [tensor])
+                self._add(GraphNode(f"tensor:{tensor}", SOURCE), [tensor])  # tensors and nodes are named apart
         for i, node in enumerate(ex.nodes):
             self._node(ex.names[i], node)
         outputs = []
@@ -720,6 +721,11 @@ class _CompilerGraph:
         return self.nodes, outputs
 
     def _add(self, node: GraphNode, tensors: list[str]) -> str:
+        """Add a node (renamed "<name>#<n>" if the name is taken: a model may repeat a node name) and say which
+        tensors it produces."""
+        if node.name in self.taken:
+            node = replace(node, name=f"{node.name}#{len(self.nodes)}")
+        self.taken.add(node.name)
         self.nodes.append(node)
         for t in tensors:
             self.producer[t] = node.name
