@@ -5,6 +5,7 @@ llvm target: what a job learnt reaches the next job, a new process learns each r
 from __future__ import annotations
 
 import shutil
+from types import SimpleNamespace
 from dataclasses import replace
 from pathlib import Path
 
@@ -197,3 +198,41 @@ def test_a_model_trained_on_other_kinds_of_op_samples_a_new_kind_at_random_until
     from core.tuning.queue import _best_text
 
     assert "sampled (the cost model had 10 trials, 0 of pool ops, too few to rank)" in _best_text(pool)
+
+
+def test_a_probe_samples_at_random_even_where_the_model_can_rank_and_its_trials_teach_it(
+        tuned_root: Path, tmp_path: Path):
+    """A network's probe only weighs the budget: an evolutionary round per 16-trial probe cost the H200 20.7 s of
+    a 784 s run (issue 31). Its trials are real, count toward the op and teach the shared model."""
+    from core.tuning.run import search_legs
+
+    root = tmp_path / "root"
+    shutil.copytree(tuned_root, root)  # 6 + 4 dot trials
+    with TunePools() as pools:
+        with _no_tensor_intrinsics():
+            model = fresh_model(warmup=8)
+            pools.cost_models[str(target_for(job(SMALL, 1)))] = model
+        probe = run_tune(job(SMALL, 9, sampled=True), root, pools=pools)  # 6 on disk: 3 more
+    assert (probe.search, probe.model_family_trials, probe.new_trials, probe.trials) == ("sampled", 10, 3, 9)
+    assert model.can_rank("dot") and model.samples_of("dot") == 13  # the probe's 3 learnt
+    ranking = SimpleNamespace(warmup=100, can_rank=lambda family: True, samples_of=lambda family: 300)
+    assert search_legs(200, 64, ranking, "dot", sampled=True) == [200]
+
+
+def test_a_networks_probe_jobs_are_sampled_and_its_tuning_jobs_are_not(monkeypatch, tmp_path: Path):
+    from core.tuning import queue
+    from core.tuning.network import network_of
+
+    monkeypatch.setenv("KDB_STATE_DIR", str(tmp_path))
+    queued: dict[str, list[TuneJob]] = {}
+
+    def record_jobs(jobs: list[TuneJob], **kw) -> queue.QueueReport:
+        queued[kw.get("stage", "")] = jobs
+        return queue.QueueReport()
+
+    monkeypatch.setattr(queue, "run_queue", record_jobs)
+    conv = parse_line("cudnn_convolution_op_float|i+1_8_8_8|w+8_8_3_3|o+1_8_8_8|ws+1_1|wd+1_1|p+1_1", "conv")
+    network = network_of("two", [SMALL, conv], lambda config: 1)
+    queue.run_network(network, 64, lambda config, trials: job(config, trials), db_path=None, inject_options=None)
+    assert [j.sampled for j in queued["probe"]] == [True, True]
+    assert queued[""] and not any(j.sampled for j in queued[""])

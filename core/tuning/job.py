@@ -67,6 +67,9 @@ class TuneJob:
     runner_ups: int = 2
     transfer: bool = True  # one cost model for the process, warm-started from the root's records (costmodel.py)
     population: int | None = None  # the evolutionary search's population (None: search_population's default)
+    # every trial sampled at random, whatever the shared model could rank: a network's probe (network.py) only
+    # weighs the budget, and an evolutionary round per 16-trial probe cost 20.7 s of the H200's 784 s run (issue 31)
+    sampled: bool = False
 
     def __post_init__(self) -> None:
         if self.trials < 1:

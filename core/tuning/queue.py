@@ -344,8 +344,9 @@ def run_network(network: Network, budget: int, make_job: Callable[[Any, int], Tu
     probes = probe_trials(network.ops, budget, recorded=recorded, best=best)
     if probes:
         ops = [op for op in tuning_order(network.ops, best) if op.config.key in probes]
-        report = run_queue([make_job(op.config, probes[op.config.key]) for op in ops], db_path=None,
-                           inject_options=None, stage="probe", board=board, **callbacks)
+        # sampled at random: a probe weighs the budget, and a search round per probe cost more than its trials
+        report = run_queue([replace(make_job(op.config, probes[op.config.key]), sampled=True) for op in ops],
+                           db_path=None, inject_options=None, stage="probe", board=board, **callbacks)
         if board is not None and not board.wait_for("probe", [op.config.key for op in ops], should_cancel):
             report.cancelled = True
         recorded, best = measured()

@@ -77,14 +77,14 @@ def run_tune(job: TuneJob, root: Path, *, on_event: Callable[[TrialEvent], None]
     return result
 
 
-def search_legs(remaining: int, batch: int, model: Any | None, family: str) -> list[int]:
+def search_legs(remaining: int, batch: int, model: Any | None, family: str, *, sampled: bool = False) -> list[int]:
     """The job's trials as one search or, while the shared cost model cannot rank yet, two: whole batches
     sampled until the model holds its warm-up trials of the op's kind (`family`), then the rest evolved with
     it. A search chosen once at the start would sample the whole of each process's first op, its largest: on
     the H200 (session 8) those four ops spent 182-251 trials sampled and ended at 0.82-1.51x cuDNN, while two of
     them had fused twins of the same shape, evolved with the model, that reached 0.74-0.75x in 111-112
-    trials."""
-    if model is None or model.can_rank(family):
+    trials. A `sampled` job (a probe) is one leg, sampled whatever the model knows."""
+    if sampled or model is None or model.can_rank(family):
         return [remaining]
     sampled = min(remaining, -(-max(1, model.warmup - model.samples_of(family)) // batch) * batch)  # whole batches
     return [sampled, remaining - sampled] if sampled < remaining else [remaining]
@@ -127,20 +127,20 @@ def _tune(job: TuneJob, work_dir: Path, history: list[float | None], result: Tun
             warm_s = warm.seconds
             result.model_trials = shared.samples
             result.model_family, result.model_family_trials = family, shared.samples_of(family)
-        legs = search_legs(remaining, min(job.trials_per_batch, remaining), shared, family)
+        legs = search_legs(remaining, min(job.trials_per_batch, remaining), shared, family, sampled=job.sampled)
         searches = []
         for leg in legs:
             if stream.cancelled:
                 break
             batch = min(job.trials_per_batch, leg)
-            ranks = shared is None or shared.can_rank(family)
+            ranks = not job.sampled and (shared is None or shared.can_rank(family))
             cost_model: Any
-            if shared is None:  # MetaSchedule's own model
-                cost_model = "xgb"
-            elif ranks:
-                cost_model = shared.model
-            else:  # at random: a model trained on other kinds of op would steer the sample (costmodel.py)
+            if not ranks:  # at random: a model trained on other kinds of op would steer the sample (costmodel.py)
                 cost_model = ms.cost_model.RandomModel()
+            elif shared is None:  # MetaSchedule's own model
+                cost_model = "xgb"
+            else:
+                cost_model = shared.model
             strategy = search_strategy(ranks, batch, job.population)
             searches.append("evolutionary" if ranks else "sampled")
             stream.scheduler = ms.task_scheduler.TaskScheduler.create("gradient")
