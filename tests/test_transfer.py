@@ -5,9 +5,9 @@ llvm target: what a job learnt reaches the next job, a new process learns each r
 from __future__ import annotations
 
 import shutil
-from types import SimpleNamespace
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -236,3 +236,43 @@ def test_a_networks_probe_jobs_are_sampled_and_its_tuning_jobs_are_not(monkeypat
     queue.run_network(network, 64, lambda config, trials: job(config, trials), db_path=None, inject_options=None)
     assert [j.sampled for j in queued["probe"]] == [True, True]
     assert queued[""] and not any(j.sampled for j in queued[""])
+
+
+def _model_data(model: SharedCostModel) -> dict[str, tuple[list, list]]:
+    return {h: ([f.tolist() for f in g.features], g.costs.tolist()) for h, g in model.model.data.items()}
+
+
+def test_each_records_features_are_stored_beside_it_once_and_a_warm_start_learns_the_same_from_them(
+        tmp_path: Path):
+    """Issue 31 (C): every process featurised every other process's records at each warm start. The measuring
+    process stores the features its model extracted (sampled trials: at their warm start; evolved ones: at the
+    live update); a warm start reads them, rebuilds nothing, and the model holds exactly what extraction gives."""
+    from core.tuning.features import FEATURES, read_features
+
+    with TunePools() as pools:
+        with _no_tensor_intrinsics():
+            pools.cost_models[str(target_for(job(SMALL, 1)))] = fresh_model(warmup=3)
+        result = run_tune(job(SMALL, 9), tmp_path, pools=pools)  # 3 sampled, then 6 evolved (live update)
+    assert result.search == "sampled, then evolutionary"
+    assert len(read_features(result.work_dir)) == 9  # one entry per record, none twice
+    with _no_tensor_intrinsics():
+        from_store, extracted = fresh_model(), fresh_model()
+        stored = from_store.warm_start(tmp_path)
+        (result.work_dir / FEATURES).rename(tmp_path / "aside.bin")
+        fresh = extracted.warm_start(tmp_path, own=tmp_path / "elsewhere")  # not own: nothing written
+    assert (stored.trials, stored.stored, fresh.trials, fresh.stored) == (9, 9, 9, 0)
+    assert not (result.work_dir / FEATURES).exists()
+    assert _model_data(from_store) == _model_data(extracted)
+
+
+def test_a_torn_feature_entry_is_featurised_again_and_a_foreign_one_matches_nothing(tmp_path: Path):
+    import numpy as np
+
+    from core.tuning.features import FEATURES, append_features, line_key, read_features
+
+    append_features(tmp_path, [(line_key("a line\n"), np.ones((2, 3), "float32")),
+                               (line_key("other"), np.zeros((0, 0), "float32"))])
+    whole = (tmp_path / FEATURES).read_bytes()
+    (tmp_path / FEATURES).write_bytes(whole + whole[:30])  # a process killed mid-write
+    read = read_features(tmp_path)
+    assert set(read) == {line_key("a line"), line_key("other")} and read[line_key("a line")].tolist() == [[1.0] * 3] * 2

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from core.tuning.features import FeatureCapture, append_features, line_key, read_features
 from core.tuning.job import search_population
 from core.tuning.records import FAILED_SECONDS, RECORDS, WORKLOADS
 
@@ -56,6 +57,7 @@ class WarmStart:
     trials: int = 0
     ops: int = 0
     seconds: float = 0.0
+    stored: int = 0  # of the trials, those whose features were read from their work dir (features.py)
     skipped: list[str] = field(default_factory=list)  # "dir: why" for work dirs that could not be read
 
 
@@ -69,6 +71,9 @@ class SharedCostModel:
         self.threads = threads
         self.warmup = warmup
         self.model = ms.cost_model.XGBModel(num_warmup_samples=warmup, num_tuning_cores=threads)
+        # what the live updates extract is kept for the records' work dirs; warm starts read it back (features.py)
+        self.features = FeatureCapture(self.model.extractor)
+        self.model.extractor = self.features
         self.seen: dict[Path, int] = {}  # work dir -> record lines already in the model
         self.family_samples: Counter[str] = Counter()  # op_family -> trials of that kind in the model
 
@@ -99,7 +104,7 @@ class SharedCostModel:
             if report.trials >= budget and work_dir != own:
                 break
             try:
-                added, problem = self._learn(work_dir)
+                added, stored, problem = self._learn(work_dir, own=work_dir == own)
             # OSError/ValueError/RuntimeError (TVM's errors): a dir another process is creating, or not
             # MetaSchedule's. Skipped and said: the model learns from the rest.
             except (OSError, ValueError, RuntimeError) as exc:
@@ -109,6 +114,7 @@ class SharedCostModel:
                 report.skipped.append(f"{work_dir.name}: {problem}")
             if added:
                 report.trials += added
+                report.stored += stored
                 report.ops += 1
         report.seconds = time.perf_counter() - started
         return report
@@ -119,16 +125,33 @@ class SharedCostModel:
         self.family_samples[family_of_dir(work_dir)] += max(0, lines - self.seen.get(work_dir, 0))
         self.seen[work_dir] = lines
 
-    def _learn(self, work_dir: Path) -> tuple[int, str]:
-        """Trials learnt from the dir's unseen lines, and what was wrong with those it could not use."""
+    def _learn(self, work_dir: Path, *, own: bool) -> tuple[int, int, str]:
+        """Trials learnt from the dir's unseen lines, how many of them had stored features, and what was wrong
+        with those it could not use. Features missing from the store are extracted, and stored when the dir is
+        the job's `own` (only its tuning process writes there)."""
         lines = _lines(work_dir / RECORDS)
-        trials = recorded_trials(work_dir, self.target, lines[self.seen.get(work_dir, 0):])
+        trials = recorded_trials(work_dir, self.target, lines[self.seen.get(work_dir, 0):],
+                                 stored=read_features(work_dir))
+        stored = 0
         for group in trials.groups:
             context = ms_tune_context(group.workload.mod, self.target, self.threads)
-            self.model.update(context, group.candidates, group.results)
+            missing = [i for i, f in enumerate(group.features) if f is None]
+            stored += len(group.candidates) - len(missing)
+            if missing:
+                extracted = self.features.inner.extract_from(context, [group.candidates[i] for i in missing])
+                for i, feature in zip(missing, extracted, strict=True):
+                    group.features[i] = feature.numpy().astype("float32")
+                if own:
+                    append_features(work_dir, [(group.keys[i], group.features[i]) for i in missing])
+            self.features.given = [f for f in group.features if f is not None]
+            try:
+                # the Python model itself: through TVM's FFI a stored record (no candidate: None) is refused
+                self.model._inst.update(context, group.candidates, group.results)
+            finally:
+                self.features.given = None
         self.seen[work_dir] = len(lines)
         self.family_samples[family_of_dir(work_dir)] += trials.count
-        return trials.count, trials.problem
+        return trials.count, stored, trials.problem
 
 
 @dataclass
@@ -136,8 +159,10 @@ class TrialGroup:
     """One workload's recorded trials, as the cost model takes them."""
 
     workload: Any  # ms.database.Workload
-    candidates: list[Any]  # MeasureCandidate
+    candidates: list[Any]  # MeasureCandidate; None where the features are stored (not rebuilt)
     results: list[Any]  # RunnerResult
+    features: list[Any] = field(default_factory=list)  # float32 features read from the store, else None
+    keys: list[bytes] = field(default_factory=list)  # each record line's features.line_key
 
 
 @dataclass
@@ -155,23 +180,33 @@ class RecordedTrials:
         return f"{self.bad} record(s) TVM could not rebuild (first: {self.first_error})" if self.bad else ""
 
 
-def recorded_trials(work_dir: Path, target: Any, lines: list[str] | None = None) -> RecordedTrials:
+def recorded_trials(work_dir: Path, target: Any, lines: list[str] | None = None,
+                    stored: dict[bytes, Any] | None = None) -> RecordedTrials:
     """The trials of a MetaSchedule work dir (or of `lines`, some of its record lines) for `target`'s kind,
-    grouped by workload: what a cost model learns from."""
+    grouped by workload: what a cost model learns from. A record whose features are in `stored` (by line key)
+    is not rebuilt: its candidate is None and its features come from there."""
     from tvm.s_tir import meta_schedule as ms
 
     if lines is None:
         lines = _lines(work_dir / RECORDS)
+    stored = stored or {}
     workloads = [ms.database.Workload.from_json(w) for w in _parsed(_lines(work_dir / WORKLOADS))]
-    by_workload: dict[int, list[Any]] = {}
-    for entry in _parsed(lines):
-        if isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], int) \
-                and 0 <= entry[0] < len(workloads):
-            by_workload.setdefault(entry[0], []).append(entry[1])
+    by_workload: dict[int, list[tuple[bytes, Any]]] = {}
+    for line in lines:
+        entry = _parsed([line])
+        if entry and isinstance(entry[0], list) and len(entry[0]) == 2 and isinstance(entry[0][0], int) \
+                and 0 <= entry[0][0] < len(workloads):
+            by_workload.setdefault(entry[0][0], []).append((line_key(line), entry[0][1]))
     out = RecordedTrials()
     for index, records in by_workload.items():
         group = TrialGroup(workloads[index], [], [])
-        for raw in records:
+        for key, raw in records:
+            if key in stored and _stored_record_fits(raw, target):
+                group.candidates.append(None)
+                group.results.append(runner_result_of(raw[1]))
+                group.features.append(stored[key])
+                group.keys.append(key)
+                continue
             try:
                 record = ms.database.TuningRecord.from_json(raw, group.workload)
                 candidate = record.as_measure_candidate()
@@ -183,6 +218,8 @@ def recorded_trials(work_dir: Path, target: Any, lines: list[str] | None = None)
                 continue  # another target's trial (an llvm job under the same root) teaches nothing here
             group.candidates.append(candidate)
             group.results.append(runner_result(record))
+            group.features.append(None)
+            group.keys.append(key)
         if group.candidates:
             out.groups.append(group)
     return out
@@ -196,10 +233,24 @@ def ms_tune_context(mod: Any, target: Any, threads: int) -> Any:
 
 def runner_result(record: Any) -> Any:
     """A recorded trial as the runner's result the model learns from: its valid run times, or "failed"."""
+    return runner_result_of(record.run_secs or [])
+
+
+def runner_result_of(run_secs: list[Any]) -> Any:
     from tvm.s_tir.meta_schedule.runner import RunnerResult
 
-    secs = [float(s) for s in record.run_secs or [] if 0 < float(s) < FAILED_SECONDS]
+    secs = [float(s) for s in run_secs if 0 < float(s) < FAILED_SECONDS]
     return RunnerResult(run_secs=secs or None, error_msg=None if secs else "failed")
+
+
+def _stored_record_fits(raw: Any, target: Any) -> bool:
+    """A stored record's line, as TuningRecord.from_json would take it (trace, run times, target, args), of
+    `target`'s kind (another target's trial teaches nothing here)."""
+    if not (isinstance(raw, list) and len(raw) == 4 and isinstance(raw[1], list)
+            and all(isinstance(s, int | float) for s in raw[1])):
+        return False
+    recorded = raw[2]
+    return not isinstance(recorded, dict) or recorded.get("kind", target.kind.name) == target.kind.name
 
 
 def search_strategy(ranks: bool, batch: int, population: int | None = None) -> Any:

@@ -29,6 +29,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from tvm.ir.utils import derived_object
@@ -39,9 +40,10 @@ from tvm.support.popen_pool import PopenPoolExecutor
 
 from core.tuning import measure
 from core.tuning.costmodel import SharedCostModel
+from core.tuning.features import append_features, line_key
 from core.tuning.job import PhaseEvent, TrialEvent, TuneJob
 from core.tuning.nvrtc import install as install_light_nvrtc
-from core.tuning.records import FAILED_SECONDS
+from core.tuning.records import FAILED_SECONDS, RECORDS
 from core.tuning.resilient import ResilientRunner
 
 FAILED_RECORD_SECONDS = 1e10  # what AddToDatabase stores for a failed candidate
@@ -232,6 +234,11 @@ class MeasureStream:
         self.errors: dict[str, int] = {}
         self.new_trials = 0
         self.cancelled = False
+        # The shared model's FeatureCapture (features.py) and the work dir: the features its update extracts
+        # after each batch are stored beside the records. None: no shared model, nothing stored.
+        self.feature_capture: Any = None
+        self.work_dir: str | None = None
+        self.record_keys: dict[int, bytes] = {}  # this batch: candidate index -> its record line's key
 
     # -- building ----------------------------------------------------------------------------
 
@@ -242,6 +249,7 @@ class MeasureStream:
         self.batch += 1
         self.generated += len(inputs)
         self.candidates = []
+        self.record_keys = {}
         for i, build_input in enumerate(inputs):
             path = os.path.join(tempfile.mkdtemp(prefix="kdb-candidate-"), "candidate.so")
             future = self.pool.submit(build_in_worker, build_input.mod, build_input.target, path)
@@ -305,6 +313,8 @@ class MeasureStream:
         for candidate in self.candidates:  # cancelled: neither measured nor recorded
             if candidate.result is None:
                 candidate.result = RunnerResult(None, "cancelled before it was measured")
+        if self.feature_capture is not None:  # MetaSchedule's UpdateCostModel comes next: keep its features
+            self.feature_capture.armed = True
         return [_Done(c.result) for c in self.candidates if c.runner_input is not None]
 
     def wait_a_moment(self, waiting: list[Candidate]) -> None:
@@ -358,8 +368,26 @@ class MeasureStream:
             run_secs = [FloatImm("float32", FAILED_RECORD_SECONDS)]
         if self.workload is None:
             self.workload = self.database.commit_workload(task.ctx.mod)
+        records = os.path.join(self.work_dir, RECORDS) if self.feature_capture is not None and self.work_dir else ""
+        before = os.path.getsize(records) if records and os.path.exists(records) else 0
         self.database.commit_tuning_record(ms.database.TuningRecord(
             measured.sch.trace, self.workload, run_secs, task.ctx.target, measured.args_info))
+        if records:  # the line the database appended: what the record's features are stored under
+            with open(records, "rb") as appended:
+                appended.seek(before)
+                self.record_keys[candidate.index] = line_key(appended.read().decode("utf-8", errors="replace"))
+
+    def store_features(self, measured: Any) -> int:
+        """Store the features the model update extracted for this batch's recorded candidates (`measured`:
+        the task's candidates, by index); how many."""
+        if self.feature_capture is None or self.work_dir is None:
+            return 0
+        entries = []
+        for candidate, features in self.feature_capture.take():
+            index = next((i for i, m in enumerate(measured) if m.same_as(candidate)), None)
+            if index in self.record_keys:
+                entries.append((self.record_keys[index], features))
+        return append_features(Path(self.work_dir), entries)
 
     @property
     def last_batch(self) -> bool:
@@ -445,6 +473,7 @@ class EndOfBatch(ms.measure_callback.PyMeasureCallback):
 
     def apply(self, task_scheduler: Any, task_id: int, measure_candidates: Any, builder_results: Any,
               runner_results: Any) -> None:
+        self.stream.store_features(list(measure_candidates))
         if self.stream.cancelled or self.stream.should_cancel():
             self.stream.cancelled = True
             if not self.stream.last_batch:  # after its last batch MetaSchedule ends the task itself (twice: error)

@@ -123,6 +123,8 @@ def _tune(job: TuneJob, work_dir: Path, history: list[float | None], result: Tun
         family = op_family(job.config.op_type)
         if job.transfer:
             shared = pools.cost_model(target, threads)
+            shared.features.take()  # nothing a search before this job extracted is stored as this job's
+            stream.feature_capture, stream.work_dir = shared.features, str(work_dir)
             warm = shared.warm_start(work_dir.parent, own=work_dir)
             warm_s = warm.seconds
             result.model_trials = shared.samples
