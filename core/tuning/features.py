@@ -2,11 +2,12 @@
 
 The shared cost model (costmodel.py) learns every trial recorded under the tuning root, and before this each
 process extracted the features of every other process's records at its warm starts: on the H200 (session
-14) the warm starts were most of the 17% cost-model phase, and on this machine a record costs ~56 ms to rebuild
-from its trace and ~85 ms to featurise. Now the process that measures a record keeps the features its live
-model update extracted (`FeatureCapture`) and appends them to `FEATURES` in the record's work dir; a warm start
-reads them there and rebuilds nothing. A record without stored features (a batch killed before its model
-update, a failed build, records from before this file existed) is rebuilt and featurised as before.
+14) the warm starts were 470 of the cost-model phase's 522 process-s, and on this CPU rebuilding a record
+from its trace and featurising it costs 117 CPU ms against 6.6 from the store (bench/bench_warm_start.py).
+Now the process that measures a record keeps the features its live model update extracted (`FeatureCapture`)
+and appends them to `FEATURES` in the record's work dir; a warm start reads them there and rebuilds nothing. A
+record without stored features (a batch killed before its model update, a failed build, records from before this
+file existed) is rebuilt and featurised as before.
 
 Only the process tuning a work dir writes its file (a work dir is claimed by one process at a time:
 claims.py). Each entry is keyed by the SHA-1 of its record's line, as the database wrote it, so the file need
