@@ -28,7 +28,7 @@ def _no_kernels(args: argparse.Namespace, path: Path, schema: str, note: str) ->
     if args.json:
         print_json({"db": str(path), "schema": schema, "note": note, "kernels": [], "more": False})
     elif not args.jsonl:
-        out.print(note, markup=False, highlight=False)
+        out.print(note, markup=False, highlight=False, soft_wrap=True)  # one line: scripts grep it for the command
     return 0
 
 
