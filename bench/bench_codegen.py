@@ -5,7 +5,7 @@
 Each op config of ../shared/nnfusion-artifact/op_configs (convolutions) is generated in each of its three
 kernel-DB forms (Convolution, Fused_Convolution_Relu, Fused_Convolution_Add_Relu), with and without the CPU
 numerics check; where ../shared is absent, the demo network's op configs (core/demo.py) as they are. TVM's
-import is timed apart. The figures in docs/BENCHMARKS.md are the artifact's.
+import is timed apart. The figures in docs/BENCHMARKS-HISTORY.md are the artifact's.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@
 The corpus is the artifact's kernels (../shared/nnfusion-artifact/kernels) where they are present, else the
 demo kernels the project writes itself (core/demo.py), repeated to N; every copy gets a distinct body (a
 comment naming the copy) and name, so nothing is deduplicated: each kernel goes through validate, parse,
-barrier count, row building and its own insert transaction. The figures in docs/BENCHMARKS.md are the
-artifact's.
+barrier count, row building and its own insert transaction. The figures in docs/BENCHMARKS-HISTORY.md are
+the artifact's.
 """
 
 from __future__ import annotations

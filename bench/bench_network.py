@@ -1,6 +1,6 @@
 """Whole networks through the real compiler on the GPU: ResNet-18 and ResNet-50 (torchvision) at batch 1.
 
-Parts, each run on the GPU machine (see docs/BENCHMARKS.md for the commands and the figures); `--net resnet50`
+Parts, each run on the GPU machine (see docs/BENCHMARKS-HISTORY.md for the commands and the figures); `--net resnet50`
 picks the network (default resnet18), whose files are OUT/NET.onnx, OUT/input.bin and OUT/reference64.bin:
 
     python3 bench/bench_network.py export   --out DIR [--net N]   # ONNX (BN folded), input, float64 reference

@@ -4,7 +4,7 @@
         --db bench/results/h200/session12/7-tuned.db.gz                  # compile and count only (any machine)
     python3 bench/bench_row_gap.py --state ... --db ... --gpu [--only 512x256]   # + H200 times
 
-In session 12 three rows ran 1.3-3x the time MetaSchedule measured for their record (docs/BENCHMARKS.md,
+In session 12 three rows ran 1.3-3x the time MetaSchedule measured for their record (docs/BENCHMARKS-HISTORY.md,
 twelfth session, section 2). Between the record and the row lie: the compiler (the tuner builds TVM's source
 with NVRTC and TVM's options, `--use_fast_math` and ptxas `--register-usage-level=10`; NNFusion's project and our
 GPU jobs use nvcc), the row's form (no `__restrict__`, `__launch_bounds__` of the row's block, shared arrays

@@ -5,7 +5,7 @@
 
 NNFusion declares a row's shared arrays from its `shared_memory` as `__shared__ float name[N];`, where TVM's
 kernel said `__shared__ alignas(64) float name[N];`. Without the alignment nvcc cannot merge neighbouring
-shared loads into 128-bit ones (docs/BENCHMARKS.md, eleventh session, section 3). For every distinct kernel of
+shared loads into 128-bit ones (docs/BENCHMARKS-HISTORY.md, eleventh session, section 3). For every distinct kernel of
 the DB this compiles three forms of the same code and counts the vector loads in the PTX:
 
     nnfusion          the row exactly as NNFusion compiles it (core.cuda.nvcc.standalone_source)

@@ -15,7 +15,7 @@ other; "build workers" is the CPU time of the builds summed over the parallel wo
 
 It also runs on code before the phase table existed (TuneResult without `phases`): the phases then come from
 MetaSchedule's own profiler scopes (SendToBuilder as build, SendToRunner + JoinRunnerFutures as measure,
-AddToDatabase as record), which is how the before/after figures in docs/BENCHMARKS.md were taken.
+AddToDatabase as record), which is how the before/after figures in docs/BENCHMARKS-HISTORY.md were taken.
 """
 
 from __future__ import annotations

@@ -71,7 +71,7 @@ def test_bench_row_gap_finds_session_12s_3x_row_and_its_padding(tmp_path: Path):
 
 def test_bench_transfer_ranks_session_14s_dot_trials_with_a_model_of_other_ops(tmp_path: Path):
     """A quick run (2 work dirs of other ops teach): every teacher's line, the Dot's 256 trials and its best
-    measured time; the figures in BENCHMARKS come from the full run over sessions 12 and 14."""
+    measured time; the figures in BENCHMARKS-HISTORY come from the full run over sessions 12 and 14."""
     session = REPO / "bench" / "results" / "h200" / "session14"
     proc = bench("bench_transfer.py", "--state", str(session / "3-state.tgz"), "--teach-ops", "2", "--test", "dot",
                  shared=tmp_path / "no-shared", tmp=tmp_path, timeout=600)
