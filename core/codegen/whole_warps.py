@@ -3,7 +3,7 @@
 A row whose 1-D block ends in a partial warp and that has barriers must be padded to whole warps, or BlockFusion
 can hang it (core/cuda/warps.py). Padding the CUDA text afterwards parks the padding threads in a guard and turns
 every `__syncthreads()` into the non-aligned `barrier.sync`; ptxas then wraps the code between barriers in
-collective regions, and on the H200 such a row ran 3x its tuning record (docs/BENCHMARKS.md, twelfth session).
+collective regions, and on the H200 such a row ran 3x its tuning record (docs/BENCHMARKS-HISTORY.md, twelfth session).
 
 Here the padding happens in TIR instead, before TVM lowers the module: every threadIdx.x loop of the block's
 extent N gets the whole-warp extent, and every innermost block under it the predicate `threadIdx.x < N`. That is

@@ -40,7 +40,7 @@ class NvccBuild:
     """Compile each row here with nvcc, as `kdb inject` does, and give the GPU child the cubin.
 
     Without it the child compiles the row again through pycuda, which on the H200 ran past its 300 s for 7 of
-    18 tuned rows that had each compiled in seconds in injection (docs/BENCHMARKS.md, eleventh session)."""
+    18 tuned rows that had each compiled in seconds in injection (docs/BENCHMARKS-HISTORY.md, eleventh session)."""
 
     archs: tuple[str, ...]
     nvcc: str

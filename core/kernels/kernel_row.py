@@ -296,7 +296,7 @@ def declared_symbols(shared: Iterable[SharedDecl]) -> list[str]:
     NNFusion writes each entry verbatim as `__shared__ <dtype> <symbol>[<size>];` (`<dtype>* <symbol> =
     (<dtype>*)(shared_buffer + <offset>);` in a BlockFusion kernel), and its dtype must be a scalar type. A plain
     float array is only 4-byte aligned, so nvcc cannot merge neighbouring shared loads into the 128-bit loads of
-    TVM's kernel (`alignas(64)`): the H200 ran such a row 1.79x its own tuning record (docs/BENCHMARKS.md,
+    TVM's kernel (`alignas(64)`): the H200 ran such a row 1.79x its own tuning record (docs/BENCHMARKS-HISTORY.md,
     eleventh session). With the alignment in the symbol the array is declared as TVM declared it; in the
     BlockFusion form it aligns a pointer variable, which changes nothing there.
     """

@@ -1,7 +1,7 @@
 """From a job's records to kernels: the fastest record's kernel JSON (and, asked, the most efficient one's:
 smallest time x resource, which NNFusion's BlockFusion swaps in when a group's blocks exceed its capacity; off
 by default: on the H200, ResNet-18 compiled with both ran 1.46x slower than with the best kernels alone,
-docs/BENCHMARKS.md, 2026-12-03 session 5), and the runner-ups timed as rows when the best one's row is slow.
+docs/BENCHMARKS-HISTORY.md, 2026-12-03 session 5), and the runner-ups timed as rows when the best one's row is slow.
 """
 
 from __future__ import annotations

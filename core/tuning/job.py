@@ -20,7 +20,7 @@ DEFAULT_BATCH = 32  # candidates per search round, unless a job says otherwise
 # The evolutionary search's population, unless a job says otherwise (never below the round's batch). Half of
 # MetaSchedule's 512: on this CPU it costs 0.56x the search's CPU and the model rates its picks 2% lower
 # (bench/bench_search.py); on the H200 it took ResNet-18 from 122 to 150 trials/min, its kernels as good
-# (0.61-0.64x cuDNN, against 0.64x: docs/BENCHMARKS.md, sessions 9 and 10).
+# (0.61-0.64x cuDNN, against 0.64x: docs/BENCHMARKS-HISTORY.md, sessions 9 and 10).
 DEFAULT_POPULATION = 256
 
 
