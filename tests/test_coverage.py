@@ -19,7 +19,7 @@ from conftest import run_kdb_json
 from onnx_models import GraphBuilder, depthwise_block, mlp, resnet_block, write
 
 from core.db.kernel_db import KernelDB
-from core.kernels.kernel_row import COLUMNS, KernelRow, pattern_twin
+from core.kernels.kernel_row import COLUMNS, KernelRow, needs_pattern_twin, pattern_twin
 from core.kernels.ops import BASE_TAGS
 from core.nnfusion.compiler import CompilerFlags
 from core.nnfusion.coverage import (
@@ -53,17 +53,20 @@ def kernel_row(config: OpConfig, device: str = "CUDA_GPU", extra_tags: tuple[str
                      json.dumps(FUNCTION), tags, json.dumps({"external_profile": profile}))
 
 
-def make_db(path: Path, rows: list[KernelRow], *, raw: bool = False) -> Path:
-    """Rows through KernelDB (fused kernels get their twin), or raw: exactly these rows, in this order."""
+def make_db(path: Path, rows: list[KernelRow], *, raw: bool = False, twins: bool = False) -> Path:
+    """Rows through KernelDB (fused kernels get their twin; each op's rows kept fastest-first), or raw: exactly these
+    rows in this order (as NNFusion's import script or another tool writes them), with `twins` each fused row's CUDA
+    twin after it."""
     with KernelDB.open(path, create=True) as db:
         if not raw:
             for row in rows:
                 db.insert(row)
     if raw:
+        written = [r for row in rows for r in ((row, pattern_twin(row)) if twins and needs_pattern_twin(row) else (row,))]
         conn = sqlite3.connect(path)
-        conn.executemany(f"INSERT INTO KernelCache ({', '.join(COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                         [r.values() for r in rows])
-        conn.commit()
+        with conn:
+            conn.executemany(f"INSERT INTO KernelCache ({', '.join(COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                             [r.values() for r in written])
         conn.close()
     return path
 
@@ -106,12 +109,14 @@ def test_rows_under_another_device_type_are_named(tmp_path: Path):
 
 
 def test_the_first_row_in_table_order_is_used_and_interplay_prefers_time_x_resource(tmp_path: Path):
+    """A DB another tool wrote, the slowest row first (kdb's own writes keep rows fastest-first, core/db/op_rows.py):
+    the compiler takes that first row, not the fastest."""
     model = write(resnet_block(), tmp_path / "block.onnx")
     conv_relu = extract(model).configs[0]
     slow = kernel_row(conv_relu, time_us=30.0, resource=2048, salt="slow")
     fast = kernel_row(conv_relu, time_us=10.0, resource=4096, salt="fast")
     lean = kernel_row(conv_relu, time_us=12.0, resource=512, salt="lean")
-    db = make_db(tmp_path / "k.db", [slow, fast, lean])
+    db = make_db(tmp_path / "k.db", [slow, fast, lean], raw=True, twins=True)
     entry = entries_for(model, db)[0]
     assert entry.row is not None
     assert (entry.row.key, entry.row.rows, entry.row.time_us) == (slow.key, 3, 30.0)
