@@ -19,7 +19,7 @@ from conftest import run_kdb, run_kdb_json
 from onnx import ModelProto
 from onnx_models import GraphBuilder, write
 
-from core.opconfigs.nnfusion_import import Blocker, import_blockers
+from core.opconfigs.nnfusion_import import Blocker, import_blockers, import_faults
 from core.opconfigs.onnx_extract import extract
 
 COMPILER = Path(os.environ.get("KDB_TEST_NNFUSION", shared_path("nnfusion/bin/nnfusion")))
@@ -53,6 +53,17 @@ CASES: dict[str, tuple[Callable[[], ModelProto], Callable[[], ModelProto] | None
                            lambda: one("Conv", extra=conv_weight, kernel_shape=[3, 3], pads=[1, 1, 1, 1])),
     "AveragePool without strides": (lambda: one("AveragePool", kernel_shape=[2, 2]),
                                     lambda: one("AveragePool", kernel_shape=[2, 2], strides=[1, 1])),
+    "AveragePool over one axis": (lambda: one("AveragePool", shape={"x": [1, 4, 8]}, kernel_shape=[3], strides=[1]),
+                                  lambda: one("AveragePool", shape={"x": [1, 4, 8, 1]}, kernel_shape=[3, 1],
+                                              strides=[1, 1])),
+    "grouped conv, not depthwise": (lambda: one("Conv", extra=lambda g: [g.weight("w", [4, 2, 3, 3])], group=2,
+                                                kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+                                    lambda: one("Conv", extra=conv_weight, kernel_shape=[3, 3], pads=[1, 1, 1, 1])),
+    "depthwise conv with two filters a channel": (
+        lambda: one("Conv", extra=lambda g: [g.weight("w", [8, 1, 3, 3])], group=4, kernel_shape=[3, 3],
+                    pads=[1, 1, 1, 1]),
+        lambda: one("Conv", extra=lambda g: [g.weight("w", [4, 1, 3, 3])], group=4, kernel_shape=[3, 3],
+                    pads=[1, 1, 1, 1])),
     "Pad without attributes": (lambda: one("Pad", extra=lambda g: [g.constant("pads", [0, 0, 1, 1, 0, 0, 1, 1])]),
                                lambda: one("Pad", extra=lambda g: [g.constant("pads", [0, 0, 1, 1, 0, 0, 1, 1])],
                                            mode="constant")),
@@ -162,3 +173,80 @@ async def test_the_consoles_coverage_names_the_node_nnfusion_cannot_compile(tmp_
         await wait_for(pilot, lambda: len(screen.coverage) == len(screen.configs))
         status = " ".join(text(screen, "#opconfigs-status").split())
         assert "NNFusion cannot compile flatten_net: node flatten (Flatten): Flatten without its axis" in status
+
+
+# NNFusion's importer drops an AveragePool's pads, auto_pad and ceil_mode (the first of its two AveragePool
+# translators wins): a 3x3 stride-1 pool padded by 1 comes out 26x26 of a 28x28 input. Each case: the model, whether
+# kdb calls the pool a blocker (the compile aborts downstream) or a wrong-shape warning (it compiles another network),
+# and what the compiler shows.
+POOL_X = {"x": [1, 4, 28, 28]}
+
+
+def padded_pool(g: GraphBuilder, x: str = "x", name: str = "n", **attrs: object) -> str:
+    return g.node("AveragePool", [x], name, **{"kernel_shape": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1],
+                                                **attrs})
+
+
+def pool_model(build: Callable[[GraphBuilder], str], shape: dict | None = None) -> ModelProto:
+    import onnx
+
+    g = GraphBuilder(shape or POOL_X)
+    return onnx.shape_inference.infer_shapes(g.model(build(g), "pool"))
+
+
+POOL_CASES: dict[str, tuple[Callable[[], ModelProto], str, str]] = {
+    "then an Add of the input": (lambda: pool_model(lambda g: g.node("Add", [padded_pool(g), "x"], "add")), "blocker",
+                                 "Auto-broadcast not possible for these input shapes: shape1=[1, 4, 26, 26] "
+                                 "shape2=[1, 4, 28, 28]"),
+    "then a Relu, then a Mul by the input": (
+        lambda: pool_model(lambda g: g.node("Mul", [g.node("Relu", [padded_pool(g, count_include_pad=1)], "r"), "x"],
+                                            "mul")), "blocker", "Auto-broadcast not possible"),
+    "then a Concat with the input": (lambda: pool_model(lambda g: g.node("Concat", [padded_pool(g), "x"], "cat",
+                                                                         axis=1)), "blocker", "type 'Concat'"),
+    "two of them added": (lambda: pool_model(lambda g: g.node("Add", [padded_pool(g), padded_pool(g, name="m")],
+                                                              "add")), "warning", "{1, 4, 26, 26}"),
+    "then a Conv": (lambda: pool_model(lambda g: g.conv(padded_pool(g), 4, 4, 3, pad=1, name="c")), "warning",
+                    "{1, 4, 26, 26}"),
+    "ceil_mode": (lambda: pool_model(lambda g: padded_pool(g, kernel_shape=[2, 2], strides=[2, 2], pads=[0, 0, 0, 0],
+                                                           ceil_mode=1), {"x": [1, 4, 27, 27]}),
+                  "warning", "{1, 4, 13, 13}"),  # ONNX: 14x14
+    "padded below, the same shape": (lambda: pool_model(lambda g: padded_pool(g, strides=[2, 2], pads=[1, 1, 0, 0]),
+                                                        {"x": [1, 4, 29, 29]}), "warning", "{1, 4, 14, 14}"),
+}
+
+
+@pytest.mark.parametrize("case", list(POOL_CASES))
+def test_an_average_pool_nnfusion_pools_without_padding_is_named(case: str):
+    build, kind, _ = POOL_CASES[case]
+    blockers, warnings = import_faults(build())
+    found = blockers if kind == "blocker" else warnings
+    assert [f.node for f in found] == (["m", "n"] if case == "two of them added" else ["n"]), (blockers, warnings)
+    assert not (warnings if kind == "blocker" else blockers)
+    text = found[0].reason if kind == "blocker" else found[0].text
+    assert "drops AveragePool's" in text
+
+
+@needs_compiler
+@pytest.mark.parametrize("case", list(POOL_CASES))
+def test_the_real_compiler_aborts_at_a_blocker_and_compiles_another_network_at_a_warning(tmp_path: Path, case: str):
+    build, kind, shown = POOL_CASES[case]
+    proc = nnfusion(build(), tmp_path / "c")
+    code = tmp_path / "c" / "nnfusion_rt" / "cuda_codegen" / "nnfusion_rt.cu"
+    if kind == "blocker":
+        assert proc.returncode != 0 and not code.exists(), proc.stdout[-2000:]
+        assert shown in proc.stdout + proc.stderr
+    else:  # it compiles, its output of the shape NNFusion gives the pool (the last case: ONNX's, its windows shifted)
+        assert proc.returncode == 0, proc.stdout[-3000:]
+        assert f"#define NNFUSION_GRAPH_OUTPUT_SHAPE_0 {shown}" in code.read_text()
+
+
+def test_an_average_pool_whose_dropped_padding_changes_nothing_is_looked_up_without_it(tmp_path: Path):
+    """Padding above only, where the shape does not change: NNFusion's windows are ONNX's; the op config is the
+    unpadded pool the compiler looks up."""
+    model = write(pool_model(lambda g: padded_pool(g, strides=[2, 2], pads=[0, 0, 1, 1]), {"x": [1, 4, 27, 27]}),
+                  tmp_path / "m.onnx")
+    ext = extract(model)
+    assert ext.blockers == [] and not ext.notes
+    (config,) = ext.configs
+    assert config.signature().identifier == \
+        "AvgPool1,4,27,27;1,4,13,13floatfloatShape{3, 3}Strides{2, 2}Shape{0, 0}Shape{0, 0}"  # as the compiler logs it

@@ -83,3 +83,21 @@ def test_a_dot_nnfusion_never_makes_is_refused_where_it_was_written(a, b, out, t
     entry = {"op_type": "Dot", "arg0_shape": a, "arg1_shape": b, "out_shape": out, "transpose_A": bool(ta)}
     (error,) = parse_structured(json.dumps([entry]), "json", "ops.json").errors
     assert error.where == "ops.json#0" and re.search(reason, str(error))
+
+
+@pytest.mark.parametrize(("line", "said"), [
+    # ResNeXt's 3x3: group 32 of 128 channels, 4 a group
+    ("cudnn_convolution_op_float|i+1_128_56_56|w+128_4_3_3|o+1_128_56_56|ws+1_1|wd+1_1|p+1_1|g+32",
+     "grouped convolution (group=32, not depthwise): NNFusion's ONNX importer aborts"),
+    ("cudnn_convolution_op_float|i+1_32_56_56|w+32_1_3_3|o+1_32_56_56|ws+1_1|wd+1_1|p+1_1|g+32",
+     "depthwise convolution (group=32): NNFusion runs it as DepthwiseConv2dNative"),
+    ("cudnn_convolution_op_float|i+1_32_56_56|w+64_1_3_3|o+1_64_56_56|ws+1_1|wd+1_1|p+1_1|g+32",
+     "depthwise convolution with 64 filters for 32 channels"),
+    ("cudnn_convolution_op_float|i+1_32_56_56|w+32_1_5_5|o+1_32_54_54|ws+1_1|wd+1_1|p+1_1|g+32",
+     "padding is neither SAME nor VALID"),
+])
+def test_a_grouped_conv_has_no_signature_and_says_what_nnfusion_does_with_it(line: str, said: str):
+    config = parse_line(line, "ops.txt:1")
+    with pytest.raises(InputError, match=re.escape(said)) as raised:
+        config.signature()
+    assert raised.value.where == "ops.txt:1"

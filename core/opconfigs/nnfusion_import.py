@@ -51,6 +51,7 @@ GENERIC_OPS = frozenset((
     "Square", "StopGradient", "StridedSliceGrad", "Subtract", "Sum", "Tan", "Tanh", "Tile", "Transpose",
     "UnsortedSegmentSum", "Where", "Zeros"))
 ANY_OPSET = 10**6  # a model importing no default-domain opset: the importer takes its own, the newest
+Shapes = dict[str, list[int]]  # tensor -> its static shape, as ONNX (shape inference) has it
 
 
 class Blocker(NamedTuple):
@@ -67,42 +68,83 @@ def _attributes(node: Any) -> dict[str, Any]:
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
-def _flatten(node: Any, attrs: dict[str, Any]) -> str:
+def _flatten(node: Any, attrs: dict[str, Any], shapes: Shapes) -> str:
     return "" if "axis" in attrs else ("Flatten without its axis attribute: the importer aborts ('unknown attribute "
                                        "axis'); write axis=1 (the default) out")
 
 
-def _gemm(node: Any, attrs: dict[str, Any]) -> str:
+def _gemm(node: Any, attrs: dict[str, Any], shapes: Shapes) -> str:
     return "" if len(node.input) > 2 and node.input[2] else (
         "Gemm without its C input: the importer crashes on it (segmentation fault); export it as MatMul")
 
 
-def _unsqueeze(node: Any, attrs: dict[str, Any]) -> str:
+def _unsqueeze(node: Any, attrs: dict[str, Any], shapes: Shapes) -> str:
     return "" if "axes" in attrs else ("Unsqueeze without an axes attribute (opset 13 made axes an input): the "
                                        "importer reads only the attribute and aborts ('unknown attribute axes'); "
                                        "export at opset 11, or use a Reshape")
 
 
-def _dropout(node: Any, attrs: dict[str, Any]) -> str:
+def _dropout(node: Any, attrs: dict[str, Any], shapes: Shapes) -> str:
     ratio = attrs.get("ratio", 0.5)  # the importer's default when the attribute is absent (opset 12 on: always)
     return "" if ratio == 0 else (f"Dropout with ratio {ratio:g}{' (no ratio attribute)' * ('ratio' not in attrs)}: "
                                   "the importer aborts ('please set dropout ratio to 0'); export in inference mode, "
                                   "which leaves Dropout out")
 
 
-def _conv(node: Any, attrs: dict[str, Any]) -> str:
+def _conv(node: Any, attrs: dict[str, Any], shapes: Shapes) -> str:
     auto_pad = attrs.get("auto_pad", b"NOTSET")
     auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad)
-    return "" if auto_pad == "NOTSET" else (f"Conv with auto_pad {auto_pad}: the importer aborts ('auto_pad not "
-                                            "supported'); write the pads out")
+    if auto_pad != "NOTSET":
+        return f"Conv with auto_pad {auto_pad}: the importer aborts ('auto_pad not supported'); write the pads out"
+    groups = int(attrs.get("group", 1))
+    data, filters = (shapes.get(t) for t in node.input[:2]) if len(node.input) > 1 else (None, None)
+    if groups == 1 or not data or not filters or len(data) < 2:
+        return ""
+    padding_ok = depthwise_padding_ok(list(attrs.get("pads", [])), list(attrs.get("dilations", [])), filters[2:])
+    reason, compiles = grouped_conv_reason(groups, data[1], filters[0], padding_ok)
+    return "" if compiles else reason
 
 
-def _average_pool(node: Any, attrs: dict[str, Any]) -> str:
-    return "" if "strides" in attrs else ("AveragePool without its strides attribute: the importer aborts ('unknown "
-                                          "attribute strides'); write strides out (1 per axis, the default)")
+def grouped_conv_reason(groups: int, channels: int, filters: int, padding_ok: bool = True) -> tuple[str, bool]:
+    """Why a grouped convolution is never a kernel-DB lookup (what NNFusion does with it instead), and whether the
+    compiler gets past it at all (frontend/onnx_import/op/conv.cpp). `padding_ok`: depthwise_padding_ok."""
+    if groups != channels:
+        return (f"grouped convolution (group={groups}, not depthwise): NNFusion's ONNX importer aborts on it (its "
+                "CHECK 'n_filters_channels & groups == 0' in frontend/onnx_import/op/conv.cpp fails for every group "
+                "count: & binds after ==), so the model does not compile", False)
+    if filters != groups:
+        return (f"depthwise convolution with {filters} filters for {groups} channels: NNFusion's ONNX importer aborts "
+                "on it (DepthwiseConv2dNative takes a depth multiplier of 1 only)", False)
+    if not padding_ok:
+        return ("depthwise convolution whose padding is neither SAME nor VALID: NNFusion's ONNX importer aborts on it "
+                "(DepthwiseConv2dNative takes those two only)", False)
+    return (f"depthwise convolution (group={groups}): NNFusion runs it as DepthwiseConv2dNative, with a kernel of its "
+            "own; the kernel DB of NNFusion's main branch has no op type for it, so no row can serve it", True)
 
 
-def _pad(node: Any, attrs: dict[str, Any]) -> str:
+def depthwise_padding_ok(pads: list[int], dilations: list[int], kernel: list[int]) -> bool:
+    """Whether NNFusion's importer takes a depthwise conv's padding: pads that differ before and after become a Pad
+    node (the conv then pads nothing: VALID); even ones must be VALID (none) or SAME (2 x pad = dilation x (k - 1))."""
+    spatial = len(kernel)
+    pads = pads or [0] * 2 * spatial
+    dilations = dilations or [1] * spatial
+    before, after = pads[:len(pads) // 2], pads[len(pads) // 2:]
+    if before != after or not any(before):
+        return True
+    return all(2 * p == d * (k - 1) for p, d, k in zip(before, dilations, kernel, strict=False))
+
+
+def _average_pool(node: Any, attrs: dict[str, Any], shapes: Shapes) -> str:
+    if "strides" not in attrs:
+        return ("AveragePool without its strides attribute: the importer aborts ('unknown attribute strides'); write "
+                "strides out (1 per axis, the default)")
+    window = list(attrs.get("kernel_shape", []))
+    return "" if len(window) == 2 else (f"AveragePool over {len(window)} spatial axes: the importer gives every "
+                                        "AveragePool two axes of padding, and AvgPool's shape check aborts on the "
+                                        "rank (validation_util.cpp)")
+
+
+def _pad(node: Any, attrs: dict[str, Any], shapes: Shapes) -> str:
     # The translator reads pads from the second input when the node has exactly one attribute, else attribute 0
     # as the mode: the pads-as-attribute form (before opset 11) and a node without attributes both crash it.
     if len(attrs) == 1 and len(node.input) > 1 and node.input[1]:
@@ -111,17 +153,17 @@ def _pad(node: Any, attrs: dict[str, Any]) -> str:
             f"written out); with attributes {sorted(attrs) or 'none'} it crashes")
 
 
-def _crashes(what: str) -> Callable[[Any, dict[str, Any]], str]:
-    return lambda node, attrs: what
+def _crashes(what: str) -> Callable[[Any, dict[str, Any], Shapes], str]:
+    return lambda node, attrs, shapes: what
 
 
-def _no_cuda_kernel(node: Any, attrs: dict[str, Any]) -> str:
+def _no_cuda_kernel(node: Any, attrs: dict[str, Any], shapes: Shapes) -> str:
     return (f"NNFusion imports {node.op_type} but has no CUDA kernel for it: kernel selection aborts ('No valid kernel "
             "found')")
 
 
 # Seen with the compiler (tests/test_nnfusion_import.py); each check says why the node cannot compile, '' when it can.
-BLOCKERS: dict[str, Callable[[Any, dict[str, Any]], str]] = {
+BLOCKERS: dict[str, Callable[[Any, dict[str, Any], Shapes], str]] = {
     "Flatten": _flatten, "Gemm": _gemm, "Unsqueeze": _unsqueeze, "Dropout": _dropout, "Conv": _conv,
     "AveragePool": _average_pool, "Pad": _pad,
     "GRU": _crashes("GRU: the importer aborts in its translator (a protobuf CHECK on the node's inputs)"),
@@ -130,20 +172,176 @@ BLOCKERS: dict[str, Callable[[Any, dict[str, Any]], str]] = {
 }
 
 
+class ShapeWarning(NamedTuple):
+    """A node NNFusion compiles into a network that is not the model's (no abort): the numbers come out wrong."""
+
+    node: str
+    text: str
+
+
 def import_blockers(model: Any) -> list[Blocker]:
     """The nodes of an ONNX ModelProto NNFusion cannot compile, in graph order (names as extraction gives them)."""
+    return import_faults(model)[0]
+
+
+def import_faults(model: Any) -> tuple[list[Blocker], list[ShapeWarning]]:
+    """The nodes NNFusion cannot compile (graph order), and those it compiles into another network (wrong shapes)."""
     opsets = {("" if i.domain == "ai.onnx" else i.domain): i.version for i in model.opset_import}
     opsets.setdefault("", ANY_OPSET)
+    shapes = _shapes(model)
     found = []
     for i, node in enumerate(model.graph.node):
         name = node.name or f"{node.op_type}#{i}"
-        reason = _blocker(node, opsets)
+        reason = _blocker(node, opsets, shapes)
         if reason:
             found.append(Blocker(name, node.op_type, reason))
-    return found
+    blocked = {b.node for b in found}
+    pooled, warnings = _AveragePoolShapes(model, shapes, opsets[""]).run(blocked)
+    return sorted(found + pooled, key=lambda b: _order(model, b.node)), warnings
 
 
-def _blocker(node: Any, opsets: dict[str, int]) -> str:
+def _order(model: Any, name: str) -> int:
+    return next((i for i, n in enumerate(model.graph.node) if (n.name or f"{n.op_type}#{i}") == name), 0)
+
+
+def _shapes(model: Any) -> Shapes:
+    """Static shapes of the model's tensors: declared, inferred (extraction gives a model ONNX's shape inference has
+    been through) and of its initializers."""
+    graph = model.graph
+    shapes: Shapes = {t.name: list(t.dims) for t in graph.initializer}
+    for vi in (*graph.input, *graph.value_info, *graph.output):
+        dims = vi.type.tensor_type.shape.dim if vi.type.HasField("tensor_type") else []
+        if dims and all(d.HasField("dim_value") and d.dim_value > 0 for d in dims):
+            shapes.setdefault(vi.name, [d.dim_value for d in dims])
+    return shapes
+
+
+# ONNX ops whose output has their (first) input's shape in NNFusion too, and numpy-broadcasting binary ops (opset 7 on)
+_SAME_SHAPE = frozenset(("Relu", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Abs", "Neg", "Erf", "Ceil", "Floor", "Sin",
+                         "Cos", "Tan", "Asin", "Acos", "Atan", "Gelu", "LeakyRelu", "Identity", "Dropout", "Cast",
+                         "Clip", "Softmax", "Not"))
+_BROADCASTING = frozenset(("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Equal", "Greater", "Less", "And", "Or"))
+
+
+def _broadcast(a: list[int], b: list[int]) -> list[int] | None:
+    """numpy's broadcast of two shapes; None when they do not broadcast."""
+    rank = max(len(a), len(b))
+    a, b = [1] * (rank - len(a)) + a, [1] * (rank - len(b)) + b
+    if any(x != y and 1 not in (x, y) for x, y in zip(a, b, strict=True)):
+        return None
+    return [max(x, y) if 1 in (x, y) else x for x, y in zip(a, b, strict=True)]
+
+
+class _AveragePoolShapes:
+    """NNFusion's ONNX importer translates AveragePool with the first translator registered for it (ops_bridge.cpp
+    registers two at version 1, and std::map::emplace keeps the first): TranslateAveragePoolOp reads kernel_shape and
+    strides only, so pads, auto_pad and ceil_mode are dropped and it pools without padding (a MaxPool's pads are
+    kept). Where that changes the pool's shape, the smaller tensor flows on: the compile aborts where it meets a
+    tensor of the model's shape (an element-wise op: 'Auto-broadcast not possible'; a Concat: its shape check), and
+    goes through silently elsewhere, computing another network. Followed here through the ops whose shapes are plain
+    to follow (element-wise, Concat); beyond them, and at the network's outputs, a warning says so."""
+
+    def __init__(self, model: Any, shapes: Shapes, opset: int) -> None:
+        self.model, self.shapes, self.opset = model, shapes, opset
+        self.wrong: dict[str, tuple[list[int], frozenset[str]]] = {}  # tensor -> NNFusion's shape, the pools behind it
+        self.cause: dict[str, str] = {}  # pool -> what NNFusion makes of it
+        self.blockers: dict[str, Blocker] = {}
+        self.warnings: dict[str, ShapeWarning] = {}
+
+    def run(self, blocked: set[str]) -> tuple[list[Blocker], list[ShapeWarning]]:
+        for i, node in enumerate(self.model.graph.node):
+            name = node.name or f"{node.op_type}#{i}"
+            if name in blocked or node.domain not in ("", "ai.onnx"):
+                continue
+            if node.op_type == "AveragePool":
+                self._pool(name, node)
+            elif any(t in self.wrong for t in node.input):
+                self._follow(name, node)
+        for out in self.model.graph.output:
+            if out.name in self.wrong:
+                shape, pools = self.wrong[out.name]
+                self._warn(pools, f"the network's output {out.name} comes out {shape} where the model has "
+                                  f"{self.shapes.get(out.name)}")
+        return list(self.blockers.values()), [w for n, w in self.warnings.items() if n not in self.blockers]
+
+    def _shape(self, tensor: str) -> list[int] | None:
+        return self.wrong[tensor][0] if tensor in self.wrong else self.shapes.get(tensor)
+
+    def _pool(self, name: str, node: Any) -> None:
+        from onnx import helper
+
+        attrs = {a.name: (v.decode() if isinstance(v, bytes) else v)
+                 for a in node.attribute for v in [helper.get_attribute_value(a)]}
+        window, strides = list(attrs.get("kernel_shape", [])), list(attrs.get("strides", []))
+        data, onnx_out = self._shape(node.input[0]), self.shapes.get(node.output[0])
+        if len(window) != 2 or len(strides) != 2 or data is None or len(data) != 4 or onnx_out is None:
+            return
+        ours = [*data[:2], *((n - k) // s + 1 for n, k, s in zip(data[2:], window, strides, strict=True))]
+        pads = list(attrs.get("pads", [0, 0, 0, 0]))
+        dropped = ", ".join(f"{k} {v}" for k, v in (("pads", pads), ("auto_pad", attrs.get("auto_pad", "NOTSET")),
+                                                     ("ceil_mode", attrs.get("ceil_mode", 0)))
+                            if v not in ([0, 0, 0, 0], "NOTSET", 0))
+        origins = self.wrong[node.input[0]][1] if node.input[0] in self.wrong else frozenset()
+        if ours != onnx_out:
+            self.wrong[node.output[0]] = (ours, origins | {name})
+            self.cause[name] = (f"NNFusion's importer drops AveragePool's {dropped or 'padding'} (its first "
+                                f"translator reads kernel_shape and strides only) and pools {data} to {ours} where "
+                                f"ONNX gives {onnx_out}")
+        elif any(pads[:2]):
+            self.warnings[name] = ShapeWarning(name, f"NNFusion's importer drops AveragePool's pads {pads}: the "
+                                               f"shape stays {ours}, but its windows start {pads[:2]} later than "
+                                               "ONNX's, so the numbers differ")
+
+    def _follow(self, name: str, node: Any) -> None:
+        wrong = [t for t in node.input if t in self.wrong]
+        pools = frozenset().union(*(self.wrong[t][1] for t in wrong))
+        onnx_out = self.shapes.get(node.output[0]) if node.output else None
+        shapes = [self._shape(t) for t in node.input if t]
+        out: list[int] | None
+        if node.op_type in _SAME_SHAPE:
+            out = shapes[0]
+        elif node.op_type in _BROADCASTING and self.opset >= 7 and len(shapes) == 2 and None not in shapes:
+            a, b = shapes
+            assert a is not None and b is not None
+            out = _broadcast(a, b)
+            if out is None:
+                self._abort(pools, f"at node {name} ({node.op_type}) the compiler aborts: 'Auto-broadcast not "
+                                   f"possible for these input shapes: shape1={a} shape2={b}'")
+                return
+        elif node.op_type == "Concat" and None not in shapes:
+            from onnx import helper
+
+            axis = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), 0)
+            known = [s for s in shapes if s is not None]
+            axis %= len(known[0])
+            if any(len(s) != len(known[0]) or [d for k, d in enumerate(s) if k != axis]
+                   != [d for k, d in enumerate(known[0]) if k != axis] for s in known):
+                distinct = list(dict.fromkeys(map(tuple, known)))
+                self._abort(pools, f"at node {name} (Concat) the compiler aborts: its inputs of shapes "
+                                   f"{', '.join(str(list(d)) for d in distinct)} differ off the axis {axis} (Concat's "
+                                   "shape check, concat.cpp)")
+                return
+            out = [*known[0][:axis], sum(s[axis] for s in known), *known[0][axis + 1:]]
+        else:
+            self._warn(pools, f"its {self.wrong[wrong[0]][0]} tensor flows into node {name} ({node.op_type}), which "
+                              "kdb does not follow: NNFusion compiles a network whose shapes are not the model's (it "
+                              "may abort there; if not, its numbers are wrong)")
+            return
+        if out is not None and out != onnx_out and node.output:
+            self.wrong[node.output[0]] = (out, pools)
+
+    def _abort(self, pools: frozenset[str], where: str) -> None:
+        for pool in sorted(pools):
+            if pool not in self.blockers:
+                self.blockers[pool] = Blocker(pool, "AveragePool", f"{self.cause[pool]}; {where}")
+
+    def _warn(self, pools: frozenset[str], what: str) -> None:
+        for pool in sorted(pools):
+            if pool not in self.warnings:
+                self.warnings[pool] = ShapeWarning(pool, f"{self.cause[pool]}; {what}")
+
+
+def _blocker(node: Any, opsets: dict[str, int], shapes: Shapes) -> str:
     domain = "" if node.domain == "ai.onnx" else node.domain
     if domain not in opsets:
         return (f"op of the {domain!r} domain, which the model imports no opset of: the importer aborts looking up "
@@ -156,4 +354,4 @@ def _blocker(node: Any, opsets: dict[str, int]) -> str:
         return (f"the importer has no translator for {node.op_type}{at} and NNFusion no generic op of that name: it "
                 f"aborts ('No infershape or Antares IR found for op type: {node.op_type}')")
     check = BLOCKERS.get(node.op_type) if domain == "" else None
-    return check(node, _attributes(node)) if check is not None else ""
+    return check(node, _attributes(node), shapes) if check is not None else ""

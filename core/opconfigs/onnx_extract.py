@@ -30,9 +30,11 @@ The mapping follows NNFusion's ONNX importer and its pattern-substitution pass:
   MatMul whose left input has rank >= 2 and right input rank 2 -> Dot (the left input's leading axes are
   rows: a BERT dense layer [1,128,768] x [768,768]); any other MatMul (a 1-D input, a right input of rank
   > 2) becomes BatchMatMul in NNFusion and is unmapped.
-- MaxPool / AveragePool -> MaxPool / AvgPool (ceil_mode only when it does not change the shape; no
-  dilations); an AvgPool over padding gets a note, since the identifier does not say whether the
-  padding counts. GlobalAveragePool / GlobalMaxPool -> a pool whose window is the spatial size.
+- MaxPool -> MaxPool (ceil_mode only when it does not change the shape; no dilations). AveragePool -> AvgPool
+  without padding: NNFusion's importer drops its pads, auto_pad and ceil_mode; where that changes the shape it
+  is unmapped, and a blocker (the compile aborts downstream) or a wrong-shape note names it
+  (core/opconfigs/nnfusion_import.py). GlobalAveragePool / GlobalMaxPool -> a pool whose window is the
+  spatial size.
 - Element-wise ops NNFusion knows (Mul -> Multiply, Max -> Maximum, ...) of one element type -> that op
   with every input of the output's shape (NNFusion reshapes and broadcasts a smaller input first). Clip
   -> Maximum ("<clip>/max") and Minimum; ReduceMean -> a Sum (unmapped) and a Divide of the reduced
@@ -70,7 +72,7 @@ from core.opconfigs.fusion import (
     fused_nodes,
     substitute,
 )
-from core.opconfigs.nnfusion_import import Blocker, import_blockers
+from core.opconfigs.nnfusion_import import Blocker, depthwise_padding_ok, grouped_conv_reason, import_faults
 from core.opconfigs.opconfig import OpConfig, dedupe, validate
 
 # ONNX op -> NNFusion's element-wise op (as its ONNX importer translates them).
@@ -211,9 +213,10 @@ def extract(path: Path | str, flags: LookupFlags | None = None) -> Extraction:
         notes.append(Note("(model)", f"-fkernel_fusion_level={level} groups element-wise nodes by the compiler's "
                           "schedule, connected or not; kdb replays that schedule on its model of the graph, which the "
                           "real compiler was checked against at levels 0 and 3 only"))
+    blockers, wrong_shapes = import_faults(model)
+    notes += [Note(w.node, f"wrong shape: {w.text}") for w in wrong_shapes]
     return Extraction(graph.name or path.stem, len(graph.node), dedupe(c for c, _ in extractor.ops), dict(nodes),
-                      extractor.unmapped, notes, import_blockers(model), tuple(model_graph), tuple(outputs), level,
-                      substitution)
+                      extractor.unmapped, notes, blockers, tuple(model_graph), tuple(outputs), level, substitution)
 
 
 def _load(path: Path) -> Any:
@@ -329,23 +332,6 @@ def reduce_mean_shape(shape: list[int] | None, attrs: dict[str, Any]) -> list[in
         return None
     axes = {a % len(shape) for a in attrs.get("axes", range(len(shape)))} if shape else set()
     return [d for a, d in enumerate(shape) if a not in axes]
-
-
-def grouped_conv_reason(groups: int, channels: int, filters: int, padding_ok: bool = True) -> tuple[str, bool]:
-    """Why a grouped convolution is never a kernel-DB lookup (what NNFusion does with it instead), and whether the
-    compiler gets past it at all. `padding_ok`: SAME or VALID padding, the only kinds DepthwiseConv2dNative takes."""
-    if groups != channels:
-        return (f"grouped convolution (group={groups}, not depthwise): NNFusion's ONNX importer aborts on it (its "
-                "CHECK 'n_filters_channels & groups == 0' in frontend/onnx_import/op/conv.cpp fails for every group "
-                "count: & binds after ==), so the model does not compile", False)
-    if filters != groups:
-        return (f"depthwise convolution with {filters} filters for {groups} channels: NNFusion's ONNX importer aborts "
-                "on it (DepthwiseConv2dNative takes a depth multiplier of 1 only)", False)
-    if not padding_ok:
-        return ("depthwise convolution whose padding is neither SAME nor VALID: NNFusion's ONNX importer aborts on it "
-                "(DepthwiseConv2dNative takes those two only)", False)
-    return (f"depthwise convolution (group={groups}): NNFusion runs it as DepthwiseConv2dNative, with a kernel of its "
-            "own; the kernel DB of NNFusion's main branch has no op type for it, so no row can serve it", True)
 
 
 class _Extractor:
@@ -503,9 +489,9 @@ class _Extractor:
             self._emit_elementwise("Add", [ys, ys], ys, dtype, f"{self.names[i]}/bias")
 
     def _grouped_conv(self, i: int, ws: list[int], groups: int, below: list[int], channels: int) -> tuple[str, bool]:
-        dilations = _attrs(self.nodes[i]).get("dilations", [1] * len(below))
-        same = all(2 * b == d * (k - 1) for b, d, k in zip(below, dilations, ws[2:], strict=True))
-        return grouped_conv_reason(groups, channels, ws[0], same or not any(below))
+        attrs = _attrs(self.nodes[i])
+        padding_ok = depthwise_padding_ok(list(attrs.get("pads", [])), list(attrs.get("dilations", [])), ws[2:])
+        return grouped_conv_reason(groups, channels, ws[0], padding_ok)
 
     def _fuse(self, i: int, out: list[int], dtype: str, has_bias: bool) -> tuple[str, list[int]]:
         """NNFusion's Conv+Add+Relu, then Conv+Relu pattern: the op type and the nodes it consumes."""
@@ -628,12 +614,16 @@ class _Extractor:
             raise _NotMapped(f"dilations {list(attrs['dilations'])}: NNFusion's pools have none")
         below, above = _pads(attrs, xs[2:], ys[2:], window, strides)
         floor = [(n + b + a - w) // s + 1 for n, b, a, w, s in zip(xs[2:], below, above, window, strides, strict=True)]
-        if attrs.get("ceil_mode", 0) and floor != ys[2:]:
+        if op_type == "AvgPool":
+            # NNFusion's importer drops an AveragePool's pads, auto_pad and ceil_mode (nnfusion_import.py)
+            # and looks up the pool without padding, of its own output shape.
+            ours = [(n - w) // s + 1 for n, w, s in zip(xs[2:], window, strides, strict=True)]
+            if ours != ys[2:]:
+                raise _NotMapped(f"NNFusion pools it to spatial {ours} without padding, where ONNX gives {ys[2:]}: the "
+                                 "compiler's network is not the model's (a blocker or a wrong-shape note says where)")
+            below, above = [0] * spatial, [0] * spatial
+        elif attrs.get("ceil_mode", 0) and floor != ys[2:]:
             raise _NotMapped(f"ceil_mode=1 gives spatial {ys[2:]}; NNFusion's pools round down ({floor})")
-        if op_type == "AvgPool" and any(below + above):
-            counted = "counts" if attrs.get("count_include_pad", 0) else "does not count"
-            self.notes.append(Note(self.names[i], f"the padding {counted} in the average (count_include_pad); the "
-                                   "identifier does not say, so a DB kernel must average the same way"))
         params = {"input_shape": xs, "output_shape": ys, "window_shape": window, "window_stride": strides,
                   "padding_below": below, "padding_above": above}
         self._emit(OpConfig(op_type, params, 1, dtype, source=self.names[i]), [i])

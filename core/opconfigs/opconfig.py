@@ -29,6 +29,7 @@ from core.errors import InputError
 from core.kernels.kernel_json import MAX_FILE_BYTES, validate_item
 from core.kernels.ops import CONV_FAMILY, ELEMENTWISE_ARITY, POOLS
 from core.kernels.opsig import OpSignature, dot_mkn
+from core.opconfigs.nnfusion_import import depthwise_padding_ok, grouped_conv_reason
 
 _DTYPE_BYTES = {"float": 4, "half": 2, "double": 8}
 _FUSE = {"relu": "Fused_Convolution_Relu", "add_relu": "Fused_Convolution_Add_Relu"}
@@ -69,10 +70,19 @@ class OpConfig:
     def signature(self) -> OpSignature:
         """The op as NNFusion's kernel DB knows it; InputError if the DB has no op type for it."""
         if self.groups != 1:
-            raise InputError(f"grouped convolution (groups={self.groups}) has no kernel-DB op type in NNFusion "
-                             "(depthwise becomes DepthwiseConv2dNative, which the kernel DB cannot hold)",
-                             where=self.source)
+            raise InputError(self._grouped_reason(), where=self.source)
         return validate(self)
+
+    def _grouped_reason(self) -> str:
+        """What NNFusion does with this grouped convolution instead of a kernel-DB lookup."""
+        p = self.params
+        data, filt = p.get("input_shape"), p.get("filter_shape")
+        if not (isinstance(data, list) and len(data) > 1 and isinstance(filt, list) and len(filt) > 2):
+            return f"grouped convolution (groups={self.groups}): no kernel-DB op type in NNFusion"
+        below = list(p.get("padding_below_diff") or [])
+        pads = below + list(p.get("padding_above_diff") or below)
+        padding_ok = depthwise_padding_ok(pads, list(p.get("window_dilation_strides") or []), filt[2:])
+        return grouped_conv_reason(self.groups, data[1], filt[0], padding_ok)[0]
 
     @property
     def flops(self) -> int:
