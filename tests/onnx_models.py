@@ -138,12 +138,14 @@ def write(model: ModelProto, path: Path) -> Path:
 
 
 def small_cnn() -> ModelProto:
-    """Conv+Relu twice with one shape (one op config, count 2), a MaxPool, and a Sigmoid NNFusion fuses into a
-    kernel of its own: a network small enough to tune on the CPU in a test."""
+    """Conv+Relu twice with one shape (one op config, count 2), a MaxPool, and a Sigmoid and a Relu NNFusion fuses
+    into one kernel of its own (a lone element-wise op it would look up): a network small enough to tune on the CPU
+    in a test."""
     g = GraphBuilder({"x": [1, 8, 8, 8]})
     y = g.node("Relu", [g.conv("x", 8, 8, 3, name="a")], "relu_a")
     y = g.node("Relu", [g.conv(y, 8, 8, 3, name="b")], "relu_b")
     y = g.node("Sigmoid", [g.node("MaxPool", [y], "pool", kernel_shape=[2, 2], strides=[2, 2])], "sigmoid")
+    y = g.node("Relu", [y], "relu_out")
     return g.model(y, "small")
 
 

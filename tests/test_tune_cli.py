@@ -144,7 +144,7 @@ def test_a_model_is_tuned_as_one_network_and_resumes_without_measuring_again(tmp
     first = run_kdb("tune", model, "--target", "llvm", "--budget", "6", "--json")
     assert first.returncode == 0, first.stderr[-2000:]
     assert "network small: 2 distinct ops" in first.stderr and "6 trials spread" in first.stderr
-    assert "not tuned: 1 node(s): element-wise" in first.stderr
+    assert "not tuned" not in first.stderr  # the Sigmoid and Relu NNFusion fuses are no op of the network at all
     stream = events(first.stdout)
     jobs = stream[-1]["jobs"]
     # Each op is probed with one trial (the floor of a 6-trial budget over 2 ops) before the budget is spread,

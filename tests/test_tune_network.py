@@ -13,7 +13,7 @@ from core.tuning.network import (
     FLOOR_TRIALS,
     Network,
     NetworkOp,
-    looked_up,
+    has_row_type,
     network_from_model,
     network_of,
     predict,
@@ -37,16 +37,14 @@ def ops(*pairs: tuple[object, int]) -> list[NetworkOp]:
     return [NetworkOp(config, count) for config, count in pairs]  # type: ignore[arg-type]
 
 
-def test_only_the_ops_nnfusion_looks_up_are_tuned():
-    assert [looked_up(c)[0] for c in (CONV, CONV_RELU, POOL, DOT)] == [True] * 4
-    fused, why = looked_up(RELU)
-    assert not fused and "fuses it into its own kernel" in why
-    grouped, why = looked_up(DEPTHWISE)
-    assert not grouped and "groups=32" in why
+def test_of_op_configs_every_op_a_row_can_serve_is_tuned():
+    assert [has_row_type(c)[0] for c in (CONV, CONV_RELU, POOL, DOT, RELU)] == [True] * 5
+    grouped, why = has_row_type(DEPTHWISE)
+    assert not grouped and "DepthwiseConv2dNative" in why
     counts = {CONV.key: 2, RELU.key: 5}
     network = network_of("n", [CONV, RELU, POOL, DEPTHWISE], lambda c: counts.get(c.key, 1))
-    assert [(op.config, op.count) for op in network.ops] == [(CONV, 2), (POOL, 1)]
-    assert [(c, n) for c, n, _ in network.skipped] == [(RELU, 5), (DEPTHWISE, 1)]
+    assert [(op.config, op.count) for op in network.ops] == [(CONV, 2), (RELU, 5), (POOL, 1)]
+    assert [(c, n) for c, n, _ in network.skipped] == [(DEPTHWISE, 1)]
 
 
 def test_a_models_ops_with_their_counts(tmp_path: Path):
@@ -56,12 +54,35 @@ def test_a_models_ops_with_their_counts(tmp_path: Path):
     # Two stages of two blocks: the stride-1 convs repeat, element-wise Add/Relu are fused by NNFusion.
     network = network_from_model(write(resnet(widths=(16, 32), blocks=(2, 2), size=32, classes=10),
                                        tmp_path / "r.onnx"))
-    assert network.ops and all(looked_up(op.config)[0] for op in network.ops)
+    assert network.ops and all(has_row_type(op.config)[0] for op in network.ops)
     assert len({op.config.key for op in network.ops}) == len(network.ops)  # distinct
     assert max(op.count for op in network.ops) >= 2  # the repeated 3x3 convs of a stage
     types = {op.config.op_type for op in network.ops}
     assert {"Fused_Convolution_Relu", "Fused_Convolution_Add_Relu", "MaxPool", "AvgPool", "Dot"} <= types
-    assert not any(op.config.op_type in ("Relu", "Add") for op in network.ops)
+
+
+def test_a_models_network_is_what_nnfusion_looks_up_at_the_flags(tmp_path: Path):
+    """A dense layer's lone bias Add is looked up (and tuned); an Add and Relu NNFusion fuses into a kernel of its
+    own are not, until -fkernel_fusion_level=0 leaves every element-wise op to the DB."""
+    pytest.importorskip("onnx")
+    from onnx_models import GraphBuilder, write
+
+    from core.nnfusion.compiler import CompilerFlags
+    from core.opconfigs.onnx_extract import extract
+
+    g = GraphBuilder({"x": [1, 128, 64]})
+    y = g.node("Add", [g.node("MatMul", ["x", g.weight("w", [64, 64])], "dense"), g.weight("b", [64])], "bias")
+    y = g.node("MatMul", [y, g.weight("w2", [64, 64])], "dense2")
+    y = g.node("Relu", [g.node("Add", [y, "x"], "residual")], "relu")
+    model = write(g.model(y, "dense"), tmp_path / "dense.onnx")
+    for flags in (None, CompilerFlags.parse(["-fkernel_fusion_level=0"])):
+        network = network_from_model(model, flags)
+        extraction = extract(model, flags)
+        assert [op.config.key for op in network.ops] == [c.key for c in extraction.looked_up()]
+    default = {op.config.op_type: op.count for op in network_from_model(model).ops}
+    assert default == {"Dot": 2, "Add": 1}  # the bias Add alone; the residual Add + Relu are NNFusion's kernel
+    unfused = {op.config.op_type: op.count for op in network.ops}
+    assert unfused == {"Dot": 2, "Add": 2, "Relu": 1}
 
 
 def test_the_budget_follows_each_ops_share_of_the_network_time():

@@ -21,6 +21,7 @@ from typing import Any, TextIO
 
 from rich.console import Console
 
+from console.cli.opconfig_input import lookup_flags
 from console.cli.output import console_for, log, print_json
 from core.codegen.batch import read_inputs
 from core.db.kernel_db import default_db_path
@@ -48,7 +49,7 @@ def main(args: argparse.Namespace) -> int:
     if args.population is not None and args.population < args.batch:
         raise InputError(f"a population of {args.population} cannot give batches of {args.batch} (the search picks "
                          "each batch from its population)", where="--population")
-    inputs = read_inputs([Path(p) for p in args.inputs])
+    inputs = read_inputs([Path(p) for p in args.inputs], lookup_flags(args)[1])  # a model: what NNFusion looks up
     for e in inputs.errors:
         log(f"skipped: {e}")
     if not inputs.configs:
@@ -57,8 +58,8 @@ def main(args: argparse.Namespace) -> int:
     if inputs.models or args.budget:
         network = network_of("+".join(inputs.models) or "op configs", inputs.configs, inputs.count)
         if not network.ops:
-            raise InputError(f"{network.name}: none of its {len(inputs.configs)} ops is one NNFusion looks up in "
-                             "the kernel DB (convolutions, pools, Dot)")
+            raise InputError(f"{network.name}: none of its {len(inputs.configs)} ops is one a kernel-DB row can "
+                             "serve")
     if args.max_per_op is not None and network is None:
         raise InputError("only a network's budget is spread over its ops: give a model or --budget",
                          where="--max-per-op")

@@ -269,8 +269,10 @@ class TuningScreen(KdbScreen):
     @work(thread=True, exit_on_error=False, group="import")
     def import_file(self, path: Path) -> None:
         from core.codegen.batch import read_inputs
+        from core.nnfusion.compiler import CompilerFlags
 
-        inputs = read_inputs([path])
+        # a model: the ops NNFusion looks up at the settings' flags, as `kdb tune` takes them
+        inputs = read_inputs([path], CompilerFlags.parse(self.context.settings.nnfusion_flags))
         if not inputs.models:
             self.post_message(self.Imported(path, inputs.configs, inputs.errors))
             return

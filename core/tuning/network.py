@@ -1,10 +1,10 @@
 """A whole network as one tuning job: its distinct ops, a trial budget spread by where the time goes, and the
 network time predicted from the best kernels so far.
 
-Which ops: only those NNFusion looks up in its kernel DB at its default flags (`looked_up`): convolutions
-(plain, and Conv+Relu / Conv+Add+Relu as their fused op types), pools and Dot. At the default
--fkernel_fusion_level=3 the compiler fuses standalone element-wise ops (Add, Relu, ...) into kernels of its
-own before kernel selection, so their rows are never read; grouped convolutions have no kernel-DB op type.
+Which ops: of a model, those NNFusion looks up in its kernel DB at the compiler flags given (core/codegen/batch.py's
+read_inputs keeps Extraction.looked_up(): its kernel fusion replayed, so a lone bias Add is tuned and an Add fused
+into NNFusion's own kernel is not). Of op-config files, every op a kernel-DB row can serve; an op with no kernel-DB
+op type (a grouped convolution) is skipped with the reason.
 
 The budget: every op gets a floor, the rest follows each op's share of the network's estimated time (its
 best time so far x its count; FLOPs x count while nothing of it is measured, scaled by the speed the measured
@@ -25,23 +25,21 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from core.kernels.ops import CONV_FAMILY, POOLS
+from core.errors import InputError
+from core.opconfigs.onnx_extract import LookupFlags
 from core.opconfigs.opconfig import OpConfig
 
 FLOOR_TRIALS = 16  # no op below this (nor below a quarter of the average share): MetaSchedule's first
 # batches are mostly its random initial population
 
 
-def looked_up(config: OpConfig) -> tuple[bool, str]:
-    """Whether NNFusion, at its default flags, fetches this op's kernel from the DB; else why not.
-
-    A stand-in for the exact model of the compiler's passes (coverage will own it): swap it there.
-    """
-    if config.op_type in CONV_FAMILY or config.op_type in POOLS or config.op_type == "Dot":
-        if config.groups != 1:
-            return False, f"grouped convolution (groups={config.groups}): no kernel-DB op type"
-        return True, ""
-    return False, "element-wise: NNFusion fuses it into its own kernel (-fkernel_fusion_level=3)"
+def has_row_type(config: OpConfig) -> tuple[bool, str]:
+    """Whether a kernel-DB row can serve this op (it has an identifier); else why not."""
+    try:
+        config.signature()
+    except InputError as exc:
+        return False, exc.reason
+    return True, ""
 
 
 @dataclass(frozen=True)
@@ -67,10 +65,11 @@ class Network:
 
 def network_of(name: str, configs: list[OpConfig], count: Callable[[OpConfig], int],
                library: Mapping[str, float] | None = None) -> Network:
-    """The ops of `configs` NNFusion looks up, with their counts (and library times by OpConfig.key)."""
+    """The ops of `configs` (a model's: those NNFusion looks up) a kernel-DB row can serve, with their counts (and
+    library times by OpConfig.key)."""
     network = Network(name, [])
     for config in configs:
-        wanted, why = looked_up(config)
+        wanted, why = has_row_type(config)
         if wanted:
             network.ops.append(NetworkOp(config, count(config), (library or {}).get(config.key)))
         else:
@@ -78,11 +77,14 @@ def network_of(name: str, configs: list[OpConfig], count: Callable[[OpConfig], i
     return network
 
 
-def network_from_model(path: Path) -> Network:
-    from core.opconfigs.onnx_extract import extract
+def network_from_model(path: Path, flags: LookupFlags | None = None) -> Network:
+    """The network of an ONNX model: the ops NNFusion looks up at these flags (its defaults unless given)."""
+    from core.codegen.batch import read_inputs
 
-    extraction = extract(path)
-    return network_of(extraction.model_name, extraction.configs, extraction.count)
+    inputs = read_inputs([path], flags)
+    if inputs.errors:
+        raise inputs.errors[0]
+    return network_of("+".join(inputs.models), inputs.configs, inputs.count)
 
 
 # ---------------------------------------------------------------------------------------------
