@@ -203,7 +203,7 @@ async def test_import_an_onnx_model_lists_unmapped_nodes(tmp_path: Path):
         assert [c.op_type for c in screen.configs] == ["Relu", "Fused_Convolution_Relu"]
         assert screen.configs[0].source == "dw.onnx:relu1"
         report = text(screen, "#import-report")
-        assert "model depthwise_block, 4 nodes -> 2 distinct op configs (2 added)" in report
+        assert "model depthwise_block, 4 nodes -> 2 distinct op configs the compiler looks up (2 added)" in report
         assert "1 nodes unmapped" in report
         assert "dw (Conv): depthwise convolution (group=32): NNFusion runs it as DepthwiseConv2dNative" in report
 
@@ -393,3 +393,47 @@ async def test_codegen_failures_are_kept_and_lead_to_the_failures_view(tmp_path:
         assert (failure.stage, failure.file, failure.item_index) == ("codegen", "ops.txt", 1)
         await pilot.press("f")
         assert app.current_mode == "failures"
+
+
+def dense_model(tmp_path: Path) -> Path:
+    """A dense layer's lone bias Add (looked up), then a residual Add + Relu NNFusion fuses into a kernel of its own
+    at its default -fkernel_fusion_level=3 (looked up at 0)."""
+    from onnx_models import GraphBuilder, write
+
+    g = GraphBuilder({"x": [1, 128, 64]})
+    y = g.node("Add", [g.node("MatMul", ["x", g.weight("w", [64, 64])], "dense"), g.weight("b", [64])], "bias")
+    y = g.node("Relu", [g.node("Add", [g.node("MatMul", [y, g.weight("w2", [64, 64])], "dense2"), "x"], "residual")],
+               "relu")
+    return write(g.model(y, "dense"), tmp_path / "dense.onnx")
+
+
+@pytest.mark.parametrize(("flags", "listed"), [([], ["Dot", "Add"]), (["-fkernel_fusion_level=0"], ["Dot", "Add", "Relu"])])
+async def test_a_model_lists_what_kdb_opconfig_extract_writes_at_the_settings_flags(tmp_path: Path, flags: list[str],
+                                                                                    listed: list[str]):
+    """The view and `kdb opconfig extract -o` give one list of a model (the op configs NNFusion looks up at the
+    settings' nnfusion_flags), the one generate and export then take."""
+    pytest.importorskip("onnx")
+    from conftest import run_kdb
+
+    from core.opconfigs.opconfig import read_opconfigs
+    from core.settings import save_settings
+
+    model = dense_model(tmp_path)
+    settings = Settings(workers=1, nnfusion_flags=flags)
+    save_settings(settings)  # the CLI's settings (KDB_CONFIG), the console's the same
+    proc = run_kdb("opconfig", "extract", str(model), "-o", str(tmp_path / "ops.txt"))
+    assert proc.returncode == 0, proc.stderr
+    written = read_opconfigs(tmp_path / "ops.txt").configs
+    assert [c.op_type for c in written] == listed
+    app = FixedDeviceApp(ConsoleContext(db_path=tmp_path / "k.db", settings=settings,
+                                        device_summary="no CUDA device (test)"))
+    async with app.run_test(size=(160, 45)) as pilot:
+        screen = await open_view(pilot)
+        await import_path(pilot, screen, model, len(written))
+        assert [c.key for c in screen.configs] == [c.key for c in written]
+        await pilot.press("x")  # export gives the same file back
+        assert isinstance(app.screen, PathDialog)
+        app.screen.query_one("#path", Input).value = str(tmp_path / "exported.txt")
+        await pilot.press("enter")
+        await wait_for(pilot, (tmp_path / "exported.txt").exists)
+        assert (tmp_path / "exported.txt").read_text() == (tmp_path / "ops.txt").read_text()

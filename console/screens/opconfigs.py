@@ -299,10 +299,13 @@ class OpConfigsScreen(KdbScreen):
             return source.replace(str(path), path.name, 1) if source.startswith(str(path)) else source
 
         if path.suffix.lower() == ".onnx":
+            from core.nnfusion.compiler import CompilerFlags
             from core.opconfigs.onnx_extract import extract
 
-            extraction = extract(path)
-            configs = [replace(c, source=f"{path.name}:{c.source}") for c in extraction.configs]
+            # What `kdb opconfig extract` writes: the ops the compiler looks up at the settings' flags (the list
+            # generate and inject then work on).
+            extraction = extract(path, CompilerFlags.parse(self.context.settings.nnfusion_flags))
+            configs = [replace(c, source=f"{path.name}:{c.source}") for c in extraction.looked_up()]
             self.post_message(self.Imported(path, configs, [], extraction))
             return
         read = read_opconfigs(path)

@@ -61,8 +61,11 @@ class ImportReport(Static):
                 lines += [f"  … and {len(errors) - LISTED} more"] if len(errors) > LISTED else []
             self.update("\n".join(lines))
             return
+        fused = len(extraction.configs) - len(configs)
         lines = [f"[b]{name}[/b]: model {escape(extraction.model_name)}, {extraction.node_count} nodes -> "
-                 f"{len(extraction.configs)} distinct op configs ({counts})"]
+                 f"{len(configs)} distinct op configs the compiler looks up ({counts})"
+                 + (f"; {fused} more fused into NNFusion's own element-wise kernels at -fkernel_fusion_level="
+                    f"{extraction.kernel_fusion_level}, never looked up, not listed" if fused else "")]
         unmapped = extraction.unmapped
         if unmapped:
             lines.append(f"[$warning]{len(unmapped)} nodes unmapped[/] (no kernel-DB op config):")
