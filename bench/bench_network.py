@@ -580,10 +580,13 @@ def part_ops(out: Path, db: Path, model: Path, picks: int = 1, pick_out: Path | 
     sys.path.insert(0, str(REPO / "bench"))
     from bench_tune import fastest_library, op_table, print_op_rows, with_library_times
 
+    from core.nnfusion.compiler import compiler_prepass
+    from core.settings import load_settings
     from core.tuning.network import network_from_model
 
-    if picks <= 1:
-        network = with_library_times(network_from_model(model), "cuda")
+    if picks <= 1:  # the model as the settings' compiler imports it (after its ONNX Runtime pre-pass)
+        prepass = compiler_prepass("", load_settings().nnfusion_path)
+        network = with_library_times(network_from_model(model, prepass=prepass), "cuda")
         rows = op_table(db, network)
         (pick_out or out / "ops.json").write_text(json.dumps(rows, indent=1))
         return

@@ -249,10 +249,13 @@ def main() -> None:
 
     with quiet, ms.Profiler() as profiler:
         if args.model:
+            from core.nnfusion.compiler import compiler_prepass
+            from core.settings import load_settings
             from core.tuning.network import network_from_model
             from core.tuning.queue import run_network
 
-            network = network_from_model(args.model)
+            # the model as the settings' compiler imports it (after its ONNX Runtime pre-pass, where that runs)
+            network = network_from_model(args.model, prepass=compiler_prepass("", load_settings().nnfusion_path))
             if args.shard:
                 network = shard_of(network, args.shard)
             network = with_library_times(network, args.target)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from console.cli.opconfig_input import lookup_flags, read_op_configs
+from console.cli.opconfig_input import lookup_flags, model_prepass, read_op_configs
 from console.cli.output import err, out, print_json
 from core.codegen.batch import generate_all
 from core.db.kernel_db import default_db_path
@@ -24,7 +24,7 @@ from core.settings import load_settings
 
 def main(args: argparse.Namespace) -> int:
     arch = args.arch or load_settings().archs[0]
-    configs, errors = read_op_configs(args.inputs, lookup_flags(args)[1])
+    configs, errors = read_op_configs(args.inputs, lookup_flags(args)[1], model_prepass(args))
     if not configs and not errors:
         raise InputError(f"no op configs in {', '.join(args.inputs)}: no op-config files or ONNX models there, empty "
                          "files, or models of which the compiler looks up no op at these flags (`kdb opconfig "

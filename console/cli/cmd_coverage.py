@@ -7,6 +7,7 @@ from pathlib import Path
 
 from rich.markup import escape
 
+from console.cli.opconfig_input import model_prepass
 from console.cli.output import err, out, print_json, shorten
 from core.db.kernel_db import KernelDB, kernel_db_path
 from core.nnfusion.compiler import CompilerFlags
@@ -29,7 +30,8 @@ def compiler_setup(args: argparse.Namespace) -> tuple[list[str], CompilerFlags, 
 
 def main(args: argparse.Namespace) -> int:
     flag_list, flags, product = compiler_setup(args)
-    extraction = extract_cached(Path(args.model), flags)  # a model seen before: ONNX is not even imported
+    # a model seen before: ONNX is not even imported; the model as the compiler imports it (its pre-pass run)
+    extraction = extract_cached(Path(args.model), flags, prepass=model_prepass(args))
     db_path = kernel_db_path(args.db)
     created = KernelDB.create_if_missing(db_path)  # an empty DB is the answer NNFusion itself would start from
     if created:
@@ -41,7 +43,7 @@ def main(args: argparse.Namespace) -> int:
     findings = bool(extraction.blockers) or any(e.status in (MISSING, NOT_USED, ABORTS) for e in entries)
     if args.json:
         print_json({"model": extraction.model_name, "db": str(db.path), "db_created": created, "flags": flag_list,
-                    "product_name": product,
+                    "product_name": product, "prepass": extraction.prepass,
                     "summary": summary, "entries": [e.to_dict() for e in entries],
                     "unmapped": [u._asdict() for u in extraction.unmapped],
                     "blockers": [b._asdict() for b in extraction.blockers]})

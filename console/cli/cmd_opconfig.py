@@ -6,10 +6,11 @@ import argparse
 from collections import Counter
 from pathlib import Path
 
-from console.cli.opconfig_input import lookup_flags
+from console.cli.opconfig_input import lookup_flags, model_prepass
 from console.cli.output import out, print_json, shorten
 from core.errors import InputError
-from core.opconfigs.onnx_extract import Extraction, extract
+from core.opconfigs.extract_cache import extract_cached
+from core.opconfigs.onnx_extract import Extraction
 from core.opconfigs.opconfig import OpConfig, dedupe, format_lines, format_structured, read_opconfigs
 
 
@@ -21,7 +22,7 @@ def main(args: argparse.Namespace) -> int:
 
 def _extract(args: argparse.Namespace) -> int:
     flag_list, flags = lookup_flags(args)
-    extraction = extract(Path(args.model), flags)
+    extraction = extract_cached(Path(args.model), flags, prepass=model_prepass(args))  # as the compiler imports it
     looked_up = extraction.looked_up()
     written = write_opconfigs(looked_up, Path(args.output)) if args.output else None
     if args.json:

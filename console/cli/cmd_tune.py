@@ -21,7 +21,7 @@ from typing import Any, TextIO
 
 from rich.console import Console
 
-from console.cli.opconfig_input import lookup_flags
+from console.cli.opconfig_input import lookup_flags, model_prepass
 from console.cli.output import console_for, log, print_json
 from core.codegen.batch import read_inputs
 from core.db.kernel_db import default_db_path
@@ -49,7 +49,8 @@ def main(args: argparse.Namespace) -> int:
     if args.population is not None and args.population < args.batch:
         raise InputError(f"a population of {args.population} cannot give batches of {args.batch} (the search picks "
                          "each batch from its population)", where="--population")
-    inputs = read_inputs([Path(p) for p in args.inputs], lookup_flags(args)[1])  # a model: what NNFusion looks up
+    inputs = read_inputs([Path(p) for p in args.inputs], lookup_flags(args)[1],  # a model: what NNFusion looks up
+                         prepass=model_prepass(args))  # ... in the graph it imports (its pre-pass run)
     for e in inputs.errors:
         log(f"skipped: {e}")
     if not inputs.configs:

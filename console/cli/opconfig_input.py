@@ -8,8 +8,9 @@ from pathlib import Path
 from console.cli.output import log
 from core.codegen.batch import load_configs
 from core.errors import InputError
-from core.nnfusion.compiler import CompilerFlags
+from core.nnfusion.compiler import CompilerFlags, compiler_prepass
 from core.opconfigs.opconfig import OpConfig
+from core.opconfigs.ort_prepass import PrePass
 from core.settings import load_settings
 
 
@@ -20,10 +21,17 @@ def lookup_flags(args: argparse.Namespace) -> tuple[list[str], CompilerFlags]:
     return flags, CompilerFlags.parse(flags)
 
 
-def read_op_configs(inputs: list[str], flags: CompilerFlags | None = None) -> tuple[list[OpConfig], list[InputError]]:
+def model_prepass(args: argparse.Namespace) -> PrePass:
+    """NNFusion's pre-pass as the compiler this command would run (--nnfusion, else the nnfusion_path setting, else
+    PATH) runs it: models are extracted as that compiler imports them."""
+    return compiler_prepass(getattr(args, "nnfusion", None) or "", load_settings().nnfusion_path)
+
+
+def read_op_configs(inputs: list[str], flags: CompilerFlags | None, prepass: PrePass) -> tuple[list[OpConfig],
+                                                                                         list[InputError]]:
     """Op configs of files, ONNX models (the ops looked up at `flags`) and directories, and what could not be read
     (already logged)."""
-    configs, errors = load_configs([Path(p) for p in inputs], flags)
+    configs, errors = load_configs([Path(p) for p in inputs], flags, prepass=prepass)
     for e in errors:
         log(f"skipped: {e}")
     return configs, errors

@@ -299,12 +299,14 @@ class OpConfigsScreen(KdbScreen):
             return source.replace(str(path), path.name, 1) if source.startswith(str(path)) else source
 
         if path.suffix.lower() == ".onnx":
-            from core.nnfusion.compiler import CompilerFlags
-            from core.opconfigs.onnx_extract import extract
+            from core.nnfusion.compiler import CompilerFlags, compiler_prepass
+            from core.opconfigs.extract_cache import extract_cached
 
             # What `kdb opconfig extract` writes: the ops the compiler looks up at the settings' flags (the list
-            # generate and inject then work on).
-            extraction = extract(path, CompilerFlags.parse(self.context.settings.nnfusion_flags))
+            # generate and inject then work on), in the graph the settings' compiler imports (its pre-pass run).
+            settings = self.context.settings
+            extraction = extract_cached(path, CompilerFlags.parse(settings.nnfusion_flags),
+                                        prepass=compiler_prepass("", settings.nnfusion_path))
             configs = [replace(c, source=f"{path.name}:{c.source}") for c in extraction.looked_up()]
             self.post_message(self.Imported(path, configs, [], extraction))
             return

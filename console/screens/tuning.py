@@ -269,10 +269,13 @@ class TuningScreen(KdbScreen):
     @work(thread=True, exit_on_error=False, group="import")
     def import_file(self, path: Path) -> None:
         from core.codegen.batch import read_inputs
-        from core.nnfusion.compiler import CompilerFlags
+        from core.nnfusion.compiler import CompilerFlags, compiler_prepass
 
-        # a model: the ops NNFusion looks up at the settings' flags, as `kdb tune` takes them
-        inputs = read_inputs([path], CompilerFlags.parse(self.context.settings.nnfusion_flags))
+        # a model: the ops NNFusion looks up at the settings' flags, as `kdb tune` takes them, in the graph the
+        # settings' compiler imports (its ONNX Runtime pre-pass run)
+        settings = self.context.settings
+        inputs = read_inputs([path], CompilerFlags.parse(settings.nnfusion_flags),
+                             prepass=compiler_prepass("", settings.nnfusion_path))
         if not inputs.models:
             self.post_message(self.Imported(path, inputs.configs, inputs.errors))
             return

@@ -13,6 +13,7 @@ from core.db.state import StateDB
 from core.errors import InputError
 from core.opconfigs.onnx_extract import LookupFlags
 from core.opconfigs.opconfig import OpConfig, read_opconfigs
+from core.opconfigs.ort_prepass import PrePass
 
 
 @dataclass
@@ -65,10 +66,10 @@ class Inputs:
         return self.counts.get(config.key, 0)
 
 
-def read_inputs(paths: list[Path], flags: LookupFlags | None = None) -> Inputs:
+def read_inputs(paths: list[Path], flags: LookupFlags | None = None, *, prepass: PrePass) -> Inputs:
     """Op configs from op-config files (lines, .toml, .json) and ONNX models, and directories of them. Of a model,
     the ops the compiler looks up at these flags (NNFusion's defaults unless given), each counted as often as it
-    is looked up."""
+    is looked up. Models are extracted as the compiler whose pre-pass `prepass` is imports them."""
     inputs = Inputs()
     files: list[Path] = []
     for path in paths:  # directories: every op-config file and ONNX model in them
@@ -77,9 +78,9 @@ def read_inputs(paths: list[Path], flags: LookupFlags | None = None) -> Inputs:
     for path in files:
         try:
             if path.suffix.lower() == ".onnx":
-                from core.opconfigs.onnx_extract import extract
+                from core.opconfigs.extract_cache import extract_cached
 
-                extraction = extract(path, flags)
+                extraction = extract_cached(path, flags, prepass=prepass)
                 inputs.models.append(extraction.model_name)
                 away = extraction.fused_away()
                 for config in extraction.looked_up():
@@ -95,9 +96,10 @@ def read_inputs(paths: list[Path], flags: LookupFlags | None = None) -> Inputs:
     return inputs
 
 
-def load_configs(paths: list[Path], flags: LookupFlags | None = None) -> tuple[list[OpConfig], list[InputError]]:
+def load_configs(paths: list[Path], flags: LookupFlags | None = None, *,
+                 prepass: PrePass) -> tuple[list[OpConfig], list[InputError]]:
     """Op configs from op-config files (lines, .toml, .json) and ONNX models (read_inputs), de-duplicated."""
-    inputs = read_inputs(paths, flags)
+    inputs = read_inputs(paths, flags, prepass=prepass)
     return inputs.configs, inputs.errors
 
 

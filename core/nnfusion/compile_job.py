@@ -21,7 +21,7 @@ from core.cuda.nvcc import find_nvcc
 from core.db.kernel_db import KernelDB
 from core.db.state import Failure, StateDB, state_dir
 from core.errors import KdbError, ToolError
-from core.nnfusion.compiler import CompileResult, CompilerFlags, compile_model, find_compiler
+from core.nnfusion.compiler import CompileResult, CompilerFlags, compile_model, compiler_prepass, find_compiler
 from core.nnfusion.coverage import CoverageEntry, coverage
 from core.nnfusion.generated import Generated, parse_generated
 from core.nnfusion.launch_check import LaunchedKernel, LaunchReport, check_launches
@@ -237,12 +237,13 @@ def _launch_check(job: CompileJob, source: str, generated: Generated) -> LaunchR
 def import_blockers(job: CompileJob) -> list[Blocker]:
     """The nodes of the job's model NNFusion cannot compile whatever the DB holds, known before it runs (the model's
     extraction is kept: the compile's own coverage reads it again for nothing)."""
-    return extract_cached(job.model).blockers
+    return extract_cached(job.model, prepass=compiler_prepass(job.binary, job.nnfusion_path)).blockers
 
 
 def _coverage(job: CompileJob) -> tuple[list[CoverageEntry], list[Blocker], float]:
     started = time.monotonic()
-    extraction = extract_cached(job.model, CompilerFlags.parse(job.flags))  # a model compiled before: no ONNX
+    extraction = extract_cached(job.model, CompilerFlags.parse(job.flags),  # a model compiled before: no ONNX
+                                prepass=compiler_prepass(job.binary, job.nnfusion_path))
     with KernelDB.open(job.db) as db:
         entries = coverage(extraction, db, CompilerFlags.parse(job.flags), job.product_name)
     return entries, extraction.blockers, time.monotonic() - started

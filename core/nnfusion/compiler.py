@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from core.errors import KdbError
+from core.opconfigs.ort_prepass import SCRIPT, PrePass
 
 # Flags whose value changes what the compiler asks the DB for, with NNFusion's defaults.
 FLAG_DEFAULTS: dict[str, int | bool] = {
@@ -177,6 +178,23 @@ def find_compiler(given: str = "", setting: str = "") -> Path:
     return Path(found).resolve()
 
 
+def compiler_environment() -> dict[str, str]:
+    """The environment kdb runs the compiler in (its own): the PATH here decides which python3 runs the pre-pass."""
+    return dict(os.environ)
+
+
+def compiler_prepass(given: str = "", setting: str = "") -> PrePass:
+    """NNFusion's ONNX Runtime pre-pass as the compiler find_compiler(given, setting) finds will run it: the script
+    beside its binary, and the python3 its system() call finds on the PATH kdb gives it (/bin/sh's default path
+    when there is none). When no compiler is found, a PrePass that says the pre-pass could not be checked."""
+    try:
+        binary = find_compiler(given, setting)
+    except KdbError as exc:
+        return PrePass.not_checked(str(exc))
+    python3 = shutil.which("python3", path=compiler_environment().get("PATH", os.defpath))
+    return PrePass(binary.parent / SCRIPT, Path(python3) if python3 else None)
+
+
 def compile_model(model: Path, db: Path, workdir: Path, *, binary: Path, product_name: str = "",
                   flags: Iterable[str] = (), timeout_s: float = 1800.0,
                   on_line: Callable[[str], None] | None = None,
@@ -199,7 +217,8 @@ def compile_model(model: Path, db: Path, workdir: Path, *, binary: Path, product
     with log_file.open("w", encoding="utf-8", errors="replace") as log:
         try:
             proc = subprocess.Popen(command, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, text=True, errors="replace", start_new_session=True)
+                                    stdin=subprocess.DEVNULL, text=True, errors="replace", start_new_session=True,
+                                    env=compiler_environment())
         except OSError as exc:
             raise KdbError(f"cannot run {binary}: {exc.strerror or exc}") from exc
         stop = threading.Event()

@@ -2,7 +2,10 @@
 whose import alone takes about a second (numpy, protobuf, ml_dtypes), for a model whose ops are already known.
 
 An entry is named by a digest of the model file's bytes, of the extraction code's source and of the installed
-onnx package (shape inference is its work): another model, another kdb or another onnx extracts afresh. A cache
+onnx package (shape inference is its work), and of what decides NNFusion's ONNX Runtime pre-pass (its script, the
+python3 the compiler calls, that python's onnxruntime and onnx versions): another model, another kdb, another onnx
+or another pre-pass extracts afresh. Every extraction of a model kdb makes for the compiler comes through here, so
+that it reads the graph the compiler imports (core/opconfigs/ort_prepass.py). A cache
 only: an entry that does not read back is extracted again; a state dir that cannot be written costs the next
 run its shortcut.
 """
@@ -19,37 +22,63 @@ from typing import Any
 
 from core.db.state import state_dir
 from core.kernels import ops, opsig
-from core.opconfigs import fusion, nnfusion_import, onnx_extract, opconfig
+from core.opconfigs import fusion, nnfusion_import, onnx_extract, opconfig, ort_prepass
 from core.opconfigs.fusion import GraphNode
 from core.opconfigs.nnfusion_import import Blocker
 from core.opconfigs.onnx_extract import Extraction, LookupFlags, Note, Unmapped, extract
 from core.opconfigs.opconfig import OpConfig
+from core.opconfigs.ort_prepass import PrePass, note_text, run_prepass
 
-FORMAT_VERSION = b"4"  # 3: the nodes NNFusion cannot compile; 4: the compiler-graph model and the flags
+FORMAT_VERSION = b"5"  # 3: the nodes NNFusion cannot compile; 4: the compiler-graph model and the flags; 5: pre-pass
 
 
-def extract_cached(path: Path, flags: LookupFlags | None = None) -> Extraction:
-    """extract(path, flags), or what it gave for the same bytes, flags, code and onnx before."""
+def extract_cached(path: Path, flags: LookupFlags | None = None, *, prepass: PrePass) -> Extraction:
+    """extract_as_compiled(path, flags, prepass), or what it gave for the same bytes, flags, code, onnx and
+    pre-pass before."""
     try:
         model = path.read_bytes()
     except OSError:
         return extract(path, flags)  # which says what is wrong with the path
     h = hashlib.sha256(FORMAT_VERSION)
     flag_text = f"{flags.kernel_fusion_level}:{flags.pattern_substitution}" if flags is not None else "defaults"
-    code = (onnx_extract, fusion, nnfusion_import, opconfig, ops, opsig)
+    code = (onnx_extract, fusion, nnfusion_import, opconfig, ops, opsig, ort_prepass)
     for part in (model, flag_text.encode(), *(Path(m.__file__ or "").read_bytes() for m in code),
-                 _onnx_install()):
+                 _onnx_install(), prepass.identity().encode()):
         h.update(hashlib.sha256(part).digest())
     entry = state_dir() / "extractions" / f"{h.hexdigest()[:32]}.json"
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):  # none yet, or not one of ours
         return _from_json(json.loads(entry.read_text(encoding="utf-8")))
-    extraction = extract(path, flags)
+    extraction = extract_as_compiled(path, flags, prepass)
     tmp = entry.with_name(entry.name + ".tmp")
     with contextlib.suppress(OSError):
         entry.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(json.dumps(_to_json(extraction)), encoding="utf-8")  # ASCII: odd node names escaped
         tmp.replace(entry)
     return extraction
+
+
+def extract_as_compiled(path: Path, flags: LookupFlags | None, prepass: PrePass) -> Extraction:
+    """The op configs of the graph the compiler imports: the pre-pass's rewritten model when it rewrites `path`
+    there, else `path` itself; a note (and `prepass`) says which and why. Nodes are named as in that model."""
+    with run_prepass(prepass, path) as outcome:
+        if outcome.rewritten is None:
+            extraction = extract(path, flags)
+            before = extraction.node_count
+        else:
+            extraction = extract(outcome.rewritten, flags)
+            name, before = _name_and_size(path)
+            extraction.model_name = name  # the user's model, not the temporary file
+    extraction.notes.append(Note("(model)", note_text(outcome, before, extraction.node_count)))
+    extraction.prepass = {**outcome.to_dict(), "nodes_before": before, "nodes_after": extraction.node_count}
+    return extraction
+
+
+def _name_and_size(path: Path) -> tuple[str, int]:
+    """The model's name as extract() gives it and its node count (its weights not read)."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return graph.name or path.stem, len(graph.node)
 
 
 def _onnx_install() -> bytes:
@@ -65,7 +94,8 @@ def _to_json(e: Extraction) -> dict[str, Any]:
             "nodes": e.nodes, "unmapped": [list(u) for u in e.unmapped], "notes": [list(n) for n in e.notes],
             "blockers": [list(b) for b in e.blockers],
             "graph": [asdict(n) for n in e.graph], "outputs": list(e.outputs),
-            "kernel_fusion_level": e.kernel_fusion_level, "pattern_substitution": e.pattern_substitution}
+            "kernel_fusion_level": e.kernel_fusion_level, "pattern_substitution": e.pattern_substitution,
+            "prepass": e.prepass}
 
 
 def _from_json(d: dict[str, Any]) -> Extraction:
@@ -79,4 +109,4 @@ def _from_json(d: dict[str, Any]) -> Extraction:
                       [Unmapped(*u) for u in d["unmapped"]], [Note(*n) for n in d["notes"]],
                       [Blocker(*b) for b in d["blockers"]],
                       tuple(GraphNode(**{**n, "inputs": tuple(n["inputs"])}) for n in d["graph"]), tuple(d["outputs"]),
-                      d["kernel_fusion_level"], d["pattern_substitution"])
+                      d["kernel_fusion_level"], d["pattern_substitution"], dict(d["prepass"]))

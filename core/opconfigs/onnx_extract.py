@@ -129,6 +129,8 @@ class Extraction:
     # The compiler flags the extraction was made for (what `looked_up` answers for).
     kernel_fusion_level: int = 3
     pattern_substitution: bool = True
+    # What NNFusion's ONNX Runtime pre-pass did (core/opconfigs/ort_prepass.py; empty: extract() alone, not asked).
+    prepass: dict[str, Any] = field(default_factory=dict)
 
     def count(self, config: OpConfig) -> int:
         return len(self.nodes.get(config.key, ()))
@@ -176,6 +178,7 @@ class Extraction:
             "unmapped": [u._asdict() for u in self.unmapped],
             "notes": [n._asdict() for n in self.notes],
             "blockers": [b._asdict() for b in self.blockers],
+            "prepass": self.prepass,
         }
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from core.errors import InputError
 from core.opconfigs.onnx_extract import LookupFlags
 from core.opconfigs.opconfig import OpConfig
+from core.opconfigs.ort_prepass import PrePass
 
 FLOOR_TRIALS = 16  # no op below this (nor below a quarter of the average share): MetaSchedule's first
 # batches are mostly its random initial population
@@ -77,11 +78,12 @@ def network_of(name: str, configs: list[OpConfig], count: Callable[[OpConfig], i
     return network
 
 
-def network_from_model(path: Path, flags: LookupFlags | None = None) -> Network:
-    """The network of an ONNX model: the ops NNFusion looks up at these flags (its defaults unless given)."""
+def network_from_model(path: Path, flags: LookupFlags | None = None, *, prepass: PrePass) -> Network:
+    """The network of an ONNX model: the ops NNFusion looks up at these flags (its defaults unless given), in the
+    graph the compiler imports (after `prepass`)."""
     from core.codegen.batch import read_inputs
 
-    inputs = read_inputs([path], flags)
+    inputs = read_inputs([path], flags, prepass=prepass)
     if inputs.errors:
         raise inputs.errors[0]
     return network_of("+".join(inputs.models), inputs.configs, inputs.count)
