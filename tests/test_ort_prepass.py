@@ -1,0 +1,137 @@
+"""Extraction reads the graph NNFusion imports. Before importing an ONNX model the compiler runs its ONNX Runtime
+pre-pass with the `python3` first on its PATH and, when that has onnxruntime, imports the rewritten model: BERT's
+MatMul+Add become a 2-D Gemm, looked up as `Dot128,768;768,768;128,768...` instead of the rank-3 MatMul's
+`Dot1,128,768;...`. A BERT dense block goes through the README's commands with each kind of python3 first on PATH,
+and the compiler must run exactly the DB rows coverage promised.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from shared_data import shared_path
+
+pytest.importorskip("onnx")
+
+from conftest import run_kdb
+from onnx_models import GraphBuilder, write
+from zoo import _dense
+
+from core.nnfusion.compiler import compiler_prepass
+from core.opconfigs.extract_cache import extract_cached
+from core.opconfigs.ort_prepass import PrePass
+
+COMPILER = Path(os.environ.get("KDB_TEST_NNFUSION", shared_path("nnfusion/bin/nnfusion")))
+NEEDS_COMPILER = pytest.mark.skipif(not COMPILER.is_file(), reason=f"needs the NNFusion compiler at {COMPILER} "
+                                    "(../shared/nnfusion, or KDB_TEST_NNFUSION): absent on a fresh clone")
+RANK3_DOT = "Dot1,128,768;768,768;1,128,768floatfloatfloat"  # the model's MatMul, as the compiler imports it as given
+GEMM_DOT = "Dot128,768;768,768;128,768floatfloatfloat"  # the pre-pass's Gemm
+OUR_BIN = str(Path(sys.executable).parent)  # the virtualenv of these tests: its python3 has the `run` extra's onnxruntime
+
+
+def has_onnxruntime(python3: str) -> bool:
+    return subprocess.run([python3, "-c", "import onnxruntime"], capture_output=True, timeout=120).returncode == 0
+
+
+def path_with_onnxruntime() -> str:
+    """A PATH whose python3 has onnxruntime (this virtualenv's bin first); skip when there is none."""
+    python3 = Path(OUR_BIN) / "python3"
+    if not python3.is_file() or not has_onnxruntime(str(python3)):
+        pytest.skip(f"needs a python3 with onnxruntime beside {sys.executable} (the `run` extra installs it)")
+    return os.pathsep.join([OUR_BIN, os.environ.get("PATH", "")])
+
+
+def path_without_onnxruntime() -> str:
+    """The PATH without this virtualenv (as CI has it); skip when its python3 has onnxruntime all the same."""
+    path = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != OUR_BIN)
+    found = subprocess.run(["sh", "-c", "command -v python3"], env={**os.environ, "PATH": path},
+                           capture_output=True, text=True).stdout.strip()
+    if found and has_onnxruntime(found):
+        pytest.skip(f"the python3 on PATH without {OUR_BIN} ({found}) has onnxruntime too")
+    return path
+
+
+def dense_block(folder: Path) -> Path:
+    """BERT's dense layer as torch exports it: MatMul [1,128,768] x [768,768] + bias, then an activation."""
+    g = GraphBuilder({"x": [1, 128, 768]})
+    y = g.node("Relu", [_dense(g, "x", 768, 768, "dense")], "act")
+    return write(g.model(y, "bert_dense"), folder / "model.onnx")
+
+
+def kdb(work: Path, path: str, *args: str) -> subprocess.CompletedProcess[str]:
+    proc = run_kdb(*args, cwd=work, env={"PATH": path})
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return proc
+
+
+def through_the_readme(work: Path, path: str) -> tuple[dict, dict]:
+    """extract -> codegen -> inject -> kdb nnfusion with the compiler of the settings, every command with this PATH:
+    (the extraction's JSON, kdb nnfusion's report)."""
+    pytest.importorskip("tvm")
+    dense_block(work)
+    assert kdb(work, path, "settings", "archs=sm_90", f"nnfusion_path={COMPILER}").returncode == 0
+    extract = kdb(work, path, "opconfig", "extract", "model.onnx", "-o", "ops.txt", "--json")
+    assert extract.returncode == 0, extract.stderr[-3000:]
+    codegen = kdb(work, path, "codegen", "ops.txt", "-o", "kernels.json", "--arch", "sm_90", "--db", "k.db")
+    assert codegen.returncode == 0, codegen.stderr[-3000:]
+    inject = kdb(work, path, "inject", "kernels.json", "--db", "k.db")
+    assert inject.returncode == 0, inject.stderr[-3000:]
+    compiled = kdb(work, path, "nnfusion", "model.onnx", "--db", "k.db", "--json")
+    return json.loads(extract.stdout), json.loads(compiled.stdout)
+
+
+def assert_promises_kept(report: dict, dot: str) -> None:
+    assert report["ok"], (report["reason"], report["decisive_lines"], report["broken_promises"])
+    promised, used = set(report["promised"]), set(report["usage"]["db_rows_used"])
+    assert promised and used == promised, f"promised {sorted(promised)}, used {sorted(used)}"
+    from_db = {e["identifier"] for e in report["coverage"] if e["row"] and e["row"]["key"] in used}
+    assert dot in from_db, sorted(from_db)
+
+
+@NEEDS_COMPILER
+@pytest.mark.tvm
+@pytest.mark.slow
+def test_with_onnxruntime_on_the_compilers_path_the_rewritten_gemm_is_extracted_and_kept(tmp_path: Path):
+    extraction, report = through_the_readme(tmp_path, path_with_onnxruntime())
+    assert extraction["prepass"]["applied"], extraction["prepass"]
+    assert any("rewrote the model: 3 nodes -> " in n["text"] for n in extraction["notes"]), extraction["notes"]
+    assert [c["description"] for c in extraction["configs"]][0] == "Dot 128x768 x 768x768"
+    assert_promises_kept(report, GEMM_DOT)
+
+
+@NEEDS_COMPILER
+@pytest.mark.tvm
+@pytest.mark.slow
+def test_without_onnxruntime_on_the_compilers_path_the_models_matmul_is_extracted_and_kept(tmp_path: Path):
+    extraction, report = through_the_readme(tmp_path, path_without_onnxruntime())
+    assert not extraction["prepass"]["applied"] and "onnxruntime" in extraction["prepass"]["why"], extraction["prepass"]
+    assert_promises_kept(report, RANK3_DOT)
+
+
+@NEEDS_COMPILER
+def test_the_cache_keeps_apart_what_each_python3_makes_of_the_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    model = dense_block(tmp_path)
+    monkeypatch.setenv("PATH", path_with_onnxruntime())
+    rewritten = extract_cached(model, prepass=compiler_prepass(str(COMPILER)))
+    monkeypatch.setenv("PATH", path_without_onnxruntime())
+    as_given = extract_cached(model, prepass=compiler_prepass(str(COMPILER)))
+    assert rewritten.prepass["applied"] and not as_given.prepass["applied"]
+    assert rewritten.model_name == as_given.model_name == "bert_dense"  # the user's model, not the temporary file
+    assert [c.describe() for c in rewritten.configs][0] == "Dot 128x768 x 768x768"
+    assert [c.describe() for c in as_given.configs][0] == "Dot 1x128x768 x 768x768"
+
+
+def test_without_a_compiler_the_models_own_graph_is_extracted_and_the_note_says_so(tmp_path: Path):
+    model = dense_block(tmp_path)
+    prepass = compiler_prepass(str(tmp_path / "no-nnfusion"))
+    assert prepass == PrePass.not_checked(prepass.unchecked) and "no NNFusion compiler found" in prepass.unchecked
+    extraction = extract_cached(model, prepass=prepass)
+    assert not extraction.prepass["applied"]
+    assert [c.describe() for c in extraction.configs][0] == "Dot 1x128x768 x 768x768"
+    assert any("pre-pass did not rewrite the model: the pre-pass could not be checked: no NNFusion compiler found"
+               in n.text for n in extraction.notes), extraction.notes
