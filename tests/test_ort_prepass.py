@@ -100,7 +100,7 @@ def test_with_onnxruntime_on_the_compilers_path_the_rewritten_gemm_is_extracted_
     extraction, report = through_the_readme(tmp_path, path_with_onnxruntime())
     assert extraction["prepass"]["applied"], extraction["prepass"]
     assert any("rewrote the model: 3 nodes -> " in n["text"] for n in extraction["notes"]), extraction["notes"]
-    assert [c["description"] for c in extraction["configs"]][0] == "Dot 128x768 x 768x768"
+    assert extraction["configs"][0]["description"] == "Dot 128x768 x 768x768"
     assert_promises_kept(report, GEMM_DOT)
 
 
@@ -122,8 +122,8 @@ def test_the_cache_keeps_apart_what_each_python3_makes_of_the_model(tmp_path: Pa
     as_given = extract_cached(model, prepass=compiler_prepass(str(COMPILER)))
     assert rewritten.prepass["applied"] and not as_given.prepass["applied"]
     assert rewritten.model_name == as_given.model_name == "bert_dense"  # the user's model, not the temporary file
-    assert [c.describe() for c in rewritten.configs][0] == "Dot 128x768 x 768x768"
-    assert [c.describe() for c in as_given.configs][0] == "Dot 1x128x768 x 768x768"
+    assert rewritten.configs[0].describe() == "Dot 128x768 x 768x768"
+    assert as_given.configs[0].describe() == "Dot 1x128x768 x 768x768"
 
 
 def test_without_a_compiler_the_models_own_graph_is_extracted_and_the_note_says_so(tmp_path: Path):
@@ -132,6 +132,6 @@ def test_without_a_compiler_the_models_own_graph_is_extracted_and_the_note_says_
     assert prepass == PrePass.not_checked(prepass.unchecked) and "no NNFusion compiler found" in prepass.unchecked
     extraction = extract_cached(model, prepass=prepass)
     assert not extraction.prepass["applied"]
-    assert [c.describe() for c in extraction.configs][0] == "Dot 1x128x768 x 768x768"
+    assert extraction.configs[0].describe() == "Dot 1x128x768 x 768x768"
     assert any("pre-pass did not rewrite the model: the pre-pass could not be checked: no NNFusion compiler found"
                in n.text for n in extraction.notes), extraction.notes

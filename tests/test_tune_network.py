@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from core.opconfigs.opconfig import parse_line
+from core.opconfigs.ort_prepass import PrePass
 from core.tuning.network import (
     FLOOR_TRIALS,
     Network,
@@ -21,6 +22,8 @@ from core.tuning.network import (
     spread_budget,
     tuning_order,
 )
+
+NO_COMPILER = PrePass.not_checked("these tests give no compiler")  # the model as given
 
 CONV = parse_line("cudnn_convolution_op_float|i+1_64_56_56|w+64_64_3_3|o+1_64_56_56|ws+1_1|wd+1_1|p+1_1", "c")
 CONV_RELU = parse_line("cudnn_convolution_op_float|i+1_64_56_56|w+64_64_3_3|o+1_64_56_56|ws+1_1|wd+1_1|p+1_1"
@@ -53,7 +56,7 @@ def test_a_models_ops_with_their_counts(tmp_path: Path):
 
     # Two stages of two blocks: the stride-1 convs repeat, element-wise Add/Relu are fused by NNFusion.
     network = network_from_model(write(resnet(widths=(16, 32), blocks=(2, 2), size=32, classes=10),
-                                       tmp_path / "r.onnx"))
+                                       tmp_path / "r.onnx"), prepass=NO_COMPILER)
     assert network.ops and all(has_row_type(op.config)[0] for op in network.ops)
     assert len({op.config.key for op in network.ops}) == len(network.ops)  # distinct
     assert max(op.count for op in network.ops) >= 2  # the repeated 3x3 convs of a stage
@@ -68,7 +71,7 @@ def test_a_models_network_is_what_nnfusion_looks_up_at_the_flags(tmp_path: Path)
     from onnx_models import GraphBuilder, write
 
     from core.nnfusion.compiler import CompilerFlags
-    from core.opconfigs.onnx_extract import extract
+    from core.opconfigs.extract_cache import extract_as_compiled
 
     g = GraphBuilder({"x": [1, 128, 64]})
     y = g.node("Add", [g.node("MatMul", ["x", g.weight("w", [64, 64])], "dense"), g.weight("b", [64])], "bias")
@@ -76,10 +79,10 @@ def test_a_models_network_is_what_nnfusion_looks_up_at_the_flags(tmp_path: Path)
     y = g.node("Relu", [g.node("Add", [y, "x"], "residual")], "relu")
     model = write(g.model(y, "dense"), tmp_path / "dense.onnx")
     for flags in (None, CompilerFlags.parse(["-fkernel_fusion_level=0"])):
-        network = network_from_model(model, flags)
-        extraction = extract(model, flags)
+        network = network_from_model(model, flags, prepass=NO_COMPILER)
+        extraction = extract_as_compiled(model, flags, NO_COMPILER)
         assert [op.config.key for op in network.ops] == [c.key for c in extraction.looked_up()]
-    default = {op.config.op_type: op.count for op in network_from_model(model).ops}
+    default = {op.config.op_type: op.count for op in network_from_model(model, prepass=NO_COMPILER).ops}
     assert default == {"Dot": 2, "Add": 1}  # the bias Add alone; the residual Add + Relu are NNFusion's kernel
     unfused = {op.config.op_type: op.count for op in network.ops}
     assert unfused == {"Dot": 2, "Add": 2, "Relu": 1}
