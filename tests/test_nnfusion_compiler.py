@@ -25,6 +25,7 @@ from shared_data import shared_path
 pytest.importorskip("onnx")
 pytest.importorskip("tvm")
 
+from compiler_python import path_without_onnxruntime
 from conftest import run_kdb, run_kdb_json
 from onnx_models import GraphBuilder, basic_block, write
 
@@ -36,9 +37,10 @@ from core.inject.pipeline import InjectOptions, Injector
 from core.kernels.kernel_row import COLUMNS
 from core.kernels.ops import SUPPORTED_OP_TYPES
 from core.nnfusion.compile_job import CompileJob, compile_and_read
-from core.nnfusion.compiler import CompilerFlags
+from core.nnfusion.compiler import CompilerFlags, compiler_prepass
 from core.nnfusion.coverage import IN_DB, NOT_USED
-from core.opconfigs.onnx_extract import extract
+from core.opconfigs.extract_cache import extract_as_compiled
+from core.opconfigs.onnx_extract import Extraction, LookupFlags
 
 SHARED_COMPILER = shared_path("nnfusion/bin/nnfusion")
 COMPILER = Path(os.environ.get("KDB_TEST_NNFUSION", SHARED_COMPILER))
@@ -48,6 +50,12 @@ pytestmark = [
                        "(../shared/nnfusion, or KDB_TEST_NNFUSION): absent on a fresh clone"),
 ]
 PRODUCT = "NVIDIA H200"
+
+
+def extract(model: Path, flags: LookupFlags | None = None) -> Extraction:
+    """What `kdb opconfig extract` gives with this compiler: the graph it imports, after its ONNX Runtime pre-pass
+    where the python3 on PATH (the compiler's here: it inherits ours) has onnxruntime."""
+    return extract_as_compiled(model, flags, compiler_prepass(str(COMPILER)))
 
 
 # -- models -----------------------------------------------------------------------------------
@@ -190,10 +198,12 @@ BERT_DOTS = {"Dot1,128,768;768,768;1,128,768floatfloatfloat", "Dot1,128,768;768,
              "Dot1,128,3072;3072,768;1,128,768floatfloatfloat"}
 
 
-def test_bert_dense_layers_run_their_rank_3_dot_rows_and_kdb_nnfusion_finds_them(tmp_path: Path):
+def test_bert_dense_layers_run_their_rank_3_dot_rows_and_kdb_nnfusion_finds_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """NNFusion makes a Dot of each MatMul by a 2-D weight whatever the activation's rank: extraction finds the
     three [1,128,K] x [K,N] Dots, codegen and injection write their rows, and `kdb nnfusion` finds every row
-    promised in the generated code and no cuBLAS call left."""
+    promised in the generated code and no cuBLAS call left. With a python3 without onnxruntime on the compiler's PATH, as CI has it: with one, its
+    pre-pass makes 2-D Gemms of them (tests/test_ort_prepass.py)."""
+    monkeypatch.setenv("PATH", path_without_onnxruntime())
     g = bert_dense(1)
     model = write(g.model(g.output, "bert_dense"), tmp_path / "bert.onnx")
     dots = [c for c in extract(model).configs if c.op_type == "Dot"]

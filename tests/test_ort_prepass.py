@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from shared_data import shared_path
 
 pytest.importorskip("onnx")
 
+from compiler_python import path_with_onnxruntime, path_without_onnxruntime
 from conftest import run_kdb
 from onnx_models import GraphBuilder, write
 from zoo import _dense
@@ -31,31 +31,6 @@ NEEDS_COMPILER = pytest.mark.skipif(not COMPILER.is_file(), reason=f"needs the N
                                     "(../shared/nnfusion, or KDB_TEST_NNFUSION): absent on a fresh clone")
 RANK3_DOT = "Dot1,128,768;768,768;1,128,768floatfloatfloat"  # the model's MatMul, as the compiler imports it as given
 GEMM_DOT = "Dot128,768;768,768;128,768floatfloatfloat"  # the pre-pass's Gemm
-OUR_BIN = str(Path(sys.executable).parent)  # the virtualenv of these tests: its python3 has the `run` extra's onnxruntime
-
-
-def has_onnxruntime(python3: str) -> bool:
-    return subprocess.run([python3, "-c", "import onnxruntime"], capture_output=True, timeout=120).returncode == 0
-
-
-def path_with_onnxruntime() -> str:
-    """A PATH whose python3 has onnxruntime (this virtualenv's bin first); skip when there is none."""
-    python3 = Path(OUR_BIN) / "python3"
-    if not python3.is_file() or not has_onnxruntime(str(python3)):
-        pytest.skip(f"needs a python3 with onnxruntime beside {sys.executable} (the `run` extra installs it)")
-    return os.pathsep.join([OUR_BIN, os.environ.get("PATH", "")])
-
-
-def path_without_onnxruntime() -> str:
-    """The PATH without this virtualenv (as CI has it); skip when its python3 has onnxruntime all the same."""
-    path = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != OUR_BIN)
-    found = subprocess.run(["sh", "-c", "command -v python3"], env={**os.environ, "PATH": path},
-                           capture_output=True, text=True).stdout.strip()
-    if found and has_onnxruntime(found):
-        pytest.skip(f"the python3 on PATH without {OUR_BIN} ({found}) has onnxruntime too")
-    return path
-
-
 def dense_block(folder: Path) -> Path:
     """BERT's dense layer as torch exports it: MatMul [1,128,768] x [768,768] + bias, then an activation."""
     g = GraphBuilder({"x": [1, 128, 768]})
