@@ -76,6 +76,7 @@ def test_with_onnxruntime_on_the_compilers_path_the_rewritten_gemm_is_extracted_
     assert extraction["prepass"]["applied"], extraction["prepass"]
     assert any("rewrote the model: 3 nodes -> " in n["text"] for n in extraction["notes"]), extraction["notes"]
     assert extraction["configs"][0]["description"] == "Dot 128x768 x 768x768"
+    assert report["prepass"]["applied"] and "rewrote the model" in report["prepass"]["note"], report["prepass"]
     assert_promises_kept(report, GEMM_DOT)
 
 
@@ -85,6 +86,7 @@ def test_with_onnxruntime_on_the_compilers_path_the_rewritten_gemm_is_extracted_
 def test_without_onnxruntime_on_the_compilers_path_the_models_matmul_is_extracted_and_kept(tmp_path: Path):
     extraction, report = through_the_readme(tmp_path, path_without_onnxruntime())
     assert not extraction["prepass"]["applied"] and "onnxruntime" in extraction["prepass"]["why"], extraction["prepass"]
+    assert not report["prepass"]["applied"], report["prepass"]
     assert_promises_kept(report, RANK3_DOT)
 
 

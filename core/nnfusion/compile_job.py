@@ -75,6 +75,7 @@ class CompileReport:
     launches: LaunchReport | None = None  # None: not checked (turned off, or the compile failed)
     db_created: bool = False  # the DB was not there: an empty one was made (NNFusion's table)
     blockers: list[Blocker] = field(default_factory=list)  # nodes kdb knows NNFusion cannot compile
+    prepass: dict[str, Any] = field(default_factory=dict)  # what NNFusion's ONNX Runtime pre-pass did to the model
 
     @property
     def ok(self) -> bool:
@@ -112,7 +113,7 @@ class CompileReport:
         r = self.result
         return {"ok": self.ok, "reason": self.reason, "decisive_lines": self.decisive, "problems": self.problems(),
                 "model": str(self.job.model), "db": str(self.job.db), "db_created": self.db_created,
-                "blockers": [b._asdict() for b in self.blockers],
+                "blockers": [b._asdict() for b in self.blockers], "prepass": self.prepass,
                 "flags": list(self.job.flags),
                 "product_name": self.job.product_name,
                 "compile": None if r is None else {"command": r.command, "returncode": r.returncode,
@@ -159,7 +160,7 @@ def compile_and_read(job: CompileJob, *, state: StateDB | None = None,
         result = compile_model(job.model, job.db, job.workdir(), binary=binary, product_name=job.product_name,
                                flags=job.flags, timeout_s=job.timeout_s, on_line=on_line,
                                should_cancel=should_cancel)
-        report.entries, report.blockers, read = promise.result()  # an unreadable model raises here
+        report.entries, report.blockers, report.prepass, read = promise.result()  # an unreadable model raises here
     report.result = result
     if not result.ok:
         report.reason = result.reason()
@@ -240,13 +241,13 @@ def import_blockers(job: CompileJob) -> list[Blocker]:
     return extract_cached(job.model, prepass=compiler_prepass(job.binary, job.nnfusion_path)).blockers
 
 
-def _coverage(job: CompileJob) -> tuple[list[CoverageEntry], list[Blocker], float]:
+def _coverage(job: CompileJob) -> tuple[list[CoverageEntry], list[Blocker], dict[str, Any], float]:
     started = time.monotonic()
     extraction = extract_cached(job.model, CompilerFlags.parse(job.flags),  # a model compiled before: no ONNX
                                 prepass=compiler_prepass(job.binary, job.nnfusion_path))
     with KernelDB.open(job.db) as db:
         entries = coverage(extraction, db, CompilerFlags.parse(job.flags), job.product_name)
-    return entries, extraction.blockers, time.monotonic() - started
+    return entries, extraction.blockers, extraction.prepass, time.monotonic() - started
 
 
 def _record_failure(state: StateDB, job: CompileJob, result: CompileResult, report: CompileReport) -> None:

@@ -43,6 +43,7 @@ def extract_cached(path: Path, flags: LookupFlags | None = None, *, prepass: Pre
     flag_text = f"{flags.kernel_fusion_level}:{flags.pattern_substitution}" if flags is not None else "defaults"
     code = (onnx_extract, fusion, nnfusion_import, opconfig, ops, opsig, ort_prepass)
     for part in (model, flag_text.encode(), *(Path(m.__file__ or "").read_bytes() for m in code),
+                 Path(__file__).read_bytes(),  # this module: what it adds to an extraction (the pre-pass's note)
                  _onnx_install(), prepass.identity().encode()):
         h.update(hashlib.sha256(part).digest())
     entry = state_dir() / "extractions" / f"{h.hexdigest()[:32]}.json"
@@ -68,8 +69,10 @@ def extract_as_compiled(path: Path, flags: LookupFlags | None, prepass: PrePass)
             extraction = extract(outcome.rewritten, flags)
             name, before = _name_and_size(path)
             extraction.model_name = name  # the user's model, not the temporary file
-    extraction.notes.append(Note("(model)", note_text(outcome, before, extraction.node_count)))
-    extraction.prepass = {**outcome.to_dict(), "nodes_before": before, "nodes_after": extraction.node_count}
+    note = note_text(outcome, before, extraction.node_count)
+    extraction.notes.append(Note("(model)", note))
+    extraction.prepass = {**outcome.to_dict(), "nodes_before": before, "nodes_after": extraction.node_count,
+                          "note": note}
     return extraction
 
 
