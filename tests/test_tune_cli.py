@@ -159,7 +159,7 @@ def test_a_model_is_tuned_as_one_network_and_resumes_without_measuring_again(tmp
     # each job event says its queue: the probes' is "probe", and the index counts within it
     assert [(stream[i]["stage"], stream[i]["index"], stream[i]["of"]) for i in queued] == \
         [("probe", 0, 2), ("probe", 1, 2), ("", 0, 2), ("", 1, 2)]
-    network = network_from_model(Path(model), compiler_prepass("", load_settings().nnfusion_path))
+    network = network_from_model(Path(model), prepass=compiler_prepass("", load_settings().nnfusion_path))
     expected = spread_budget(network.ops, 6, recorded={op.config.key: 1 for op in network.ops},
                              best={op.config.key: probes[op.config.describe()] for op in network.ops})
     trials = {j["op"]: j["trials"] for j in jobs}
