@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from console.cli.output import out, print_json
 from core.db.kernel_db import KernelDB, Schema
@@ -133,11 +134,7 @@ def _standalone(args: argparse.Namespace) -> int:
         f"standalone for -fproduct_name={product!r}: on their own launch, never in a BlockFusion group"
     verb = "changed" if args.apply else "would change"
     out.print(f"{db.path}: {verb} {len(plan)} row(s) {what}; the code, the Key and the profile stay", highlight=False)
-    for c in plan:
-        out.print(f"  {c.row.key}  {c.row.identifier[:100]}", markup=False, highlight=False)
-    if plan and not args.apply:
-        out.print("nothing written: add --apply to write it")
-    return 0
+    return _list_rows([c.row for c in plan], args.apply)
 
 
 def _fastest(args: argparse.Namespace) -> int:
@@ -210,11 +207,7 @@ def _leave_to_library(args: argparse.Namespace) -> int:
             return 0
         verb = f"put back {written} row(s)" if args.apply else f"would put back {len(rows)} kernel(s)"
         out.print(f"{db.path}: {verb} from {args.undo}", highlight=False)
-        for r in rows:
-            out.print(f"  {r.key}  {r.identifier[:100]}", markup=False, highlight=False)
-        if rows and not args.apply:
-            out.print("nothing written: add --apply to write it")
-        return 0
+        return _list_rows(rows, args.apply)
     if not args.times:
         raise InputError("name the times file (TIMES.json), or --undo FILE", where="leave-to-library")
     if not 0 <= args.margin < 1000:
@@ -274,4 +267,13 @@ def _backup(args: argparse.Namespace) -> int:
         print_json({"db": str(db.path), "backup": str(dest)})
     else:
         out.print(f"backup written: {dest}")
+    return 0
+
+
+def _list_rows(rows: Sequence[Any], applied: bool) -> int:
+    """A plan's rows, a line each (Key, identifier), and the word that a preview wrote nothing."""
+    for r in rows:
+        out.print(f"  {r.key}  {r.identifier[:100]}", markup=False, highlight=False)
+    if rows and not applied:
+        out.print("nothing written: add --apply to write it")
     return 0
