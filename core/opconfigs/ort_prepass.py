@@ -16,6 +16,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 SCRIPT = Path("templates") / "onnx" / "ort_run_frozen.py"  # where the compiler finds it, beside its binary
@@ -48,11 +49,13 @@ class PrePass:
             script = hashlib.sha256(self.script.read_bytes()).hexdigest()
         except OSError as exc:
             return f"no script at {self.script}: {exc.strerror or exc}"
-        ort, onnx = self.versions()
+        ort, onnx = self.versions
         return f"{script}:{self.python3}:{ort}:{onnx}"
 
+    @cached_property
     def versions(self) -> tuple[str, str]:
-        """The onnxruntime and onnx versions of the python3 ('' for one it lacks, or no python3)."""
+        """The onnxruntime and onnx versions of the python3 ('' for one it lacks, or no python3). Asked once per
+        PrePass: the cache key and the run both need them, and each asking starts that python3."""
         if self.python3 is None:
             return "", ""
         try:
@@ -89,7 +92,7 @@ def run_prepass(prepass: PrePass, model: Path) -> Iterator[PrePassOutcome]:
         yield PrePassOutcome(False, "", "", "no python3 on the compiler's PATH: it imports the model as given")
         return
     python3 = str(prepass.python3)
-    ort = prepass.versions()[0]
+    ort = prepass.versions[0]
     with tempfile.TemporaryDirectory(prefix="kdb-prepass-") as folder:
         rewritten = Path(folder) / "optimized.onnx"
         command = [python3, str(prepass.script), "--graph_optimization_level", "ORT_ENABLE_BASIC", "--warmup", "1",
