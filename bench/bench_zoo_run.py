@@ -1,0 +1,160 @@
+"""Issue 30's GPU target: every network of the zoo through the README's commands, then `kdb nnfusion --run`.
+
+For each network (tests/zoo.py, built here with onnx.helper): `kdb opconfig extract`, `kdb codegen`, `kdb inject`,
+then `kdb nnfusion model.onnx --run --json`, which compiles with the DB and with an empty DB, builds both with
+nvcc, checks each output against ONNX Runtime and times both. Each network has its own folder, settings, state
+and DB (the KDB_* variables), so several run side by side (--jobs). The rows are `kdb codegen`'s (TVM's default
+schedules, not tuned): the run checks that the compiled networks are right on the GPU; their speed against the
+empty DB is printed as measured, and untuned rows are not expected to win it. `--db NET=PATH` runs a network with
+a DB of its own (a tuned one) instead of the codegen rows.
+
+    python3 bench/bench_zoo_run.py --nnfusion PATH --out DIR [--jobs 3] [--nets resnet50 bert_encoder ...]
+
+Prints one table (network, status, max error, ms with the DB, ms empty, ratio) and writes DIR/zoo-run.json.
+Exit 0 when every network ran right (status 0 or 1 for "slower" only), 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+
+# The compiler cannot take these whatever the DB holds (tests/test_zoo.py's COMPILER_FAULTS): not run.
+NOT_COMPILABLE = {"resnext_blocks", "nasnet_cell"}
+
+
+def kdb(work: Path, env: dict[str, str], log: Path, *args: str, timeout: float = 3600) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "console.entry", *args], cwd=work, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    with log.open("a") as f:
+        f.write(f"$ kdb {' '.join(args)}\n[exit {proc.returncode}]\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}\n")
+    return proc
+
+
+def one_network(name: str, work: Path, compiler: str, product: str, db: str | None, iterations: int,
+                model: str | None = None) -> dict:
+    """NAME from the zoo (or the ONNX file MODEL) with codegen's rows (or a copy of the DB at DB)."""
+    import zoo
+    from onnx import save
+
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    # one GPU lock for every network (each has its own state dir): their timed runs never overlap
+    env = {**os.environ, "KDB_STATE_DIR": str(work / "state"), "KDB_CONFIG": str(work / "settings.toml"),
+           "KDB_DB": str(work / "kernel_cache.db"), "KDB_GPU_LOCK": str(work.parent / "gpu0.lock"),
+           "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    log = work / "commands.log"
+    started = time.monotonic()
+    if model:
+        shutil.copy(model, work / "model.onnx")
+    else:
+        save(zoo.ZOO[name](), str(work / "model.onnx"))
+    result: dict = {"network": name, "db": db or "codegen rows (untuned)"}
+    steps = [("settings", "archs=sm_90", f"product_name={product}", f"nnfusion_path={compiler}")]
+    if db:
+        shutil.copy(db, work / "kernel_cache.db")
+    else:
+        steps += [("opconfig", "extract", "model.onnx", "-o", "ops.txt"),
+                  ("codegen", "ops.txt", "-o", "kernels.json", "--arch", "sm_90"),
+                  ("inject", "kernels.json")]
+    for step in steps:
+        proc = kdb(work, env, log, *step)
+        if proc.returncode != 0:
+            result.update(status=None, problem=f"kdb {step[0]} exit {proc.returncode}: {proc.stderr.strip()[-300:]}")
+            return result
+    proc = kdb(work, env, log, "nnfusion", "model.onnx", "--nnfusion", compiler, "--run", "--iterations",
+               str(iterations), "--json")
+    result["seconds"] = round(time.monotonic() - started, 1)
+    try:
+        report = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        result.update(status=None, problem=f"kdb nnfusion --run exit {proc.returncode}, no JSON: "
+                                           f"{proc.stderr.strip()[-300:]}")
+        return result
+    (work / "run.json").write_text(json.dumps(report, indent=1))
+    errors = {c["label"]: c["max_rel_error"] for c in report.get("contenders", [])}
+    used = [c for c in report.get("contenders", []) if c["label"] == "with-db"]
+    compile_report = (used[0].get("compile") or {}) if used else {}
+    result.update(status=report.get("status"), findings=report.get("findings"), notes=report.get("notes"),
+                  device=report.get("device"), median_ms=report.get("median_ms"), ratio=report.get("ratio"),
+                  errors=errors, rows_used=len((compile_report.get("usage") or {}).get("db_rows_used", [])),
+                  made_standalone=used[0]["made_standalone"] if used else [],
+                  problems={c["label"]: c["problem"] for c in report.get("contenders", []) if c["problem"]})
+    return result
+
+
+def table(results: list[dict]) -> str:
+    def ms(r: dict, label: str) -> str:
+        v = (r.get("median_ms") or {}).get(label)
+        return f"{v:.4f}" if v else "-"
+
+    def err(r: dict, label: str) -> str:
+        v = (r.get("errors") or {}).get(label)
+        return f"{v:.2e}" if v is not None else "-"
+
+    lines = ["| network | status | rows used | error with DB | error empty DB | ms with DB | ms empty DB | ratio | s |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in results:
+        ratio = f"{r['ratio']:.2f}x" if r.get("ratio") else "-"
+        lines.append(f"| {r['network']} | {r.get('status')} | {r.get('rows_used', '-')} | {err(r, 'with-db')} | "
+                     f"{err(r, 'empty-db')} | {ms(r, 'with-db')} | {ms(r, 'empty-db')} | {ratio} | "
+                     f"{r.get('seconds', '-')} |")
+    for r in results:
+        for what in ("problem", "findings", "notes", "problems", "made_standalone"):
+            if r.get(what):
+                lines.append(f"- {r['network']} {what}: {r[what]}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    import zoo
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--nnfusion", required=True, help="the compiler (nnfusion binary)")
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--nets", nargs="*", default=[n for n in zoo.ZOO if n not in NOT_COMPILABLE])
+    p.add_argument("--jobs", type=int, default=3)
+    p.add_argument("--iterations", type=int, default=1000)
+    p.add_argument("--product", default="NVIDIA H200")
+    p.add_argument("--db", action="append", default=[], metavar="NET=PATH", help="a DB of its own for NET")
+    p.add_argument("--model", action="append", default=[], nargs=3, metavar=("LABEL", "ONNX", "DB"),
+                   help="also a network from an ONNX file, with a copy of the DB at DB")
+    args = p.parse_args()
+    dbs = dict(item.split("=", 1) for item in args.db)
+    unknown = [n for n in [*args.nets, *dbs] if n not in zoo.ZOO]
+    if unknown:
+        p.error(f"not in the zoo: {unknown}; the zoo: {list(zoo.ZOO)}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    compiler = str(Path(args.nnfusion).resolve())
+    runs = ([(n, n, None, None) for n in args.nets] + [(f"{n}-own-db", n, d, None) for n, d in dbs.items()]
+            + [(label, label, d, m) for label, m, d in args.model])
+    with ThreadPoolExecutor(args.jobs) as pool:
+        futures = [pool.submit(one_network, name, args.out / folder, compiler, args.product,
+                               d and str(Path(d).resolve()), args.iterations, m and str(Path(m).resolve()))
+                   for folder, name, d, m in runs]
+        results = []
+        for f in futures:
+            try:
+                results.append(f.result())
+            except Exception as e:  # one network's crash must not hide the others' results
+                results.append({"network": "?", "status": None, "problem": f"{type(e).__name__}: {e}"})
+    (args.out / "zoo-run.json").write_text(json.dumps(results, indent=1))
+    text = table(results)
+    (args.out / "zoo-run.txt").write_text(text + "\n")
+    print(text)
+    return 0 if all(r.get("status") in (0, 1) and not r.get("problem") and all(
+        e is not None and e <= 1e-4 for e in (r.get("errors") or {}).values()) for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
