@@ -192,6 +192,7 @@ def test_on_a_machine_without_a_gpu_both_networks_are_built_and_none_is_run(tmp_
     # The harness itself: an input of the wrong size is refused before the GPU is asked for; the right ones
     # reach the GPU question, which this machine answers with "no CUDA GPU".
     env = run_environment(libraries)
+    assert env["NVIDIA_TF32_OVERRIDE"] == "0" and "TF32 off" in report["library_math"]  # fp32 against fp32
     harness = harnesses[0]
     outs = [str(tmp_path / f"out{i}.bin") for i in range(2)]
     short = tmp_path / "short.bin"

@@ -57,6 +57,7 @@ DEFAULT_MAX_ERROR = 1e-4
 NO_GPU = "no CUDA GPU: the network was built but not run"
 ERROR_FORMULA = "max |out - ref| / max |ref| per output (float64), the largest over the outputs"
 WITH_DB, EMPTY_DB = "with-db", "empty-db"
+LIBRARY_MATH = "fp32: cuDNN and cuBLAS with TF32 off (NVIDIA_TF32_OVERRIDE=0)"
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,7 @@ class NetworkRun:
                 "model": str(self.job.model), "db": str(self.job.db), "workdir": str(self.workdir),
                 "device": self.device or None, "no_device": self.no_device or None, "arch": self.arch,
                 "libraries": self.libraries, "max_error_allowed": self.options.max_error,
-                "error_formula": ERROR_FORMULA, "seed": self.options.seed,
+                "error_formula": ERROR_FORMULA, "seed": self.options.seed, "library_math": LIBRARY_MATH,
                 "reference": None if self.reference is None else {"runtime": self.reference.runtime,
                                                                   "seconds": round(self.reference.seconds, 3)},
                 "warmup": self.options.warmup, "iterations": self.options.iterations,
