@@ -7,7 +7,7 @@
 #      and with TF32 off; PyTorch eager, CUDA graph, torch.compile max-autotune from call 1's cache).
 # Usage: bash bench/h200_zoo_and_resnet18.sh (carry .device/b and .netrun/carry). $OUT: zoo.out, zoo.tgz, results.tgz.
 set -uo pipefail
-bash .device/b/stage2.sh || exit 3
+[ -f /tmp/kdb-device/env.sh ] || bash .device/b/stage2.sh || exit 3
 # shellcheck disable=SC1091
 . /tmp/kdb-device/env.sh
 export PYTHONUNBUFFERED=1

@@ -15,6 +15,9 @@ import numpy as np
 from onnx import ModelProto, TensorProto, helper, numpy_helper, save
 
 OPSET = 17
+# The IR version exporters write (torch.onnx: 8-10): onnx >= 1.20 writes 13+ by default, past what older ONNX Runtimes
+# (1.30: 13 at most) and NNFusion read.
+IR_VERSION = 10
 
 
 class GraphBuilder:
@@ -62,7 +65,7 @@ class GraphBuilder:
         graph = helper.make_graph(self.nodes, name, self.inputs,
                                   [helper.make_tensor_value_info(output, TensorProto.FLOAT, None)],
                                   initializer=self.initializers)
-        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=IR_VERSION)
 
 
 def basic_block(g: GraphBuilder, x: str, cin: int, cout: int, stride: int = 1, prefix: str = "") -> str:

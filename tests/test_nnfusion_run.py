@@ -22,7 +22,7 @@ pytest.importorskip("onnx")
 
 from conftest import run_kdb, run_kdb_json
 from onnx import TensorProto, helper
-from onnx_models import OPSET, GraphBuilder, write
+from onnx_models import IR_VERSION, OPSET, GraphBuilder, write
 
 from core.cuda.nvcc import find_nvcc
 from core.db.kernel_db import KernelDB
@@ -79,7 +79,7 @@ def two_in_two_out(path: Path) -> Path:
     graph = helper.make_graph(g.nodes, "two_in_two_out", g.inputs,
                               [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in (pooled, total)],
                               initializer=g.initializers)
-    return write(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]), path)
+    return write(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION), path)
 
 
 def empty_db(path: Path) -> Path:
