@@ -14,9 +14,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from core.db.kernel_db import KernelDB
 from core.db.state import StateDB, state_dir
-from core.inject.pipeline import InjectOptions, Injector, InjectReport
+from core.inject.pipeline import InjectOptions, InjectReport
+from core.inject.session import open_injector
 
 
 def _elementwise(op: str, shape: list[int], expr: str, inputs: int) -> dict[str, Any]:
@@ -211,13 +211,9 @@ def build_demo_db(*, compile_check: bool, archs: tuple[str, ...] = ("sm_90",), n
     tmp = path.with_name("building.db")
     for leftover in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
         leftover.unlink(missing_ok=True)
-    state = StateDB()
-    try:
-        with KernelDB.open(tmp, create=True) as db:
-            options = InjectOptions(archs=archs, compile=compile_check, nvcc=nvcc, workers=workers)
-            report = Injector(db, options, state=state).run([src], kind="demo")
-    finally:
-        state.close()
+    options = InjectOptions(archs=archs, compile=compile_check, nvcc=nvcc, workers=workers)
+    with open_injector(tmp, options) as injector:
+        report = injector.run([src], kind="demo")
     tmp.replace(path)  # failures recorded against the final path below
     _retarget_failures(tmp, path)
     return path, report

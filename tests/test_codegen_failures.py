@@ -125,11 +125,11 @@ def test_retry_generates_again_and_injects(tmp_path: Path, monkeypatch: pytest.M
     state = StateDB()
     try:
         ids = [f.id for f in state.failures(db_path)]
-        with KernelDB.open(db_path, create=True) as db:
-            seen: list[tuple[int, int]] = []
-            report = retry_failures(ids, db, InjectOptions(compile=False), state,
-                                    on_progress=lambda p: seen.append((p.items_done, p.items_seen)))
-            assert seen[-1] == (2, 2)  # the op config that failed again counts as a retried item
+        seen: list[tuple[int, int]] = []
+        report = retry_failures(ids, db_path, InjectOptions(compile=False), state=state,
+                                on_progress=lambda p: seen.append((p.items_done, p.items_seen)))
+        assert seen[-1] == (2, 2)  # the op config that failed again counts as a retried item
+        with KernelDB.open(db_path) as db:
             assert db.count() == 1
             assert len(db.find(parse_line(CONV).signature().identifier)) == 1
         assert (report.injected, report.failed) == (1, 1)
@@ -150,16 +150,15 @@ def test_edit_and_retry_generates_the_edited_op_config(tmp_path: Path):
         [failure] = state.failures(db_path)
         assert failure.id is not None
         state.update_input(failure.id, "{not json")  # an edit that does not read: it fails again, kept to fix
-        with KernelDB.open(db_path, create=True) as db:
-            retry_failures([failure.id], db, InjectOptions(compile=False), state)
+        retry_failures([failure.id], db_path, InjectOptions(compile=False), state=state)
         [again] = state.failures(db_path)
         assert again.input == "{not json" and "not valid JSON" in again.reason and again.item_index == 1
         assert again.id is not None
         fixed = {**parse_line(GROUPED).to_dict(), "filter_shape": [8, 8, 3, 3]}
         del fixed["groups"]
         state.update_input(again.id, json.dumps(fixed))
-        with KernelDB.open(db_path, create=True) as db:
-            report = retry_failures([again.id], db, InjectOptions(compile=False), state)
+        report = retry_failures([again.id], db_path, InjectOptions(compile=False), state=state)
+        with KernelDB.open(db_path) as db:
             assert report.injected == 1 and db.count() == 1
         assert state.failures(db_path) == []
     finally:
@@ -202,9 +201,8 @@ def test_a_compile_failure_is_not_retried_by_injection(tmp_path: Path, monkeypat
     state.record_failures([Failure(db_path=str(tmp_path / "k.db"), file=str(tmp_path / "m.onnx"), stage="nnfusion",
                                    reason="nnfusion exited with status -11")])
     (failure,) = state.failures()
-    from core.db.kernel_db import KernelDB
     from core.inject.pipeline import InjectOptions
 
-    with KernelDB.open(tmp_path / "k.db", create=True) as db, pytest.raises(InputError, match="compiling again"):
-        retry_failures([failure.id], db, InjectOptions(compile=False), state)
+    with pytest.raises(InputError, match="compiling again"):
+        retry_failures([failure.id], tmp_path / "k.db", InjectOptions(compile=False), state=state)
     assert [f.id for f in state.failures()] == [failure.id]  # still open

@@ -1,8 +1,9 @@
-"""kdb codegen: op configs (files or ONNX models) -> CUDA kernels as kernel JSON, generated with TVM.
+"""kdb codegen: op configs (files or ONNX models) -> CUDA kernels as kernel JSON, generated with TVM; with --inject,
+into the kernel DB as well, in memory (the Op configs view's `g`: core.inject.generate_run, the same run).
 
 Every good op config is generated; every bad line or file is reported and skipped. Each op config TVM
 fails on is kept in the state DB as a codegen failure of the kernel DB (--db), for `kdb failures` to show
-and retry (a retry generates again and injects into that DB).
+and retry (a retry generates again and injects into that DB); with --inject, each kernel that fails injection too.
 """
 
 from __future__ import annotations
@@ -13,63 +14,94 @@ from pathlib import Path
 
 from rich.markup import escape
 
+from console.cli.cmd_inject import StageBars, print_report
+from console.cli.interrupt import first_ctrl_c_cancels
 from console.cli.opconfig_input import lookup_flags, model_prepass, read_op_configs
-from console.cli.output import err, out, print_json
-from core.codegen.batch import generate_all
-from core.db.kernel_db import default_db_path
-from core.db.state import StateDB
+from console.cli.output import err, log, out, print_json
+from core.db.kernel_db import kernel_db_path
 from core.errors import InputError
+from core.inject.generate_run import CodegenProgress, GenerateEvent, GenerateRequest
+from core.inject.generate_run import generate_and_inject as run_generate
+from core.inject.pipeline import InjectOptions, InjectSnapshot
 from core.settings import load_settings
 
 
 def main(args: argparse.Namespace) -> int:
-    arch = args.arch or load_settings().archs[0]
+    if args.no_compile and not args.inject:
+        raise InputError("--no-compile goes with --inject: generating alone runs no nvcc check")
+    settings = load_settings()
     configs, errors = read_op_configs(args.inputs, lookup_flags(args)[1], model_prepass(args))
     if not configs and not errors:
         raise InputError(f"no op configs in {', '.join(args.inputs)}: no op-config files or ONNX models there, empty "
                          "files, or models of which the compiler looks up no op at these flags (`kdb opconfig "
                          "extract` shows what it fuses away)")
-    db_path = Path(args.db).expanduser() if args.db else default_db_path()
-    progress = None
-    if err.is_terminal and not args.json:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
-        progress = Progress(TextColumn("codegen"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
-                            console=err)
-        task = progress.add_task("", total=len(configs))
-        progress.start()
-
-    def on_result(result, done: int, total: int) -> None:  # type: ignore[no-untyped-def]
-        if progress is not None:
-            progress.update(task, completed=done, description=result.config.describe()[:50])
-
-    state = StateDB()
-    try:
-        report = generate_all(configs, arch, check=not args.no_check, on_result=on_result, state=state,
-                              db_path=db_path)
-    finally:
-        state.close()
-        if progress is not None:
-            progress.stop()
-    report.input_errors.extend(errors)
-    text = json.dumps(report.items, indent=1) + "\n"
-    if args.output:
-        path = Path(args.output)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
-    elif not args.json:
-        out.file.write(text)
-    failed = len(report.failed) + len(errors)
+    options = InjectOptions.from_settings(settings, archs=(args.arch,) if args.arch else None,
+                                          compile=not args.no_compile)
+    request = GenerateRequest(tuple(configs), kernel_db_path(args.db), options, check=not args.no_check,
+                              inject=args.inject, kernels_file=Path(args.output) if args.output else None)
+    with _Bars(enabled=err.is_terminal and not args.json, total=len(configs), inject=args.inject) as bars, \
+            first_ctrl_c_cancels("the op in progress" if not args.inject else "the op or kernel in progress") as cancel:
+        report = run_generate(request, on_event=bars.show, should_cancel=cancel)
+    codegen = report.codegen
+    codegen.input_errors.extend(errors)
+    if not args.inject and not args.output and not args.json:
+        out.file.write(json.dumps(codegen.items, indent=1) + "\n")
+    failed = len(codegen.failed) + len(errors)
     if args.json:
-        print_json(report.as_json())
+        print_json(report.as_json() if args.inject else codegen.as_json())
     else:
-        where = args.output or "stdout"
+        where = args.output or ("the kernel DB" if args.inject else "stdout")
         unreadable = f" ({len(errors)} op config(s) unreadable, skipped above)" if errors else ""
-        err.print(f"{len(report.items)} kernels generated for {arch} -> {escape(where)}; {failed} failed{unreadable}")
-        for g in report.failed:
+        cancelled = " (cancelled)" if codegen.cancelled else ""
+        err.print(f"{len(codegen.items)} kernels generated for {request.arch}{cancelled} -> {escape(where)}; "
+                  f"{failed} failed{unreadable}")
+        for g in codegen.failed:
             err.print(f"  [red]{g.stage}[/] {escape(g.config.source or g.config.describe())}: {escape(g.error)}")
-        if report.failed:
-            err.print(f"  kept as codegen failures of {escape(str(db_path))}: `kdb failures` shows them, "
+        if codegen.failed:
+            err.print(f"  kept as codegen failures of {escape(str(request.db_path))}: `kdb failures` shows them, "
                       "`kdb failures retry ID` generates and injects again")
-    return 1 if failed else 0
+        if report.inject is not None:
+            print_report(report.inject, request.db_path, notes=report.notes)
+        else:
+            for note in report.notes:
+                log(note)
+    if report.cancelled:
+        return 130
+    return 1 if failed or (report.inject and report.inject.failed) else 0
+
+
+class _Bars:
+    """On a terminal: the codegen bar, then (with --inject) one bar per injection stage."""
+
+    def __init__(self, *, enabled: bool, total: int, inject: bool) -> None:
+        self.enabled, self.total = enabled, total
+        self.stages = StageBars(enabled=enabled and inject)
+        self.injecting = False
+
+    def __enter__(self) -> _Bars:
+        if self.enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+            self.codegen = Progress(TextColumn("  codegen"), BarColumn(), MofNCompleteColumn(),
+                                    TextColumn("{task.description}"), console=err)
+            self.task = self.codegen.add_task("", total=self.total)
+            self.codegen.start()
+        return self
+
+    def show(self, event: GenerateEvent) -> None:
+        if not self.enabled:
+            return
+        if isinstance(event, CodegenProgress):
+            self.codegen.update(self.task, completed=event.done, description=event.current[:50])
+        elif isinstance(event, InjectSnapshot):
+            if not self.injecting:  # generating is over: the stages' bars take the terminal
+                self.injecting = True
+                self.codegen.stop()
+                self.stages.__enter__()
+            self.stages.update(event)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.enabled:
+            self.codegen.stop()
+        if self.injecting:
+            self.stages.__exit__()

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from console.cli.output import out, print_json, shorten
-from core.db.kernel_db import KernelDB, default_db_path
+from core.db.kernel_db import default_db_path
 from core.db.state import StateDB
 from core.errors import KdbError
 
@@ -37,9 +37,7 @@ def main(args: argparse.Namespace) -> int:
         from core.inject.retry import retry_failures
         from core.settings import load_settings
 
-        options = InjectOptions.from_settings(load_settings())
-        with KernelDB.open(db_path, create=True) as db:
-            report = retry_failures(ids, db, options, state)
+        report = retry_failures(ids, db_path, InjectOptions.from_settings(load_settings()), state=state)
         if args.json:
             print_json(report.as_json())
         else:

@@ -9,19 +9,17 @@ and a final {"event": "summary", ...}. A script that kills the run knows exactly
 from __future__ import annotations
 
 import argparse
-import signal
 import time
 from dataclasses import asdict
 from pathlib import Path
-from types import FrameType
 
+from console.cli.interrupt import first_ctrl_c_cancels
 from console.cli.output import err, log, out, print_json, shorten
 from core.cuda.nvcc import find_nvcc, supported_archs
-from core.db.kernel_db import KernelDB
-from core.db.state import StateDB
 from core.errors import KdbError
 from core.gpu.jobs import require_gpu
-from core.inject.pipeline import STAGES, Committed, InjectOptions, Injector, InjectProgress, InjectReport
+from core.inject.pipeline import STAGES, Committed, InjectOptions, InjectProgress, InjectReport, InjectSnapshot
+from core.inject.session import open_injector
 from core.settings import load_settings
 
 
@@ -43,40 +41,24 @@ def main(args: argparse.Namespace) -> int:
                                           workers=args.workers, verify=args.verify, profile=args.profile)
     if options.gpu:
         require_gpu()  # say so now, plainly, rather than fail every kernel
-    cancel = {"requested": False}
-
-    def on_sigint(signum: int, frame: FrameType | None) -> None:
-        if cancel["requested"]:
-            raise KeyboardInterrupt
-        cancel["requested"] = True
-        log("cancelling after the kernel in progress (Ctrl-C again to abort)")
-
-    previous = signal.signal(signal.SIGINT, on_sigint)
-    state = StateDB()
-    try:
-        with KernelDB.open(args.db, create=True) as db:
-            lines = _JsonLines() if args.jsonl else None
-            with _Progress(enabled=err.is_terminal and not (args.json or args.jsonl), gpu=options.gpu) as progress:
-                injector = Injector(db, options, state=state,
-                                    on_progress=lines.progress if lines else progress.update,
-                                    should_cancel=lambda: cancel["requested"],
-                                    on_commit=lines.committed if lines else None)
-                if lines:
-                    lines.report = injector.report
-                report = injector.run(paths)
-        # Still under our SIGINT handler: a Ctrl-C now must not cut the report short.
+    with first_ctrl_c_cancels("the kernel in progress") as should_cancel:
+        lines = _JsonLines() if args.jsonl else None
+        with StageBars(enabled=err.is_terminal and not (args.json or args.jsonl), gpu=options.gpu) as progress, \
+                open_injector(args.db, options, on_progress=lines.progress if lines else progress.update,
+                              should_cancel=should_cancel, on_commit=lines.committed if lines else None) as injector:
+            if lines:
+                lines.report = injector.report
+            report = injector.run(paths)
+            db_path = injector.db.path
         if report.backup:
-            log(f"backup of {db.path} before --replace: {report.backup}")
+            log(f"backup of {db_path} before --replace: {report.backup}")
         if args.json:
             print_json({**report.as_json(), "cancelled": report.cancelled})
         elif args.jsonl:
             print_json({"event": "summary", **report.as_json(), "cancelled": report.cancelled,
                         "replaced_rows": report.replaced_rows, "backup": report.backup})
         else:
-            _print_report(report, db.path)
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        state.close()
+            print_report(report, db_path)
     return 130 if report.cancelled else 1 if report.failed else 0  # cancelled by Ctrl-C: interrupted
 
 
@@ -98,7 +80,7 @@ class _JsonLines:
         self.failures_shown = len(failures)
 
 
-class _Progress:
+class StageBars:
     """One Rich progress bar per stage, refreshed at most ten times a second."""
 
     def __init__(self, *, enabled: bool, gpu: bool = False) -> None:
@@ -106,7 +88,7 @@ class _Progress:
         self.gpu_enabled = gpu
         self.last = 0.0
 
-    def __enter__(self) -> _Progress:
+    def __enter__(self) -> StageBars:
         if self.enabled:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -116,7 +98,7 @@ class _Progress:
             self.bar.start()
         return self
 
-    def update(self, p: InjectProgress) -> None:
+    def update(self, p: InjectProgress | InjectSnapshot) -> None:
         if not self.enabled:
             return
         now = time.monotonic()
@@ -135,7 +117,7 @@ class _Progress:
             self.bar.stop()
 
 
-def _print_report(report: InjectReport, db_path: Path) -> None:
+def print_report(report: InjectReport, db_path: Path, *, notes: list[str] | None = None) -> None:
     from rich.table import Table
 
     status = "cancelled" if report.cancelled else "done"
@@ -143,7 +125,7 @@ def _print_report(report: InjectReport, db_path: Path) -> None:
               f"[{'red' if report.failed else 'green'}]{report.failed} failed[/] -> {db_path}")
     if report.replaced_rows:
         out.print(f"{report.replaced_rows} older rows replaced (backup: {report.backup})")
-    for note in report.notes:
+    for note in report.notes if notes is None else notes:
         out.print(f"[dim]{note}[/]")
     if report.failures:
         table = Table(title="failures", show_lines=False)

@@ -28,7 +28,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "coverage": ("console.cli.cmd_coverage", "what NNFusion will run for each op of an ONNX model with this DB"),
     "nnfusion": ("console.cli.cmd_nnfusion", "compile a model with NNFusion and the DB; what its code really runs"),
     "autotvm": ("console.cli.cmd_autotvm", "summarise AutoTVM tuning logs"),
-    "codegen": ("console.cli.cmd_codegen", "generate CUDA kernels (kernel JSON) for op configs with TVM"),
+    "codegen": ("console.cli.cmd_codegen", "generate CUDA kernels (kernel JSON) for op configs with TVM; --inject: "
+                                           "into the kernel DB too"),
     "gpu": ("console.cli.cmd_gpu", "CUDA devices; verify or time kernels already in the DB"),
     "tune": ("console.cli.cmd_tune", "tune op configs with MetaSchedule; verify and inject the best kernels"),
 }
@@ -251,9 +252,14 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: $KDB_DB or ~/.cache/nnfusion/kernel_cache.db)")
     p.add_argument("inputs", nargs="+", metavar="OPCONFIGS",
                    help="op-config files (lines, .toml, .json), .onnx models, or directories of them")
-    p.add_argument("-o", "--output", metavar="FILE", help="kernel JSON output (default: stdout)")
+    p.add_argument("-o", "--output", metavar="FILE",
+                   help="kernel JSON output (default: stdout; with --inject, written only when given)")
     p.add_argument("--arch", metavar="sm_XX", help="target SM arch (default: the first of the settings' archs)")
     p.add_argument("--no-check", action="store_true", help="skip the CPU numerics check against numpy")
+    p.add_argument("--inject", action="store_true",
+                   help="inject the kernels into the DB as they are generated (the Op configs view's g): nvcc-checked "
+                   "for the settings' archs (--arch: that one), a note when nvcc is missing")
+    p.add_argument("--no-compile", action="store_true", help="with --inject: skip the nvcc compile check")
     _flag_option(p)  # which ops of a model the compiler looks up
     p.add_argument("--json", action="store_true", help="a JSON report on stdout (kernels go to -o)")
 

@@ -28,7 +28,6 @@ from console.screens.base import KdbScreen
 from console.widgets.dialogs import ConfirmDialog, EditTextDialog
 from console.widgets.failure_detail import FailureDetail, Place, item_label, offending_place, pretty_item
 from core.codegen.failures import CODEGEN_STAGE
-from core.db.kernel_db import KernelDB
 from core.db.state import Failure, StateDB
 from core.inject.pipeline import STAGES, InjectOptions, InjectProgress, InjectReport
 from core.inject.retry import retry_failures
@@ -376,9 +375,8 @@ class FailuresScreen(KdbScreen):
                 state.update_input(*edited)
             if ids is None:
                 ids = [f.id for f in state.failures(context.db_path) if f.id is not None]
-            with KernelDB.open(context.db_path, create=True) as db:
-                return retry_failures(ids, db, options, state, on_progress=self._post_progress,
-                                      should_cancel=should_cancel)
+            return retry_failures(ids, context.db_path, options, state=state, on_progress=self._post_progress,
+                                  should_cancel=should_cancel)
         finally:
             state.close()
 

@@ -9,10 +9,9 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from types import MappingProxyType
 from typing import ClassVar
 
 from textual import on, work
@@ -31,45 +30,14 @@ from console.context import ConsoleContext
 from console.screens.base import KdbScreen
 from console.widgets.stage_progress import GPU_NOT_RUN, StageProgress
 from core.cuda.nvcc import find_nvcc, supported_archs
-from core.db.kernel_db import KernelDB
-from core.db.state import StateDB
 from core.errors import ToolError
 from core.inject.pipeline import GPU_NOT_RUN as PIPELINE_GPU_NOT_RUN
-from core.inject.pipeline import STAGES, InjectOptions, Injector, InjectProgress, InjectReport
+from core.inject.pipeline import STAGES, InjectOptions, InjectProgress, InjectReport, InjectSnapshot
+from core.inject.session import open_injector
 from core.settings import ARCH_RE
 
 PROGRESS_INTERVAL_S = 0.05  # the engine reports per kernel; the screen needs no more than ~20 frames a second
 FAILURES_SHOWN = 3
-
-
-@dataclass(frozen=True)
-class RunProgress:
-    """An immutable copy of the engine's InjectProgress, which keeps changing in the worker thread."""
-
-    files_total: int
-    files_done: int
-    items_seen: int
-    injected: int
-    unchanged: int
-    failed: int
-    passed: Mapping[str, int]
-    failed_at: Mapping[str, int]
-    current: str
-
-    @classmethod
-    def of(cls, p: InjectProgress) -> RunProgress:
-        return cls(p.files_total, p.files_done, p.items_seen, p.injected, p.unchanged, p.failed,
-                   MappingProxyType(dict(p.passed)), MappingProxyType(dict(p.failed_at)), p.current)
-
-    def stage(self, name: str) -> tuple[int, int]:
-        """(done, total) for a stage's bar: kernels that left the stage of those that can still reach it."""
-        if name == "read":
-            return self.files_done, self.files_total
-        reachable = self.items_seen - sum(self.failed_at.get(s, 0) for s in STAGES[1:STAGES.index(name)])
-        if name in ("compile", "insert"):
-            reachable -= self.unchanged  # kernels already in the DB skip both
-        reachable = max(reachable, 0)
-        return min(self.passed.get(name, 0) + self.failed_at.get(name, 0), reachable), reachable
 
 
 @dataclass(frozen=True)
@@ -123,7 +91,7 @@ class InjectScreen(KdbScreen):
 
     @dataclass
     class Progressed(Message):
-        progress: RunProgress
+        progress: InjectSnapshot
 
         def can_replace(self, message: Message) -> bool:
             return isinstance(message, InjectScreen.Progressed)  # only the newest snapshot matters
@@ -352,17 +320,12 @@ class InjectScreen(KdbScreen):
             now = time.monotonic()
             if now - last_post >= PROGRESS_INTERVAL_S:
                 last_post = now
-                self.post_message(self.Progressed(RunProgress.of(progress)))
+                self.post_message(self.Progressed(progress.snapshot()))
 
-        state = StateDB()
-        try:
-            with KernelDB.open(db_path, create=True) as db:  # with replace, the engine backs the DB up first
-                injector = Injector(db, options, state=state, on_progress=on_progress,
-                                    should_cancel=lambda: cancel.is_set() or worker.is_cancelled)
-                report = injector.run(paths)
-        finally:
-            state.close()
-        self.post_message(self.Progressed(RunProgress.of(injector.progress)))  # the last one is never skipped
+        with open_injector(db_path, options, on_progress=on_progress,
+                           should_cancel=lambda: cancel.is_set() or worker.is_cancelled) as injector:
+            report = injector.run(paths)
+        self.post_message(self.Progressed(injector.progress.snapshot()))  # the last one is never skipped
         return report
 
     def on_inject_screen_progressed(self, message: Progressed) -> None:
@@ -410,7 +373,7 @@ class InjectScreen(KdbScreen):
         self.query_one("#counts", Static).update("")
         self.query_one("#current", Static).update("")
 
-    def _show_progress(self, p: RunProgress) -> None:
+    def _show_progress(self, p: InjectSnapshot) -> None:
         with self.app.batch_update():
             for row in self.query(StageProgress):
                 if row.has_class("skipped"):

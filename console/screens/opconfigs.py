@@ -3,18 +3,16 @@ check coverage against the open DB, and generate + inject kernels for all of the
 
 The list lives in the screen (it is not persisted: export keeps it). It starts empty, or on the demo DB
 with the op configs of the network the demo was built from. Files, models and the
-DB are read in thread workers that post messages back; the generate run is one worker that owns its DB and
-state handles, posts coalesced progress snapshots and returns a GenerateResult.
+DB are read in thread workers that post messages back; the generate run is one worker around core's use case
+(core.inject.generate_run.generate_and_inject, the one `kdb codegen --inject` runs): it posts the run's events and
+returns its GenerateReport.
 """
 
 from __future__ import annotations
 
-import json
 import threading
-import time
 from collections import Counter
 from dataclasses import dataclass, replace
-from datetime import datetime
 from pathlib import Path
 from typing import ClassVar
 
@@ -30,14 +28,21 @@ from textual.worker import Worker, WorkerState, get_current_worker
 
 from console.context import ConsoleContext
 from console.screens.base import KdbScreen
-from console.screens.inject import PROGRESS_INTERVAL_S, RunProgress
 from console.widgets.dialogs import ConfirmDialog, PathDialog, dialog_default
-from console.widgets.generate_panel import CodegenProgress, GeneratePanel, GenerateResult
+from console.widgets.generate_panel import GeneratePanel
 from console.widgets.opconfig_detail import ImportReport, OpConfigDetail
 from console.widgets.opconfig_dialog import DEFAULT_TEMPLATE, OpConfigDialog
 from console.widgets.opconfig_table import OpConfigTable
-from core.codegen.generate import Generated
-from core.errors import InputError, ToolError
+from core.errors import InputError
+from core.inject import generate_run
+from core.inject.generate_run import (
+    CodegenProgress,
+    CompileCheckSkipped,
+    GenerateEvent,
+    GenerateReport,
+    GenerateRequest,
+)
+from core.inject.pipeline import InjectOptions, InjectSnapshot
 from core.nnfusion.coverage import CoverageEntry, summarize
 from core.opconfigs.onnx_extract import Extraction
 from core.opconfigs.opconfig import OpConfig, dedupe, format_line, format_lines, format_structured, read_opconfigs
@@ -84,18 +89,14 @@ class OpConfigsScreen(KdbScreen):
         entries: list[CoverageEntry]
 
     @dataclass
-    class CodegenProgressed(Message):
-        progress: CodegenProgress
+    class RunEvent(Message):
+        """An event of the generate run (core.inject.generate_run), posted from its worker."""
 
-        def can_replace(self, message: Message) -> bool:
-            return isinstance(message, OpConfigsScreen.CodegenProgressed)
+        event: GenerateEvent
 
-    @dataclass
-    class InjectProgressed(Message):
-        progress: RunProgress
-
-        def can_replace(self, message: Message) -> bool:
-            return isinstance(message, OpConfigsScreen.InjectProgressed)
+        def can_replace(self, message: Message) -> bool:  # only the newest snapshot of a kind matters
+            return (isinstance(message, OpConfigsScreen.RunEvent) and type(message.event) is type(self.event)
+                    and not isinstance(self.event, CompileCheckSkipped))
 
     def __init__(self) -> None:
         super().__init__()
@@ -104,7 +105,7 @@ class OpConfigsScreen(KdbScreen):
         self.coverage: dict[str, CoverageEntry] = {}  # by OpConfig.key, from the last check
         self.coverage_checked = False
         self.coverage_generation = 0
-        self.result: GenerateResult | None = None
+        self.result: GenerateReport | None = None
         self.cancel_requested = threading.Event()
 
     @property
@@ -402,8 +403,9 @@ class OpConfigsScreen(KdbScreen):
         self.cancel_requested = threading.Event()
         self.running = True
         self.query_one(GeneratePanel).reset()
-        self.generate_and_inject(list(self.configs), self.context.settings, self.context.db_path,
-                                 self.cancel_requested)
+        request = GenerateRequest(tuple(self.configs), self.context.db_path,
+                                  InjectOptions.from_settings(self.context.settings))
+        self.run_generate(request, self.cancel_requested)
 
     def action_cancel_run(self) -> None:
         if self.running and not self.cancel_requested.is_set():
@@ -411,82 +413,20 @@ class OpConfigsScreen(KdbScreen):
             self._keep_cancel_note()
 
     @work(thread=True, exit_on_error=False, group="generate", exclusive=True)
-    def generate_and_inject(self, configs: list[OpConfig], settings: Settings, db_path: Path,
-                            cancel: threading.Event) -> GenerateResult:
-        from core.codegen.batch import generate_all
-        from core.cuda.nvcc import find_nvcc
-        from core.db.kernel_db import KernelDB
-        from core.db.state import StateDB, state_dir
-        from core.inject.pipeline import InjectOptions, Injector, InjectProgress
-
+    def run_generate(self, request: GenerateRequest, cancel: threading.Event) -> GenerateReport:
         worker = get_current_worker()
+        return generate_run.generate_and_inject(request, on_event=lambda event: self.post_message(self.RunEvent(event)),
+                                                should_cancel=lambda: cancel.is_set() or worker.is_cancelled)
 
-        def cancelled() -> bool:
-            return cancel.is_set() or worker.is_cancelled
-
-        notes: list[str] = []
-        try:
-            find_nvcc(settings.nvcc_path)
-            compile_check = True
-        except ToolError as exc:  # not a failure of the run: the compile check is just unavailable
-            compile_check = False
-            notes.append(f"compile check skipped: {exc.reason}")
-            self.app.call_from_thread(self._skip_compile, "no nvcc")
-        arch = settings.archs[0]
-        failed = 0
-
-        def on_result(result: Generated, done: int, total: int) -> None:
-            nonlocal failed
-            failed += result.item is None
-            current = configs[done].describe() if done < total else ""
-            self.post_message(self.CodegenProgressed(CodegenProgress(done, total, failed, current)))
-
-        self.post_message(self.CodegenProgressed(CodegenProgress(0, len(configs), 0, configs[0].describe())))
-        state = StateDB()
-        try:  # each op config TVM fails on is kept as a codegen failure, to inspect and retry in Failures
-            codegen = generate_all(configs, arch, check=True, on_result=on_result, should_cancel=cancelled,
-                                   state=state, db_path=db_path)
-        finally:
-            state.close()
-        if codegen.cancelled or not codegen.items:
-            return GenerateResult(codegen, None, None, notes)
-
-        kernels_file = state_dir() / "generated" / f"{datetime.now():%Y%m%d-%H%M%S-%f}.json"
-        kernels_file.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(kernels_file, json.dumps(codegen.items, indent=1))
-        notes.append(f"{len(codegen.items)} kernels for {arch} kept in {kernels_file}")
-        last_post = 0.0
-
-        def on_progress(progress: InjectProgress) -> None:
-            nonlocal last_post
-            if (now := time.monotonic()) - last_post >= PROGRESS_INTERVAL_S:
-                last_post = now
-                self.post_message(self.InjectProgressed(RunProgress.of(progress)))
-
-        options = InjectOptions.from_settings(settings, compile=compile_check)
-        state = StateDB()
-        try:
-            with KernelDB.open(db_path, create=True) as db:
-                injector = Injector(db, options, state=state, on_progress=on_progress, should_cancel=cancelled)
-                report = injector.run([kernels_file], kind="codegen")
-        finally:
-            state.close()
-        self.post_message(self.InjectProgressed(RunProgress.of(injector.progress)))  # the last is never skipped
-        return GenerateResult(codegen, report, kernels_file, notes)
-
-    def _skip_compile(self, reason: str) -> None:
-        self.query_one(GeneratePanel).skip_compile(reason)
-
-    def on_op_configs_screen_codegen_progressed(self, message: CodegenProgressed) -> None:
-        panel = self.query_one(GeneratePanel)
+    def on_op_configs_screen_run_event(self, message: RunEvent) -> None:
+        panel, event = self.query_one(GeneratePanel), message.event
         with self.app.batch_update():
-            panel.show_codegen(message.progress)
-            self._keep_cancel_note()
-
-    def on_op_configs_screen_inject_progressed(self, message: InjectProgressed) -> None:
-        panel = self.query_one(GeneratePanel)
-        with self.app.batch_update():
-            panel.show_inject(message.progress)
+            if isinstance(event, CodegenProgress):
+                panel.show_codegen(event)
+            elif isinstance(event, InjectSnapshot):
+                panel.show_inject(event)
+            else:
+                panel.skip_compile("no nvcc")
             self._keep_cancel_note()
 
     def _keep_cancel_note(self) -> None:
@@ -499,7 +439,7 @@ class OpConfigsScreen(KdbScreen):
             return
         self.running = False
         panel = self.query_one(GeneratePanel)
-        if event.state is WorkerState.SUCCESS and isinstance(event.worker.result, GenerateResult):
+        if event.state is WorkerState.SUCCESS and isinstance(event.worker.result, GenerateReport):
             self.result = event.worker.result
             panel.show_result(self.result)
             if self.result.inject is not None:

@@ -1,12 +1,11 @@
 """Generate and inject, as a panel: a codegen row, then one row per injection stage, the op in progress and a summary.
 
-Attributes down: the owner hands in immutable snapshots (CodegenProgress, the Inject view's RunProgress) and
-the final GenerateResult; the panel never reads the engine itself.
+Attributes down: the owner hands in the run's immutable events (core.inject.generate_run: CodegenProgress, the
+injection's InjectSnapshot) and its final GenerateReport; the panel never reads the engine itself.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from textual.app import ComposeResult
@@ -14,37 +13,11 @@ from textual.containers import Vertical
 from textual.markup import escape
 from textual.widgets import Button, Static
 
-from console.screens.inject import RunProgress
 from console.widgets.stage_progress import GPU_NOT_RUN, StageProgress
-from core.codegen.batch import CodegenReport
-from core.inject.pipeline import STAGES, InjectReport
+from core.inject.generate_run import CodegenProgress, GenerateReport
+from core.inject.pipeline import STAGES, InjectSnapshot
 
 FAILURES_SHOWN = 3
-
-
-@dataclass(frozen=True)
-class CodegenProgress:
-    done: int
-    total: int
-    failed: int
-    current: str  # the op being generated now; "" once all are done
-
-
-@dataclass
-class GenerateResult:
-    codegen: CodegenReport
-    inject: InjectReport | None  # None: nothing was generated, so nothing was injected
-    kernels_file: Path | None  # the kernel JSON handed to the injector
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def cancelled(self) -> bool:
-        return self.codegen.cancelled or bool(self.inject and self.inject.cancelled)
-
-    @property
-    def failed(self) -> int:
-        """Op configs TVM failed on and kernels that failed injection: each is in the Failures view."""
-        return len(self.codegen.failed) + (self.inject.failed if self.inject else 0)
 
 
 class GeneratePanel(Vertical):
@@ -80,7 +53,7 @@ class GeneratePanel(Vertical):
                                                               failed=p.failed)
         self.show_current(f"generating {p.done + 1}/{p.total}: {p.current}" if p.current else "")
 
-    def show_inject(self, p: RunProgress) -> None:
+    def show_inject(self, p: InjectSnapshot) -> None:
         for row in self.query(StageProgress):
             if row.stage == "codegen" or row.has_class("skipped"):
                 continue
@@ -88,7 +61,7 @@ class GeneratePanel(Vertical):
             row.show(done, max(total, 1), passed=p.passed.get(row.stage, 0), failed=p.failed_at.get(row.stage, 0))
         self.show_current(f"injecting: {Path(p.current).name}" if p.current else "")
 
-    def show_result(self, result: GenerateResult | None) -> None:
+    def show_result(self, result: GenerateReport | None) -> None:
         summary = self.query_one("#run-summary", Static)
         self.query_one("#show-failures").set_class(not (result and result.failed), "hidden")
         if result is None:
@@ -102,7 +75,7 @@ class GeneratePanel(Vertical):
         self.query_one("#run-summary", Static).update(f"[$error]the run stopped: {escape(error)}[/]")
 
 
-def summary_lines(result: GenerateResult) -> list[str]:
+def summary_lines(result: GenerateReport) -> list[str]:
     codegen, inject = result.codegen, result.inject
     status = "[$warning]cancelled[/]" if result.cancelled else "[$success]done[/]"
     failed_text = f"[$error]{result.failed} failed[/]" if result.failed else "0 failed"

@@ -16,11 +16,12 @@ import os
 import sqlite3
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from itertools import islice
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from core.cuda.barriers import BarrierCount
@@ -106,6 +107,37 @@ class InjectProgress:
     failed_at: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STAGES, 0))
     current: str = ""
 
+    def snapshot(self) -> InjectSnapshot:
+        return InjectSnapshot(self.files_total, self.files_done, self.items_seen, self.injected, self.unchanged,
+                              self.failed, MappingProxyType(dict(self.passed)), MappingProxyType(dict(self.failed_at)),
+                              self.current)
+
+
+@dataclass(frozen=True)
+class InjectSnapshot:
+    """An immutable copy of InjectProgress, which keeps changing in the thread that runs the injection: what a
+    progress event hands to another thread (a screen) or keeps."""
+
+    files_total: int
+    files_done: int
+    items_seen: int
+    injected: int
+    unchanged: int
+    failed: int
+    passed: Mapping[str, int]
+    failed_at: Mapping[str, int]
+    current: str
+
+    def stage(self, name: str) -> tuple[int, int]:
+        """(done, total) for a stage's bar: kernels that left the stage of those that can still reach it."""
+        if name == "read":
+            return self.files_done, self.files_total
+        reachable = self.items_seen - sum(self.failed_at.get(s, 0) for s in STAGES[1:STAGES.index(name)])
+        if name in ("compile", "insert"):
+            reachable -= self.unchanged  # kernels already in the DB skip both
+        reachable = max(reachable, 0)
+        return min(self.passed.get(name, 0) + self.failed_at.get(name, 0), reachable), reachable
+
 
 @dataclass
 class InjectReport:
@@ -189,9 +221,11 @@ class Injector:
         return self._run(self._items_from_files(files), kind=kind, args={"paths": [str(p) for p in paths]})
 
     def run_items(self, items: list[tuple[str, int, Any]], *, kind: str = "retry") -> InjectReport:
-        """Process given (file, index, raw item) triples, e.g. failures being retried."""
-        self.progress.files_total = len({f for f, _, _ in items})
+        """Process given (file, index, raw item) triples, e.g. failures being retried or kernels just generated:
+        they are in hand, so read already."""
+        self.progress.files_total = self.progress.files_done = len({f for f, _, _ in items})
         self.progress.items_seen += len(items)  # on top of any failed before (a retry's codegen)
+        self.progress.passed["read"] += len(items)
         return self._run(iter(items), kind=kind, args={"items": len(items)})
 
     # -- internals ---------------------------------------------------------------------------

@@ -15,23 +15,33 @@ from typing import Any
 
 from core.codegen.failures import CODEGEN_STAGE, codegen_detail, codegen_input, config_of
 from core.codegen.generate import generate, require_tvm
-from core.db.kernel_db import KernelDB
 from core.db.state import Failure, StateDB
 from core.errors import InputError
 from core.inject.pipeline import InjectOptions, Injector, InjectProgress, InjectReport, ItemFailure
+from core.inject.session import open_injector
 from core.kernels.kernel_json import load_items
 from core.nnfusion.compile_job import STAGE as NNFUSION_STAGE
 
 
 def retry_failures(
     ids: list[int],
-    db: KernelDB,
+    db_path: Path | str | None,
     options: InjectOptions,
-    state: StateDB,
     *,
+    state: StateDB | None = None,
     on_progress: Callable[[InjectProgress], None] | None = None,
     should_cancel: Callable[[], bool] | None = None,
 ) -> InjectReport:
+    """Retry the failures `ids` (of the state DB `state`, else this state dir's) into the kernel DB at `db_path`."""
+    with open_injector(db_path, options, state=state, on_progress=on_progress,
+                       should_cancel=should_cancel) as injector:
+        return _retry(ids, injector, should_cancel)
+
+
+def _retry(ids: list[int], injector: Injector, should_cancel: Callable[[], bool] | None) -> InjectReport:
+    state = injector.state
+    assert state is not None  # open_injector always gives the injector one
+    options = injector.options
     failures = [f for f in (state.get_failure(i) for i in ids) if f is not None]
     # A failed compile is retried by compiling again, not by injecting: those stay as they are.
     compiles = [f for f in failures if f.stage == NNFUSION_STAGE]
@@ -59,7 +69,6 @@ def retry_failures(
             continue
         indices = range(len(raw_items)) if f.item_index is None else [f.item_index]
         items.extend((f.file, i, raw_items[i]) for i in indices if i < len(raw_items))
-    injector = Injector(db, options, state=state, on_progress=on_progress, should_cancel=should_cancel)
     if codegen:
         require_tvm()
     for f in codegen:

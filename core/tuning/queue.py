@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from core.db.kernel_db import KernelDB
-from core.db.state import StateDB, state_dir
+from core.db.state import state_dir
 from core.errors import KdbError
-from core.inject.pipeline import InjectOptions, Injector, InjectReport
+from core.inject.pipeline import InjectOptions, InjectReport
+from core.inject.session import InjectTarget, open_target
 from core.kernels.lint import block_form_resources
 from core.tuning.claims import ClaimBoard
 from core.tuning.harvest import ScoredRecord, best_kernels, runner_up_kernels, scored_records
@@ -137,26 +138,22 @@ def _inject(i: int, job: TuneJob, result: TuneResult, db_path: Path, inject_opti
     result.phases["generate"] = time.perf_counter() - start
     job_event(i, "injecting", f"{len(items)} kernel(s)", result=result)
     start = time.perf_counter()
-    state = StateDB()
-    try:
-        with KernelDB.open(db_path, create=True) as db:
-            injected, committed = _inject_file(db, path, inject_options, state)
-            roles = list(kernels.kernels)
-            keys = {roles[index]: key for index, key in committed.items()}
-            slow = slower_than_tuned(db, keys, result.candidates)
-            slow += [f"an earlier row of this op ({first}), timed faster or neither timed, comes first in the table, "
-                     "and NNFusion takes the first" for _key, first in injected.shadowed]
-            slow += [f"went in standalone for {product!r}, as the op's other rows are (fitted launches): BlockFusion "
-                     "never fuses it" for product in dict.fromkeys(injected.standalone.values())]
-            ratio = row_to_record(db, keys.get("best"), result.candidates)
-            if job.runner_ups > 0 and ratio is not None and ratio >= RUNNER_UP_RATIO:
-                job_event(i, "injecting", f"the best row runs {ratio:.2f}x its record: the next "
-                                          f"{job.runner_ups} record(s) as rows too", result=result)
-                line, more = _inject_runner_ups(db, job, result, scored, items, inject_options, state, ratio)
-                slow.append(line)
-                report.injects.append(more)  # a runner-up that fails is in its line, not the job's status
-    finally:
-        state.close()
+    with open_target(db_path) as target:
+        injected, committed = _inject_file(target, path, inject_options)
+        roles = list(kernels.kernels)
+        keys = {roles[index]: key for index, key in committed.items()}
+        slow = slower_than_tuned(target.db, keys, result.candidates)
+        slow += [f"an earlier row of this op ({first}), timed faster or neither timed, comes first in the table, "
+                 "and NNFusion takes the first" for _key, first in injected.shadowed]
+        slow += [f"went in standalone for {product!r}, as the op's other rows are (fitted launches): BlockFusion "
+                 "never fuses it" for product in dict.fromkeys(injected.standalone.values())]
+        ratio = row_to_record(target.db, keys.get("best"), result.candidates)
+        if job.runner_ups > 0 and ratio is not None and ratio >= RUNNER_UP_RATIO:
+            job_event(i, "injecting", f"the best row runs {ratio:.2f}x its record: the next "
+                                      f"{job.runner_ups} record(s) as rows too", result=result)
+            line, more = _inject_runner_ups(target, job, result, scored, items, inject_options, ratio)
+            slow.append(line)
+            report.injects.append(more)  # a runner-up that fails is in its line, not the job's status
     result.phases["inject"] = time.perf_counter() - start
     report.injects.append(injected)
     status = "done" if not injected.failed else "failed"
@@ -172,11 +169,10 @@ def _kernel_file(work_dir: Path, items: list[dict[str, Any]], suffix: str = "") 
     return path
 
 
-def _inject_file(db: KernelDB, path: Path, options: InjectOptions, state: StateDB) -> tuple[InjectReport,
-                                                                                             dict[int, str]]:
+def _inject_file(target: InjectTarget, path: Path, options: InjectOptions) -> tuple[InjectReport, dict[int, str]]:
     committed: dict[int, str] = {}  # item index -> Key
-    injected = Injector(db, options, state=state,
-                        on_commit=lambda c: committed.__setitem__(c.index, c.key)).run([path], kind="tune")
+    injected = target.injector(options, on_commit=lambda c: committed.__setitem__(c.index, c.key)).run([path],
+                                                                                                      kind="tune")
     return injected, committed
 
 
@@ -199,9 +195,8 @@ def _profiled_us(db: KernelDB, key: str) -> float | None:
     return next((p["us"] for p in profiles.values() if p.get("us")), None)
 
 
-def _inject_runner_ups(db: KernelDB, job: TuneJob, result: TuneResult, scored: list[ScoredRecord],
-                       items: list[dict[str, Any]], options: InjectOptions, state: StateDB,
-                       ratio: float) -> tuple[str, InjectReport]:
+def _inject_runner_ups(target: InjectTarget, job: TuneJob, result: TuneResult, scored: list[ScoredRecord],
+                       items: list[dict[str, Any]], options: InjectOptions, ratio: float) -> tuple[str, InjectReport]:
     """Inject the next records' kernels as rows (roles best2, best3...); the line that says what they ran."""
     best_seconds = next(c["seconds"] for c in result.candidates if c["role"] == "best")
     ups = runner_up_kernels(job, result.work_dir, scored, [k["code"] for k in items], job.runner_ups,
@@ -210,12 +205,12 @@ def _inject_runner_ups(db: KernelDB, job: TuneJob, result: TuneResult, scored: l
     if not ups:
         return f"{head}; no other record gives another self-contained kernel", InjectReport()
     path = _kernel_file(result.work_dir, [item for _role, _s, item in ups], "-runner-ups")
-    injected, committed = _inject_file(db, path, options, state)
+    injected, committed = _inject_file(target, path, options)
     failed = {f.index: f.reason for f in injected.failures}
     timed = []
     for index, (role, seconds, _item) in enumerate(ups):
         result.candidates.append({"role": role, "seconds": seconds, "resource": None})
-        us = _profiled_us(db, committed[index]) if index in committed else None
+        us = _profiled_us(target.db, committed[index]) if index in committed else None
         if us:
             timed.append(f"{role} {us:.1f} us (record {seconds * 1e6:.1f})")
         elif index in failed:
