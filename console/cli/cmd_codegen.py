@@ -20,8 +20,8 @@ from console.cli.opconfig_input import lookup_flags, model_prepass, read_op_conf
 from console.cli.output import err, log, out, print_json
 from core.db.kernel_db import kernel_db_path
 from core.errors import InputError
+from core.inject import generate_run
 from core.inject.generate_run import CodegenProgress, GenerateEvent, GenerateRequest
-from core.inject.generate_run import generate_and_inject as run_generate
 from core.inject.pipeline import InjectOptions, InjectSnapshot
 from core.settings import load_settings
 
@@ -41,7 +41,7 @@ def main(args: argparse.Namespace) -> int:
                               inject=args.inject, kernels_file=Path(args.output) if args.output else None)
     with _Bars(enabled=err.is_terminal and not args.json, total=len(configs), inject=args.inject) as bars, \
             first_ctrl_c_cancels("the op in progress" if not args.inject else "the op or kernel in progress") as cancel:
-        report = run_generate(request, on_event=bars.show, should_cancel=cancel)
+        report = generate_run.generate_and_inject(request, on_event=bars.show, should_cancel=cancel)
     codegen = report.codegen
     codegen.input_errors.extend(errors)
     if not args.inject and not args.output and not args.json:
