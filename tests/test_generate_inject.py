@@ -154,3 +154,17 @@ def test_cli_keeps_the_json_when_asked_and_refuses_what_it_cannot_do(tmp_path: P
     report = json.loads(capsys.readouterr().out)
     assert (report["generated"], report["inject"]["injected"], report["cancelled"]) == (1, 1, False)
     assert len(json.loads(kept.read_text())) == 1 and len(rows(Path(db))) == 1
+
+
+def test_a_cancel_while_injecting_stops_between_kernels_and_keeps_what_was_committed(tmp_path: Path):
+    configs = tuple(parse_line(f"elementwise_relu_op_float|i+1_{n}|o+1_{n}", f"ops.txt:{n}") for n in (8, 9, 10))
+    cancelled = False
+
+    def on_event(event: object) -> None:
+        nonlocal cancelled
+        cancelled = cancelled or (isinstance(event, InjectSnapshot) and event.injected == 1)
+
+    report = generate_run.generate_and_inject(GenerateRequest(configs, tmp_path / "k.db", InjectOptions(compile=False)),
+                                              on_event=on_event, should_cancel=lambda: cancelled)
+    assert len(report.codegen.items) == 3 and report.cancelled and report.inject.cancelled
+    assert report.inject.injected == 1 and len(rows(tmp_path / "k.db")) == 1
