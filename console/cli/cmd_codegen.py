@@ -22,7 +22,7 @@ from core.db.kernel_db import kernel_db_path
 from core.errors import InputError
 from core.inject import generate_run
 from core.inject.generate_run import CodegenProgress, GenerateEvent, GenerateRequest
-from core.inject.pipeline import InjectOptions, InjectSnapshot
+from core.inject.pipeline import InjectSnapshot
 from core.settings import load_settings
 
 
@@ -35,10 +35,9 @@ def main(args: argparse.Namespace) -> int:
         raise InputError(f"no op configs in {', '.join(args.inputs)}: no op-config files or ONNX models there, empty "
                          "files, or models of which the compiler looks up no op at these flags (`kdb opconfig "
                          "extract` shows what it fuses away)")
-    options = InjectOptions.from_settings(settings, archs=(args.arch,) if args.arch else None,
-                                          compile=not args.no_compile)
-    request = GenerateRequest(tuple(configs), kernel_db_path(args.db), options, check=not args.no_check,
-                              inject=args.inject, kernels_file=Path(args.output) if args.output else None)
+    request = GenerateRequest.from_settings(configs, kernel_db_path(args.db), settings, arch=args.arch,
+                                           compile=not args.no_compile, check=not args.no_check, inject=args.inject,
+                                           kernels_file=Path(args.output) if args.output else None)
     with _Bars(enabled=err.is_terminal and not args.json, total=len(configs), inject=args.inject) as bars, \
             first_ctrl_c_cancels("the op in progress" if not args.inject else "the op or kernel in progress") as cancel:
         report = generate_run.generate_and_inject(request, on_event=bars.show, should_cancel=cancel)

@@ -42,7 +42,7 @@ from core.inject.generate_run import (
     GenerateReport,
     GenerateRequest,
 )
-from core.inject.pipeline import InjectOptions, InjectSnapshot
+from core.inject.pipeline import InjectSnapshot
 from core.nnfusion.coverage import CoverageEntry, summarize
 from core.opconfigs.onnx_extract import Extraction
 from core.opconfigs.opconfig import OpConfig, dedupe, format_line, format_lines, format_structured, read_opconfigs
@@ -403,9 +403,8 @@ class OpConfigsScreen(KdbScreen):
         self.cancel_requested = threading.Event()
         self.running = True
         self.query_one(GeneratePanel).reset()
-        request = GenerateRequest(tuple(self.configs), self.context.db_path,
-                                  InjectOptions.from_settings(self.context.settings))
-        self.run_generate(request, self.cancel_requested)
+        self.run_generate(GenerateRequest.from_settings(self.configs, self.context.db_path, self.context.settings),
+                          self.cancel_requested)
 
     def action_cancel_run(self) -> None:
         if self.running and not self.cancel_requested.is_set():

@@ -11,7 +11,7 @@ both show in the Failures view and `kdb failures`, and retry there.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import closing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -25,6 +25,7 @@ from core.errors import InputError, ToolError
 from core.inject.pipeline import GPU_NOT_RUN, InjectOptions, InjectProgress, InjectReport, InjectSnapshot
 from core.inject.session import open_injector
 from core.opconfigs.opconfig import OpConfig
+from core.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,15 @@ class GenerateRequest:
     check: bool = True  # each kernel's math against numpy on the CPU
     inject: bool = True  # False: generate only (`kdb codegen` without --inject)
     kernels_file: Path | None = None  # also keep the kernel JSON there (asked for: `-o`)
+
+    @classmethod
+    def from_settings(cls, configs: Iterable[OpConfig], db_path: Path, settings: Settings, *, arch: str | None = None,
+                      compile: bool = True, check: bool = True, inject: bool = True,
+                      kernels_file: Path | None = None) -> GenerateRequest:
+        """The run as the shared settings say (their first arch, compile-checked for all of them), with what a
+        command line overrides: both faces build it here."""
+        options = InjectOptions.from_settings(settings, archs=(arch,) if arch else None, compile=compile)
+        return cls(tuple(configs), db_path, options, check=check, inject=inject, kernels_file=kernels_file)
 
     @property
     def arch(self) -> str:
