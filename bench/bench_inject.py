@@ -34,9 +34,8 @@ from shared_data import distinct_copies, kernel_corpus, write_corpus  # noqa: E4
 
 def child(n: int, workers: int, compile_check: bool, archs: tuple[str, ...]) -> dict:
     """One measured run in a fresh process (so peak RSS is this run's own)."""
-    from core.db.kernel_db import KernelDB
-    from core.db.state import StateDB
-    from core.inject.pipeline import InjectOptions, Injector
+    from core.inject.pipeline import InjectOptions
+    from core.inject.session import open_injector
 
     with tempfile.TemporaryDirectory(prefix="kdb-bench-") as tmp:
         tmp_path = Path(tmp)
@@ -44,13 +43,12 @@ def child(n: int, workers: int, compile_check: bool, archs: tuple[str, ...]) -> 
         corpus = tmp_path / "corpus"
         source, base = kernel_corpus()
         write_corpus(n, corpus)
-        state = StateDB()
-        with KernelDB.open(tmp_path / "k.db", create=True) as db:
-            options = InjectOptions(archs=archs, compile=compile_check, workers=workers)
+        options = InjectOptions(archs=archs, compile=compile_check, workers=workers)
+        with open_injector(tmp_path / "k.db", options) as injector:
             start = time.perf_counter()
-            report = Injector(db, options, state=state).run([corpus])
+            report = injector.run([corpus])
             elapsed = time.perf_counter() - start
-            rows = db.count()
+            rows = injector.db.count()
         db_mb = (tmp_path / "k.db").stat().st_size / 1e6
     self_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     child_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss

@@ -28,20 +28,19 @@ sys.path.insert(0, str(REPO))
 
 
 def run_mode(kernels: Path, workers: int, *, before: bool, arch: str) -> dict:
-    from core.db.kernel_db import KernelDB
-    from core.db.state import StateDB
-    from core.inject.pipeline import InjectOptions, Injector
+    from core.inject.pipeline import InjectOptions
+    from core.inject.session import open_injector
     from core.kernels.kernel_row import distinct_kernels
 
     options = InjectOptions(archs=(arch,), compile=True, workers=workers, verify=True, profile=True,
                             gpu_timeout_s=120, gpu_workers=1 if before else 0, reuse_cubin=not before)
     db_path = Path(tempfile.mkdtemp(prefix="kdb-bench-verify-")) / "kernels.db"
     start = time.perf_counter()
-    with KernelDB.open(db_path, create=True) as db:
-        report = Injector(db, options, state=StateDB()).run(sorted(kernels.rglob("*.json")))
+    with open_injector(db_path, options) as injector:
+        report = injector.run(sorted(kernels.rglob("*.json")))
         seconds = time.perf_counter() - start
         verified = {}
-        for row in distinct_kernels(db.iter_rows()):  # a fused kernel's pair of rows is one kernel
+        for row in distinct_kernels(injector.db.iter_rows()):  # a fused kernel's pair of rows is one kernel
             miscs = json.loads(row.miscs)
             if "verified" in miscs.get("kdb", {}):
                 verified[row.key] = miscs["kdb"]["verified"].get("max_rel_error")

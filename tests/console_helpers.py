@@ -11,10 +11,9 @@ from textual.pilot import Pilot
 
 from console.app import KdbApp
 from console.context import ConsoleContext
-from core.db.kernel_db import KernelDB
-from core.db.state import StateDB
 from core.demo import demo_kernels
-from core.inject.pipeline import InjectOptions, Injector
+from core.inject.pipeline import InjectOptions
+from core.inject.session import open_injector
 from core.settings import load_settings
 
 # Snapshot tests need the same path in the header on every run and machine.
@@ -29,12 +28,8 @@ def build_small_db(path: Path, *, with_failure: bool = True) -> Path:
     src = path.parent / "small_kernels.json"
     src.parent.mkdir(parents=True, exist_ok=True)
     src.write_text(json.dumps(items), encoding="utf-8")
-    state = StateDB()
-    try:
-        with KernelDB.open(path, create=True) as db:
-            Injector(db, InjectOptions(compile=False), state=state).run([src])
-    finally:
-        state.close()
+    with open_injector(path, InjectOptions(compile=False)) as injector:
+        injector.run([src])
     return path
 
 

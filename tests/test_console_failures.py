@@ -20,8 +20,9 @@ from core.db.kernel_db import KernelDB
 from core.db.state import Failure, StateDB
 from core.demo import _elementwise
 from core.errors import ToolError
-from core.inject.pipeline import InjectOptions, Injector
+from core.inject.pipeline import InjectOptions
 from core.inject.prepare import prepare
+from core.inject.session import open_injector
 from core.kernels.kernel_row import distinct_kernels
 from core.settings import load_settings
 
@@ -53,12 +54,8 @@ def mismatched_relu_item() -> dict:
 
 def inject(db_path: Path, items: list[dict], source: Path, **options: object) -> None:
     source.write_text(json.dumps(items), encoding="utf-8")
-    state = StateDB()
-    try:
-        with KernelDB.open(db_path, create=True) as db:
-            Injector(db, InjectOptions(**options), state=state).run([source])  # type: ignore[arg-type]
-    finally:
-        state.close()
+    with open_injector(db_path, InjectOptions(**options)) as injector:  # type: ignore[arg-type]
+        injector.run([source])
 
 
 def open_failures(db_path: Path) -> list[Failure]:
