@@ -168,3 +168,39 @@ def test_a_cancel_while_injecting_stops_between_kernels_and_keeps_what_was_commi
                                               on_event=on_event, should_cancel=lambda: cancelled)
     assert len(report.codegen.items) == 3 and report.cancelled and report.inject.cancelled
     assert report.inject.injected == 1 and len(rows(tmp_path / "k.db")) == 1
+
+
+def test_on_a_terminal_the_cli_shows_its_bars_and_finishes(tmp_path: Path):
+    """Rich's bars enter their console (`with console:`): the CLI's lazy console must take that, or every run on a
+    terminal (and no test without one) ended in a TypeError."""
+    import os
+    import re
+    import subprocess
+    import sys
+    import threading
+
+    from shared_data import REPO
+
+    ops = write_ops(tmp_path / "ops.txt", [RELU])
+    leader, follower = os.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "console.entry", "codegen", str(ops), "--inject", "--no-compile",
+                             "--db", str(tmp_path / "k.db")], cwd=REPO, stdout=subprocess.PIPE, stderr=follower)
+    os.close(follower)
+    seen = bytearray()
+
+    def read_terminal() -> None:  # drained as it goes: a full pty buffer would block the run
+        try:
+            while chunk := os.read(leader, 4096):
+                seen.extend(chunk)
+        except OSError:  # EIO: the run closed its end
+            pass
+
+    reader = threading.Thread(target=read_terminal)
+    reader.start()
+    out, _ = proc.communicate(timeout=300)
+    reader.join(timeout=60)
+    os.close(leader)
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", seen.decode(errors="replace"))  # Rich's colours and cursor moves
+    assert proc.returncode == 0, text
+    assert "codegen" in text and "insert" in text and "1 kernels generated" in text  # both bars, then the summary
+    assert b"1" in out and b"injected" in out

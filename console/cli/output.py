@@ -36,14 +36,24 @@ class _LazyConsole:
         self._stderr = stderr
         self._console: Console | None = None
 
-    def __getattr__(self, name: str) -> Any:
+    def _real(self) -> Console:
         if self._console is None:
             from rich.console import Console
 
             stream = sys.stderr if self._stderr else sys.stdout
             # Messages on stderr are never folded: one reason, one line, whatever the page width.
             self._console = Console(stderr=self._stderr, soft_wrap=self._stderr, width=_width(stream))
-        return getattr(self._console, name)
+        return self._console
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real(), name)
+
+    # A Rich progress bar enters its console (`with console:`), and special methods bypass __getattr__.
+    def __enter__(self) -> Console:
+        return self._real().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        self._real().__exit__(*exc)
 
 
 out: Console = _LazyConsole(stderr=False)  # type: ignore[assignment]
