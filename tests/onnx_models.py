@@ -6,6 +6,7 @@ ResNet ones no bias either. Weights are random (seeded) float32 initializers.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from itertools import pairwise
 from pathlib import Path
@@ -34,9 +35,13 @@ class GraphBuilder:
         self.used[prefix] += 1
         return prefix if self.used[prefix] == 1 else f"{prefix}_{self.used[prefix]}"
 
-    def weight(self, prefix: str, shape: list[int]) -> str:
+    def weight(self, prefix: str, shape: list[int], fan_in: int | None = None, mean: float = 0.0) -> str:
+        """Normal values: of He's scale sqrt(2 / fan_in) for a layer's weights (so that activations neither vanish
+        nor blow up through a deep network: `kdb nnfusion --run` compares outputs that depend on the input), else
+        of std 0.01 (biases), around `mean` (1 for a norm's scale)."""
         name = self.unique(prefix)
-        data = (self.rng.standard_normal(shape) * 0.01).astype(np.float32)
+        std = math.sqrt(2.0 / fan_in) if fan_in else 0.01
+        data = (mean + self.rng.standard_normal(shape) * std).astype(np.float32)
         self.initializers.append(numpy_helper.from_array(data, name))
         return name
 
@@ -54,7 +59,7 @@ class GraphBuilder:
     def conv(self, x: str, cin: int, cout: int, k: int, *, stride: int = 1, pad: int | None = None, group: int = 1,
              bias: bool = False, name: str = "conv") -> str:
         pad = k // 2 if pad is None else pad
-        inputs = [x, self.weight(f"{name}_w", [cout, cin // group, k, k])]
+        inputs = [x, self.weight(f"{name}_w", [cout, cin // group, k, k], fan_in=cin // group * k * k)]
         if bias:
             inputs.append(self.weight(f"{name}_b", [cout]))
         return self.node("Conv", inputs, name, kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4,

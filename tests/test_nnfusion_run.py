@@ -21,7 +21,7 @@ from shared_data import shared_path
 pytest.importorskip("onnx")
 
 from conftest import run_kdb, run_kdb_json
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 from onnx_models import IR_VERSION, OPSET, GraphBuilder, write
 
 from core.cuda.nvcc import find_nvcc
@@ -108,6 +108,39 @@ def test_the_error_is_the_largest_difference_over_the_largest_reference_value():
     assert each == [0.0, 0.5] and worst == 0.5
     with pytest.raises(InputError):
         relative_error(np.zeros(2), np.zeros(3))
+
+
+def conv_stack(path: Path, depth: int, weight_scale: float | None) -> tuple[Path, str]:
+    """`depth` biased 3x3 convs with Relu on a [1, 8, 16, 16] input; weight_scale None: He's scale, sqrt(2/fan-in)."""
+    g = GraphBuilder({"x": [1, 8, 16, 16]})
+    y = "x"
+    for i in range(depth):
+        y = g.node("Relu", [g.conv(y, 8, 8, 3, bias=True, name=f"c{i}")], f"r{i}")
+        scale = weight_scale if weight_scale is not None else math.sqrt(2 / (8 * 3 * 3))
+        w = next(t for t in g.initializers if t.name == f"c{i}_w")  # GraphBuilder's are of std 0.01
+        w.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(w) / 0.01 * scale, w.name))
+    return write(g.model(y, "stack"), path), y
+
+
+@pytest.mark.parametrize(("depth", "scale", "insensitive"), [(8, 0.01, True), (8, None, False), (1, 0.01, False)])
+def test_a_reference_that_hardly_depends_on_the_input_is_said_to_test_little(tmp_path: Path, depth: int,
+                                                                             scale: float | None, insensitive: bool):
+    """Session 16's zoo on the H200: with weights of std 0.01 whatever the fan-in, deep networks' activations
+    vanished and their outputs were their biases (MobileNetV2: error 0.0 for both DBs). `--run` now runs the
+    reference on a second random input and says when the output hardly moves."""
+    onnxruntime_or_skip()
+    from core.nnfusion.build import Signature, Tensor
+    from core.nnfusion.reference import onnx_runtime_reference, random_inputs
+
+    model, y = conv_stack(tmp_path / "stack.onnx", depth, scale)
+    signature = Signature((Tensor("Parameter_0_0", "x", "float", (1, 8, 16, 16)),),
+                          (Tensor("Result_1_0", y, "float", (1, 8, 16, 16)),))
+    reference = onnx_runtime_reference(model, signature, random_inputs(signature, 0), random_inputs(signature, 1))
+    assert reference.sensitivity is not None
+    assert bool(reference.insensitive()) is insensitive, reference.sensitivity
+    if insensitive:
+        assert "hardly depends on the input" in reference.insensitive() and reference.sensitivity < 1e-3
+    assert onnx_runtime_reference(model, signature, random_inputs(signature, 0)).sensitivity is None
 
 
 # -- kernel_entry's signature and the harness ----------------------------------------------------------

@@ -16,7 +16,7 @@ from onnx_models import GraphBuilder, bottleneck_block, constant, node_outputs, 
 
 def _classifier(g: GraphBuilder, y: str, features: int, classes: int = 1000) -> str:
     y = g.node("Flatten", [g.node("GlobalAveragePool", [y], "pool")], "flatten", axis=1)  # NNFusion needs axis
-    return g.node("Gemm", [y, g.weight("fc_w", [classes, features]), g.weight("fc_b", [classes])], "fc", transB=1)
+    return g.node("Gemm", [y, g.weight("fc_w", [classes, features], fan_in=features), g.weight("fc_b", [classes])], "fc", transB=1)
 
 
 def resnet50(blocks: tuple[int, ...] = (2, 2, 2, 2)) -> ModelProto:
@@ -76,15 +76,15 @@ def alexnet() -> ModelProto:
     y = g.node("MaxPool", [y], "pool5", kernel_shape=[3, 3], strides=[2, 2])
     y = g.node("Flatten", [y], "flatten", axis=1)
     for i, (n_in, n_out) in enumerate(((9216, 4096), (4096, 4096)), start=6):
-        y = g.node("Gemm", [y, g.weight(f"fc{i}_w", [n_out, n_in]), g.weight(f"fc{i}_b", [n_out])], f"fc{i}", transB=1)
+        y = g.node("Gemm", [y, g.weight(f"fc{i}_w", [n_out, n_in], fan_in=n_in), g.weight(f"fc{i}_b", [n_out])], f"fc{i}", transB=1)
         y = g.node("Relu", [y], f"relu{i}")
-    y = g.node("Gemm", [y, g.weight("fc8_w", [1000, 4096]), g.weight("fc8_b", [1000])], "fc8", transB=1)
+    y = g.node("Gemm", [y, g.weight("fc8_w", [1000, 4096], fan_in=4096), g.weight("fc8_b", [1000])], "fc8", transB=1)
     return g.model(y, "alexnet")
 
 
 def _dense(g: GraphBuilder, x: str, n_in: int, n_out: int, name: str) -> str:
     """torch's Linear on a [1, seq, n_in] activation as exported: MatMul by the [n_in, n_out] weight, then the bias Add."""
-    y = g.node("MatMul", [x, g.weight(f"{name}_w", [n_in, n_out])], f"{name}_matmul")
+    y = g.node("MatMul", [x, g.weight(f"{name}_w", [n_in, n_out], fan_in=n_in)], f"{name}_matmul")
     return g.node("Add", [y, g.weight(f"{name}_b", [n_out])], f"{name}_bias")
 
 
@@ -98,7 +98,7 @@ def _layer_norm(g: GraphBuilder, x: str, hidden: int, name: str, eps: float = 1e
                  f"{name}_var", axes=[-1], keepdims=1)
     std = g.node("Sqrt", [g.node("Add", [var, scalar(g, f"{name}_eps", eps)], f"{name}_addeps")], f"{name}_sqrt")
     y = g.node("Div", [centred, std], f"{name}_div")
-    y = g.node("Mul", [y, g.weight(f"{name}_gamma", [hidden])], f"{name}_scale")
+    y = g.node("Mul", [y, g.weight(f"{name}_gamma", [hidden], mean=1.0)], f"{name}_scale")
     return g.node("Add", [y, g.weight(f"{name}_beta", [hidden])], f"{name}_shift")
 
 
@@ -150,7 +150,8 @@ def lstm(layers: int = 2, steps: int = 8, features: int = 256, hidden: int = 256
     seq = [f"x{t}" for t in range(steps)]
     for layer in range(layers):
         n_in = features if layer == 0 else hidden
-        w, r = g.weight(f"l{layer}_W", [n_in, 4 * hidden]), g.weight(f"l{layer}_R", [hidden, 4 * hidden])
+        w, r = (g.weight(f"l{layer}_W", [n_in, 4 * hidden], fan_in=n_in),
+                g.weight(f"l{layer}_R", [hidden, 4 * hidden], fan_in=hidden))
         b = g.weight(f"l{layer}_b", [4 * hidden])
         h, c, out = f"h0_l{layer}", f"c0_l{layer}", []
         for t, x in enumerate(seq):

@@ -48,6 +48,7 @@ from core.nnfusion.reference import (
     largest_error,
     make_inputs,
     onnx_runtime_reference,
+    random_inputs,
     read_outputs,
     tensor_file,
 )
@@ -129,7 +130,8 @@ class NetworkRun:
                 "libraries": self.libraries, "max_error_allowed": self.options.max_error,
                 "error_formula": ERROR_FORMULA, "seed": self.options.seed, "library_math": LIBRARY_MATH,
                 "reference": None if self.reference is None else {"runtime": self.reference.runtime,
-                                                                  "seconds": round(self.reference.seconds, 3)},
+                                                                  "seconds": round(self.reference.seconds, 3),
+                                                                  "input_sensitivity": self.reference.sensitivity},
                 "warmup": self.options.warmup, "iterations": self.options.iterations,
                 "fit_launches": self.options.fit_launches,
                 "median_ms": {c.label: c.timing["median_ms"] if c.timing else None
@@ -214,7 +216,8 @@ def _measure(run: NetworkRun, nvcc: str, libraries: CudaLibraries, state: StateD
 
     with ThreadPoolExecutor(max_workers=3) as pool:
         try:
-            reference = pool.submit(onnx_runtime_reference, job.model, signatures[0], arrays)
+            reference = pool.submit(onnx_runtime_reference, job.model, signatures[0], arrays,
+                                    random_inputs(signatures[0], options.seed + 1))
             builds = {c.label: pool.submit(build_network, p, arch=run.arch, nvcc=nvcc, libraries=libraries,
                                            timeout_s=options.build_timeout_s, should_cancel=stop)
                       for c, p in zip((run.with_db, run.empty_db), projects, strict=True)}
@@ -222,6 +225,8 @@ def _measure(run: NetworkRun, nvcc: str, libraries: CudaLibraries, state: StateD
                 contender.build = built = builds[contender.label].result()
                 say(f"build ({contender.label})", "done" if built.ok else built.error)
             run.reference = reference.result()
+            if run.reference.insensitive():
+                run.notes.append(run.reference.insensitive())
         except BaseException:  # Ctrl-C or an error: the other builds' nvcc are stopped, not waited for
             interrupted.set()
             raise

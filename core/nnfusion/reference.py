@@ -28,22 +28,28 @@ def tensor_file(folder: Path, index: int, tensor: Tensor) -> Path:
     return folder / f"{index}_{safe}.bin"
 
 
-def make_inputs(signature: Signature, folder: Path, seed: int = DEFAULT_SEED) -> list[np.ndarray]:
-    """One array per input, written to `folder` in kernel_entry's order: standard normal values for floating
-    types; 0 or 1 for integers (valid as an index on any axis)."""
+def random_inputs(signature: Signature, seed: int = DEFAULT_SEED) -> list[np.ndarray]:
+    """One array per input, in kernel_entry's order: standard normal values for floating types; 0 or 1 for
+    integers (valid as an index on any axis)."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    folder.mkdir(parents=True, exist_ok=True)
     arrays = []
-    for i, tensor in enumerate(signature.inputs):
+    for tensor in signature.inputs:
         dtype = np.dtype(tensor.dtype)
         if dtype.kind == "f":
-            array = rng.standard_normal(tensor.shape).astype(dtype)
+            arrays.append(rng.standard_normal(tensor.shape).astype(dtype))
         else:
-            array = rng.integers(0, 2, size=tensor.shape).astype(dtype)
+            arrays.append(rng.integers(0, 2, size=tensor.shape).astype(dtype))
+    return arrays
+
+
+def make_inputs(signature: Signature, folder: Path, seed: int = DEFAULT_SEED) -> list[np.ndarray]:
+    """random_inputs, each also written to `folder` for the harness."""
+    folder.mkdir(parents=True, exist_ok=True)
+    arrays = random_inputs(signature, seed)
+    for i, (tensor, array) in enumerate(zip(signature.inputs, arrays, strict=True)):
         array.tofile(tensor_file(folder, i, tensor))
-        arrays.append(array)
     return arrays
 
 
@@ -64,16 +70,35 @@ def read_outputs(signature: Signature, folder: Path) -> list[np.ndarray]:
     return arrays
 
 
+# Below this, the output hardly depends on the input (see Reference.sensitivity): a network whose activations
+# vanish (random weights of too small a scale, say) gives its biases whatever its convolutions compute, and an error
+# bound met there says little about the kernels. A network that uses its input changes by O(1).
+INSENSITIVE_BELOW = 1e-3
+
+
 @dataclass
 class Reference:
     outputs: list[Any]  # numpy arrays, in kernel_entry's output order
     seconds: float
     runtime: str  # "onnxruntime 1.x (CPUExecutionProvider)"
+    # how much the outputs change for another random input: the largest relative_error(other, outputs); None when
+    # no other input was run
+    sensitivity: float | None = None
+
+    def insensitive(self) -> str:
+        """Why the comparison with this reference tests little, or ''."""
+        if self.sensitivity is None or self.sensitivity >= INSENSITIVE_BELOW:
+            return ""
+        return (f"the output hardly depends on the input: another random input changes it by {self.sensitivity:.1e} "
+                f"of its largest value (below {INSENSITIVE_BELOW:g}), so the error check tests little of the network "
+                "(activations that vanish, e.g. random weights of too small a scale, leave the output to the biases)")
 
 
-def onnx_runtime_reference(model: Path, signature: Signature, inputs: list[np.ndarray]) -> Reference:
+def onnx_runtime_reference(model: Path, signature: Signature, inputs: list[np.ndarray],
+                           other_inputs: list[np.ndarray] | None = None) -> Reference:
     """The model run by ONNX Runtime's CPU execution provider on `inputs`, its outputs matched to kernel_entry's by
-    the model's names. ToolError without onnxruntime; InputError when the names do not match."""
+    the model's names; with `other_inputs`, run on those too for Reference.sensitivity. ToolError without
+    onnxruntime; InputError when the names do not match."""
     try:
         import onnxruntime
     except ImportError as exc:
@@ -93,13 +118,17 @@ def onnx_runtime_reference(model: Path, signature: Signature, inputs: list[np.nd
     missing = [t.onnx_name for t in signature.outputs if t.onnx_name not in names]
     if missing:
         raise InputError(f"NNFusion's outputs {missing} are not among the model's {names}", where=str(model))
-    try:
-        outputs = session.run([t.onnx_name for t in signature.outputs],
-                              {t.onnx_name: a for t, a in zip(signature.inputs, inputs, strict=True)})
-    except Exception as exc:  # the run's own errors (shapes, types) come as onnxruntime's exception types
-        raise InputError(f"ONNX Runtime cannot run the model: {exc}", where=str(model)) from exc
-    return Reference(list(outputs), time.monotonic() - started, f"onnxruntime {onnxruntime.__version__} "
-                     "(CPUExecutionProvider)")
+    def run(arrays: list[np.ndarray]) -> list[Any]:
+        try:
+            return list(session.run([t.onnx_name for t in signature.outputs],
+                                    {t.onnx_name: a for t, a in zip(signature.inputs, arrays, strict=True)}))
+        except Exception as exc:  # the run's own errors (shapes, types) come as onnxruntime's exception types
+            raise InputError(f"ONNX Runtime cannot run the model: {exc}", where=str(model)) from exc
+
+    outputs = run(inputs)
+    seconds = time.monotonic() - started
+    sensitivity = None if other_inputs is None else largest_error(run(other_inputs), outputs)[0]
+    return Reference(outputs, seconds, f"onnxruntime {onnxruntime.__version__} (CPUExecutionProvider)", sensitivity)
 
 
 def relative_error(output: np.ndarray, reference: np.ndarray) -> float:
