@@ -20,7 +20,7 @@ from textual.worker import Worker, WorkerState
 from console.commands import ActionCommands
 from console.context import ConsoleContext
 from console.screens.kernels import KernelsScreen
-from core.db.kernel_db import default_db_path
+from core.db.kernel_db import kernel_db_path
 
 STYLES = Path(__file__).resolve().parent.parent / "styles"
 
@@ -45,7 +45,6 @@ class KdbApp(App[int]):
         "inject": _on_first_visit("console.screens.inject", "InjectScreen"),
         "failures": _on_first_visit("console.screens.failures", "FailuresScreen"),
         "settings": _on_first_visit("console.screens.settings", "SettingsScreen"),
-        "opconfigs": _on_first_visit("console.screens.opconfigs", "OpConfigsScreen"),
         "autotvm": _on_first_visit("console.screens.autotvm", "AutoTvmScreen"),
         "tuning": _on_first_visit("console.screens.tuning", "TuningScreen"),
     }
@@ -66,6 +65,15 @@ class KdbApp(App[int]):
     def __init__(self, context: ConsoleContext) -> None:
         super().__init__()
         self.context = context
+        self.add_mode("opconfigs", self._opconfigs_screen)
+
+    def _opconfigs_screen(self) -> Screen:
+        """The Op configs view, imported when first shown, on the context's list (which the Tuning view reads)."""
+        from console.screens.opconfigs import OpConfigsScreen
+
+        screen = OpConfigsScreen()
+        screen.configs = self.context.opconfigs
+        return screen
 
     def on_mount(self) -> None:
         self.sub_title = f"{self.context.db_path} · {self.context.device_summary}"
@@ -109,7 +117,7 @@ def run_app(db_path: str | None = None, *, demo: bool = False) -> int:
     if demo and db_path is None:
         path = _demo_db()
     else:
-        path = Path(db_path).expanduser() if db_path else default_db_path()
+        path = kernel_db_path(db_path)
     app = KdbApp(ConsoleContext(db_path=path, demo=demo))
     return app.run() or 0
 

@@ -7,7 +7,6 @@ trials; on a 2-core machine a run still takes minutes (MetaSchedule's builds), s
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import os
 import shutil
@@ -18,7 +17,7 @@ import pytest
 from console_helpers import SNAPSHOT_DIR, FixedDeviceApp, build_small_db, wait_until
 from textual.widgets import Input, Select, Sparkline, Static
 
-import console.screens.tuning as tuning
+import core.tuning.request
 from console.context import ConsoleContext
 from console.screens.tuning import TuningScreen
 from console.widgets.best_so_far_plot import BestSoFarPlot
@@ -110,7 +109,7 @@ async def test_a_run_fills_the_table_the_curve_and_the_log(tmp_path: Path, monke
         kw["on_phase"] = lambda event: (phases.append(event), on_phase(event))
         return run_queue(jobs, **kw)
 
-    monkeypatch.setattr(tuning, "run_queue", watched_run_queue)
+    monkeypatch.setattr(core.tuning.request, "run_queue", watched_run_queue)  # run_request's, for both faces
     app = make_app(tmp_path / "k.db")
     async with app.run_test(size=(160, 45)) as pilot:
         screen = await open_view(pilot)
@@ -159,13 +158,13 @@ async def test_a_run_fills_the_table_the_curve_and_the_log(tmp_path: Path, monke
 @pytest.mark.tvm
 @needs_tvm
 async def test_cancel_keeps_the_trials_and_start_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    # Batches of 2 trials: a cancel takes effect after the trial in flight, so at most the first batch is kept.
-    monkeypatch.setattr(tuning, "TuneJob", functools.partial(TuneJob, trials_per_batch=2))
     app = make_app(tmp_path / "k.db")
     async with app.run_test(size=(160, 45)) as pilot:
         screen = await open_view(pilot)
         await import_ops(pilot, screen, write_lines(tmp_path / "ops.txt", [DOT]), 1)
         await choose(pilot, screen, trials=4, target="llvm")
+        # Rounds of 2 trials: a cancel takes effect after the trial in flight, so at most the first round is kept.
+        screen.query_one("#batch", Input).value = "2"
         key = key_of(screen, 0)
         table = screen.query_one(TuneTable)
 
@@ -251,7 +250,7 @@ async def test_max_per_op_caps_the_networks_shares_and_goes_to_the_run(tmp_path:
                        what="both ops capped at 2 trials")
         await pilot.press("ctrl+r")
         await wait_for(pilot, lambda: bool(started))
-        assert started[0].cap == 2 and started[0].network is not None
+        assert started[0].max_per_op == 2 and started[0].network is not None
 
 
 async def test_cuda_without_a_gpu_or_a_tracker_explains_instead_of_starting(tmp_path: Path, no_gpu: None):
@@ -274,7 +273,7 @@ async def test_cuda_without_a_gpu_or_a_tracker_explains_instead_of_starting(tmp_
         assert not screen.running
         note = text(screen, "#run-note")
         assert "CUDA tuning measures every trial on a GPU, and there is none here" in note
-        assert "no CUDA device found (test)" in note and "pick target llvm" in note
+        assert "no CUDA device found (test)" in note and "or tune for target llvm" in note
         assert str(screen.query_one(TuneTable).get_cell(key_of(screen, 0), "status")) == "not started"
 
         await choose(pilot, screen, trials=3, target="llvm")  # another choice: the explanation goes
@@ -290,13 +289,13 @@ async def test_the_round_and_the_population_are_checked_and_go_to_every_job(tmp_
         started = []
         screen.tune = lambda plan, *args: started.append(plan)  # type: ignore[method-assign]
 
-        async def refused_then_started(field: str, bad: str, good: str):  # type: ignore[no-untyped-def]
+        async def refused_then_started(field: str, bad: str, good: str, why: str):  # type: ignore[no-untyped-def]
             started.clear()
             screen.running = False  # the stand-in above starts no worker to end a run
             screen.query_one(field, Input).value = bad
             await pilot.press("ctrl+r")
             await wait_for(pilot, lambda: screen.query_one(field, Input).has_class("bad"), what=f"{field} marked bad")
-            assert not started
+            assert not started and why in text(screen, "#run-note")  # core's reason, as `kdb tune` gives it
             screen.query_one(field, Input).value = good
             await wait_for(pilot, lambda: not screen.query_one(field, Input).has_class("bad"),
                            what=f"{field} no longer bad")
@@ -304,11 +303,12 @@ async def test_the_round_and_the_population_are_checked_and_go_to_every_job(tmp_
             await wait_for(pilot, lambda: bool(started))
             return started[0]
 
-        plan = await refused_then_started("#batch", "0", "8")
-        assert [job.trials_per_batch for job in plan.jobs] == [8, 8]
-        assert [job.population for job in plan.jobs] == [None, None]  # kdb's default (job.search_population)
-        plan = await refused_then_started("#population", "4", "256")  # 4: smaller than a round of 8
-        assert [job.population for job in plan.jobs] == [256, 256]
+        request = await refused_then_started("#batch", "0", "8", "candidates per round: must be from 1 to 4096, not 0")
+        assert [job.trials_per_batch for job in request.jobs()] == [8, 8]
+        assert [job.population for job in request.jobs()] == [None, None]  # kdb's default (job.search_population)
+        request = await refused_then_started("#population", "4", "256",  # 4: smaller than a round of 8
+                                             "population: a population of 4 cannot give batches of 8")
+        assert [job.population for job in request.jobs()] == [256, 256]
 
 
 @pytest.fixture

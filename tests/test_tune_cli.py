@@ -34,12 +34,14 @@ def events(stdout: str) -> list[dict]:
     return [json.loads(line) for line in stdout.splitlines()]  # raises if anything but JSON reached stdout
 
 
-@pytest.mark.parametrize("option", ["--trials", "--budget", "--batch"])
-def test_a_budget_below_one_is_refused_before_anything_runs(tmp_path: Path, option: str):
+@pytest.mark.parametrize(("option", "refused"), [("--trials", "must be from 1 to 100000, not 0"),
+                                                 ("--budget", "must be at least 1, not 0"),
+                                                 ("--batch", "must be from 1 to 4096, not 0")])
+def test_a_budget_below_one_is_refused_before_anything_runs(tmp_path: Path, option: str, refused: str):
     proc = run_kdb("tune", str(text_file(tmp_path / "ops.txt", DOT + "\n")), "--target", "llvm", option, "0",
                    timeout=120)
     assert proc.returncode == 2, proc.stderr
-    assert f"{option}: must be at least 1, not 0" in proc.stderr
+    assert f"{option}: {refused}" in proc.stderr
     assert not (tmp_path / "state" / "tuning").exists()
 
 
@@ -234,4 +236,4 @@ def test_max_per_op_caps_every_ops_share_of_the_budget(tmp_path: Path):
     assert sorted(j["trials"] for j in jobs) == [2, 2], "6 trials over 2 ops, neither above 2"
     refused = run_kdb("tune", str(text_file(tmp_path / "ops.txt", DOT + "\n")), "--target", "llvm",
                       "--max-per-op", "2", timeout=120)
-    assert refused.returncode == 2 and "--max-per-op: only a network's budget is spread" in refused.stderr
+    assert refused.returncode == 2 and "--max-per-op: only a network's trials are spread" in refused.stderr

@@ -6,13 +6,13 @@ import argparse
 from pathlib import Path
 
 from console.cli.output import out, print_json, shorten
-from core.db.kernel_db import default_db_path
+from core.db.kernel_db import kernel_db_path
 from core.db.state import StateDB
 from core.errors import KdbError
 
 
 def main(args: argparse.Namespace) -> int:
-    db_path = Path(args.db).expanduser() if args.db else default_db_path()
+    db_path = kernel_db_path(args.db)
     state = StateDB()
     try:
         open_failures = state.failures(db_path)

@@ -21,88 +21,59 @@ from typing import Any, TextIO
 
 from rich.console import Console
 
-from console.cli.opconfig_input import lookup_flags, model_prepass
 from console.cli.output import console_for, log, print_json
-from core.codegen.batch import read_inputs
-from core.db.kernel_db import default_db_path
-from core.errors import InputError, ToolError
-from core.inject.pipeline import InjectOptions
-from core.opconfigs.opconfig import OpConfig
-from core.settings import load_settings
-from core.tuning.claims import ClaimBoard
-from core.tuning.job import PhaseEvent, RpcTarget, TrialEvent, TuneJob
-from core.tuning.network import Network, NetworkEvent, network_of
-from core.tuning.queue import JobEvent, QueueReport, run_network, run_queue, tuning_root
+from core.db.kernel_db import kernel_db_path
+from core.errors import InputError
+from core.settings import Settings, load_settings
+from core.tuning.job import PhaseEvent, TrialEvent
+from core.tuning.network import Network, NetworkEvent
+from core.tuning.queue import JobEvent, QueueReport, tuning_root
+from core.tuning.request import (
+    ChoiceError,
+    TuneChoices,
+    TuneRequest,
+    check_choices,
+    read_tune_inputs,
+    run_request,
+    tune_request,
+)
 from core.tuning.tvm_log import Captured, capture_output, new_log_path
 
 LLVM_NOTE = ("target llvm: every trial is built and timed on this CPU. CPU kernels cannot enter a CUDA kernel "
              "DB: nothing is injected; the results stay in the tuning work dirs.")
+# TuneChoices fields this command names otherwise (the rest: --field-name)
+OPTIONS = {"builder_workers": "--workers", "transfer": "--no-transfer", "inject": "--no-inject"}
+
+
+def choices_of(args: argparse.Namespace) -> TuneChoices:
+    """The command line as core's tune choices: an option left out is None, core's default."""
+    return TuneChoices(trials=args.trials, budget=args.budget, batch=args.batch, population=args.population,
+                       max_per_op=args.max_per_op, target=args.target, arch=args.arch, rpc=args.rpc,
+                       rpc_workers=args.rpc_workers, gpus=args.gpus, builder_workers=args.workers,
+                       efficient=args.efficient, transfer=not args.no_transfer, runner_ups=args.runner_ups,
+                       inject=not args.no_inject, join=args.join or "")
+
+
+def request_of(args: argparse.Namespace, settings: Settings, *, gpu: tuple[bool, str] | None = None) -> TuneRequest:
+    """The run `kdb tune` with these arguments asks for, built by core (the Tuning view builds its own there too);
+    a refused choice is named by its option."""
+    choices = choices_of(args)
+    try:
+        check_choices(choices, settings)  # before the inputs are read: a model takes seconds
+        inputs = read_tune_inputs([Path(p) for p in args.inputs], settings)
+        for e in inputs.errors:
+            log(f"skipped: {e}")
+        return tune_request(inputs, choices, settings, db_path=kernel_db_path(args.db), gpu=gpu)
+    except ChoiceError as exc:
+        raise InputError(exc.reason, where=OPTIONS.get(exc.choice, "--" + exc.choice.replace("_", "-"))) from exc
 
 
 def main(args: argparse.Namespace) -> int:
-    settings = load_settings()
-    for option, value in (("--trials", args.trials), ("--budget", args.budget), ("--batch", args.batch),
-                          ("--workers", args.workers), ("--max-per-op", args.max_per_op)):
-        if value is not None and value < 1:
-            raise InputError(f"must be at least 1, not {value} (a tuning job measures at least one candidate)",
-                             where=option)
-    if args.population is not None and args.population < args.batch:
-        raise InputError(f"a population of {args.population} cannot give batches of {args.batch} (the search picks "
-                         "each batch from its population)", where="--population")
-    inputs = read_inputs([Path(p) for p in args.inputs], lookup_flags(args)[1],  # a model: what NNFusion looks up
-                         prepass=model_prepass(args))  # ... in the graph it imports (its pre-pass run)
-    for e in inputs.errors:
-        log(f"skipped: {e}")
-    if not inputs.configs:
-        raise InputError("no op configs to tune")
-    network = None
-    if inputs.models or args.budget:
-        network = network_of("+".join(inputs.models) or "op configs", inputs.configs, inputs.count)
-        if not network.ops:
-            raise InputError(f"{network.name}: none of its {len(inputs.configs)} ops is one a kernel-DB row can "
-                             "serve")
-    if args.max_per_op is not None and network is None:
-        raise InputError("only a network's budget is spread over its ops: give a model or --budget",
-                         where="--max-per-op")
-    board = None
-    if args.join:
-        if network is None:
-            raise InputError("several processes share the ops of one network: give a model or --budget",
-                             where="--join")
-        board = ClaimBoard.for_run(args.join)
-    rpc_text = args.rpc or (f"{settings.rpc_tracker}:{settings.rpc_key}" if settings.rpc_tracker else "")
-    rpc = RpcTarget.parse(rpc_text) if rpc_text else None
-    cluster = None
-    if args.gpus:
-        from core.tuning.rpc import local_gpu_cluster
-
-        cluster = local_gpu_cluster(args.gpus, key=settings.rpc_key)
-        rpc = RpcTarget(cluster.host, cluster.port, cluster.key)
-        args.rpc_workers = len(cluster.servers)
-        log(f"measuring on {len(cluster.servers)} GPU(s) through a local tracker at {cluster.host}:{cluster.port}")
-    inject = None
-    if args.target == "cuda":
-        from core.gpu.jobs import gpu_available
-
-        gpu, what = gpu_available()
-        if not gpu and rpc is None:
-            raise ToolError(f"CUDA tuning measures on a GPU: {what}; use --rpc to GPU servers, or --target llvm")
-        if not args.no_inject:
-            inject = InjectOptions.from_settings(settings, verify=gpu, profile=gpu)
-    else:
+    request = request_of(args, load_settings())
+    if request.target != "cuda":
         log(LLVM_NOTE)
-    trials = args.trials or settings.tune_trials
-    arch = args.arch or settings.archs[0]
-
-    def make_job(config: OpConfig, n: int) -> TuneJob:
-        return TuneJob(config, trials=n, target=args.target, arch=arch, rpc=rpc, rpc_workers=args.rpc_workers,
-                       builder_timeout_s=settings.tune_builder_timeout_s, efficient=args.efficient,
-                       transfer=not args.no_transfer, trials_per_batch=args.batch, population=args.population,
-                       builder_workers=args.workers, runner_ups=max(0, args.runner_ups))
-
-    if network is not None:
-        budget = args.budget or trials * len(network.ops)
-        _tell_network(network, budget)
+    if request.network is not None:
+        _tell_network(request.network, request.budget)
     log_path = new_log_path()
     log(f"TVM's log: {log_path}" + ("" if args.verbose else " (--verbose shows it here)"))
     cancel: dict[str, Any] = {"requested": False, "say": log}
@@ -114,35 +85,27 @@ def main(args: argparse.Namespace) -> int:
         cancel["say"]("cancelling after the candidate in flight; the trials so far are kept (run again to resume)")
 
     previous = signal.signal(signal.SIGINT, on_sigint)
-    db_path = Path(args.db).expanduser() if args.db else default_db_path()
     try:
         with capture_output(log_path, echo=args.verbose) as captured:
             view = _Live(captured, console_for(captured.stderr), json_lines=args.json)
             cancel["say"] = view.say
             try:
-                callbacks: dict[str, Any] = dict(on_trial=view.trial, on_job=view.job, on_phase=view.phase,
-                                                 should_cancel=lambda: cancel["requested"])
-                if network is not None:
-                    report = run_network(network, budget, make_job, db_path=db_path, inject_options=inject,
-                                         on_network=view.network, board=board, cap=args.max_per_op, **callbacks)
-                else:
-                    report = run_queue([make_job(c, trials) for c in inputs.configs], db_path=db_path,
-                                       inject_options=inject, **callbacks)
+                report = run_request(request, on_trial=view.trial, on_job=view.job, on_phase=view.phase,
+                                     on_network=view.network, on_note=view.say,
+                                     should_cancel=lambda: cancel["requested"])
             finally:
                 view.stop()
     finally:
         signal.signal(signal.SIGINT, previous)
-        if cluster is not None:
-            cluster.stop()
     # Ctrl-C may also end the job in flight as failed (TVM's task refuses to go on): interrupted all the same.
     report.cancelled = report.cancelled or cancel["requested"]
-    if board is not None and not report.results and not report.cancelled:
-        log(f"--join {args.join}: the run's other processes had claimed every op, so this one tuned none "
+    if request.join and not report.results and not report.cancelled:
+        log(f"--join {request.join}: the run's other processes had claimed every op, so this one tuned none "
             "(a run name used before? each run needs a new one)")
     if args.json:
         print_json(_summary(report, log_path))
     else:
-        _tell_results(report, log_path, args.target, inject is not None)
+        _tell_results(report, log_path, request.target, request.inject is not None)
     failed = bool(report.failures) or any(i.failed for i in report.injects)
     return 130 if report.cancelled else 1 if failed else 0
 

@@ -275,21 +275,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cuda (kernels for the DB) or llvm (measures on the CPU; the same code path)")
     p.add_argument("--arch", metavar="sm_XX", help="SM arch (default: the first of the settings' archs)")
     p.add_argument("--rpc", metavar="HOST:PORT:KEY", help="measure on TVM's RPC tracker (default: the settings')")
-    p.add_argument("--rpc-workers", type=int, default=1, metavar="N", help="measurements in flight over RPC")
+    p.add_argument("--rpc-workers", type=int, metavar="N",
+                   help="measurements in flight over RPC (default: the tracker's free servers when the run starts)")
     p.add_argument("--gpus", type=int, default=0, metavar="N",
                    help="measure on N GPUs of this host: a local tracker and one rpc_server per GPU (-1: all)")
     p.add_argument("--no-inject", action="store_true", help="tune only; do not inject the kernels")
     p.add_argument("--efficient", action="store_true",
                    help="also inject each op's most efficient kernel (time x resource) for BlockFusion to swap in; "
                         "on the H200 that made ResNet-18 1.46x slower")
-    p.add_argument("--runner-ups", type=int, default=2, metavar="N",
+    p.add_argument("--runner-ups", type=int, metavar="N",
                    help="when an op's best row runs 1.2x its record's time or more (timed on the GPU as NNFusion "
                         "compiles it), inject the next N records' kernels as rows too (default 2; 0: never)")
     p.add_argument("--no-transfer", action="store_true",
                    help="give each op MetaSchedule's own fresh cost model instead of one model for the run, "
                         "taught by every trial recorded in the state dir")
-    p.add_argument("--batch", type=int, default=32, metavar="N",  # core.tuning.job.DEFAULT_BATCH (not imported:
-                   # the parser stays light for every command)
+    # Tune's defaults are core's (core.tuning.request.tune_request): an option left out is None. The help
+    # repeats the numbers, not imported: the parser stays light for every command.
+    p.add_argument("--batch", type=int, metavar="N",
                    help="candidates per search round (default 32); the search costs about the same per round, "
                         "so larger rounds search less per trial and learn less often")
     p.add_argument("--max-per-op", type=int, metavar="N",

@@ -1,23 +1,23 @@
 """Tuning: tune a list of op configs with MetaSchedule, watch every op's trials live, cancel and resume.
 
-The list comes from the Op configs view (taken whenever it changed there; o takes it again) or from an
-op-config file or ONNX model (i). A model is tuned as one network: only the ops NNFusion looks up in the
-kernel DB, the trials spread by each op's share of the network's time, the predicted network time shown live
-(core/tuning/network.py). The run is one thread worker around the engine's run_queue (run_network for a
-model): it posts coalesced snapshots of every op's state (its trials as each is measured, where its batch
-is) and of MetaSchedule's log tail, and returns the QueueReport; the CLI's --json stream carries the same
-events. Cancel sets a flag the engine reads after each measured trial; the trials stay in each op's work dir,
-so starting again resumes. Ops not in a run show what their work dir holds. The settings' RPC tracker is read
-in a worker every few seconds while the view is shown.
+The list comes from the Op configs view (the context's list: taken whenever it changed there; o takes it
+again) or from an op-config file or ONNX model (i). A model is tuned as one network: only the ops NNFusion
+looks up in the kernel DB, the trials spread by each op's share of the network's time, the predicted network
+time shown live (core/tuning/network.py). Start reads the options as TuneChoices and has core's tune_request
+check them and build the request, as `kdb tune` does; the run is one thread worker around core's run_request:
+it posts coalesced snapshots of every op's state (core/tuning/progress.py) and of MetaSchedule's log tail, and
+returns the QueueReport; the CLI's --json stream carries the same events. Cancel sets a flag the engine reads
+after each measured trial; the trials stay in each op's work dir, so starting again resumes. Ops not in a run
+show what their work dir holds. The settings' RPC tracker is read in a worker every few seconds while the view
+is shown.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from types import MappingProxyType
 from typing import ClassVar
 
 from textual import on, work
@@ -32,32 +32,27 @@ from textual.worker import Worker, WorkerState, get_current_worker
 
 from console.context import ConsoleContext
 from console.screens.base import KdbScreen
-from console.screens.opconfigs import OpConfigsScreen
 from console.widgets.best_so_far_plot import BestSoFarPlot, microseconds
 from console.widgets.dialogs import PathDialog, dialog_default
 from console.widgets.log_tail import LogTail, LogTailView, MetaScheduleTap
 from console.widgets.tracker_panel import TrackerPanel
-from console.widgets.tune_table import IDLE, OpRun, TuneTable, curve
-from core.errors import InputError
-from core.inject.pipeline import InjectOptions
+from console.widgets.tune_options import TuneOptions, label_of
+from console.widgets.tune_table import TuneTable, curve
+from core.codegen.batch import Inputs
+from core.errors import KdbError
 from core.opconfigs.opconfig import OpConfig
-from core.settings import ARCH_RE
-from core.tuning.job import DEFAULT_BATCH, DEFAULT_POPULATION, PhaseEvent, RpcTarget, TrialEvent, TuneJob
-from core.tuning.network import Network, NetworkEvent, network_of, predict, spread_budget
-from core.tuning.queue import JobEvent, QueueReport, run_network, run_queue, tuning_root
+from core.tuning.job import TuneJob
+from core.tuning.network import Network, NetworkEvent, predict, spread_budget
+from core.tuning.progress import IDLE, OpRun, RunProgress, plural
+from core.tuning.queue import QueueReport, tuning_root
 from core.tuning.records import recorded_runs
+from core.tuning.request import TuneRequest, input_network, list_inputs, read_tune_inputs, run_request, tune_request
 from core.tuning.rpc import TrackerStatus, tracker_status
 
 TRACKER_REFRESH_S = 3.0
 TRACKER_CONNECT_S = 2.0
 EMPTY_HINT = ("Nothing to tune yet. The list comes from the Op configs view (5; [b]o[/b] takes it again), "
               "or [b]i[/b] imports an op-config file (lines, .toml, .json) or an ONNX model.")
-NO_GPU = ("[$warning]CUDA tuning measures every trial on a GPU, and there is none here[/] ({reason}). Set an RPC "
-          "tracker with GPU servers in GPU & SM settings (4), or pick target llvm to tune on this CPU.")
-
-
-def plural(n: int, word: str) -> str:
-    return f"{n:,} {word}{'' if n == 1 else 's'}"
 
 
 def read_tracker(address: str) -> TrackerStatus:
@@ -65,17 +60,6 @@ def read_tracker(address: str) -> TrackerStatus:
     if not port.isdigit():
         return TrackerStatus(False, error=f"{address!r} is not HOST:PORT")
     return tracker_status(host, int(port), timeout_s=TRACKER_CONNECT_S)
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What Start hands the tuning worker: a plain list's jobs, or a network and its budget."""
-
-    jobs: list[TuneJob]  # one per op (for a network they name the work dirs; run_network sizes the budgets)
-    network: Network | None
-    make_job: Callable[[OpConfig, int], TuneJob]
-    budget: int  # a network's trials in all
-    cap: int | None = None  # a network's trials per op at most (None: no cap)
 
 
 class TuningScreen(KdbScreen):
@@ -93,9 +77,7 @@ class TuningScreen(KdbScreen):
     @dataclass
     class Imported(Message):
         path: Path
-        configs: list[OpConfig]
-        errors: list[InputError]
-        network: Network | None = None  # a model: its ops NNFusion looks up, with their counts
+        inputs: Inputs  # a model's: the ops NNFusion looks up, with their counts
 
     @dataclass
     class HistoryLoaded(Message):
@@ -129,7 +111,8 @@ class TuningScreen(KdbScreen):
 
     def __init__(self) -> None:
         super().__init__()
-        self.configs: list[OpConfig] = []
+        self.inputs = Inputs()  # what Start hands core's tune_request
+        self.configs: list[OpConfig] = []  # the table's rows: the list, or a network's ops
         self.network: Network | None = None  # the list is a model's ops, tuned as one network
         self.counts: dict[str, int] = {}  # a network's ops: how often each occurs in it
         self.planned: dict[str, int] = {}  # a network's trials per op when the run started
@@ -162,37 +145,7 @@ class TuningScreen(KdbScreen):
                 yield Static(EMPTY_HINT, id="tuning-empty")
                 yield Static(id="tuning-status")
             with VerticalScroll(id="tuning-right"):
-                with Vertical(id="tune-options"):
-                    yield Label("Options", classes="section")
-                    with Horizontal(classes="option-row"):
-                        yield Label("Trials per op", classes="option-label")
-                        yield Input(str(settings.tune_trials), type="integer", compact=True, id="trials")
-                    with Horizontal(classes="option-row"):
-                        yield Label("Per round", classes="option-label")
-                        yield Input(str(DEFAULT_BATCH), type="integer", compact=True, id="batch",
-                                    tooltip="candidates per search round: the search costs about the same per "
-                                            "round, so larger rounds search less per trial and learn less often")
-                    with Horizontal(classes="option-row"):
-                        yield Label("Population", classes="option-label")
-                        yield Input("", placeholder=str(DEFAULT_POPULATION), type="integer", compact=True,
-                                    id="population",
-                                    tooltip="candidates the evolutionary search keeps and mutates each round "
-                                            f"(empty: kdb's {DEFAULT_POPULATION}, or one round when larger; "
-                                            "MetaSchedule's own is 512); at least one round's worth")
-                    with Horizontal(classes="option-row"):
-                        yield Label("Max per op", classes="option-label")
-                        yield Input("", placeholder="no cap", type="integer", compact=True, id="cap",
-                                    tooltip="a network: no op gets more trials than this; what the cap frees goes "
-                                            "to the other ops")
-                    with Horizontal(classes="option-row"):
-                        yield Label("Target", classes="option-label")
-                        yield Select([("cuda (GPU)", "cuda"), ("llvm (this CPU)", "llvm")], value="cuda",
-                                     allow_blank=False, compact=True, id="target")
-                    with Horizontal(classes="option-row"):
-                        yield Label("SM arch", classes="option-label")
-                        yield Input(settings.archs[0], placeholder="like sm_90", compact=True, id="arch")
-                    yield Static(id="measure-note")
-                    yield Checkbox("measure on the tracker's servers", True, id="use-rpc", compact=True)
+                yield TuneOptions(settings, id="tune-options")
                 yield Label("RPC tracker", classes="section", id="tracker-title")
                 yield TrackerPanel(id="tracker")
                 with Horizontal(id="tune-buttons"):
@@ -227,30 +180,26 @@ class TuningScreen(KdbScreen):
 
     # -- the list ------------------------------------------------------------------------------
 
-    def _opconfigs_list(self) -> list[OpConfig] | None:
-        """The Op configs view's list, if that view was opened."""
-        try:
-            stack = self.app.get_screen_stack("opconfigs")
-        except KeyError:
-            return None
-        return list(stack[0].configs) if stack and isinstance(stack[0], OpConfigsScreen) else None
+    @property
+    def options(self) -> TuneOptions:
+        return self.query_one(TuneOptions)
 
     def follow_opconfigs(self, *, force: bool = False) -> None:
-        configs = self._opconfigs_list()
+        configs = list(self.context.opconfigs)
         if force and not configs:
             self.notify("the Op configs view (5) has no list yet", severity="warning")
-            return
-        if configs is None:
             return
         keys = tuple(c.key for c in configs)
         if force or keys != self.taken:
             self.taken = keys
-            self.set_configs(configs, "the Op configs view")
+            self.set_inputs(list_inputs(configs), "the Op configs view")
 
-    def set_configs(self, configs: list[OpConfig], source: str, network: Network | None = None) -> None:
-        self.configs, self.source, self.network, self.network_event = configs, source, network, None
-        self.counts = {op.config.key: op.count for op in network.ops} if network is not None else {}
-        self.live = {k: v for k, v in self.live.items() if k in {c.key for c in configs}}
+    def set_inputs(self, inputs: Inputs, source: str) -> None:
+        self.inputs, self.source, self.network_event = inputs, source, None
+        self.network = input_network(inputs)
+        self.configs = [op.config for op in self.network.ops] if self.network is not None else list(inputs.configs)
+        self.counts = {op.config.key: op.count for op in self.network.ops} if self.network is not None else {}
+        self.live = {k: v for k, v in self.live.items() if k in {c.key for c in self.configs}}
         self.load_history()
         self.refresh_view()
 
@@ -268,40 +217,29 @@ class TuningScreen(KdbScreen):
 
     @work(thread=True, exit_on_error=False, group="import")
     def import_file(self, path: Path) -> None:
-        from core.codegen.batch import read_inputs
-        from core.nnfusion.compiler import CompilerFlags, compiler_prepass
-
-        # a model: the ops NNFusion looks up at the settings' flags, as `kdb tune` takes them, in the graph the
-        # settings' compiler imports (its ONNX Runtime pre-pass run)
-        settings = self.context.settings
-        inputs = read_inputs([path], CompilerFlags.parse(settings.nnfusion_flags),
-                             prepass=compiler_prepass("", settings.nnfusion_path))
-        if not inputs.models:
-            self.post_message(self.Imported(path, inputs.configs, inputs.errors))
-            return
-        network = network_of("+".join(inputs.models), inputs.configs, inputs.count)
-        self.post_message(self.Imported(path, [op.config for op in network.ops], inputs.errors, network))
+        self.post_message(self.Imported(path, read_tune_inputs([path], self.context.settings)))
 
     def on_tuning_screen_imported(self, message: Imported) -> None:
-        refused = f"; {len(message.errors)} refused (first: {message.errors[0]})" if message.errors else ""
-        if not message.configs:
-            left = (f" ({plural(len(message.network.skipped), 'op')}, none NNFusion looks up in the kernel DB)"
-                    if message.network is not None and message.network.skipped else "")
+        errors, network = message.inputs.errors, input_network(message.inputs)
+        refused = f"; {len(errors)} refused (first: {errors[0]})" if errors else ""
+        if not (network.ops if network is not None else message.inputs.configs):
+            left = (f" ({plural(len(network.skipped), 'op')}, none NNFusion looks up in the kernel DB)"
+                    if network is not None and network.skipped else "")
             self.notify(f"no op configs to tune in {message.path.name}{left}{refused}", severity="error", timeout=10)
             return
         if self.running:
             self.notify("a run is on: the list changes once it ends", severity="warning")
             return
-        self.set_configs(message.configs, message.path.name, message.network)
-        what = "network op" if message.network is not None else "op config"
-        self.notify(f"{plural(len(message.configs), what)} to tune from {message.path.name}{refused}",
-                    severity="warning" if message.errors else "information")
+        self.set_inputs(message.inputs, message.path.name)
+        what = "network op" if network is not None else "op config"
+        self.notify(f"{plural(len(self.configs), what)} to tune from {message.path.name}{refused}",
+                    severity="warning" if errors else "information")
 
     # -- what each op's work dir holds ---------------------------------------------------------
 
     def load_history(self) -> None:
         self.history_generation += 1
-        self.read_history(self.history_generation, list(self.configs), self._target(), self._arch())
+        self.read_history(self.history_generation, list(self.configs), self.options.target, self.options.arch)
 
     @work(thread=True, exit_on_error=False, group="history", exclusive=True)
     def read_history(self, generation: int, configs: list[OpConfig], target: str, arch: str) -> None:
@@ -326,7 +264,7 @@ class TuningScreen(KdbScreen):
         table = self.query_one(TuneTable)
         shares = self._shares()
         with self.app.batch_update():
-            table.show(self.configs, self.run_of, lambda key: shares.get(key, self._budget()), self._count)
+            table.show(self.configs, self.run_of, lambda key: shares.get(key, self.options.trials), self._count)
             table.display = bool(self.configs)
             self.query_one("#tuning-empty").display = not self.configs
             self._update_status()
@@ -357,8 +295,8 @@ class TuningScreen(KdbScreen):
         if self.running:  # the run's own plan: each op's latest job (after a network's probes, its share)
             return {**self.planned, **{key: run.planned for key, run in self.live.items() if run.planned}}
         recorded = {c.key: len(self.history.get(c.key, ())) for c in self.configs}
-        return spread_budget(self.network.ops, self._budget() * len(self.network.ops), recorded=recorded,
-                             best=self._best_by_op(), cap=self._cap())
+        return spread_budget(self.network.ops, self.options.trials * len(self.network.ops), recorded=recorded,
+                             best=self._best_by_op(), cap=self.options.cap)
 
     def _prediction(self) -> NetworkEvent:
         assert self.network is not None
@@ -371,7 +309,7 @@ class TuningScreen(KdbScreen):
         address = self.context.settings.rpc_tracker
         use_rpc = self.query_one("#use-rpc", Checkbox)
         use_rpc.display = bool(address)
-        if self._target() == "llvm":
+        if self.options.target == "llvm":
             text = "llvm: every trial is built and timed on this machine's CPU; nothing is injected"
         elif self.gpu is None:
             text = "looking for a CUDA device…"
@@ -412,7 +350,7 @@ class TuningScreen(KdbScreen):
     def _next_step(self) -> str:
         if not self.configs:
             return ""
-        budget, shares = self._budget(), self._shares()
+        budget, shares = self.options.trials, self._shares()
         todo = [r for c in self.configs
                 if (r := self.run_of(c.key)).status != "done" and r.trials < shares.get(c.key, budget)]
         kept = sum(r.trials for r in todo)
@@ -440,7 +378,7 @@ class TuningScreen(KdbScreen):
                 plot.show(None)
             return
         run = self.run_of(config.key)
-        status = run.status_text(self._shares().get(config.key, self._budget()))
+        status = run.status_text(self._shares().get(config.key, self.options.trials))
         best = f" · best {microseconds(run.best_seconds)}" if run.best_seconds is not None else ""
         detail = f"\n[dim]{escape(run.detail)}[/]" if run.detail else ""
         selected.update(f"[b]{escape(config.describe())}[/b] · {status} · {plural(run.trials, 'trial')}{best}{detail}")
@@ -458,39 +396,25 @@ class TuningScreen(KdbScreen):
 
     # -- options -------------------------------------------------------------------------------
 
-    def _budget(self) -> int:
-        text = self.query_one("#trials", Input).value.strip()
-        return int(text) if text.isdigit() and 1 <= int(text) <= 100000 else self.context.settings.tune_trials
-
-    def _cap(self) -> int | None:
-        text = self.query_one("#cap", Input).value.strip()
-        return int(text) if text.isdigit() and 1 <= int(text) <= 100000 else None
-
-    def _target(self) -> str:
-        value = self.query_one("#target", Select).value
-        return value if isinstance(value, str) else "cuda"
-
-    def _arch(self) -> str:
-        return self.query_one("#arch", Input).value.strip() or self.context.settings.archs[0]
-
     @on(Input.Changed, "#trials")
     @on(Input.Changed, "#cap")
     def trials_changed(self) -> None:
-        self.query_one("#trials", Input).remove_class("bad")
-        self.query_one("#cap", Input).remove_class("bad")
+        self.options.clear_bad("trials", "max_per_op")
+        self.explanation = ""
         self.refresh_view()
 
     @on(Input.Changed, "#batch")
     @on(Input.Changed, "#population")
     def search_changed(self) -> None:
-        self.query_one("#batch", Input).remove_class("bad")
-        self.query_one("#population", Input).remove_class("bad")
+        self.options.clear_bad("batch", "population")
+        self.explanation = ""
+        self._update_run_note()
 
     @on(Select.Changed, "#target")
     @on(Input.Changed, "#arch")
     def work_dirs_changed(self) -> None:
         # Another target or arch is another work dir per op: what the last run showed is not about it.
-        self.query_one("#arch", Input).remove_class("bad")
+        self.options.clear_bad("arch")
         self.live, self.report, self.run_error, self.explanation = {}, None, "", ""
         self.load_history()
         self.refresh_view()
@@ -534,12 +458,6 @@ class TuningScreen(KdbScreen):
         self.tracker, self.tracker_address = message.status, message.address
         self.query_one(TrackerPanel).show(message.address, self.context.settings.rpc_key, message.status)
 
-    def _rpc(self) -> RpcTarget | None:
-        settings = self.context.settings
-        if not settings.rpc_tracker or not self.query_one("#use-rpc", Checkbox).value:
-            return None
-        return RpcTarget.parse(f"{settings.rpc_tracker}:{settings.rpc_key}")
-
     # -- running -------------------------------------------------------------------------------
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
@@ -553,6 +471,11 @@ class TuningScreen(KdbScreen):
             return bool(self.context.settings.rpc_tracker)
         return True
 
+    def request(self) -> TuneRequest:
+        """The run the options ask for, checked and built by core as `kdb tune` builds it (else a KdbError)."""
+        return tune_request(self.inputs, self.options.choices(), self.context.settings,
+                            db_path=self.context.db_path, gpu=self.gpu)
+
     @on(Button.Pressed, "#start")
     def action_start(self) -> None:
         if self.running:
@@ -560,66 +483,24 @@ class TuningScreen(KdbScreen):
         if not self.configs:
             self.notify("nothing to tune: build a list in Op configs (5) or import one (i)", severity="warning")
             return
-        trials_text = self.query_one("#trials", Input).value.strip()
-        if not (trials_text.isdigit() and 1 <= int(trials_text) <= 100000):
-            self.query_one("#trials", Input).add_class("bad")
-            self.notify("trials per op: a whole number from 1 to 100000", severity="error")
+        if self.options.target == "cuda" and self.gpu is None:
+            self.notify("still looking for a CUDA device: try again in a moment", severity="warning")
             return
-        batch_text = self.query_one("#batch", Input).value.strip()
-        if not (batch_text.isdigit() and 1 <= int(batch_text) <= 4096):
-            self.query_one("#batch", Input).add_class("bad")
-            self.notify("candidates per round: a whole number from 1 to 4096", severity="error")
+        try:
+            request = self.request()
+        except KdbError as exc:  # refused: say which option and why until an option changes
+            self.options.mark_bad(exc)
+            label = label_of(exc)
+            self.explanation = f"[$warning]{escape(f'{label}: {exc.reason}' if label else exc.reason)}[/]"
+            self._update_run_note()
+            self.notify(f"{label}: {exc.reason}" if label else exc.reason, severity="error")
             return
-        population_text = self.query_one("#population", Input).value.strip()
-        if population_text and not (population_text.isdigit()
-                                    and int(batch_text) <= int(population_text) <= 65536):
-            self.query_one("#population", Input).add_class("bad")
-            self.notify(f"population: empty (kdb's {DEFAULT_POPULATION}) or a whole number from the round's "
-                        f"{batch_text} to 65536: the search picks each round from it", severity="error")
-            return
-        cap_text = self.query_one("#cap", Input).value.strip()
-        if cap_text and not (cap_text.isdigit() and 1 <= int(cap_text) <= 100000):
-            self.query_one("#cap", Input).add_class("bad")
-            self.notify("max per op: empty (no cap) or a whole number from 1 to 100000", severity="error")
-            return
-        arch, target, rpc = self._arch(), self._target(), self._rpc()
-        if target == "cuda" and not ARCH_RE.fullmatch(arch):
-            self.query_one("#arch", Input).add_class("bad")
-            self.notify(f"{arch}: not an SM arch like sm_90", severity="error")
-            return
-        inject = None
-        if target == "cuda":
-            if self.gpu is None:
-                self.notify("still looking for a CUDA device: try again in a moment", severity="warning")
-                return
-            has_gpu, what = self.gpu
-            if not has_gpu and rpc is None:
-                self.explanation = NO_GPU.format(reason=escape(what))
-                self._update_run_note()
-                self.notify("no CUDA device and no RPC tracker: nothing to measure CUDA kernels on",
-                            severity="warning")
-                return
-            inject = InjectOptions.from_settings(self.context.settings, verify=has_gpu, profile=has_gpu)
-        if rpc is not None and self.tracker is not None and not self.tracker.reachable:
-            self.notify(f"the RPC tracker {rpc.host}:{rpc.port} does not answer: {self.tracker.error}",
-                        severity="warning")
-            return
-        free = self.tracker.queue.get(rpc.key, {}).get("free", 0) if rpc and self.tracker else 0
-        timeout_s = self.context.settings.tune_builder_timeout_s
-
-        def make_job(config: OpConfig, trials: int) -> TuneJob:
-            return TuneJob(config, trials, target, arch, builder_timeout_s=timeout_s, rpc=rpc,
-                           rpc_workers=max(1, free), trials_per_batch=int(batch_text),
-                           population=int(population_text) if population_text else None)
-
-        plan = Plan([make_job(c, int(trials_text)) for c in self.configs], self.network, make_job,
-                    int(trials_text) * len(self.configs), self._cap())
         self.cancel_requested = threading.Event()
         self.planned = self._shares()
         self.live, self.report, self.run_error, self.explanation = {}, None, "", ""
         self.query_one(LogTailView).reset()
         self.running = True
-        self.tune(plan, self.context.db_path if inject else None, inject, self.cancel_requested)
+        self.tune(request, self.cancel_requested)
         self.refresh_view()
 
     @on(Button.Pressed, "#cancel")
@@ -629,56 +510,14 @@ class TuningScreen(KdbScreen):
             self._update_run_note()
 
     @work(thread=True, exit_on_error=False, group="tune", exclusive=True)
-    def tune(self, plan: Plan, db_path: Path | None, inject: InjectOptions | None,
-             cancel: threading.Event) -> QueueReport:
+    def tune(self, request: TuneRequest, cancel: threading.Event) -> QueueReport:
         worker = get_current_worker()
-        root = tuning_root()
-        directories = {job.config.key: job.directory(root) for job in plan.jobs}
-        runs = {key: OpRun("queued", tuple(recorded_runs(directory))) for key, directory in directories.items()}
-        tap = MetaScheduleTap(lambda tail: self.post_message(self.Logged(tail)))
-        current = {"key": "", "network": None}
-
-        def post() -> None:
-            self.post_message(self.Progressed(MappingProxyType(dict(runs)), current["network"]))
-
-        def on_job(event: JobEvent) -> None:
-            current["key"] = key = event.key
-            runs[key] = replace(runs[key], status=event.status, detail=event.detail, phase="",
-                                planned=event.trials or runs[key].planned)
-            if event.status == "tuning":
-                kept = runs[key].trials
-                tap.note(f"{event.job} ({event.stage + ' ' if event.stage else ''}{event.index + 1}/"
-                         f"{event.of or len(plan.jobs)}): "
-                         + (f"tuning on from {plural(kept, 'trial')} kept" if kept else "tuning")
-                         + f" in {directories[key]}" + (f" ({event.detail})" if event.detail else ""))
-            elif event.status != "queued":
-                tap.note(f"{event.job}: {event.status}" + (f": {event.detail}" if event.detail else ""))
-            post()
-
-        def on_trial(event: TrialEvent) -> None:
-            key = current["key"]
-            runs[key] = replace(runs[key], runs=(*runs[key].runs, event.seconds))
-            if event.error:
-                tap.note(f"{event.job}: trial {event.trial} failed: {event.error}")
-            post()
-
-        def on_phase(event: PhaseEvent) -> None:
-            key = current["key"]
-            text = {"build": f"build {event.done}/{event.total}", "search": "search"}.get(event.phase, event.phase)
-            runs[key] = replace(runs[key], phase=text)
-            post()
-
-        def on_network(event: NetworkEvent) -> None:
-            current["network"] = event
-            post()
-
-        callbacks = dict(on_trial=on_trial, on_job=on_job, on_phase=on_phase,
-                         should_cancel=lambda: cancel.is_set() or worker.is_cancelled)
-        with tap:
-            if plan.network is not None:
-                return run_network(plan.network, plan.budget, plan.make_job, db_path=db_path, inject_options=inject,
-                                   on_network=on_network, cap=plan.cap, **callbacks)
-            return run_queue(plan.jobs, db_path=db_path, inject_options=inject, **callbacks)
+        with MetaScheduleTap(lambda tail: self.post_message(self.Logged(tail))) as tap:
+            progress = RunProgress(request, tuning_root(),
+                                   lambda runs, network: self.post_message(self.Progressed(runs, network)), tap.note)
+            return run_request(request, on_trial=progress.trial, on_job=progress.job, on_phase=progress.phase,
+                               on_network=progress.network, on_note=tap.note,
+                               should_cancel=lambda: cancel.is_set() or worker.is_cancelled)
 
     def on_tuning_screen_progressed(self, message: Progressed) -> None:
         self.live = dict(message.runs)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from rich.text import Text
 from textual.widgets import DataTable
@@ -16,8 +15,7 @@ from textual.widgets import DataTable
 from console.widgets.opconfig_table import description, fit
 from core.opconfigs.autotvm_log import WorkloadSummary
 from core.opconfigs.opconfig import OpConfig
-
-IDLE = "idle"  # not in a run of this session: the row shows what the op's work dir holds
+from core.tuning.progress import OpRun
 
 COLUMNS = [  # (key, label, width)
     ("n", "#", 2),
@@ -34,36 +32,6 @@ COLUMNS = [  # (key, label, width)
 _STATUS_STYLES = {"done": "green", "tuned": "green", "failed": "bold red", "cancelled": "yellow",
                   "resumable": "yellow", "tuning": "bold yellow", "generating": "bold yellow",
                   "injecting": "bold yellow"}
-
-
-@dataclass(frozen=True)
-class OpRun:
-    """One op of the queue: its status (a JobEvent's, or IDLE) and the seconds of every trial recorded so far."""
-
-    status: str = IDLE
-    runs: tuple[float | None, ...] = ()  # resumed trials first; None: the build or the run failed
-    detail: str = ""
-    phase: str = ""  # while tuning: where its batch is ("build 5/32"...)
-    planned: int = 0  # the trials its latest job was given (a network's probe, then its share); 0: none yet
-
-    @property
-    def trials(self) -> int:
-        return len(self.runs)
-
-    @property
-    def errors(self) -> int:
-        return sum(s is None for s in self.runs)
-
-    @property
-    def best_seconds(self) -> float | None:
-        return min((s for s in self.runs if s is not None), default=None)
-
-    def status_text(self, budget: int) -> str:
-        if self.status == "tuning" and self.phase:
-            return self.phase
-        if self.status != IDLE:
-            return self.status
-        return "not started" if not self.runs else "tuned" if self.trials >= budget else "resumable"
 
 
 def curve(config: OpConfig, run: OpRun) -> WorkloadSummary:

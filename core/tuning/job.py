@@ -22,6 +22,8 @@ DEFAULT_BATCH = 32  # candidates per search round, unless a job says otherwise
 # (bench/bench_search.py); on the H200 it took ResNet-18 from 122 to 150 trials/min, its kernels as good
 # (0.61-0.64x cuDNN, against 0.64x: docs/BENCHMARKS-HISTORY.md, sessions 9 and 10).
 DEFAULT_POPULATION = 256
+# next records injected as rows too when the best record's row runs slow (core.tuning.queue; runner_up_kernels)
+DEFAULT_RUNNER_UPS = 2
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,7 @@ class TuneJob:
     efficient: bool = False  # also a kernel for the most efficient record (time x resource): harvest.py
     # when the best record's row runs RUNNER_UP_RATIO x the record's time or more, this many next records are
     # injected and timed as rows too (core.tuning.queue; runner_up_kernels)
-    runner_ups: int = 2
+    runner_ups: int = DEFAULT_RUNNER_UPS
     transfer: bool = True  # one cost model for the process, warm-started from the root's records (costmodel.py)
     population: int | None = None  # the evolutionary search's population (None: search_population's default)
     # every trial sampled at random, whatever the shared model could rank: a network's probe (network.py) only
