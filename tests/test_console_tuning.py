@@ -24,6 +24,7 @@ from console.widgets.best_so_far_plot import BestSoFarPlot
 from console.widgets.dialogs import PathDialog
 from console.widgets.kernel_table import KernelTable
 from console.widgets.log_tail import LogTailView
+from console.widgets.tracker_panel import TrackerPanel
 from console.widgets.tune_table import TuneTable
 from core.settings import Settings
 from core.tuning.job import TuneJob
@@ -347,14 +348,15 @@ async def test_tracker_panel_shows_its_servers_and_queue(tmp_path: Path, ascendi
         app = make_app(tmp_path / "k.db", rpc_tracker=f"127.0.0.1:{cluster.port}", rpc_key="kdb")
         async with app.run_test(size=(160, 45)) as pilot:
             screen = await open_view(pilot)
-            await wait_for(pilot, lambda: screen.tracker is not None, timeout=60)
+            tracker = screen.query_one(TrackerPanel)
+            await wait_for(pilot, lambda: tracker.status is not None, timeout=60)
             panel = text(screen, "#tracker")
             assert f"127.0.0.1:{cluster.port} · key kdb: reachable" in panel
             assert "queue kdb: 1 free · 0 pending" in panel and "1 server:" in panel and "kdb at 127.0.0.1:" in panel
             assert screen.query_one("#use-rpc").display
 
             cluster.stop()  # polled every few seconds: the panel follows
-            await wait_for(pilot, lambda: screen.tracker is not None and not screen.tracker.reachable, timeout=30)
+            await wait_for(pilot, lambda: tracker.status is not None and not tracker.status.reachable, timeout=30)
             assert "unreachable" in text(screen, "#tracker")
 
 

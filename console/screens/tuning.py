@@ -35,6 +35,7 @@ from console.screens.base import KdbScreen
 from console.widgets.best_so_far_plot import BestSoFarPlot, microseconds
 from console.widgets.dialogs import PathDialog, dialog_default
 from console.widgets.log_tail import LogTail, LogTailView, MetaScheduleTap
+from console.widgets.run_note import RunNote, next_step
 from console.widgets.tracker_panel import TrackerPanel
 from console.widgets.tune_options import TuneOptions, label_of
 from console.widgets.tune_table import TuneTable, curve
@@ -47,19 +48,10 @@ from core.tuning.progress import IDLE, OpRun, RunProgress, plural
 from core.tuning.queue import QueueReport, tuning_root
 from core.tuning.records import recorded_runs
 from core.tuning.request import TuneRequest, input_network, list_inputs, read_tune_inputs, run_request, tune_request
-from core.tuning.rpc import TrackerStatus, tracker_status
 
 TRACKER_REFRESH_S = 3.0
-TRACKER_CONNECT_S = 2.0
 EMPTY_HINT = ("Nothing to tune yet. The list comes from the Op configs view (5; [b]o[/b] takes it again), "
               "or [b]i[/b] imports an op-config file (lines, .toml, .json) or an ONNX model.")
-
-
-def read_tracker(address: str) -> TrackerStatus:
-    host, _, port = address.rpartition(":")
-    if not port.isdigit():
-        return TrackerStatus(False, error=f"{address!r} is not HOST:PORT")
-    return tracker_status(host, int(port), timeout_s=TRACKER_CONNECT_S)
 
 
 class TuningScreen(KdbScreen):
@@ -104,11 +96,6 @@ class TuningScreen(KdbScreen):
         available: bool
         what: str  # the device's name, or why there is none
 
-    @dataclass
-    class TrackerRead(Message):
-        address: str
-        status: TrackerStatus
-
     def __init__(self) -> None:
         super().__init__()
         self.inputs = Inputs()  # what Start hands core's tune_request
@@ -126,9 +113,6 @@ class TuningScreen(KdbScreen):
         self.run_error = ""
         self.explanation = ""  # why Start refused, until an option changes
         self.gpu: tuple[bool, str] | None = None
-        self.tracker: TrackerStatus | None = None
-        self.tracker_address = ""  # the address self.tracker was read from
-        self.tracker_busy = False
         self.plotted: tuple[str, OpRun] | None = None
         self.cancel_requested = threading.Event()
 
@@ -151,7 +135,7 @@ class TuningScreen(KdbScreen):
                 with Horizontal(id="tune-buttons"):
                     yield Button("Start (ctrl+r)", variant="primary", id="start")
                     yield Button("Cancel (esc)", variant="error", id="cancel", disabled=True)
-                yield Static(id="run-note")
+                yield RunNote(id="run-note")
         with Horizontal(id="tuning-bottom"):
             with Vertical(id="tune-curve-pane"):
                 yield Static(id="tune-selected")
@@ -306,62 +290,15 @@ class TuningScreen(KdbScreen):
         return predict(self.network, self._best_by_op(), trials, sum(self._shares().values()))
 
     def _update_measure_note(self) -> None:
-        address = self.context.settings.rpc_tracker
-        use_rpc = self.query_one("#use-rpc", Checkbox)
-        use_rpc.display = bool(address)
-        if self.options.target == "llvm":
-            text = "llvm: every trial is built and timed on this machine's CPU; nothing is injected"
-        elif self.gpu is None:
-            text = "looking for a CUDA device…"
-        elif self.gpu[0]:
-            text = (f"GPU: {escape(self.gpu[1])} · the best kernels are verified, timed and injected into "
-                    f"{escape(self.context.db_path.name)}")
-        elif address and use_rpc.value:
-            text = ("no CUDA device here: trials are measured on the tracker's servers; the best kernels are "
-                    "injected unverified")
-        else:
-            text = f"[$warning]no CUDA device here[/]: {escape(self.gpu[1])}"
-        self.query_one("#measure-note", Static).update(text)
+        self.options.show_measuring(self.context.settings.rpc_tracker, self.gpu, self.context.db_path.name)
 
     def _update_run_note(self) -> None:
-        lines = [self.explanation]
-        if self.running:
-            lines.append("cancelling after the trial in flight (every trial measured is kept)…"
-                         if self.cancel_requested.is_set() else "tuning… esc cancels after the trial in flight")
-        else:
-            lines += self._summary_lines()
-            lines.append(self._next_step())
-        self.query_one("#run-note", Static).update("\n".join(line for line in lines if line))
-
-    def _summary_lines(self) -> list[str]:
-        if self.run_error:
-            return [f"[$error]the run stopped: {escape(self.run_error)}[/]"]
-        if self.report is None:
-            return []
-        states = [run.status for run in self.live.values()]
-        status = "[$warning]cancelled[/]" if self.report.cancelled else "[$success]done[/]"
-        failed = states.count("failed")
-        lines = [f"[b]{status}[/b]: {states.count('done')} tuned · "
-                 + (f"[$error]{failed} failed[/]" if failed else "0 failed")
-                 + (f" · {states.count('cancelled')} cancelled" if self.report.cancelled else "")]
-        lines += [f"  ✗ {escape(job)}: {escape(reason)}" for job, reason in self.report.failures[:3]]
-        return lines
-
-    def _next_step(self) -> str:
-        if not self.configs:
-            return ""
-        budget, shares = self.options.trials, self._shares()
-        todo = [r for c in self.configs
-                if (r := self.run_of(c.key)).status != "done" and r.trials < shares.get(c.key, budget)]
-        kept = sum(r.trials for r in todo)
-        if not todo:
-            return f"[dim]every op has its {plural(budget, 'trial')}: raise the trials per op to tune further[/]"
-        if kept:
-            return f"ctrl+r resumes: it continues from the {plural(kept, 'trial')} kept"
-        if self.network is not None:
-            return (f"ctrl+r tunes the network: {plural(sum(shares.values()), 'trial')} over "
-                    f"{plural(len(todo), 'op')}, more where more of its time goes")
-        return f"ctrl+r tunes {plural(len(todo), 'op')}, {plural(budget, 'trial')} each"
+        shares, budget = self._shares(), self.options.trials
+        runs = [(self.run_of(c.key), shares.get(c.key, budget)) for c in self.configs]
+        self.query_one(RunNote).show(self.explanation, running=self.running,
+                                     cancelling=self.cancel_requested.is_set(), run_error=self.run_error,
+                                     report=self.report, states=[run.status for run in self.live.values()],
+                                     next_step=next_step(runs, budget, network=self.network is not None))
 
     def _current(self) -> OpConfig | None:
         key = self.query_one(TuneTable).current_key()
@@ -437,26 +374,10 @@ class TuningScreen(KdbScreen):
         self._update_measure_note()
 
     def poll_tracker(self) -> None:
-        address = self.context.settings.rpc_tracker
-        if address != self.tracker_address:  # the settings name another tracker (or none)
-            self.tracker, self.tracker_address = None, address
-        self.query_one(TrackerPanel).show(address, self.context.settings.rpc_key, self.tracker)
-        if address and not self.tracker_busy:  # one read at a time: an unreachable host takes seconds to say so
-            self.tracker_busy = True
-            self.read_tracker_status(address)
+        self.query_one(TrackerPanel).poll(self.context.settings.rpc_tracker, self.context.settings.rpc_key)
 
     def action_refresh_tracker(self) -> None:
         self.poll_tracker()
-
-    @work(thread=True, exit_on_error=False, group="tracker")
-    def read_tracker_status(self, address: str) -> None:
-        self.post_message(self.TrackerRead(address, read_tracker(address)))
-
-    def on_tuning_screen_tracker_read(self, message: TrackerRead) -> None:
-        if message.address != self.context.settings.rpc_tracker:
-            return  # the settings changed meanwhile
-        self.tracker, self.tracker_address = message.status, message.address
-        self.query_one(TrackerPanel).show(message.address, self.context.settings.rpc_key, message.status)
 
     # -- running -------------------------------------------------------------------------------
 
@@ -529,8 +450,6 @@ class TuningScreen(KdbScreen):
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         # Failures are reported by KdbScreen's handler, which Textual calls too (each class's, along the MRO).
-        if event.worker.group == "tracker" and event.worker.is_finished:
-            self.tracker_busy = False
         if event.worker.group != "tune" or not event.worker.is_finished:
             return
         self.running = False

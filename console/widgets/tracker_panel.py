@@ -1,22 +1,73 @@
-"""The RPC tracker as the Tuning view shows it: its address and key, whether it answers, its servers and queue."""
+"""The RPC tracker as the Tuning view shows it: its address and key, whether it answers, its servers and queue.
+
+The panel reads the tracker itself, in a worker (one read at a time: an unreachable host takes seconds to say
+so); its owner calls poll() with the settings' tracker whenever it wants a fresh read.
+"""
 
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
 
+from textual import work
 from textual.markup import escape
+from textual.message import Message
 from textual.widgets import Static
+from textual.worker import Worker
 
-from core.tuning.rpc import TrackerStatus
+from core.tuning.rpc import TrackerStatus, tracker_status
 
 SERVERS_SHOWN = 4
+CONNECT_S = 2.0
+
+
+def read_tracker(address: str) -> TrackerStatus:
+    host, _, port = address.rpartition(":")
+    if not port.isdigit():
+        return TrackerStatus(False, error=f"{address!r} is not HOST:PORT")
+    return tracker_status(host, int(port), timeout_s=CONNECT_S)
 
 
 class TrackerPanel(Static):
-    """Attributes down: the owner calls show() with the settings' tracker and the last status read (None: not yet)."""
+    """The tracker at `address` (the settings'), as last read: `status` (None: not read yet)."""
 
-    def show(self, address: str, key: str, status: TrackerStatus | None) -> None:
-        self.update("\n".join(tracker_lines(address, key, status)))
+    @dataclass
+    class Read(Message):
+        address: str
+        status: TrackerStatus
+
+    def __init__(self, **kwargs: str) -> None:
+        super().__init__(**kwargs)
+        self.address = self.key = ""
+        self.status: TrackerStatus | None = None
+        self.busy = False
+
+    def poll(self, address: str, key: str) -> None:
+        if address != self.address:  # the settings name another tracker (or none)
+            self.address, self.status = address, None
+        self.key = key
+        self._show()
+        if address and not self.busy:
+            self.busy = True
+            self.read(address)
+
+    @work(thread=True, exit_on_error=False, group="tracker")
+    def read(self, address: str) -> None:
+        self.post_message(self.Read(address, read_tracker(address)))
+
+    def on_tracker_panel_read(self, message: Read) -> None:
+        message.stop()
+        if message.address == self.address:  # else the settings changed meanwhile
+            self.status = message.status
+            self._show()
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        if event.worker.is_finished:
+            self.busy = False
+        self.app.report_worker_failure(event)  # type: ignore[attr-defined]
+
+    def _show(self) -> None:
+        self.update("\n".join(tracker_lines(self.address, self.key, self.status)))
 
 
 def tracker_lines(address: str, key: str, status: TrackerStatus | None) -> list[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
+from textual.markup import escape
 from textual.widgets import Checkbox, Input, Label, Select, Static
 
 from core.errors import KdbError
@@ -59,6 +60,24 @@ class TuneOptions(Vertical):
         with Horizontal(classes="option-row"):
             yield Label(label, classes="option-label")
             yield field
+
+    def show_measuring(self, tracker: str, gpu: tuple[bool, str] | None, db_name: str) -> None:
+        """Where the trials will be measured and what becomes of the kernels, for the settings' `tracker`, this
+        host's `gpu` (None: still looking) and the DB's name."""
+        use_rpc = self.query_one("#use-rpc", Checkbox)
+        use_rpc.display = bool(tracker)
+        if self.target == "llvm":
+            text = "llvm: every trial is built and timed on this machine's CPU; nothing is injected"
+        elif gpu is None:
+            text = "looking for a CUDA device…"
+        elif gpu[0]:
+            text = f"GPU: {escape(gpu[1])} · the best kernels are verified, timed and injected into {escape(db_name)}"
+        elif tracker and use_rpc.value:
+            text = ("no CUDA device here: trials are measured on the tracker's servers; the best kernels are "
+                    "injected unverified")
+        else:
+            text = f"[$warning]no CUDA device here[/]: {escape(gpu[1])}"
+        self.query_one("#measure-note", Static).update(text)
 
     def _number(self, choice: str) -> int | None:
         text = self.query_one(f"#{FIELDS[choice][0]}", Input).value.strip()
