@@ -195,3 +195,28 @@ def test_a_tracker_that_does_not_answer_stops_the_run_before_anything_is_tuned(t
     with pytest.raises(ToolError, match=f"the RPC tracker 127.0.0.1:{port} does not answer"):
         run_request(made, on_job=jobs.append)
     assert not jobs
+
+
+def test_run_progress_folds_each_event_into_its_ops_snapshot(tmp_path: Path):
+    from core.tuning.job import PhaseEvent, TrialEvent
+    from core.tuning.progress import RunProgress
+    from core.tuning.queue import JobEvent
+
+    made = request(TuneChoices(target="llvm", trials=2), (DOT, RELU))
+    dot, relu = (c.key for c in made.configs)
+    snapshots, notes = [], []
+    progress = RunProgress(made, tmp_path, lambda runs, network: snapshots.append(runs), notes.append)
+    job = made.jobs()[0]
+    progress.job(JobEvent(job.name, 0, "tuning", key=dot, trials=2, of=2))
+    progress.phase(PhaseEvent(job.name, "build", 1, 1, 2))
+    assert snapshots[-1][dot].status_text(2) == "build 1/2"
+    progress.trial(TrialEvent.of(job, 1, 3e-6, 3e-6, "", 0.1))
+    progress.trial(TrialEvent.of(job, 2, None, 3e-6, "build: nvcc failed", 0.2))
+    progress.job(JobEvent(job.name, 0, "done", "best 3 us", key=dot, trials=2, of=2))
+    last = snapshots[-1]
+    assert (last[dot].status, last[dot].runs, last[dot].phase, last[dot].planned) == ("done", (3e-6, None), "", 2)
+    assert (last[dot].best_seconds, last[dot].errors) == (3e-6, 1)
+    assert last[relu].status == "queued" and last[relu].runs == ()  # untouched: what its work dir holds
+    assert len(snapshots) == 5 and all(len(s) == 2 for s in snapshots)  # one per event, every op in each
+    assert [n.split(":")[1].strip() for n in notes] == ["tuning in " + str(job.directory(tmp_path)),
+                                                        "trial 2 failed", "done"]
