@@ -62,7 +62,7 @@ def one_network(name: str, work: Path, compiler: str, product: str, db: str | No
         network.ir_version = min(network.ir_version, 10)  # as exporters write; a newer onnx's 14 is past ORT 1.30's 13
         save(network, str(work / "model.onnx"))
     result: dict = {"network": name, "db": db or "codegen rows (untuned)"}
-    # `kdb settings archs=sm_90 product_name=... nnfusion_path=...`, written directly: the device's bundle has no tomli_w
+    # what `kdb settings archs=sm_90 product_name=.. nnfusion_path=..` writes: the device bundle has no tomli_w
     (work / "settings.toml").write_text(f'archs = ["sm_90"]\nproduct_name = {json.dumps(product)}\n'
                                         f'nnfusion_path = {json.dumps(compiler)}\n')
     steps: list[tuple[str, ...]] = []
