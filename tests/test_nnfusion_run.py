@@ -117,8 +117,9 @@ def conv_stack(path: Path, depth: int, weight_scale: float | None) -> tuple[Path
     for i in range(depth):
         y = g.node("Relu", [g.conv(y, 8, 8, 3, bias=True, name=f"c{i}")], f"r{i}")
         scale = weight_scale if weight_scale is not None else math.sqrt(2 / (8 * 3 * 3))
-        w = next(t for t in g.initializers if t.name == f"c{i}_w")  # GraphBuilder's are of std 0.01
-        w.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(w) / 0.01 * scale, w.name))
+        w = next(t for t in g.initializers if t.name == f"c{i}_w")
+        values = np.random.default_rng(i).standard_normal(numpy_helper.to_array(w).shape) * scale
+        w.CopyFrom(numpy_helper.from_array(values.astype(np.float32), w.name))
     return write(g.model(y, "stack"), path), y
 
 
