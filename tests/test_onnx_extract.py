@@ -337,7 +337,7 @@ def test_reshape_shapes_come_through_while_weight_values_are_not_needed(model_pa
     assert [(u.node, u.reason) for u in ext.unmapped] == [("reshape", "layout/shape op: no kernel-DB op type")]
 
 
-def test_half_models_give_half_configs_which_the_line_format_refuses(model_path, tmp_path: Path):
+def test_half_models_give_half_configs_in_every_format(model_path, tmp_path: Path):
     g = GraphBuilder({"x": [2, 8]})
     g.inputs[0].type.tensor_type.elem_type = 10  # FLOAT16
     model = g.model(g.node("Relu", ["x"], "relu"))
@@ -345,10 +345,11 @@ def test_half_models_give_half_configs_which_the_line_format_refuses(model_path,
     path = model_path(model)
     [config] = extract(path).configs
     assert (config.op_type, config.dtype) == ("Relu", "half")
-    proc = run_kdb("opconfig", "extract", str(path), "-o", str(tmp_path / "half.txt"))
-    assert proc.returncode == 2 and "fp32 op configs only" in proc.stderr
-    assert run_kdb("opconfig", "extract", str(path), "-o", str(tmp_path / "half.toml")).returncode == 0
-    assert read_opconfigs(tmp_path / "half.toml").configs == [config]
+    for name in ("half.txt", "half.toml", "half.json"):
+        proc = run_kdb("opconfig", "extract", str(path), "-o", str(tmp_path / name))
+        assert proc.returncode == 0, proc.stderr
+        assert read_opconfigs(tmp_path / name).configs == [config]
+    assert (tmp_path / "half.txt").read_text() == "elementwise_relu_op_half|i+2_8|o+2_8\n"
 
 
 # -- bad files -----------------------------------------------------------------------------------

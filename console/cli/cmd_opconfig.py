@@ -40,8 +40,6 @@ def write_opconfigs(configs: list[OpConfig], path: Path) -> Path:
     suffix = path.suffix.lower()
     if suffix in (".toml", ".json"):
         text = format_structured(configs, suffix[1:])
-    elif any(c.dtype != "float" for c in configs):
-        raise InputError("the line format holds fp32 op configs only; write .toml or .json", where=str(path))
     else:
         text = format_lines(configs)
     try:

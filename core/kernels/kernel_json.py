@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import InputError
-from core.kernels.ops import CONV_FAMILY, DTYPES, ELEMENTWISE_ARITY, INJECTABLE_OP_TYPES, POOLS
+from core.kernels.ops import CONV_FAMILY, ELEMENTWISE_ARITY, INJECTABLE_OP_TYPES, POOLS, dtype_problem
 from core.kernels.opsig import ConvParams, DotParams, OpSignature, PoolParams, Shape
 
 MAX_FILE_BYTES = 64 * 1024 * 1024
@@ -215,8 +215,8 @@ def validate_item(item: Any) -> KernelSpec:
         raise _fail("op_type", f"{op_type!r} is not an op type the compiler fetches from the kernel DB{hint}")
 
     dtype = item.get("dtype", "float")
-    if dtype not in DTYPES:
-        raise _fail("dtype", f"{_brief(dtype)} is not one of {', '.join(DTYPES)}")
+    if (problem := dtype_problem(dtype)) is not None:
+        raise _fail("dtype", problem)
 
     code = item.get("code")
     if not isinstance(code, str) or not code.strip():

@@ -56,6 +56,22 @@ INJECTABLE_OP_TYPES: tuple[str, ...] = (*CONV_FAMILY, "Dot", *POOLS, *ELEMENTWIS
 
 # C type names the compiler writes into identifiers (element_type.c_type_string()).
 DTYPES = ("float", "half", "double")
+# Element types an op config or a row may name that no kernel-DB row can serve, and why (read in NNFusion's
+# sources, main at 00c1317). Said plainly wherever one turns up (op-config files, kernel JSON, ONNX models).
+_BF16 = ("bfloat16 is not served: NNFusion's ONNX importer has no BFLOAT16 element type "
+         "(ONNXDataTypeToNNFusionElementType CHECK-fails with 'unsupported onnx element type'), so no bf16 network "
+         "reaches kernel selection and no bf16 row is ever looked up; convert the model to fp16 instead "
+         "(kdb model fp16 IN OUT)")
+UNSERVED_DTYPES: dict[str, str] = {"bfloat16": _BF16, "bf16": _BF16}
+
+
+def dtype_problem(dtype: object) -> str | None:
+    """Why `dtype` cannot be an op config's or row's element type (None when it is one of DTYPES)."""
+    if dtype in DTYPES:
+        return None
+    if isinstance(dtype, str) and dtype.lower() in UNSERVED_DTYPES:
+        return UNSERVED_DTYPES[dtype.lower()]
+    return f"{dtype!r} is not an element type NNFusion's kernel DB knows ({', '.join(DTYPES)})"
 
 DEVICE_TYPE = "CUDA_GPU"
 # The pattern-substitution pass asks for a fusion pattern under this DeviceType, and only when a row is

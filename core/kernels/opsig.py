@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.errors import InputError
-from core.kernels.ops import CONV_FAMILY, DTYPES, ELEMENTWISE_ARITY, POOLS, SUPPORTED_OP_TYPES
+from core.kernels.ops import CONV_FAMILY, ELEMENTWISE_ARITY, POOLS, SUPPORTED_OP_TYPES, dtype_problem
 
 Shape = tuple[int, ...]
 
@@ -173,8 +173,8 @@ def signature_from_attributes(op_type: str, attrs: Any) -> OpSignature:
     inputs = _shape_list(attrs.get("input_shape"), "input_shape")
     outputs = _shape_list(attrs.get("output_shape"), "output_shape")
     dtype = attrs.get("dtype", "float")
-    if dtype not in DTYPES:
-        raise InputError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}", where="Attributes")
+    if (problem := dtype_problem(dtype)) is not None:
+        raise InputError(f"dtype: {problem}", where="Attributes")
     raw = attrs.get("parameters") or {}
     if not isinstance(raw, dict):
         raise InputError("parameters is not a JSON object", where="Attributes")

@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 from core.errors import InputError
-from core.kernels.ops import ELEMENTWISE_ARITY, ELEMENTWISE_NO_ROW, FUSED_OP_TYPES
+from core.kernels.ops import ELEMENTWISE_ARITY, ELEMENTWISE_NO_ROW, FUSED_OP_TYPES, UNSERVED_DTYPES
 from core.opconfigs.fusion import (
     BROADCAST,
     ELEMENTWISE,
@@ -98,7 +98,8 @@ RESHAPES = frozenset(["Flatten", "Reshape", "Squeeze", "Unsqueeze"])
 
 # ONNX TensorProto element types the op configs cover.
 DTYPES = {1: "float", 10: "half", 11: "double"}
-FLOATING = frozenset([1, 10, 11, 16])  # float, float16, double, bfloat16
+BFLOAT16 = 16
+FLOATING = frozenset([1, 10, 11, BFLOAT16])  # float, float16, double, bfloat16
 
 
 class Unmapped(NamedTuple):
@@ -287,6 +288,8 @@ class _Tensors:
         if len(elems) != 1:
             raise _NotMapped(f"mixed or unknown element types ({', '.join(sorted(map(_elem_name, elems)))})")
         elem = elems.pop()
+        if elem == BFLOAT16:
+            raise _NotMapped(f"element type BFLOAT16: {UNSERVED_DTYPES['bfloat16']}")
         if elem not in DTYPES:
             raise _NotMapped(f"element type {_elem_name(elem)}: op configs cover float, half and double")
         return DTYPES[elem]

@@ -3,6 +3,7 @@
 Line format (the Rammer artifact's, extended the same way for the other ops):
 
     cudnn_convolution_op_float|i+1_3_227_227|w+64_3_11_11|o+1_64_55_55|ws+4_4|wd+1_1|p+0_0
+        the prefix ends in the element type: _op_float (the artifact's), _op_half (fp16), _op_double
         optional fields: g+G (groups: depthwise when G = channels), pa+.. (pad above),
         fuse+relu or fuse+add_relu (the fused op types NNFusion fetches)
     cublas_dot_op_float|a+M_K|b+K_N|o+M_N|ta+0|tb+0
@@ -27,7 +28,7 @@ from typing import Any
 
 from core.errors import InputError
 from core.kernels.kernel_json import MAX_FILE_BYTES, validate_item
-from core.kernels.ops import CONV_FAMILY, ELEMENTWISE_ARITY, POOLS
+from core.kernels.ops import CONV_FAMILY, ELEMENTWISE_ARITY, POOLS, dtype_problem
 from core.kernels.opsig import OpSignature, dot_mkn
 from core.opconfigs.nnfusion_import import depthwise_padding_ok, grouped_conv_reason
 
@@ -223,10 +224,7 @@ def parse_line(line: str, where: str = "") -> OpConfig:
             raise InputError(f"field {name}+ appears {len(values[name])} times", where=where)
         return values[name][0]
 
-    dtype = "float"
-    if not prefix.endswith("_op_float"):
-        raise InputError(f"prefix {prefix!r}: only fp32 (*_op_float) op configs are supported", where=where)
-    kind = prefix[: -len("_op_float")]
+    kind, dtype = _split_prefix(prefix, where)
     groups = 1
     if kind.endswith("convolution"):
         fuse = values.get("fuse", ["none"])[0]
@@ -271,11 +269,19 @@ def parse_line(line: str, where: str = "") -> OpConfig:
     return config
 
 
+def _split_prefix(prefix: str, where: str) -> tuple[str, str]:
+    """(kind, dtype) of a line's prefix `<kind>_op_<dtype>`: the artifact's `_op_float`, and `_op_half` (fp16),
+    `_op_double` alike; InputError naming an element type no row can serve."""
+    kind, sep, dtype = prefix.rpartition("_op_")
+    if not sep or not kind:
+        raise InputError(f"prefix {prefix!r}: expected <op>_op_<dtype> (dtype float, half or double)", where=where)
+    if (problem := dtype_problem(dtype)) is not None:
+        raise InputError(f"prefix {prefix!r}: {problem}", where=where)
+    return kind, dtype
+
+
 def format_line(config: OpConfig) -> str:
-    """The config as one line; InputError for what the fp32-only line format cannot hold."""
-    if config.dtype != "float":
-        raise InputError(f"the line format holds fp32 op configs only, not {config.dtype}; use TOML or JSON",
-                         where=config.source)
+    """The config as one line (its prefix ends in `_op_<dtype>`)."""
     p = config.params
     op = config.op_type
     fields: dict[str, str] = {}
@@ -284,7 +290,7 @@ def format_line(config: OpConfig) -> str:
         return "_".join(str(v) for v in values)
 
     if op in CONV_FAMILY:
-        prefix, default = "cudnn_convolution_op_float", ("i", "w", "o", "ws", "wd", "p")
+        prefix, default = f"cudnn_convolution_op_{config.dtype}", ("i", "w", "o", "ws", "wd", "p")
         fields = {"i": dims(p["input_shape"]), "w": dims(p["filter_shape"]), "o": dims(p["output_shape"]),
                   "ws": dims(p["window_movement_strides"]), "wd": dims(p["window_dilation_strides"]),
                   "p": dims(p["padding_below_diff"])}
@@ -295,25 +301,33 @@ def format_line(config: OpConfig) -> str:
         if op != "Convolution":
             fields["fuse"] = _FUSE_NAME[op]
     elif op == "Dot":
-        prefix, default = "cublas_dot_op_float", ("a", "b", "o", "ta", "tb")
+        prefix, default = f"cublas_dot_op_{config.dtype}", ("a", "b", "o", "ta", "tb")
         fields = {"a": dims(p["arg0_shape"]), "b": dims(p["arg1_shape"]), "o": dims(p["out_shape"]),
                   "ta": str(int(bool(p.get("transpose_A")))), "tb": str(int(bool(p.get("transpose_B"))))}
     elif op in POOLS:
-        prefix = f"cudnn_{'maxpool' if op == 'MaxPool' else 'avgpool'}_op_float"
+        prefix = f"cudnn_{'maxpool' if op == 'MaxPool' else 'avgpool'}_op_{config.dtype}"
         default = ("i", "o", "win", "ws", "pb", "pa")
         fields = {"i": dims(p["input_shape"]), "o": dims(p["output_shape"]), "win": dims(p["window_shape"]),
                   "ws": dims(p["window_stride"]), "pb": dims(p["padding_below"]), "pa": dims(p["padding_above"])}
     else:
-        prefix, default = f"elementwise_{op.lower()}_op_float", ()
+        prefix, default = f"elementwise_{op.lower()}_op_{config.dtype}", ()
         shapes = p.get("input_shapes") or [p["input_shape"]]
         parts = [f"i+{dims(s)}" for s in shapes] + [f"o+{dims(p['output_shape'])}"]
-        return "|".join([config.line_format[0] if config.line_format else prefix, *parts])
+        return "|".join([_read_prefix(config) or prefix, *parts])
     if config.line_format is not None:
-        prefix, order = config.line_format[0], config.line_format[1]
+        prefix, order = _read_prefix(config) or prefix, config.line_format[1]
     else:
         order = tuple(n for n in dict.fromkeys((*default, "pa", "g", "fuse")) if n in fields)
     extra = [n for n in fields if n not in order]
     return "|".join([prefix, *(f"{n}+{fields[n]}" for n in (*order, *extra) if n in fields)])
+
+
+def _read_prefix(config: OpConfig) -> str | None:
+    """The prefix the config was read with, its element type made the config's own (never a stale one)."""
+    if config.line_format is None:
+        return None
+    kind = config.line_format[0].rpartition("_op_")[0]
+    return f"{kind}_op_{config.dtype}" if kind else None
 
 
 @dataclass
