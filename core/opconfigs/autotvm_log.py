@@ -23,7 +23,8 @@ The tasks of the NNFusion artifact's logs and what their args mean:
 
 Their args carry no element type: the artifact tuned them from its `*_op_float` op configs, so they map to fp32
 op configs (an fp16 op config never matches one). Other tasks are summarised without an op config. Bad lines
-(over MAX_LINE_BYTES, not UTF-8, not JSON, the wrong structure, NaN or negative costs) are collected in LogSummary.bad_lines and never stop the parse.
+(over MAX_LINE_BYTES, not UTF-8, not JSON, the wrong structure, NaN or negative costs) are collected in
+LogSummary.bad_lines and never stop the parse.
 """
 
 from __future__ import annotations
