@@ -128,3 +128,130 @@ def test_a_half_config_in_a_float_prefix_line_is_not_possible():
     """The line's prefix is the only place its element type is said: a half config always writes `_op_half`."""
     config = OpConfig("Relu", {"input_shapes": [[4]], "output_shape": [4]}, dtype="half")
     assert format_line(config) == "elementwise_relu_op_half|i+4|o+4"
+
+
+# -- codegen in half (step 2) ---------------------------------------------------------------------------------------
+
+def shared_dot_schedule(config: OpConfig):  # type: ignore[no-untyped-def]
+    """A real TVM schedule of a half Dot that stages both operands in shared memory (`__shared__ half` arrays and
+    barriers, as tuned kernels have them): 8x16 threads per block, K in steps of 16."""
+    import tvm.s_tir as s_tir
+
+    from core.codegen.generate import prim_func_module
+
+    sch = s_tir.Schedule(prim_func_module(config)[0])
+    block = sch.get_sblock("T_matmul_NN")
+    i, j, k = sch.get_loops(block)
+    (bi, ti), (bj, tj), (ko, ki) = sch.split(i, [None, 8]), sch.split(j, [None, 16]), sch.split(k, [None, 16])
+    sch.reorder(bi, bj, ti, tj, ko, ki)
+    for operand in (0, 1):
+        sch.compute_at(sch.cache_read(block, operand, "shared"), ko)
+    sch.set_scope(block, 0, "local")
+    sch.reverse_compute_at(sch.get_sblock("output0"), tj)
+    sch.bind(bi, "blockIdx.y")
+    sch.bind(bj, "blockIdx.x")
+    sch.bind(sch.fuse(ti, tj), "threadIdx.x")
+    return sch.mod
+
+
+def half_rows(items: list[dict], db_path: Path, *, compile: bool = False) -> list:  # type: ignore[type-arg]
+    import json
+
+    from core.db.kernel_db import KernelDB
+    from core.inject.pipeline import InjectOptions, Injector
+
+    kernels = db_path.with_suffix(".json")
+    kernels.write_text(json.dumps(items), encoding="utf-8")
+    with KernelDB.open(db_path, create=True) as db:
+        report = Injector(db, InjectOptions(compile=compile, archs=("sm_90",)), state=None).run([kernels])
+        assert report.failed == 0, [f.reason for f in report.failures]
+        return list(db.iter_rows())
+
+
+def test_half_op_configs_give_half_kernels_which_never_call_tvms_own_half_helpers(tmp_path: Path):
+    pytest.importorskip("tvm")
+    import json
+
+    from core.codegen.batch import generate_all
+    from core.kernels.lint import TVM_HALF_HELPERS, lint_row
+
+    configs = [parse_line(line) for line in HALF_LINES] + [
+        parse_line(f"elementwise_{op}_op_half|i+4_32|o+4_32") for op in ("erf", "tanh", "gelu", "relu", "sqrt")]
+    report = generate_all(configs, "sm_90", check=False)
+    assert not report.failed, [g.error for g in report.failed]
+    for item in report.items:
+        assert item["dtype"] == "half" and "half* __restrict__ input0" in item["code"] and "float*" not in item["code"]
+        assert not [h for h in TVM_HALF_HELPERS if re.search(rf"\b{h}\b", item["code"])], item["code"]
+    for rowid, row in enumerate(half_rows(report.items, tmp_path / "k.db")):
+        function = json.loads(row.function)
+        assert "halfhalf" in row.identifier and "float" not in row.identifier
+        assert "half* __restrict__ output0" in function["function_signature"]
+        assert "float" not in function["function_signature"]
+        assert lint_row((rowid, *row.values())) == [], row.identifier
+
+
+def test_half_shared_arrays_are_declared_from_blockfusions_table_and_read_as_half(tmp_path: Path):
+    pytest.importorskip("tvm")
+    import json
+
+    from core.codegen.generate import generate
+    from core.cuda.nvcc import find_nvcc
+    from core.kernels.lint import lint_row
+
+    config = parse_line("cublas_dot_op_half|a+64_64|b+64_64|o+64_64|ta+0|tb+0")
+    generated = generate(config, "sm_90", scheduled=shared_dot_schedule(config), check=False)
+    assert generated.item and "__shared__ alignas(64) half input0_shared_ptr[128];" in generated.item["code"]
+    nvcc = find_nvcc("") is not None
+    [row] = half_rows([generated.item], tmp_path / "k.db", compile=nvcc)  # nvcc compiles NNFusion's two forms
+    function = json.loads(row.function)
+    assert function["shared_memory"] == {"symbol": ["__align__(64) input0_shared_ptr_kdb_bits",
+                                                    "__align__(64) input1_shared_ptr_kdb_bits"],
+                                         "dtype": ["uint16_t", "uint16_t"], "size": [128, 256]}
+    assert function["block_function_body"].startswith(
+        "half* input0_shared_ptr = reinterpret_cast<half*>(input0_shared_ptr_kdb_bits);\n"
+        "half* input1_shared_ptr = reinterpret_cast<half*>(input1_shared_ptr_kdb_bits);\n")
+    assert "__shared__" not in function["block_function_body"] and function["num_syncthreads"] == 8
+    assert lint_row((1, *row.values())) == []
+    if nvcc:
+        assert json.loads(row.miscs)["kdb"]["compile"]["sm_90"]["kdb_block_kernel"]["shared_bytes"] == 768
+
+
+def _shared_dot_row(tmp_path: Path):  # type: ignore[no-untyped-def]
+    from core.codegen.generate import generate
+
+    config = parse_line("cublas_dot_op_half|a+64_64|b+64_64|o+64_64|ta+0|tb+0")
+    [row] = half_rows([generate(config, "sm_90", scheduled=shared_dot_schedule(config), check=False).item],
+                      tmp_path / "lint.db")
+    return row
+
+
+def _planted(row, **changes):  # type: ignore[no-untyped-def]
+    """The row with Function (or Attributes) fields replaced: a row another tool could have written."""
+    import json
+    from dataclasses import replace
+
+    function, attributes = json.loads(row.function), json.loads(row.attributes)
+    attributes.update(changes.pop("attributes", {}))
+    function.update(changes)
+    return replace(row, function=json.dumps(function), attributes=json.dumps(attributes))
+
+
+@pytest.mark.parametrize(("check", "severity", "plant"), [
+    ("shared-dtype", "crash", lambda f: {"shared_memory": {**f["shared_memory"], "dtype": ["half", "half"]}}),
+    ("shared-size", "crash", lambda f: {"shared_memory": {**f["shared_memory"], "size": [24576, 256]}}),
+    ("dynamic-shared", "crash", lambda f: {"function_body": "extern __shared__ half buf[];\n" + f["function_body"]}),
+    ("signature-dtype", "crash", lambda f: {"function_signature": f["function_signature"].replace("half*", "float*")}),
+    ("tvm-half-helper", "crash", lambda f: {"block_function_body": f["block_function_body"] + "\noutput0[0] = herf(output0[0]);"}),
+    ("dtype", "unreachable", lambda f: {"attributes": {"dtype": "bfloat16"}}),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_lint_names_each_way_a_half_row_aborts_the_compiler_or_is_never_fetched(tmp_path: Path, check, severity, plant):
+    pytest.importorskip("tvm")
+    import json
+
+    from core.kernels.lint import lint_row
+
+    row = _shared_dot_row(tmp_path)
+    assert lint_row((1, *row.values())) == []
+    bad = _planted(row, **plant(json.loads(row.function)))
+    assert [(f.check, f.severity) for f in lint_row((1, *bad.values())) if f.check != "identifier"] == [
+        (check, severity)]

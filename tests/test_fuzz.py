@@ -1178,8 +1178,9 @@ def kernel_rows(draw: st.DrawFn) -> tuple[tuple[Any, ...], bool]:
     Miscs), and whether it is untouched (then lint must find nothing)."""
     sig = draw(op_configs(line_safe=False, grouped=False)).signature()
     profile = format_profile(draw(st.dictionaries(DEVICES, TIMES, max_size=2)))
+    function = {**CLEAN_FUNCTION, "function_signature": CLEAN_FUNCTION["function_signature"].replace("float", sig.dtype)}
     columns: list[Any] = [draw(st.integers()), "key", sig.identifier, sig.op_type, sig.attributes(), "External",
-                          "CUDA_GPU", CLEAN_FUNCTION, TAGS, {"external_profile": {"time": profile, "resource": 64}}]
+                          "CUDA_GPU", function, TAGS, {"external_profile": {"time": profile, "resource": 64}}]
     clean = draw(st.booleans())
     if not clean:
         for _ in range(draw(st.integers(1, 3))):

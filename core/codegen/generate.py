@@ -123,6 +123,8 @@ def generate(config: OpConfig, arch: str, *, scheduled: Any = None, check: bool 
         code = extract_kernel(source, name)
         item = {"tvm_func_name": name, "op_type": config.op_type, "parameters": dict(config.params),
                 "code": code, "gridDim": list(grid), "blockDim": list(block)}
+        if config.dtype != "float":  # kernel JSON's default is float: a half kernel says so, or it is read as fp32
+            item["dtype"] = config.dtype
         if check:
             stage = "check"
             from core.codegen.reference import check_on_cpu

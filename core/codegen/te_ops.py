@@ -1,7 +1,7 @@
 """Tensor-expression definitions of the ops NNFusion fetches from its kernel DB (TVM 0.27, `tvm.te`).
 
 Tensors are named as the kernel DB wants them: inputs input0.., the result output0, so the generated
-kernel's parameters need no renaming beyond TVM's `_ptr` suffix. Layout NCHW; fp32.
+kernel's parameters need no renaming beyond TVM's `_ptr` suffix. Layout NCHW; fp32 or fp16 (tvm_dtype).
 Semantics worth knowing: AvgPool excludes padding from the average (ONNX's count_include_pad=0);
 Fused_Convolution_Add_Relu adds a full output-shaped tensor (input2) before the ReLU; element-wise ops compute
 what NNFusion's own kernel for them computes (its element-op map), and those no row can serve say why.
@@ -19,6 +19,8 @@ from core.opconfigs.opconfig import OpConfig
 # Bumped when an op's definition changes its TVM workload: a tuning work dir holds one workload's trials, so
 # the new definition tunes in a dir of its own instead of resuming trials of the old one (core/tuning/job.py).
 REVISIONS = {"MaxPool": 2, "AvgPool": 2}  # 2: the reduction is the output (_pool)
+# The op configs' element types kdb generates kernels in, by TVM's names (double has no tuned use in NNFusion).
+TVM_DTYPES = {"float": "float32", "half": "float16"}
 
 
 def revision(op_type: str) -> int:
@@ -30,13 +32,11 @@ def define(config: OpConfig) -> tuple[list[Any], Any]:
     from tvm import te, topi
 
     p, op = config.params, config.op_type
-    if config.dtype != "float":  # every placeholder below is float32: a half/double row would lie in its signature
-        raise InputError(f"kdb generates fp32 kernels only; this {op} op config is {config.dtype}",
-                         where=config.source)
+    dtype = tvm_dtype(config)
     want = list(_out_shape(config))
     if op in CONV_FAMILY:
-        data = te.placeholder(tuple(p["input_shape"]), name="input0")
-        weight = te.placeholder(tuple(p["filter_shape"]), name="input1")
+        data = te.placeholder(tuple(p["input_shape"]), dtype, name="input0")
+        weight = te.placeholder(tuple(p["filter_shape"]), dtype, name="input1")
         pb = list(p["padding_below_diff"])
         pa = list(p.get("padding_above_diff", pb))
         padding = [*pb, *pa]
@@ -48,32 +48,44 @@ def define(config: OpConfig) -> tuple[list[Any], Any]:
                                             p["window_dilation_strides"], config.groups)
         inputs = [data, weight]
         if op == "Fused_Convolution_Add_Relu":
-            bias = te.placeholder(tuple(p["output_shape"]), name="input2")
+            bias = te.placeholder(tuple(p["output_shape"]), dtype, name="input2")
             inputs.append(bias)
             out = topi.add(out, bias)
         if op != "Convolution":
-            out = topi.nn.relu(out)
+            out = topi.nn.relu(out) if dtype == "float32" else _in_float32(topi.nn.relu, [out])
     elif op == "Dot":
         # One [M, K] x [K, N] product whatever the left operand's rank: its leading axes are rows (the kernel's
         # buffers are flat), so a [1,128,768] x [768,768] Dot is the 2-D GEMM TVM and MetaSchedule know best.
         m, k, n = config.matrix_dims()
         ta, tb = bool(p.get("transpose_A")), bool(p.get("transpose_B"))
-        a = te.placeholder((k, m) if ta else (m, k), name="input0")
-        b = te.placeholder((n, k) if tb else (k, n), name="input1")
+        a = te.placeholder((k, m) if ta else (m, k), dtype, name="input0")
+        b = te.placeholder((n, k) if tb else (k, n), dtype, name="input1")
         inputs, out = [a, b], topi.nn.matmul(a, b, transpose_a=ta, transpose_b=tb)
         want = [m, n]
     elif op in POOLS:
-        data = te.placeholder(tuple(p["input_shape"]), name="input0")
+        data = te.placeholder(tuple(p["input_shape"]), dtype, name="input0")
         inputs, out = [data], _pool(data, p, op)
     else:
         shapes = p.get("input_shapes") or [p["input_shape"]]
-        inputs = [te.placeholder(tuple(s), name=f"input{i}") for i, s in enumerate(shapes)]
+        inputs = [te.placeholder(tuple(s), dtype, name=f"input{i}") for i, s in enumerate(shapes)]
         out = _elementwise(op, inputs)
     output = out if out.op.name == "output0" else te.compute(out.shape, lambda *i: out(*i), name="output0")
     if [int(d) for d in output.shape] != want:
         raise InputError(f"TVM's {op} gives shape {[int(d) for d in output.shape]}, the op config says "
                          f"{want}", where=config.source)
     return inputs, output
+
+
+def tvm_dtype(config: OpConfig) -> str:
+    """TVM's name for the op config's element type; InputError for one kdb does not generate.
+
+    Every tensor of the op has this type, and so does every reduction's accumulator: NNFusion's own half kernels
+    accumulate in half (cublasHgemm for Dot, cuDNN convolutions with a CUDNN_DATA_HALF compute type), so a half row
+    computes what the library call it replaces computes (core/codegen/reference.py bounds the error it brings)."""
+    if config.dtype not in TVM_DTYPES:
+        raise InputError(f"kdb generates float and half kernels; this {config.op_type} op config is "
+                         f"{config.dtype}", where=config.source)
+    return TVM_DTYPES[config.dtype]
 
 
 def _pool(data: Any, p: dict[str, Any], op: str) -> Any:
@@ -94,6 +106,10 @@ def _pool(data: Any, p: dict[str, Any], op: str) -> Any:
     padded = topi.nn.pad(data, [0, 0, pt, pl], [0, 0, pb, pr], pad_value=fill, name="pad_temp") \
         if (pt, pl, pb, pr) != (0, 0, 0, 0) else data
     rh, rw = te.reduce_axis((0, kh), name="rh"), te.reduce_axis((0, kw), name="rw")
+    # A max of halves as a select: TVM writes te.max of halves as max(half, half), a helper of its own CUDA prelude
+    # that NNFusion's generated code lacks (a max is exact in any type, so nothing else changes).
+    maximum = te.max if data.dtype == "float32" else te.comm_reducer(
+        lambda a, b: tirx.Select(a > b, a, b), lambda t: te.min_value(t), name="select_max")
     shape = (n, c, (h + pt + pb - kh) // sh + 1, (w + pl + pr - kw) // sw + 1)
 
     def real(start: Any, size: int, window: int) -> Any:  # elements of [start, start + window) inside [0, size)
@@ -102,7 +118,7 @@ def _pool(data: Any, p: dict[str, Any], op: str) -> Any:
     def value(b: Any, k: Any, y: Any, x: Any) -> Any:
         term = padded[b, k, y * sh + rh, x * sw + rw]
         if is_max:
-            return te.max(term, axis=[rh, rw])
+            return maximum(term, axis=[rh, rw])
         count = real(y * sh - pt, h, kh) * real(x * sw - pl, w, kw)
         return te.sum(term / count.astype(data.dtype), axis=[rh, rw])
 
@@ -119,10 +135,29 @@ def _elementwise(op: str, inputs: list[Any]) -> Any:
 
     if op in ELEMENTWISE_NO_ROW:
         raise InputError(f"no kernel-DB row for {op}: {ELEMENTWISE_NO_ROW[op]}")
-    scalar = elementwise_definitions(inputs[0].dtype).get(op)
+    scalar = elementwise_definitions("float32").get(op)
     if scalar is None:
         raise InputError(f"no TVM definition for the element-wise op {op}")
+    if inputs[0].dtype != "float32":
+        return _in_float32(lambda *xs: te.compute(xs[0].shape, lambda *i: scalar(*(t(*i) for t in xs))), inputs)
     return te.compute(inputs[0].shape, lambda *i: scalar(*(t(*i) for t in inputs)), name="output0")
+
+
+def _in_float32(op: Any, inputs: list[Any]) -> Any:
+    """`op` of half tensors computed as NNFusion's own half element-wise kernels compute it: each input widened to
+    float, the float function (expf, erff, fmaxf...), the result rounded to half once. It also keeps TVM's half
+    helpers (herf, htanh, hpow, max(half, half)), which only its own CUDA prelude defines, out of the kernel."""
+    from tvm import te
+
+    dtype = inputs[0].dtype
+    widened = op(*(_widen(t) for t in inputs))
+    return te.compute(widened.shape, lambda *i: widened(*i).astype(dtype), name="output0")
+
+
+def _widen(tensor: Any) -> Any:
+    from tvm import te
+
+    return te.compute(tensor.shape, lambda *i: tensor(*i).astype("float32"), name=f"{tensor.op.name}_f32")
 
 
 @functools.cache

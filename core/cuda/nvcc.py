@@ -96,9 +96,18 @@ def standalone_source(function: dict[str, Any], name: str = "kdb_kernel") -> str
     original `function_body` instead would pass kernels that break in place (a dropped alignment, a
     missing alias)."""
     sig = str(function["function_signature"])
-    head = "#include <cuda_fp16.h>\n" if "half" in sig else ""
+    head = _headers(function)
     return f"{head}{sig.replace('void (', f'void {name}(', 1)}\n{{\n{_shared_declarations(function)}{{\n" \
            f"{function['block_function_body']}\n}}\n}}\n"
+
+
+def _headers(function: dict[str, Any]) -> str:
+    """What NNFusion's generated file gives a row's kernel before it: half (through cuBLAS's header, which includes
+    cuda_fp16.h) and the fixed-width integer types its typedefs name (a half shared array is declared uint16_t)."""
+    sm = function.get("shared_memory") or {}
+    fixed_width = any(str(t).endswith("_t") for t in sm.get("dtype", []) or [])
+    return ("#include <cuda_fp16.h>\n" if "half" in str(function["function_signature"]) else "") + \
+        ("#include <cstdint>\n" if fixed_width else "")
 
 
 def _shared_declarations(function: dict[str, Any]) -> str:
@@ -111,7 +120,7 @@ def _shared_declarations(function: dict[str, Any]) -> str:
 def translation_unit(function: dict[str, Any]) -> str:
     """The source nvcc checks: the row's kernel as NNFusion emits it, standalone and in block form."""
     sig = str(function["function_signature"])
-    head = "#include <cuda_fp16.h>\n" if "half" in sig else ""
+    head = _headers(function)
     standalone = sig.replace("void (", "void kdb_kernel(", 1)
     block = sig.replace("void (", "void kdb_block_kernel(", 1)
     return (f"{head}{standalone}\n{{\n{function['function_body']}\n}}\n\n"

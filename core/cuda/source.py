@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 
 from core.cuda import cexpr
+from core.cuda.shared_types import SHARED_BITS_OF
 from core.errors import InputError
 
 _BRACE = re.compile(r"[{}]")
@@ -177,6 +178,11 @@ class SharedDecl:
     alias: str | None
     span: tuple[int, int]  # of the whole declaration statement in the code
     align: int = 0  # bytes asked by alignas / __align__ (0: the type's own); kept by padding (kernel_row.py)
+
+    @property
+    def stored_dtype(self) -> str:
+        """The dtype shared_memory declares the array with: its own, or a type of BlockFusion's table of its size."""
+        return SHARED_BITS_OF.get(self.dtype, self.dtype)
 
     @property
     def size(self) -> int:
@@ -458,6 +464,17 @@ def _split_top_commas(text: str) -> list[str]:
 
 
 def _hoisted(name: str, dtype: str, dims: tuple[int, ...], span: tuple[int, int], align: int = 0) -> SharedDecl:
+    storage = SHARED_BITS_OF.get(dtype)
+    if storage is not None:  # declared as the table's type, the kernel's name a typed view of it
+        symbol = f"{name}_kdb_bits"
+        if not dims:
+            alias = f"{dtype}& {name} = *reinterpret_cast<{dtype}*>({symbol});"
+        elif len(dims) == 1:
+            alias = f"{dtype}* {name} = reinterpret_cast<{dtype}*>({symbol});"
+        else:
+            inner = "".join(f"[{d}]" for d in dims[1:])
+            alias = f"{dtype} (*{name}){inner} = reinterpret_cast<{dtype} (*){inner}>({symbol});"
+        return SharedDecl(name, symbol, dtype, dims, alias, span, align)
     if len(dims) == 1:
         return SharedDecl(name, name, dtype, dims, None, span, align)
     symbol = f"{name}_kdb_flat"

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from core.cuda.shared_types import BLOCKFUSION_SHARED_DTYPES
 from core.cuda.warps import pad_body, warp_padded_block
 from core.errors import InputError
 from core.kernels.ops import (
@@ -243,7 +244,7 @@ def build_row(
         "block_function_body": prefix + shared_aliases + block_body,
         "shared_memory": {
             "symbol": declared_symbols(src.shared),
-            "dtype": [d.dtype for d in src.shared],
+            "dtype": [d.stored_dtype for d in src.shared],
             "size": aligned_sizes(src.shared),
         },
         "num_syncthreads": barriers.count,
@@ -283,7 +284,8 @@ def _dumps(value: Any) -> str:
 DTYPE_BYTES = {"float": 4, "float2": 8, "float4": 16, "half": 2, "half2": 4, "double": 8, "int": 4,
                "unsigned int": 4, "char": 1, "signed char": 1, "unsigned char": 1, "int4": 16, "int2": 8,
                "short": 2, "long": 8, "long long": 8, "uint": 4, "int8_t": 1, "uint8_t": 1, "int32_t": 4,
-               "uint32_t": 4, "int64_t": 8, "uint64_t": 8, "__half": 2, "__half2": 4, "bool": 1}
+               "uint32_t": 4, "int64_t": 8, "uint64_t": 8, "__half": 2, "__half2": 4, "bool": 1,
+               **BLOCKFUSION_SHARED_DTYPES}
 
 
 # The alignment declared_symbols puts before a symbol (lint and `kdb db repair` recognise it by this one pattern)
@@ -302,7 +304,7 @@ def declared_symbols(shared: Iterable[SharedDecl]) -> list[str]:
     """
     out = []
     for d in shared:
-        elem = DTYPE_BYTES.get(d.dtype)
+        elem = DTYPE_BYTES.get(d.stored_dtype)
         out.append(f"__align__({d.align}) {d.symbol}" if d.align and elem and d.align > elem else d.symbol)
     return out
 
@@ -320,7 +322,7 @@ def aligned_sizes(shared: Iterable[SharedDecl]) -> list[int]:
     align = max((d.align for d in decls), default=0)
     sizes = []
     for d in decls:
-        elem = DTYPE_BYTES.get(d.dtype)
+        elem = DTYPE_BYTES.get(d.stored_dtype)
         if align and elem and align > elem:
             sizes.append(-(-d.size * elem // align) * align // elem)
         else:

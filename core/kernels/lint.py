@@ -18,10 +18,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.cuda.nvcc import SPILL_LIMIT_BYTES
+from core.cuda.shared_types import BLOCKFUSION_SHARED_DTYPES
 from core.cuda.warps import partial_warp_barriers
 from core.errors import InputError
 from core.kernels.kernel_row import ALIGN_PREFIX, DTYPE_BYTES
-from core.kernels.ops import DEVICE_TYPE, FUSED_OP_TYPES, PATTERN_DEVICE_TYPE, SUPPORTED_OP_TYPES
+from core.kernels.ops import (
+    DEVICE_TYPE,
+    FUSED_OP_TYPES,
+    PATTERN_DEVICE_TYPE,
+    SUPPORTED_OP_TYPES,
+    UNSERVED_DTYPES,
+    dtype_problem,
+)
 from core.kernels.opsig import signature_from_attributes
 from core.kernels.profile import parse_profile
 
@@ -99,6 +107,7 @@ def lint_row(raw: tuple[Any, ...]) -> list[Finding]:
         _check_miscs(parsed["Miscs"], add)
     if "Function" in parsed:
         _check_function(parsed["Function"], "BlockCudaEmitter" in tag_list, add)
+        _check_element_type(parsed["Function"], parsed.get("Attributes"), ident, add)
     if "Attributes" in parsed and isinstance(op_type, str) and isinstance(ident, str) \
             and op_type in SUPPORTED_OP_TYPES and op_type != "Matched_Pattern":
         try:
@@ -206,6 +215,66 @@ def _check_function(fn: Any, block: bool, add: Any) -> None:
             "BlockFusion group with a larger blockDim the compiled network can hang (seen on the H200); "
             "rewrite it (kdb show KEY --export k.json; kdb inject --replace k.json): kdb now pads such blocks")
     _check_shared_alignment(fn, add)
+
+
+# Half helpers TVM's CUDA prelude defines for its own kernels and NNFusion's generated code does not (TVM 0.27's
+# codegen_cuda: its fp16 prelude); a row that calls one makes nnfusion_rt.cu fail to compile.
+TVM_HALF_HELPERS = ("herf", "htanh", "hpow", "htan", "hatan", "half4", "make_half4", "__pack_half2")
+STATIC_SHARED_LIMIT = 48 * 1024  # bytes of static shared memory a block may declare (nvcc refuses more)
+_POINTER_PARAM = re.compile(r"([A-Za-z_][\w\s]*?)\s*\*")
+
+
+def _check_element_type(fn: Any, attrs: Any, ident: Any, add: Any) -> None:
+    """What a row of a given element type (half above all) must hold for the compiler to fetch and compile it: its
+    signature in that type, shared arrays of BlockFusion's table within the static limit, no dynamic shared memory
+    (every launch gets 0 bytes of it), none of TVM's own half helpers."""
+    from core.cuda.source import find_words, mask
+
+    dtype = attrs.get("dtype", "float") if isinstance(attrs, dict) else "float"
+    if (problem := dtype_problem(dtype)) is not None or (isinstance(ident, str) and "bfloat16" in ident):
+        add(UNREACHABLE, "dtype", f"element type: {problem or UNSERVED_DTYPES['bfloat16']}")
+        return
+    if not isinstance(fn, dict):
+        return
+    signature = fn.get("function_signature")
+    if isinstance(signature, str) and "(" in signature:
+        params = signature[signature.rfind("(") + 1:]
+        types = {" ".join(w for w in t.split() if w not in ("const", "__restrict__", "volatile"))
+                 for t in _POINTER_PARAM.findall(params)}
+        if types and types != {dtype}:
+            add(CRASH, "signature-dtype",
+                f"function_signature passes {', '.join(sorted(types))}* and the row's tensors are {dtype}: the "
+                f"compiler copies the signature as written and calls it with {dtype}* buffers, so nnfusion_rt.cu "
+                "does not compile")
+    sm = fn.get("shared_memory")
+    dtypes, sizes = (sm.get("dtype"), sm.get("size")) if isinstance(sm, dict) else (None, None)
+    if isinstance(dtypes, list):
+        unknown = sorted({str(t) for t in dtypes if t not in BLOCKFUSION_SHARED_DTYPES})
+        if unknown:
+            add(CRASH, "shared-dtype",
+                f"shared_memory declares {', '.join(repr(t) for t in unknown)}, which BlockFusion's table of shared "
+                f"dtypes ({', '.join(BLOCKFUSION_SHARED_DTYPES)}) lacks: the compiler CHECK-fails 'Unknown data "
+                "type' when it emits the row (re-inject the kernel: kdb declares a half array uint16_t and reads it "
+                "as half)")
+        elif isinstance(sizes, list) and len(sizes) == len(dtypes) and all(isinstance(n, int) for n in sizes):
+            total = sum(BLOCKFUSION_SHARED_DTYPES[t] * n for t, n in zip(dtypes, sizes, strict=True))
+            if total > STATIC_SHARED_LIMIT:
+                add(CRASH, "shared-size",
+                    f"{total:,} bytes of static shared memory, over the {STATIC_SHARED_LIMIT:,} a block may declare: "
+                    "nvcc refuses the compiled network (NNFusion declares every array statically)")
+    bodies = [b for b in (fn.get("function_body"), fn.get("block_function_body")) if isinstance(b, str)]
+    masked = [mask(b) for b in bodies]
+    if any(re.search(r"\bextern\s+__shared__\b|\b__shared__\s+extern\b", m) for m in masked):
+        add(CRASH, "dynamic-shared",
+            "the kernel declares dynamic shared memory (extern __shared__, TVM's shared.dyn): NNFusion launches every "
+            "kernel with 0 bytes of it, so the kernel reads and writes outside any allocation")
+    if dtype == "half":
+        used = sorted({h for m in masked for h in TVM_HALF_HELPERS if find_words(m, h)})
+        if used:
+            add(CRASH, "tvm-half-helper",
+                f"the kernel calls {', '.join(used)}, defined only in TVM's CUDA prelude, which NNFusion's generated "
+                "code lacks: nnfusion_rt.cu does not compile (kdb computes such functions in float, as NNFusion's own "
+                "half kernels do)")
 
 
 _ALIGNED_SHARED = re.compile(r"__shared__[^;]*?(?:alignas|__align__)\s*\(\s*(\d+)\s*\)")
