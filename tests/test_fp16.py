@@ -255,3 +255,76 @@ def test_lint_names_each_way_a_half_row_aborts_the_compiler_or_is_never_fetched(
     bad = _planted(row, **plant(json.loads(row.function)))
     assert [(f.check, f.severity) for f in lint_row((1, *bad.values())) if f.check != "identifier"] == [
         (check, severity)]
+
+
+# -- verification (step 3) --------------------------------------------------------------------------------------
+
+def test_the_tolerance_grows_with_the_reduction_length_and_halfs_roundoff():
+    from core.codegen.reference import TOLERANCE, tolerance
+
+    u = 2.0**-11
+    assert tolerance("half", 1) == pytest.approx(4 * u)  # an element-wise op: its rounding and a product's
+    assert tolerance("half", 4608) == pytest.approx(u * (2 + 2 * 4608**0.5))  # ResNet-50's 3x3x512 convolutions
+    assert tolerance("half", 9) < tolerance("half", 768) < tolerance("half", 3072)
+    assert tolerance("float", 1) == tolerance("float", 4608) == TOLERANCE  # fp32 keeps its fixed bound
+    with pytest.raises(InputError, match="no tolerance policy for element type bfloat16"):
+        tolerance("bfloat16", 1)
+
+
+# The largest reductions of ResNet-50 (3x3x512, 1x1 from 2048) and of a BERT-base encoder (the FFN's 3072 -> 768), and
+# an element-wise op computed in float: each checked in half on the CPU (TVM's llvm build of the default schedule,
+# accumulating in half) against float64 numpy, within the policy's bound.
+MEASURED = [
+    "cudnn_convolution_op_half|i+1_512_7_7|w+512_512_3_3|o+1_512_7_7|ws+1_1|wd+1_1|p+1_1|fuse+relu",
+    "cudnn_convolution_op_half|i+1_2048_7_7|w+512_2048_1_1|o+1_512_7_7|ws+1_1|wd+1_1|p+0_0|fuse+relu",
+    "cublas_dot_op_half|a+1_8_3072|b+3072_768|o+1_8_768|ta+0|tb+0",
+    "cudnn_avgpool_op_half|i+1_2048_7_7|o+1_2048_1_1|win+7_7|ws+1_1|pb+0_0|pa+0_0",
+    "elementwise_gelu_op_half|i+1_128_3072|o+1_128_3072",
+]
+
+
+@pytest.mark.parametrize("line", MEASURED, ids=lambda line: line.split("|")[0])
+def test_half_kernels_of_resnet50_and_bert_shapes_check_out_within_the_policy(line: str):
+    pytest.importorskip("tvm")
+    from core.codegen.generate import generate
+    from core.codegen.reference import tolerance_for
+
+    config = parse_line(line)
+    generated = generate(config, "sm_90", check=True)
+    assert generated.item is not None, generated.error
+    # accumulated in half: far above fp32's error, and within the bound with a margin of 2 or more
+    assert generated.max_rel_error is not None and generated.max_rel_error <= tolerance_for(config) / 2
+    if config.op_type != "Gelu":
+        assert generated.max_rel_error > 1e-3
+
+
+def test_a_half_kernel_that_computes_something_else_never_gets_a_kernel_json():
+    """The check runs the module it is given on the CPU: a Dot reading B transposed is off by about 1."""
+    pytest.importorskip("tvm")
+    from dataclasses import replace
+
+    from core.codegen.generate import prim_func_module
+    from core.codegen.reference import check_on_cpu
+
+    config = parse_line("cublas_dot_op_half|a+16_256|b+256_256|o+16_256|ta+0|tb+0")
+    wrong, shapes = prim_func_module(replace(config, params={**config.params, "transpose_B": True}))
+    assert check_on_cpu(config, prim_func_module(config)[0], shapes) is not None
+    with pytest.raises(InputError, match=r"differs from numpy's by .* the half limit for 256 terms a sum is 0.017"):
+        check_on_cpu(config, wrong, shapes)
+
+
+def test_gpu_verification_of_a_half_row_uses_the_policy_and_half_buffers(tmp_path: Path):
+    """What the GPU child is handed (built without a GPU): the row's element type, the policy's bound for its
+    reduction, and inputs drawn in half."""
+    pytest.importorskip("tvm")
+    import numpy as np
+
+    from core.codegen.batch import generate_all
+    from core.codegen.reference import inputs_for, tolerance
+    from core.gpu.jobs import job_for_row
+
+    config = parse_line("cublas_dot_op_half|a+1_128_768|b+768_3072|o+1_128_3072|ta+0|tb+0")
+    [row] = half_rows(generate_all([config], "sm_90", check=False).items, tmp_path / "k.db")
+    job = job_for_row(row, "verify")
+    assert (job["dtype"], job["tolerance"]) == ("half", tolerance("half", 768))
+    assert {a.dtype for a in inputs_for(config, [(128, 768), (768, 3072)])} == {np.dtype(np.float16)}

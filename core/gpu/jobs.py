@@ -38,7 +38,6 @@ def gpu_children(workers: int) -> int:
     return max(1, min(8, workers // 2))
 
 
-DTYPE_TOLERANCE = {"float": 1e-4, "double": 1e-10, "half": 1e-2}  # max |got - want| / max |want|
 
 
 @dataclass
@@ -83,11 +82,19 @@ def job_for_row(row: KernelRow, kind: str, *, repeats: int = 100, tolerance: flo
         "op_type": row.op_type,
         "params": item["parameters"],
         "dtype": dtype,
-        "tolerance": tolerance if tolerance is not None else DTYPE_TOLERANCE.get(dtype, 1e-4),
+        "tolerance": tolerance if tolerance is not None else _tolerance(row.op_type, item["parameters"], dtype),
         "repeats": repeats,
         "cubins": {arch: base64.b64encode(data).decode("ascii") for arch, data in (cubins or {}).items() if data},
         "cubin_kernel": BLOCK_KERNEL,
     }
+
+
+def _tolerance(op_type: str, params: dict[str, Any], dtype: str) -> float:
+    """The verification bound for the row's op and element type (core/codegen/reference.tolerance's policy)."""
+    from core.codegen.reference import tolerance_for
+    from core.opconfigs.opconfig import OpConfig
+
+    return tolerance_for(OpConfig(op_type, params, dtype=dtype))
 
 
 class GpuSession:

@@ -92,9 +92,8 @@ def _holding_gpu() -> Iterator[None]:
 
 def _shapes(job: dict[str, Any]) -> tuple[list[tuple[int, ...]], tuple[int, ...]]:
     from core.codegen.te_ops import _out_shape
-    from core.opconfigs.opconfig import OpConfig
 
-    config = OpConfig(job["op_type"], job["params"])
+    config = _config(job)
     p, op = job["params"], job["op_type"]
     if "filter_shape" in p:
         ins = [p["input_shape"], p["filter_shape"]]
@@ -109,12 +108,18 @@ def _shapes(job: dict[str, Any]) -> tuple[list[tuple[int, ...]], tuple[int, ...]
     return [tuple(s) for s in ins], tuple(_out_shape(config))
 
 
-def _inputs(job: dict[str, Any]) -> tuple[list[np.ndarray], tuple[int, ...]]:
-    from core.codegen.reference import inputs_for
+def _config(job: dict[str, Any]) -> Any:
     from core.opconfigs.opconfig import OpConfig
 
+    return OpConfig(job["op_type"], job["params"], dtype=job.get("dtype", "float"))
+
+
+def _inputs(job: dict[str, Any]) -> tuple[list[np.ndarray], tuple[int, ...]]:
+    """Seeded inputs in the row's element type (a half kernel reads half buffers)."""
+    from core.codegen.reference import inputs_for
+
     shapes, out = _shapes(job)
-    return inputs_for(OpConfig(job["op_type"], job["params"]), shapes, seed=1), out
+    return inputs_for(_config(job), shapes, seed=1), out
 
 
 def _launch(fn: Any, buffers: list[Any], job: dict[str, Any], extra: list[Any] | None = None) -> None:
@@ -136,28 +141,31 @@ def _reference(job: dict[str, Any], config: Any, arrays: list[np.ndarray]) -> np
 
 
 def verify(job: dict[str, Any]) -> dict[str, Any]:
-    from core.codegen.reference import reference
+    """The kernel's output against the float64 reference of the same inputs, within the job's tolerance (the
+    policy of core/codegen/reference.tolerance: it grows with the terms each output sums, and with half's roundoff)."""
+    from core.codegen.reference import NUMPY_DTYPES, reference, relative_error
     from core.opconfigs.opconfig import OpConfig
 
     cuda = _cuda()
     fn = _kernel(job)
     arrays, out_shape = _inputs(job)
+    element = NUMPY_DTYPES[job.get("dtype", "float")]
     with _holding_gpu():  # one launch, but it must not land beside another process's timed ones
         dev_in = [cuda.to_device(a) for a in arrays]
-        poison = np.full(out_shape, np.nan, dtype=np.float32)
+        poison = np.full(out_shape, np.nan, dtype=element)
         dev_out = cuda.to_device(poison)
         _launch(fn, [*dev_in, dev_out], job)
         cuda.Context.synchronize()
-        got = cuda.from_device(dev_out, out_shape, np.float32)
+        got = cuda.from_device(dev_out, out_shape, element)
         for buffer in [*dev_in, dev_out]:
             buffer.free()
-    config = OpConfig(job["op_type"], job["params"])
+    config = _config(job)
     unwritten = int(np.isnan(got).sum())
     if unwritten:
         return {"ok": False, "reason": f"{unwritten} of {got.size} outputs never written (still NaN)"}
 
     def rel_error(want: np.ndarray) -> float:
-        return float(np.abs(got.astype(np.float64) - want).max()) / max(float(np.abs(want).max()), 1e-30)
+        return relative_error(got, want)
 
     err = rel_error(_reference(job, config, arrays))
     extra: dict[str, Any] = {}
