@@ -120,6 +120,8 @@ CASES: list[tuple[str, int, Callable[[World], list[str]]]] = [
     ("opconfig check", 0, lambda w: ["opconfig", "check", w.file("ops.txt", GOOD_OPCONFIG)]),
     ("opconfig check: a bad line", 1, lambda w: ["opconfig", "check", w.file("ops.txt", GOOD_OPCONFIG + "x|y\n")]),
     ("opconfig extract", 0, lambda w: ["opconfig", "extract", onnx_model(w)]),
+    ("model fp16", 0, lambda w: ["model", "fp16", onnx_model(w), str(w.tmp / "block16.onnx")]),
+    ("model fp16: not a model", 2, lambda w: ["model", "fp16", w.file("x.onnx", "not a model"), str(w.tmp / "o.onnx")]),
     ("coverage: ops missing", 1, lambda w: ["coverage", onnx_model(w)]),
     ("coverage: no such model", 2, lambda w: ["coverage", str(w.tmp / "none.onnx")]),
     ("nnfusion: no compiler", 2, lambda w: ["nnfusion", onnx_model(w), "--nnfusion", str(w.tmp / "no-nnfusion")]),

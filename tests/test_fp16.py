@@ -328,3 +328,29 @@ def test_gpu_verification_of_a_half_row_uses_the_policy_and_half_buffers(tmp_pat
     job = job_for_row(row, "verify")
     assert (job["dtype"], job["tolerance"]) == ("half", tolerance("half", 768))
     assert {a.dtype for a in inputs_for(config, [(128, 768), (768, 3072)])} == {np.dtype(np.float16)}
+
+
+# -- converting a model (step 4) -----------------------------------------------------------------------------------
+
+def test_kdb_model_fp16_converts_with_onnxconverter_common_and_extraction_then_writes_half(tmp_path: Path):
+    pytest.importorskip("onnxconverter_common", reason="needs onnxconverter-common (the tvm extra)")
+    import json
+
+    import onnx
+
+    from onnx_models import resnet_block
+
+    source = write(resnet_block(channels=8, size=8), tmp_path / "block.onnx")
+    before = source.read_bytes()
+    proc = run_kdb("model", "fp16", str(source), str(tmp_path / "block16.onnx"), "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["half_initializers"] == 2 and report["float_initializers"] == 0 and report["io_types"] == "half"
+    model = onnx.load(str(tmp_path / "block16.onnx"))
+    assert model.graph.input[0].type.tensor_type.elem_type == 10 and source.read_bytes() == before
+    assert {c.dtype for c in extract(tmp_path / "block16.onnx").configs} == {"half"}
+    again = run_kdb("model", "fp16", str(tmp_path / "block16.onnx"), str(tmp_path / "twice.onnx"))
+    assert again.returncode == 2 and "block16.onnx: nothing to convert: the model has already fp16" in again.stderr
+    assert not (tmp_path / "twice.onnx").exists()
+    same = run_kdb("model", "fp16", str(source), str(source))
+    assert same.returncode == 2 and "would overwrite the fp32 one" in same.stderr and source.read_bytes() == before

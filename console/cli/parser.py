@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
                                  "the kernel DB"),
     "settings": ("console.cli.cmd_settings", "show or change the GPU/SM settings"),
     "opconfig": ("console.cli.cmd_opconfig", "extract op configs from an ONNX model, or check op-config files"),
+    "model": ("console.cli.cmd_model", "convert an ONNX model: fp16 IN OUT (onnxconverter-common's converter)"),
     "coverage": ("console.cli.cmd_coverage", "what NNFusion will run for each op of an ONNX model with this DB"),
     "nnfusion": ("console.cli.cmd_nnfusion", "compile a model with NNFusion and the DB; what its code really runs"),
     "autotvm": ("console.cli.cmd_autotvm", "summarise AutoTVM tuning logs"),
@@ -199,6 +200,16 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--json", action="store_true")
     q = osub.add_parser("check", help="validate op-config files (any form) and print them de-duplicated")
     q.add_argument("files", nargs="+", metavar="FILE")
+    q.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("model", help=COMMANDS["model"][1])
+    msub = p.add_subparsers(dest="model_command", metavar="ACTION", required=True)
+    q = msub.add_parser("fp16", help="an fp32 model made fp16 (onnxconverter-common's float16 converter), for NNFusion "
+                        "to compile in half and kdb to tune half kernels for")
+    q.add_argument("source", metavar="IN.onnx")
+    q.add_argument("output", metavar="OUT.onnx")
+    q.add_argument("--keep-io-types", action="store_true", help="keep the graph's inputs and outputs float (Casts "
+                   "at the edges); default: half, as NNFusion compiles them")
     q.add_argument("--json", action="store_true")
 
     p = sub.add_parser("coverage", help=COMMANDS["coverage"][1])

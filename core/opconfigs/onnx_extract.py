@@ -223,20 +223,28 @@ def extract(path: Path | str, flags: LookupFlags | None = None) -> Extraction:
                       extractor.unmapped, notes, blockers, tuple(model_graph), tuple(outputs), level, substitution)
 
 
-def _load(path: Path) -> Any:
+def read_model(path: Path, *, external_data: bool = True) -> Any:
+    """The ModelProto in `path`; InputError naming the file when it is not one."""
     try:
         import onnx
     except ImportError:
         raise InputError("reading ONNX models needs the onnx package (pip install onnx)", where=str(path)) from None
     try:
-        # Weights kept in external files are not needed: shapes are in the initializers' dims.
-        model = onnx.load(str(path), load_external_data=False)
+        model = onnx.load(str(path), load_external_data=external_data)
     except OSError as exc:
         raise InputError(f"cannot read: {exc.strerror or exc}", where=str(path)) from None
     except Exception as exc:  # protobuf's DecodeError and kin: the bytes are not a model
         raise InputError(f"not an ONNX model ({exc})", where=str(path)) from None
     if not model.HasField("graph") or model.ir_version == 0:
         raise InputError("not an ONNX model (no IR version or graph; empty or truncated file?)", where=str(path))
+    return model
+
+
+def _load(path: Path) -> Any:
+    import onnx
+
+    # Weights kept in external files are not needed: shapes are in the initializers' dims.
+    model = read_model(path, external_data=False)
     for tensor in model.graph.initializer:
         # Weight values never decide a shape (their dims stay); dropping them keeps shape inference from
         # copying the whole file twice. Small tensors (shapes, Resize scales) are kept.

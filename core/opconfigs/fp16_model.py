@@ -1,0 +1,91 @@
+"""An fp32 ONNX model made fp16 for the user, by onnxconverter-common's float16 converter (not one of our own).
+
+The converter makes every float tensor half: initializers, inputs and outputs (unless asked to keep the graph's inputs
+and outputs float, with Casts at the edges), and puts Casts around the ops it keeps in float (its block list). NNFusion
+then compiles the model in half and looks every op up with `half` identifiers (docs/NNFUSION-RULES.md, "Half rows").
+The file is written whole or not at all (a temporary name renamed), and never over the model it reads.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from core.errors import InputError, ToolError
+from core.opconfigs.onnx_extract import read_model
+
+FLOAT, FLOAT16 = 1, 10  # ONNX TensorProto element types
+_INSTALL = "pip install -e '.[tvm]' (onnxconverter-common)"
+
+
+@dataclass(frozen=True)
+class Fp16Conversion:
+    source: Path
+    output: Path
+    nodes: int  # nodes of the converted graph
+    casts_added: int  # Cast nodes the converter put in (around ops kept in float, at kept float inputs/outputs)
+    half_initializers: int
+    float_initializers: int  # left float by the converter (weights of ops it keeps in float)
+    io_types: str  # "half" or "float" (keep_io_types)
+
+    def as_dict(self) -> dict[str, object]:
+        return {"source": str(self.source), "output": str(self.output), "nodes": self.nodes,
+                "casts_added": self.casts_added, "half_initializers": self.half_initializers,
+                "float_initializers": self.float_initializers, "io_types": self.io_types}
+
+
+def convert_to_fp16(source: Path, output: Path, *, keep_io_types: bool = False) -> Fp16Conversion:
+    """Write `source` converted to fp16 as `output`; InputError naming the file when it cannot be read or converted."""
+    try:
+        from onnxconverter_common import float16
+    except ImportError as exc:
+        raise ToolError(f"converting a model to fp16 needs onnxconverter-common: {_INSTALL}") from exc
+    if output.resolve() == source.resolve():
+        raise InputError("the fp16 model would overwrite the fp32 one it is made from: give another OUT path",
+                         where=str(output))
+    model = read_model(source)
+    elems = _float_types(model)
+    if FLOAT not in elems:
+        have = "already fp16" if FLOAT16 in elems else "no float tensors"
+        raise InputError(f"nothing to convert: the model has {have}", where=str(source))
+    casts_before = _casts(model)
+    try:
+        converted = float16.convert_float_to_float16(model, keep_io_types=keep_io_types)
+    except Exception as exc:  # the converter raises plain exceptions of its own for graphs it cannot handle
+        raise InputError(f"onnxconverter-common could not convert it: {type(exc).__name__}: {exc}",
+                         where=str(source)) from exc
+    _write_atomically(converted, output)
+    initializers = Counter(t.data_type for t in converted.graph.initializer)
+    return Fp16Conversion(source, output, len(converted.graph.node), _casts(converted) - casts_before,
+                          initializers[FLOAT16], initializers[FLOAT], "float" if keep_io_types else "half")
+
+
+def _float_types(model: Any) -> set[int]:
+    graph = model.graph
+    values = [*graph.input, *graph.output, *graph.value_info]
+    return {t.data_type for t in graph.initializer} | {v.type.tensor_type.elem_type for v in values}
+
+
+def _casts(model: Any) -> int:
+    return sum(1 for n in model.graph.node if n.op_type == "Cast")
+
+
+def _write_atomically(model: Any, output: Path) -> None:
+    import onnx
+
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", dir=output.parent)
+        os.close(fd)
+        try:
+            onnx.save(model, tmp)
+            os.replace(tmp, output)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    except OSError as exc:
+        raise InputError(f"cannot write: {exc.strerror or exc}", where=str(output)) from None
