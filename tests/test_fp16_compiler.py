@@ -92,3 +92,53 @@ def test_a_half_shared_array_declared_as_half_makes_the_compiler_abort_as_lint_s
 
     report = compile_and_read(CompileJob(model, tmp_path / "k.db", (), "NVIDIA H200", str(COMPILER), tmp_path / "nn"))
     assert not report.ok and "Unknown data type: half" in (report.result.log_file.read_text())
+
+
+# -- the fp16 zoo (step 5) --------------------------------------------------------------------------------------
+# ResNet-50 and a BERT-base encoder (tests/zoo.py), converted by `kdb model fp16`, through the README's commands as
+# tests/test_zoo.py runs the fp32 zoo: codegen (each kernel checked in half on the CPU), inject, `kdb nnfusion` (used
+# equal to promised, every launch checked), and nvcc compiling nnfusion_rt.cu, BlockFusion kernels of half rows included.
+HALF_DOTS = {False: ("Dot1,128,768;768,768;1,128,768halfhalfhalf", "Dot1,128,768;768,3072;1,128,3072halfhalfhalf",
+                     "Dot1,128,3072;3072,768;1,128,768halfhalfhalf"),
+             True: ("Dot128,768;768,768;128,768halfhalfhalf", "Dot128,768;768,3072;128,3072halfhalfhalf",
+                    "Dot128,3072;3072,768;128,768halfhalfhalf")}  # True: NNFusion's ONNX Runtime pre-pass rewrote it
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["resnet50", "bert_encoder"])
+def test_the_fp16_network_compiles_with_the_half_kernels_kdb_made(tmp_path: Path, name: str):
+    from test_zoo import DB, PRODUCT, kdb, said
+    from test_zoo import nvcc_compiles as nvcc_compiles_with_libraries
+    from zoo import ZOO
+
+    write(ZOO[name](), tmp_path / "model32.onnx")
+    assert kdb(tmp_path, "settings", "archs=sm_90", f"product_name={PRODUCT}", f"nnfusion_path={COMPILER}").returncode == 0
+    converted = kdb(tmp_path, "model", "fp16", "model32.onnx", "model.onnx")
+    assert converted.returncode == 0, said(converted)
+    extract_run = kdb(tmp_path, "opconfig", "extract", "model.onnx", "-o", "ops.txt", "--json")
+    lines = (tmp_path / "ops.txt").read_text().splitlines()
+    assert lines and all("_op_half|" in line for line in lines), said(extract_run)
+    codegen = kdb(tmp_path, "codegen", "ops.txt", "-o", "kernels.json", "--arch", "sm_90", "--db", DB, "--json")
+    assert codegen.returncode == 0, said(codegen)
+    errors = [k["max_rel_error"] for k in json.loads(codegen.stdout)["kernels"]]
+    assert len(errors) == len(lines) and all(e is not None for e in errors)  # every half kernel checked on the CPU
+    inject = kdb(tmp_path, "inject", "kernels.json", "--db", DB)
+    assert inject.returncode == 0, said(inject)
+    lint = kdb(tmp_path, "lint", "--db", DB)
+    assert lint.returncode == 0, said(lint)
+    compiled = kdb(tmp_path, "nnfusion", "model.onnx", "--db", DB, "--nnfusion", str(COMPILER), "--json")
+    report = json.loads(compiled.stdout)
+    assert compiled.returncode == 0 and report["ok"], f"{report['reason']}\n" + "\n".join(report["decisive_lines"])
+    promised, used = set(report["promised"]), set(report["usage"]["db_rows_used"])
+    assert promised and used == promised, f"used, not promised {sorted(used - promised)}; not used {sorted(promised - used)}"
+    from_db = {e["identifier"] for e in report["coverage"] if e["row"] and e["row"]["key"] in used}
+    assert all("half" in i and "float" not in i for i in from_db)
+    if name == "bert_encoder":
+        assert not set(HALF_DOTS[json.loads(extract_run.stdout)["prepass"]["applied"]]) - from_db, sorted(from_db)
+    else:
+        assert report["usage"]["blockfusion_groups"], "ResNet-50's half rows run in BlockFusion groups too"
+    check = report["launch_check"]
+    assert check is not None and check["arch"] == "sm_90" and not check["error"] and not report["launch_failures"]
+    source = (Path(report["compile"]["project"]) / "nnfusion_rt.cu").read_text()
+    assert "half* __restrict__ input0" in source
+    nvcc_compiles_with_libraries(Path(report["compile"]["project"]), tmp_path, report["usage"]["library_calls"])

@@ -15,6 +15,8 @@ def main(args: argparse.Namespace) -> int:
         print_json(done.as_dict())
         return 0
     kept = f", {done.float_initializers} left float" if done.float_initializers else ""
+    kept += (f"; {done.clamped:,} weight values clamped to half's range (onnxconverter-common: 0 < |x| < 1e-7 to "
+             "1e-7, |x| > 1e4 to 1e4)" if done.clamped else "")
     out.print(f"written: {done.output} (fp16: {done.half_initializers} initializers in half{kept}; {done.nodes} "
               f"nodes, {done.casts_added} Casts added; inputs and outputs {done.io_types})",
               markup=False, highlight=False, soft_wrap=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,11 +32,12 @@ class Fp16Conversion:
     half_initializers: int
     float_initializers: int  # left float by the converter (weights of ops it keeps in float)
     io_types: str  # "half" or "float" (keep_io_types)
+    clamped: int = 0  # weight values the converter clamped to half's range (MIN_POSITIVE, MAX_FINITE)
 
     def as_dict(self) -> dict[str, object]:
         return {"source": str(self.source), "output": str(self.output), "nodes": self.nodes,
                 "casts_added": self.casts_added, "half_initializers": self.half_initializers,
-                "float_initializers": self.float_initializers, "io_types": self.io_types}
+                "float_initializers": self.float_initializers, "io_types": self.io_types, "clamped": self.clamped}
 
 
 def convert_to_fp16(source: Path, output: Path, *, keep_io_types: bool = False) -> Fp16Conversion:
@@ -52,22 +54,42 @@ def convert_to_fp16(source: Path, output: Path, *, keep_io_types: bool = False) 
     if FLOAT not in elems:
         have = "already fp16" if FLOAT16 in elems else "no float tensors"
         raise InputError(f"nothing to convert: the model has {have}", where=str(source))
-    casts_before = _casts(model)
+    casts_before, clamped = _casts(model), _clamped_values(model)
     try:
-        converted = float16.convert_float_to_float16(model, keep_io_types=keep_io_types)
+        with warnings.catch_warnings(record=True) as said:  # one warning per clamped value: counted, not printed
+            warnings.simplefilter("always")
+            converted = float16.convert_float_to_float16(model, keep_io_types=keep_io_types)
     except Exception as exc:  # the converter raises plain exceptions of its own for graphs it cannot handle
         raise InputError(f"onnxconverter-common could not convert it: {type(exc).__name__}: {exc}",
                          where=str(source)) from exc
+    del said  # the converter warns per tensor; the values it clamps are counted below instead
     _write_atomically(converted, output)
     initializers = Counter(t.data_type for t in converted.graph.initializer)
     return Fp16Conversion(source, output, len(converted.graph.node), _casts(converted) - casts_before,
-                          initializers[FLOAT16], initializers[FLOAT], "float" if keep_io_types else "half")
+                          initializers[FLOAT16], initializers[FLOAT], "float" if keep_io_types else "half", clamped)
 
 
 def _float_types(model: Any) -> set[int]:
     graph = model.graph
     values = [*graph.input, *graph.output, *graph.value_info]
     return {t.data_type for t in graph.initializer} | {v.type.tensor_type.elem_type for v in values}
+
+
+# onnxconverter-common's defaults: a weight of smaller magnitude (not 0) or of larger becomes the bound.
+MIN_POSITIVE, MAX_FINITE = 1e-7, 1e4
+
+
+def _clamped_values(model: Any) -> int:
+    """How many float weights the converter will clamp to half's range (its bounds above)."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    count = 0
+    for tensor in model.graph.initializer:
+        if tensor.data_type == FLOAT:
+            magnitude = np.abs(numpy_helper.to_array(tensor))
+            count += int(((magnitude > 0) & (magnitude < MIN_POSITIVE)).sum() + (magnitude > MAX_FINITE).sum())
+    return count
 
 
 def _casts(model: Any) -> int:
