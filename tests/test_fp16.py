@@ -337,7 +337,6 @@ def test_kdb_model_fp16_converts_with_onnxconverter_common_and_extraction_then_w
     import json
 
     import onnx
-
     from onnx_models import resnet_block
 
     source = write(resnet_block(channels=8, size=8), tmp_path / "block.onnx")
