@@ -268,6 +268,10 @@ def _check_element_type(fn: Any, attrs: Any, ident: Any, add: Any) -> None:
         add(CRASH, "dynamic-shared",
             "the kernel declares dynamic shared memory (extern __shared__, TVM's shared.dyn): NNFusion launches every "
             "kernel with 0 bytes of it, so the kernel reads and writes outside any allocation")
+    if any(find_words(m, "nvcuda") for m in masked):
+        add(CRASH, "wmma",
+            "the kernel uses WMMA (nvcuda::wmma), declared in <mma.h>, which NNFusion's generated code does not "
+            "include: nnfusion_rt.cu does not compile")
     if dtype == "half":
         used = sorted({h for m in masked for h in TVM_HALF_HELPERS if find_words(m, h)})
         if used:
