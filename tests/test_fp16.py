@@ -387,6 +387,7 @@ def test_a_half_op_tunes_in_half_on_cuda_with_spaces_whose_kernels_can_be_rows(t
     from tvm.s_tir import meta_schedule as ms
 
     from core.codegen.generate import cuda_target, generate, prim_func_module
+    from core.cuda.nvcc import find_nvcc
     from core.kernels.lint import lint_row
     from core.tuning.space import self_contained_cuda_space, uses_dynamic_shared_memory
 
@@ -411,7 +412,22 @@ def test_a_half_op_tunes_in_half_on_cuda_with_spaces_whose_kernels_can_be_rows(t
         findings = [f.check for f in lint_row((1, *row.values()))]
         assert findings in ([], ["tvm-half-helper"]), findings
         shippable += not findings
+        if findings and find_nvcc(""):
+            refused = injected_with_nvcc(generated.item, tmp_path / f"nvcc{seed}")
+            assert refused.failed == 1 and "identifier \"half4\" is undefined" in refused.failures[0].reason
     assert shippable
+
+
+def injected_with_nvcc(item: dict, work: Path):  # type: ignore[no-untyped-def, type-arg]
+    import json
+
+    from core.db.kernel_db import KernelDB
+    from core.inject.pipeline import InjectOptions, Injector
+
+    work.mkdir()
+    (work / "k.json").write_text(json.dumps([item]), encoding="utf-8")
+    with KernelDB.open(work / "k.db", create=True) as db:
+        return Injector(db, InjectOptions(compile=True, archs=("sm_90",)), state=None).run([work / "k.json"])
 
 
 def test_a_half_op_config_tunes_a_float16_workload_in_a_work_dir_of_its_own(tmp_path: Path):
