@@ -52,6 +52,7 @@ def test_half_op_configs_read_back_byte_for_byte_in_every_format():
     # A half config and its fp32 twin are two ops: two identifiers, two keys, never merged.
     fp32 = parse_line(HALF_LINES[0].replace("_op_half", "_op_float"))
     assert fp32 != configs[0] and fp32.signature().identifier != configs[0].signature().identifier
+    assert configs[0].describe() == fp32.describe() + " half"  # every view and report tells them apart
     assert configs[0].signature().identifier == ("Convolution1,8,16,16;16,8,3,3;1,16,16,16halfhalfhalfStrides{1, 1}"
                                                  "Strides{1, 1}CoordinateDiff{1, 1}Relu1,16,16,16;1,16,16,16halfhalf")
 

@@ -135,6 +135,11 @@ class OpConfig:
         return f"{value:,.{1 if value < 100 else 0}f} {unit}"
 
     def describe(self) -> str:
+        """The op in a few words; a half (or double) op says so, as its fp32 twin is another op."""
+        text = self._shapes_text()
+        return text if self.dtype == "float" else f"{text} {self.dtype}"
+
+    def _shapes_text(self) -> str:
         p = self.params
         if self.op_type in CONV_FAMILY:
             text = (f"{self.op_type} in {_dims(p['input_shape'])} w {_dims(p['filter_shape'])} "
