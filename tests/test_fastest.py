@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from conftest import run_kdb, run_kdb_json
 
-from core.db.fastest import apply_fastest, plan_fastest
+from core.db.fastest import plan_fastest
 from core.db.kernel_db import KernelDB
+from core.db.maintenance import apply_plan, fastest_plan, undo_plan
 from core.kernels.kernel_row import KernelRow, twin_key
 from core.kernels.opsig import signature_from_attributes
 
@@ -88,13 +89,20 @@ def test_the_fastest_row_of_each_op_stays_and_becomes_the_first(db_path: Path, t
         assert [(lo.key, lo.us) for lo in relu_choice.removed] == [
             ("kdb:relu-first-slow", 50.0), ("kdb:relu-unmeasured", None), ("kdb:relu-v100-only", None)]
         assert len(plan.unranked) == 1 and plan.unreadable == []
-        removed = apply_fastest(db, plan, tmp_path / "backups")
+        before = keys_in_table_order(db_path)
+        applied = apply_plan(db, fastest_plan(db, H200), undo_dir=tmp_path / "undo")
     # the slower fused kernel left with its CUDA twin; the kept one keeps its twin
-    assert {r.key for r in removed} == {"kdb:relu-first-slow", "kdb:relu-unmeasured", "kdb:relu-v100-only",
-                                        "kdb:fused-slow", twin_key("kdb:fused-slow")}
+    assert {r.key for r in applied.deleted} == {"kdb:relu-first-slow", "kdb:relu-unmeasured", "kdb:relu-v100-only",
+                                                "kdb:fused-slow", twin_key("kdb:fused-slow")}
     assert keys_in_table_order(db_path) == ["kdb:relu-fast", "kdb:fused-fast", twin_key("kdb:fused-fast"),
                                             "kdb:lone", "kdb:other-a", "kdb:other-b"]
-    assert plan.backup is not None and len(keys_in_table_order(plan.backup)) == 11  # all, before
+    # the undo file holds every row of the two ops it changed, as they were; the undo puts them back in that order
+    assert applied.undo_file is not None and len(keys_in_table_order(applied.undo_file)) == 8
+    with KernelDB.open(db_path, write=True) as db:
+        apply_plan(db, undo_plan(db, applied.undo_file), undo_dir=tmp_path / "undo")
+    assert sorted(keys_in_table_order(db_path)) == sorted(before)
+    assert [k for k in keys_in_table_order(db_path) if k.startswith("kdb:relu")] == [
+        k for k in before if k.startswith("kdb:relu")]  # the op's rows as another tool wrote them: slow one first
 
 
 def test_a_broken_profile_is_named_and_counts_as_not_measured(tmp_path: Path):
@@ -112,7 +120,8 @@ def test_the_cli_previews_then_applies(db_path: Path, tmp_path: Path):
     before = db_path.read_bytes()
     preview = run_kdb("db", "fastest", "--db", str(db_path), "--product", H200, env=env)
     assert preview.returncode == 0, preview.stderr
-    assert "would remove 4 kernel(s)" in preview.stdout and "drop kdb:relu-first-slow (50.00 us)" in preview.stdout
+    assert "Keep only the fastest row of 2 op(s) on NVIDIA H200" in preview.stdout and "4 kernel(s) go" in preview.stdout
+    assert "drop kdb:relu-first-slow (50.00 us)" in preview.stdout and "nothing written" in preview.stdout
     assert f"drop kdb:relu-unmeasured (not measured on {H200})" in preview.stdout
     assert "1 op(s) with several rows, none timed on NVIDIA H200" in preview.stdout
     assert db_path.read_bytes() == before  # a preview writes nothing
@@ -122,7 +131,7 @@ def test_the_cli_previews_then_applies(db_path: Path, tmp_path: Path):
     assert ask.returncode != 0 and "--product NAME" in ask.stderr and V100 in ask.stderr
 
     proc, report = run_kdb_json("db", "fastest", "--db", str(db_path), "--product", H200, "--apply", env=env)
-    assert proc.returncode == 0 and report["rows_removed"] == 5 and Path(report["backup"]).exists()
+    assert proc.returncode == 0 and report["rows_removed"] == 5 and Path(report["undo_file"]).exists()
     assert keys_in_table_order(db_path)[:2] == ["kdb:relu-fast", "kdb:fused-fast"]
 
 

@@ -12,7 +12,8 @@ from conftest import run_kdb, run_kdb_json
 from test_fastest import H200, fused, keys_in_table_order, relu
 
 from core.db.kernel_db import KernelDB
-from core.db.library import OpTimes, apply_leave_to_library, plan_leave_to_library, read_times, undo_leave_to_library
+from core.db.library import OpTimes, plan_leave_to_library, read_times
+from core.db.maintenance import apply_plan, library_plan, undo_plan
 from core.errors import InputError
 from core.kernels.kernel_row import twin_key
 
@@ -49,24 +50,29 @@ def test_the_plan_names_slower_ops_by_how_much_and_leaves_unmeasured_ones_alone(
         (unmeasured,) = plan.not_measured
         assert unmeasured.key == "kdb:lone" and unmeasured.why.startswith("not measured") and "its row" in unmeasured.why
         assert plan.absent == [FUSED + "x"]
-        assert "5 us (1.33x) slower" in plan.describe()[0]
+        assert "5 us (1.33x) slower" in plan.slower_lines()[0][1]
         assert plan_leave_to_library(db, H200, [OpTimes(RELU, 15.0)], margin=0.5).slower == []  # within 50%
 
-        removed = apply_leave_to_library(db, plan, tmp_path / "aside")
-        assert {r.key for r in removed} == {"kdb:relu-a", "kdb:relu-b"}
-        assert plan.set_aside is not None and keys_in_table_order(plan.set_aside) == ["kdb:relu-a", "kdb:relu-b"]
+    path = times_file(tmp_path, [{"identifier": RELU, "library_us": 15.0}, {"identifier": FUSED, "library_us": 12.0},
+                                 {"identifier": LONE, "library_us": 3.0}])
+    with KernelDB.open(db_path, write=True) as db:
+        applied = apply_plan(db, library_plan(db, path), undo_dir=tmp_path / "aside")
+        assert {r.key for r in applied.deleted} == {"kdb:relu-a", "kdb:relu-b"}
+        assert applied.undo_file is not None
+        assert keys_in_table_order(applied.undo_file) == ["kdb:relu-a", "kdb:relu-b"]
         assert db.find(RELU) == []
-        assert undo_leave_to_library(db, plan.set_aside) == 2
+        assert apply_plan(db, undo_plan(db, applied.undo_file), undo_dir=tmp_path / "aside").written == 2
     assert keys_in_table_order(db_path)[-2:] == ["kdb:relu-a", "kdb:relu-b"]  # back, fastest first
 
 
 def test_a_fused_kernels_twin_is_set_aside_and_put_back_with_it(db_path: Path, tmp_path: Path):
     with KernelDB.open(db_path, write=True) as db:
         before = {r.key: r for r in db.iter_rows()}
-        plan = plan_leave_to_library(db, H200, [OpTimes(FUSED, 5.0, row_us=10.0)])
-        removed = apply_leave_to_library(db, plan, tmp_path / "aside")
-        assert {r.key for r in removed} == {"kdb:fused", twin_key("kdb:fused")}
-        assert undo_leave_to_library(db, plan.set_aside) == 2
+        path = times_file(tmp_path, [{"identifier": FUSED, "library_us": 5.0, "row_us": 10.0}])
+        applied = apply_plan(db, library_plan(db, path), undo_dir=tmp_path / "aside")
+        assert {r.key for r in applied.deleted} == {"kdb:fused", twin_key("kdb:fused")}
+        assert applied.undo_file is not None
+        assert apply_plan(db, undo_plan(db, applied.undo_file), undo_dir=tmp_path / "aside").written == 2
         assert {r.key: r for r in db.iter_rows()} == before  # every column as it was
 
 
@@ -76,18 +82,19 @@ def test_the_cli_previews_applies_and_undoes(db_path: Path, tmp_path: Path):
     before = db_path.read_bytes()
     preview = run_kdb("db", "leave-to-library", str(path), "--db", str(db_path))
     assert preview.returncode == 1, preview.stderr
-    assert "1 op(s) whose row ran slower than the library on NVIDIA H200: would leave" in preview.stdout
+    assert "Leave 1 op(s) whose row ran slower than the library on NVIDIA H200 to the library" in preview.stdout
+    assert "nothing written" in preview.stdout
     assert "takes 20 us, the library 15 us" in preview.stdout and "not measured" in preview.stdout
     assert db_path.read_bytes() == before  # a preview writes nothing
 
     proc, report = run_kdb_json("db", "leave-to-library", str(path), "--db", str(db_path), "--apply")
     assert proc.returncode == 0 and report["rows_removed"] == 2, proc.stderr
     assert [v["key"] for v in report["slower"]] == ["kdb:relu-a"] and report["not_measured"][0]["key"] == "kdb:lone"
-    aside = report["set_aside"]
+    aside = report["undo_file"]
     assert "kdb:relu-a" not in keys_in_table_order(db_path) and "kdb:lone" in keys_in_table_order(db_path)
 
     look = run_kdb("db", "leave-to-library", "--undo", aside, "--db", str(db_path))
-    assert look.returncode == 0 and "would put back 2 kernel(s)" in look.stdout
+    assert look.returncode == 0 and "2 row(s) back as they were, 0 go" in look.stdout
     proc, undone = run_kdb_json("db", "leave-to-library", "--undo", aside, "--db", str(db_path), "--apply")
     assert proc.returncode == 0 and undone["rows_written"] == 2
     assert {"kdb:relu-a", "kdb:relu-b"} <= set(keys_in_table_order(db_path))

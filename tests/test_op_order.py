@@ -15,8 +15,7 @@ from test_fastest import H200, V100, fused, keys_in_table_order, profiled, relu,
 
 from core.db.kernel_db import KernelDB
 from core.db.op_rows import restore_order
-from core.db.realign import apply_realign
-from core.db.standalone import apply_changes, plan_fusable, plan_standalone
+from core.db.maintenance import apply_plan, standalone_plan
 from core.gpu.jobs import GpuResult
 from core.gpu.rows import _store_profile
 from core.kernels.kernel_row import antares_entry, is_standalone, twin_key
@@ -50,9 +49,9 @@ def test_every_write_path_keeps_each_op_fastest_first(tmp_path: Path):
         db.update_function("kdb:fast", {**json.loads(row.function), "num_syncthreads": 0})  # repair's rewrite
         assert op_keys(db, ident) == ["kdb:fast", "kdb:slow", "kdb:unmeasured"]
 
-        apply_changes(db, plan_standalone(db, [ident], H200))  # standalone and back: the order stays
+        apply_plan(db, standalone_plan(db, [ident], H200))  # standalone and back: the order stays
         assert op_keys(db, ident) == ["kdb:fast", "kdb:slow", "kdb:unmeasured"]
-        apply_changes(db, plan_fusable(db, [ident]))
+        apply_plan(db, standalone_plan(db, [ident], back=True))
         assert op_keys(db, ident) == ["kdb:fast", "kdb:slow", "kdb:unmeasured"]
 
         gone = db.delete(["kdb:fast"])
@@ -138,7 +137,7 @@ def test_a_profile_written_by_a_gpu_run_reorders_the_op_and_moves_a_standalone_r
         # the write path of `kdb gpu profile` (the time is this test's, not a measurement)
         _store_profile(db, later, H200, GpuResult(True, "time", microseconds=12.0, launches=100, device=H200))
         assert op_keys(db, ident) == ["kdb:later", "kdb:first"]
-        apply_changes(db, plan_standalone(db, [ident], H200))
+        apply_plan(db, standalone_plan(db, [ident], H200))
         (first,) = db.find("kdb:first")
         _store_profile(db, first, H200, GpuResult(True, "time", microseconds=4.0, launches=100, device=H200))
         (first,) = db.find("kdb:first")
@@ -167,7 +166,8 @@ def test_repair_previews_then_puts_a_db_written_elsewhere_in_order(tmp_path: Pat
     proc, check = run_kdb_json("db", "check", "--db", str(path))
     assert check["out_of_order"] == [relu("x").identifier]
     preview = run_kdb("db", "repair", "--db", str(path))
-    assert preview.returncode == 1 and "1 op(s) whose first row" in preview.stdout and "would put" in preview.stdout
+    assert preview.returncode == 1 and "put the rows of 1 op(s) fastest-first" in preview.stdout
+    assert "reorder kdb:fast (the compiler takes kdb:slow first" in preview.stdout and "nothing written" in preview.stdout
     assert path.read_bytes() == before
     proc, report = run_kdb_json("db", "repair", "--db", str(path), "--apply")
     assert proc.returncode == 0, proc.stderr
@@ -193,7 +193,7 @@ def standalone_op(tmp_path: Path) -> tuple[Path, Path, str]:
     with KernelDB.open(path, create=True) as db:
         assert Injector(db, InjectOptions(compile=False), state=None).run([tmp_path / "first.json"]).injected == 1
         (row,) = db.iter_rows()
-        apply_changes(db, plan_standalone(db, [row.key], H200))
+        apply_plan(db, standalone_plan(db, [row.key], H200))
     return path, tmp_path / "later.json", row.identifier
 
 
@@ -224,7 +224,7 @@ def test_replace_keeps_a_standalone_op_standalone(standalone_op):
 def test_an_op_made_fusable_again_takes_new_rows_as_they_come(standalone_op):
     path, later, ident = standalone_op
     with KernelDB.open(path, write=True) as db:
-        apply_changes(db, plan_fusable(db, [ident]))
+        apply_plan(db, standalone_plan(db, [ident], back=True))
     proc, report = run_kdb_json("inject", str(later), "--db", str(path), "--no-compile")
     assert proc.returncode == 0 and report["standalone"] == []  # nothing to keep: nothing said
     text = run_kdb("inject", str(later), "--db", str(path), "--no-compile", "--replace")
@@ -237,7 +237,7 @@ def test_realign_keeps_the_order(tmp_path: Path):
         db.insert(relu("kdb:a"))
         db.insert(relu("kdb:b"))
         (a,) = db.find("kdb:a")
-        apply_realign(db, [(a, {**json.loads(a.function), "num_syncthreads": 0})])
+        db.update_function(a.key, {**json.loads(a.function), "num_syncthreads": 0})  # what repair's rewrite writes
         assert op_keys(db, ident) == ["kdb:a", "kdb:b"]
 
 

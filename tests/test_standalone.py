@@ -14,7 +14,8 @@ import pytest
 from conftest import run_kdb, run_kdb_json
 
 from core.db.kernel_db import KernelDB
-from core.db.standalone import UNPROFILED_US, apply_changes, plan_fusable, plan_standalone
+from core.db.maintenance import apply_plan, standalone_plan
+from core.db.standalone import UNPROFILED_US, plan_standalone
 from core.demo import demo_kernels
 from core.errors import InputError
 from core.inject.pipeline import InjectOptions, Injector
@@ -47,9 +48,9 @@ def test_every_row_of_the_op_becomes_standalone_and_undo_gives_back_the_same_row
             miscs = json.loads(fused.miscs)
             miscs["external_profile"] = {"time": f"{PRODUCT}:12.5;", "resource": 4096}
             raw.execute("UPDATE KernelCache SET Miscs = ? WHERE Key = ?", (json.dumps(miscs), fused.key))
-        plan = plan_standalone(db, [fused.key[:16]], PRODUCT)  # a Key prefix names the op
-        assert [c.row.key for c in plan] == [fused.key]
-        apply_changes(db, plan)
+        plan = standalone_plan(db, [fused.key[:16]], PRODUCT)  # a Key prefix names the op
+        assert [c.row.key for c in plan.details] == [fused.key]
+        apply_plan(db, plan)
         (row,) = rows_of(db, "Fused_Convolution_Relu")
         assert is_standalone(row) and row.source == STANDALONE_SOURCE and BLOCK_TAG not in row.tags.split(",")
         assert row.key == fused.key and row.function == fused.function and row.identifier == fused.identifier
@@ -61,8 +62,7 @@ def test_every_row_of_the_op_becomes_standalone_and_undo_gives_back_the_same_row
         others = {r.key: r for r in db.iter_rows() if r.identifier != fused.identifier}
         assert all(others[k] == before[k] for k in others)  # nothing else changed
 
-        undo = plan_fusable(db, [fused.key])
-        apply_changes(db, undo)
+        apply_plan(db, standalone_plan(db, [fused.key], back=True))
         (back,) = rows_of(db, "Fused_Convolution_Relu")
         original = before[fused.key]
         assert (back.source, back.tags, back.function) == (EXTERNAL_SOURCE, original.tags, original.function)
@@ -77,9 +77,9 @@ def test_a_row_without_a_profile_for_the_product_still_counts_and_dot_keeps_its_
         assert change.miscs["antares"] == {"device_name": DEFAULT_PRODUCT, "planned_steps": 1, "time": UNPROFILED_US}
         assert change.tags.split(",")[:2] == ["KernelEmitter", "CudaEmitter"]
         assert [t for t in dots[0].tags.split(",") if t != BLOCK_TAG] == change.tags.split(",")
-        apply_changes(db, plan)
+        apply_plan(db, standalone_plan(db, [dots[0].identifier], ""))
         assert plan_standalone(db, [dots[0].key], "") == []  # standalone already: nothing to change
-        apply_changes(db, plan_fusable(db, [dots[0].key]))
+        apply_plan(db, standalone_plan(db, [dots[0].key], back=True))
         (back,) = [r for r in rows_of(db, "Dot") if r.key == dots[0].key]
         assert back.tags == dots[0].tags  # BlockCudaEmitter back in its place
 
@@ -99,7 +99,7 @@ def test_coverage_promises_the_fastest_standalone_row_for_the_product_only(db_pa
 
     with KernelDB.open(db_path, write=True) as db:
         relu = rows_of(db, "Relu")[0]
-        apply_changes(db, plan_standalone(db, [relu.key], PRODUCT))
+        apply_plan(db, standalone_plan(db, [relu.key], PRODUCT))
         chooser = _Model(db, CompilerFlags.parse(()), PRODUCT)
         choice, reasons, abort = chooser._select(relu.identifier, None)
         assert choice is not None and choice.key == relu.key and not abort
@@ -118,7 +118,8 @@ def test_the_cli_previews_then_applies_and_undoes(db_path: Path):
     with KernelDB.open(db_path) as db:
         assert not is_standalone(db.find(key)[0])  # a preview writes nothing
     proc = run_kdb("db", "standalone", "--db", str(db_path), key, "--product", PRODUCT, "--apply")
-    assert proc.returncode == 0 and "changed 1 row(s) standalone" in proc.stdout, proc.stdout
+    assert proc.returncode == 0 and "Run 1 row(s) of 1 op(s) standalone" in proc.stdout, proc.stdout
+    assert "written in one transaction" in proc.stdout
     with KernelDB.open(db_path) as db:
         assert is_standalone(db.find(key)[0])
     proc = run_kdb("db", "standalone", "--db", str(db_path), key, "--undo", "--apply")

@@ -21,8 +21,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "show": ("console.cli.cmd_show", "show one kernel (by Key, Key prefix or Identifier)"),
     "lint": ("console.cli.cmd_lint", "report rows the compiler could never fetch or would crash on"),
     "failures": ("console.cli.cmd_failures", "list, retry or dismiss failed conversions"),
-    "db": ("console.cli.cmd_db", "init | check | repair | fastest | standalone | leave-to-library | convert | backup "
-                                 "the kernel DB"),
+    "db": ("console.cli.cmd_db", "init | check | repair | fastest | standalone | leave-to-library | undo | convert | "
+                                 "backup the kernel DB"),
     "settings": ("console.cli.cmd_settings", "show or change the GPU/SM settings"),
     "opconfig": ("console.cli.cmd_opconfig", "extract op configs from an ONNX model, or check op-config files"),
     "model": ("console.cli.cmd_model", "convert an ONNX model: fp16 IN OUT (onnxconverter-common's converter)"),
@@ -146,8 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "injection writes (shared arrays' alignment, __restrict__ pointers), put each op's rows "
                          "fastest-first (a preview unless --apply)")
     _db_option(q)
-    q.add_argument("--apply", action="store_true", help="write them (the twins in one transaction); else only "
-                   "show them")
+    q.add_argument("--apply", action="store_true", help="write them (one transaction, its undo file first); else "
+                   "only show them")
     q.add_argument("--json", action="store_true")
     q = dbsub.add_parser("fastest", help="per op, delete every row but the one timed fastest on one GPU (kdb keeps "
                                          "that one first already): BlockFusion can no longer swap in a slower row "
@@ -156,7 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--product", metavar="NAME",
                    help="the GPU whose times rank the rows, as in -fproduct_name (default: the settings', or the "
                         "one GPU this DB's profiles name)")
-    q.add_argument("--apply", action="store_true", help="remove the slower rows (one transaction, after a backup)")
+    q.add_argument("--apply", action="store_true", help="remove the slower rows (one transaction, its undo file "
+                   "first)")
     q.add_argument("--json", action="store_true")
     q = dbsub.add_parser("standalone", help="keep ops out of BlockFusion: their rows run on their own launch "
                          "(NNFusion's Antares row form; for a fused kernel that cannot launch; a preview unless "
@@ -177,8 +178,17 @@ def build_parser() -> argparse.ArgumentParser:
                    '"library_us", "row_us" (default: the row\'s profile)}]}: times measured on that GPU')
     q.add_argument("--margin", type=float, default=0.0, metavar="PCT",
                    help="act only where the row is more than PCT %% slower (default 0)")
-    q.add_argument("--undo", metavar="FILE", help="put back the rows an earlier --apply set aside into FILE")
-    q.add_argument("--apply", action="store_true", help="write it (one transaction; the rows set aside first)")
+    q.add_argument("--undo", metavar="FILE", help="put back the rows an earlier --apply set aside into FILE (as "
+                   "`kdb db undo FILE`)")
+    q.add_argument("--apply", action="store_true", help="write it (one transaction; the rows set aside in its undo "
+                   "file first)")
+    q.add_argument("--json", action="store_true")
+    q = dbsub.add_parser("undo", help="put back exactly what a maintenance --apply changed (repair, fastest, "
+                         "standalone, leave-to-library, the console's F K S d), from the undo file it wrote (a "
+                         "preview unless --apply)")
+    _db_option(q)
+    q.add_argument("file", metavar="FILE", help="the undo file the --apply named (the state dir's undo/)")
+    q.add_argument("--apply", action="store_true", help="write it (one transaction)")
     q.add_argument("--json", action="store_true")
     q = dbsub.add_parser("convert", help="rewrite an osdi20-schema DB into the current schema")
     q.add_argument("old", metavar="OLD")

@@ -7,8 +7,8 @@ slower rows: BlockFusion's interplay can otherwise swap in any row with a smalle
 ResNet-18 ran 1.46x slower on the H200 with such rows), and a DB written by another tool (or by kdb before the
 order was kept) gets its fastest row as the op's only one. `plan_fastest` finds, for each op (Identifier and Tags,
 DeviceType CUDA_GPU), the row with the smallest time for one device in `Miscs.external_profile.time`;
-`apply_fastest` removes the other rows of those ops (a fused kernel's CUDA twin goes with its row) in one
-transaction, after a backup.
+the maintenance plan (core/db/maintenance.py, fastest_plan) removes the other rows of those ops (a fused kernel's
+CUDA twin goes with its row) in one transaction, their undo file written first.
 
 Only ops with at least one row measured on the device are touched. A row not measured there cannot be
 ranked: it is removed with the reason "not measured", so `kdb gpu profile` it first to keep it in the race.
@@ -18,12 +18,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from core.db.kernel_db import KernelDB
 from core.db.op_rows import time_on
 from core.errors import InputError
-from core.kernels.kernel_row import KernelRow
 from core.kernels.ops import DEVICE_TYPE
 from core.kernels.profile import parse_profile
 
@@ -48,7 +46,6 @@ class FastestPlan:
     choices: list[OpChoice] = field(default_factory=list)  # ops with more than one row, one measured
     unranked: list[str] = field(default_factory=list)  # ops with several rows, none measured on the device
     unreadable: list[tuple[str, str]] = field(default_factory=list)  # (key, why): a profile string broken
-    backup: Path | None = None  # written by apply_fastest before it removed anything
 
     @property
     def removals(self) -> list[str]:
@@ -70,7 +67,7 @@ def profiled_devices(db: KernelDB) -> set[str]:
 
 
 def plan_fastest(db: KernelDB, device: str) -> FastestPlan:
-    """What `apply_fastest` would remove, op by op, and why; reads only.
+    """What keeping each op's fastest row would remove, op by op, and why; reads only.
 
     Two passes, neither holding a kernel's source: SQLite counts the rows of each op, then one scan in table
     order reads Key, OpType and Miscs of the ops that have more than one."""
@@ -101,14 +98,6 @@ def plan_fastest(db: KernelDB, device: str) -> FastestPlan:
         kept = min(measured, key=lambda r: r.us or 0.0)  # the first of equal times: table order
         plan.choices.append(OpChoice(identifier, kept, tuple(r for r in rows if r.key != kept.key)))
     return plan
-
-
-def apply_fastest(db: KernelDB, plan: FastestPlan, backups: Path) -> list[KernelRow]:
-    """Remove the plan's losing rows (and their twins) in one transaction, after a backup into `backups`."""
-    if not plan.removals:
-        return []
-    plan.backup = db.backup_to_new_file(backups, "before-fastest")
-    return db.delete(plan.removals)
 
 
 def shadowed(db: KernelDB, keys: list[str]) -> list[tuple[str, str]]:

@@ -120,6 +120,7 @@ class KernelDB:
         # The -fproduct_name whose times order each op's rows (core/db/op_rows.py); None: the product_name setting
         self.order_product: str | None = None
         self._known_ops = KnownOps()
+        self._batch: sqlite3.Connection | None = None  # the write transaction batch() holds open
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -199,13 +200,31 @@ class KernelDB:
         return self._conn
 
     def reading(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
-        """A read transaction (deferred: it never takes the write lock)."""
+        """A read transaction (deferred: it never takes the write lock); inside batch(), its transaction."""
+        if self._batch is not None:
+            return contextlib.nullcontext(self._batch)
         return transaction(self.connection(), self.path, write=False)
 
     def writing(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
-        """A write transaction (BEGIN IMMEDIATE: writers queue on the busy timeout)."""
+        """A write transaction (BEGIN IMMEDIATE: writers queue on the busy timeout); inside batch(), its
+        transaction."""
         self._require_writable()
+        if self._batch is not None:
+            return contextlib.nullcontext(self._batch)
         return transaction(self.connection(), self.path, write=True)
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction around several writes (a maintenance plan's): every read and write of this
+        handle inside it joins it, and all of them commit together or none does."""
+        if self._batch is not None:
+            raise DbError(f"{self.path}: a batch is open already")
+        with self.writing() as raw:
+            self._batch = raw
+            try:
+                yield raw
+            finally:
+                self._batch = None
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -425,6 +444,30 @@ class KernelDB:
         """Put these ops' rows fastest-first, in one transaction; the Keys moved."""
         return self._write(lambda raw: [key for identifier in dict.fromkeys(identifiers)
                                         for key in restore_order(raw, identifier, self.ordering_product())])
+
+    def op_snapshot(self, identifiers: Iterable[str]) -> list[KernelRow]:
+        """Every row (any DeviceType) of these Identifiers, in table order: what a maintenance plan may change and
+        what its undo puts back. One scan of the table (it has no index on Identifier)."""
+        self._require_current()
+        with self.reading() as raw:
+            return [KernelRow.from_values(tuple(r)) for r in raw.execute(
+                f"{_SELECT} WHERE Identifier IN (SELECT value FROM json_each(?)) ORDER BY rowid",
+                (json.dumps(sorted(set(identifiers))),))]
+
+    def put_back(self, identifiers: Iterable[str], rows: Sequence[KernelRow]) -> int:
+        """Make the rows of these Identifiers exactly `rows`, in that table order, in one transaction (an undo):
+        their rows now are deleted, `rows` written as they are. Each op's order is the one given, not re-ranked:
+        an undo restores what was, an op out of order included. The rows written."""
+        names = json.dumps(sorted(set(identifiers)))
+
+        def body(raw: sqlite3.Connection) -> int:
+            raw.execute("DELETE FROM KernelCache WHERE Identifier IN (SELECT value FROM json_each(?))", (names,))
+            for row in rows:
+                raw.execute(_INSERT, row.values())
+                self._known_ops.add(row.identifier)
+            return len(rows)
+
+        return self._write(body)
 
     # -- what the compiler sees ---------------------------------------------------------------
 

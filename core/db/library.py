@@ -3,9 +3,9 @@
 Without a row for an op, NNFusion runs cuDNN (convolutions, pools), cuBLAS (Dot) or its own kernel (element-wise
 ops; a fused Conv+Add+Relu becomes cuDNN's convolution plus NNFusion's element-wise kernel). A tuned row that is
 slower than that makes the network slower than the empty DB would. Given each op's time on one GPU for its row and
-for the library, `plan_leave_to_library` names the ops whose row is slower and by how much; `apply_leave_to_library`
-sets their rows aside (every CUDA_GPU row of the op, a fused kernel's CUDA twin with its row) into a file of
-NNFusion's own format, then deletes them in one transaction; `undo_leave_to_library` puts them back from that file.
+for the library, `plan_leave_to_library` names the ops whose row is slower and by how much; the maintenance plan
+(core/db/maintenance.py, library_plan) deletes every CUDA_GPU row of those ops (a fused kernel's CUDA twin with its
+row) in one transaction, their undo file written first; `kdb db undo FILE` puts them back.
 
 Times are only acted on when measured on a GPU: the times file names the GPU, and an op whose library or row time
 is missing is "not measured" and left alone. A row time not in the file is the row's own profile for that GPU
@@ -23,11 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.db.kernel_db import KernelDB, new_db_file
+from core.db.kernel_db import KernelDB
 from core.db.op_rows import op_rows, profile_times
 from core.errors import InputError
-from core.kernels.kernel_row import TWIN_SUFFIX, KernelRow
-from core.kernels.ops import DEVICE_TYPE
 
 NOT_MEASURED = "not measured"
 
@@ -68,19 +66,20 @@ class LibraryPlan:
     kept: list[Verdict] = field(default_factory=list)  # the row is at least as fast
     not_measured: list[Verdict] = field(default_factory=list)
     absent: list[str] = field(default_factory=list)  # identifiers without a CUDA_GPU row in the DB
-    set_aside: Path | None = None  # written by apply_leave_to_library before it deleted anything
 
     @property
     def removals(self) -> list[str]:
         return [key for verdict in self.slower for key in verdict.rows]
 
-    def describe(self) -> list[str]:
-        """One line per op judged, slower first."""
-        lines = [f"{v.op_type}: its row {v.key} takes {v.row_us:g} us, the library {v.library_us:g} us on "
-                 f"{self.device}: {v.extra_us:g} us ({v.ratio:.2f}x) slower; {len(v.rows)} row(s) would go  "
-                 f"{v.identifier[:90]}" for v in self.slower]
-        lines += [f"{v.op_type}: row {v.row_us:g} us, library {v.library_us:g} us: the row stays  {v.identifier[:90]}"
-                  for v in self.kept]
+    def slower_lines(self) -> list[tuple[Verdict, str]]:
+        """(verdict, why its rows go) for each op whose row is slower, slowest first."""
+        return [(v, f"its op's row {v.key} takes {v.row_us:g} us, the library {v.library_us:g} us on {self.device}: "
+                    f"{v.extra_us:g} us ({v.ratio:.2f}x) slower") for v in self.slower]
+
+    def describe_others(self) -> list[str]:
+        """One line per op judged and left as it is, and per op not in the DB."""
+        lines = [f"{v.op_type}: row {v.row_us:g} us, library {v.library_us:g} us: the row stays  {v.identifier[:90]}"
+                 for v in self.kept]
         lines += [f"{v.op_type}: {v.why}: left as it is  {v.identifier[:90]}" for v in self.not_measured]
         lines += [f"no row in the DB: {identifier[:100]}" for identifier in self.absent]
         return lines
@@ -145,34 +144,3 @@ def plan_leave_to_library(db: KernelDB, device: str, times: list[OpTimes], margi
                 plan.kept.append(verdict)
     plan.slower.sort(key=lambda v: -v.extra_us)
     return plan
-
-
-def apply_leave_to_library(db: KernelDB, plan: LibraryPlan, folder: Path) -> list[KernelRow]:
-    """Set the plan's rows aside into a new file under `folder` (plan.set_aside), then delete them from the DB in
-    one transaction; the rows deleted."""
-    if not plan.removals:
-        return []
-    keys = plan.removals
-    with db.reading() as raw:  # in table order, twins with their rows: the file is a kernel DB of its own
-        marks = ",".join("?" * len(keys))
-        rows = [KernelRow.from_values(tuple(r)) for r in raw.execute(
-            "SELECT Key, Identifier, OpType, Attributes, Source, DeviceType, Function, Tags, Miscs FROM KernelCache "
-            f"WHERE Key IN ({marks}) OR Key IN (SELECT Key || ? FROM KernelCache WHERE Key IN ({marks})) "
-            "ORDER BY rowid", (*keys, TWIN_SUFFIX, *keys))]
-    plan.set_aside = new_db_file(folder, "left-to-library")
-    with KernelDB.open(plan.set_aside, create=True) as aside:
-        aside.restore(rows)
-    return db.delete(keys)
-
-
-def undo_leave_to_library(db: KernelDB, set_aside: Path) -> int:
-    """Put the rows of a set-aside file back (Keys the DB has again are left alone); the rows written."""
-    with KernelDB.open(set_aside) as aside:
-        rows = list(aside.iter_table_order())
-    return db.restore(rows)
-
-
-def set_aside_rows(set_aside: Path) -> list[KernelRow]:
-    """The CUDA_GPU rows a set-aside file holds (what an undo would put back)."""
-    with KernelDB.open(set_aside) as aside:
-        return [r for r in aside.iter_table_order() if r.device_type == DEVICE_TYPE]

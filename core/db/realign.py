@@ -75,10 +75,3 @@ def plan_realign(db: KernelDB) -> RealignPlan:
         if function is not None:
             plan.append((row, function))
     return plan
-
-
-def apply_realign(db: KernelDB, plan: RealignPlan) -> list[str]:
-    """Rewrite each planned row's Function (a fused kernel's CUDA twin follows); the keys written."""
-    for row, function in plan:
-        db.update_function(row.key, function)
-    return [row.key for row, _ in plan]

@@ -14,7 +14,8 @@ BlockFusion skips every kernel that is not a BlockCudaEmitter ("is not BlockCuda
 
 So a standalone row is the same kernel with Source "Antares", no BlockCudaEmitter tag, and `Miscs.antares`
 naming the product it is for. Every CUDA_GPU row of the op's Identifier changes together: one External row left
-would be taken first. The Key, the code, the profile and the order stay; `fusable` turns the rows back. A row
+would be taken first. The Key, the code, the profile and the order stay; `fusable` turns the rows back. The
+maintenance plan (core/db/maintenance.py, standalone_plan) writes either in one transaction, with its undo file. A row
 injected later for a standalone op goes in standalone too (core/db/kernel_db.py, insert): the op stays as it was made.
 """
 
@@ -31,7 +32,7 @@ from core.errors import InputError
 from core.kernels.kernel_row import KernelRow, is_standalone
 from core.kernels.ops import BLOCK_TAG, DEFAULT_PRODUCT, DEVICE_TYPE, EXTERNAL_SOURCE
 
-__all__ = ["UNPROFILED_US", "RowChange", "apply_changes", "plan_fusable", "plan_standalone"]
+__all__ = ["UNPROFILED_US", "RowChange", "plan_fusable", "plan_standalone"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,11 @@ class RowChange:
     source: str
     tags: str
     miscs: dict[str, Any]
+
+    def columns(self) -> dict[str, str]:
+        """The columns as the DB stores them (KernelDB.update_rows)."""
+        return {"Source": self.source, "Tags": self.tags,
+                "Miscs": json.dumps(self.miscs, ensure_ascii=False, allow_nan=False)}
 
 
 def plan_standalone(db: KernelDB, keys: Iterable[str], product: str) -> list[RowChange]:
@@ -68,14 +74,6 @@ def plan_fusable(db: KernelDB, keys: Iterable[str]) -> list[RowChange]:
         at = tags.index("CudaEmitter") + 1 if "CudaEmitter" in tags else len(tags)
         changes.append(RowChange(row, EXTERNAL_SOURCE, ",".join([*tags[:at], BLOCK_TAG, *tags[at:]]), miscs))
     return changes
-
-
-def apply_changes(db: KernelDB, changes: list[RowChange]) -> list[str]:
-    """Write the changes in one transaction (a fused kernel's CUDA twin follows); the Keys written."""
-    db.update_rows([(c.row.key, {"Source": c.source, "Tags": c.tags,
-                                 "Miscs": json.dumps(c.miscs, ensure_ascii=False, allow_nan=False)})
-                    for c in changes])
-    return [c.row.key for c in changes]
 
 
 def _rows_of_ops(db: KernelDB, keys: Iterable[str]) -> list[KernelRow]:

@@ -207,7 +207,7 @@ def compile_fitting_launches(job: CompileJob, *, state: StateDB | None = None,
     """Compile; while a BlockFusion kernel cannot launch, make the rows fused into it standalone in the job's DB
     (standalone_candidates) and compile again, at most `rounds` times. (the last report, the Keys made
     standalone). A row made standalone keeps its kernel: the op runs it on its own launch, unfused."""
-    from core.db.standalone import apply_changes, plan_standalone
+    from core.db.maintenance import apply_plan, standalone_plan
 
     made: list[str] = []
     for _ in range(rounds):
@@ -216,7 +216,7 @@ def compile_fitting_launches(job: CompileJob, *, state: StateDB | None = None,
             return report, made
         with KernelDB.open(job.db, write=True) as db:
             keys = [k for k in standalone_candidates(report, db) if k not in made]
-            written = apply_changes(db, plan_standalone(db, keys, job.product_name)) if keys else []
+            written = apply_plan(db, standalone_plan(db, keys, job.product_name)).rewritten if keys else []
         if not written:
             return report, made
         made += written
