@@ -10,7 +10,7 @@ import pytest
 from console_helpers import FixedDeviceApp, build_small_db, wait_until
 
 from console.context import ConsoleContext
-from console.widgets.dialogs import ConfirmDialog
+from console.widgets.db_maintenance import PlanDialog
 from console.widgets.kernel_detail import KernelDetail
 from console.widgets.kernel_table import KernelTable, shapes_of
 from core.db.kernel_db import KernelDB
@@ -39,9 +39,9 @@ async def wait_rows(pilot, table: KernelTable, n: int) -> None:
     await wait_until(pilot, lambda: table.row_count == n, f"the table to show {n} rows")
 
 
-async def wait_for_dialog(pilot, app: FixedDeviceApp) -> ConfirmDialog:
-    await wait_until(pilot, lambda: isinstance(app.screen, ConfirmDialog), "the confirmation dialog")
-    assert isinstance(app.screen, ConfirmDialog)
+async def wait_for_dialog(pilot, app: FixedDeviceApp) -> PlanDialog:
+    await wait_until(pilot, lambda: isinstance(app.screen, PlanDialog), "the plan's preview")
+    assert isinstance(app.screen, PlanDialog)
     return app.screen
 
 
@@ -79,7 +79,7 @@ async def test_delete_asks_then_undo_restores(app: FixedDeviceApp):
         await wait_rows(pilot, table, ROWS)
         table.focus()
         await pilot.press("space", "down", "space", "d")
-        await wait_for_dialog(pilot, app)
+        assert (await wait_for_dialog(pilot, app)).question == "Delete 2 kernel(s) from the DB?"
         await pilot.press("y")
         await wait_rows(pilot, table, ROWS - 2)
         with KernelDB.open(app.context.db_path) as db:
@@ -157,11 +157,11 @@ async def test_rows_written_by_another_process_show_up_without_a_keypress(app: F
 async def test_on_a_big_db_filters_wait_for_the_browse_index(app: FixedDeviceApp, monkeypatch: pytest.MonkeyPatch):
     """Before the index exists a big DB shows its first page in Key order; a filter waits (reading every body
     of a million rows would take minutes) and applies itself once the index is built."""
-    import console.screens.kernels as kernels_view
+    import console.widgets.kernel_pages as pages
 
-    monkeypatch.setattr(kernels_view, "DIRECT_FILTER_LIMIT", 5)  # "big": more than 5 rows
-    real_request = kernels_view.KernelsScreen.request_sync
-    monkeypatch.setattr(kernels_view.KernelsScreen, "request_sync", lambda self, rebuild=False: None)
+    monkeypatch.setattr(pages, "DIRECT_FILTER_LIMIT", 5)  # "big": more than 5 rows
+    real_request = pages.KernelPages.request_sync
+    monkeypatch.setattr(pages.KernelPages, "request_sync", lambda self, rebuild=False: None)
     async with app.run_test(size=(180, 50)) as pilot:
         screen = app.screen
         table = screen.query_one(KernelTable)
@@ -171,7 +171,7 @@ async def test_on_a_big_db_filters_wait_for_the_browse_index(app: FixedDeviceApp
         await pilot.press("slash", *"Dot")
         await wait_rows(pilot, table, 0)
         assert "waits for the browse index" in shown_text(screen.query_one("#page-status"))
-        real_request(screen)
+        real_request(screen.query_one(pages.KernelPages))
         await wait_rows(pilot, table, 2)
         assert "waits" not in shown_text(screen.query_one("#page-status"))
 

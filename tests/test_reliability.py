@@ -164,7 +164,7 @@ async def test_console_browses_while_two_injectors_and_a_deleter_write(tmp_path:
     from textual.widgets import Input
     from textual.worker import Worker, WorkerState
 
-    import console.screens.kernels as kernels_view
+    import console.widgets.kernel_pages as kernels_view
     from console.context import ConsoleContext
     from core.settings import load_settings
 
