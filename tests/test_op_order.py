@@ -14,8 +14,8 @@ from conftest import run_kdb, run_kdb_json
 from test_fastest import H200, V100, fused, keys_in_table_order, profiled, relu, written_by_another_tool
 
 from core.db.kernel_db import KernelDB
-from core.db.op_rows import restore_order
 from core.db.maintenance import apply_plan, standalone_plan
+from core.db.op_rows import restore_order
 from core.gpu.jobs import GpuResult
 from core.gpu.rows import _store_profile
 from core.kernels.kernel_row import antares_entry, is_standalone, twin_key

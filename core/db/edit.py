@@ -72,11 +72,13 @@ class UndoRecord:
 
 
 def fingerprint(rows: Sequence[KernelRow]) -> str:
-    """The rows' columns and order, in a few bytes: equal fingerprints, equal rows."""
-    digest = hashlib.sha256()
+    """Each op's rows (Identifier, DeviceType), every column, in their table order, in a few bytes: what NNFusion
+    reads. Equal fingerprints, equal rows; where one op's rows stand among another's does not count (a rewrite moves a
+    row to the table's end without changing what the compiler sees)."""
+    ops: dict[tuple[str, str], list[tuple[str, ...]]] = {}
     for row in rows:
-        digest.update(json.dumps(row.values(), ensure_ascii=False).encode())
-    return digest.hexdigest()
+        ops.setdefault((row.identifier, row.device_type), []).append(row.values())
+    return hashlib.sha256(json.dumps(sorted(ops.items()), ensure_ascii=False).encode()).hexdigest()
 
 
 def apply_edit(db: KernelDB, edit: DbEdit, *, verb: str, expected: str, undo_dir: Path | None = None) -> Applied:
