@@ -198,7 +198,7 @@ def _print_plan(plan: Plan, applied: Applied | None) -> None:
         why = f" ({line.why})" if line.why else ""
         out.print(f"  {line.action} {line.key}{why}  {line.identifier[:90]}", markup=False, highlight=False)
     for note in plan.notes:
-        out.print(note, markup=False, highlight=False)
+        out.print(f"  {note}", markup=False, highlight=False)
     if applied is not None and applied.undo_file is not None:
         out.print(f"written in one transaction; `kdb db undo {applied.undo_file} --apply` puts back what it changed",
                   markup=False, highlight=False)
