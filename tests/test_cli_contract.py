@@ -75,6 +75,14 @@ def tvm_opconfigs(world: World) -> str:
     return world.file("ops.txt", GOOD_OPCONFIG)
 
 
+def undo_file(world: World) -> str:
+    """The undo file of a plan applied to the world's DB (its key's op made standalone)."""
+    from core.db.maintenance import apply_plan, standalone_plan
+
+    with KernelDB.open(world.db, write=True) as db:
+        return str(apply_plan(db, standalone_plan(db, [world.key]), undo_dir=world.tmp / "undo").undo_file)
+
+
 def unusable_db(world: World) -> list[str]:
     path = world.tmp / "not-a-db.db"
     path.write_bytes(b"a kernel list, not a database\n" * 100)
@@ -111,6 +119,8 @@ CASES: list[tuple[str, int, Callable[[World], list[str]]]] = [
         "times.json", json.dumps({"device": "NVIDIA H200", "ops": [{"identifier": "Relu", "library_us": None}]}))]),
     ("db leave-to-library: no GPU named", 2, lambda w: ["db", "leave-to-library", w.file(
         "times.json", json.dumps({"ops": []}))]),
+    ("db undo", 0, lambda w: ["db", "undo", undo_file(w), "--apply"]),
+    ("db undo: not an undo file", 2, lambda w: ["db", "undo", *unusable_db(w)[1:]]),
     ("db convert", 0, lambda w: ["db", "convert", str(w.db), str(w.tmp / "converted.db")]),
     ("db convert: the destination exists", 2, lambda w: ["db", "convert", str(w.db), str(w.db)]),
     ("db backup", 0, lambda w: ["db", "backup", str(w.tmp / "backup.db")]),
