@@ -178,17 +178,29 @@ async def test_on_a_big_db_filters_wait_for_the_browse_index(app: FixedDeviceApp
 
 async def test_without_a_usable_state_dir_pages_come_from_the_db(app: FixedDeviceApp, tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch):
+    import console.widgets.kernel_pages as pages
+
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a file where the state dir should be")
     monkeypatch.setenv("KDB_STATE_DIR", str(blocker))
+    monkeypatch.setattr(pages, "SYNC_EVERY_S", 0.05)  # the periodic sync, often: the test waits for its ticks
+    ticks: list[int] = []
+    periodic = pages.KernelPages._periodic_sync
+    monkeypatch.setattr(pages.KernelPages, "_periodic_sync", lambda self: (ticks.append(1), periodic(self)))
+
+    def errors() -> list[str]:
+        return [n.message for n in app._notifications if n.severity == "error"]
+
     async with app.run_test(size=(180, 50)) as pilot:
         table = app.screen.query_one(KernelTable)
         await wait_rows(pilot, table, ROWS)
         await pilot.press("slash", *"Dot")
         await wait_rows(pilot, table, 2)
-        await pilot.pause(3.5)  # past the periodic sync: the failure is reported once, not every 3 s
-        errors = [n.message for n in app._notifications if n.severity == "error"]
-        assert len(errors) == 1 and "not-a-dir" in errors[0], [n.title for n in app._notifications]
+        await wait_until(pilot, lambda: bool(errors()), "the failed sync's report")
+        ticks.clear()
+        await wait_until(pilot, lambda: len(ticks) >= 3, "three periodic syncs after the failure")
+        # reported once, not at every tick
+        assert len(errors()) == 1 and "not-a-dir" in errors()[0], [n.title for n in app._notifications]
 
 
 @pytest.mark.parametrize("mode", ["kernels", "inject", "failures", "settings", "opconfigs", "autotvm", "tuning"])

@@ -76,10 +76,7 @@ class KernelPages(Widget):
         super().__init__()
         self.syncing, self.sync_again, self.rebuild_next = False, False, False
         self.failed = False  # the last sync failed: reported once; r or R tries again
-
-    def on_mount(self) -> None:
-        # a sync of an unchanged file costs a stat() and one small query
-        self.set_interval(SYNC_EVERY_S, self._periodic_sync)
+        self.ticking = False  # the periodic sync runs from the view's first request on
 
     # -- pages ------------------------------------------------------------------------------------
 
@@ -140,6 +137,12 @@ class KernelPages(Widget):
     def request_sync(self, rebuild: bool = False) -> None:
         """One sync at a time (a build of a big DB must not be restarted by every change); asked for again
         while one runs, it runs once more after."""
+        if not self.ticking:
+            # The periodic sync (an unchanged file: a stat() and one small query) starts with the view's first
+            # request, made once its first page is on screen: a build competes with the first paint, and a tick
+            # before the first page was a second sync, reported a second time when it failed.
+            self.ticking = True
+            self.set_interval(SYNC_EVERY_S, self._periodic_sync)
         if self.syncing:
             self.sync_again, self.rebuild_next = True, self.rebuild_next or rebuild
             return
