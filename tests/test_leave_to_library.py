@@ -57,7 +57,7 @@ def test_the_plan_names_slower_ops_by_how_much_and_leaves_unmeasured_ones_alone(
                                  {"identifier": LONE, "library_us": 3.0}])
     with KernelDB.open(db_path, write=True) as db:
         applied = apply_plan(db, library_plan(db, path), undo_dir=tmp_path / "aside")
-        assert {r.key for r in applied.deleted} == {"kdb:relu-a", "kdb:relu-b"}
+        assert set(applied.deleted) == {"kdb:relu-a", "kdb:relu-b"}
         assert applied.undo_file is not None
         assert keys_in_table_order(applied.undo_file) == ["kdb:relu-a", "kdb:relu-b"]
         assert db.find(RELU) == []
@@ -70,7 +70,7 @@ def test_a_fused_kernels_twin_is_set_aside_and_put_back_with_it(db_path: Path, t
         before = {r.key: r for r in db.iter_rows()}
         path = times_file(tmp_path, [{"identifier": FUSED, "library_us": 5.0, "row_us": 10.0}])
         applied = apply_plan(db, library_plan(db, path), undo_dir=tmp_path / "aside")
-        assert {r.key for r in applied.deleted} == {"kdb:fused", twin_key("kdb:fused")}
+        assert set(applied.deleted) == {"kdb:fused", twin_key("kdb:fused")}
         assert applied.undo_file is not None
         assert apply_plan(db, undo_plan(db, applied.undo_file), undo_dir=tmp_path / "aside").written == 2
         assert {r.key: r for r in db.iter_rows()} == before  # every column as it was

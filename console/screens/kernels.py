@@ -348,7 +348,7 @@ class KernelsScreen(KdbScreen):
             self.query_one(DbMaintenance).plan_standalone(keys)
 
     def on_db_maintenance_plan_applied(self, message: DbMaintenance.PlanApplied) -> None:
-        self.marked -= {r.key for r in message.applied.deleted}
+        self.marked -= set(message.applied.deleted)
         self.reload()
         self.request_sync()
 

@@ -117,7 +117,7 @@ class DbMaintenance(Widget):
             applied = maintenance.apply_plan(db, plan)
         if applied.deleted:
             with SummaryIndex.open(db.path) as index:
-                index.forget([r.key for r in applied.deleted])  # gone from the pages at once, before the next sync
+                index.forget(applied.deleted)  # gone from the pages at once, before the next sync
         self.post_message(self.PlanApplied(plan, applied))
 
     @work(thread=True, exit_on_error=False, group="db-write")

@@ -347,8 +347,9 @@ class KernelDB:
         # A plain autocommit read: no write lock.
         return self.connection().execute("SELECT 1 FROM KernelCache WHERE Key = ?", (key,)).fetchone() is not None
 
-    def delete(self, keys: Sequence[str]) -> DeletedRows:
-        """Delete rows by Key in one transaction; returns them (with their rowids) so the caller can undo.
+    def delete(self, keys: Sequence[str], *, keep_rows: bool = True) -> DeletedRows:
+        """Delete rows by Key in one transaction; returns them (with their rowids) so the caller can undo
+        (keep_rows=False: their Keys and rowids only, for a caller whose undo file holds them).
 
         A fused kernel's pair goes together: deleting either row deletes its partner (a CUDA twin left
         alone would make the compiler abort; a CUDA_GPU row without its twin is never used). The rows left keep
@@ -369,7 +370,8 @@ class KernelDB:
                     found = raw.execute(f"SELECT rowid, {', '.join(COLUMNS)} FROM KernelCache WHERE Key = ?",
                                         (k,)).fetchone()
                     if found is not None:
-                        out.append(KernelRow.from_values(tuple(found[1:])))
+                        if keep_rows:
+                            out.append(KernelRow.from_values(tuple(found[1:])))
                         out.rowids[k] = found[0]
                         raw.execute("DELETE FROM KernelCache WHERE Key = ?", (k,))
             return out
@@ -445,16 +447,17 @@ class KernelDB:
         return self._write(lambda raw: [key for identifier in dict.fromkeys(identifiers)
                                         for key in restore_order(raw, identifier, self.ordering_product())])
 
-    def op_snapshot(self, identifiers: Iterable[str]) -> list[KernelRow]:
-        """Every row (any DeviceType) of these Identifiers, in table order: what a maintenance plan may change and
-        what its undo puts back. One scan of the table (it has no index on Identifier)."""
+    def iter_op_rows(self, identifiers: Iterable[str]) -> Iterator[KernelRow]:
+        """Every row (any DeviceType) of these Identifiers, in table order, streamed in one read (inside batch(), in
+        its transaction): what a maintenance plan may change and its undo puts back. One scan of the table (it has
+        no index on Identifier)."""
         self._require_current()
         with self.reading() as raw:
-            return [KernelRow.from_values(tuple(r)) for r in raw.execute(
-                f"{_SELECT} WHERE Identifier IN (SELECT value FROM json_each(?)) ORDER BY rowid",
-                (json.dumps(sorted(set(identifiers))),))]
+            for values in raw.execute(f"{_SELECT} WHERE Identifier IN (SELECT value FROM json_each(?)) ORDER BY rowid",
+                                      (json.dumps(sorted(set(identifiers))),)):
+                yield KernelRow.from_values(tuple(values))
 
-    def put_back(self, identifiers: Iterable[str], rows: Sequence[KernelRow]) -> int:
+    def put_back(self, identifiers: Iterable[str], rows: Iterable[KernelRow]) -> int:
         """Make the rows of these Identifiers exactly `rows`, in that table order, in one transaction (an undo):
         their rows now are deleted, `rows` written as they are. Each op's order is the one given, not re-ranked:
         an undo restores what was, an op out of order included. The rows written."""
@@ -462,10 +465,12 @@ class KernelDB:
 
         def body(raw: sqlite3.Connection) -> int:
             raw.execute("DELETE FROM KernelCache WHERE Identifier IN (SELECT value FROM json_each(?))", (names,))
+            written = 0
             for row in rows:
                 raw.execute(_INSERT, row.values())
                 self._known_ops.add(row.identifier)
-            return len(rows)
+                written += 1
+            return written
 
         return self._write(body)
 

@@ -15,7 +15,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.db.edit import Applied, DbEdit, apply_edit, fingerprint, read_undo_file, undo_edit
+from core.db.edit import (
+    Applied,
+    DbEdit,
+    apply_edit,
+    fingerprint,
+    iter_undo_rows,
+    read_undo_file,
+    row_digest,
+    undo_edit,
+)
 from core.db.fastest import FastestPlan, plan_fastest, profiled_devices
 from core.db.kernel_db import KernelDB
 from core.db.library import LibraryPlan, plan_leave_to_library, read_times
@@ -62,7 +71,7 @@ class Plan:
 
 def _plan(db: KernelDB, verb: str, title: str, lines: list[PlanLine], notes: list[str], edit: DbEdit,
           details: Any = None) -> Plan:
-    expected = fingerprint(db.op_snapshot(edit.ops)) if not edit.empty else ""
+    expected = fingerprint(db.iter_op_rows(edit.ops)) if not edit.empty else ""
     return Plan(verb, db.path, title, lines, notes, edit, expected, details)
 
 
@@ -210,7 +219,7 @@ def delete_plan(db: KernelDB, keys: list[str]) -> Plan:
     rows = [row for key in keys for row in db.find(key) if row.key == key]
     named = {k for row in rows for k in _pair(row)}
     ops = _ops(row.identifier for row in rows)
-    lines = [PlanLine("drop", row.key, row.identifier) for row in db.op_snapshot(ops) if row.key in named]
+    lines = [PlanLine("drop", row.key, row.identifier) for row in db.iter_op_rows(ops) if row.key in named]
     kernels = sum(1 for line in lines if not line.key.endswith(TWIN_SUFFIX))
     notes = ["A fused kernel's two rows (CUDA_GPU and its CUDA twin) go together; `u` puts them back."]
     return _plan(db, "delete", f"Delete {kernels} kernel(s) from the DB", lines, notes,
@@ -230,19 +239,22 @@ def undo_plan(db: KernelDB, undo_file: Path) -> Plan:
     """Put back exactly what the apply that wrote `undo_file` changed. InputError: not an undo file, or another DB's;
     DbError: those ops changed since the apply (undoing would lose that change)."""
     record = read_undo_file(undo_file)
-    edit, now = undo_edit(db, record)
-    if edit.insert:  # a set-aside file of old: its rows that are missing go back
-        present = {row.key for row in now}
-        lines = [PlanLine("restore", r.key, r.identifier) for r in edit.insert
+    edit = undo_edit(db, record)
+    now = {(row.key, row_digest(row)): row.identifier for row in db.iter_op_rows(record.ops)}
+    if edit.insert_from is not None:  # a set-aside file of old: its kernels that are missing go back
+        present = {key for key, _ in now}
+        lines = [PlanLine("restore", r.key, r.identifier) for r in iter_undo_rows(undo_file)
                  if r.key not in present and r.device_type == DEVICE_TYPE]
+        title = f"Put back the {len(lines)} kernel(s) {undo_file.name} set aside"
+    elif edit.put_back is not None:
+        back = {(row.key, row_digest(row)): row.identifier for row in iter_undo_rows(undo_file)}
+        lines = [PlanLine("restore", key, ident) for (key, digest), ident in back.items() if (key, digest) not in now]
+        lines += [PlanLine("drop", key, ident) for (key, digest), ident in now.items() if (key, digest) not in back]
+        title = f"Undo the {record.verb} {undo_file.name} recorded: " \
+                f"{sum(ln.action == 'restore' for ln in lines)} row(s) back as they were, " \
+                f"{sum(ln.action == 'drop' for ln in lines)} go"
     else:
-        back, there = set(edit.put_back or ()), set(now)
-        lines = [PlanLine("restore", r.key, r.identifier) for r in edit.put_back or () if r not in there]
-        lines += [PlanLine("drop", r.key, r.identifier) for r in now if r not in back]
-    title = f"Undo the {record.verb} {undo_file.name} recorded: {sum(ln.action == 'restore' for ln in lines)} " \
-            f"row(s) back as they were, {sum(ln.action == 'drop' for ln in lines)} go" if edit.put_back is not None \
-        else f"Put back the {len(lines)} kernel(s) {undo_file.name} set aside" if edit.insert \
-        else f"Nothing to undo: the rows {undo_file.name} holds are in the DB as they were"
+        lines, title = [], f"Nothing to undo: the rows {undo_file.name} holds are in the DB as they were"
     return _plan(db, "undo", title, lines, [], edit, record)
 
 
