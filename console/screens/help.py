@@ -26,11 +26,13 @@ Fill and inspect NNFusion's kernel DB. Every view works with the keyboard alone 
 instant; it is built in the background the first time, and follows every write). Type to filter by
 identifier, kernel name or Key (any case); pick op type, source, tag, device or lint status; click a header
 to sort. `r` reloads, `R` rebuilds the index (after another tool edited rows in place). `n`/`p` next/previous page,
-`space` marks rows, `d` deletes (asks first; `u` undoes until you quit), `e` exports the marked rows (or
-the current one) as kernel JSON, `c` copies the identifier, `b` the CUDA body. `v` verifies the marked
-rows (or the current one) on the GPU against a reference; `P` also times them and stores the profile. `S` runs
-the ops of the marked rows standalone (never fused by BlockFusion) or gives standalone ones back; `F` repairs,
-`K` keeps each op's fastest row, `N` compiles a model with NNFusion.
+`space` marks rows, `d` deletes, `e` exports the marked rows (or the current one) as kernel JSON, `c` copies
+the identifier, `b` the CUDA body. `v` verifies the marked rows (or the current one) on the GPU against a
+reference; `P` also times them and stores the profile. `S` runs the ops of the marked rows standalone (never fused
+by BlockFusion) or gives standalone ones back; `F` repairs, `K` keeps each op's fastest row: each shows what it
+would change first (S, F and K: the same plans as `kdb db standalone|repair|fastest`); `u` undoes the last one
+(its undo file stays in the state dir: `kdb db undo FILE --apply` after you quit). `N` compiles a model with
+NNFusion.
 
 **Inject**: pick files or directories in the tree (`space` adds, `enter` opens), set the SM archs and
 options, `ctrl+r` runs the pipeline with a progress bar per stage; `escape` cancels between kernels.

@@ -42,7 +42,7 @@ class KernelsScreen(KdbScreen):
         Binding("p", "page(-1)", "Prev", tooltip="Previous page"),
         Binding("space", "mark", "Mark", show=False),
         Binding("d", "delete", "Delete"),
-        Binding("u", "undo", "Undo", tooltip="Undo the last delete"),
+        Binding("u", "undo", "Undo", tooltip="Undo the last change: a delete, a repair, keep fastest, standalone"),
         Binding("e", "export", "Export", tooltip="Export as kernel JSON"),
         Binding("c", "copy_identifier", "Copy id"),
         Binding("b", "copy_body", "Copy body", show=False),

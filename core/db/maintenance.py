@@ -28,6 +28,7 @@ from core.db.edit import (
 from core.db.fastest import FastestPlan, plan_fastest, profiled_devices
 from core.db.kernel_db import KernelDB
 from core.db.library import LibraryPlan, plan_leave_to_library, read_times
+from core.db.op_rows import OrderProblem
 from core.db.realign import plan_realign
 from core.db.standalone import RowChange, plan_fusable, plan_standalone
 from core.errors import InputError
@@ -90,7 +91,7 @@ class RepairFindings:
     unused: list[KernelRow]  # fused kernels without their CUDA twin
     orphans: list[KernelRow]  # CUDA twins without their kernel: left alone
     realign: list[tuple[KernelRow, dict[str, Any]]]  # rows in an older form, and their Function as written now
-    disorder: list[Any]  # OrderProblem: ops whose first row is not their fastest (fastest "": cannot be ranked)
+    disorder: list[OrderProblem]  # ops whose first row is not their fastest (fastest "": cannot be ranked)
 
 
 def repair_plan(db: KernelDB) -> Plan:
