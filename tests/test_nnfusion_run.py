@@ -208,6 +208,7 @@ def test_on_a_machine_without_a_gpu_both_networks_are_built_and_none_is_run(tmp_
     assert report["fit_launches"] is True  # --run fits the launches unless --no-fit-launches
     assert report["median_ms"] == {"with-db": None, "empty-db": None} and report["ratio"] is None
     assert report["reference"]["runtime"].startswith("onnxruntime") and report["seed"] == 0
+    assert report["max_error_allowed"] == 1e-4  # an fp32 network's bound
     assert "Python package nvidia.cudnn" in report["libraries"]["libcudnn"]
     harnesses = []
     for contender in report["contenders"]:
@@ -237,6 +238,35 @@ def test_on_a_machine_without_a_gpu_both_networks_are_built_and_none_is_run(tmp_
     step = run_step("harness", [str(harness), "1", "1", *map(str, inputs), *outs], cwd=harness.parent,
                     timeout_s=60, env=env)
     assert step.returncode == HARNESS_NO_DEVICE and "no CUDA GPU" in step.output
+
+
+@needs_compiler
+def test_an_fp16_network_is_built_with_half_inputs_and_judged_by_the_half_bound(tmp_path: Path):
+    """The same network converted to fp16 (`kdb model fp16`): kernel_entry takes half buffers, the seeded inputs are
+    written as half, ONNX Runtime computes the reference of the fp16 model, and the bound is HALF_MAX_ERROR, not
+    the fp32 one every fp16 network would fail. --max-error still sets it."""
+    libraries_or_skip(nvcc_or_skip())
+    onnxruntime_or_skip()
+    no_gpu_or_skip()
+    pytest.importorskip("onnxconverter_common")
+    from core.gpu.network_run import HALF_MAX_ERROR
+    from core.opconfigs.fp16_model import convert_to_fp16
+
+    model = tmp_path / "two16.onnx"
+    convert_to_fp16(two_in_two_out(tmp_path / "two.onnx"), model)
+    db = empty_db(tmp_path / "user.db")
+    env = {"KDB_STATE_DIR": str(tmp_path / "state")}
+    for given, bound in ((None, HALF_MAX_ERROR), ("0.003", 0.003)):
+        flags = ("--max-error", given) if given else ()
+        proc, report = run_kdb_json("nnfusion", str(model), "--db", str(db), "--nnfusion", str(COMPILER), "--run",
+                                    "--out", str(tmp_path / "run"), *flags, env=env)
+        assert proc.returncode == 2 and report["status"] == 2, proc.stderr
+        assert report["max_error_allowed"] == bound
+        assert all(c["build"]["ok"] for c in report["contenders"])
+        assert report["reference"]["runtime"].startswith("onnxruntime")
+    x = tmp_path / "run" / "inputs" / "0_x.bin"
+    assert x.stat().st_size == 2 * 8 * 16 * 16 * 2  # half: two bytes a value
+    assert np.all(np.isfinite(np.fromfile(x, dtype=np.float16)))
 
 
 @needs_compiler

@@ -55,7 +55,7 @@ def _print(run: NetworkRun) -> None:
         out.print(f"  ratio {run.ratio:.3f}x (with the DB / with the empty DB)", highlight=False)
     if run.reference is not None:
         out.print(f"error: {ERROR_FORMULA}, against {run.reference.runtime} on the same input; allowed "
-                  f"{options.max_error:g}", highlight=False)
+                  f"{run.max_error:g}", highlight=False)
     if run.with_db.made_standalone:
         out.print(f"made standalone (fused into a kernel that could not launch; `kdb db standalone --undo` gives "
                   f"them back): {', '.join(run.with_db.made_standalone)}", highlight=False)

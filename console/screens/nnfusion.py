@@ -269,7 +269,7 @@ class CompileScreen(ModalScreen[None]):
             lines.append(f"ratio {run.ratio:.3f}x (with the DB / with the empty DB)")
         if run.reference is not None:
             lines.append(f"[dim]error: {escape(ERROR_FORMULA)}; reference {escape(run.reference.runtime)}; allowed "
-                         f"{run.options.max_error:g}[/]")
+                         f"{run.max_error:g}[/]")
         lines += [f"[$warning]{escape(note)}[/]" for note in run.notes]
         lines.append(f"[dim]work folder[/] {escape(str(run.workdir))}")
         summary.update("\n".join(lines) + ("\n" + self.report_summary if report is not None and report.ok else ""))
