@@ -31,17 +31,30 @@ def main(args: argparse.Namespace) -> int:
                                    flags=tuple(flag_list), product_name=product, binary=args.nnfusion or "",
                                    out=Path(args.out) if args.out else None, timeout_s=args.timeout,
                                    launch_check=not args.no_launch_check, **given)
+    from console.cli.nnfusion_run import (
+        OP_TIMES_OPTIONS,
+        op_times_command,
+        run_network_command,
+        run_options_given,
+    )
+
+    if args.op_times is not None:
+        _refuse_with_op_times(args, run_options_given(args))
+    elif args.workers is not None:
+        raise InputError("--workers: only with --op-times")
     fit = args.run if args.fit_launches is None else args.fit_launches  # --run: on unless --no-fit-launches
     if fit and args.no_launch_check:
         raise InputError("--fit-launches needs the launch check: leave out --no-launch-check"
                          + (" (--run turns it on: --no-fit-launches turns it off)" if args.run else ""))
-    from console.cli.nnfusion_run import run_network_command, run_options_given
-
-    if not args.run and (run_options := run_options_given(args)):
-        raise InputError(f"{', '.join(run_options)}: only with --run")
+    if not args.run and (run_options := [o for o in run_options_given(args)
+                                         if args.op_times is None or o not in OP_TIMES_OPTIONS]):
+        also = " or --op-times" if all(o in OP_TIMES_OPTIONS for o in run_options) else ""
+        raise InputError(f"{', '.join(run_options)}: only with --run{also}")
     if not args.json and (blockers := import_blockers(job)):  # said before the compiler runs; it stays the judge
         print_blockers(job.model.name, blockers)
         out.print("compiling anyway: your NNFusion has the last word", highlight=False)
+    if args.op_times is not None:
+        return op_times_command(args, job)
     if args.run:
         return run_network_command(args, job, fit_launches=fit)
     made: list[str] = []
@@ -124,3 +137,15 @@ def main(args: argparse.Namespace) -> int:
         out.print(LAUNCH_ADVICE, highlight=False)
     return 1 if report.problems() else 0
 
+
+
+def _refuse_with_op_times(args: argparse.Namespace, run_options: list[str]) -> None:
+    """What --op-times cannot honour: it runs no whole network, judges no output against a reference and writes
+    nothing to the DB (each op compiles from a copy of its rows)."""
+    if args.run:
+        raise InputError("--run and --op-times: one at a time (the whole network, or each op alone)")
+    if args.fit_launches is not None:
+        raise InputError("--fit-launches / --no-fit-launches: not with --op-times (each op is compiled from a copy of "
+                         "its rows; the DB is never written)")
+    if "--max-error" in run_options:
+        raise InputError("--max-error: not with --op-times (it times the ops; no output is judged)")

@@ -1,39 +1,58 @@
 """kdb nnfusion MODEL --run: the network with the DB built, run, checked and timed against the empty DB's
-(core/gpu/network_run.py), with a status line while it works."""
+(core/gpu/network_run.py); kdb nnfusion MODEL --op-times TIMES.json: each op the DB serves timed alone with its row
+and with the library (core/gpu/library_times.py), for `kdb db leave-to-library`. A status line while they work."""
 
 from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 from console.cli.output import err, out, print_json, shorten
 from core.db.state import StateDB
-from core.gpu.network_run import ERROR_FORMULA, Contender, NetworkRun, RunOptions, run_network
+from core.gpu.harness_run import Contender, HarnessOptions
+from core.gpu.library_times import LibraryTimes, OpTiming, measure_library_times
+from core.gpu.network_run import ERROR_FORMULA, NetworkRun, RunOptions, run_network
 from core.nnfusion.compile_job import CompileJob
 
 # The run's options on the command line, and RunOptions' fields they set (the parser leaves them None: unset).
 RUN_OPTIONS = {"--max-error": "max_error", "--seed": "seed", "--warmup": "warmup", "--iterations": "iterations"}
+# Those --op-times takes too (HarnessOptions' fields): it judges no output, so no --max-error.
+OP_TIMES_OPTIONS = ("--seed", "--warmup", "--iterations")
 
 
 def run_options_given(args: argparse.Namespace) -> list[str]:
     return [flag for flag, name in RUN_OPTIONS.items() if getattr(args, name) is not None]
 
 
+def _given(args: argparse.Namespace, flags: tuple[str, ...]) -> dict[str, Any]:
+    return {RUN_OPTIONS[f]: getattr(args, RUN_OPTIONS[f]) for f in flags if getattr(args, RUN_OPTIONS[f]) is not None}
+
+
+@contextmanager
+def _progress(args: argparse.Namespace, what: str) -> Iterator[Callable[[str, str], None] | None]:
+    """A status line on a terminal (None elsewhere, and with --json)."""
+    if args.json or not err.is_terminal:
+        yield None
+        return
+    with err.status(what) as status:
+        started = time.monotonic()
+
+        def on_progress(stage: str, detail: str) -> None:
+            status.update(f"{time.monotonic() - started:6.1f} s {stage}: {shorten(detail.strip(), 100)}")
+
+        yield on_progress
+
+
 def run_network_command(args: argparse.Namespace, job: CompileJob, *, fit_launches: bool) -> int:
-    given = {name: getattr(args, name) for name in RUN_OPTIONS.values() if getattr(args, name) is not None}
-    options = RunOptions(fit_launches=fit_launches, **given)
+    options = RunOptions(fit_launches=fit_launches, **_given(args, tuple(RUN_OPTIONS)))
     state = StateDB()
     try:
-        if args.json or not err.is_terminal:
-            run = run_network(job, options, state=state)
-        else:
-            with err.status("running the network…") as status:
-                started = time.monotonic()
-
-                def on_progress(stage: str, detail: str) -> None:
-                    status.update(f"{time.monotonic() - started:6.1f} s {stage}: {shorten(detail.strip(), 100)}")
-
-                run = run_network(job, options, state=state, on_progress=on_progress)
+        with _progress(args, "running the network…") as on_progress:
+            run = run_network(job, options, state=state, on_progress=on_progress)
     finally:
         state.close()
     if args.json:
@@ -80,3 +99,51 @@ def _line(contender: Contender) -> str:
     if build is not None and build.ok:
         return f"{name} built in {build.seconds:.1f} s: {build.harness}"
     return f"{name} {contender.problem or 'not reached'}"
+
+
+def op_times_command(args: argparse.Namespace, job: CompileJob) -> int:
+    options = HarnessOptions(**_given(args, OP_TIMES_OPTIONS))
+    times_file = Path(args.op_times).expanduser().resolve()
+    with _progress(args, "timing each op with its row and with the library…") as on_progress:
+        run = measure_library_times(job, options, times_file=times_file, workers=args.workers or 0,
+                                    on_progress=on_progress)
+    if args.json:
+        print_json(run.as_dict())
+    else:
+        _print_op_times(run)
+    return run.status
+
+
+def _print_op_times(run: LibraryTimes) -> None:
+    options = run.options
+    where = f"{run.device} ({run.arch})" if run.device else f"no GPU (built for {run.arch})"
+    out.print(f"op times: {run.job.model.name} with {run.job.db} on {where}; each op alone, {options.warmup} warm-ups "
+              f"then {options.iterations} timed calls of kernel_entry (median); seed {options.seed}", highlight=False)
+    for op in run.ops:
+        out.print(f"  {_op_line(op)}", markup=False, highlight=False)
+    if run.others:
+        out.print(f"  [dim]{run.others} other op config(s) of the model are not served by the DB: nothing to time[/]",
+                  highlight=False)
+    for library, found in run.libraries.items():
+        out.print(f"[dim]{library}: {found}[/]", highlight=False)
+    out.print(f"[dim]work folder: {run.workdir} ({run.seconds:.1f} s)[/]", highlight=False)
+    for note in run.notes:
+        out.print(f"[yellow]note[/]: {note}", highlight=False)
+    if run.written:
+        out.print(f"times written to {run.times_file}: `kdb db leave-to-library {run.times_file}` shows the ops whose "
+                  "row is slower, --apply sets their rows aside (undoable)", markup=False, highlight=False)
+    style = "green" if run.status == 0 else "red" if run.status == 1 else "yellow"
+    for finding in run.findings or ["every op timed; no row slower than the library"]:
+        out.print(f"[{style}]{finding}[/]", highlight=False)
+
+
+def _op_line(op: OpTiming) -> str:
+    name = f"{op.op_type} {shorten(op.key, 24)} x{op.count}"
+    if op.timed:
+        return (f"{name}: row {op.row_us:.2f} us, library {op.library_us:.2f} us ({op.library_runs}): "
+                f"{op.ratio:.2f}x")
+    if op.problem:
+        return f"{name}: {op.problem}"
+    if op.row.build is not None and op.row.build.ok and op.library.build is not None and op.library.build.ok:
+        return f"{name}: built with its row and with the library ({op.library_runs})"
+    return f"{name}: not reached"

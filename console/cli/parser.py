@@ -246,13 +246,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-launch-check", action="store_true", help="do not check that every launch fits its "
                    "kernel: its launch bounds, or for a kernel without them (BlockFusion's) the registers nvcc gives "
                    "it (needs nvcc, no GPU)")
-    run = p.add_argument_group("running the network (--run)")
+    run = p.add_argument_group("running on the GPU (--run, --op-times)")
     run.add_argument("--run", action="store_true", help="also build the generated project with nvcc (cuDNN/cuBLAS "
                      "from their Python wheels), run it on the GPU on a seeded input against ONNX Runtime's output "
                      "(CPU), and time it against the same model compiled with an empty DB. Exit 1 when its output "
                      "is wrong or it is slower; 2 without a GPU (the networks are built, not run). --out DIR gets "
                      "with-db/ and empty-db/")
-    run.add_argument("--max-error", type=float, metavar="E", help="the largest relative error "
+    run.add_argument("--op-times", metavar="TIMES.json", help="instead of the network, each op the DB serves for it "
+                     "alone: a one-op model compiled with a DB of only that op's rows and with an empty DB, both built "
+                     "(nvcc), run and timed on the GPU as --run times; the times go to TIMES.json for `kdb db "
+                     "leave-to-library`. Exit 1 when a row is slower than the library or an op could not be timed; 2 "
+                     "without a GPU (everything built, nothing run, no file written). --out DIR gets ops/")
+    run.add_argument("--workers", type=_positive, metavar="N", help="with --op-times: ops compiled and built at once "
+                     "(default: one per CPU)")
+    run.add_argument("--max-error", type=float, metavar="E", help="with --run: the largest relative error "
                      "allowed: max|out - ref| / max|ref| per output (default 1e-4)")
     run.add_argument("--seed", type=int, metavar="N", help="the input's random seed (default 0)")
     run.add_argument("--warmup", type=int, metavar="N", help="kernel_entry calls before timing "

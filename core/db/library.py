@@ -13,6 +13,10 @@ is missing is "not measured" and left alone. A row time not in the file is the r
 
     {"device": "NVIDIA H200",
      "ops": [{"identifier": "Convolution1,64,56,56;...", "library_us": 9.8, "row_us": 12.5}, ...]}
+
+Other keys, at the top or in an op, are read by people and ignored here: `kdb nnfusion MODEL --op-times TIMES.json`
+(core/gpu/library_times.py, which writes the file with write_times) adds how and where the times were measured,
+each op's row Key, what the library runs for it, and the ops it could not time with the reason.
 """
 
 from __future__ import annotations
@@ -106,6 +110,21 @@ def read_times(path: Path) -> tuple[str, list[OpTimes]]:
             raise InputError(f"{where}: expected an object with an \"identifier\"", where=where)
         ops.append(OpTimes(item["identifier"], _time(item, "library_us", where), _time(item, "row_us", where)))
     return device, ops
+
+
+def write_times(path: Path, device: str, ops: list[dict[str, Any]], about: dict[str, Any]) -> None:
+    """Write a times file: the GPU, each op (its "identifier", "library_us" and "row_us", and what else `about` it
+    the writer keeps), and `about` the whole at the top. Read back with read_times before it replaces `path`, so a
+    file this module would refuse is never written; written whole or not at all."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({**about, "device": device, "ops": ops}, indent=1, allow_nan=False) + "\n",
+                   encoding="utf-8")
+    try:
+        read_times(tmp)
+    except InputError:
+        tmp.unlink(missing_ok=True)
+        raise
+    tmp.replace(path)
 
 
 def _time(item: dict[str, Any], name: str, where: str) -> float | None:

@@ -14,7 +14,6 @@ networks are built but not run; a tool missing; the empty DB's network failing; 
 from __future__ import annotations
 
 import importlib.util
-import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -23,35 +22,27 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from core.cuda.nvcc import find_nvcc
-from core.db.kernel_db import KernelDB
 from core.db.state import StateDB
 from core.errors import KdbError, ToolError
-from core.gpu.exclusive import gpu_exclusive
-from core.gpu.inventory import detect_devices
-from core.nnfusion.build import (
-    HARNESS_NO_DEVICE,
-    Build,
-    CudaLibraries,
-    Signature,
-    Step,
-    build_network,
-    find_cuda_libraries,
-    parse_timing,
-    read_signature,
-    run_environment,
-    run_step,
+from core.gpu.harness_run import (
+    NO_GPU,
+    Contender,
+    HarnessOptions,
+    Progress,
+    RunTools,
+    find_run_tools,
+    fresh_empty_db,
+    run_harness,
 )
-from core.nnfusion.compile_job import CompileJob, CompileReport, compile_and_read, compile_fitting_launches
+from core.nnfusion.build import CudaLibraries, Signature, build_network, read_signature
+from core.nnfusion.compile_job import CompileJob, compile_and_read, compile_fitting_launches
 from core.nnfusion.reference import (
-    DEFAULT_SEED,
     Reference,
     largest_error,
     make_inputs,
     onnx_runtime_reference,
     random_inputs,
     read_outputs,
-    tensor_file,
 )
 
 OK, FAILED, COULD_NOT_RUN = 0, 1, 2
@@ -62,49 +53,20 @@ DEFAULT_MAX_ERROR = 1e-4
 # of its deepest reduction's bound (0.02-0.07 for a 3x3x512 conv alone). A stated default, not yet calibrated on a
 # GPU; --max-error sets another.
 HALF_MAX_ERROR = 5e-2
-NO_GPU = "no CUDA GPU: the network was built but not run"
 ERROR_FORMULA = "max |out - ref| / max |ref| per output (float64), the largest over the outputs"
 WITH_DB, EMPTY_DB = "with-db", "empty-db"
 LIBRARY_MATH = "fp32: cuDNN and cuBLAS with TF32 off (NVIDIA_TF32_OVERRIDE=0)"
 
 
 @dataclass(frozen=True)
-class RunOptions:
+class RunOptions(HarnessOptions):
     max_error: float | None = None  # None: by the network's element types (error_bound)
     fit_launches: bool = True  # rows fused into a kernel that cannot launch are made standalone (writes the DB)
-    seed: int = DEFAULT_SEED
-    warmup: int = 100
-    iterations: int = 1000
-    build_timeout_s: float = 1800.0
-    run_timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.max_error is not None and not self.max_error > 0:
             raise KdbError(f"the error bound must be above 0, got {self.max_error}")
-        if self.warmup < 0 or self.iterations < 1:
-            raise KdbError(f"warm-up {self.warmup} and iterations {self.iterations}: need >= 0 and >= 1")
-
-
-@dataclass
-class Contender:
-    """The network compiled with one DB: its compile, build, run and result."""
-
-    label: str
-    compile: CompileReport | None = None
-    made_standalone: list[str] = field(default_factory=list)
-    build: Build | None = None
-    run: Step | None = None
-    timing: dict[str, float] | None = None
-    error: float | None = None  # the largest relative error against the reference
-    output_errors: list[float] = field(default_factory=list)
-    problem: str = ""  # why it has no result
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"label": self.label, "problem": self.problem, "made_standalone": self.made_standalone,
-                "compile": self.compile.as_dict() if self.compile else None,
-                "build": self.build.as_dict() if self.build else None,
-                "run": self.run.as_dict() if self.run else None,
-                "timing": self.timing, "max_rel_error": self.error, "output_errors": self.output_errors}
 
 
 @dataclass
@@ -157,9 +119,6 @@ def error_bound(options: RunOptions, signature: Signature) -> float:
     return HALF_MAX_ERROR if half else DEFAULT_MAX_ERROR
 
 
-Progress = Callable[[str, str], None]  # (stage, detail)
-
-
 def run_network(job: CompileJob, options: RunOptions = RunOptions(), *, state: StateDB | None = None,
                 on_progress: Progress | None = None,
                 should_cancel: Callable[[], bool] | None = None) -> NetworkRun:
@@ -169,37 +128,27 @@ def run_network(job: CompileJob, options: RunOptions = RunOptions(), *, state: S
     say = on_progress or (lambda stage, detail: None)
     cancelled = should_cancel or (lambda: False)
     run = NetworkRun(job, options, job.workdir().resolve())
-    say("tools", "nvcc, cuDNN, cuBLAS, ONNX Runtime")
-    nvcc = find_nvcc(job.nvcc)
-    libraries = find_cuda_libraries(nvcc)
-    run.libraries = libraries.found
     if importlib.util.find_spec("onnxruntime") is None:
         raise ToolError("onnxruntime is not installed: it computes the reference output "
                         "(`pip install 'kernel-db-console[run]'`)")
-    say("device", "looking for a CUDA GPU")
-    devices, run.no_device = detect_devices()
-    run.arch = devices[0].arch if devices else job.arch
-    run.device = devices[0].name if devices else ""
-    if devices and run.arch != job.arch:
-        run.notes.append(f"built for the GPU's {run.arch}, not {job.arch}")
-    if devices and job.product_name != run.device:  # NNFusion reads the rows' profiles for the product name
-        run.notes.append(f"compiled for the product name {job.product_name or '(none)'!r}, the GPU is "
-                         f"{run.device!r}: rows chosen by their profile were chosen for the other")
+    tools = find_run_tools(job, say)
+    run.libraries, run.arch, run.device, run.no_device = tools.libraries.found, tools.arch, tools.device, \
+        tools.no_device
+    run.notes += tools.notes
     run.workdir.mkdir(parents=True, exist_ok=True)
     try:
-        _measure(run, nvcc, libraries, state, say, cancelled)
+        _measure(run, tools, state, say, cancelled)
     finally:
         run.seconds = time.monotonic() - started
     return run
 
 
-def _measure(run: NetworkRun, nvcc: str, libraries: CudaLibraries, state: StateDB | None, say: Progress,
+def _measure(run: NetworkRun, tools: RunTools, state: StateDB | None, say: Progress,
              cancelled: Callable[[], bool]) -> None:
     job, options = run.job, run.options
+    nvcc, libraries = tools.nvcc, tools.libraries
     db_job = replace(job, out=run.workdir / WITH_DB, arch=run.arch)
-    shutil.rmtree(run.workdir / EMPTY_DB, ignore_errors=True)  # kdb's own folder: a fresh empty DB each run
-    empty_path = run.workdir / EMPTY_DB / "empty.db"
-    KernelDB.open(empty_path, create=True).close()
+    empty_path = fresh_empty_db(run.workdir / EMPTY_DB)  # a fresh empty DB each run
     empty_job = replace(job, db=empty_path, out=run.workdir / EMPTY_DB, arch=run.arch)
 
     for contender, contender_job, fit in ((run.with_db, db_job, options.fit_launches),
@@ -219,7 +168,7 @@ def _measure(run: NetworkRun, nvcc: str, libraries: CudaLibraries, state: StateD
         if not contender.compile.ok:
             contender.problem = f"NNFusion failed: {contender.compile.reason}"
             return _stop(run, contender, cancelled())
-    projects = [_project(c) for c in (run.with_db, run.empty_db)]
+    projects = [c.project() for c in (run.with_db, run.empty_db)]
     signatures = [read_signature(p) for p in projects]
     if signatures[0] != signatures[1]:
         raise KdbError(f"the two compiles of {job.model} take different kernel_entry arguments")
@@ -268,40 +217,15 @@ def _measure(run: NetworkRun, nvcc: str, libraries: CudaLibraries, state: StateD
 
 def _run_one(run: NetworkRun, contender: Contender, inputs_dir: Path, libraries: CudaLibraries, say: Progress,
              cancelled: Callable[[], bool]) -> None:
-    build = contender.build
-    assert build is not None and build.signature is not None
-    signature = build.signature
-    outputs_dir = build.project / "outputs"
-    outputs_dir.mkdir(exist_ok=True)
-    for i, tensor in enumerate(signature.outputs):
-        tensor_file(outputs_dir, i, tensor).unlink(missing_ok=True)
-    command = [str(build.harness), str(run.options.warmup), str(run.options.iterations),
-               *(str(tensor_file(inputs_dir, i, t)) for i, t in enumerate(signature.inputs)),
-               *(str(tensor_file(outputs_dir, i, t)) for i, t in enumerate(signature.outputs))]
-    stage = f"run ({contender.label})"
-    say(stage, f"waiting for the GPU, then {run.options.warmup} warm-ups and {run.options.iterations} timed calls")
-    with gpu_exclusive():
-        say(stage, f"{run.options.warmup} warm-ups and {run.options.iterations} timed calls of kernel_entry")
-        # The working directory is the project: cuda_init reads the weights from ./Constant/.
-        contender.run = step = run_step(stage, command, cwd=build.project, timeout_s=run.options.run_timeout_s,
-                                        env=run_environment(libraries), should_cancel=cancelled)
-    if step.returncode == HARNESS_NO_DEVICE:
+    run_harness(contender, inputs_dir, run.options, libraries, say, cancelled)
+    if contender.problem.startswith(NO_GPU):
         run.no_device = "the harness found no CUDA GPU"
-        contender.problem = f"{NO_GPU} ({run.no_device})"
+    if contender.timing is None:
         return
-    if not step.ok:
-        contender.problem = f"the network failed: {step.reason()}"
-        return
-    contender.timing = parse_timing(step)
-    assert run.reference is not None
-    contender.error, contender.output_errors = largest_error(read_outputs(signature, outputs_dir),
+    build = contender.build
+    assert build is not None and build.signature is not None and run.reference is not None
+    contender.error, contender.output_errors = largest_error(read_outputs(build.signature, build.project / "outputs"),
                                                              run.reference.outputs)
-
-
-def _project(contender: Contender) -> Path:
-    result = contender.compile.result if contender.compile else None
-    assert result is not None and result.project is not None  # a compile that is ok has its project
-    return result.project
 
 
 def _judge(run: NetworkRun) -> None:

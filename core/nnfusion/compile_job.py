@@ -28,6 +28,7 @@ from core.nnfusion.launch_check import LaunchedKernel, LaunchReport, check_launc
 from core.nnfusion.usage import DB_KERNEL, Usage, analyse, rows_looked_up
 from core.opconfigs.extract_cache import extract_cached
 from core.opconfigs.nnfusion_import import Blocker
+from core.opconfigs.onnx_extract import Extraction
 from core.settings import Settings
 
 STAGE = "nnfusion"
@@ -241,12 +242,18 @@ def import_blockers(job: CompileJob) -> list[Blocker]:
     return extract_cached(job.model, prepass=compiler_prepass(job.binary, job.nnfusion_path)).blockers
 
 
-def _coverage(job: CompileJob) -> tuple[list[CoverageEntry], list[Blocker], dict[str, Any], float]:
-    started = time.monotonic()
+def model_coverage(job: CompileJob) -> tuple[Extraction, list[CoverageEntry]]:
+    """The model's op configs as the compiler imports them at the job's flags (kept by the model's content), and
+    what the job's DB makes the compiler run for each."""
     extraction = extract_cached(job.model, CompilerFlags.parse(job.flags),  # a model compiled before: no ONNX
                                 prepass=compiler_prepass(job.binary, job.nnfusion_path))
     with KernelDB.open(job.db) as db:
-        entries = coverage(extraction, db, CompilerFlags.parse(job.flags), job.product_name)
+        return extraction, coverage(extraction, db, CompilerFlags.parse(job.flags), job.product_name)
+
+
+def _coverage(job: CompileJob) -> tuple[list[CoverageEntry], list[Blocker], dict[str, Any], float]:
+    started = time.monotonic()
+    extraction, entries = model_coverage(job)
     return entries, extraction.blockers, extraction.prepass, time.monotonic() - started
 
 
