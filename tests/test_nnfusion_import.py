@@ -46,6 +46,12 @@ CASES: dict[str, tuple[Callable[[], ModelProto], Callable[[], ModelProto] | None
     "Gemm without C": (lambda: one("Gemm", shape={"x": [1, 16]}, extra=lambda g: [g.weight("w", [16, 8])]),
                        lambda: one("Gemm", shape={"x": [1, 16]},
                                    extra=lambda g: [g.weight("w", [16, 8]), g.weight("c", [8])])),
+    # gemm.cpp reads C only for a beta other than 0: a Dot alone (`kdb nnfusion --op-times` rebuilds a transposed
+    # Dot so)
+    "Gemm without C, beta not 0": (lambda: one("Gemm", shape={"x": [1, 16]}, extra=lambda g: [g.weight("w", [8, 16])],
+                                               transB=1, beta=0.5),
+                                   lambda: one("Gemm", shape={"x": [1, 16]}, extra=lambda g: [g.weight("w", [8, 16])],
+                                               transB=1, beta=0.0)),
     "Unsqueeze with axes as an input": (lambda: one("Unsqueeze", extra=lambda g: [g.constant("axes", [0])]),
                                         lambda: one("Unsqueeze", opset=11, axes=[0])),
     "Dropout without ratio 0": (lambda: one("Dropout", opset=11), lambda: one("Dropout", opset=11, ratio=0.0)),

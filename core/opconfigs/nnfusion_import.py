@@ -74,8 +74,10 @@ def _flatten(node: Any, attrs: dict[str, Any], shapes: Shapes) -> str:
 
 
 def _gemm(node: Any, attrs: dict[str, Any], shapes: Shapes) -> str:
-    return "" if len(node.input) > 2 and node.input[2] else (
-        "Gemm without its C input: the importer crashes on it (segmentation fault); export it as MatMul")
+    # The importer reads C only for a beta other than 0 (gemm.cpp): with beta 0 it makes the Dot alone.
+    if (len(node.input) > 2 and node.input[2]) or float(attrs.get("beta", 1.0)) == 0:
+        return ""
+    return "Gemm without its C input: the importer crashes on it (segmentation fault); export it as MatMul"
 
 
 def _unsqueeze(node: Any, attrs: dict[str, Any], shapes: Shapes) -> str:
