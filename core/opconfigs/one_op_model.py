@@ -133,9 +133,7 @@ class _Builder:
         weight = self._weight("w", b, b[1] if trans_b else b[0])
         if not trans_a and not trans_b:
             return self._node("MatMul", [self._input(a), weight])
-        if len(a) != 2:  # ONNX's Gemm is 2-D; a transposed Dot of a higher rank comes from no ONNX op
-            raise InputError(f"Dot {a} x {b} with a transpose: ONNX's Gemm takes 2-D operands only",
-                             where=self.config.source)
+        # ONNX's Gemm is 2-D (validation refuses a transposed Dot of a higher rank; shape inference would too)
         return self._node("Gemm", [self._input(a), weight], transA=int(trans_a), transB=int(trans_b), beta=0.0)
 
     def _pool(self, op: str) -> str:
