@@ -135,6 +135,8 @@ CASES: list[tuple[str, int, Callable[[World], list[str]]]] = [
     ("coverage: ops missing", 1, lambda w: ["coverage", onnx_model(w)]),
     ("coverage: no such model", 2, lambda w: ["coverage", str(w.tmp / "none.onnx")]),
     ("nnfusion: no compiler", 2, lambda w: ["nnfusion", onnx_model(w), "--nnfusion", str(w.tmp / "no-nnfusion")]),
+    ("nnfusion --op-times: no kernel DB", 2, lambda w: ["nnfusion", onnx_model(w), "--db", str(w.tmp / "none.db"),
+                                                        "--op-times", str(w.tmp / "T.json")]),
     ("autotvm summary", 0, lambda w: ["autotvm", "summary", autotvm_log(w, bad_line=False)]),
     ("autotvm summary: a bad line", 1, lambda w: ["autotvm", "summary", autotvm_log(w, bad_line=True)]),
     ("codegen", 0, lambda w: ["codegen", tvm_opconfigs(w), "-o", str(w.tmp / "out.json")]),

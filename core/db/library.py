@@ -94,20 +94,20 @@ def read_times(path: Path) -> tuple[str, list[OpTimes]]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
-        raise InputError(f"{path}: cannot read it ({exc.strerror or exc})", where=str(path)) from exc
+        raise InputError(f"cannot read it ({exc.strerror or exc})", where=str(path)) from exc
     except ValueError as exc:
-        raise InputError(f"{path}: not JSON ({exc})", where=str(path)) from exc
+        raise InputError(f"not JSON ({exc})", where=str(path)) from exc
     if not isinstance(data, dict) or not isinstance(data.get("ops"), list):
-        raise InputError(f"{path}: expected an object with \"device\" and a list \"ops\"", where=str(path))
+        raise InputError("expected an object with \"device\" and a list \"ops\"", where=str(path))
     device = data.get("device")
     if not isinstance(device, str) or not device.strip():
-        raise InputError(f"{path}: \"device\" must name the GPU the times were measured on ({NOT_MEASURED} "
+        raise InputError(f"\"device\" must name the GPU the times were measured on ({NOT_MEASURED} "
                          "otherwise)", where=str(path))
     ops = []
     for i, item in enumerate(data["ops"]):
         where = f"{path}: ops[{i}]"
         if not isinstance(item, dict) or not isinstance(item.get("identifier"), str) or not item["identifier"]:
-            raise InputError(f"{where}: expected an object with an \"identifier\"", where=where)
+            raise InputError("expected an object with an \"identifier\"", where=where)
         ops.append(OpTimes(item["identifier"], _time(item, "library_us", where), _time(item, "row_us", where)))
     return device, ops
 
@@ -132,7 +132,7 @@ def _time(item: dict[str, Any], name: str, where: str) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
-        raise InputError(f"{where}: {name} {value!r} is not a positive time in microseconds (null: {NOT_MEASURED})",
+        raise InputError(f"{name} {value!r} is not a positive time in microseconds (null: {NOT_MEASURED})",
                          where=where)
     return float(value)
 
