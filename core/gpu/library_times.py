@@ -186,9 +186,9 @@ def served_ops(extraction: Extraction, entries: list[CoverageEntry]) -> tuple[li
     left: not served by the DB). A fused conv whose pattern is not substituted runs the plain Convolution row: that
     op is the plain convolution."""
     ops: dict[str, OpTiming] = {}
-    for entry in entries:
-        if entry.row is None or not entry.runs.startswith(DB_KERNEL):
-            continue
+    served = [e for e in entries if e.row is not None and e.runs.startswith(DB_KERNEL)]
+    for entry in served:
+        assert entry.row is not None
         config = replace(entry.config, op_type="Convolution") if entry.lookup else entry.config
         identifier = entry.lookup or entry.identifier
         runs = entry.count - entry.fused_away
@@ -198,8 +198,7 @@ def served_ops(extraction: Extraction, entries: list[CoverageEntry]) -> tuple[li
         occurrences = extraction.nodes.get(entry.config.key, [])
         bias = config.op_type == FUSED_OP_TYPES[1] and bool(occurrences) and len(occurrences[0]) == 2
         ops[identifier] = OpTiming(identifier, config.op_type, entry.row.key, config.describe(), runs, config, bias)
-    return list(ops.values()), len(entries) - sum(1 for e in entries if e.row is not None
-                                                  and e.runs.startswith(DB_KERNEL))
+    return list(ops.values()), len(entries) - len(served)
 
 
 def _measure(run: LibraryTimes, tools: RunTools, workers: int, say: Progress, cancelled: Callable[[], bool]) -> None:
@@ -230,8 +229,8 @@ def _measure(run: LibraryTimes, tools: RunTools, workers: int, say: Progress, ca
         return _cancelled(run)
     if not run.device:
         built = sum(1 for op in run.ops if not op.problem)
-        run.findings.append(f"{NO_OP_RUN} ({run.no_device}): {built} of {len(run.ops)} op(s) built with their row "
-                            "and with the library, none run; no times file written")
+        run.findings.append(f"{NO_OP_RUN} ({run.no_device}): {built} of {len(run.ops)} op(s) with their row and with "
+                            "the library; no times file written")
         return None
     for i, op in enumerate(run.ops):
         if op.problem:
