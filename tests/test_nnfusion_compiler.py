@@ -563,11 +563,18 @@ def test_kdb_nnfusion_names_a_blockfusion_kernel_that_cannot_launch(tmp_path: Pa
     assert hungry_step["kind"] == "kernel" and hungry_step["node"] not in fused_members
     log = Path(fitted["compile"]["log"]).read_text()
     assert f"Operator {hungry_step['node']} is not BlockCudaEmitter, skip in BlockFusion" in log
-    undo = run_kdb("db", "standalone", "--db", str(db), rows[hungry][0], "--undo", "--apply")
+    (undo_file,) = fitted["undo_files"]  # the fit's one round wrote one undo file: the report names it
+    undo = run_kdb("db", "undo", undo_file, "--db", str(db), "--apply")
     assert undo.returncode == 0, undo.stderr
     back = run_kdb("nnfusion", str(model), "--db", str(db), "--nnfusion", str(COMPILER), "--product-name", PRODUCT,
                    "--out", str(tmp_path / "back"))
     assert back.returncode == 1 and "cannot launch" in back.stdout  # given back to BlockFusion: the fault again
+    # In text, the command that gives them back names the undo file this fit wrote.
+    fit_text = run_kdb("nnfusion", str(model), "--db", str(db), "--nnfusion", str(COMPILER), "--product-name",
+                       PRODUCT, "--out", str(tmp_path / "fit-text"), "--fit-launches")
+    assert fit_text.returncode == 0, fit_text.stderr[-2000:]
+    (written,) = set((tmp_path / "state" / "undo").glob("undo-standalone*.db")) - {Path(undo_file)}
+    assert f"`kdb db undo {written} --apply` gives them back" in " ".join(fit_text.stdout.split())
 
 
 def test_a_row_injected_after_the_fit_keeps_the_op_standalone_and_every_launch_fits(tmp_path: Path):
@@ -728,6 +735,8 @@ async def test_the_console_fits_the_launches_with_f_and_says_which_rows_it_made_
         await wait_for(pilot, lambda: dialog.report is not None, timeout=120)
         assert dialog.report.ok and not dialog.report.launch_failures() and not dialog.report.broken_promises()
         assert dialog.made_standalone == (rows[hungry][0],)
-        text = str(summary.render())
+        (undo_file,) = dialog.report.undo_files
+        text = " ".join(str(summary.render()).split())
         assert "made standalone" in text and rows[hungry][0] in text and "cannot launch" not in text
+        assert f"`kdb db undo {undo_file} --apply` gives them back" in text
         assert dialog.check_action("fit_launches", ()) is False  # nothing left to fit

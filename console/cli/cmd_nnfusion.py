@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 
 from console.cli.cmd_coverage import compiler_setup, print_blockers
@@ -12,13 +13,7 @@ from console.cli.output import err, out, print_json, shorten
 from core.db.kernel_db import kernel_db_path
 from core.db.state import StateDB
 from core.errors import InputError
-from core.nnfusion.compile_job import (
-    CompileJob,
-    CompileReport,
-    compile_and_read,
-    compile_fitting_launches,
-    import_blockers,
-)
+from core.nnfusion.compile_job import Compiled, CompileJob, import_blockers, run_compile_job
 from core.nnfusion.launch_check import LAUNCH_ADVICE
 from core.nnfusion.usage import DB_KERNEL
 from core.settings import load_settings
@@ -57,17 +52,13 @@ def main(args: argparse.Namespace) -> int:
         return op_times_command(args, job)
     if args.run:
         return run_network_command(args, job, fit_launches=fit)
-    made: list[str] = []
 
-    def compile_once(on_line: Callable[[str], None] | None = None) -> CompileReport:
-        nonlocal made
-        if fit:
-            report, made = compile_fitting_launches(job, state=StateDB(), on_line=on_line)
-            return report
-        return compile_and_read(job, state=StateDB(), on_line=on_line)
+    def compile_once(on_line: Callable[[str], None] | None = None) -> Compiled:
+        with closing(StateDB()) as state:
+            return run_compile_job(job, fit_launches=fit, state=state, on_line=on_line)
 
     if args.json or not err.is_terminal:
-        report = compile_once()
+        report = compile_once().report
     else:
         with err.status("compiling with NNFusion…") as status:
             started = time.monotonic()
@@ -75,9 +66,9 @@ def main(args: argparse.Namespace) -> int:
             def on_line(line: str) -> None:
                 status.update(f"NNFusion {time.monotonic() - started:5.1f} s: {shorten(line.strip(), 100)}")
 
-            report = compile_once(on_line)
+            report = compile_once(on_line).report
     if args.json:
-        print_json({**report.as_dict(), "made_standalone": made})
+        print_json(report.as_dict())  # made_standalone and undo_files among its keys
         return 1 if report.problems() else 0
     if report.db_created:
         err.print(f"no kernel DB at {job.db} yet: created it, empty (NNFusion's table), as the compiler would",
@@ -127,10 +118,8 @@ def main(args: argparse.Namespace) -> int:
         out.print(f"launch check ({launches.arch}): {launches.summary()}", highlight=False)
     else:
         out.print("launch check: skipped (--no-launch-check)", highlight=False)
-    if made:
-        out.print(f"made standalone ({len(made)} row(s) of ops fused into a kernel that could not launch; they now run "
-                  f"on their own launch, `kdb db standalone --undo` gives them back): {', '.join(made)}",
-                  highlight=False)
+    if note := report.standalone_note():
+        out.print(note, markup=False, highlight=False)
     for line in failures:
         out.print(f"[red]cannot launch[/]: {line}", highlight=False)
     if failures:

@@ -75,9 +75,8 @@ def _print(run: NetworkRun) -> None:
     if run.reference is not None:
         out.print(f"error: {ERROR_FORMULA}, against {run.reference.runtime} on the same input; allowed "
                   f"{run.max_error:g}", highlight=False)
-    if run.with_db.made_standalone:
-        out.print(f"made standalone (fused into a kernel that could not launch; `kdb db standalone --undo` gives "
-                  f"them back): {', '.join(run.with_db.made_standalone)}", highlight=False)
+    if run.with_db.compile is not None and (note := run.with_db.compile.standalone_note()):
+        out.print(note, markup=False, highlight=False)
     for library, found in run.libraries.items():
         out.print(f"[dim]{library}: {found}[/]", highlight=False)
     out.print(f"[dim]work folder: {run.workdir} ({run.seconds:.1f} s)[/]", highlight=False)

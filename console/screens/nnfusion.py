@@ -14,9 +14,10 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from rich.text import Text
 from textual import work
@@ -30,7 +31,7 @@ from textual.widgets import DataTable, Label, Log, Static
 from textual.worker import Worker, WorkerState, get_current_worker
 
 from core.gpu.network_run import ERROR_FORMULA, NetworkRun
-from core.nnfusion.compile_job import CompileJob, CompileReport
+from core.nnfusion.compile_job import Compiled, CompileJob, CompileReport, standalone_note
 from core.nnfusion.launch_check import LAUNCH_ADVICE
 from core.nnfusion.usage import DB_KERNEL
 
@@ -46,14 +47,6 @@ RUN_FITS_LAUNCHES = True  # r fits the launches first, as `kdb nnfusion --run` d
 def compile_screen(context: ConsoleContext, model: Path) -> CompileScreen:
     """The screen for compiling `model` with the console's DB, as the settings say (binary, flags, product)."""
     return CompileScreen(CompileJob.from_settings(context.settings, model, context.db_path))
-
-
-@dataclass(frozen=True)
-class Compiled:
-    """What a compile worker returns: the report, and the rows it made standalone to fit the launches."""
-
-    report: CompileReport
-    made_standalone: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -100,6 +93,7 @@ class CompileScreen(ModalScreen[None]):
         self.shown_lines = 0
         self.report: CompileReport | None = None
         self.made_standalone: tuple[str, ...] = ()
+        self.undo_files: tuple[Path, ...] = ()  # one per round of fitting the launches, this screen's presses of f
         self.network_run: NetworkRun | None = None
         self.report_summary = ""  # the shown report's summary (markup), which a run's verdict goes above
 
@@ -121,7 +115,7 @@ class CompileScreen(ModalScreen[None]):
     @work(thread=True, exit_on_error=False, group="nnfusion", exclusive=True)
     def run_compile(self, job: CompileJob, cancel: threading.Event, fit: bool = False) -> Compiled:
         from core.db.state import StateDB
-        from core.nnfusion.compile_job import compile_and_read, compile_fitting_launches
+        from core.nnfusion.compile_job import run_compile_job
 
         worker = get_current_worker()
         started = last_post = time.monotonic()
@@ -136,18 +130,11 @@ class CompileScreen(ModalScreen[None]):
                 last_post = now
                 self.post_message(self.Progressed(CompileProgress(now - started, count, tuple(tail))))
 
-        state = StateDB()
-        options: dict[str, Any] = {"state": state, "on_line": on_line,
-                                   "should_cancel": lambda: cancel.is_set() or worker.is_cancelled}
-        try:
-            if fit:
-                report, made = compile_fitting_launches(job, **options)
-            else:
-                report, made = compile_and_read(job, **options), []
-        finally:
-            state.close()
+        with closing(StateDB()) as state:
+            compiled = run_compile_job(job, fit_launches=fit, state=state, on_line=on_line,
+                                       should_cancel=lambda: cancel.is_set() or worker.is_cancelled)
         self.post_message(self.Progressed(CompileProgress(time.monotonic() - started, count, tuple(tail))))
-        return Compiled(report, tuple(made))
+        return compiled
 
     @work(thread=True, exit_on_error=False, group="nnfusion", exclusive=True)
     def run_network(self, job: CompileJob, cancel: threading.Event, fit_launches: bool) -> NetworkRun:
@@ -188,6 +175,7 @@ class CompileScreen(ModalScreen[None]):
             return
         if event.state is WorkerState.SUCCESS and isinstance(event.worker.result, Compiled):
             self.made_standalone += event.worker.result.made_standalone
+            self.undo_files += tuple(event.worker.result.report.undo_files)
             self.show_report(event.worker.result.report)
         elif event.state is WorkerState.SUCCESS and isinstance(event.worker.result, NetworkRun):
             self.show_run(event.worker.result)
@@ -237,9 +225,8 @@ class CompileScreen(ModalScreen[None]):
             text.insert(0, f"[$error]launch check could not run ({launches.arch}): {escape(launches.error)}[/]")
         elif launches is not None:
             text.append(f"[dim]launch check ({launches.arch})[/] {escape(launches.summary())}")
-        if self.made_standalone:
-            text.insert(0, f"[$success]made standalone[/] (run on their own launch, never fused; `kdb db standalone "
-                           f"--undo` gives them back): {escape(', '.join(self.made_standalone))}")
+        if note := standalone_note(self.made_standalone, self.undo_files):
+            text.insert(0, f"[$success]{escape(note)}[/]")
         if failures := report.launch_failures():
             text[:0] = [f"[$error]cannot launch: {escape(line)}[/]" for line in failures] + [
                 escape(LAUNCH_ADVICE) + " [b]f[/b] here makes them standalone and compiles again."]
@@ -251,6 +238,8 @@ class CompileScreen(ModalScreen[None]):
         """The run's verdict above the compile's table and summary (of the compile with the DB it ran)."""
         self.network_run = run
         self.made_standalone += tuple(k for k in run.with_db.made_standalone if k not in self.made_standalone)
+        if run.with_db.compile is not None:
+            self.undo_files += tuple(f for f in run.with_db.compile.undo_files if f not in self.undo_files)
         report = run.with_db.compile
         if report is not None and report.ok:
             self.query_one("#compile-steps", DataTable).clear()

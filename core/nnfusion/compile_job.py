@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -77,6 +77,10 @@ class CompileReport:
     db_created: bool = False  # the DB was not there: an empty one was made (NNFusion's table)
     blockers: list[Blocker] = field(default_factory=list)  # nodes kdb knows NNFusion cannot compile
     prepass: dict[str, Any] = field(default_factory=dict)  # what NNFusion's ONNX Runtime pre-pass did to the model
+    # Fitting the launches (compile_fitting_launches): the Keys it made standalone before this compile, and the undo
+    # file each of its rounds wrote (`kdb db undo FILE --apply` puts a round's rows back).
+    made_standalone: list[str] = field(default_factory=list)
+    undo_files: list[Path] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -126,7 +130,12 @@ class CompileReport:
                 "promised": sorted(self.promised()), "broken_promises": sorted(self.broken_promises()),
                 "launch_check": self.launches.as_dict() if self.launches else None,
                 "launch_failures": self.launch_failures(),
+                "made_standalone": self.made_standalone, "undo_files": [str(f) for f in self.undo_files],
                 "coverage": [e.to_dict() for e in self.entries]}
+
+    def standalone_note(self) -> str:
+        """What fitting the launches changed in the DB and how to put it back ("" when it changed nothing)."""
+        return standalone_note(self.made_standalone, self.undo_files)
 
     def launch_failures(self) -> list[str]:
         """Launches that cannot start on the GPU, each with its reason and the DB rows fused into it."""
@@ -207,21 +216,61 @@ def compile_fitting_launches(job: CompileJob, *, state: StateDB | None = None,
                              rounds: int = 3) -> tuple[CompileReport, list[str]]:
     """Compile; while a BlockFusion kernel cannot launch, make the rows fused into it standalone in the job's DB
     (standalone_candidates) and compile again, at most `rounds` times. (the last report, the Keys made
-    standalone). A row made standalone keeps its kernel: the op runs it on its own launch, unfused."""
+    standalone). A row made standalone keeps its kernel: the op runs it on its own launch, unfused. The last
+    report carries the Keys and the undo file of each round (CompileReport.made_standalone, .undo_files)."""
     from core.db.maintenance import apply_plan, standalone_plan
 
     made: list[str] = []
-    for _ in range(rounds):
+    undo_files: list[Path] = []
+
+    def compiled() -> CompileReport:
         report = compile_and_read(job, state=state, on_line=on_line, should_cancel=should_cancel)
+        report.made_standalone, report.undo_files = list(made), list(undo_files)
+        return report
+
+    for _ in range(rounds):
+        report = compiled()
         if not report.ok or report.launches is None:
             return report, made
         with KernelDB.open(job.db, write=True) as db:
             keys = [k for k in standalone_candidates(report, db) if k not in made]
-            written = apply_plan(db, standalone_plan(db, keys, job.product_name)).rewritten if keys else []
-        if not written:
+            applied = apply_plan(db, standalone_plan(db, keys, job.product_name)) if keys else None
+        if applied is None or not applied.rewritten:
             return report, made
-        made += written
-    return compile_and_read(job, state=state, on_line=on_line, should_cancel=should_cancel), made
+        made += applied.rewritten
+        if applied.undo_file is not None:
+            undo_files.append(applied.undo_file)
+    return compiled(), made
+
+
+def standalone_note(made: Sequence[str], undo_files: Sequence[Path]) -> str:
+    """The rows fitting the launches made standalone and the undo files that give them back, as both faces print it
+    ("" when none was made)."""
+    if not made:
+        return ""
+    # The newest first: an undo refuses ops whose rows moved on since its apply, as a later round's may have.
+    undo = ", then ".join(f"`kdb db undo {f} --apply`" for f in reversed(undo_files)) or "`kdb db undo FILE --apply`"
+    return (f"made standalone ({len(made)} row(s) of ops fused into a kernel that could not launch; they now run on "
+            f"their own launch, {undo} gives them back): {', '.join(made)}")
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """A compile of the console's f and `kdb nnfusion [--fit-launches]`: the report, and the rows it made
+    standalone to fit the launches (also on the report, with their undo files)."""
+
+    report: CompileReport
+    made_standalone: tuple[str, ...] = ()
+
+
+def run_compile_job(job: CompileJob, *, fit_launches: bool, state: StateDB | None = None,
+                on_line: Callable[[str], None] | None = None,
+                should_cancel: Callable[[], bool] | None = None) -> Compiled:
+    """The one compile both faces run: fitting the launches (compile_fitting_launches) or once (compile_and_read)."""
+    if fit_launches:
+        report, made = compile_fitting_launches(job, state=state, on_line=on_line, should_cancel=should_cancel)
+        return Compiled(report, tuple(made))
+    return Compiled(compile_and_read(job, state=state, on_line=on_line, should_cancel=should_cancel))
 
 
 def _launch_check(job: CompileJob, source: str, generated: Generated) -> LaunchReport:
