@@ -126,6 +126,34 @@ def test_a_cancelled_build_is_finished_by_the_next_sync(db: KernelDB, monkeypatc
         same_views(db, index, KernelFilter(), "op", False)
 
 
+def test_a_commit_in_a_wal_started_again_at_the_same_size_within_one_clock_tick_is_seen(db: KernelDB):
+    """A checkpoint lets the next writer start the WAL again from its first frame: the file keeps its inode and its
+    size, and on a coarse file-system clock (a jiffy before Linux 6.13) its mtime too. The clock is held still here
+    (os.utime puts both files' mtimes back, as one tick would): the index must still see the commit."""
+    import os
+
+    wal = db.path.with_name(db.path.name + "-wal")
+    # Another reader keeps the WAL file in place between writers, as the console's open handles do.
+    keeper = sqlite3.connect(db.path)
+    keeper.execute("SELECT count(*) FROM KernelCache").fetchone()
+    db.connection().execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.insert(kernel(100))  # the WAL grows to its size for one row's insert
+    db.connection().execute("PRAGMA wal_checkpoint(PASSIVE)")
+    with SummaryIndex.open(db.path) as index:
+        index.sync()
+        assert index.fresh and index.rows == 61
+        times = {path: (path.stat().st_atime_ns, path.stat().st_mtime_ns) for path in (db.path, wal)}
+        size = wal.stat().st_size
+        db.delete(["kdb:0100"])  # the WAL started again: a one-row delete in the same frames' room
+        db.connection().execute("PRAGMA wal_checkpoint(PASSIVE)")
+        assert wal.stat().st_size == size, "the WAL was reused at the same size (the case this test is about)"
+        for path, ns in times.items():
+            os.utime(path, ns=ns)  # one clock tick: the mtimes as they were
+        assert not index.fresh, "a commit the signature missed: pages would show the deleted row"
+        assert index.sync().removed == 1 and index.rows == 60
+    keeper.close()
+
+
 def test_forget_hides_deleted_rows_before_the_next_sync(db: KernelDB):
     with SummaryIndex.open(db.path) as index:
         index.sync()

@@ -6,8 +6,8 @@ question asked of KernelCache itself (a substring of identifiers, a sort by barr
 bodies included. This file keeps only what the browser shows and filters on, with an index per sortable
 column and a trigram full-text index for substrings.
 
-It is a cache and never the truth. A file signature (size, mtime, inode of the DB and its WAL) says when
-the DB may have changed; a sync then matches rows by (rowid, Key): rows gone are dropped, rows new are
+It is a cache and never the truth. A file signature (size, mtime, inode of the DB and its WAL; the WAL's
+header) says when the DB may have changed; a sync then matches rows by (rowid, Key): rows gone are dropped, rows new are
 summarised. Every write of ours gives a changed row a new rowid (delete + insert), so the match sees it;
 an in-place UPDATE by another tool is only seen by `rebuild()` (the console's reload does one).
 """
@@ -101,16 +101,34 @@ FROM (SELECT rowid AS rid, {', '.join(f'{expr} AS {name}' for name, expr in _SUM
 """
 
 
+WAL_HEADER_BYTES = 32
+
+
 def file_signature(db_path: Path) -> str:
-    """What changes whenever a commit reaches the DB file or its WAL."""
-    parts = []
+    """What changes whenever a commit reaches the DB file or its WAL.
+
+    (inode, size, mtime) of both files, and the WAL's header. A writer that finds the WAL checkpointed starts it
+    again from its first frame with new salts in its header, and rewrites the same file at the same size: where the
+    file system's clock is coarse (one tick per jiffy before Linux 6.13's fine-grained timestamps) its mtime can
+    stay too, and only the header says another commit is there. Within one WAL, every commit appends frames."""
+    parts: list[object] = []
     for path in (db_path, db_path.with_name(db_path.name + "-wal")):
         try:
             st = path.stat()
             parts.append([st.st_ino, st.st_size, st.st_mtime_ns])
         except FileNotFoundError:
             parts.append(None)
+    parts.append(_wal_header(db_path.with_name(db_path.name + "-wal")))
     return json.dumps(parts)
+
+
+def _wal_header(wal: Path) -> str | None:
+    """The WAL's header (its checkpoint sequence and salts change each time the WAL starts again), None without one."""
+    try:
+        with wal.open("rb") as f:
+            return f.read(WAL_HEADER_BYTES).hex()
+    except FileNotFoundError:
+        return None
 
 
 def state_file_for(db_path: Path, folder: str, suffix: str) -> Path:
