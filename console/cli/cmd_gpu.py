@@ -6,32 +6,20 @@ import argparse
 from dataclasses import asdict
 
 from console.cli.output import out, print_json, shorten
-from core.db.kernel_db import KernelDB
 from core.errors import KdbError
 
 
 def main(args: argparse.Namespace) -> int:
     if args.gpu_command == "devices":
         return _devices(args)
-    from core.gpu.jobs import gpu_children, require_device
-    from core.gpu.rows import NvccBuild, check_rows
+    from core.gpu.rows import GpuCheckRequest, check_db_rows
     from core.settings import load_settings
 
-    device = require_device()
-    settings = load_settings()
-    with KernelDB.open(args.db, write=args.gpu_command == "profile") as db:
-        if args.all:
-            where, params = ("WHERE OpType = ?", [args.op]) if args.op else ("", [])
-            rows = list(db.iter_rows(where, params))
-        elif args.keys:
-            rows = [r for k in args.keys for r in db.find(k)]
-        else:
-            raise KdbError("name kernels (Key or Identifier) or use --all")
-        report = check_rows(db, rows, verify=True, profile=args.gpu_command == "profile",
-                            product_name=settings.product_name, timeout_s=settings.gpu_timeout_s,
-                            on_result=None if args.json else _print_one,
-                            workers=gpu_children(settings.effective_workers()),
-                            build=NvccBuild.from_settings(settings, device.arch))
+    if not args.all and not args.keys:
+        raise KdbError("name kernels (Key or Identifier) or use --all")
+    request = GpuCheckRequest.from_settings(load_settings(), args.db, args.keys, profile=args.gpu_command == "profile",
+                                            every_row=args.all, op=args.op or "")
+    report = check_db_rows(request, on_result=None if args.json else _print_one)
     if args.json:
         print_json(report.as_json())
     else:

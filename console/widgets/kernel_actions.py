@@ -51,20 +51,15 @@ class KernelActions(Widget):
     @work(thread=True, exit_on_error=False, group="gpu", exclusive=True)
     def check_on_gpu(self, keys: list[str], profile: bool) -> None:
         from core.errors import ToolError
-        from core.gpu.jobs import gpu_children, require_device
-        from core.gpu.rows import NvccBuild, check_rows
+        from core.gpu.rows import GpuCheckRequest, check_db_rows
 
+        context = self.app.context  # type: ignore[attr-defined]
+        request = GpuCheckRequest.from_settings(context.settings, context.db_path, keys, profile=profile)
         try:
-            device = require_device()
+            report = check_db_rows(request)
         except ToolError as exc:
             self.app.call_from_thread(self.notify, f"no CUDA device: {exc}", severity="warning", timeout=10)
             return
-        settings = self.app.context.settings  # type: ignore[attr-defined]
-        with self.app.context.open_db(write=profile) as db:  # type: ignore[attr-defined]
-            rows = [r for key in keys for r in db.find(key)]
-            report = check_rows(db, rows, verify=True, profile=profile, product_name=settings.product_name,
-                                timeout_s=settings.gpu_timeout_s, workers=gpu_children(settings.effective_workers()),
-                                build=NvccBuild.from_settings(settings, device.arch))
         failed = [c for c in report.checks if not c.ok]
         text = (f"{len(report.checks)} kernel(s) {'profiled' if profile else 'verified'} on {report.device}: "
                 f"{len(report.checks) - len(failed)} ok, {len(failed)} failed")

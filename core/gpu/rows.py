@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from core.cuda.nvcc import compile_archs
-from core.db.kernel_db import KernelDB
+from core.cuda.nvcc import compile_archs, find_nvcc
+from core.db.kernel_db import KernelDB, kernel_db_path
 from core.errors import InputError
-from core.gpu.jobs import GpuResult, GpuSession, GpuSessions, job_for_row
+from core.gpu.jobs import GpuResult, GpuSession, GpuSessions, gpu_children, job_for_row, require_device
 from core.kernels.kernel_row import KernelRow, distinct_kernels
 from core.kernels.profile import merge_profile
 
@@ -79,6 +79,52 @@ class RowsReport:
             "max_rel_error": c.verified.max_rel_error if c.verified else None,
             "verify": None if c.verified is None else (c.verified.reason or "ok"),
             "us": c.timed.microseconds if c.timed else None} for c in self.checks]}
+
+
+@dataclass(frozen=True)
+class GpuCheckRequest:
+    """Verify (and with `profile`, time) kernels of a DB on the GPU: `kdb gpu verify|profile` and the Kernels view's
+    v and p. Both build it with from_settings and run it with check_db_rows."""
+
+    db_path: Path
+    keys: tuple[str, ...]  # Keys or Identifiers; with every_row, ignored
+    profile: bool
+    product_name: str  # the device name profiles are kept under ("": the device's own)
+    timeout_s: float  # per GPU job
+    workers: int  # GPU children at once
+    nvcc: str
+    nvcc_flags: tuple[str, ...]
+    nvcc_timeout_s: float
+    every_row: bool = False
+    op: str = ""  # with every_row: only this OpType
+
+    @classmethod
+    def from_settings(cls, settings: Settings, db_path: Path | str | None, keys: Iterable[str] = (), *, profile: bool,
+                      every_row: bool = False, op: str = "") -> GpuCheckRequest:
+        """db_path None: $KDB_DB, else NNFusion's default."""
+        return cls(kernel_db_path(db_path), tuple(keys), profile, settings.product_name, settings.gpu_timeout_s,
+                   gpu_children(settings.effective_workers()), settings.nvcc_path,
+                   tuple(settings.nvcc_flags), settings.nvcc_timeout_s, every_row, op)
+
+
+def check_db_rows(request: GpuCheckRequest, *, on_result: Callable[[RowCheck], None] | None = None,
+                  should_cancel: Callable[[], bool] | None = None) -> RowsReport:
+    """Run the request on the first CUDA device (ToolError saying why there is none, before the DB is opened):
+    its rows compiled with nvcc for that device's arch, verified, and timed with their profile written when asked."""
+    if not request.every_row and not request.keys:
+        raise InputError("name kernels (Key or Identifier), or ask for every row")
+    device = require_device()
+    # Only the device's arch: the child loads that cubin alone (NvccBuild).
+    build = NvccBuild((device.arch,), find_nvcc(request.nvcc), request.nvcc_flags, request.nvcc_timeout_s)
+    with KernelDB.open(request.db_path, write=request.profile) as db:
+        if request.every_row:
+            where, params = ("WHERE OpType = ?", [request.op]) if request.op else ("", [])
+            rows = list(db.iter_rows(where, params))
+        else:
+            rows = [r for key in request.keys for r in db.find(key)]
+        return check_rows(db, rows, verify=True, profile=request.profile, product_name=request.product_name,
+                          timeout_s=request.timeout_s, on_result=on_result, should_cancel=should_cancel,
+                          workers=request.workers, build=build)
 
 
 def check_rows(db: KernelDB, rows: Iterable[KernelRow], *, verify: bool, profile: bool, product_name: str = "",
