@@ -9,11 +9,14 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.errors import InputError
+
+if TYPE_CHECKING:
+    from core.cuda.nvcc import NvccProbe
 
 ARCH_RE = re.compile(r"sm_\d{2,3}[a-z]?")
 
@@ -136,8 +139,48 @@ def parse_value(key: str, text: str) -> Any:
         if isinstance(current, float):
             return float(text)
     except ValueError as exc:
-        raise InputError(f"{text!r} is not a valid {type(current).__name__}: {exc}", where=key) from None
-    return text
+        kind = {int: "a whole number", float: "a number"}.get(type(current), "")
+        raise InputError(f"{text!r}: must be {kind}" if kind else f"{text!r}: {exc}", where=key) from None
+    return text.strip()
+
+
+def archs_problem(archs: list[str] | tuple[str, ...], probe: NvccProbe | None = None) -> str:
+    """Why these SM archs cannot be used ("" when they can): none given, a name that is no SM arch, or one the probed
+    nvcc does not build (with no probe, or no nvcc found, names are checked alone). Every face checks archs here:
+    the inject form and `kdb inject --arch`, the settings form and `kdb settings archs=...`."""
+    if not archs:
+        return "at least one SM arch is needed, like sm_90"
+    if bad := [a for a in archs if not ARCH_RE.fullmatch(a)]:
+        return f"{', '.join(bad)}: not an SM arch like sm_90"
+    if probe is not None and (unbuilt := probe.unbuilt(archs)):
+        return f"{', '.join(unbuilt)}: not built by this nvcc, {probe.nvcc} (it builds {' '.join(probe.archs)})"
+    return ""
+
+
+def setting_problem(name: str, text: str, probe: NvccProbe | None) -> str:
+    """Why this text cannot be setting `name` ("" when it can): it does not parse, the settings would be invalid, an
+    SM arch the probed nvcc does not build, an nvcc_path that finds no nvcc. `probe` None: nvcc not asked (yet)."""
+    try:
+        value = parse_value(name, text)
+        replace(Settings(), **{name: value}).validate()  # defaults are valid: any error is this field's
+    except InputError as exc:
+        return exc.reason
+    if probe is None:
+        return ""
+    if name == "archs":
+        return archs_problem(value, probe)
+    if name == "nvcc_path" and text.strip() and probe.problem:
+        return probe.problem
+    return ""
+
+
+def read_settings(values: dict[str, str], probe: NvccProbe | None,
+                  base: Settings | None = None) -> tuple[Settings, dict[str, str]]:
+    """`base` with the settings named in `values` (name -> text) changed, and why each one that cannot be is refused:
+    the console's settings form and `kdb settings KEY=VALUE` both change settings here."""
+    errors = {name: err for name, text in values.items() if (err := setting_problem(name, text, probe))}
+    good = {name: parse_value(name, text) for name, text in values.items() if name not in errors}
+    return replace(base or Settings(), **good), errors
 
 
 def problems(settings: Settings) -> dict[str, str]:

@@ -12,9 +12,9 @@ from console_helpers import FixedDeviceApp
 from textual.widgets import Input
 
 from console.context import ConsoleContext
-from console.screens.settings import form_values, read_form
+from console.screens.settings import form_values
 from console.widgets.dialogs import PathDialog
-from core.settings import Settings, load_settings
+from core.settings import Settings, load_settings, read_settings
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -68,4 +68,4 @@ async def test_dialogs_start_at_the_working_dir_then_where_the_last_path_was(tmp
 
 def test_saving_the_settings_form_keeps_the_last_path():
     settings = Settings(archs=["sm_80"], last_path="/data/models/resnet.onnx")
-    assert read_form(form_values(settings), None, settings) == (settings, {})
+    assert read_settings(form_values(settings), None, settings) == (settings, {})

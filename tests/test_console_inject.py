@@ -160,7 +160,7 @@ async def test_bad_arch_shows_an_inline_error_and_does_not_start(tmp_path: Path)
         await pilot.press("ctrl+r")
         if screen.probe is not None and screen.probe.archs:
             await wait_for(pilot, lambda: error.display, "the arch error")
-            assert "sm_10: not supported" in text(screen, "#archs-error")
+            assert "sm_10: not built by this nvcc" in text(screen, "#archs-error")
             assert not screen.running and screen.report is None
     assert not db_path.exists()
 

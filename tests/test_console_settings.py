@@ -13,12 +13,14 @@ from pathlib import Path
 import pytest
 from console_helpers import SNAPSHOT_DIR, FixedDeviceApp, build_small_db, wait_until
 
+import core.cuda.nvcc as nvcc_module
 from console.context import ConsoleContext
 from console.screens import settings as settings_screen
-from console.screens.settings import NO_DEVICE, NvccInfo, SettingsScreen, form_values, read_form
+from console.screens.settings import NO_DEVICE, SettingsScreen, form_values
+from core.cuda.nvcc import NvccProbe
 from core.errors import ToolError
 from core.gpu.inventory import DeviceInfo
-from core.settings import Settings, load_settings, save_settings
+from core.settings import Settings, load_settings, read_settings, save_settings
 
 REPO = Path(__file__).resolve().parents[1]
 FAKE_NVCC = "/usr/local/cuda/bin/nvcc"
@@ -38,8 +40,8 @@ def fake_find_nvcc(configured: str = "") -> str:
 @pytest.fixture
 def fake_machine(monkeypatch: pytest.MonkeyPatch) -> Callable[[list[DeviceInfo]], None]:
     """Same nvcc everywhere; call the result with the devices this "machine" has."""
-    monkeypatch.setattr(settings_screen, "find_nvcc", fake_find_nvcc)
-    monkeypatch.setattr(settings_screen, "supported_archs", lambda nvcc: FAKE_ARCHS)
+    monkeypatch.setattr(nvcc_module, "find_nvcc", fake_find_nvcc)  # core's probe_nvcc asks these
+    monkeypatch.setattr(nvcc_module, "supported_archs", lambda nvcc: FAKE_ARCHS)
 
     def with_devices(devices: list[DeviceInfo]) -> None:
         reason = "" if devices else NO_PYCUDA
@@ -89,9 +91,9 @@ async def type_into(pilot, name: str, text: str) -> None:
 def test_form_text_round_trips_and_names_every_bad_field():
     settings = Settings(archs=["sm_80", "sm_90a"], product_name="NVIDIA H200", nvcc_flags=["-DNAME=a b", "-O3"],
                         nvcc_timeout_s=12.5, workers=3, rpc_tracker="host:9190")
-    assert read_form(form_values(settings), None) == (settings, {})
+    assert read_settings(form_values(settings), None) == (settings, {})
     values = {**form_values(settings), "archs": "sm_80 sm_95", "workers": "3.5", "nvcc_flags": "-D'x"}
-    _, errors = read_form(values, NvccInfo("", FAKE_NVCC, FAKE_ARCHS))
+    _, errors = read_settings(values, NvccProbe("", FAKE_NVCC, FAKE_ARCHS))
     assert set(errors) == {"archs", "workers", "nvcc_flags"}
 
 

@@ -4,6 +4,7 @@ verify/profile on the GPU, the SM archs an injection is checked for, writing an 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -12,10 +13,11 @@ from console_helpers import FixedDeviceApp, build_small_db, wait_until
 import console.entry
 from console.context import ConsoleContext
 from console.widgets.kernel_table import KernelTable
+from core.cuda.nvcc import probe_nvcc
 from core.gpu import rows as gpu_rows
 from core.gpu.jobs import gpu_available
 from core.gpu.rows import GpuCheckRequest
-from core.settings import load_settings
+from core.settings import archs_problem, load_settings, parse_value, setting_problem
 
 
 @pytest.fixture
@@ -53,3 +55,68 @@ async def test_verify_and_profile_on_the_gpu_send_one_request_from_both_faces(
         (key,), command == "profile", "Test GPU", 42)
     available, _ = gpu_available()
     assert status in ((0, 1) if available else (2,))  # without a CUDA device: said (the console notifies it)
+
+
+# -- the SM archs an injection is checked for, and the settings' -----------------------------------------------------
+
+NVCC = probe_nvcc("")
+needs_nvcc = pytest.mark.skipif(bool(NVCC.problem), reason=f"needs nvcc: {NVCC.problem}")
+
+
+@needs_nvcc
+@pytest.mark.parametrize("typed", ["sm_99", "sm_90, banana", "sm_90a"])
+async def test_inject_checks_the_archs_it_is_given_the_same_way_in_both_faces(
+        tmp_path: Path, typed: str, capsys: pytest.CaptureFixture[str]):
+    """The Inject view refused sm_90a, which nvcc builds (compute_90 is listed, 90a is its variant); the CLI too;
+    the settings form took it. One rule now (core.settings.archs_problem), and one message."""
+    from test_console_inject import VALID, make_app, open_inject, text, wait_for
+    from textual.widgets import Input
+
+    source = tmp_path / "kernels.json"
+    source.write_text(json.dumps(VALID[:1]), encoding="utf-8")
+    expected = archs_problem(parse_value("archs", typed), NVCC)
+    app = make_app(tmp_path / "console.db")
+    async with app.run_test(size=(160, 45)) as pilot:
+        screen = await open_inject(pilot)
+        screen.add_path(source)
+        screen.query_one("#archs", Input).value = typed
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: screen.query_one("#archs-error").display or screen.report is not None,
+                       "the archs refused, or the run's report")
+        shown = text(screen, "#archs-error") if screen.query_one("#archs-error").display else ""
+    status = console.entry.main(["inject", str(source), "--db", str(tmp_path / "cli.db"),
+                                 *[a for arch in parse_value("archs", typed) for a in ("--arch", arch)]])
+    said = capsys.readouterr().err
+    assert shown == expected
+    if expected:
+        assert status == 2 and expected in " ".join(said.split()), said
+    else:
+        assert status == 0 and screen.report is not None and screen.report.injected == 1, said
+
+
+@needs_nvcc
+@pytest.mark.parametrize(("name", "typed"), [("archs", "sm_99"), ("archs", "sm_80, sm_90a"), ("workers", "many"),
+                                             ("nvcc_path", "/nowhere/bin/nvcc")])
+async def test_a_setting_is_taken_or_refused_alike_by_the_form_and_kdb_settings(
+        tmp_path: Path, name: str, typed: str, capsys: pytest.CaptureFixture[str]):
+    from test_console_settings import make_app, open_settings, text_of, type_into, until
+
+    from core.settings import settings_path
+
+    expected = setting_problem(name, typed, probe_nvcc(typed if name == "nvcc_path" else ""))
+    status = console.entry.main(["settings", f"{name}={typed}"])
+    said = " ".join(capsys.readouterr().err.split())
+    cli_saved = settings_path().read_text() if settings_path().exists() else ""
+    settings_path().unlink(missing_ok=True)
+    app = make_app(tmp_path / "k.db")
+    async with app.run_test(size=(160, 45)) as pilot:
+        screen = await open_settings(pilot)
+        await type_into(pilot, name, typed)
+        await pilot.press("ctrl+s")
+        await until(pilot, lambda: text_of(screen, f"#error-{name}") or settings_path().exists(), "the save checked")
+        shown = text_of(screen, f"#error-{name}").removeprefix("✗ ")
+    assert shown == expected
+    if expected:
+        assert status == 2 and f"{name}: {expected}" in said and not cli_saved
+    else:
+        assert status == 0 and settings_path().read_text() == cli_saved

@@ -15,24 +15,23 @@ from pathlib import Path
 
 from console.cli.interrupt import first_ctrl_c_cancels
 from console.cli.output import err, log, out, print_json, shorten
-from core.cuda.nvcc import find_nvcc, supported_archs
-from core.errors import KdbError
+from core.cuda.nvcc import probe_nvcc
+from core.errors import KdbError, ToolError
 from core.gpu.jobs import require_gpu
 from core.inject.pipeline import STAGES, Committed, InjectOptions, InjectProgress, InjectReport, InjectSnapshot
 from core.inject.session import open_injector
-from core.settings import load_settings
+from core.settings import archs_problem, load_settings
 
 
 def main(args: argparse.Namespace) -> int:
     settings = load_settings()
     archs = tuple(args.arch or settings.archs)
     compile_check = not args.no_compile
-    if compile_check:
-        nvcc = find_nvcc(settings.nvcc_path)
-        known = supported_archs(nvcc)
-        bad = [a for a in archs if a not in known]
-        if bad:
-            raise KdbError(f"{', '.join(bad)} not supported by {nvcc} (it builds for {', '.join(known)})")
+    probe = probe_nvcc(settings.nvcc_path) if compile_check else None
+    if probe is not None and probe.problem:
+        raise ToolError(probe.problem)
+    if problem := archs_problem(archs, probe):  # as the Inject view checks them
+        raise KdbError(problem)
     paths = [Path(p) for p in args.paths]
     missing = [str(p) for p in paths if not p.exists()]
     if missing:

@@ -6,7 +6,6 @@ and returns the engine's report. Cancel sets a flag the engine reads between ker
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections.abc import Iterable
@@ -29,38 +28,14 @@ from textual.worker import Worker, WorkerState, get_current_worker
 from console.context import ConsoleContext
 from console.screens.base import KdbScreen
 from console.widgets.stage_progress import GPU_NOT_RUN, StageProgress
-from core.cuda.nvcc import find_nvcc, supported_archs
-from core.errors import ToolError
+from core.cuda.nvcc import NvccProbe, probe_nvcc
 from core.inject.pipeline import GPU_NOT_RUN as PIPELINE_GPU_NOT_RUN
 from core.inject.pipeline import STAGES, InjectOptions, InjectProgress, InjectReport, InjectSnapshot
 from core.inject.session import open_injector
-from core.settings import ARCH_RE
+from core.settings import archs_problem, parse_value
 
 PROGRESS_INTERVAL_S = 0.05  # the engine reports per kernel; the screen needs no more than ~20 frames a second
 FAILURES_SHOWN = 3
-
-
-@dataclass(frozen=True)
-class NvccProbe:
-    nvcc: str = ""
-    archs: tuple[str, ...] = ()
-    error: str = ""
-
-
-def parse_archs(text: str, probe: NvccProbe | None) -> tuple[tuple[str, ...], str]:
-    """The archs typed in the form, and an error to show inline ("" when they are fine)."""
-    archs = tuple(a for a in re.split(r"[,\s]+", text.strip()) if a)
-    if not archs:
-        return archs, "at least one SM arch is needed, like sm_90"
-    bad = [a for a in archs if not ARCH_RE.fullmatch(a)]
-    if bad:
-        return archs, f"{', '.join(bad)}: not an SM arch like sm_90"
-    if probe is not None and probe.archs:
-        unknown = [a for a in archs if a not in probe.archs]
-        if unknown:
-            return archs, (f"{', '.join(unknown)}: not supported by {probe.nvcc} "
-                           f"(it builds for {', '.join(probe.archs)})")
-    return archs, ""
 
 
 class PathTree(DirectoryTree):
@@ -156,30 +131,25 @@ class InjectScreen(KdbScreen):
     def on_screen_resume(self) -> None:
         # The settings view may have changed nvcc_path since we last looked.
         if not self.running:
-            self.probe_nvcc(self.context.settings.nvcc_path)
+            self.look_for_nvcc(self.context.settings.nvcc_path)
 
     # -- nvcc ----------------------------------------------------------------------------------
 
     @work(thread=True, exit_on_error=False, group="nvcc", exclusive=True)
-    def probe_nvcc(self, configured: str) -> None:
-        try:
-            nvcc = find_nvcc(configured)
-            probe = NvccProbe(nvcc, supported_archs(nvcc))
-        except ToolError as exc:  # not a failure of the screen: compile checks are just unavailable
-            probe = NvccProbe(error=exc.reason)
-        self.post_message(self.NvccProbed(probe))
+    def look_for_nvcc(self, configured: str) -> None:
+        self.post_message(self.NvccProbed(probe_nvcc(configured)))  # no nvcc: compile checks are just unavailable
 
     def on_inject_screen_nvcc_probed(self, message: NvccProbed) -> None:
         self.probe = message.probe
         compile_box = self.query_one("#compile", Checkbox)
         note = self.query_one("#nvcc-note", Static)
-        if message.probe.error:
+        if message.probe.problem:
             compile_box.value, compile_box.disabled = False, True
-            note.update(f"compile check unavailable: {escape(message.probe.error)}")
+            note.update(f"compile check unavailable: {escape(message.probe.problem)}")
         else:
             compile_box.disabled = self.running
             compile_box.tooltip = f"with {message.probe.nvcc}"  # a tooltip: the path differs per machine
-        note.display = bool(message.probe.error)
+        note.display = bool(message.probe.problem)
 
     # -- choosing paths ------------------------------------------------------------------------
 
@@ -268,13 +238,14 @@ class InjectScreen(KdbScreen):
         if not self.chosen:
             self.notify("choose files or directories first: space adds the highlighted one", severity="warning")
             return
-        archs, error = parse_archs(self.query_one("#archs", Input).value, self.probe)
-        self._show_archs_error(error)
-        if error:
-            return
         compile_check = self.query_one("#compile", Checkbox).value
         if compile_check and self.probe is None:
             self.notify("still looking for nvcc: try again in a moment", severity="warning")
+            return
+        archs = tuple(parse_value("archs", self.query_one("#archs", Input).value))
+        error = archs_problem(archs, self.probe if compile_check else None)  # as `kdb inject --arch` checks them
+        self._show_archs_error(error)
+        if error:
             return
         options = InjectOptions.from_settings(self.context.settings, archs=archs, compile=compile_check,
                                               replace=self.query_one("#replace", Checkbox).value)
@@ -345,7 +316,7 @@ class InjectScreen(KdbScreen):
 
     def watch_running(self, running: bool) -> None:
         self.query_one("#options").disabled = running
-        self.query_one("#compile", Checkbox).disabled = running or bool(self.probe and self.probe.error)
+        self.query_one("#compile", Checkbox).disabled = running or bool(self.probe and self.probe.problem)
         self.query_one("#start", Button).disabled = running
         self.query_one("#cancel", Button).disabled = not running
         self.query_one("#remove", Button).disabled = running

@@ -1,13 +1,12 @@
 """GPU & SM settings: the CUDA devices found here, and the settings the console and the CLI share.
 
-The form edits text; `read_form` turns it into a Settings plus an error per bad field, reusing the
+The form edits text; core's `read_settings` turns it into a Settings plus an error per bad field, as for the
 engine's own validation, so the view can never save what `kdb settings` would refuse. Device
 detection, the nvcc probe and the save itself run in thread workers that post messages back.
 """
 
 from __future__ import annotations
 
-import re
 import shlex
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -23,10 +22,9 @@ from textual.timer import Timer
 from textual.widgets import Button, DataTable, Footer, Header, Input, Label, Static
 
 from console.screens.base import KdbScreen
-from core.cuda.nvcc import find_nvcc, supported_archs
-from core.errors import InputError, ToolError
+from core.cuda.nvcc import NvccProbe, probe_nvcc
 from core.gpu.inventory import DeviceInfo, detect_devices
-from core.settings import Settings, load_settings, save_settings, settings_path
+from core.settings import Settings, load_settings, read_settings, save_settings, setting_problem, settings_path
 
 NO_DEVICE = "no CUDA device: compile checks only"
 
@@ -56,25 +54,6 @@ FORM: tuple[FormField, ...] = (
 HELP = {f.name: f.help for f in FORM}
 
 
-@dataclass(frozen=True)
-class NvccInfo:
-    """What one nvcc_path text resolves to: the nvcc and its archs, or why there is none."""
-
-    configured: str
-    nvcc: str = ""
-    archs: tuple[str, ...] = ()
-    problem: str = ""
-
-
-def probe_nvcc(configured: str) -> NvccInfo:
-    """Resolve nvcc and ask it for its archs (a subprocess: call it from a worker)."""
-    try:
-        nvcc = find_nvcc(configured.strip())
-        return NvccInfo(configured, nvcc, supported_archs(nvcc))
-    except ToolError as exc:  # a missing nvcc is a state to show, not a failure
-        return NvccInfo(configured, problem=exc.reason)
-
-
 # -- form text <-> Settings (pure, so the worker and the UI share it) ---------------------------------
 
 def form_values(settings: Settings) -> dict[str, str]:
@@ -87,56 +66,6 @@ def form_values(settings: Settings) -> dict[str, str]:
     values["archs"] = ", ".join(settings.archs)
     values["nvcc_flags"] = shlex.join(settings.nvcc_flags)
     return values
-
-
-def parse_value(name: str, text: str) -> object:
-    """The typed value of one field; ValueError with a readable reason when it does not parse."""
-    default = getattr(Settings(), name)
-    if name == "archs":
-        return [a for a in re.split(r"[,\s]+", text) if a]
-    if name == "nvcc_flags":
-        return shlex.split(text)  # ValueError on an unclosed quote
-    if isinstance(default, int):
-        try:
-            return int(text)
-        except ValueError:
-            raise ValueError("must be a whole number") from None
-    if isinstance(default, float):
-        try:
-            return float(text)
-        except ValueError:
-            raise ValueError("must be a number of seconds") from None
-    return text.strip()
-
-
-def field_error(name: str, text: str, nvcc: NvccInfo | None) -> str:
-    """Why this field's text is not acceptable, or "" when it is. `nvcc` is None while unknown."""
-    try:
-        value = parse_value(name, text)
-        replace(Settings(), **{name: value}).validate()  # defaults are valid: any error is this field's
-    except ValueError as exc:
-        return str(exc)
-    except InputError as exc:
-        return exc.reason
-    if nvcc is None:
-        return ""
-    if name == "archs" and nvcc.archs:
-        # sm_90a and the like build wherever their base arch does
-        unsupported = [a for a in value if a.rstrip("abcdefghijklmnopqrstuvwxyz") not in nvcc.archs]
-        if unsupported:
-            return f"{', '.join(unsupported)}: not built by this nvcc (it builds {' '.join(nvcc.archs)})"
-    if name == "nvcc_path" and text.strip() and nvcc.problem:
-        return nvcc.problem
-    return ""
-
-
-def read_form(values: dict[str, str], nvcc: NvccInfo | None,
-              base: Settings | None = None) -> tuple[Settings, dict[str, str]]:
-    """The Settings the form describes, and an error per field that is not acceptable. What the form does not
-    show (the last path a file dialog used) comes from base."""
-    errors = {name: err for name, text in values.items() if (err := field_error(name, text, nvcc))}
-    good = {name: parse_value(name, text) for name, text in values.items() if name not in errors}
-    return replace(base or Settings(), **good), errors
 
 
 def copy_settings(source: Settings, target: Settings) -> None:
@@ -162,11 +91,11 @@ class SettingsScreen(KdbScreen):
 
     @dataclass
     class NvccProbed(Message):
-        info: NvccInfo
+        info: NvccProbe
 
     @dataclass
     class SaveChecked(Message):
-        info: NvccInfo
+        info: NvccProbe
         errors: dict[str, str]
         settings: Settings | None
         path: Path | None
@@ -178,7 +107,7 @@ class SettingsScreen(KdbScreen):
     def __init__(self) -> None:
         super().__init__()
         self.devices: list[DeviceInfo] = []
-        self.nvcc: NvccInfo | None = None  # the probe of the nvcc path now in the form, once known
+        self.nvcc: NvccProbe | None = None  # the probe of the nvcc path now in the form, once known
         self.probed_path: str | None = None  # the nvcc path text last sent to the probe
         self.probe_timer: Timer | None = None
 
@@ -276,7 +205,7 @@ class SettingsScreen(KdbScreen):
     def on_settings_screen_nvcc_probed(self, message: NvccProbed) -> None:
         self._apply_probe(message.info)
 
-    def _apply_probe(self, info: NvccInfo) -> None:
+    def _apply_probe(self, info: NvccProbe) -> None:
         if info.configured != self._values()["nvcc_path"]:
             return  # the path changed meanwhile; a newer probe is on its way
         self.nvcc = info
@@ -287,7 +216,7 @@ class SettingsScreen(KdbScreen):
         self.query_one("#help-nvcc_path", Static).update(f"{HELP['nvcc_path']} · {nvcc_note}")
         self.query_one("#help-archs", Static).update(f"{HELP['archs']} · {archs_note}")
         for name in ("archs", "nvcc_path"):
-            self._show_error(name, field_error(name, self._values()[name], info))
+            self._show_error(name, setting_problem(name, self._values()[name], info))
 
     # -- the form -----------------------------------------------------------------------------
 
@@ -316,12 +245,12 @@ class SettingsScreen(KdbScreen):
             if self.probe_timer is not None:
                 self.probe_timer.stop()
             self.probe_timer = self.set_timer(0.3, lambda: self._probe(self._values()["nvcc_path"]))
-        self._show_error(name, field_error(name, event.value, self.nvcc))
+        self._show_error(name, setting_problem(name, event.value, self.nvcc))
         self._update_status()
 
     def _update_status(self) -> None:
         # Compare what the text means, not the text: "sm_80,sm_90" is saved as "sm_80, sm_90".
-        form, errors = read_form(self._values(), None, self.settings)
+        form, errors = read_settings(self._values(), None, self.settings)
         dirty = bool(errors) or form != self.settings
         path = settings_path()
         if dirty:
@@ -337,7 +266,7 @@ class SettingsScreen(KdbScreen):
     @work(thread=True, exit_on_error=False, group="settings-save", exclusive=True)
     def check_and_save(self, values: dict[str, str], base: Settings) -> None:
         info = probe_nvcc(values["nvcc_path"])
-        settings, errors = read_form(values, info, base)
+        settings, errors = read_settings(values, info, base)
         path = None if errors else save_settings(settings)
         self.post_message(self.SaveChecked(info, errors, None if errors else settings, path))
 

@@ -74,6 +74,33 @@ def find_nvcc(configured: str = "") -> str:
     return found
 
 
+@dataclass(frozen=True)
+class NvccProbe:
+    """What one nvcc_path setting resolves to: the nvcc and the SM archs it builds, or why there is none."""
+
+    configured: str
+    nvcc: str = ""
+    archs: tuple[str, ...] = ()
+    problem: str = ""
+
+    def unbuilt(self, archs: Iterable[str]) -> list[str]:
+        """Those of `archs` this nvcc does not build (none while it is unknown); sm_90a and the like build wherever
+        their base arch does."""
+        if not self.archs:
+            return []
+        return [a for a in archs if a not in self.archs and a.rstrip("abcdefghijklmnopqrstuvwxyz") not in self.archs]
+
+
+def probe_nvcc(configured: str) -> NvccProbe:
+    """Resolve nvcc and ask it for its archs (a subprocess: from a worker in the console). A missing nvcc is an
+    answer (NvccProbe.problem), not an error."""
+    try:
+        nvcc = find_nvcc(configured.strip())
+        return NvccProbe(configured, nvcc, supported_archs(nvcc))
+    except ToolError as exc:
+        return NvccProbe(configured, problem=exc.reason)
+
+
 @functools.lru_cache(maxsize=8)
 def supported_archs(nvcc: str) -> tuple[str, ...]:
     """The sm_XX this nvcc can build for (`nvcc --list-gpu-arch`)."""
