@@ -120,3 +120,39 @@ async def test_a_setting_is_taken_or_refused_alike_by_the_form_and_kdb_settings(
         assert status == 2 and f"{name}: {expected}" in said and not cli_saved
     else:
         assert status == 0 and settings_path().read_text() == cli_saved
+
+
+# -- a model's op configs, imported and written ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("suffix", [".txt", ".toml", ".json"])
+async def test_a_model_imported_and_exported_in_the_console_is_the_file_kdb_opconfig_extract_writes(
+        tmp_path: Path, suffix: str, capsys: pytest.CaptureFixture[str]):
+    """Both read the model as the settings' compiler imports it at the settings' flags
+    (core.nnfusion.compiler.extract_for_compiler) and write the list with core's write_opconfigs."""
+    pytest.importorskip("onnx")
+    from onnx_models import small_cnn, write
+    from test_console_opconfigs import open_view, wait_for
+    from textual.widgets import Input
+
+    from console.widgets.dialogs import PathDialog
+
+    (tmp_path / "settings.toml").write_text('nnfusion_flags = ["-fkernel_fusion_level=0"]\n')
+    model = write(small_cnn(), tmp_path / "cnn.onnx")
+    assert console.entry.main(["opconfig", "extract", str(model), "-o", str(tmp_path / f"cli{suffix}")]) == 0
+    capsys.readouterr()
+    exported = tmp_path / f"console{suffix}"
+    app = FixedDeviceApp(ConsoleContext(db_path=tmp_path / "k.db", settings=load_settings(),
+                                        device_summary="no GPU (test)"))
+    async with app.run_test(size=(160, 45)) as pilot:
+        screen = await open_view(pilot)
+        await pilot.press("i")
+        assert isinstance(app.screen, PathDialog)
+        app.screen.query_one("#path", Input).value = str(model)
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: bool(screen.configs), what="the model's op configs")
+        await pilot.press("x")
+        assert isinstance(app.screen, PathDialog)
+        app.screen.query_one("#path", Input).value = str(exported)
+        await pilot.press("enter")
+        await wait_for(pilot, exported.exists, what="the exported list")
+    assert exported.read_bytes() == (tmp_path / f"cli{suffix}").read_bytes()

@@ -7,12 +7,10 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from console.cli.opconfig_input import model_prepass
 from console.cli.output import err, out, print_json, shorten
 from core.db.kernel_db import KernelDB, kernel_db_path
-from core.nnfusion.compiler import CompilerFlags
+from core.nnfusion.compiler import CompilerFlags, extract_for_compiler
 from core.nnfusion.coverage import ABORTS, FALLS_BACK, FUSED_AWAY, IN_DB, MISSING, NOT_USED, coverage, summarize
-from core.opconfigs.extract_cache import extract_cached
 from core.opconfigs.nnfusion_import import Blocker
 from core.settings import load_settings
 
@@ -31,7 +29,8 @@ def compiler_setup(args: argparse.Namespace) -> tuple[list[str], CompilerFlags, 
 def main(args: argparse.Namespace) -> int:
     flag_list, flags, product = compiler_setup(args)
     # a model seen before: ONNX is not even imported; the model as the compiler imports it (its pre-pass run)
-    extraction = extract_cached(Path(args.model), flags, prepass=model_prepass(args))
+    extraction = extract_for_compiler(Path(args.model), flag_list, binary=getattr(args, "nnfusion", None) or "",
+                                      nnfusion_path=load_settings().nnfusion_path)
     db_path = kernel_db_path(args.db)
     created = KernelDB.create_if_missing(db_path)  # an empty DB is the answer NNFusion itself would start from
     if created:

@@ -6,12 +6,13 @@ import argparse
 from collections import Counter
 from pathlib import Path
 
-from console.cli.opconfig_input import lookup_flags, model_prepass
+from console.cli.opconfig_input import lookup_flags
 from console.cli.output import out, print_json, shorten
 from core.errors import InputError
-from core.opconfigs.extract_cache import extract_cached
+from core.nnfusion.compiler import extract_for_compiler
 from core.opconfigs.onnx_extract import Extraction
-from core.opconfigs.opconfig import OpConfig, dedupe, format_lines, format_structured, read_opconfigs
+from core.opconfigs.opconfig import OpConfig, dedupe, read_opconfigs, write_opconfigs
+from core.settings import load_settings
 
 
 def main(args: argparse.Namespace) -> int:
@@ -21,8 +22,9 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _extract(args: argparse.Namespace) -> int:
-    flag_list, flags = lookup_flags(args)
-    extraction = extract_cached(Path(args.model), flags, prepass=model_prepass(args))  # as the compiler imports it
+    flag_list, _ = lookup_flags(args)
+    extraction = extract_for_compiler(Path(args.model), flag_list, binary=getattr(args, "nnfusion", None) or "",
+                                      nnfusion_path=load_settings().nnfusion_path)  # as the Op configs view's import
     looked_up = extraction.looked_up()
     written = write_opconfigs(looked_up, Path(args.output)) if args.output else None
     if args.json:
@@ -33,20 +35,6 @@ def _extract(args: argparse.Namespace) -> int:
     if written:
         out.print(f"written: {written}", markup=False, highlight=False, soft_wrap=True)
     return 0
-
-
-def write_opconfigs(configs: list[OpConfig], path: Path) -> Path:
-    """Write in the form the extension picks: .toml, .json, else the line format."""
-    suffix = path.suffix.lower()
-    if suffix in (".toml", ".json"):
-        text = format_structured(configs, suffix[1:])
-    else:
-        text = format_lines(configs)
-    try:
-        path.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"cannot write: {exc.strerror or exc}", where=str(path)) from None
-    return path
 
 
 def _description(config: OpConfig) -> str:

@@ -45,18 +45,12 @@ from core.inject.generate_run import (
 from core.inject.pipeline import InjectSnapshot
 from core.nnfusion.coverage import CoverageEntry, summarize
 from core.opconfigs.onnx_extract import Extraction
-from core.opconfigs.opconfig import OpConfig, dedupe, format_line, format_lines, format_structured, read_opconfigs
+from core.opconfigs.opconfig import OpConfig, dedupe, format_line, read_opconfigs, write_opconfigs
 from core.settings import Settings
 
 EMPTY_HINT = ("No op configs yet. [b]a[/b] adds one (from a template, checked as you type), "
               "[b]i[/b] imports an op-config file (lines, .toml, .json) or an ONNX model.")
 IMPORT_HINT = "i imports an op-config file or an ONNX model; unmapped ONNX nodes are listed here with the reason."
-
-
-def write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
 
 
 class OpConfigsScreen(KdbScreen):
@@ -300,14 +294,12 @@ class OpConfigsScreen(KdbScreen):
             return source.replace(str(path), path.name, 1) if source.startswith(str(path)) else source
 
         if path.suffix.lower() == ".onnx":
-            from core.nnfusion.compiler import CompilerFlags, compiler_prepass
-            from core.opconfigs.extract_cache import extract_cached
+            from core.nnfusion.compiler import extract_for_compiler
 
             # What `kdb opconfig extract` writes: the ops the compiler looks up at the settings' flags (the list
             # generate and inject then work on), in the graph the settings' compiler imports (its pre-pass run).
             settings = self.context.settings
-            extraction = extract_cached(path, CompilerFlags.parse(settings.nnfusion_flags),
-                                        prepass=compiler_prepass("", settings.nnfusion_path))
+            extraction = extract_for_compiler(path, settings.nnfusion_flags, nnfusion_path=settings.nnfusion_path)
             configs = [replace(c, source=f"{path.name}:{c.source}") for c in extraction.looked_up()]
             self.post_message(self.Imported(path, configs, [], extraction))
             return
@@ -344,9 +336,7 @@ class OpConfigsScreen(KdbScreen):
 
     @work(thread=True, exit_on_error=False, group="export")
     def export_list(self, configs: list[OpConfig], path: Path) -> None:
-        suffix = path.suffix.lower()
-        text = format_structured(configs, suffix[1:]) if suffix in (".toml", ".json") else format_lines(configs)
-        write_atomically(path, text)
+        write_opconfigs(configs, path)  # as `kdb opconfig extract -o` writes
         self.app.call_from_thread(self.notify, f"exported {len(configs)} op configs to {path}")
 
     # -- coverage ------------------------------------------------------------------------------

@@ -21,12 +21,11 @@ from core.cuda.nvcc import find_nvcc
 from core.db.kernel_db import KernelDB
 from core.db.state import Failure, StateDB, state_dir
 from core.errors import KdbError, ToolError
-from core.nnfusion.compiler import CompileResult, CompilerFlags, compile_model, compiler_prepass, find_compiler
+from core.nnfusion.compiler import CompileResult, CompilerFlags, compile_model, extract_for_compiler, find_compiler
 from core.nnfusion.coverage import CoverageEntry, coverage
 from core.nnfusion.generated import Generated, parse_generated
 from core.nnfusion.launch_check import LaunchedKernel, LaunchReport, check_launches
 from core.nnfusion.usage import DB_KERNEL, Usage, analyse, rows_looked_up
-from core.opconfigs.extract_cache import extract_cached
 from core.opconfigs.nnfusion_import import Blocker
 from core.opconfigs.onnx_extract import Extraction
 from core.settings import Settings
@@ -288,14 +287,14 @@ def _launch_check(job: CompileJob, source: str, generated: Generated) -> LaunchR
 def import_blockers(job: CompileJob) -> list[Blocker]:
     """The nodes of the job's model NNFusion cannot compile whatever the DB holds, known before it runs (the model's
     extraction is kept: the compile's own coverage reads it again for nothing)."""
-    return extract_cached(job.model, prepass=compiler_prepass(job.binary, job.nnfusion_path)).blockers
+    return extract_for_compiler(job.model, job.flags, binary=job.binary, nnfusion_path=job.nnfusion_path).blockers
 
 
 def model_coverage(job: CompileJob) -> tuple[Extraction, list[CoverageEntry]]:
     """The model's op configs as the compiler imports them at the job's flags (kept by the model's content), and
     what the job's DB makes the compiler run for each."""
-    extraction = extract_cached(job.model, CompilerFlags.parse(job.flags),  # a model compiled before: no ONNX
-                                prepass=compiler_prepass(job.binary, job.nnfusion_path))
+    # a model compiled before (or its blockers asked for): no ONNX
+    extraction = extract_for_compiler(job.model, job.flags, binary=job.binary, nnfusion_path=job.nnfusion_path)
     with KernelDB.open(job.db) as db:
         return extraction, coverage(extraction, db, CompilerFlags.parse(job.flags), job.product_name)
 

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from core.errors import KdbError
+from core.opconfigs.extract_cache import extract_cached
+from core.opconfigs.onnx_extract import Extraction
 from core.opconfigs.ort_prepass import SCRIPT, PrePass
 
 # Flags whose value changes what the compiler asks the DB for, with NNFusion's defaults.
@@ -193,6 +195,13 @@ def compiler_prepass(given: str = "", setting: str = "") -> PrePass:
         return PrePass.not_checked(str(exc))
     python3 = shutil.which("python3", path=compiler_environment().get("PATH", os.defpath))
     return PrePass(binary.parent / SCRIPT, Path(python3) if python3 else None)
+
+
+def extract_for_compiler(model: Path, flags: Iterable[str], *, binary: str = "", nnfusion_path: str = "") -> Extraction:
+    """A model's op configs as the compiler find_compiler(binary, nnfusion_path) imports it (its ONNX Runtime pre-pass
+    run) and looks them up at `flags` (cached by content): the Op configs view's import, `kdb opconfig extract`,
+    `kdb coverage` and a compile's own coverage all read a model here."""
+    return extract_cached(model, CompilerFlags.parse(list(flags)), prepass=compiler_prepass(binary, nnfusion_path))
 
 
 def compile_model(model: Path, db: Path, workdir: Path, *, binary: Path, product_name: str = "",

@@ -406,6 +406,22 @@ def format_structured(configs: Iterable[OpConfig], fmt: str) -> str:
     return "\n".join("[[op]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in e.items()) for e in entries)
 
 
+def write_opconfigs(configs: Iterable[OpConfig], path: Path) -> Path:
+    """Write an op-config list in the form its extension picks (.toml, .json, else lines), whole or not at all: the
+    Op configs view's export and `kdb opconfig extract -o` both write here. InputError naming the file when it
+    cannot be written."""
+    suffix = path.suffix.lower()
+    text = format_structured(configs, suffix[1:]) if suffix in (".toml", ".json") else format_lines(configs)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)  # no half-written list left beside it
+        raise InputError(f"cannot write: {exc.strerror or exc}", where=str(path)) from None
+    return path
+
+
 def read_opconfigs(path: Path) -> OpConfigFile:
     """An op-config file in any of the three forms (by extension: .toml, .json, else lines)."""
     try:
