@@ -5,6 +5,7 @@ verify/profile on the GPU, the SM archs an injection is checked for, writing an 
 from __future__ import annotations
 
 import json
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -156,3 +157,35 @@ async def test_a_model_imported_and_exported_in_the_console_is_the_file_kdb_opco
         await pilot.press("enter")
         await wait_for(pilot, exported.exists, what="the exported list")
     assert exported.read_bytes() == (tmp_path / f"cli{suffix}").read_bytes()
+
+
+# -- failures retried ------------------------------------------------------------------------------------------------
+
+async def test_retry_all_is_one_core_call_from_the_failures_view_and_kdb_failures_retry(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
+    from test_console_failures import open_view, press_and_wait_retry
+
+    from core.db.state import StateDB
+    from core.inject import retry
+
+    (tmp_path / "settings.toml").write_text('workers = 1\narchs = ["sm_80", "sm_90"]\n')
+    real, calls = retry.retry_open_failures, []
+
+    def spy(db_path, options, ids=None, **kw):  # type: ignore[no-untyped-def]
+        calls.append((options, ids, kw.get("edited")))
+        return real(db_path, options, ids, **kw)
+
+    monkeypatch.setattr(retry, "retry_open_failures", spy)
+    dbs = {face: build_small_db(tmp_path / face / "k.db") for face in ("console", "cli")}  # one failure each
+    app = FixedDeviceApp(ConsoleContext(db_path=dbs["console"], settings=load_settings(),
+                                        device_summary="no GPU (test)"))
+    async with app.run_test(size=(160, 45)) as pilot:
+        await open_view(pilot, app, 1)
+        await press_and_wait_retry(pilot, app, "R")
+    assert console.entry.main(["failures", "retry", "--all", "--db", str(dbs["cli"])]) == 1  # it fails again
+    capsys.readouterr()
+    console_call, cli_call = calls
+    assert console_call == cli_call and cli_call[1] is None and cli_call[0].archs == ("sm_80", "sm_90")
+    with closing(StateDB()) as state:
+        left = {face: [(f.stage, f.reason) for f in state.failures(db)] for face, db in dbs.items()}
+    assert left["console"] == left["cli"] and len(left["cli"]) == 1

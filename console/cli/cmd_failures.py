@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from contextlib import closing
 from pathlib import Path
 
 from console.cli.output import out, print_json, shorten
@@ -13,8 +14,7 @@ from core.errors import KdbError
 
 def main(args: argparse.Namespace) -> int:
     db_path = kernel_db_path(args.db)
-    state = StateDB()
-    try:
+    with closing(StateDB()) as state:
         open_failures = state.failures(db_path)
         if args.action == "list":
             if args.json:
@@ -33,18 +33,17 @@ def main(args: argparse.Namespace) -> int:
             else:
                 out.print(f"dismissed {len(ids)} failure(s)")
             return 0
-        from core.inject.pipeline import InjectOptions  # the pipeline loads only for a retry
-        from core.inject.retry import retry_failures
-        from core.settings import load_settings
+    from core.inject.pipeline import InjectOptions  # the pipeline loads only for a retry
+    from core.inject.retry import retry_open_failures
+    from core.settings import load_settings
 
-        report = retry_failures(ids, db_path, InjectOptions.from_settings(load_settings()), state=state)
-        if args.json:
-            print_json(report.as_json())
-        else:
-            out.print(f"retried: {report.injected} injected, {report.unchanged} unchanged, {report.failed} failed")
-        return 1 if report.failed else 0
-    finally:
-        state.close()
+    # As the Failures view's r and R: --all is every open failure when the retry starts.
+    report = retry_open_failures(db_path, InjectOptions.from_settings(load_settings()), None if args.all else ids)
+    if args.json:
+        print_json(report.as_json())
+    else:
+        out.print(f"retried: {report.injected} injected, {report.unchanged} unchanged, {report.failed} failed")
+    return 1 if report.failed else 0
 
 
 def _print(failures: list, db_path: Path) -> None:  # type: ignore[type-arg]

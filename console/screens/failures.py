@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import re
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -23,14 +22,13 @@ from textual.widgets import Button, Footer, Header, ProgressBar, Static, Tree
 from textual.widgets.tree import TreeNode
 from textual.worker import Worker, get_current_worker
 
-from console.context import ConsoleContext
 from console.screens.base import KdbScreen
 from console.widgets.dialogs import ConfirmDialog, EditTextDialog
 from console.widgets.failure_detail import FailureDetail, Place, item_label, offending_place, pretty_item
 from core.codegen.failures import CODEGEN_STAGE
 from core.db.state import Failure, StateDB
+from core.inject import retry as failure_retry
 from core.inject.pipeline import STAGES, InjectOptions, InjectProgress, InjectReport
-from core.inject.retry import retry_failures
 
 REASON_WIDTH = 60
 _NUMBER = re.compile(r"(?<![\w.])\d+(?![\w])")
@@ -362,23 +360,12 @@ class FailuresScreen(KdbScreen):
         context = self.app.context  # type: ignore[attr-defined]
         report: InjectReport | None = None
         try:
-            report = self._retry(context, ids, edited, should_cancel=lambda: worker.is_cancelled)
+            options = InjectOptions.from_settings(context.settings)
+            report = failure_retry.retry_open_failures(context.db_path, options, ids, edited=edited,
+                                                       on_progress=self._post_progress,
+                                                       should_cancel=lambda: worker.is_cancelled)
         finally:  # after a cancel or an error too (the App shows it): the thread is done only now
             self.post_message(self.RetryDone(report, tuple(context.settings.archs)))
-
-    def _retry(self, context: ConsoleContext, ids: list[int] | None, edited: tuple[int, str] | None,
-               should_cancel: Callable[[], bool]) -> InjectReport:
-        options = InjectOptions.from_settings(context.settings)
-        state = StateDB()
-        try:
-            if edited is not None:
-                state.update_input(*edited)
-            if ids is None:
-                ids = [f.id for f in state.failures(context.db_path) if f.id is not None]
-            return retry_failures(ids, context.db_path, options, state=state, on_progress=self._post_progress,
-                                  should_cancel=should_cancel)
-        finally:
-            state.close()
 
     def _post_progress(self, progress: InjectProgress) -> None:
         self.post_message(self.RetryProgress(progress.items_done, progress.items_seen, progress.failed))

@@ -10,17 +10,39 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 from core.codegen.failures import CODEGEN_STAGE, codegen_detail, codegen_input, config_of
 from core.codegen.generate import generate, require_tvm
+from core.db.kernel_db import kernel_db_path
 from core.db.state import Failure, StateDB
 from core.errors import InputError
 from core.inject.pipeline import InjectOptions, Injector, InjectProgress, InjectReport, ItemFailure
 from core.inject.session import open_injector
 from core.kernels.kernel_json import load_items
 from core.nnfusion.compile_job import STAGE as NNFUSION_STAGE
+
+
+def retry_open_failures(
+    db_path: Path | str | None,
+    options: InjectOptions,
+    ids: list[int] | None = None,
+    *,
+    edited: tuple[int, str] | None = None,
+    on_progress: Callable[[InjectProgress], None] | None = None,
+    should_cancel: Callable[[], bool] | None = None,
+) -> InjectReport:
+    """The Failures view's r, R and e and `kdb failures retry IDS | --all`: the failures `ids` of the kernel DB at
+    `db_path` (None: every open one) retried with `options`, in this state dir; `edited` (a failure's id, its new
+    input) is saved first."""
+    with closing(StateDB()) as state:
+        if edited is not None:
+            state.update_input(*edited)
+        if ids is None:
+            ids = [f.id for f in state.failures(kernel_db_path(db_path)) if f.id is not None]
+        return retry_failures(ids, db_path, options, state=state, on_progress=on_progress, should_cancel=should_cancel)
 
 
 def retry_failures(
