@@ -15,7 +15,7 @@ from core.db.kernel_db import KernelDB
 from core.errors import KdbError
 from core.kernels.export import write_kernel_json
 from core.kernels.kernel_row import KernelRow
-from core.kernels.lint import lint_row
+from core.kernels.lint import lint_kernel_row
 from core.kernels.rowview import describe_row
 
 
@@ -66,7 +66,7 @@ def _print(row: KernelRow) -> None:
     if not view["profile"]:
         prof.add_row("-", "not measured", str(view.get("resource")), "-")
     out.print(prof)
-    findings = lint_row((0, *row.values()))
+    findings = lint_kernel_row(row)
     for f in findings:
         out.print(f"[{'red' if f.severity != 'warning' else 'yellow'}]{f.severity}[/] {f.check}: {f.message}")
     if not findings:

@@ -225,7 +225,7 @@ class KernelsScreen(KdbScreen):
 
     @work(thread=True, exit_on_error=False, group="detail", exclusive=True)
     def load_detail(self, key: str) -> None:
-        from core.kernels.lint import lint_row
+        from core.kernels.lint import lint_kernel_row
         from core.kernels.rowview import describe_row
 
         with self.app.context.open_db() as db:  # type: ignore[attr-defined]
@@ -236,7 +236,7 @@ class KernelsScreen(KdbScreen):
         row = rows[0]
         view = describe_row(row)
         view["highlighted"] = highlight_source(view["signature"], view["body"])  # here, not on the UI thread
-        self.post_message(self.DetailLoaded(key, view, lint_row((0, *row.values()))))
+        self.post_message(self.DetailLoaded(key, view, lint_kernel_row(row)))
 
     def on_kernels_screen_detail_loaded(self, message: DetailLoaded) -> None:
         if self.query_one(KernelTable).current_key() == message.key:

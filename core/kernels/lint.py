@@ -21,7 +21,7 @@ from core.cuda.nvcc import SPILL_LIMIT_BYTES
 from core.cuda.shared_types import BLOCKFUSION_SHARED_DTYPES
 from core.cuda.warps import partial_warp_barriers
 from core.errors import InputError
-from core.kernels.kernel_row import ALIGN_PREFIX, DTYPE_BYTES
+from core.kernels.kernel_row import ALIGN_PREFIX, DTYPE_BYTES, KernelRow
 from core.kernels.ops import (
     DEVICE_TYPE,
     FUSED_OP_TYPES,
@@ -305,6 +305,11 @@ def _check_shared_alignment(fn: dict[str, Any], add: Any) -> None:
             f"the kernel's shared arrays ask for alignas({align}) and the row declares them without it: nvcc cannot "
             "read them 128 bits at a time, and such a row ran 1.79x its own tuning record on the H200 "
             "(`kdb db repair --apply` writes `__align__(N) name` as the symbol; the row keeps its profile)")
+
+
+def lint_kernel_row(row: KernelRow) -> list[Finding]:
+    """Findings for one row read from the DB, on its own: the Kernels view's detail and `kdb show`."""
+    return lint_row((0, *row.values()))
 
 
 def lint_rows(rows: Iterable[tuple[Any, ...]]) -> Iterator[Finding]:
