@@ -223,7 +223,7 @@ async def test_a_model_is_tuned_as_one_network(tmp_path: Path, no_gpu: None):
         assert report is not None and not report.failures and not report.cancelled, screen.run_error
         trials = {r.job.config.key: r.trials for r in report.results}
         assert sum(trials.values()) == 6 and min(trials.values()) >= 1
-        await wait_for(pilot, lambda: sum(map(len, screen.history.values())) == 6)  # read back from the work dirs
+        await wait_for(pilot, lambda: sum(map(len, screen.board.history.values())) == 6)  # read back from the work dirs
         for key in (conv, pool):
             assert str(table.get_cell(key, "trials")).startswith(f"{trials[key]}/")
 

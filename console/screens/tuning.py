@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
@@ -32,22 +32,21 @@ from textual.worker import Worker, WorkerState, get_current_worker
 
 from console.context import ConsoleContext
 from console.screens.base import KdbScreen
-from console.widgets.best_so_far_plot import BestSoFarPlot, microseconds
 from console.widgets.dialogs import PathDialog, dialog_default
 from console.widgets.log_tail import LogTail, LogTailView, MetaScheduleTap
 from console.widgets.run_note import RunNote, next_step
+from console.widgets.selected_op import SelectedOp
 from console.widgets.tracker_panel import TrackerPanel
 from console.widgets.tune_options import TuneOptions, label_of
-from console.widgets.tune_table import TuneTable, curve
+from console.widgets.tune_table import TuneTable
 from core.codegen.batch import Inputs
 from core.errors import KdbError
 from core.opconfigs.opconfig import OpConfig
-from core.tuning.job import TuneJob
-from core.tuning.network import Network, NetworkEvent, predict, spread_budget
-from core.tuning.progress import IDLE, OpRun, RunProgress, plural
+from core.tuning.board import History, ImportFound, TuneBoard, read_history
+from core.tuning.network import NetworkEvent
+from core.tuning.progress import OpRun, RunProgress
 from core.tuning.queue import QueueReport, tuning_root
-from core.tuning.records import recorded_runs
-from core.tuning.request import TuneRequest, input_network, list_inputs, read_tune_inputs, run_request, tune_request
+from core.tuning.request import TuneRequest, list_inputs, read_tune_inputs, run_request, tune_request
 
 TRACKER_REFRESH_S = 3.0
 EMPTY_HINT = ("Nothing to tune yet. The list comes from the Op configs view (5; [b]o[/b] takes it again), "
@@ -74,7 +73,7 @@ class TuningScreen(KdbScreen):
     @dataclass
     class HistoryLoaded(Message):
         generation: int  # a newer load supersedes this one
-        runs: dict[str, tuple[float | None, ...]]  # by OpConfig.key: what each op's work dir holds
+        runs: History  # what each op's work dir holds
 
     @dataclass
     class Progressed(Message):
@@ -98,27 +97,22 @@ class TuningScreen(KdbScreen):
 
     def __init__(self) -> None:
         super().__init__()
-        self.inputs = Inputs()  # what Start hands core's tune_request
-        self.configs: list[OpConfig] = []  # the table's rows: the list, or a network's ops
-        self.network: Network | None = None  # the list is a model's ops, tuned as one network
-        self.counts: dict[str, int] = {}  # a network's ops: how often each occurs in it
-        self.planned: dict[str, int] = {}  # a network's trials per op when the run started
-        self.network_event: NetworkEvent | None = None
-        self.source = ""
+        self.board = TuneBoard()  # the ops shown, their runs and work dirs (core/tuning/board.py)
         self.taken: tuple[str, ...] = ()  # the Op configs view's list when it was last taken
-        self.history: dict[str, tuple[float | None, ...]] = {}
         self.history_generation = 0
-        self.live: dict[str, OpRun] = {}  # the last run's ops (kept after it ends)
         self.report: QueueReport | None = None
         self.run_error = ""
         self.explanation = ""  # why Start refused, until an option changes
         self.gpu: tuple[bool, str] | None = None
-        self.plotted: tuple[str, OpRun] | None = None
         self.cancel_requested = threading.Event()
 
     @property
     def context(self) -> ConsoleContext:
         return self.app.context  # type: ignore[attr-defined]
+
+    @property
+    def configs(self) -> list[OpConfig]:
+        return self.board.configs
 
     def compose(self) -> ComposeResult:
         settings = self.context.settings
@@ -137,9 +131,7 @@ class TuningScreen(KdbScreen):
                     yield Button("Cancel (esc)", variant="error", id="cancel", disabled=True)
                 yield RunNote(id="run-note")
         with Horizontal(id="tuning-bottom"):
-            with Vertical(id="tune-curve-pane"):
-                yield Static(id="tune-selected")
-                yield BestSoFarPlot(id="tune-curve")
+            yield SelectedOp(id="tune-curve-pane")
             with Vertical(id="tune-log-pane"):
                 yield Label("Log (MetaSchedule and the queue, last 200 lines)", classes="section")
                 yield LogTailView(id="tune-log")
@@ -179,11 +171,7 @@ class TuningScreen(KdbScreen):
             self.set_inputs(list_inputs(configs), "the Op configs view")
 
     def set_inputs(self, inputs: Inputs, source: str) -> None:
-        self.inputs, self.source, self.network_event = inputs, source, None
-        self.network = input_network(inputs)
-        self.configs = [op.config for op in self.network.ops] if self.network is not None else list(inputs.configs)
-        self.counts = {op.config.key: op.count for op in self.network.ops} if self.network is not None else {}
-        self.live = {k: v for k, v in self.live.items() if k in {c.key for c in self.configs}}
+        self.board.take(inputs, source)
         self.load_history()
         self.refresh_view()
 
@@ -204,20 +192,14 @@ class TuningScreen(KdbScreen):
         self.post_message(self.Imported(path, read_tune_inputs([path], self.context.settings)))
 
     def on_tuning_screen_imported(self, message: Imported) -> None:
-        errors, network = message.inputs.errors, input_network(message.inputs)
-        refused = f"; {len(errors)} refused (first: {errors[0]})" if errors else ""
-        if not (network.ops if network is not None else message.inputs.configs):
-            left = (f" ({plural(len(network.skipped), 'op')}, none NNFusion looks up in the kernel DB)"
-                    if network is not None and network.skipped else "")
-            self.notify(f"no op configs to tune in {message.path.name}{left}{refused}", severity="error", timeout=10)
-            return
-        if self.running:
+        found = ImportFound.of(message.inputs, message.path.name)
+        if found.ops and self.running:
             self.notify("a run is on: the list changes once it ends", severity="warning")
             return
-        self.set_inputs(message.inputs, message.path.name)
-        what = "network op" if network is not None else "op config"
-        self.notify(f"{plural(len(self.configs), what)} to tune from {message.path.name}{refused}",
-                    severity="warning" if errors else "information")
+        if found.ops:
+            self.set_inputs(message.inputs, message.path.name)
+        severity = "error" if not found.ops else "warning" if found.refused else "information"
+        self.notify(found.text, severity=severity, **({"timeout": 10} if severity == "error" else {}))
 
     # -- what each op's work dir holds ---------------------------------------------------------
 
@@ -227,28 +209,23 @@ class TuningScreen(KdbScreen):
 
     @work(thread=True, exit_on_error=False, group="history", exclusive=True)
     def read_history(self, generation: int, configs: list[OpConfig], target: str, arch: str) -> None:
-        root = tuning_root()
-        runs = {c.key: tuple(recorded_runs(TuneJob(c, 1, target, arch).directory(root))) for c in configs}
-        self.post_message(self.HistoryLoaded(generation, runs))
+        self.post_message(self.HistoryLoaded(generation, read_history(configs, target, arch)))
 
     def on_tuning_screen_history_loaded(self, message: HistoryLoaded) -> None:
-        if message.generation != self.history_generation:
-            return
-        self.history = message.runs
-        if not self.running:  # the work dirs are the truth once a run is over
-            self.live = {k: replace(v, runs=self.history.get(k, v.runs)) for k, v in self.live.items()}
-        self.refresh_view()
+        if message.generation == self.history_generation:  # else a newer read is on its way
+            self.board.history_read(message.runs, running=self.running)
+            self.refresh_view()
 
     # -- showing -------------------------------------------------------------------------------
 
     def run_of(self, key: str) -> OpRun:
-        return self.live.get(key) or OpRun(IDLE, self.history.get(key, ()))
+        return self.board.run_of(key)
 
     def refresh_view(self) -> None:
         table = self.query_one(TuneTable)
         shares = self._shares()
         with self.app.batch_update():
-            table.show(self.configs, self.run_of, lambda key: shares.get(key, self.options.trials), self._count)
+            table.show(self.configs, self.run_of, lambda key: shares.get(key, self.options.trials), self.board.count)
             table.display = bool(self.configs)
             self.query_one("#tuning-empty").display = not self.configs
             self._update_status()
@@ -258,36 +235,11 @@ class TuningScreen(KdbScreen):
         self.refresh_bindings()
 
     def _update_status(self) -> None:
-        text = f"{plural(len(self.configs), 'op')} from {escape(self.source)}" if self.configs else ""
-        if self.network is not None and self.configs:
-            left = sum(count for _, count, _ in self.network.skipped)
-            text = (f"network {escape(self.network.name)}: {plural(len(self.configs), 'distinct op')} NNFusion looks "
-                    f"up in the kernel DB" + (f" ({plural(left, 'other node')} left to NNFusion)" if left else "")
-                    + f"\n{escape(self._prediction().text())}")
-        self.query_one("#tuning-status", Static).update(text)
-
-    def _count(self, key: str) -> int:
-        return self.counts.get(key, 1)
-
-    def _best_by_op(self) -> dict[str, float]:
-        return {c.key: best for c in self.configs if (best := self.run_of(c.key).best_seconds) is not None}
+        text = self.board.status(running=self.running, trials=self.options.trials, cap=self.options.cap)
+        self.query_one("#tuning-status", Static).update(escape(text))
 
     def _shares(self) -> dict[str, int]:
-        """A network's trials per op (what each holds counted in); empty for a plain list (the budget each)."""
-        if self.network is None:
-            return {}
-        if self.running:  # the run's own plan: each op's latest job (after a network's probes, its share)
-            return {**self.planned, **{key: run.planned for key, run in self.live.items() if run.planned}}
-        recorded = {c.key: len(self.history.get(c.key, ())) for c in self.configs}
-        return spread_budget(self.network.ops, self.options.trials * len(self.network.ops), recorded=recorded,
-                             best=self._best_by_op(), cap=self.options.cap)
-
-    def _prediction(self) -> NetworkEvent:
-        assert self.network is not None
-        if self.running and self.network_event is not None:
-            return self.network_event
-        trials = sum(self.run_of(c.key).trials for c in self.configs)
-        return predict(self.network, self._best_by_op(), trials, sum(self._shares().values()))
+        return self.board.shares(running=self.running, trials=self.options.trials, cap=self.options.cap)
 
     def _update_measure_note(self) -> None:
         self.options.show_measuring(self.context.settings.rpc_tracker, self.gpu, self.context.db_path.name)
@@ -297,8 +249,8 @@ class TuningScreen(KdbScreen):
         runs = [(self.run_of(c.key), shares.get(c.key, budget)) for c in self.configs]
         self.query_one(RunNote).show(self.explanation, running=self.running,
                                      cancelling=self.cancel_requested.is_set(), run_error=self.run_error,
-                                     report=self.report, states=[run.status for run in self.live.values()],
-                                     next_step=next_step(runs, budget, network=self.network is not None))
+                                     report=self.report, states=[run.status for run in self.board.live.values()],
+                                     next_step=next_step(runs, budget, network=self.board.network is not None))
 
     def _current(self) -> OpConfig | None:
         key = self.query_one(TuneTable).current_key()
@@ -306,30 +258,16 @@ class TuningScreen(KdbScreen):
 
     def _update_selected(self) -> None:
         config = self._current()
-        selected = self.query_one("#tune-selected", Static)
-        plot = self.query_one(BestSoFarPlot)
-        if config is None:
-            selected.update("")
-            if self.plotted is not None:
-                self.plotted = None
-                plot.show(None)
-            return
-        run = self.run_of(config.key)
-        status = run.status_text(self._shares().get(config.key, self.options.trials))
-        best = f" · best {microseconds(run.best_seconds)}" if run.best_seconds is not None else ""
-        detail = f"\n[dim]{escape(run.detail)}[/]" if run.detail else ""
-        selected.update(f"[b]{escape(config.describe())}[/b] · {status} · {plural(run.trials, 'trial')}{best}{detail}")
-        if self.plotted != (config.key, run):  # redraw only when the curve changed
-            self.plotted = (config.key, run)
-            plot.show(curve(config, run))
+        run = self.run_of(config.key) if config is not None else None
+        planned = self._shares().get(config.key, self.options.trials) if config is not None else 0
+        self.query_one(SelectedOp).show(config, run, planned)
 
     @on(DataTable.RowHighlighted, "#tune-table")
     def row_highlighted(self) -> None:
         self._update_selected()
 
     def action_toggle_scale(self) -> None:
-        plot = self.query_one(BestSoFarPlot)
-        plot.log_scale = not plot.log_scale
+        self.query_one(SelectedOp).toggle_scale()
 
     # -- options -------------------------------------------------------------------------------
 
@@ -352,7 +290,7 @@ class TuningScreen(KdbScreen):
     def work_dirs_changed(self) -> None:
         # Another target or arch is another work dir per op: what the last run showed is not about it.
         self.options.clear_bad("arch")
-        self.live, self.report, self.run_error, self.explanation = {}, None, "", ""
+        self.board.live, self.report, self.run_error, self.explanation = {}, None, "", ""
         self.load_history()
         self.refresh_view()
 
@@ -394,7 +332,7 @@ class TuningScreen(KdbScreen):
 
     def request(self) -> TuneRequest:
         """The run the options ask for, checked and built by core as `kdb tune` builds it (else a KdbError)."""
-        return tune_request(self.inputs, self.options.choices(), self.context.settings,
+        return tune_request(self.board.inputs, self.options.choices(), self.context.settings,
                             db_path=self.context.db_path, gpu=self.gpu)
 
     @on(Button.Pressed, "#start")
@@ -417,8 +355,8 @@ class TuningScreen(KdbScreen):
             self.notify(f"{label}: {exc.reason}" if label else exc.reason, severity="error")
             return
         self.cancel_requested = threading.Event()
-        self.planned = self._shares()
-        self.live, self.report, self.run_error, self.explanation = {}, None, "", ""
+        self.board.planned = self._shares()
+        self.board.live, self.report, self.run_error, self.explanation = {}, None, "", ""
         self.query_one(LogTailView).reset()
         self.running = True
         self.tune(request, self.cancel_requested)
@@ -441,8 +379,8 @@ class TuningScreen(KdbScreen):
                                should_cancel=lambda: cancel.is_set() or worker.is_cancelled)
 
     def on_tuning_screen_progressed(self, message: Progressed) -> None:
-        self.live = dict(message.runs)
-        self.network_event = message.network
+        self.board.live = dict(message.runs)
+        self.board.network_event = message.network
         self.refresh_view()
 
     def on_tuning_screen_logged(self, message: Logged) -> None:
