@@ -11,7 +11,6 @@ returns its GenerateReport.
 from __future__ import annotations
 
 import threading
-from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar
@@ -20,7 +19,6 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.markup import escape
 from textual.message import Message
 from textual.reactive import var
 from textual.widgets import Button, DataTable, Footer, Header, Label, Static
@@ -32,7 +30,7 @@ from console.widgets.dialogs import ConfirmDialog, PathDialog, dialog_default
 from console.widgets.generate_panel import GeneratePanel
 from console.widgets.opconfig_detail import ImportReport, OpConfigDetail
 from console.widgets.opconfig_dialog import DEFAULT_TEMPLATE, OpConfigDialog
-from console.widgets.opconfig_table import OpConfigTable
+from console.widgets.opconfig_table import OpConfigTable, OpListStatus
 from core.errors import InputError
 from core.inject import generate_run
 from core.inject.generate_run import (
@@ -43,9 +41,10 @@ from core.inject.generate_run import (
     GenerateRequest,
 )
 from core.inject.pipeline import InjectSnapshot
-from core.nnfusion.coverage import CoverageEntry, summarize
+from core.nnfusion.coverage import CoverageEntry
+from core.nnfusion.oplist import list_coverage, read_op_list
 from core.opconfigs.onnx_extract import Extraction
-from core.opconfigs.opconfig import OpConfig, dedupe, format_line, read_opconfigs, write_opconfigs
+from core.opconfigs.opconfig import OpConfig, dedupe, format_line, write_opconfigs
 from core.settings import Settings
 
 EMPTY_HINT = ("No op configs yet. [b]a[/b] adds one (from a template, checked as you type), "
@@ -111,7 +110,7 @@ class OpConfigsScreen(KdbScreen):
         with Vertical(id="opconfigs-top"):
             yield OpConfigTable(id="opconfig-table")
             yield Static(EMPTY_HINT, id="opconfigs-empty")
-            yield Static(id="opconfigs-status")
+            yield OpListStatus(id="opconfigs-status")
         with Horizontal(id="opconfigs-bottom"):
             with VerticalScroll(id="opconfig-detail-pane"):
                 yield Label("Selected", classes="section")
@@ -158,24 +157,8 @@ class OpConfigsScreen(KdbScreen):
         self.refresh_bindings()
 
     def _update_status(self) -> None:
-        total = sum(c.flops for c in self.configs) / 1e9
-        text = f"{len(self.configs)} op config{'s' if len(self.configs) != 1 else ''} · {total:,.3f} GFLOP in all"
-        entries = [self.coverage[c.key] for c in self.configs if c.key in self.coverage]
-        if entries:
-            counts = Counter(e.status for e in entries)
-            share = summarize(entries)["db_flops_share"]
-            text += (f" · in {escape(self.context.db_path.name)}: "
-                     + " · ".join(f"{n} {status}" for status, n in counts.items())
-                     + f" · DB kernels run {share:.0%} of the FLOPs")
-            if len(entries) < len(self.configs):
-                text += f" · {len(self.configs) - len(entries)} not checked (c)"
-        elif self.configs:
-            text += f" · c checks which have a kernel in {escape(self.context.db_path.name)}"
-        if entries:  # with coverage: a model NNFusion cannot compile whatever the DB holds comes first
-            text = "".join(f"[$error]NNFusion cannot compile {escape(model.model_name)}: node {escape(b.node)} "
-                           f"({escape(b.op_type)}): {escape(b.reason)}[/]\n"
-                           for model in self.models.values() for b in model.blockers) + text
-        self.query_one("#opconfigs-status", Static).update(text)
+        self.query_one(OpListStatus).show(self.configs, self.coverage, list(self.models.values()),
+                                          self.context.db_path.name)
 
     def _current(self) -> OpConfig | None:
         key = self.query_one(OpConfigTable).current_key()
@@ -288,25 +271,8 @@ class OpConfigsScreen(KdbScreen):
         self._read_and_post(demo_opconfigs_path())
 
     def _read_and_post(self, path: Path) -> None:
-        """Read an op-config file or an ONNX model (in a worker) and post what it holds."""
-
-        def short(source: str) -> str:  # the file's name instead of its full path: the table has room for that
-            return source.replace(str(path), path.name, 1) if source.startswith(str(path)) else source
-
-        if path.suffix.lower() == ".onnx":
-            from core.nnfusion.compiler import extract_for_compiler
-
-            # What `kdb opconfig extract` writes: the ops the compiler looks up at the settings' flags (the list
-            # generate and inject then work on), in the graph the settings' compiler imports (its pre-pass run).
-            settings = self.context.settings
-            extraction = extract_for_compiler(path, settings.nnfusion_flags, nnfusion_path=settings.nnfusion_path)
-            configs = [replace(c, source=f"{path.name}:{c.source}") for c in extraction.looked_up()]
-            self.post_message(self.Imported(path, configs, [], extraction))
-            return
-        read = read_opconfigs(path)
-        errors = [InputError(e.reason, where=short(e.where)) for e in read.errors]
-        self.post_message(self.Imported(path, [replace(c, source=short(c.source)) for c in read.configs], errors,
-                                        None))
+        read = read_op_list(path, self.context.settings)  # as `kdb opconfig extract` reads a model
+        self.post_message(self.Imported(path, read.configs, read.errors, read.extraction))
 
     def on_op_configs_screen_imported(self, message: Imported) -> None:
         if message.extraction is not None:
@@ -353,22 +319,8 @@ class OpConfigsScreen(KdbScreen):
     @work(thread=True, exit_on_error=False, group="coverage", exclusive=True)
     def find_coverage(self, generation: int, configs: list[OpConfig], models: list[Extraction],
                       settings: Settings) -> None:
-        from core.nnfusion.compiler import CompilerFlags
-        from core.nnfusion.coverage import coverage
-
-        flags = CompilerFlags.parse(settings.nnfusion_flags)
-        entries: dict[str, CoverageEntry] = {}
         with self.context.open_db() as db:
-            # Ops of an imported model: with its graph (counts, what NNFusion fuses away); the rest as a "model"
-            # in which each op occurs once.
-            for model in reversed(models):
-                for e in coverage(model, db, flags, settings.product_name):
-                    entries.setdefault(e.config.key, e)
-            rest = [c for c in configs if c.key not in entries]
-            plain = Extraction("op configs", len(rest), rest, {c.key: [(c.source,)] for c in rest})
-            for e in coverage(plain, db, flags, settings.product_name):
-                entries[e.config.key] = e
-        self.post_message(self.Covered(generation, [entries[c.key] for c in configs if c.key in entries]))
+            self.post_message(self.Covered(generation, list_coverage(configs, models, db, settings)))
 
     def action_compile_with_nnfusion(self) -> None:
         """Compile the newest imported model with NNFusion and the open DB (console/screens/nnfusion.py)."""

@@ -1,13 +1,17 @@
-"""The op-config table: one row per op config keyed by OpConfig.key, updated by diffing (cursor kept)."""
+"""The op-config table: one row per op config keyed by OpConfig.key, updated by diffing (cursor kept); and the
+status line on the list."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 
 from rich.text import Text
-from textual.widgets import DataTable
+from textual.markup import escape
+from textual.widgets import DataTable, Static
 
-from core.nnfusion.coverage import FALLS_BACK, FUSED_AWAY, IN_DB, MISSING, CoverageEntry
+from core.nnfusion.coverage import FALLS_BACK, FUSED_AWAY, IN_DB, MISSING, CoverageEntry, summarize
+from core.opconfigs.onnx_extract import Extraction
 from core.opconfigs.opconfig import OpConfig
 
 STATUS_LEVEL = {MISSING: "warning", FALLS_BACK: "warning", FUSED_AWAY: "dim"}  # NOT_USED, ABORTS: error
@@ -94,3 +98,27 @@ class OpConfigTable(DataTable[object]):
         if not self.row_count:
             return None
         return str(self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value)
+
+
+class OpListStatus(Static):
+    """One line on the list: how many ops, their FLOPs, and with coverage what the DB holds of them (a model NNFusion
+    cannot compile whatever the DB holds said first)."""
+
+    def show(self, configs: list[OpConfig], coverage: dict[str, CoverageEntry], models: list[Extraction],
+             db_name: str) -> None:
+        total = sum(c.flops for c in configs) / 1e9
+        text = f"{len(configs)} op config{'s' if len(configs) != 1 else ''} · {total:,.3f} GFLOP in all"
+        entries = [coverage[c.key] for c in configs if c.key in coverage]
+        if entries:
+            counts = Counter(e.status for e in entries)
+            share = summarize(entries)["db_flops_share"]
+            text += (f" · in {escape(db_name)}: " + " · ".join(f"{n} {status}" for status, n in counts.items())
+                     + f" · DB kernels run {share:.0%} of the FLOPs")
+            if len(entries) < len(configs):
+                text += f" · {len(configs) - len(entries)} not checked (c)"
+            text = "".join(f"[$error]NNFusion cannot compile {escape(model.model_name)}: node {escape(b.node)} "
+                           f"({escape(b.op_type)}): {escape(b.reason)}[/]\n"
+                           for model in models for b in model.blockers) + text
+        elif configs:
+            text += f" · c checks which have a kernel in {escape(db_name)}"
+        self.update(text)
