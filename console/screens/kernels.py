@@ -9,22 +9,21 @@ the browse index (console/widgets/kernel_pages.py), DB maintenance, previewed an
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import ClassVar
 
-from textual import on, work
+from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
-from textual.message import Message
 from textual.widgets import Button, DataTable, Footer, Header, Input, Select, Static
 
 from console.screens.base import KdbScreen
 from console.widgets.db_maintenance import DbMaintenance
 from console.widgets.dialogs import PathDialog, dialog_default
 from console.widgets.kernel_actions import KernelActions
-from console.widgets.kernel_detail import KernelDetail, highlight_source
+from console.widgets.kernel_detail import KernelDetail
 from console.widgets.kernel_pages import PAGE_SIZE, KernelPages
 from console.widgets.kernel_table import COLUMNS, KernelTable
 from core.db.browse import (
@@ -56,12 +55,6 @@ class KernelsScreen(KdbScreen):
         Binding("K", "keep_fastest", "Keep each op's fastest row", show=False),
         Binding("S", "toggle_standalone", "Standalone: never fused by BlockFusion (or back)", show=False),
     ]
-
-    @dataclass
-    class DetailLoaded(Message):
-        key: str
-        view: dict | None
-        findings: list
 
     def __init__(self) -> None:
         super().__init__()
@@ -221,26 +214,7 @@ class KernelsScreen(KdbScreen):
     @on(DataTable.RowHighlighted, "#kernel-table")
     def row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         if event.row_key is not None and event.row_key.value is not None:
-            self.load_detail(str(event.row_key.value))
-
-    @work(thread=True, exit_on_error=False, group="detail", exclusive=True)
-    def load_detail(self, key: str) -> None:
-        from core.kernels.lint import lint_kernel_row
-        from core.kernels.rowview import describe_row
-
-        with self.app.context.open_db() as db:  # type: ignore[attr-defined]
-            rows = db.find(key)
-        if not rows:
-            self.post_message(self.DetailLoaded(key, None, []))
-            return
-        row = rows[0]
-        view = describe_row(row)
-        view["highlighted"] = highlight_source(view["signature"], view["body"])  # here, not on the UI thread
-        self.post_message(self.DetailLoaded(key, view, lint_kernel_row(row)))
-
-    def on_kernels_screen_detail_loaded(self, message: DetailLoaded) -> None:
-        if self.query_one(KernelTable).current_key() == message.key:
-            self.query_one(KernelDetail).show(message.view, message.findings)
+            self.query_one(KernelDetail).load(str(event.row_key.value))
 
     # -- filtering and sorting ----------------------------------------------------------------
 

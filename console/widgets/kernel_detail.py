@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
+from textual import work
 from textual.containers import VerticalScroll
+from textual.message import Message
 from textual.widgets import Static
+from textual.worker import Worker
 
 from console.widgets.highlight import numbered_listing
-from core.kernels.lint import Finding
+from core.kernels.lint import Finding, lint_kernel_row
+from core.kernels.rowview import describe_row
 
 
 def render_detail(view: dict[str, Any], findings: list[Finding]) -> Group:
@@ -72,8 +77,40 @@ def highlight_source(signature: str, body: str) -> Text:
 
 
 class KernelDetail(VerticalScroll):
+    """Shows the row of a Key: read, described and linted in a worker (as `kdb show` does), the newest asked only."""
+
+    @dataclass
+    class Loaded(Message):
+        key: str
+        view: dict[str, Any] | None  # None: no such row (deleted meanwhile)
+        findings: list[Finding]
+
+    wanted = ""  # the Key last asked for: a slower read of another is dropped
+
     def compose(self):  # type: ignore[no-untyped-def]
         yield Static("Select a kernel to see its attributes, launch config, profile and CUDA body.", id="detail-body")
+
+    def load(self, key: str) -> None:
+        self.wanted = key
+        self.read_row(key)
+
+    @work(thread=True, exit_on_error=False, group="detail", exclusive=True)
+    def read_row(self, key: str) -> None:
+        with self.app.context.open_db() as db:  # type: ignore[attr-defined]
+            rows = db.find(key)
+        if not rows:
+            self.post_message(self.Loaded(key, None, []))
+            return
+        view = describe_row(rows[0])
+        view["highlighted"] = highlight_source(view["signature"], view["body"])  # here, not on the UI thread
+        self.post_message(self.Loaded(key, view, lint_kernel_row(rows[0])))
+
+    def on_kernel_detail_loaded(self, message: Loaded) -> None:
+        if message.key == self.wanted:
+            self.show(message.view, message.findings)
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        self.app.report_worker_failure(event)  # type: ignore[attr-defined]  # a widget's worker events do not bubble
 
     def show(self, view: dict[str, Any] | None, findings: list[Finding]) -> None:
         body = self.query_one("#detail-body", Static)
