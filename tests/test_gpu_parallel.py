@@ -213,12 +213,14 @@ def test_kdb_gpu_profile_compiles_with_nvcc_here_and_the_child_loads_the_cubin(s
     assert log and all(e["archs"] == ["sm_80"] for e in log)  # every job brought its cubin
 
 
-def test_nvcc_build_compiles_only_the_devices_arch_when_it_is_known():
+def test_nvcc_build_compiles_only_the_devices_arch(tmp_path: Path):
     """The GPU child loads its own arch's cubin alone; a device the settings do not name (settings sm_90, an
     A100) would otherwise get no cubin and compile the row again through pycuda."""
-    from core.gpu.rows import NvccBuild
+    from core.gpu.rows import GpuCheckRequest
     from core.settings import Settings
 
-    settings = Settings(archs=["sm_70", "sm_90"])
-    assert NvccBuild.from_settings(settings).archs == ("sm_70", "sm_90")
-    assert NvccBuild.from_settings(settings, "sm_80").archs == ("sm_80",)
+    nvcc = tmp_path / "nvcc"
+    nvcc.write_text("")  # named by the settings: found, never run here
+    settings = Settings(archs=["sm_70", "sm_90"], nvcc_path=str(nvcc), nvcc_flags=["-O3"])
+    build = GpuCheckRequest.from_settings(settings, tmp_path / "k.db", ["k"], profile=False).build("sm_80")
+    assert (build.archs, build.nvcc, build.flags) == (("sm_80",), str(nvcc), ("-O3",))

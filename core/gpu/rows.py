@@ -47,15 +47,6 @@ class NvccBuild:
     flags: tuple[str, ...] = ()
     timeout_s: float = 120.0
 
-    @classmethod
-    def from_settings(cls, settings: Settings, device_arch: str | None = None) -> NvccBuild:
-        """With `device_arch` (the GPU the child runs on) only that arch is compiled: the child loads that cubin
-        alone, and a device whose arch the settings lack would otherwise compile the row again through pycuda."""
-        from core.cuda.nvcc import find_nvcc
-
-        archs = (device_arch,) if device_arch else tuple(settings.archs)
-        return cls(archs, find_nvcc(settings.nvcc_path), tuple(settings.nvcc_flags), settings.nvcc_timeout_s)
-
     def cubins(self, row: KernelRow) -> dict[str, bytes]:
         """arch -> cubin of the row's translation unit; InputError naming nvcc's reason when one fails."""
         with tempfile.TemporaryDirectory(prefix="kdb-gpu-nvcc-") as work:
@@ -107,15 +98,19 @@ class GpuCheckRequest:
                    tuple(settings.nvcc_flags), settings.nvcc_timeout_s, every_row, op)
 
 
+    def build(self, device_arch: str) -> NvccBuild:
+        """nvcc for the device's arch alone: the child loads that cubin, and a device whose arch the settings lack
+        would otherwise compile each row again through pycuda."""
+        return NvccBuild((device_arch,), find_nvcc(self.nvcc), self.nvcc_flags, self.nvcc_timeout_s)
+
+
 def check_db_rows(request: GpuCheckRequest, *, on_result: Callable[[RowCheck], None] | None = None,
                   should_cancel: Callable[[], bool] | None = None) -> RowsReport:
     """Run the request on the first CUDA device (ToolError saying why there is none, before the DB is opened):
     its rows compiled with nvcc for that device's arch, verified, and timed with their profile written when asked."""
     if not request.every_row and not request.keys:
         raise InputError("name kernels (Key or Identifier), or ask for every row")
-    device = require_device()
-    # Only the device's arch: the child loads that cubin alone (NvccBuild).
-    build = NvccBuild((device.arch,), find_nvcc(request.nvcc), request.nvcc_flags, request.nvcc_timeout_s)
+    build = request.build(require_device().arch)
     with KernelDB.open(request.db_path, write=request.profile) as db:
         if request.every_row:
             where, params = ("WHERE OpType = ?", [request.op]) if request.op else ("", [])
