@@ -15,13 +15,12 @@ from typing import ClassVar
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Horizontal, Vertical
 from textual.message import Message
-from textual.screen import ModalScreen
 from textual.widget import Widget
-from textual.widgets import Button, Label, Static
+from textual.widgets import Static
 from textual.worker import Worker
 
+from console.widgets.dialogs import ConfirmDialog
 from core.db import maintenance
 from core.db.edit import Applied
 from core.db.kernel_db import KernelDB
@@ -31,40 +30,22 @@ from core.db.summary_index import SummaryIndex
 SHOWN_LINES = 20  # the dialog's lines; `kdb db VERB` lists them all
 
 
-class PlanDialog(ModalScreen[bool]):
+class PlanDialog(ConfirmDialog):
     """A plan's preview: its title as the question, a line per row it touches, its notes; True applies it."""
 
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel"), Binding("y", "confirm", "Apply")]
 
     def __init__(self, plan: Plan, confirm_label: str) -> None:
-        super().__init__()
-        self.plan, self.confirm_label = plan, confirm_label
+        super().__init__(f"{plan.title}?", confirm_label=confirm_label)
+        self.plan = plan
 
-    @property
-    def question(self) -> str:
-        return f"{self.plan.title}?"
-
-    def compose(self) -> ComposeResult:
+    def details(self) -> ComposeResult:
         lines = [f"{ln.action} {ln.key}" + (f" ({ln.why})" if ln.why else "") for ln in self.plan.lines[:SHOWN_LINES]]
         if len(self.plan.lines) > SHOWN_LINES:
             lines.append(f"… and {len(self.plan.lines) - SHOWN_LINES} more (`kdb db {self.plan.verb}` lists them)")
-        with Vertical(classes="dialog"):
-            yield Label(self.question, classes="dialog-title")
-            yield Static("\n".join(lines), id="plan-lines", classes="dialog-detail", markup=False)
-            yield Static(" ".join([*self.plan.notes, "Written in one transaction; `u` puts it back."]),
-                         id="plan-notes", classes="dialog-detail", markup=False)
-            with Horizontal(classes="dialog-buttons"):
-                yield Button(self.confirm_label, variant="error", id="confirm")
-                yield Button("Cancel", id="cancel")
-
-    def on_button_pressed(self, event: Button.Pressed) -> None:
-        self.dismiss(event.button.id == "confirm")
-
-    def action_confirm(self) -> None:
-        self.dismiss(True)
-
-    def action_cancel(self) -> None:
-        self.dismiss(False)
+        yield Static("\n".join(lines), id="plan-lines", classes="dialog-detail", markup=False)
+        yield Static(" ".join([*self.plan.notes, "Written in one transaction; `u` puts it back."]),
+                     id="plan-notes", classes="dialog-detail", markup=False)
 
 
 @dataclass(frozen=True)

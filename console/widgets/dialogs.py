@@ -27,11 +27,15 @@ class ConfirmDialog(ModalScreen[bool]):
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
             yield Label(self.question, classes="dialog-title")
-            if self.detail:
-                yield Static(self.detail, classes="dialog-detail")
+            yield from self.details()
             with Horizontal(classes="dialog-buttons"):
                 yield Button(self.confirm_label, variant="error", id="confirm")
                 yield Button("Cancel", id="cancel")
+
+    def details(self) -> ComposeResult:
+        """What is between the question and the buttons (a subclass may show more)."""
+        if self.detail:
+            yield Static(self.detail, classes="dialog-detail")
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         self.dismiss(event.button.id == "confirm")
