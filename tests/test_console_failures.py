@@ -123,7 +123,12 @@ async def press_and_wait_retry(pilot, app: FixedDeviceApp, *keys: str) -> None:
         loading = [w for w in app.workers if w.node is screen and w.group == "failures-load" and not w.is_finished]
         return screen.retry_worker is None and screen.generation > started and not loading
 
-    await wait_until(pilot, reloaded, "the retry to end and the view to reload", timeout_s=120)
+    try:
+        await wait_until(pilot, reloaded, "the retry to end and the view to reload", timeout_s=120)
+    except AssertionError as exc:  # once in a loaded CI run (session 16): say which step never came
+        workers = [(w.name, w.group, w.state.name) for w in app.workers if w.node is screen]
+        raise AssertionError(f"{exc}; retry_worker {screen.retry_worker}, generation {screen.generation} (started at "
+                             f"{started}), the screen's workers {workers}") from exc
     await pilot.pause()  # the last load's message, posted before its worker finished
 
 
