@@ -64,7 +64,7 @@ def run_network_command(args: argparse.Namespace, job: CompileJob, *, fit_launch
 
 def _print(run: NetworkRun) -> None:
     options = run.options
-    where = f"{run.device} ({run.arch})" if run.device else f"no GPU (built for {run.arch})"
+    where = _where(run.device, run.arch)
     out.print(f"network: {run.job.model.name} with {run.job.db} on {where}; seed {options.seed}; "
               f"{options.warmup} warm-ups, then {options.iterations} timed calls of kernel_entry (median)",
               highlight=False)
@@ -85,6 +85,11 @@ def _print(run: NetworkRun) -> None:
     style = "green" if run.status == 0 else "red" if run.status == 1 else "yellow"
     for finding in run.findings or ["right, and not slower than with the empty DB"]:
         out.print(f"[{style}]{finding}[/]", highlight=False)
+
+
+def _where(device: str, arch: str) -> str:
+    """The GPU a run ran on, or that it found none."""
+    return f"{device} ({arch})" if device else f"no GPU (built for {arch})"
 
 
 def _line(contender: Contender) -> str:
@@ -115,7 +120,7 @@ def op_times_command(args: argparse.Namespace, job: CompileJob) -> int:
 
 def _print_op_times(run: LibraryTimes) -> None:
     options = run.options
-    where = f"{run.device} ({run.arch})" if run.device else f"no GPU (built for {run.arch})"
+    where = _where(run.device, run.arch)
     out.print(f"op times: {run.job.model.name} with {run.job.db} on {where}; each op alone, {options.warmup} warm-ups "
               f"then {options.iterations} timed calls of kernel_entry (median); seed {options.seed}", highlight=False)
     for op in run.ops:
