@@ -82,6 +82,8 @@ def cli_apply_and_undo(path: Path, *args: str) -> tuple[list, list]:
     after = state(path)
     proc, undone = run_kdb_json("db", "undo", done["undo_file"], "--db", str(path), "--apply")
     assert proc.returncode == 0 and undone["applied"], proc.stderr
+    for undo_file in (Path(done["undo_file"]), Path(undone["undo_file"])):  # each one file, to keep or to move
+        assert sorted(undo_file.parent.glob(undo_file.name + "*")) == [undo_file]
     return after, state(path)
 
 

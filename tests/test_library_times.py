@@ -137,7 +137,9 @@ def test_without_a_gpu_every_op_is_built_with_its_row_and_with_the_library_and_n
     work, report, _db = built
     assert report["status"] == 2 and report["device"] is None
     assert report["findings"][0].startswith("no CUDA GPU: the ops were built but not run (")
-    assert "11 of 11 op(s) with their row and with the library;" in report["findings"][0] and "no times file written" in report["findings"][0]
+    problems = {op["identifier"]: op["problem"] for op in report["ops"] if op["problem"]}
+    assert "11 of 11 op(s) with their row and with the library;" in report["findings"][0], problems
+    assert "no times file written" in report["findings"][0]
     assert report["written"] is False and not (work / "T.json").exists() and not (work / "T.json.tmp").exists()
     assert report["others"] == 0 and len(report["ops"]) == 11
     for op in report["ops"]:
@@ -163,6 +165,7 @@ def test_the_row_compile_runs_the_ops_row_and_the_library_compile_runs_none(buil
         for op in report["ops"]:
             source = sources[op["identifier"]]
             row, library = op["contenders"]
+            assert not op["problem"], (source, op["problem"])
             assert (row["label"], library["label"]) == ("row", "library")
             assert row["compile"]["usage"]["db_rows_used"] == [op["key"]], source
             assert library["compile"]["usage"]["db_rows_used"] == [] and library["compile"]["problems"] == []

@@ -145,11 +145,15 @@ def apply_edit(db: KernelDB, edit: DbEdit, *, verb: str, expected: str, undo_dir
 
 
 def _write_undo_meta(path: Path, verb: str, db_path: Path, ops: Sequence[str], before: str, after: str) -> None:
-    with KernelDB.open(path, write=True) as undo, undo.writing() as raw:
-        raw.execute(f"CREATE TABLE {UNDO_TABLE} (name TEXT PRIMARY KEY, value TEXT NOT NULL)")
-        raw.executemany(f"INSERT INTO {UNDO_TABLE} VALUES (?, ?)", [
-            ("format", str(UNDO_FORMAT)), ("verb", verb), ("db", str(db_path.resolve())),
-            ("ops", json.dumps(list(ops), ensure_ascii=False)), ("before", before), ("after", after)])
+    with KernelDB.open(path, write=True) as undo:
+        with undo.writing() as raw:
+            raw.execute(f"CREATE TABLE {UNDO_TABLE} (name TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            raw.executemany(f"INSERT INTO {UNDO_TABLE} VALUES (?, ?)", [
+                ("format", str(UNDO_FORMAT)), ("verb", verb), ("db", str(db_path.resolve())),
+                ("ops", json.dumps(list(ops), ensure_ascii=False)), ("before", before), ("after", after)])
+        # One self-contained file from here on: the undo only reads it, and a read-only reader of a WAL file
+        # leaves its -wal and -shm beside it.
+        undo.connection().execute("PRAGMA journal_mode = DELETE")
 
 
 def iter_undo_rows(path: Path) -> Iterator[KernelRow]:
