@@ -62,10 +62,9 @@ def one_network(name: str, work: Path, compiler: str, product: str, db: str | No
         network.ir_version = min(network.ir_version, 10)  # as exporters write; a newer onnx's 14 is past ORT 1.30's 13
         save(network, str(work / "model.onnx"))
     result: dict = {"network": name, "db": db or "codegen rows (untuned)"}
-    # what `kdb settings archs=sm_90 product_name=.. nnfusion_path=..` writes: the device bundle has no tomli_w
-    (work / "settings.toml").write_text(f'archs = ["sm_90"]\nproduct_name = {json.dumps(product)}\n'
-                                        f'nnfusion_path = {json.dumps(compiler)}\n')
-    steps: list[tuple[str, ...]] = []
+    # the README's way (the device bundle carries tomli-w when made with bench/device-wheels.txt)
+    steps: list[tuple[str, ...]] = [("settings", "archs=sm_90", f"product_name={product}",
+                                     f"nnfusion_path={compiler}")]
     if db:
         shutil.copy(db, work / "kernel_cache.db")
     else:

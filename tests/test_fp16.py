@@ -400,23 +400,20 @@ def test_a_half_op_tunes_in_half_on_cuda_with_spaces_whose_kernels_can_be_rows(t
     assert all(map(uses_dynamic_shared_memory, generator.inner.generate_design_space(mod)))  # tensor cores: dyn
     spaces = context.space_generator.generate_design_space(mod)
     assert spaces and not any(map(uses_dynamic_shared_memory, spaces))
-    shippable = 0
-    for seed in (1, 21, 61, 81):
+    wide = 0
+    for seed in (1, 21, 61, 81, 101, 121, 141, 161):
         generated = generate(config, "sm_90", scheduled=sampled_candidate(config, spaces[0], generator.postprocs,
                                                                            seed), check=False)
         assert generated.item is not None, generated.error
         assert "__shared__" in generated.item["code"] and "extern __shared__" not in generated.item["code"]
         row = next(r for r in half_rows([generated.item], tmp_path / f"k{seed}.db") if r.device_type == "CUDA_GPU")
         assert set(json.loads(row.function)["shared_memory"]["dtype"]) == {"uint16_t"}
-        # TVM vectorises some half loads as `half4`, a type of its own prelude: lint names it (and the nvcc check of
-        # injection refuses the row); the others are rows NNFusion compiles
-        findings = [f.check for f in lint_row((1, *row.values()))]
-        assert findings in ([], ["tvm-half-helper"]), findings
-        shippable += not findings
-        if findings and find_nvcc(""):
-            refused = injected_with_nvcc(generated.item, tmp_path / f"nvcc{seed}")
-            assert refused.failed == 1 and "identifier \"half4\" is undefined" in refused.failures[0].reason
-    assert shippable
+        # Every candidate can be a row: TVM's default widths wrote a third of them with `half4`, a type of its own
+        # prelude (lint's tvm-half-helper; nvcc refused them at injection), a trial wasted each.
+        assert [f.check for f in lint_row((1, *row.values()))] == [], seed
+        if "uint4" in generated.item["code"] and not wide and find_nvcc(""):  # 8 halves at once: nvcc takes it
+            wide += 1
+            assert injected_with_nvcc(generated.item, tmp_path / f"nvcc{seed}").failed == 0
 
 
 def injected_with_nvcc(item: dict, work: Path):  # type: ignore[no-untyped-def, type-arg]

@@ -15,6 +15,7 @@ that pool: 125 us against cuDNN's 8.4. Those design spaces are dropped too; a re
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 ASYNC_ANNOTATION = "software_pipeline_async_stages"
@@ -53,6 +54,38 @@ def spreads_a_short_reduction_over_threads(schedule: Any) -> bool:
     return False
 
 
+# The vector widths MetaSchedule's cooperative fetch may load a staged operand with, for a half workload. TVM writes
+# 4 halves as `half4`, a struct of its own prelude that NNFusion's code lacks (nvcc refuses the row), and has no
+# vector type of 3 or 16 halves; 2 is CUDA's half2 and 8 a uint4. (Its default: 1, 2, 3, 4, 8, 16.)
+HALF_VECTOR_LOAD_LENS = (1, 2, 8)
+
+
+def is_half_workload(mod: Any) -> bool:
+    """Whether any buffer of the workload holds float16 (read off its TVMScript: this TVM's PrimFunc does not expose
+    its buffer map to Python)."""
+    return re.search(r'T\.Buffer\([^"]*"float16"', mod.script()) is not None
+
+
+def simt_rules(half: bool) -> list[Any]:
+    """MetaSchedule's CUDA rules ("cuda"); for a half workload its multi-level tiling loads staged operands only in
+    vector widths a row can hold (HALF_VECTOR_LOAD_LENS), with every other setting as TVM's default."""
+    from tvm.s_tir import meta_schedule as ms
+
+    rules = list(ms.ScheduleRule.create("cuda"))
+    if half:
+        tiling = [i for i, rule in enumerate(rules) if type(rule).__name__ == "MultiLevelTiling"]
+        if len(tiling) != 1:  # another TVM: its defaults are not the ones this rule copies
+            raise RuntimeError(f"MetaSchedule's CUDA rules hold {len(tiling)} MultiLevelTiling rules, where TVM 0.27 "
+                               "has one: the half rule set must be made again for this TVM")
+        reuse = ms.schedule_rule.ReuseType
+        rules[tiling[0]] = ms.schedule_rule.MultiLevelTiling(  # TVM 0.27's ScheduleRule::DefaultCUDA, but the widths
+            structure="SSSRRSRS", tile_binds=["blockIdx.x", "vthread.x", "threadIdx.x"], max_innermost_factor=64,
+            vector_load_lens=list(HALF_VECTOR_LOAD_LENS),
+            reuse_read=reuse(req="must", levels=[4], scope="shared"),
+            reuse_write=reuse(req="must", levels=[3], scope="local"))
+    return rules
+
+
 def uses_dynamic_shared_memory(schedule: Any) -> bool:
     """MetaSchedule's tensor-core rules stage operands in `shared.dyn`: the kernel declares `extern __shared__`, and
     NNFusion launches every kernel with 0 bytes of it (injection refuses such a kernel)."""
@@ -81,17 +114,18 @@ def self_contained_cuda_space() -> Any:
             self.mutator_probs = ms.Mutator.create("cuda-tensorcore")
             self.inner = ms.space_generator.PostOrderApply(
                 sch_rules=self.sch_rules, postprocs=self.postprocs, mutator_probs=self.mutator_probs)
-            self.simt = ms.space_generator.PostOrderApply(
-                sch_rules=ms.ScheduleRule.create("cuda"), postprocs=self.postprocs, mutator_probs=self.mutator_probs)
+            self.simt, self.simt_half = (ms.space_generator.PostOrderApply(
+                sch_rules=simt_rules(half), postprocs=self.postprocs, mutator_probs=self.mutator_probs)
+                for half in (False, True))
 
         def _initialize_with_tune_context(self, context: Any) -> None:
-            self.inner._initialize_with_tune_context(context)
-            self.simt._initialize_with_tune_context(context)
+            for generator in (self.inner, self.simt, self.simt_half):
+                generator._initialize_with_tune_context(context)
 
         def generate_design_space(self, mod: Any) -> list[Any]:
             spaces = self.inner.generate_design_space(mod)
             if spaces and all(map(uses_dynamic_shared_memory, spaces)):
-                spaces = self.simt.generate_design_space(mod)
+                spaces = (self.simt_half if is_half_workload(mod) else self.simt).generate_design_space(mod)
             return [s for s in spaces if not uses_async_pipeline(s) and not spreads_a_short_reduction_over_threads(s)
                     and not uses_dynamic_shared_memory(s)]
 
