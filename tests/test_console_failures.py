@@ -93,7 +93,10 @@ def leaves(tree: FailureTree) -> list:
 async def open_view(pilot, app: FixedDeviceApp, n_leaves: int) -> FailureTree:
     await pilot.press("3")
     tree = app.screen.query_one(FailureTree)
-    await wait_until(pilot, lambda: len(leaves(tree)) == n_leaves, f"{n_leaves} failure(s) in the tree")
+    # The cursor moves to its failure after the tree's next render (FailureTree.show): until then `r` finds no
+    # failure selected and starts nothing, which once left a retry wait hanging in a loaded CI run.
+    await wait_until(pilot, lambda: len(leaves(tree)) == n_leaves and (n_leaves == 0 or tree.cursor_node is not None),
+                     f"{n_leaves} failure(s) in the tree and the cursor on one")
     tree.focus()
     return tree
 
