@@ -44,10 +44,11 @@ class FixedDeviceApp(KdbApp):
         self.sub_title = f"{self.context.db_path} · {self.context.device_summary}"
 
 
-async def wait_until(pilot: Pilot[object], condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+async def wait_until(pilot: Pilot[object], condition: Callable[[], bool], what: str, timeout_s: float = 300.0) -> None:
     """Wait for the event a test checks (`condition` true), not for a time: the app processes its messages and
-    workers between polls. `timeout_s` only bounds a wait that never ends (a busy 2-core CI machine takes
-    seconds where a laptop takes milliseconds); the failure names `what` was awaited."""
+    workers between polls. `timeout_s` only bounds a wait that never ends: a busy 2-core CI machine takes seconds
+    where a laptop takes milliseconds, and three suites at once there (load average 7.5) once took over 60 s for
+    a step of a 4-s test. The failure names `what` was awaited."""
     deadline = time.monotonic() + timeout_s
     while not condition():
         if time.monotonic() > deadline:

@@ -34,7 +34,7 @@ def make_app() -> FixedDeviceApp:
                                          settings=Settings(workers=1), device_summary="no CUDA device (test)"))
 
 
-async def wait_for(pilot, condition: Callable[[], bool], timeout: float = 60, what: str = "the AutoTVM view") -> None:
+async def wait_for(pilot, condition: Callable[[], bool], timeout: float = 300, what: str = "the AutoTVM view") -> None:
     await wait_until(pilot, condition, what, timeout_s=timeout)
 
 

@@ -50,20 +50,20 @@ def make_app(db_path: Path) -> FixedDeviceApp:
 
 
 async def wait_for(pilot, condition: Callable[[], bool], what: str = "the Inject view") -> None:
-    await wait_until(pilot, condition, what, timeout_s=60)
+    await wait_until(pilot, condition, what)
 
 
 async def open_inject(pilot) -> InjectScreen:
     await pilot.press("2")
     screen = pilot.app.screen
     assert isinstance(screen, InjectScreen)
-    await wait_for(pilot, lambda: screen.probe is not None)
+    await wait_for(pilot, lambda: screen.probe is not None, "the Inject view's nvcc probe")
     return screen
 
 
 async def run_to_end(pilot, screen: InjectScreen) -> None:
     await pilot.press("ctrl+r")
-    await wait_for(pilot, lambda: screen.report is not None and not screen.running)
+    await wait_for(pilot, lambda: screen.report is not None and not screen.running, "the injection's end")
 
 
 def text(screen: InjectScreen, selector: str) -> str:
@@ -78,7 +78,8 @@ async def test_inject_a_directory_with_a_bad_file(tmp_path: Path, monkeypatch: p
     async with app.run_test(size=(160, 45)) as pilot:
         screen = await open_inject(pilot)
         tree = screen.query_one("#tree")
-        await wait_for(pilot, lambda: tree.cursor_node is not None and len(tree.cursor_node.children) > 0)
+        await wait_for(pilot, lambda: tree.cursor_node is not None and len(tree.cursor_node.children) > 0,
+                       "the folder's entries in the tree")
         await pilot.press("down", "space")  # the tree's first entry: the kernels/ directory
         assert screen.chosen == [(tmp_path / "inputs" / "kernels").resolve()]
         screen.query_one("#compile", Checkbox).value = False
@@ -197,7 +198,8 @@ def test_snapshot_after_a_small_run(snap_compare, monkeypatch: pytest.MonkeyPatc
     async def run_before(pilot) -> None:
         screen = await open_inject(pilot)
         tree = screen.query_one("#tree")
-        await wait_for(pilot, lambda: tree.cursor_node is not None and len(tree.cursor_node.children) == 2)
+        await wait_for(pilot, lambda: tree.cursor_node is not None and len(tree.cursor_node.children) == 2,
+                       "the input folder's two entries in the tree")
         await pilot.press("space")  # the root: the input directory
         screen.query_one("#compile", Checkbox).value = False
         await run_to_end(pilot, screen)

@@ -39,7 +39,7 @@ def make_app(db_path: Path) -> FixedDeviceApp:
                                          device_summary="no CUDA device (test)"))
 
 
-async def wait_for(pilot, condition: Callable[[], bool], timeout: float = 60, what: str = "the Op configs view") -> None:
+async def wait_for(pilot, condition: Callable[[], bool], timeout: float = 300, what: str = "the Op configs view") -> None:
     await wait_until(pilot, condition, what, timeout_s=timeout)
 
 

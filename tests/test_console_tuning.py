@@ -50,7 +50,7 @@ def no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(core.gpu.inventory, "detect_devices", lambda *_, **__: ([], "no CUDA device found (test)"))
 
 
-async def wait_for(pilot, condition: Callable[[], bool], timeout: float = 60, what: str = "the Tuning view") -> None:
+async def wait_for(pilot, condition: Callable[[], bool], timeout: float = 300, what: str = "the Tuning view") -> None:
     await wait_until(pilot, condition, what, timeout_s=timeout)
 
 
