@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,24 @@ def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     # xdist's workers set COLUMNS=80; a kdb run by a test would fold its messages there as on a narrow terminal.
     monkeypatch.delenv("COLUMNS", raising=False)
     return tmp_path
+
+
+@pytest.fixture(autouse=True)
+def one_snapshot_suite_at_a_time(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Snapshot tests write under one fixed folder (/tmp/kdb-snapshots: its paths are in the pictures), so two
+    suites on one machine take turns there (an exclusive lock beside it); two at once once emptied each other's
+    input folder mid-run."""
+    if "snap_compare" not in request.fixturenames:
+        yield
+        return
+    import fcntl
+
+    with open("/tmp/kdb-snapshots.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def run_kdb(*args: str, cwd: Path = REPO, env: dict[str, str] | None = None, timeout: float = 600):
