@@ -67,15 +67,17 @@ def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture(autouse=True)
 def one_snapshot_suite_at_a_time(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Snapshot tests write under one fixed folder (/tmp/kdb-snapshots: its paths are in the pictures), so two
-    suites on one machine take turns there (an exclusive lock beside it); two at once once emptied each other's
-    input folder mid-run."""
+    """Snapshot tests write under one fixed folder (SNAPSHOT_DIR: its paths are in the pictures), so two suites on
+    one machine take turns there (an exclusive lock beside it); two at once once emptied each other's input folder
+    mid-run."""
     if "snap_compare" not in request.fixturenames:
         yield
         return
     import fcntl
 
-    with open("/tmp/kdb-snapshots.lock", "a") as lock:
+    from console_helpers import SNAPSHOT_DIR
+
+    with open(SNAPSHOT_DIR.with_name(SNAPSHOT_DIR.name + ".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield

@@ -44,7 +44,11 @@ class FixedDeviceApp(KdbApp):
         self.sub_title = f"{self.context.db_path} · {self.context.device_summary}"
 
 
-async def wait_until(pilot: Pilot[object], condition: Callable[[], bool], what: str, timeout_s: float = 300.0) -> None:
+WAIT_BOUND_S = 300.0  # what ends a wait that never would (wait_until's docstring says why so long)
+
+
+async def wait_until(pilot: Pilot[object], condition: Callable[[], bool], what: str,
+                     timeout_s: float = WAIT_BOUND_S) -> None:
     """Wait for the event a test checks (`condition` true), not for a time: the app processes its messages and
     workers between polls. `timeout_s` only bounds a wait that never ends: a busy 2-core CI machine takes seconds
     where a laptop takes milliseconds, and three suites at once there (load average 7.5) once took over 60 s for

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from autotvm_logs import demo_network_log
 from conftest import needs_shared
-from console_helpers import SNAPSHOT_DIR, FixedDeviceApp, wait_until
+from console_helpers import SNAPSHOT_DIR, WAIT_BOUND_S, FixedDeviceApp, wait_until
 from shared_data import ARTIFACT_LOGS, shared_path
 from textual.widgets import Input, Sparkline, Static
 
@@ -30,11 +30,11 @@ KNOBS = [["tile_k", "sp", [-1, 2, 8]], ["tile_y", "sp", [-1, 1, 2, 8]], ["tile_x
 
 
 def make_app() -> FixedDeviceApp:
-    return FixedDeviceApp(ConsoleContext(db_path=Path("/tmp/kdb-snapshots/autotvm/kernel_cache.db"),
+    return FixedDeviceApp(ConsoleContext(db_path=SNAPSHOT_DIR / "autotvm" / "kernel_cache.db",
                                          settings=Settings(workers=1), device_summary="no CUDA device (test)"))
 
 
-async def wait_for(pilot, condition: Callable[[], bool], timeout: float = 300, what: str = "the AutoTVM view") -> None:
+async def wait_for(pilot, condition: Callable[[], bool], timeout: float = WAIT_BOUND_S, what: str = "the AutoTVM view") -> None:
     await wait_until(pilot, condition, what, timeout_s=timeout)
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import needs_shared
-from console_helpers import SNAPSHOT_DIR, FixedDeviceApp, build_small_db, wait_until
+from console_helpers import SNAPSHOT_DIR, WAIT_BOUND_S, FixedDeviceApp, build_small_db, wait_until
 from shared_data import ARTIFACT_OPCONFIGS, shared_path
 from textual.widgets import Input, Static
 
@@ -39,7 +39,7 @@ def make_app(db_path: Path) -> FixedDeviceApp:
                                          device_summary="no CUDA device (test)"))
 
 
-async def wait_for(pilot, condition: Callable[[], bool], timeout: float = 300, what: str = "the Op configs view") -> None:
+async def wait_for(pilot, condition: Callable[[], bool], timeout: float = WAIT_BOUND_S, what: str = "the Op configs view") -> None:
     await wait_until(pilot, condition, what, timeout_s=timeout)
 
 

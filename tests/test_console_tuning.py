@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from console_helpers import SNAPSHOT_DIR, FixedDeviceApp, build_small_db, wait_until
+from console_helpers import SNAPSHOT_DIR, WAIT_BOUND_S, FixedDeviceApp, build_small_db, wait_until
 from textual.widgets import Input, Select, Sparkline, Static
 
 import core.tuning.request
@@ -50,7 +50,7 @@ def no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(core.gpu.inventory, "detect_devices", lambda *_, **__: ([], "no CUDA device found (test)"))
 
 
-async def wait_for(pilot, condition: Callable[[], bool], timeout: float = 300, what: str = "the Tuning view") -> None:
+async def wait_for(pilot, condition: Callable[[], bool], timeout: float = WAIT_BOUND_S, what: str = "the Tuning view") -> None:
     await wait_until(pilot, condition, what, timeout_s=timeout)
 
 
