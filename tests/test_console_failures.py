@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -382,6 +383,27 @@ async def test_a_retry_that_cannot_start_is_reported(tmp_path: Path):
         assert not app.screen.query_one("#retry-progress").display
         assert any("nvcc not found" in n.message for n in app._notifications)
     assert len(open_failures(app.context.db_path)) == 1
+
+
+async def test_the_chosen_failure_is_current_before_the_cursor_reaches_it(tmp_path: Path):
+    """`show` moves the cursor only after the next render. A key pressed in between (a retry right after a
+    reload) must act on what `show` chose, not on the node the cursor held before (a resolved failure's)."""
+    app = make_app(build_small_db(tmp_path / "k.db"))
+    async with app.run_test(size=(160, 45)) as pilot:
+        tree = await open_view(pilot, app, 1)
+        screen = app.screen
+        base = screen.failures[0]
+        first = replace(base, id=101, stage="validate", item_index=0, name="first")
+        second = replace(base, id=102, stage="compile", item_index=1, name="second")
+        tree.show([first, second])
+        await wait_until(pilot, lambda: tree.cursor_node is not None, "the cursor on the first failure")
+        await cursor_to(pilot, tree, "first")
+        chosen = tree.show([second])  # `first` resolved; no await: the render that moves the cursor has not run
+        assert chosen is not None and chosen.failures == (second,)
+        assert screen._current() == chosen
+        await wait_until(pilot, lambda: tree.cursor_node is not None and tree.cursor_node.data == chosen,
+                         "the cursor on the chosen failure")
+        assert screen._current() == chosen
 
 
 # -- codegen failures -------------------------------------------------------------------------

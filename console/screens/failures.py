@@ -88,11 +88,23 @@ class FailureTree(Tree[Entry]):
         super().__init__("failures", **kwargs)  # type: ignore[arg-type]
         self.show_root = False
         self.guide_depth = 3
+        self._chosen: TreeNode[Entry] | None = None  # `show`'s choice until the cursor has moved to it
+
+    @property
+    def current(self) -> Entry | None:
+        """The entry under the cursor, or the one `show` chose if the cursor has not reached it yet."""
+        node = self._chosen or self.cursor_node
+        return node.data if node is not None else None
+
+    def _settle(self, chosen: TreeNode[Entry]) -> None:
+        if self._chosen is chosen:  # a newer `show` has not replaced it
+            self.move_cursor(chosen)
+            self._chosen = None
 
     def show(self, failures: list[Failure]) -> Entry | None:
         """Rebuild from `failures`; keep collapsed groups and the cursor's place. Returns the entry now current."""
         wanted: list[str] = []  # the cursor's entry, else its group, else its stage (a resolved failure is gone)
-        node = self.cursor_node
+        node = self._chosen or self.cursor_node
         while node is not None and node.data is not None:
             wanted.append(node.data.key)
             node = node.parent
@@ -113,6 +125,7 @@ class FailureTree(Tree[Entry]):
                     label = Text.assemble(item_label(f), " ", (f.name or "-", "italic"))
                     nodes[entry.key] = reason_node.add_leaf(label, data=entry)
         chosen = next((nodes[key] for key in wanted if key in nodes), next(iter(nodes.values()), None))
+        self._chosen = chosen
         if chosen is None:
             self.move_cursor(None)
             return None
@@ -120,7 +133,8 @@ class FailureTree(Tree[Entry]):
         while node is not None:  # a chosen failure inside a collapsed group: open the way to it
             node.expand()
             node = node.parent
-        self.call_after_refresh(self.move_cursor, chosen)  # lines are numbered at the next render
+        # lines are numbered at the next render; until then `current` answers with `chosen`
+        self.call_after_refresh(self._settle, chosen)
         return chosen.data
 
     def _walk(self, node: TreeNode[Entry]) -> list[TreeNode[Entry]]:
@@ -254,8 +268,7 @@ class FailuresScreen(KdbScreen):
         self._show(event.node.data)
 
     def _current(self) -> Entry | None:
-        node = self.query_one(FailureTree).cursor_node
-        return node.data if node is not None else None
+        return self.query_one(FailureTree).current
 
     # -- actions -----------------------------------------------------------------------------
 
