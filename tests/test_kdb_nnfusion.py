@@ -48,7 +48,7 @@ def test_the_readme_pipeline_on_a_new_db_with_a_relative_out_checks_every_launch
     proc, report = run_kdb_json("nnfusion", model.name, "--db", "new.db", "--out", "out", cwd=tmp_path,
                                 env=BARE_PATH)
     assert proc.returncode == 0, (proc.stderr[-2000:], report.get("problems"))
-    assert report["ok"] and report["problems"] == [] and report["db_created"] is True
+    assert report["ok"] and report["compiled"] and report["problems"] == [] and report["db_created"] is True
     assert (tmp_path / "new.db").is_file() and NNFUSION_DDL.startswith("CREATE TABLE IF NOT EXISTS KernelCache(")
     assert Path(report["compile"]["command"][0]) == COMPILER.resolve()  # the setting's compiler
     project = Path(report["compile"]["project"])
@@ -74,6 +74,7 @@ def test_a_launch_check_that_cannot_run_fails_the_command_and_says_why(tmp_path:
     (problem,) = report["problems"]
     assert problem.startswith("the launch check could not run: no nvcc to compile") and "/nowhere/bin/nvcc" in problem
     assert report["launch_check"]["error"] in problem
+    assert report["compiled"] and not report["ok"]  # the compiler ran; the result is not clean (the exit status)
     text = run_kdb(*args, "--out", str(tmp_path / "b"))
     assert text.returncode == 1 and "launch check could not run" in text.stdout and "no nvcc" in text.stdout
     skipped = run_kdb(*args, "--out", str(tmp_path / "c"), "--no-launch-check")  # asked not to check: no problem

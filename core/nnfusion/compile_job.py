@@ -115,7 +115,10 @@ class CompileReport:
 
     def as_dict(self) -> dict[str, Any]:
         r = self.result
-        return {"ok": self.ok, "reason": self.reason, "decisive_lines": self.decisive, "problems": self.problems(),
+        problems = self.problems()
+        # "ok" is what the exit status says (a clean result); "compiled" only that the compiler ran
+        return {"ok": not problems, "compiled": self.ok, "reason": self.reason, "decisive_lines": self.decisive,
+                "problems": problems,
                 "model": str(self.job.model), "db": str(self.job.db), "db_created": self.db_created,
                 "blockers": [b._asdict() for b in self.blockers], "prepass": self.prepass,
                 "flags": list(self.job.flags),
