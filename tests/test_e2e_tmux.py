@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,23 +21,32 @@ def screen(session: str) -> str:
     return subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True).stdout
 
 
-def wait_for(session: str, text: str, timeout: float = 120.0) -> str:
-    """Poll the screen for `text`; the bound only ends a wait that never would (a loaded 2-core CI machine)."""
+def wait_until_screen(session: str, shows: Callable[[str], bool], what: str, timeout: float = 120.0) -> str:
+    """Poll the screen until `shows` holds; the bound only ends a wait that never would (a loaded 2-core CI
+    machine)."""
     deadline = time.monotonic() + timeout
     shown = ""
     while time.monotonic() < deadline:
         shown = screen(session)
-        if text in shown:
+        if shows(shown):
             return shown
         time.sleep(0.2)
-    raise AssertionError(f"{text!r} never appeared; the screen shows:\n{shown}")
+    raise AssertionError(f"{what} never came; the screen shows:\n{shown}")
+
+
+def wait_for(session: str, text: str) -> str:
+    return wait_until_screen(session, lambda shown: text in shown, f"{text!r} on the screen")
+
+
+def wait_gone(session: str, text: str) -> str:
+    return wait_until_screen(session, lambda shown: text not in shown, f"{text!r} off the screen")
 
 
 def keys(session: str, *sequence: str) -> None:
+    """Send keys; a key whose effect the next one needs is followed by a wait for that effect on the screen,
+    never by a pause (a lone Escape, say, is read as Alt+key if the next key reaches the app with it)."""
     for key in sequence:
         subprocess.run(["tmux", "send-keys", "-t", session, key], check=True)
-        # A lone Escape is only told apart from Alt+key by the pause after it.
-        time.sleep(0.6 if key == "Escape" else 0.15)
 
 
 def test_kdb_in_a_terminal(tmp_path: Path):
@@ -50,13 +60,21 @@ def test_kdb_in_a_terminal(tmp_path: Path):
     subprocess.run(["tmux", "resize-window", "-t", session, "-x", "200", "-y", "50"], capture_output=True)
     try:
         wait_for(session, "rows 1-11 of 11")  # the 10 demo kernels and the CUDA twin of the fused one
-        keys(session, "/", "D", "o", "t")
+        keys(session, "/")
+        wait_gone(session, "3 Failures")  # the filter has the focus: the footer shows its keys alone
+        keys(session, "D", "o", "t")
         wait_for(session, "of 2 ")
-        keys(session, "Escape", "3")  # the Failures view
+        keys(session, "Escape")
+        wait_for(session, "3 Failures")  # the table has the focus again
+        keys(session, "3")  # the Failures view
         wait_for(session, "barriers")
-        keys(session, "1", "?")  # back to Kernels, then help
+        keys(session, "1")  # back to Kernels, its filter kept
+        wait_for(session, "rows 1-2 of 2")
+        keys(session, "?")  # help
         wait_for(session, "command palette")
-        keys(session, "Escape", "q")
+        keys(session, "Escape")
+        wait_gone(session, "command palette")
+        keys(session, "q")
         deadline = time.monotonic() + 60
         while subprocess.run(["tmux", "has-session", "-t", session], capture_output=True).returncode == 0:
             assert time.monotonic() < deadline, "kdb did not quit on q:\n" + screen(session)
