@@ -639,8 +639,9 @@ def part_dbs(out: Path, tuned: Path, fallback: Path | None, ops_table: Path | No
     """
     import json as json_
 
-    from core.db.fastest import apply_fastest, plan_fastest, profiled_devices
+    from core.db.fastest import profiled_devices
     from core.db.kernel_db import KernelDB
+    from core.db.maintenance import apply_plan, fastest_plan
     from core.kernels.kernel_row import distinct_kernels
 
     with KernelDB.open(tuned) as db:  # table order: the order the compiler picks from
@@ -678,9 +679,10 @@ def part_dbs(out: Path, tuned: Path, fallback: Path | None, ops_table: Path | No
             fastest = ""
             devices = profiled_devices(db)
             if label != "tuned-all" and len(devices) == 1:  # rows of several runs: the compiler takes the first
-                plan = plan_fastest(db, devices.pop())
-                removed = apply_fastest(db, plan, out / "backups")
-                fastest = f"; kept the fastest row of {len(plan.choices)} op(s), {len(removed)} rows removed"
+                plan = fastest_plan(db, devices.pop())  # `kdb db fastest`'s use case
+                apply_plan(db, plan, undo_dir=out / "backups")
+                fastest = f"; kept the fastest row of {len(plan.details.choices)} op(s), " \
+                          f"{len(plan.details.removals)} rows removed"
         print(f"{path}: {sum(1 for r in rows if keep(r))} tuned rows + {len(added)} fallback rows{fastest}")
 
 

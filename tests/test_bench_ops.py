@@ -91,3 +91,30 @@ def test_the_op_table_counts_a_runner_up_row_that_runs_faster_than_the_best_row(
             db.insert(fused_row(f"kdb:{role}", miscs=json.dumps(miscs)))
     rows = op_table(tmp_path / "k.db", Network("n", [NetworkOp(config, 1, 90.3e-6)]))
     assert rows[0]["best_us"] == pytest.approx(40.3) and rows[0]["efficient_us"] == pytest.approx(30.0)
+
+
+def test_the_network_steps_dbs_leave_the_ops_the_library_wins_to_it(tmp_path: Path):
+    """`h200_network.sh network`'s DB variants from session 18's ResNet-50 tuning (H100): 9 tuned rows, two of them
+    slower than cuDNN in its ops table. (Once this step imported a core function a refactor had renamed, and the
+    device call lost its tuned contenders.)"""
+    import gzip
+    import shutil
+
+    from bench_network import part_dbs
+
+    from core.db.kernel_db import KernelDB
+
+    session = REPO / "bench" / "results" / "h100" / "session18"
+    tuned = tmp_path / "tuned.db"
+    with gzip.open(session / "3-tuned.db.gz") as packed, tuned.open("wb") as db:
+        shutil.copyfileobj(packed, db)
+    with tarfile.open(session / "3-ops-network-results.tgz") as tar:
+        member = tar.extractfile("./resnet50/ops.json")
+        assert member is not None
+        (tmp_path / "ops.json").write_bytes(member.read())
+    part_dbs(tmp_path / "out", tuned, None, tmp_path / "ops.json")
+    counts = {}
+    for label in ("tuned-all", "tuned-best", "tuned-lib"):
+        with KernelDB.open(tmp_path / "out" / f"{label}.db") as db:
+            counts[label] = sum(1 for row in db.iter_rows() if row.device_type == "CUDA_GPU")
+    assert counts == {"tuned-all": 9, "tuned-best": 9, "tuned-lib": 7}, counts  # the two 1x1 convs cuDNN wins

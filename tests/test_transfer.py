@@ -111,6 +111,26 @@ def test_the_search_uses_the_jobs_population_once_the_model_can_rank():
     assert (sampled.population_size, sampled.genetic_num_iters) == (256, 0)
 
 
+def test_a_sampled_round_fills_its_batch_where_few_candidates_are_valid():
+    """ResNet-50's classifier Dot: about 1 candidate in 40 passes VerifyGPUCode (N = 1000 leaves few thread counts
+    in [32, 1024]). With MetaSchedule's defaults (50 valid ones asked for, 5 short draws) its 16-trial probe gave up
+    and measured nothing on the H100 (session 18); the round must find its 16."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from core.codegen.generate import cuda_target, prim_func_module
+    from core.tuning.costmodel import search_strategy
+    from core.tuning.space import self_contained_cuda_space
+
+    mod, _ = prim_func_module(parse_line("cublas_dot_op_float|a+1_2048|b+1000_2048|o+1_1000|ta+0|tb+1"))
+    context = ms.TuneContext(mod=mod, target=cuda_target("sm_90"), space_generator=self_contained_cuda_space(),
+                             search_strategy=search_strategy(False, 16), task_name="dot", num_threads=2, rand_state=1)
+    context.search_strategy.pre_tuning(max_trials=16, num_trials_per_iter=16,
+                                       design_spaces=context.generate_design_space(),
+                                       database=ms.database.MemoryDatabase(), cost_model=ms.cost_model.RandomModel())
+    candidates = context.search_strategy.generate_measure_candidates()
+    assert candidates is not None and len(candidates) == 16
+
+
 def test_a_job_samples_only_until_the_model_can_rank_then_evolves(tmp_path: Path):
     with TunePools() as pools:
         with _no_tensor_intrinsics():
