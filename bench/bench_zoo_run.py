@@ -6,9 +6,13 @@ nvcc, checks each output against ONNX Runtime and times both. Each network has i
 and DB (the KDB_* variables), so several run side by side (--jobs). The rows are `kdb codegen`'s (TVM's default
 schedules, not tuned): the run checks that the compiled networks are right on the GPU; their speed against the
 empty DB is printed as measured, and untuned rows are not expected to win it. `--db NET=PATH` runs a network with
-a DB of its own (a tuned one) instead of the codegen rows.
+a DB of its own (a tuned one) instead of the codegen rows. `--leave-to-library` first times each op alone with its
+row and with the library (`kdb nnfusion model.onnx --op-times times.json`) and sets aside the rows that lose
+(`kdb db leave-to-library times.json --apply`), as the README tells a user to: the run then measures "never
+slower than the library".
 
     python3 bench/bench_zoo_run.py --nnfusion PATH --out DIR [--jobs 3] [--nets resnet50 bert_encoder ...]
+                                   [--leave-to-library]
 
 Prints one table (network, status, max error, ms with the DB, ms empty, ratio) and writes DIR/zoo-run.json.
 Exit 0 when every network ran right (status 0 or 1 for "slower" only), 1 otherwise.
@@ -41,8 +45,13 @@ def kdb(work: Path, env: dict[str, str], log: Path, *args: str, timeout: float =
     return proc
 
 
+def said(proc: subprocess.CompletedProcess) -> str:
+    """What a failed command said: its errors, else the end of its report (kdb prints "no CUDA GPU ..." there)."""
+    return (proc.stderr.strip() or proc.stdout.strip())[-300:]
+
+
 def one_network(name: str, work: Path, compiler: str, product: str, db: str | None, iterations: int,
-                model: str | None = None) -> dict:
+                model: str | None = None, leave_to_library: bool = False) -> dict:
     """NAME from the zoo (or the ONNX file MODEL) with codegen's rows (or a copy of the DB at DB)."""
     import zoo
     from onnx import save
@@ -74,8 +83,25 @@ def one_network(name: str, work: Path, compiler: str, product: str, db: str | No
     for step in steps:
         proc = kdb(work, env, log, *step)
         if proc.returncode != 0:
-            result.update(status=None, problem=f"kdb {step[0]} exit {proc.returncode}: {proc.stderr.strip()[-300:]}")
+            result.update(status=None, problem=f"kdb {step[0]} exit {proc.returncode}: {said(proc)}")
             return result
+    if leave_to_library:
+        # exit 1: a row lost to the library (what the next step is for); 2: no GPU, or the ops could not be built
+        proc = kdb(work, env, log, "nnfusion", "model.onnx", "--nnfusion", compiler, "--op-times", "times.json")
+        if proc.returncode not in (0, 1) or not (work / "times.json").exists():
+            result.update(status=None, problem=f"kdb nnfusion --op-times exit {proc.returncode}: "
+                                               f"{said(proc)}")
+            return result
+        proc = kdb(work, env, log, "db", "leave-to-library", "times.json", "--apply", "--json")
+        try:
+            left = json.loads(proc.stdout)
+        except json.JSONDecodeError:
+            left = {}
+        if proc.returncode != 0 or "slower" not in left:
+            result.update(status=None, problem=f"kdb db leave-to-library exit {proc.returncode}: "
+                                               f"{said(proc)}")
+            return result
+        result["left_to_library"] = [v.get("identifier") for v in left["slower"]]
     proc = kdb(work, env, log, "nnfusion", "model.onnx", "--nnfusion", compiler, "--run", "--iterations",
                str(iterations), "--json")
     result["seconds"] = round(time.monotonic() - started, 1)
@@ -83,7 +109,7 @@ def one_network(name: str, work: Path, compiler: str, product: str, db: str | No
         report = json.loads(proc.stdout)
     except json.JSONDecodeError:
         result.update(status=None, problem=f"kdb nnfusion --run exit {proc.returncode}, no JSON: "
-                                           f"{proc.stderr.strip()[-300:]}")
+                                           f"{said(proc)}")
         return result
     (work / "run.json").write_text(json.dumps(report, indent=1))
     errors = {c["label"]: c["max_rel_error"] for c in report.get("contenders", [])}
@@ -114,7 +140,7 @@ def table(results: list[dict]) -> str:
                      f"{err(r, 'empty-db')} | {ms(r, 'with-db')} | {ms(r, 'empty-db')} | {ratio} | "
                      f"{r.get('seconds', '-')} |")
     for r in results:
-        for what in ("problem", "findings", "notes", "problems", "made_standalone"):
+        for what in ("problem", "findings", "notes", "problems", "made_standalone", "left_to_library"):
             if r.get(what):
                 lines.append(f"- {r['network']} {what}: {r[what]}")
     return "\n".join(lines)
@@ -133,6 +159,8 @@ def main() -> int:
     p.add_argument("--db", action="append", default=[], metavar="NET=PATH", help="a DB of its own for NET")
     p.add_argument("--model", action="append", default=[], nargs=3, metavar=("LABEL", "ONNX", "DB"),
                    help="also a network from an ONNX file, with a copy of the DB at DB")
+    p.add_argument("--leave-to-library", action="store_true",
+                   help="before the run: each op timed alone, and the rows slower than the library set aside")
     args = p.parse_args()
     dbs = dict(item.split("=", 1) for item in args.db)
     unknown = [n for n in [*args.nets, *dbs] if n not in zoo.ZOO]
@@ -144,7 +172,8 @@ def main() -> int:
             + [(label, label, d, m) for label, m, d in args.model])
     with ThreadPoolExecutor(args.jobs) as pool:
         futures = [pool.submit(one_network, name, args.out / folder, compiler, args.product,
-                               d and str(Path(d).resolve()), args.iterations, m and str(Path(m).resolve()))
+                               d and str(Path(d).resolve()), args.iterations, m and str(Path(m).resolve()),
+                               args.leave_to_library)
                    for folder, name, d, m in runs]
         results = []
         for f in futures:
