@@ -68,9 +68,13 @@ def ceilings() -> dict:
     return {"fp32_flops": flops, "hbm_bytes_per_s": bw}
 
 
+class NoLibraryTwin(ValueError):
+    """The op has no cuDNN/cuBLAS call to time against (an element-wise Add, say)."""
+
+
 def library_us(op_type: str, p: dict, repeats: int = 200) -> float:
     """cuDNN/cuBLAS through PyTorch inside CUDA graph replays, median GPU time of one replay (convolutions,
-    pools, Dot)."""
+    pools, Dot); NoLibraryTwin for any other op."""
     torch = torch_setup()
     import torch.nn.functional as F
 
@@ -100,13 +104,15 @@ def library_us(op_type: str, p: dict, repeats: int = 200) -> float:
                 xin = x if pb == pa else F.pad(x, (pb[1], pa[1], pb[0], pa[0]))
                 return pool(xin, p["window_shape"], p["window_stride"], tuple(pb) if pb == pa else 0)
             tensors = [x]
-        else:
+        elif op_type == "Dot":
             a = torch.rand(p["arg0_shape"], device="cuda")
             b = torch.rand(p["arg1_shape"], device="cuda")
 
             def fn():  # type: ignore[no-untyped-def]
                 return (a.t() if p.get("transpose_A") else a) @ (b.t() if p.get("transpose_B") else b)
             tensors = [a, b]
+        else:
+            raise NoLibraryTwin(f"{op_type}: no cuDNN/cuBLAS call to time it against")
         return fn, sum(t.numel() * 4 for t in tensors)
 
     fn, _ = make()
