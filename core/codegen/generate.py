@@ -46,12 +46,26 @@ def kernel_name(config: OpConfig) -> str:
     return f"kdb_{config.op_type.lower()}_{digest}_kernel0"
 
 
+def on_tensor_cores(config: OpConfig) -> bool:
+    """Whether the op's kernel is an mma.sync one (core/codegen/tensorcore.py), else a CUDA-core one."""
+    from core.codegen.tensorcore import refusal
+
+    return not refusal(config)
+
+
 def prim_func_module(config: OpConfig) -> tuple[Any, list[tuple[int, ...]]]:
-    """The op as an IRModule with one function `main`, and the shapes of its parameters in order."""
+    """The op as an IRModule with one function `main`, and the shapes of its parameters in order: the tensor cores'
+    padded GEMM for the ops they take, else the op's own definition (core/codegen/te_ops.py)."""
     import tvm
     from tvm import te
 
-    from core.codegen.te_ops import define
+    if on_tensor_cores(config):
+        from core.codegen import mma
+        from core.codegen.tensorcore import define
+
+        mma.register()  # a tuning record's trace tensorizes with kdb's intrinsics: they must exist to replay it
+    else:
+        from core.codegen.te_ops import define
 
     inputs, output = define(config)
     shapes = [tuple(int(d) for d in t.shape) for t in (*inputs, output)]
@@ -109,15 +123,18 @@ def generate(config: OpConfig, arch: str, *, scheduled: Any = None, check: bool 
         from core.codegen.schedule import default_schedule, launch_dims
 
         default = scheduled is None
-        scheduled = current = default_schedule(mod) if default else scheduled
+        tensor_cores = on_tensor_cores(config)
+        if default and tensor_cores:
+            scheduled = current = tensor_core_default(mod, config)
+        else:
+            scheduled = current = default_schedule(mod) if default else scheduled
         from core.codegen.whole_warps import whole_warp_module
 
         scheduled = current = whole_warp_module(scheduled)  # as the tuner built it: core/codegen/whole_warps.py
         grid, block = launch_dims(scheduled)
         stage = "codegen"
-        import tvm
 
-        exe = tvm.compile(scheduled, target=cuda_target(arch))
+        exe = compile_cuda_module(scheduled, arch)
         source = exe.mod.imports[0].inspect_source()
         name = kernel_name(config)
         code = extract_kernel(source, name)
@@ -130,8 +147,9 @@ def generate(config: OpConfig, arch: str, *, scheduled: Any = None, check: bool 
             from core.codegen.reference import check_on_cpu
 
             # The default schedule's own math, its thread loops left serial; a tuned schedule's definition.
-            checked = default_schedule(mod, bind=False) if default else mod
+            checked = default_schedule(mod, bind=False) if default and not tensor_cores else mod
             result.max_rel_error = check_on_cpu(config, checked, shapes)
+        result.notes.append(math_note(config))
         result.item = item  # only a kernel whose math checked out (or was not asked to be checked)
     except InputError as exc:
         result.error, result.stage = str(exc), stage
@@ -148,6 +166,37 @@ def generate(config: OpConfig, arch: str, *, scheduled: Any = None, check: bool 
             _script(current), [])
     result.seconds = time.perf_counter() - start
     return result
+
+
+def tensor_core_default(mod: Any, config: OpConfig) -> Any:
+    """The op's tensor-core GEMM scheduled with the untuned tiling (tensorcore.default_decisions)."""
+    import tvm.s_tir as s_tir
+
+    from core.codegen import tensorcore
+
+    sch = s_tir.Schedule(mod)
+    tensorcore.schedule(sch, config, tensorcore.default_decisions(config))
+    return sch.mod
+
+
+def compile_cuda_module(scheduled: Any, arch: str) -> Any:
+    """TVM's CUDA build of a scheduled module; kernels with warp fragments take kdb's lowering (core/codegen/mma.py)."""
+    import tvm
+
+    from core.codegen import mma
+
+    pipeline = mma.install_pipeline() if mma.uses_fragments(scheduled) else "default"
+    return tvm.compile(scheduled, target=cuda_target(arch), tir_pipeline=pipeline)
+
+
+def math_note(config: OpConfig) -> str:
+    """Where the op's kernel computes, for the user: the tensor cores, or the CUDA cores and why."""
+    from core.codegen.tensorcore import refusal
+
+    if config.dtype != "half":
+        return f"CUDA cores ({config.dtype})"
+    reason = refusal(config)
+    return f"CUDA cores: {reason}" if reason else "tensor cores (mma.sync, fp32 accumulation)"
 
 
 def _script(mod: Any) -> str:

@@ -148,11 +148,14 @@ def build_candidate(mod: Any, target: Any, _params: Any) -> Any:
     from tvm.driver import build
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
+    from core.codegen import mma
     from core.codegen.whole_warps import whole_warp_module
 
+    pipeline = "default"
     if target.kind.name == "cuda":  # time the candidate in the form its row will have
         mod = whole_warp_module(mod)
-    return build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target)
+        pipeline = mma.install_pipeline() if mma.uses_fragments(mod) else pipeline
+    return build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target, pipeline=pipeline)
 
 
 def first_line(text: str) -> str:

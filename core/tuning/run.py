@@ -111,9 +111,9 @@ def _tune(job: TuneJob, work_dir: Path, history: list[float | None], result: Tun
     before = dict(profiler.get())
     mod, _ = prim_func_module(job.config)
     if job.target == "cuda":
-        from core.tuning.space import self_contained_cuda_space
+        from core.tuning.space import cuda_space
 
-        space: Any = self_contained_cuda_space()
+        space: Any = cuda_space(job.config)
     else:
         space = "post-order-apply"
     stream.phase("search", 0)

@@ -134,3 +134,26 @@ def self_contained_cuda_space() -> Any:
             return SelfContainedCudaSpace()
 
     return SelfContainedCudaSpace()
+
+
+def tensor_core_space(config: Any) -> Any:
+    """The design space of an op on the tensor cores: core/codegen/tensorcore.py's schedule, its tilings and copy
+    widths sampled (MetaSchedule's evolutionary search mutates the tilings; the cost model ranks the candidates as
+    for any other op). VerifyGPUCode drops candidates over the block's limits (threads, 48 KB of static shared)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from core.codegen import tensorcore
+
+    def schedule(sch: Any) -> None:
+        tensorcore.schedule(sch, config)
+
+    return ms.space_generator.ScheduleFn(
+        schedule, sch_rules=[], postprocs=[ms.postproc.DisallowDynamicLoop(), ms.postproc.VerifyGPUCode()],
+        mutator_probs={ms.mutator.MutateTileSize(): 1.0})
+
+
+def cuda_space(config: Any) -> Any:
+    """The space a CUDA job tunes in: the tensor cores' for the ops they take, else MetaSchedule's self-contained."""
+    from core.codegen.generate import on_tensor_cores
+
+    return tensor_core_space(config) if on_tensor_cores(config) else self_contained_cuda_space()

@@ -1,0 +1,241 @@
+"""Tensor-core building blocks for TVM 0.27: kdb's own mma.sync intrinsics and the lowering that makes them fit a row.
+
+The intrinsics (registered once per process, under kdb's names) are the warp-level m16n8k16 ones a schedule of
+core/codegen/tensorcore.py tensorizes with: `ldmatrix` from *static* shared memory into warp fragments, `mma.sync`
+with an fp32 accumulator, and the accumulator's zero fill. TVM registers the same kinds in
+`tvm.s_tir.tensor_intrin.cuda`, but importing that module parses every intrinsic of every target (13 s here, 19 s
+on the H200 host); these few parse in well under a second. A tensor-core kernel needs no store intrinsic: its
+epilogue reads the accumulator fragment in registers (tensorcore.py), so the bias, Relu and bounds of the row are
+applied before anything reaches memory.
+
+`lowering()` is the compile every tensor-core kernel goes through (codegen, tuning builds): TVM 0.27's
+LowerWarpMemory lowers only the first warp-scope buffer of a statement sequence (it breaks out after it), so a
+kernel with three fragments kept two of them as a 32x larger array indexed by the lane (local memory); and its
+common-subexpression pass hides ldmatrix's lane term in a let, where the warp pass cannot find it. The pipeline
+here is TVM's own with CSE off and the warp pass run until no warp buffer is left.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+WARP = 32
+TILE = 16  # the m and n of a fragment tile: two m16n8 mma.sync calls cover a 16x16 accumulator tile
+K_STEP = {"float16": 16, "float32": 8}  # k of one mma.sync: m16n8k16 for half, m16n8k8 for tf32
+
+PIPELINE = "kdb_tensorcore"
+
+
+def fragment(i: Any, j: Any) -> tuple[Any, Any]:
+    """(lane, element) of a 16x16 tile's (row, column) in an mma.sync fragment: the PTX ISA's m16n8k16 layout of
+    the accumulator (and, as ldmatrix leaves them, of the A and B operands), two n8 halves side by side."""
+    return 4 * (i % 8) + (j % 8) // 2, 4 * (j // 8) + 2 * (i // 8) + j % 2
+
+
+def tile_fragment(i: Any, j: Any) -> tuple[Any, Any, Any, Any]:
+    """A warp buffer's layout: (tile row, tile column, lane, element), for transform_layout."""
+    return (i // TILE, j // TILE, *fragment(i % TILE, j % TILE))
+
+
+def ldmatrix_name(operand: str, transposed: bool) -> str:
+    return f"kdb_ldmatrix_f16_{operand.lower()}{'_t' if transposed else ''}"
+
+
+def mma_name(trans_a: bool, trans_b: bool) -> str:
+    return f"kdb_mma_f16f16f32{'_ta' if trans_a else ''}{'_tb' if trans_b else ''}"
+
+
+FILL = "kdb_mma_fill_f32"
+
+
+@functools.cache
+def register() -> None:
+    """Register kdb's tensor intrinsics (once per process)."""
+    from tvm.s_tir import TensorIntrin
+
+    for operand in ("A", "B"):
+        for transposed in (False, True):
+            TensorIntrin.register(ldmatrix_name(operand, transposed), *_ldmatrix(operand, transposed), override=True)
+    for trans_a in (False, True):
+        for trans_b in (False, True):
+            TensorIntrin.register(mma_name(trans_a, trans_b), *_mma(trans_a, trans_b), override=True)
+    TensorIntrin.register(FILL, *_fill(), override=True)
+
+
+def _ldmatrix(operand: str, transposed: bool) -> tuple[Any, Any]:
+    """ldmatrix.x4 of one 16x16 half tile from static shared memory into a warp fragment.
+
+    The shared tile is stored as the operand lies in memory: A as [m, k] ([k, m] transposed), B as [k, n] ([n, k]
+    transposed). mma.sync takes A by rows and B by columns, so ldmatrix transposes an A stored [k, m] and a B
+    stored [k, n] on the way (`.trans`). Each lane gives the address of one 8-half row of the four 8x8 matrices.
+    A fragment is indexed as its operand is stored (fragment(row, column) of the stored tile, as TVM's own
+    intrinsics index it); the mma intrinsic of the matching transposition reads it so (`_mma`)."""
+    from tvm.script import tirx as T
+
+    trans = transposed if operand == "A" else not transposed
+
+    def row_address(tx: Any, stride: Any) -> Any:
+        if transposed:  # rows 0-7 then 8-15 of each 8-column half: the order .trans / [n, k] want
+            return stride * 8 * (tx // 16) + stride * (tx % 8) + 8 * ((tx % 16) // 8)
+        return stride * (tx % 16) + 8 * (tx // 16)
+
+    @T.prim_func(s_tir=True)
+    def desc(warp_handle: T.handle, shared_handle: T.handle) -> None:
+        shared = T.match_buffer(shared_handle, (16, 16), "float16", align=64, offset_factor=16, scope="shared")
+        warp = T.match_buffer(warp_handle, (32, 8), "float16", align=64, offset_factor=16, scope="warp")
+        with T.sblock("root"):
+            T.reads(shared[0:16, 0:16])
+            T.writes(warp[0:32, 0:8])
+            for ax0, ax1 in T.grid(16, 16):
+                with T.sblock("shared_warp"):
+                    v0, v1 = T.axis.remap("SS", [ax0, ax1])
+                    lane, element = T.meta_var(fragment(v0, v1))
+                    T.reads(shared[v0, v1])
+                    T.writes(warp[lane, element])
+                    warp[lane, element] = shared[v0, v1]
+
+    @T.prim_func(s_tir=True)
+    def impl(warp_handle: T.handle, shared_handle: T.handle) -> None:
+        s0 = T.int32()
+        s1 = T.int32()
+        shared = T.match_buffer(shared_handle, (16, 16), "float16", align=64, offset_factor=16, scope="shared",
+                                strides=[s0, s1])
+        warp = T.match_buffer(warp_handle, (32, 8), "float16", align=64, offset_factor=16, scope="warp")
+        with T.sblock("root"):
+            T.reads(shared[0:16, 0:16])
+            T.writes(warp[0:32, 0:8])
+            for tx in T.thread_binding(0, 32, "threadIdx.x"):
+                T.evaluate(T.ptx_legacy.ldmatrix(trans, 4, ".b16", warp.data, warp.elem_offset + 8 * tx,
+                                                  shared.access_ptr("r"), row_address(tx, s0), dtype="float16"))
+
+    return desc, impl
+
+
+def _mma(trans_a: bool, trans_b: bool) -> tuple[Any, Any]:
+    """C[16x16] += A[16x16] B[16x16] as two m16n8k16 mma.sync calls (half operands, fp32 accumulator)."""
+    from tvm.script import tirx as T
+
+    def a_at(i: Any, k: Any) -> tuple[Any, Any]:
+        return fragment(*((k, i) if trans_a else (i, k)))
+
+    def b_at(k: Any, j: Any) -> tuple[Any, Any]:
+        return fragment(*((j, k) if trans_b else (k, j)))
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (32, 8), "float16", align=64, offset_factor=16, scope="warp")
+        B = T.match_buffer(b, (32, 8), "float16", align=64, offset_factor=16, scope="warp")
+        C = T.match_buffer(c, (32, 8), "float32", align=64, offset_factor=16, scope="warp")
+        with T.sblock("root"):
+            T.reads(C[0:32, 0:8], A[0:32, 0:8], B[0:32, 0:8])
+            T.writes(C[0:32, 0:8])
+            for i, j, k in T.grid(16, 16, 16):
+                with T.sblock("C"):
+                    vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                    c_lane, c_element = T.meta_var(fragment(vi, vj))
+                    a_lane, a_element = T.meta_var(a_at(vi, vk))
+                    b_lane, b_element = T.meta_var(b_at(vk, vj))
+                    T.reads(C[c_lane, c_element], A[a_lane, a_element], B[b_lane, b_element])
+                    T.writes(C[c_lane, c_element])
+                    C[c_lane, c_element] = C[c_lane, c_element] + T.Cast("float32", A[a_lane, a_element]) * T.Cast(
+                        "float32", B[b_lane, b_element])
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (32, 8), "float16", align=64, offset_factor=16, scope="warp")
+        B = T.match_buffer(b, (32, 8), "float16", align=64, offset_factor=16, scope="warp")
+        C = T.match_buffer(c, (32, 8), "float32", align=64, offset_factor=16, scope="warp")
+        with T.sblock("root"):
+            T.reads(C[0:32, 0:8], A[0:32, 0:8], B[0:32, 0:8])
+            T.writes(C[0:32, 0:8])
+            for tx in T.thread_binding(0, 32, "threadIdx.x"):
+                for half in range(2):  # the n8 halves of the tile: B's and C's elements 0-3, then 4-7
+                    T.evaluate(T.ptx_legacy.mma(
+                        "m16n8k16", "row", "col", "fp16", "fp16", "fp32",
+                        A.data, A.elem_offset + tx * 8, B.data, B.elem_offset + tx * 8 + half * 4,
+                        C.data, C.elem_offset + tx * 8 + half * 4, False, dtype="float32"))
+
+    return desc, impl
+
+
+def _fill() -> tuple[Any, Any]:
+    """A 16x16 fp32 accumulator tile set to zero."""
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def desc(c: T.handle) -> None:
+        C = T.match_buffer(c, (32, 8), "float32", scope="warp")
+        with T.sblock("root"):
+            T.reads()
+            T.writes(C[0:32, 0:8])
+            for i0, i1 in T.grid(16, 16):
+                with T.sblock("C_warp"):
+                    i, j = T.axis.remap("SS", [i0, i1])
+                    lane, element = T.meta_var(fragment(i, j))
+                    T.reads()
+                    T.writes(C[lane, element])
+                    C[lane, element] = T.float32(0)
+
+    @T.prim_func(s_tir=True)
+    def impl(c: T.handle) -> None:
+        C = T.match_buffer(c, (32, 8), "float32", scope="warp", offset_factor=1)
+        with T.sblock("root"):
+            T.reads()
+            T.writes(C[0:32, 0:8])
+            for _tx in T.thread_binding(0, 32, "threadIdx.x"):
+                T.evaluate(T.cuda.mma_fill_legacy(8, C.data, C.elem_offset, dtype="float32"))
+
+    return desc, impl
+
+
+def uses_fragments(mod: Any) -> bool:
+    """Whether a scheduled module keeps warp fragments (a buffer of scope "warp"), which need `lowering`."""
+    import tvm_ffi
+    from tvm import s_tir, tirx
+
+    found = []
+
+    def visit(block: Any) -> None:
+        if any(buf.scope() == "warp" for buf in block.alloc_buffers):
+            found.append(block)
+
+    for func in mod.functions.values():
+        if isinstance(func, tirx.PrimFunc):
+            tvm_ffi.structural_walk(func.body, [(s_tir.SBlock, visit)])
+    return bool(found)
+
+
+@functools.cache
+def install_pipeline() -> str:
+    """Register the tensor-core lowering as a named TVM pipeline (once per process); its name."""
+    import tvm
+    import tvm_ffi
+    from tvm import tirx
+    from tvm.s_tir import pipeline as s_tir_pipeline
+    from tvm.tirx import compilation_pipeline
+
+    def make() -> tuple[Any, Any, Any]:
+        default, finalize_host, finalize_device = s_tir_pipeline.default_s_tir_pipeline()
+
+        @tvm.transform.module_pass(opt_level=0)
+        def lower(mod: Any, ctx: Any) -> Any:
+            config = {**ctx.config, "tirx.disable_cse_tir": True}
+            with tvm.transform.PassContext(opt_level=ctx.opt_level, config=config):
+                return default(mod)
+
+        def finalize() -> Any:
+            @tvm.transform.module_pass(opt_level=0)
+            def every_warp_buffer(mod: Any, _ctx: Any) -> Any:
+                for _ in range(8):  # one warp buffer a run (a kernel has three: A, B and the accumulator)
+                    before, mod = mod, tirx.transform.LowerWarpMemory()(mod)
+                    if tvm_ffi.structural_equal(before, mod):
+                        break
+                return finalize_device()(mod)
+
+            return every_warp_buffer
+
+        return lower, finalize_host, finalize
+
+    compilation_pipeline.PIPELINE_MAP[PIPELINE] = make
+    return PIPELINE

@@ -1,0 +1,312 @@
+"""fp16 Dots and convolutions on the tensor cores: one GEMM definition per op and its mma.sync schedule.
+
+Every op here is a (batched) GEMM C[b, m, n] = sum_k A[m, k] B[b, k, n], padded to whole 16x16x16 tiles:
+- a Dot is A x B of its 2-D operands (a left operand of rank > 2 gives its leading axes as rows); a transposed
+  operand stays as it lies in memory and is read with ldmatrix's transposing forms;
+- a convolution is an implicit GEMM: A is the weight [Cout, Cin*KH*KW] as it lies in memory, B the input's patches
+  (im2col) gathered straight into shared memory, n the output pixel: C[b] is the NCHW output of image b.
+The padding is part of the definition (zero operands outside the op), the bounds are the epilogue's: the output
+stage reads the fp32 accumulator in registers, adds the residual (Fused_Convolution_Add_Relu's input2), applies the
+Relu, rounds to half once and stores only what lies inside the output.
+
+The schedule (`schedule`) is MetaSchedule design space and default schedule at once: its decisions (the M, N and K
+tilings, the copy vector widths) are sampled instructions of the trace, so the search mutates them as it does its
+own; `DefaultDecisions` fixes them for an untuned kernel. Operands are staged in static shared memory (NNFusion
+gives a kernel no dynamic shared memory), read into warp fragments with ldmatrix, multiplied with mma.sync
+m16n8k16 (core/codegen/mma.py), accumulated in fp32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from core.codegen.mma import FILL, TILE, WARP, ldmatrix_name, mma_name, tile_fragment
+from core.kernels.ops import CONV_FAMILY
+from core.opconfigs.opconfig import OpConfig
+
+MIN_SIDE = 16  # an M or N below one fragment tile leaves most of each mma idle: the CUDA cores take such an op
+MAX_WARP_TILES = 4  # 16x16 accumulator tiles a warp holds along M (and along N): 8 fp32 registers each
+MAX_K_CHUNK = 4  # 16-deep k steps staged in shared memory per round
+SHARED_ALIGN = (32, 8)  # shared rows padded to a multiple of 32 halves plus 8: ldmatrix's rows fall in distinct banks
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """An op as the GEMM the tensor cores compute (sizes before and after padding to whole tiles)."""
+
+    kind: str  # "dot" | "conv"
+    batch: int
+    m: int
+    n: int
+    k: int
+    trans_a: bool = False
+    trans_b: bool = False
+
+    @property
+    def mp(self) -> int:
+        return padded(self.m)
+
+    @property
+    def np_(self) -> int:
+        return padded(self.n)
+
+    @property
+    def kp(self) -> int:
+        return -(-self.k // TILE) * TILE
+
+
+def padded(size: int) -> int:
+    """`size` rounded up to whole 16-tiles, then on to a count of tiles the tilings can split (not a prime above 8:
+    a GEMM of 13 tiles could only be cut 1 x 13; 196 -> 224, 14 tiles)."""
+    tiles = -(-size // TILE)
+    while tiles > 8 and all(tiles % f for f in range(2, 9)):
+        tiles += 1
+    return tiles * TILE
+
+
+def refusal(config: OpConfig) -> str:
+    """Why the tensor cores do not take this op ('' when they do): said where the user sees its CUDA-core row."""
+    if config.dtype != "half":
+        return f"{config.dtype} op: the tensor-core rows are fp16"
+    if config.op_type not in (*CONV_FAMILY, "Dot"):
+        return f"{config.op_type} is no matrix product"
+    if config.groups != 1:
+        return "a grouped convolution"
+    g = gemm_of(config)
+    if g.m < MIN_SIDE or g.n < MIN_SIDE:
+        side, size = ("M", g.m) if g.m < MIN_SIDE else ("N", g.n)
+        what = "a matrix-vector product" if size == 1 else f"a product with {side} = {size}"
+        return (f"{what}: an mma.sync tile is 16 x 16, so {16 - size} of its 16 {'rows' if side == 'M' else 'columns'} "
+                "would carry nothing (memory-bound: the CUDA cores do as well)")
+    return ""
+
+
+def gemm_of(config: OpConfig) -> Gemm:
+    p = config.params
+    if config.op_type == "Dot":
+        m, k, n = config.matrix_dims()
+        return Gemm("dot", 1, m, n, k, bool(p.get("transpose_A")), bool(p.get("transpose_B")))
+    nb, cin, _, _ = p["input_shape"]
+    cout, _, kh, kw = p["filter_shape"]
+    _, _, oh, ow = p["output_shape"]
+    return Gemm("conv", nb, cout, oh * ow, cin * kh * kw)
+
+
+def define(config: OpConfig) -> tuple[list[Any], Any]:
+    """(inputs, output) tensors of the op's padded GEMM; the output is C in GEMM form ([M, N], or [batch, Cout,
+    pixels] for a convolution: the same bytes as NCHW)."""
+    from tvm import te, tirx
+
+    g = gemm_of(config)
+    f16, f32 = "float16", "float32"
+    kk = te.reduce_axis((0, g.kp), name="k")
+    zero = tirx.const(0, f16)
+    if g.kind == "dot":
+        a = te.placeholder((g.k, g.m) if g.trans_a else (g.m, g.k), f16, name="input0")
+        b = te.placeholder((g.n, g.k) if g.trans_b else (g.k, g.n), f16, name="input1")
+        a_pad = _pad(a, (g.kp, g.mp) if g.trans_a else (g.mp, g.kp), "A_pad")
+        b_pad = _pad(b, (g.np_, g.kp) if g.trans_b else (g.kp, g.np_), "B_pad")
+
+        def product(i: Any, j: Any) -> Any:
+            x = a_pad[kk, i] if g.trans_a else a_pad[i, kk]
+            y = b_pad[j, kk] if g.trans_b else b_pad[kk, j]
+            return te.sum(x.astype(f32) * y.astype(f32), axis=kk)
+
+        c = te.compute((g.mp, g.np_), product, name="gemm")
+        out = te.compute((g.m, g.n), lambda i, j: c[i, j].astype(f16), name="output0")
+        return [a, b], out
+    p = config.params
+    data = te.placeholder(tuple(p["input_shape"]), f16, name="input0")
+    weight = te.placeholder(tuple(p["filter_shape"]), f16, name="input1")
+    h, w = p["input_shape"][2:]
+    kh, kw = p["filter_shape"][2:]
+    oh, ow = p["output_shape"][2:]
+    (sh, sw), (dh, dw) = p["window_movement_strides"], p["window_dilation_strides"]
+    pt, pl = p["padding_below_diff"]
+    window = kh * kw
+
+    def weight_at(m: Any, k: Any) -> Any:
+        inside = tirx.all(m < g.m, k < g.k) if (g.mp, g.kp) != (g.m, g.k) else None
+        value = weight[m, k // window, k % window // kw, k % kw]
+        return tirx.if_then_else(inside, value, zero) if inside is not None else value
+
+    def patch_at(bi: Any, k: Any, n: Any) -> Any:
+        y = n // ow * sh + k % window // kw * dh - pt
+        x = n % ow * sw + k % kw * dw - pl
+        conditions = [k < g.k] if g.kp != g.k else []
+        conditions += [n < g.n] if g.np_ != g.n else []
+        conditions += [y >= 0] if pt else []
+        conditions += [x >= 0] if pl else []
+        conditions += [y < h] if (oh - 1) * sh + (kh - 1) * dh - pt >= h else []
+        conditions += [x < w] if (ow - 1) * sw + (kw - 1) * dw - pl >= w else []
+        value = data[bi, k // window, y, x]
+        return tirx.if_then_else(tirx.all(*conditions), value, zero) if conditions else value
+
+    a_pad = te.compute((g.mp, g.kp), weight_at, name="A_pad")
+    b_pad = te.compute((g.batch, g.kp, g.np_), patch_at, name="B_pad")
+    c = te.compute((g.batch, g.mp, g.np_),
+                   lambda bi, i, j: te.sum(a_pad[i, kk].astype(f32) * b_pad[bi, kk, j].astype(f32), axis=kk),
+                   name="gemm")
+    inputs = [data, weight]
+    if config.op_type == "Fused_Convolution_Add_Relu":
+        residual = te.placeholder(tuple(p["output_shape"]), f16, name="input2")
+        inputs.append(residual)
+
+    def epilogue(bi: Any, i: Any, j: Any) -> Any:
+        value = c[bi, i, j]
+        if config.op_type == "Fused_Convolution_Add_Relu":
+            value = value + inputs[2][bi, i, j // ow, j % ow].astype(f32)
+        if config.op_type != "Convolution":
+            value = tirx.max(value, tirx.const(0, f32))
+        return value.astype(f16)
+
+    return inputs, te.compute((g.batch, g.m, g.n), epilogue, name="output0")
+
+
+def _pad(tensor: Any, shape: tuple[int, int], name: str) -> Any:
+    from tvm import te, tirx
+
+    rows, cols = (int(d) for d in tensor.shape)
+    if (rows, cols) == shape:
+        return te.compute(shape, lambda i, j: tensor[i, j], name=name)
+    return te.compute(shape, lambda i, j: tirx.if_then_else(tirx.all(i < rows, j < cols), tensor[i, j],
+                                                            tirx.const(0, tensor.dtype)), name=name)
+
+
+# -- the schedule ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Decisions:
+    """A tiling: tiles of 16 along M and N as (blocks, warps, per warp), k steps of 16 as (rounds, per round), and
+    the vector widths of A's and B's copies into shared memory (in halves)."""
+
+    m: tuple[int, int, int]
+    n: tuple[int, int, int]
+    k: tuple[int, int]
+    vector_a: int
+    vector_b: int
+
+
+def vector_widths(config: OpConfig, operand: str) -> list[int]:
+    """Halves an operand's copy into shared memory may move at once. A vector stays inside one row of the operand as
+    it lies in memory, aligned: a row of K halves takes 8 only when K % 8 == 0. An operand the definition pads is
+    copied one half at a time (its bounds test is per element), and so are a convolution's patches unless they are
+    the input's own rows (a 1x1, stride-1, unpadded convolution)."""
+    g = gemm_of(config)
+    if g.kind == "conv" and operand == "B":
+        p = config.params
+        plain = (list(p["filter_shape"][2:]) == [1, 1] and list(p["window_movement_strides"]) == [1, 1]
+                 and list(p["padding_below_diff"]) == [0, 0])
+        row, padded_sizes = (g.n if plain else 1), ((g.k, g.kp), (g.n, g.np_))
+    elif operand == "A":
+        row, padded_sizes = (g.m if g.trans_a else g.k), ((g.m, g.mp), (g.k, g.kp))
+    else:
+        row, padded_sizes = (g.k if g.trans_b else g.n), ((g.k, g.kp), (g.n, g.np_))
+    if any(size != padded_size for size, padded_size in padded_sizes):
+        return [1]
+    return [w for w in (8, 2, 1) if row % w == 0]  # 4 halves would be TVM's half4, which NNFusion lacks
+
+
+def default_decisions(config: OpConfig) -> Decisions:
+    """An untuned tiling: warps of 2x2 tiles (32x32) where the GEMM allows, 2x2 warps a block while the grid still
+    fills the GPU, k in rounds of 32, the widest copies."""
+    g = gemm_of(config)
+    mt, nt, kt = g.mp // TILE, g.np_ // TILE, g.kp // TILE
+
+    def split(tiles: int) -> tuple[int, int, int]:
+        inner = _largest_divisor(tiles, 2)
+        warps = _largest_divisor(tiles // inner, 2)
+        return tiles // inner // warps, warps, inner
+
+    m, n = split(mt), split(nt)
+    if m[0] * n[0] * g.batch < 66:  # fewer blocks than half an H100's SMs: smaller blocks
+        m, n = (m[0] * m[1], 1, m[2]), (n[0] * n[1], 1, n[2])
+    chunk = _largest_divisor(kt, 2)
+    return Decisions(m, n, (kt // chunk, chunk), vector_widths(config, "A")[0], vector_widths(config, "B")[0])
+
+
+def _largest_divisor(n: int, cap: int) -> int:
+    return max(d for d in range(1, cap + 1) if n % d == 0)
+
+
+def schedule(sch: Any, config: OpConfig, decisions: Decisions | None = None) -> None:
+    """Schedule the op's GEMM (`sch` of define()'s function) for mma.sync; decisions sampled unless given."""
+    from core.codegen import mma
+
+    mma.register()
+    g = gemm_of(config)
+    gemm, out = sch.get_sblock("gemm"), sch.get_sblock("output0")
+    a_pad, b_pad = sch.get_sblock("A_pad"), sch.get_sblock("B_pad")
+    loops = sch.get_loops(gemm)
+    batch, (i, j, k) = (loops[0] if g.kind == "conv" else None), loops[-3:]
+    i, i16 = sch.split(i, [None, TILE])
+    j, j16 = sch.split(j, [None, TILE])
+    k, k16 = sch.split(k, [None, TILE])
+    d = decisions
+    m_tiles = sch.sample_perfect_tile(i, n=3, max_innermost_factor=MAX_WARP_TILES, decision=d and list(d.m))
+    n_tiles = sch.sample_perfect_tile(j, n=3, max_innermost_factor=MAX_WARP_TILES, decision=d and list(d.n))
+    k_tiles = sch.sample_perfect_tile(k, n=2, max_innermost_factor=MAX_K_CHUNK, decision=d and list(d.k))
+    bm, wm, tm = sch.split(i, m_tiles)
+    bn, wn, tn = sch.split(j, n_tiles)
+    ko, ki = sch.split(k, k_tiles)
+    sch.reorder(bm, bn, wm, wn, ko, ki, tm, tn, i16, j16, k16)
+    sch.bind(sch.fuse(bm, bn), "blockIdx.x")
+    if batch is not None:
+        sch.bind(batch, "blockIdx.y")
+    warp = sch.fuse(wm, wn)
+    sch.bind(warp, "threadIdx.y")
+
+    sch.set_scope(gemm, 0, "warp")  # the accumulator lives in fragments; the output stage reads them
+    sch.reverse_compute_at(out, warp)
+    _fragment_epilogue(sch, out)
+
+    for index, (pad, widths, chosen, operand) in enumerate(
+            ((a_pad, vector_widths(config, "A"), d and d.vector_a, "A"),
+             (b_pad, vector_widths(config, "B"), d and d.vector_b, "B"))):
+        shared = sch.cache_read(gemm, index, "shared")
+        sch.compute_inline(pad)
+        sch.compute_at(shared, ko)
+        width = sch.sample_categorical(widths, [1 / len(widths)] * len(widths),
+                                       decision=None if chosen is None else widths.index(chosen))
+        copy = sch.fuse(*sch.get_loops(shared)[-2:])
+        _, wy, wx, tx, vec = sch.split(copy, [None, m_tiles[1], n_tiles[1], WARP, width])
+        sch.bind(sch.fuse(wy, wx), "threadIdx.y")
+        sch.bind(tx, "threadIdx.x")
+        sch.vectorize(vec)
+        sch.storage_align(shared, 0, axis=-2, factor=SHARED_ALIGN[0], offset=SHARED_ALIGN[1])
+        fragments = sch.cache_read(gemm, index, "warp")
+        sch.compute_at(fragments, ki)
+        r, c = sch.get_loops(fragments)[-2:]
+        ro, ri = sch.split(r, [None, TILE])
+        co, ci = sch.split(c, [None, TILE])
+        sch.reorder(ro, co, ri, ci)
+        batched = g.kind == "conv" and operand == "B"  # the patches of image b
+        sch.transform_layout(fragments, ("write", 0), _batched(tile_fragment, g) if batched else tile_fragment)
+        transposed = g.trans_a if operand == "A" else g.trans_b
+        sch.tensorize(ri, ldmatrix_name(operand, transposed))
+
+    sch.transform_layout(gemm, ("write", 0), _batched(tile_fragment, g))
+    init = sch.decompose_reduction(gemm, ko)
+    sch.tensorize(sch.get_loops(init)[-2], FILL)
+    sch.tensorize(i16, mma_name(g.trans_a, g.trans_b))
+
+
+def _batched(layout: Any, g: Gemm) -> Any:
+    if g.kind != "conv":
+        return layout
+    return lambda b, i, j: (b, *layout(i, j))
+
+
+def _fragment_epilogue(sch: Any, out: Any) -> None:
+    """Loop the output stage (computed at the warp) over each 16x16 tile as lane x element of its fragment, so each
+    thread reads only its own accumulator registers: row 8h + l, column 8h' + 2q + p of a tile is lane 4l + q,
+    element 4h' + 2h + p (mma.fragment)."""
+    rows, cols = sch.get_loops(out)[-2:]
+    _, row_half, row_lane = sch.split(rows, [None, 2, 8])
+    _, col_half, col_quad, col_pair = sch.split(cols, [None, 2, 4, 2])
+    tiles = sch.get_loops(out)[-7:]
+    sch.reorder(tiles[0], tiles[3], row_lane, col_quad, col_half, row_half, col_pair)
+    sch.bind(sch.fuse(row_lane, col_quad), "threadIdx.x")
+    sch.fuse(col_half, row_half, col_pair)
