@@ -30,11 +30,11 @@ from shared_data import shared_dir  # noqa: E402
 SHARED = shared_dir()
 
 
-def torch_setup():  # type: ignore[no-untyped-def]
+def torch_setup(tf32: bool = False):  # type: ignore[no-untyped-def]
     import torch
 
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
     torch.backends.cudnn.benchmark = True
     return torch
 
@@ -72,20 +72,24 @@ class NoLibraryTwin(ValueError):
     """The op has no cuDNN/cuBLAS call to time against (an element-wise Add, say)."""
 
 
-def library_us(op_type: str, p: dict, repeats: int = 200) -> float:
+def library_us(op_type: str, p: dict, repeats: int = 200, *, dtype: str = "float", tf32: bool = False) -> float:
     """cuDNN/cuBLAS through PyTorch inside CUDA graph replays, median GPU time of one replay (convolutions,
-    pools, Dot); NoLibraryTwin for any other op."""
-    torch = torch_setup()
+    pools, Dot), in the op's element type (half: PyTorch's fp16 calls; tf32: fp32 with TF32 allowed, as PyTorch's
+    convolutions ship); NoLibraryTwin for any other op."""
+    torch = torch_setup(tf32)
     import torch.nn.functional as F
+
+    kind = {"float": torch.float32, "half": torch.float16}[dtype]
 
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
 
     def make():  # type: ignore[no-untyped-def]
         if "filter_shape" in p:
-            x = torch.rand(p["input_shape"], device="cuda") * 2 - 1
-            w = torch.rand(p["filter_shape"], device="cuda") * 2 - 1
+            x = torch.rand(p["input_shape"], device="cuda", dtype=kind) * 2 - 1
+            w = torch.rand(p["filter_shape"], device="cuda", dtype=kind) * 2 - 1
             pb, pa = p["padding_below_diff"], p.get("padding_above_diff", p["padding_below_diff"])
-            bias = torch.rand(p["output_shape"], device="cuda") if op_type == "Fused_Convolution_Add_Relu" else None
+            bias = (torch.rand(p["output_shape"], device="cuda", dtype=kind)
+                    if op_type == "Fused_Convolution_Add_Relu" else None)
 
             def fn():  # type: ignore[no-untyped-def]
                 xin = x if pb == pa else F.pad(x, (pb[1], pa[1], pb[0], pa[0]))
@@ -96,7 +100,7 @@ def library_us(op_type: str, p: dict, repeats: int = 200) -> float:
                 return torch.relu(y) if op_type != "Convolution" else y
             tensors = [x, w] + ([bias] if bias is not None else [])
         elif "window_shape" in p:  # MaxPool / AvgPool (cuDNN's pooling through PyTorch)
-            x = torch.rand(p["input_shape"], device="cuda")
+            x = torch.rand(p["input_shape"], device="cuda", dtype=kind)
             pb, pa = p["padding_below"], p["padding_above"]
             pool = F.max_pool2d if op_type == "MaxPool" else F.avg_pool2d
 
@@ -105,15 +109,15 @@ def library_us(op_type: str, p: dict, repeats: int = 200) -> float:
                 return pool(xin, p["window_shape"], p["window_stride"], tuple(pb) if pb == pa else 0)
             tensors = [x]
         elif op_type == "Dot":
-            a = torch.rand(p["arg0_shape"], device="cuda")
-            b = torch.rand(p["arg1_shape"], device="cuda")
+            a = torch.rand(p["arg0_shape"], device="cuda", dtype=kind)
+            b = torch.rand(p["arg1_shape"], device="cuda", dtype=kind)
 
             def fn():  # type: ignore[no-untyped-def]
                 return (a.t() if p.get("transpose_A") else a) @ (b.t() if p.get("transpose_B") else b)
             tensors = [a, b]
         else:
             raise NoLibraryTwin(f"{op_type}: no cuDNN/cuBLAS call to time it against")
-        return fn, sum(t.numel() * 4 for t in tensors)
+        return fn, sum(t.numel() * t.element_size() for t in tensors)
 
     fn, _ = make()
     # Timed as core.gpu.worker times our kernels: each replay after a memset over twice the L2 (cold
@@ -162,13 +166,15 @@ def rows_report(db_path: Path, ceil: dict, *, source: str) -> list[dict]:
             kdb = miscs.get("kdb", {})
             prof = next(iter(kdb.get("profile", {}).values()), {})
             item = row_to_item(row)
-            config = OpConfig(row.op_type, item["parameters"])
+            dtype = item.get("dtype", "float")
+            config = OpConfig(row.op_type, item["parameters"], dtype=dtype)
             flops = config.flops
             nbytes = op_bytes(row.op_type, item["parameters"])
             floor_us = max(flops / ceil["fp32_flops"], nbytes / ceil["hbm_bytes_per_s"]) * 1e6
             ours = prof.get("us")
-            lib = library_us(row.op_type, item["parameters"])
+            lib = library_us(row.op_type, item["parameters"], dtype=dtype)
             rows.append({"source": source, "name": kdb.get("name", row.key[:16]), "op_type": row.op_type,
+                         "dtype": dtype, "tensor_cores": "mma.sync" in json.loads(row.function)["function_body"],
                          "op": config.describe(), "ours_us": ours, "library_us": lib,
                          "ratio": ours / lib if ours else None, "floor_us": floor_us,
                          "roofline_distance": ours / floor_us if ours else None,

@@ -12,7 +12,7 @@ applied before anything reaches memory.
 LowerWarpMemory lowers only the first warp-scope buffer of a statement sequence (it breaks out after it), so a
 kernel with three fragments kept two of them as a 32x larger array indexed by the lane (local memory); and its
 common-subexpression pass hides ldmatrix's lane term in a let, where the warp pass cannot find it. The pipeline
-here is TVM's own with CSE off and the warp pass run until no warp buffer is left.
+here is TVM's own with CSE off, unrolling left to nvcc, and the warp pass run until no warp buffer is left.
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ def _mma(trans_a: bool, trans_b: bool) -> tuple[Any, Any]:
             T.reads(C[0:32, 0:8], A[0:32, 0:8], B[0:32, 0:8])
             T.writes(C[0:32, 0:8])
             for tx in T.thread_binding(0, 32, "threadIdx.x"):
-                for half in range(2):  # the n8 halves of the tile: B's and C's elements 0-3, then 4-7
+                for half in T.unroll(2):  # the n8 halves of the tile: B's and C's elements 0-3, then 4-7
                     T.evaluate(T.ptx_legacy.mma(
                         "m16n8k16", "row", "col", "fp16", "fp16", "fp32",
                         A.data, A.elem_offset + tx * 8, B.data, B.elem_offset + tx * 8 + half * 4,
@@ -220,7 +220,9 @@ def install_pipeline() -> str:
 
         @tvm.transform.module_pass(opt_level=0)
         def lower(mod: Any, ctx: Any) -> Any:
-            config = {**ctx.config, "tirx.disable_cse_tir": True}
+            # Unrolled loops stay loops with `#pragma unroll` (nvcc unrolls them): unrolled in TIR, a fragment's
+            # tile and element offsets fold into one constant the warp pass cannot split.
+            config = {**ctx.config, "tirx.disable_cse_tir": True, "tirx.UnrollLoop": {"explicit_unroll": False}}
             with tvm.transform.PassContext(opt_level=ctx.opt_level, config=config):
                 return default(mod)
 

@@ -286,11 +286,20 @@ def schedule(sch: Any, config: OpConfig, decisions: Decisions | None = None) -> 
         sch.transform_layout(fragments, ("write", 0), _batched(tile_fragment, g) if batched else tile_fragment)
         transposed = g.trans_a if operand == "A" else g.trans_b
         sch.tensorize(ri, ldmatrix_name(operand, transposed))
+        _unroll(sch, ro, co)
 
     sch.transform_layout(gemm, ("write", 0), _batched(tile_fragment, g))
     init = sch.decompose_reduction(gemm, ko)
+    _unroll(sch, *sch.get_loops(init)[-4:-2])
     sch.tensorize(sch.get_loops(init)[-2], FILL)
+    _unroll(sch, ki, tm, tn)
     sch.tensorize(i16, mma_name(g.trans_a, g.trans_b))
+
+
+def _unroll(sch: Any, *loops: Any) -> None:
+    """Unroll loops over fragments: a register array indexed by a loop nvcc keeps rolled lives in local memory."""
+    for loop in loops:
+        sch.unroll(loop)
 
 
 def _batched(layout: Any, g: Gemm) -> Any:
@@ -309,4 +318,5 @@ def _fragment_epilogue(sch: Any, out: Any) -> None:
     tiles = sch.get_loops(out)[-7:]
     sch.reorder(tiles[0], tiles[3], row_lane, col_quad, col_half, row_half, col_pair)
     sch.bind(sch.fuse(row_lane, col_quad), "threadIdx.x")
-    sch.fuse(col_half, row_half, col_pair)
+    for loop in (tiles[0], tiles[3], sch.fuse(col_half, row_half, col_pair)):
+        sch.unroll(loop)

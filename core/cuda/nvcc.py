@@ -25,10 +25,24 @@ from core.processes import kill_group
 
 MAX_LOG_CHARS = 20_000
 SPILL_LIMIT_BYTES = 256  # spill stores per thread over which a kernel is probably far slower than it was tuned
+MAX_THREADS_PER_BLOCK = 1024
+REGISTER_UNIT = 8  # registers per thread are allocated in steps of 8 (256 per warp)
+WARP_GRANULARITY = 4  # a block's warps get registers 4 at a time
+SMALL_REGISTER_FILES = {"sm_53": 32768, "sm_62": 32768}  # per block; 65536 on every other arch
 _ERROR_LINE = re.compile(r"kernel\.cu\((\d+)\): (?:error|catastrophic error)[^:]*: ?(.*)")
 _PTXAS_ENTRY = re.compile(r"Compiling entry function '(\w+)' for '(\w+)'")
-_PTXAS_USED = re.compile(r"Used (\d+) registers(?:, used \d+ barriers)?(?:, (\d+) bytes smem)?")
+# "Used 72 registers, used 1 barriers, 16 bytes cumulative stack size, 5120 bytes smem" (the stack part: nvcc 13)
+_PTXAS_USED = re.compile(r"Used (\d+) registers(?:, used \d+ barriers)?(?:, \d+ bytes cumulative stack size)?"
+                         r"(?:, (\d+) bytes smem)?")
 _PTXAS_SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+
+
+def max_threads_per_block(registers: int, arch: str) -> int:
+    """The most threads a block of a kernel using `registers` per thread may have on `arch` (what CUDA reports
+    as the function's maxThreadsPerBlock; on the H200: 150 registers -> 384, 185 -> 256, 128 -> 512)."""
+    per_warp = -(-max(registers, 1) // REGISTER_UNIT) * REGISTER_UNIT * 32
+    warps = SMALL_REGISTER_FILES.get(arch, 65536) // per_warp // WARP_GRANULARITY * WARP_GRANULARITY
+    return min(MAX_THREADS_PER_BLOCK, warps * 32)
 
 
 @dataclass

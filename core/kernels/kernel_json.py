@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from core.cuda.nvcc import MAX_THREADS_PER_BLOCK
 from core.errors import InputError
 from core.kernels.ops import CONV_FAMILY, ELEMENTWISE_ARITY, INJECTABLE_OP_TYPES, POOLS, dtype_problem
 from core.kernels.opsig import ConvParams, DotParams, OpSignature, PoolParams, Shape
@@ -32,7 +33,6 @@ MAX_NAME_CHARS = 1024
 MAX_RANK = 8
 MAX_DIM = 2**31 - 1
 MAX_ELEMENTS = 2**36  # 256 GiB of fp32: more than any GPU holds
-MAX_THREADS_PER_BLOCK = 1024
 BLOCK_LIMITS = (1024, 1024, 64)
 GRID_LIMITS = (2**31 - 1, 65535, 65535)
 

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from core.cuda.nvcc import SPILL_LIMIT_BYTES
+from core.cuda.nvcc import SPILL_LIMIT_BYTES, max_threads_per_block
 from core.cuda.shared_types import BLOCKFUSION_SHARED_DTYPES
 from core.cuda.warps import partial_warp_barriers
 from core.errors import InputError
@@ -108,6 +108,8 @@ def lint_row(raw: tuple[Any, ...]) -> list[Finding]:
     if "Function" in parsed:
         _check_function(parsed["Function"], "BlockCudaEmitter" in tag_list, add)
         _check_element_type(parsed["Function"], parsed.get("Attributes"), ident, add)
+        if "Miscs" in parsed:
+            _check_launch_registers(parsed["Miscs"], parsed["Function"], add)
     if "Attributes" in parsed and isinstance(op_type, str) and isinstance(ident, str) \
             and op_type in SUPPORTED_OP_TYPES and op_type != "Matched_Pattern":
         try:
@@ -126,7 +128,8 @@ def lint_row(raw: tuple[Any, ...]) -> list[Finding]:
 
 # What a kernel's body does when it runs: nothing for a fused kernel's CUDA twin, which the compiler only checks
 # for a Function and never compiles. Said once, on the CUDA_GPU row that runs.
-BODY_CHECKS = frozenset({"register-spill", "partial-warp-barrier", "shared-alignment"})
+BODY_CHECKS = frozenset({"register-spill", "partial-warp-barrier", "shared-alignment", "launch-registers",
+                         "lane-indexed-fragments"})
 
 
 def _is_pattern_row(op_type: Any, device: Any) -> bool:
@@ -180,6 +183,47 @@ def _check_spills(miscs: dict[str, Any], add: Any) -> None:
                 f"{arch}: ptxas spills {spilled} bytes per thread ({block.get('registers', '?')} registers): the "
                 "kernel is probably far slower than its tuning measured; time it (kdb gpu profile KEY) before "
                 "trusting it")
+
+
+def _check_launch_registers(miscs: Any, fn: Any, add: Any) -> None:
+    """The registers nvcc gave the block form (Miscs.kdb.compile) against the threads the row launches: a block of
+    more threads than its registers allow never starts ('too many resources requested for launch'), and NNFusion's
+    code does not check its launches. A tensor-core tiling of many warps, each with many fp32 accumulators, can
+    get there."""
+    dims = fn.get("block_dim") if isinstance(fn, dict) else None
+    if not (isinstance(dims, list) and all(isinstance(d, int) and d > 0 for d in dims)):
+        return
+    threads = dims[0] * dims[1] * dims[2] if len(dims) == 3 else 0
+    for arch, block in block_form_resources(miscs):
+        registers = block.get("registers")
+        if isinstance(registers, int) and threads > (limit := max_threads_per_block(registers, arch)):
+            add(CRASH, "launch-registers",
+                f"{arch}: {registers} registers a thread allow {limit} threads a block, and the row launches "
+                f"{threads}: the launch fails, unchecked by NNFusion's code, and the network computes without this "
+                "kernel (regenerate or retune it with fewer warps a block)")
+
+
+_ASM = re.compile(r"\b(?:__asm__|asm)\b\s*(?:__volatile__|volatile)?\s*\(")
+_OPERAND = re.compile(r'"[^"]*"\s*\(')
+
+
+def lane_indexed_fragments(body: str) -> bool:
+    """Whether an mma.sync or ldmatrix of the body takes a register operand addressed by the lane (threadIdx): its
+    fragments are then one array per thread indexed by threadIdx.x, 32x the registers, kept in local memory (what
+    TVM 0.27 wrote before kdb lowered every warp buffer: core/codegen/mma.py)."""
+    from core.cuda.source import mask, match_close
+
+    masked = mask(body)
+    for m in _ASM.finditer(masked):
+        close = match_close(masked, m.end() - 1)
+        if not re.search(r"mma\.sync|ldmatrix", body[m.end():close]):
+            continue
+        colon = masked.find(":", m.end(), close)
+        for operand in _OPERAND.finditer(body, colon if colon >= 0 else close, close):
+            end = match_close(masked, operand.end() - 1)
+            if "threadIdx" in body[operand.end():end]:
+                return True
+    return False
 
 
 def _check_function(fn: Any, block: bool, add: Any) -> None:
@@ -268,6 +312,11 @@ def _check_element_type(fn: Any, attrs: Any, ident: Any, add: Any) -> None:
         add(CRASH, "dynamic-shared",
             "the kernel declares dynamic shared memory (extern __shared__, TVM's shared.dyn): NNFusion launches every "
             "kernel with 0 bytes of it, so the kernel reads and writes outside any allocation")
+    if any(lane_indexed_fragments(b) for b in bodies):
+        add(WARNING, "lane-indexed-fragments",
+            "an mma.sync or ldmatrix takes its registers from an array indexed by threadIdx: each thread keeps its "
+            "warp's whole fragment (32x the registers) in local memory, and the row runs far slower than it could "
+            "(generate it again: kdb lowers every warp buffer to registers)")
     if any(find_words(m, "nvcuda") for m in masked):
         add(CRASH, "wmma",
             "the kernel uses WMMA (nvcuda::wmma), declared in <mma.h>, which NNFusion's generated code does not "

@@ -24,13 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from core.cuda.nvcc import compile_source
+from core.cuda.nvcc import compile_source, max_threads_per_block
 from core.nnfusion.generated import Generated
-
-MAX_THREADS_PER_BLOCK = 1024
-REGISTER_UNIT = 8  # registers per thread are allocated in steps of 8 (256 per warp)
-WARP_GRANULARITY = 4  # a block's warps get registers 4 at a time
-SMALL_REGISTER_FILES = {"sm_53": 32768, "sm_62": 32768}  # per block; 65536 on every other arch
 
 LAUNCH_ADVICE = ("NNFusion does not check its launches: this network would run without that kernel and compute wrong "
                  "numbers without an error. Run the rows named on their own launch (`kdb db standalone KEY... "
@@ -38,14 +33,6 @@ LAUNCH_ADVICE = ("NNFusion does not check its launches: this network would run w
                  "-fblockfusion_level=0 (BlockFusion off).")
 _LINE_COMMENT = re.compile(r"//[^\n]*")
 _LAUNCH = re.compile(r"\b(\w+)_Call\(\s*dim3\((\d+),\s*(\d+),\s*(\d+)\),\s*dim3\((\d+),\s*(\d+),\s*(\d+)\)")
-
-
-def max_threads_per_block(registers: int, arch: str) -> int:
-    """The most threads a block of a kernel using `registers` per thread may have on `arch` (what CUDA reports
-    as the function's maxThreadsPerBlock; on the H200: 150 registers -> 384, 185 -> 256, 128 -> 512)."""
-    per_warp = -(-max(registers, 1) // REGISTER_UNIT) * REGISTER_UNIT * 32
-    warps = SMALL_REGISTER_FILES.get(arch, 65536) // per_warp // WARP_GRANULARITY * WARP_GRANULARITY
-    return min(MAX_THREADS_PER_BLOCK, warps * 32)
 
 
 class WidestLaunch(NamedTuple):

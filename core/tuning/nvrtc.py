@@ -42,6 +42,9 @@ typedef unsigned long long uint64_t;
 #define INFINITY (__int_as_float(0x7f800000))
 """
 
+# TVM writes inline PTX (ldmatrix, mma.sync) as GNU's `__asm__ __volatile__`, which nvcc takes and NVRTC does not
+# ("identifier __asm__ is undefined"): every program NVRTC compiles gets the standard spellings.
+ASM_KEYWORDS = "#define __asm__ asm\n#define __volatile__ volatile\n"
 FULL_PROGRAM_ENV = "KDB_NVRTC_FULL"  # "1": compile TVM's own program, libcu++ and all (to compare, or to rule out)
 _lock = threading.Lock()
 fallbacks = 0  # compiles in this process that needed TVM's own program (bench_nvrtc reports it)
@@ -95,6 +98,7 @@ def compile_cuda(code: str, *_: Any) -> bytes:
     from tvm.support import nvcc
 
     global fallbacks
+    code = ASM_KEYWORDS + code if "__asm__" in code else code
     if os.environ.get(FULL_PROGRAM_ENV) == "1" or os.environ.get("TVM_CUDA_COMPILE_MODE", "nvrtc").lower() != "nvrtc":
         return nvcc.tvm_callback_cuda_compile(code)
     try:

@@ -1,0 +1,162 @@
+"""Tensor-core rows on the GPU against cuDNN/cuBLAS in the same precision (issue 38).
+
+    python3 bench/bench_tensorcore.py sample OPS.txt KERNELS.json --per-op 6    # on the CPU: default + sampled tilings
+    python3 bench/bench_tensorcore.py rows KERNELS.json --out DIR               # on a GPU: inject, verify, time, table
+    python3 bench/bench_tensorcore.py tune OPS.txt --trials 128 --out DIR       # on a GPU: tuned (kdb tune's engine)
+
+`sample` writes each op's default kernel (what `kdb codegen` generates) and kernels of random tilings of its
+tensor-core design space (what tuning tries), so one GPU run checks many schedules. `rows` and `tune` inject through
+the product's own path (nvcc check, verification against float64 under the op's bound, timing as rows are timed) and
+print one table: each op's default row, its fastest row, the library in the op's precision (fp16: PyTorch's half
+calls; float: TF32 off), and the geometric mean of fastest/library. JSON goes to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+
+def sample(ops: Path, out: Path, per_op: int, arch: str) -> None:
+    """Default kernels and `per_op` random tilings of each op's design space, as one kernel JSON file."""
+    import tvm.s_tir as s_tir
+    from tvm.s_tir import meta_schedule as ms
+
+    from core.codegen.generate import cuda_target, generate, on_tensor_cores, prim_func_module
+    from core.opconfigs.opconfig import read_opconfigs
+    from core.tuning.space import tensor_core_space
+
+    items = []
+    for config in read_opconfigs(ops).configs:
+        default = generate(config, arch)
+        if default.item is None:
+            print(f"{config.describe()}: default failed: {default.error}")
+            continue
+        default.item["tvm_func_name"] = default.item["tvm_func_name"].replace("_kernel0", "_default_kernel0")
+        items.append(default.item)
+        print(f"{config.describe()}: {default.notes[-1]}")
+        if not on_tensor_cores(config):
+            continue
+        mod, _ = prim_func_module(config)
+        space = tensor_core_space(config)
+        context = ms.TuneContext(mod=mod, target=cuda_target(arch), space_generator=space, task_name="sample")
+        [design] = context.space_generator.generate_design_space(mod)
+        taken, seed = 0, 0
+        while taken < per_op and seed < 50 * per_op:
+            seed += 1
+            sch = s_tir.Schedule(mod, seed=seed)
+            design.trace.apply_to_schedule(sch, remove_postproc=True, decision_provider=lambda *_: None)
+            if not all(p.apply(sch) for p in context.space_generator.postprocs):
+                continue
+            generated = generate(config, arch, scheduled=sch.mod, check=False)
+            if generated.item is None:
+                print(f"  seed {seed}: {generated.error[:200]}")
+                continue
+            generated.item["tvm_func_name"] = generated.item["tvm_func_name"].replace("_kernel0", f"_s{seed}_kernel0")
+            items.append(generated.item)
+            taken += 1
+        print(f"  {taken} sampled tilings")
+    out.write_text(json.dumps(items), encoding="utf-8")
+    print(f"{len(items)} kernels -> {out}")
+
+
+def table(db_path: Path, out: Path, label: str) -> None:
+    from bench_gpu import ceilings, geomean, rows_report
+
+    ceil = ceilings()
+    rows = rows_report(db_path, ceil, source=label)
+    by_op: dict[str, list[dict]] = {}
+    for r in rows:
+        by_op.setdefault(r["op"], []).append(r)
+    print(f"{'op':70} {'math':6} {'default':>8} {'fastest':>8} {'library':>8} {'fast/lib':>8} {'rows':>4} "
+          f"{'max err':>8}")
+    ratios, default_ratios = [], []
+    for op, op_rows in sorted(by_op.items()):
+        timed = [r for r in op_rows if r["ours_us"]]
+        fastest = min(timed, key=lambda r: r["ours_us"]) if timed else None
+        default = next((r for r in timed if "_default_" in r["name"]), None)
+        lib = op_rows[0]["library_us"]
+        ratio = fastest["ours_us"] / lib if fastest else None
+        if ratio:
+            ratios.append(ratio)
+        if default:
+            default_ratios.append(default["ours_us"] / lib)
+        errors = [r["max_rel_error"] for r in op_rows if r["max_rel_error"] is not None]
+        math_kind = "tensor" if any(r["tensor_cores"] for r in op_rows) else "cuda"
+        print(f"{op[:70]:70} {math_kind:6} {default['ours_us'] if default else float('nan'):8.2f} "
+              f"{fastest['ours_us'] if fastest else float('nan'):8.2f} {lib:8.2f} {ratio or float('nan'):8.2f} "
+              f"{len(op_rows):4} {max(errors) if errors else float('nan'):8.1e}")
+    print(f"ratio: fastest row / library (same precision) geomean {geomean(ratios):.3f}x over {len(ratios)} ops; "
+          f"default rows {geomean(default_ratios):.3f}x over {len(default_ratios)}")
+    (out / f"{label}.json").write_text(json.dumps({"ceilings": ceil, "rows": rows}, indent=1))
+
+
+def inject(kernels: Path, db_path: Path) -> None:
+    from core.db.kernel_db import KernelDB
+    from core.db.state import StateDB
+    from core.inject.pipeline import InjectOptions, Injector
+
+    start = time.perf_counter()
+    with KernelDB.open(db_path, create=True) as db:
+        report = Injector(db, InjectOptions(archs=("sm_90",), compile=True, workers=os.cpu_count() or 1,
+                                            verify=True, profile=True, gpu_timeout_s=120),
+                          state=StateDB()).run([kernels])
+    print(f"inject --verify --profile: {report.injected} injected, {report.unchanged} unchanged, {report.failed} "
+          f"failed in {time.perf_counter() - start:.0f} s; {'; '.join(report.notes)}")
+    for f in report.failures:
+        print(f"  FAILED #{f.index} {f.name}: {f.stage}: {f.reason[:300]}")
+
+
+def tune(ops: Path, out: Path, trials: int, db_path: Path) -> None:
+    from core.inject.pipeline import InjectOptions
+    from core.opconfigs.opconfig import read_opconfigs
+    from core.tuning.job import TuneJob
+    from core.tuning.queue import run_queue
+
+    jobs = [TuneJob(c, trials=trials, arch="sm_90", trials_per_batch=64, builder_workers=os.cpu_count())
+            for c in read_opconfigs(ops).configs]
+    start = time.perf_counter()
+    report = run_queue(jobs, db_path=db_path,
+                       inject_options=InjectOptions(archs=("sm_90",), compile=True, workers=os.cpu_count() or 1,
+                                                    verify=True, profile=True, gpu_timeout_s=120),
+                       on_job=lambda e: print(f"  {e.status}: {e.job}: {e.detail}", flush=True))
+    for r in report.results:
+        print(f"  {r.job.name}: {r.new_trials} trials in {r.seconds:.0f} s = {r.trials_per_minute:.0f}/min; "
+              f"errors {r.errors}; best record {(r.best_seconds or 0) * 1e6:.2f} us")
+    print(f"tuned {len(jobs)} ops in {time.perf_counter() - start:.0f} s")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("part", choices=["sample", "rows", "tune"])
+    ap.add_argument("input", type=Path)
+    ap.add_argument("kernels", type=Path, nargs="?", help="sample: the kernel JSON to write")
+    ap.add_argument("--per-op", type=int, default=6)
+    ap.add_argument("--trials", type=int, default=128)
+    ap.add_argument("--arch", default="sm_90")
+    ap.add_argument("--out", type=Path, default=Path(tempfile.mkdtemp(prefix="kdb-tc-")))
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("KDB_STATE_DIR", str(args.out / "state"))
+    if args.part == "sample":
+        sample(args.input, args.kernels or args.out / "kernels.json", args.per_op, args.arch)
+        return
+    db_path = args.out / f"{args.part}.db"
+    if args.part == "rows":
+        inject(args.input, db_path)
+    else:
+        tune(args.input, args.out, args.trials, db_path)
+    table(db_path, args.out, args.part)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,193 @@
+"""Tensor-core rows (issue 38) on the CPU: fp16 Dots and convolutions generate mma.sync kernels by default, every
+tiling of their design space builds into a row that lints clean and that nvcc compiles, the ops the tensor cores do
+not take say why, and the lint rules catch what breaks such a row. Their numbers are checked on a GPU
+(bench/bench_tensorcore.py rows; tests/test_gpu.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("tvm")
+
+from core.codegen import tensorcore
+from core.codegen.generate import generate, on_tensor_cores
+from core.cuda.nvcc import find_nvcc
+from core.kernels.lint import lane_indexed_fragments, lint_row
+from core.opconfigs.opconfig import parse_line
+
+BERT = [f"cublas_dot_op_half|a+1_128_{k}|b+{k}_{n}|o+1_128_{n}|ta+0|tb+0" for k, n in
+        ((768, 768), (768, 3072), (3072, 768))]
+RESNET50 = [  # the stem (K = 147, padded), a strided 3x3 with Relu, a 1x1 with the residual, a strided 1x1, 7x7 maps
+    "cudnn_convolution_op_half|i+1_3_224_224|w+64_3_7_7|o+1_64_112_112|ws+2_2|wd+1_1|p+3_3|fuse+relu",
+    "cudnn_convolution_op_half|i+1_256_28_28|w+256_256_3_3|o+1_256_14_14|ws+2_2|wd+1_1|p+1_1|fuse+relu",
+    "cudnn_convolution_op_half|i+1_256_14_14|w+1024_256_1_1|o+1_1024_14_14|ws+1_1|wd+1_1|p+0_0|fuse+add_relu",
+    "cudnn_convolution_op_half|i+1_1024_14_14|w+2048_1024_1_1|o+1_2048_7_7|ws+2_2|wd+1_1|p+0_0",
+    "cudnn_convolution_op_half|i+1_512_7_7|w+512_512_3_3|o+1_512_7_7|ws+1_1|wd+1_1|p+1_1|fuse+relu",
+]
+ODD = [  # transposed operands, a padded M (ViT's 197 tokens), a batch of 2 with dilation
+    "cublas_dot_op_half|a+64_512|b+1000_512|o+64_1000|ta+0|tb+1",
+    "cublas_dot_op_half|a+512_48|b+200_512|o+48_200|ta+1|tb+1",
+    "cublas_dot_op_half|a+1_197_768|b+768_768|o+1_197_768|ta+0|tb+0",
+    "cudnn_convolution_op_half|i+2_32_20_20|w+48_32_3_3|o+2_48_10_10|ws+2_2|wd+2_2|p+2_2",
+]
+
+
+def rows_of(items: list[dict], db_path: Path, *, compile: bool) -> tuple[list, object]:  # type: ignore[type-arg]
+    from core.db.kernel_db import KernelDB
+    from core.inject.pipeline import InjectOptions, Injector
+
+    kernels = db_path.with_suffix(".json")
+    kernels.write_text(json.dumps(items), encoding="utf-8")
+    with KernelDB.open(db_path, create=True) as db:
+        report = Injector(db, InjectOptions(compile=compile, archs=("sm_90",)), state=None).run([kernels])
+        return [r for r in db.iter_rows() if r.device_type == "CUDA_GPU"], report
+
+
+def assert_tensor_core_row(code: str) -> None:
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in code and "ldmatrix.sync.aligned" in code
+    assert "extern __shared__" not in code and "nvcuda" not in code and "#include" not in code
+    assert not lane_indexed_fragments(code), "fragments indexed by the lane: a warp buffer was not lowered"
+
+
+@pytest.mark.parametrize("line", BERT + RESNET50 + ODD)
+def test_fp16_dots_and_convolutions_generate_tensor_core_kernels_by_default(line: str):
+    config = parse_line(line)
+    assert on_tensor_cores(config)
+    generated = generate(config, "sm_90")
+    assert generated.item is not None, generated.error
+    assert generated.notes == ["tensor cores (mma.sync, fp32 accumulation)"]
+    assert generated.max_rel_error is not None and generated.max_rel_error < 2e-3  # the padded GEMM's own math
+    assert_tensor_core_row(generated.item["code"])
+    assert generated.item["dtype"] == "half" and generated.item["blockDim"][0] == 32
+
+
+def test_every_tensor_core_row_lints_clean_and_nvcc_builds_it(tmp_path: Path):
+    items = [generate(parse_line(line), "sm_90", check=False).item for line in BERT + RESNET50 + ODD]
+    nvcc = bool(find_nvcc(""))
+    rows, report = rows_of(items, tmp_path / "tc.db", compile=nvcc)  # type: ignore[arg-type]
+    assert report.failed == 0, [f.reason for f in report.failures]  # type: ignore[attr-defined]
+    assert len(rows) == len(items)
+    for row in rows:
+        assert [f.check for f in lint_row((1, *row.values()))] == []
+        function = json.loads(row.function)
+        sizes = dict(zip(function["shared_memory"]["symbol"], function["shared_memory"]["size"], strict=True))
+        assert sum(sizes.values()) * 2 <= 48 * 1024 and set(function["shared_memory"]["dtype"]) == {"uint16_t"}
+        if nvcc:  # the nvcc check's registers: fragments are registers, not a lane-indexed array in local memory
+            block = json.loads(row.miscs)["kdb"]["compile"]["sm_90"]["kdb_block_kernel"]
+            # (ptxas gives a one-warp block 72 registers under its __launch_bounds__(32) and spills a few bytes)
+            assert block["spill_stores"] <= 16 and block["registers"] <= 128, block
+
+
+@pytest.mark.parametrize("line", [BERT[1], RESNET50[0], RESNET50[2], ODD[1]])
+def test_every_sampled_tiling_of_the_design_space_builds_into_a_row(tmp_path: Path, line: str):
+    """What tuning tries: random tilings (warps, tiles per warp, k chunk, copy widths) of the op's space, each one
+    generated and injected as its row would be; VerifyGPUCode drops those over a block's limits."""
+    import tvm.s_tir as s_tir
+    from tvm.s_tir import meta_schedule as ms
+
+    from core.codegen.generate import cuda_target, prim_func_module
+    from core.tuning.space import cuda_space
+
+    config = parse_line(line)
+    mod, _ = prim_func_module(config)
+    context = ms.TuneContext(mod=mod, target=cuda_target("sm_90"), space_generator=cuda_space(config), task_name="t")
+    [design] = context.space_generator.generate_design_space(mod)
+    items, tilings = [], set()
+    for seed in range(1, 200):
+        sch = s_tir.Schedule(mod, seed=seed)
+        design.trace.apply_to_schedule(sch, remove_postproc=True, decision_provider=lambda *_: None)
+        if not all(p.apply(sch) for p in context.space_generator.postprocs):
+            continue
+        generated = generate(config, "sm_90", scheduled=sch.mod, check=False)
+        assert generated.item is not None, generated.error
+        assert_tensor_core_row(generated.item["code"])
+        tilings.add((tuple(generated.item["gridDim"]), tuple(generated.item["blockDim"])))
+        items.append(generated.item)
+        if len(items) == 6:
+            break
+    assert len(items) == 6 and len(tilings) >= 3  # different tilings, not one drawn six times
+    rows, report = rows_of(items, tmp_path / "s.db", compile=bool(find_nvcc("")))
+    assert report.failed == 0, [f.reason for f in report.failures]  # type: ignore[attr-defined]
+    for row in rows:
+        assert [f.check for f in lint_row((1, *row.values()))] == []
+
+
+@pytest.mark.parametrize(("line", "reason"), [
+    ("cublas_dot_op_half|a+1_2048|b+1000_2048|o+1_1000|ta+0|tb+1", "a matrix-vector product"),
+    ("cudnn_convolution_op_half|i+1_64_1_1|w+256_64_1_1|o+1_256_1_1|ws+1_1|wd+1_1|p+0_0", "a matrix-vector product"),
+    ("cublas_dot_op_half|a+8_64|b+64_64|o+8_64|ta+0|tb+0", "a product with M = 8"),
+    ("cublas_dot_op_float|a+128_64|b+64_64|o+128_64|ta+0|tb+0", "float op: the tensor-core rows are fp16"),
+])
+def test_an_op_the_tensor_cores_do_not_take_gets_a_cuda_core_row_saying_why(line: str, reason: str):
+    config = parse_line(line)
+    assert not on_tensor_cores(config) and tensorcore.refusal(config).startswith(reason)
+    generated = generate(config, "sm_90", check=False)
+    assert generated.item is not None and "mma.sync" not in generated.item["code"]
+    assert generated.notes[-1].startswith("CUDA cores") and reason in generated.notes[-1]
+
+
+def test_the_padding_to_whole_tiles_leaves_tilings_to_choose_from():
+    assert tensorcore.padded(196) == 224 and tensorcore.padded(49) == 64 and tensorcore.padded(128) == 128
+    assert tensorcore.padded(1000) == 1008  # 63 tiles = 7 x 9
+    config = parse_line(RESNET50[4])  # 512 x 49 pixels x 4608: the pixels pad to 64
+    g = tensorcore.gemm_of(config)
+    assert (g.m, g.n, g.k, g.np_) == (512, 49, 4608, 64)
+
+
+# -- what breaks a tensor-core row ------------------------------------------------------------------------------------
+
+LANE_INDEXED = """extern "C" __global__ void k(half* __restrict__ input0) {
+  alignas(64) half A_warp[512];
+  unsigned int addr = __cvta_generic_to_shared(input0 + threadIdx.x);
+  __asm__ __volatile__(
+    "ldmatrix.sync.aligned.m8n8.x4.shared.b16"
+    "{%0, %1, %2, %3}, [%4];\\n"
+    : "=r"(((unsigned *)(A_warp + ((ax0 * 256) + (((int)threadIdx.x) * 8))))[0]), "=r"(((unsigned *)(A_warp + 8))[1])
+    : "r"(addr)
+  );
+}"""
+
+
+def test_lint_names_mma_fragments_indexed_by_the_lane():
+    """TVM 0.27 left two of a kernel's three warp buffers unlowered (core/codegen/mma.py): the fragments were arrays of
+    the whole warp's tile in every thread, indexed by threadIdx.x, in local memory."""
+    assert lane_indexed_fragments(LANE_INDEXED)
+    assert not lane_indexed_fragments(LANE_INDEXED.replace("(((int)threadIdx.x) * 8)", "8"))  # the address may use it
+    assert not lane_indexed_fragments(LANE_INDEXED.replace("ldmatrix", "ld.shared"))  # only tensor-core PTX
+
+
+def test_lint_names_a_row_whose_registers_do_not_allow_its_block(tmp_path: Path):
+    item = generate(parse_line(BERT[0]), "sm_90", check=False).item
+    [row], _ = rows_of([item], tmp_path / "r.db", compile=False)  # type: ignore[list-item]
+    values = list(row.values())
+    miscs = json.loads(row.miscs)
+    miscs.setdefault("kdb", {})["compile"] = {"sm_90": {"kdb_block_kernel": {"registers": 255}}}
+    function = json.loads(row.function)
+    function["block_dim"] = [32, 8, 1]  # 256 threads: 255 registers a thread allow 128 (a 64K register file)
+    names = ("Key", "Identifier", "OpType", "Attributes", "Source", "DeviceType", "Function", "Tags", "Miscs")
+    values[names.index("Miscs")] = json.dumps(miscs)
+    values[names.index("Function")] = json.dumps(function)
+    [finding] = [f for f in lint_row((1, *values)) if f.check == "launch-registers"]
+    assert "255 registers a thread allow 128 threads a block, and the row launches 256" in finding.message
+    function["block_dim"] = [32, 4, 1]
+    values[names.index("Function")] = json.dumps(function)
+    assert not [f for f in lint_row((1, *values)) if f.check == "launch-registers"]
+
+
+def test_nvrtc_gets_the_standard_asm_spelling(monkeypatch: pytest.MonkeyPatch):
+    """Tuning compiles candidates with NVRTC, which refused TVM's `__asm__ __volatile__` on the device (nvcc takes it)."""
+    from tvm.support import nvcc
+
+    from core.tuning import nvrtc
+
+    seen = []
+    monkeypatch.setattr(nvcc, "compile_cuda", lambda code, **_: seen.append(code) or b"cubin")
+    code = generate(parse_line(BERT[0]), "sm_90", check=False).item["code"]  # type: ignore[index]
+    nvrtc.compile_cuda(code)
+    assert seen and seen[0].startswith(nvrtc.ASM_KEYWORDS)
+    seen.clear()
+    nvrtc.compile_cuda("extern \"C\" __global__ void k() {}")
+    assert seen == ['extern "C" __global__ void k() {}']  # nothing added to a program without inline PTX
