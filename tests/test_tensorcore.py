@@ -119,7 +119,6 @@ def test_every_sampled_tiling_of_the_design_space_builds_into_a_row(tmp_path: Pa
     ("cublas_dot_op_half|a+1_2048|b+1000_2048|o+1_1000|ta+0|tb+1", "a matrix-vector product"),
     ("cudnn_convolution_op_half|i+1_64_1_1|w+256_64_1_1|o+1_256_1_1|ws+1_1|wd+1_1|p+0_0", "a matrix-vector product"),
     ("cublas_dot_op_half|a+8_64|b+64_64|o+8_64|ta+0|tb+0", "a product with M = 8"),
-    ("cublas_dot_op_float|a+128_64|b+64_64|o+128_64|ta+0|tb+0", "float op: the tensor-core rows are fp16"),
 ])
 def test_an_op_the_tensor_cores_do_not_take_gets_a_cuda_core_row_saying_why(line: str, reason: str):
     config = parse_line(line)
@@ -127,6 +126,12 @@ def test_an_op_the_tensor_cores_do_not_take_gets_a_cuda_core_row_saying_why(line
     generated = generate(config, "sm_90", check=False)
     assert generated.item is not None and "mma.sync" not in generated.item["code"]
     assert generated.notes[-1].startswith("CUDA cores") and reason in generated.notes[-1]
+
+
+def test_a_float_op_stays_on_the_cuda_cores():
+    config = parse_line("cublas_dot_op_float|a+128_64|b+64_64|o+128_64|ta+0|tb+0")
+    assert tensorcore.refusal(config) == "float op: the tensor-core rows are fp16"
+    assert generate(config, "sm_90", check=False).notes == ["CUDA cores (float)"]
 
 
 def test_the_padding_to_whole_tiles_leaves_tilings_to_choose_from():
@@ -166,13 +171,13 @@ def test_lint_names_a_row_whose_registers_do_not_allow_its_block(tmp_path: Path)
     miscs = json.loads(row.miscs)
     miscs.setdefault("kdb", {})["compile"] = {"sm_90": {"kdb_block_kernel": {"registers": 255}}}
     function = json.loads(row.function)
-    function["block_dim"] = [32, 8, 1]  # 256 threads: 255 registers a thread allow 128 (a 64K register file)
+    function["block_dim"] = [32, 16, 1]  # 512 threads: 255 registers a thread allow 256 (a 64K register file)
     names = ("Key", "Identifier", "OpType", "Attributes", "Source", "DeviceType", "Function", "Tags", "Miscs")
     values[names.index("Miscs")] = json.dumps(miscs)
     values[names.index("Function")] = json.dumps(function)
     [finding] = [f for f in lint_row((1, *values)) if f.check == "launch-registers"]
-    assert "255 registers a thread allow 128 threads a block, and the row launches 256" in finding.message
-    function["block_dim"] = [32, 4, 1]
+    assert "255 registers a thread allow 256 threads a block, and the row launches 512" in finding.message
+    function["block_dim"] = [32, 8, 1]
     values[names.index("Function")] = json.dumps(function)
     assert not [f for f in lint_row((1, *values)) if f.check == "launch-registers"]
 
