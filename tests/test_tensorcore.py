@@ -196,3 +196,37 @@ def test_nvrtc_gets_the_standard_asm_spelling(monkeypatch: pytest.MonkeyPatch):
     seen.clear()
     nvrtc.compile_cuda("extern \"C\" __global__ void k() {}")
     assert seen == ['extern "C" __global__ void k() {}']  # nothing added to a program without inline PTX
+
+
+def test_a_tuned_half_record_becomes_a_kernel(tmp_path: Path):
+    """The harvest of a tuning run: the fastest record of the work dir, replayed, generated and compiled on its own as
+    NNFusion holds it. Every half kernel failed that compile ('incomplete type "void"': no cuda_fp16.h), so no fp16
+    tuning on the H100 gave a row."""
+    if not find_nvcc(""):
+        pytest.skip("needs nvcc (the harvest compiles each kernel on its own)")
+    import tvm.s_tir as s_tir
+    from tvm.s_tir import meta_schedule as ms
+
+    from core.codegen.generate import cuda_target, prim_func_module
+    from core.tuning.harvest import best_kernels
+    from core.tuning.job import TuneJob
+    from core.tuning.records import RECORDS, WORKLOADS
+    from core.tuning.space import cuda_space
+
+    config = parse_line(BERT[1])
+    job = TuneJob(config, trials=2)
+    mod, _ = prim_func_module(config)
+    context = ms.TuneContext(mod=mod, target=cuda_target("sm_90"), space_generator=cuda_space(config), task_name="t")
+    [design] = context.space_generator.generate_design_space(mod)
+    work = tmp_path / "work"
+    work.mkdir()
+    database = ms.database.JSONDatabase(path_workload=str(work / WORKLOADS), path_tuning_record=str(work / RECORDS))
+    workload = database.commit_workload(mod)
+    for seed, seconds in ((3, 2e-5), (5, 1e-5)):
+        sch = s_tir.Schedule(mod, seed=seed)
+        design.trace.apply_to_schedule(sch, remove_postproc=True, decision_provider=lambda *_: None)
+        database.commit_tuning_record(ms.database.TuningRecord(sch.trace, workload, [seconds], cuda_target("sm_90")))
+    result = best_kernels(job, work, check=False)
+    assert set(result.kernels) == {"best"}, result.errors
+    assert result.best_seconds == 1e-5
+    assert_tensor_core_row(result.kernels["best"]["code"])

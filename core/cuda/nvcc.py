@@ -147,8 +147,12 @@ def _headers(function: dict[str, Any]) -> str:
     cuda_fp16.h) and the fixed-width integer types its typedefs name (a half shared array is declared uint16_t)."""
     sm = function.get("shared_memory") or {}
     fixed_width = any(str(t).endswith("_t") for t in sm.get("dtype", []) or [])
-    return ("#include <cuda_fp16.h>\n" if "half" in str(function["function_signature"]) else "") + \
-        ("#include <cstdint>\n" if fixed_width else "")
+    return half_header(str(function["function_signature"])) + ("#include <cstdint>\n" if fixed_width else "")
+
+
+def half_header(code: str) -> str:
+    """The include that gives a kernel `half` (NNFusion's generated file has it through cuBLAS's header), or ''."""
+    return "#include <cuda_fp16.h>\n" if re.search(r"\bhalf\b", code) else ""
 
 
 def _shared_declarations(function: dict[str, Any]) -> str:

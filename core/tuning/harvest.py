@@ -131,9 +131,11 @@ def _kernel_item(job: TuneJob, scheduled: Any, work_dir: Path, *,
 
 def _standalone_problem(item: dict[str, Any] | None, arch: str, work_dir: Path) -> str:
     """Why the kernel's code does not compile on its own (the way NNFusion will hold it), or ''."""
-    from core.cuda.nvcc import compile_source, find_nvcc
+    from core.cuda.nvcc import compile_source, find_nvcc, half_header
 
     if item is None:
         return "no kernel"
-    result = compile_source(item["code"], arch, nvcc=find_nvcc(), workdir=work_dir / "check")
+    # with what NNFusion's file gives the kernel (cuda_fp16.h): without it every half kernel read as not compiling
+    code = half_header(item["code"]) + item["code"]
+    result = compile_source(code, arch, nvcc=find_nvcc(), workdir=work_dir / "check")
     return "" if result.ok else result.error
