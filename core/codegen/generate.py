@@ -93,6 +93,9 @@ def extract_kernel(source: str, name: str) -> str:
     body_close = match_close(masked, body_open)
     code = source[start:body_close + 1]
     code = re.sub(r"\bmain_kernel\b", name, code, count=1)
+    from core.cuda.inline import inline_device_helpers
+
+    code = inline_device_helpers(code, source)  # TVM's cp.async helpers: a row holds one function
     # TVM names parameters <buffer>_ptr; our buffers are input0.., output0: drop the suffix.
     for ptr in set(re.findall(r"\b((?:input|output)\d+)_ptr\b", code)):
         code = re.sub(rf"\b{ptr}_ptr\b", ptr, code)

@@ -47,6 +47,7 @@ def mma_name(trans_a: bool, trans_b: bool) -> str:
 
 
 FILL = "kdb_mma_fill_f32"
+STORE_SHARED = "kdb_mma_store_f32_shared"
 
 
 @functools.cache
@@ -61,6 +62,7 @@ def register() -> None:
         for trans_b in (False, True):
             TensorIntrin.register(mma_name(trans_a, trans_b), *_mma(trans_a, trans_b), override=True)
     TensorIntrin.register(FILL, *_fill(), override=True)
+    TensorIntrin.register(STORE_SHARED, *_store_shared(), override=True)
 
 
 def _ldmatrix(operand: str, transposed: bool) -> tuple[Any, Any]:
@@ -206,6 +208,43 @@ def uses_fragments(mod: Any) -> bool:
     return bool(found)
 
 
+def _store_shared() -> tuple[Any, Any]:
+    """A 16x16 fp32 accumulator tile stored to static shared memory, each lane its own 8 elements (a k slice's sums,
+    which the block then adds up: core/codegen/tensorcore.py)."""
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def desc(c_warp: T.handle, c: T.handle) -> None:
+        C_warp = T.match_buffer(c_warp, (32, 8), "float32", scope="warp")
+        C = T.match_buffer(c, (16, 16), "float32", scope="shared")
+        with T.sblock("root"):
+            T.reads(C_warp[0:32, 0:8])
+            T.writes(C[0:16, 0:16])
+            for i0, i1 in T.grid(16, 16):
+                with T.sblock("store"):
+                    i, j = T.axis.remap("SS", [i0, i1])
+                    lane, element = T.meta_var(fragment(i, j))
+                    T.reads(C_warp[lane, element])
+                    T.writes(C[i, j])
+                    C[i, j] = C_warp[lane, element]
+
+    @T.prim_func(s_tir=True)
+    def impl(c_warp: T.handle, c: T.handle) -> None:
+        s0 = T.int32()
+        s1 = T.int32()
+        C_warp = T.match_buffer(c_warp, (32, 8), "float32", scope="warp", offset_factor=1)
+        C = T.match_buffer(c, (16, 16), "float32", scope="shared", offset_factor=1, strides=[s0, s1])
+        with T.sblock("root"):
+            T.reads(C_warp[0:32, 0:8])
+            T.writes(C[0:16, 0:16])
+            for tx in T.thread_binding(0, 32, "threadIdx.x"):
+                for element in T.unroll(8):  # fragment()'s inverse: the (row, column) of each lane's element
+                    C[8 * (element % 4 // 2) + tx // 4, 8 * (element // 4) + tx % 4 * 2 + element % 2] = C_warp[
+                        tx, element]
+
+    return desc, impl
+
+
 @functools.cache
 def install_pipeline() -> str:
     """Register the tensor-core lowering as a named TVM pipeline (once per process); its name."""
@@ -222,7 +261,8 @@ def install_pipeline() -> str:
         def lower(mod: Any, ctx: Any) -> Any:
             # Unrolled loops stay loops with `#pragma unroll` (nvcc unrolls them): unrolled in TIR, a fragment's
             # tile and element offsets fold into one constant the warp pass cannot split.
-            config = {**ctx.config, "tirx.disable_cse_tir": True, "tirx.UnrollLoop": {"explicit_unroll": False}}
+            config = {**ctx.config, "tirx.disable_cse_tir": True, "tirx.UnrollLoop": {"explicit_unroll": False},
+                      "tirx.use_async_copy": True}
             with tvm.transform.PassContext(opt_level=ctx.opt_level, config=config):
                 return default(mod)
 

@@ -148,10 +148,11 @@ def reference(config: OpConfig, arrays: list[np.ndarray]) -> np.ndarray:
     xs = [a.astype(np.float64) for a in arrays]
     if op in CONV_FAMILY:
         pb = p["padding_below_diff"]
-        out = _conv(xs[0], xs[1], p["window_movement_strides"], p["window_dilation_strides"], pb,
-                    p.get("padding_above_diff", pb), config.groups)
+        # (the tensor cores' definition takes the filter, and may take the input, flat: the same elements)
+        out = _conv(xs[0].reshape(p["input_shape"]), xs[1].reshape(p["filter_shape"]), p["window_movement_strides"],
+                    p["window_dilation_strides"], pb, p.get("padding_above_diff", pb), config.groups)
         if op == "Fused_Convolution_Add_Relu":
-            out = out + xs[2]
+            out = out + xs[2].reshape(out.shape)
         return np.maximum(out, 0) if op != "Convolution" else out
     if op == "Dot":
         # The operands as matrices (a left operand of rank > 2 has its leading axes as rows, however the caller

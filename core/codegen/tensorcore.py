@@ -27,7 +27,9 @@ from core.opconfigs.opconfig import OpConfig
 
 MIN_SIDE = 16  # an M or N below one fragment tile leaves most of each mma idle: the CUDA cores take such an op
 MAX_WARP_TILES = 4  # 16x16 accumulator tiles a warp holds along M (and along N): 8 fp32 registers each
-MAX_K_CHUNK = 4  # 16-deep k steps staged in shared memory per round
+MAX_WARPS = 4  # warps of a block along M (and along N)
+MAX_K_CHUNK = 4  # 16-deep k steps staged in shared memory per round (per slice)
+SLICES = (2, 4)  # warps a sliced schedule splits each round's k among
 SHARED_ALIGN = (32, 8)  # shared rows padded to a multiple of 32 halves plus 8: ldmatrix's rows fall in distinct banks
 
 
@@ -117,8 +119,12 @@ def define(config: OpConfig) -> tuple[list[Any], Any]:
         out = te.compute((g.m, g.n), lambda i, j: c[i, j].astype(f16), name="output0")
         return [a, b], out
     p = config.params
-    data = te.placeholder(tuple(p["input_shape"]), f16, name="input0")
-    weight = te.placeholder(tuple(p["filter_shape"]), f16, name="input1")
+    # A 1x1, stride-1, unpadded convolution reads each patch row as it lies in the input: the input is taken flat
+    # ([N, C, H*W], the same bytes), and so is the filter: their loads are a linear index TVM can vectorize.
+    flat = plain_patches(config)
+    nb, cin, *_ = p["input_shape"]
+    data = te.placeholder((nb, cin, g.n) if flat else tuple(p["input_shape"]), f16, name="input0")
+    weight = te.placeholder((g.m, g.k), f16, name="input1")  # [Cout, Cin*KH*KW]: the filter's bytes, a row per output
     h, w = p["input_shape"][2:]
     kh, kw = p["filter_shape"][2:]
     oh, ow = p["output_shape"][2:]
@@ -128,7 +134,7 @@ def define(config: OpConfig) -> tuple[list[Any], Any]:
 
     def weight_at(m: Any, k: Any) -> Any:
         inside = tirx.all(m < g.m, k < g.k) if (g.mp, g.kp) != (g.m, g.k) else None
-        value = weight[m, k // window, k % window // kw, k % kw]
+        value = weight[m, k]
         return tirx.if_then_else(inside, value, zero) if inside is not None else value
 
     def patch_at(bi: Any, k: Any, n: Any) -> Any:
@@ -140,7 +146,7 @@ def define(config: OpConfig) -> tuple[list[Any], Any]:
         conditions += [x >= 0] if pl else []
         conditions += [y < h] if (oh - 1) * sh + (kh - 1) * dh - pt >= h else []
         conditions += [x < w] if (ow - 1) * sw + (kw - 1) * dw - pl >= w else []
-        value = data[bi, k // window, y, x]
+        value = data[bi, k, n] if flat else data[bi, k // window, y, x]
         return tirx.if_then_else(tirx.all(*conditions), value, zero) if conditions else value
 
     a_pad = te.compute((g.mp, g.kp), weight_at, name="A_pad")
@@ -162,6 +168,14 @@ def define(config: OpConfig) -> tuple[list[Any], Any]:
         return value.astype(f16)
 
     return inputs, te.compute((g.batch, g.m, g.n), epilogue, name="output0")
+
+
+def plain_patches(config: OpConfig) -> bool:
+    """A convolution whose patches are the input's own rows: 1x1, stride 1, no padding."""
+    p = config.params
+    return (config.op_type in CONV_FAMILY and list(p["filter_shape"][2:]) == [1, 1]
+            and list(p["window_movement_strides"]) == [1, 1] and list(p["padding_below_diff"]) == [0, 0]
+            and list(p.get("padding_above_diff", [0, 0])) == [0, 0])
 
 
 def _pad(tensor: Any, shape: tuple[int, int], name: str) -> Any:
@@ -187,6 +201,8 @@ class Decisions:
     k: tuple[int, int]
     vector_a: int
     vector_b: int
+    pipeline: bool = True
+    slices: int = 1  # warps a k round is split among (1: not sliced)
 
 
 def vector_widths(config: OpConfig, operand: str) -> list[int]:
@@ -196,10 +212,7 @@ def vector_widths(config: OpConfig, operand: str) -> list[int]:
     the input's own rows (a 1x1, stride-1, unpadded convolution)."""
     g = gemm_of(config)
     if g.kind == "conv" and operand == "B":
-        p = config.params
-        plain = (list(p["filter_shape"][2:]) == [1, 1] and list(p["window_movement_strides"]) == [1, 1]
-                 and list(p["padding_below_diff"]) == [0, 0])
-        row, padded_sizes = (g.n if plain else 1), ((g.k, g.kp), (g.n, g.np_))
+        row, padded_sizes = (g.n if plain_patches(config) else 1), ((g.k, g.kp), (g.n, g.np_))
     elif operand == "A":
         row, padded_sizes = (g.m if g.trans_a else g.k), ((g.m, g.mp), (g.k, g.kp))
     else:
@@ -231,11 +244,32 @@ def _largest_divisor(n: int, cap: int) -> int:
     return max(d for d in range(1, cap + 1) if n % d == 0)
 
 
-def schedule(sch: Any, config: OpConfig, decisions: Decisions | None = None) -> None:
-    """Schedule the op's GEMM (`sch` of define()'s function) for mma.sync; decisions sampled unless given."""
+def design_space(sch: Any, config: OpConfig) -> list[Any]:
+    """The op's design spaces: its schedule with the shared-memory stage pipelined (two buffers; cp.async where a
+    copy moves 4 or 16 bytes at a time) or not, and with k sliced across warps or not."""
+    spaces = []
+    for pipeline in (True, False):
+        for sliced in (False, True) if slice_counts(config) else (False,):
+            each = sch.copy()
+            schedule(each, config, pipeline=pipeline, sliced=sliced)
+            spaces.append(each)
+    return spaces
+
+
+def schedule(sch: Any, config: OpConfig, decisions: Decisions | None = None, *, pipeline: bool | None = None,
+             sliced: bool | None = None) -> None:
+    """Schedule the op's GEMM (`sch` of define()'s function) for mma.sync; decisions sampled unless given.
+
+    Pipelined, each round of k copies the next chunk into a second pair of shared buffers (asynchronously where it
+    can: cp.async) while the warps multiply the current one. Sliced, the warps of a block split each round's k among
+    them (`rfactor`): a product of few tiles and a long k (BERT's Dots, a 3x3 convolution on a 7x7 map) gets more
+    warps at work, and the slices' sums meet in shared memory, where the output stage adds them."""
     from core.codegen import mma
 
     mma.register()
+    d = decisions
+    pipeline = d.pipeline if pipeline is None and d is not None else bool(pipeline)
+    sliced = d.slices > 1 if sliced is None and d is not None else bool(sliced)
     g = gemm_of(config)
     gemm, out = sch.get_sblock("gemm"), sch.get_sblock("output0")
     a_pad, b_pad = sch.get_sblock("A_pad"), sch.get_sblock("B_pad")
@@ -244,23 +278,44 @@ def schedule(sch: Any, config: OpConfig, decisions: Decisions | None = None) -> 
     i, i16 = sch.split(i, [None, TILE])
     j, j16 = sch.split(j, [None, TILE])
     k, k16 = sch.split(k, [None, TILE])
-    d = decisions
-    m_tiles = sch.sample_perfect_tile(i, n=3, max_innermost_factor=MAX_WARP_TILES, decision=d and list(d.m))
-    n_tiles = sch.sample_perfect_tile(j, n=3, max_innermost_factor=MAX_WARP_TILES, decision=d and list(d.n))
+    (bm, wm, tm), warps_m = _tiling(sch, i, d and d.m)
+    (bn, wn, tn), warps_n = _tiling(sch, j, d and d.n)
+    ks = []
+    if sliced:  # at least two slices: one would change the loop structure a trace replays
+        counts = slice_counts(config)
+        slices = sch.sample_categorical(counts, [1 / len(counts)] * len(counts),
+                                        decision=None if d is None else counts.index(d.slices))
+        k, slice_loop = sch.split(k, [None, slices])
+        ks = [slice_loop]
     k_tiles = sch.sample_perfect_tile(k, n=2, max_innermost_factor=MAX_K_CHUNK, decision=d and list(d.k))
-    bm, wm, tm = sch.split(i, m_tiles)
-    bn, wn, tn = sch.split(j, n_tiles)
     ko, ki = sch.split(k, k_tiles)
-    sch.reorder(bm, bn, wm, wn, ko, ki, tm, tn, i16, j16, k16)
-    sch.bind(sch.fuse(bm, bn), "blockIdx.x")
+    sch.reorder(bm, bn, wm, wn, ko, *ks, ki, tm, tn, i16, j16, k16)
+    if sliced:
+        slice_sums = gemm
+        gemm = sch.rfactor(ks[0], 0)  # gemm_rf[slice, i, j]: each slice's sum; the old block adds them up
+        loops = sch.get_loops(gemm)  # rfactor gives the slices' block a loop nest of its own
+        batch = loops[0] if batch is not None else None
+        bm, bn, wm, wn, ko, *ks, ki, tm, tn, i16, j16, k16 = loops[-12:]
+        sch.reorder(*ks, wm, wn, ko)
+    block = sch.fuse(bm, bn)
+    sch.bind(block, "blockIdx.x")
     if batch is not None:
         sch.bind(batch, "blockIdx.y")
-    warp = sch.fuse(wm, wn)
+    warp = sch.fuse(*ks, wm, wn)
     sch.bind(warp, "threadIdx.y")
+    warps = [*([slices] if sliced else []), warps_m, warps_n]
 
-    sch.set_scope(gemm, 0, "warp")  # the accumulator lives in fragments; the output stage reads them
-    sch.reverse_compute_at(out, warp)
-    _fragment_epilogue(sch, out)
+    if sliced:  # fragments -> each slice's sums in shared memory -> the output stage adds the slices
+        sch.set_scope(gemm, 0, "shared")
+        store = sch.cache_write(gemm, 0, "warp")
+        sch.transform_layout(gemm, ("write", 0), _sliced(tile_fragment, g))
+        sch.reverse_compute_at(store, warp)
+        _fragment_store(sch, store)
+        _slices_added(sch, slice_sums, out, block, warps)
+    else:
+        sch.set_scope(gemm, 0, "warp")  # the accumulator lives in fragments; the output stage reads them
+        sch.reverse_compute_at(out, warp)
+        _fragment_epilogue(sch, out)
 
     for index, (pad, widths, chosen, operand) in enumerate(
             ((a_pad, vector_widths(config, "A"), d and d.vector_a, "A"),
@@ -271,8 +326,8 @@ def schedule(sch: Any, config: OpConfig, decisions: Decisions | None = None) -> 
         width = sch.sample_categorical(widths, [1 / len(widths)] * len(widths),
                                        decision=None if chosen is None else widths.index(chosen))
         copy = sch.fuse(*sch.get_loops(shared)[-2:])
-        _, wy, wx, tx, vec = sch.split(copy, [None, m_tiles[1], n_tiles[1], WARP, width])
-        sch.bind(sch.fuse(wy, wx), "threadIdx.y")
+        _, *ys, tx, vec = sch.split(copy, [None, *warps, WARP, width])
+        sch.bind(sch.fuse(*ys), "threadIdx.y")
         sch.bind(tx, "threadIdx.x")
         sch.vectorize(vec)
         sch.storage_align(shared, 0, axis=-2, factor=SHARED_ALIGN[0], offset=SHARED_ALIGN[1])
@@ -288,12 +343,36 @@ def schedule(sch: Any, config: OpConfig, decisions: Decisions | None = None) -> 
         sch.tensorize(ri, ldmatrix_name(operand, transposed))
         _unroll(sch, ro, co)
 
-    sch.transform_layout(gemm, ("write", 0), _batched(tile_fragment, g))
+    if pipeline:
+        sch.annotate(ko, "software_pipeline_stage", [0, 0, 1])  # A's copy, B's copy, the k round's mma
+        sch.annotate(ko, "software_pipeline_order", [0, 1, 2])
+        sch.annotate(ko, "software_pipeline_async_stages", [0])
+    if not sliced:  # (after the output stage is placed: its reads are then rewritten in the fragment layout)
+        sch.transform_layout(gemm, ("write", 0), _batched(tile_fragment, g))
     init = sch.decompose_reduction(gemm, ko)
     _unroll(sch, *sch.get_loops(init)[-4:-2])
     sch.tensorize(sch.get_loops(init)[-2], FILL)
     _unroll(sch, ki, tm, tn)
     sch.tensorize(i16, mma_name(g.trans_a, g.trans_b))
+
+
+def _tiling(sch: Any, loop: Any, decision: tuple[int, int, int] | None) -> tuple[list[Any], Any]:
+    """A loop of 16-tiles split into (blocks, warps, tiles a warp holds): the tiles a warp holds sampled first, then
+    the warps of a block, each at most MAX_WARP_TILES (a block of at most 16 x 16 warps along M and N, not the
+    thousands of threads an unbounded middle factor gave: 52 of 59 samples of a BERT Dot were over the limits)."""
+    per_warp = sch.sample_perfect_tile(loop, n=2, max_innermost_factor=MAX_WARP_TILES,
+                                       decision=decision and [decision[0] * decision[1], decision[2]])
+    outer, inner = sch.split(loop, per_warp)
+    warps = sch.sample_perfect_tile(outer, n=2, max_innermost_factor=MAX_WARPS,
+                                    decision=decision and [decision[0], decision[1]])
+    blocks, warp = sch.split(outer, warps)
+    return [blocks, warp, inner], warps[1]
+
+
+def slice_counts(config: OpConfig) -> list[int]:
+    """How many slices a sliced schedule may split k into: counts that divide its 16-deep steps."""
+    steps = gemm_of(config).kp // TILE
+    return [c for c in SLICES if steps % c == 0]
 
 
 def _unroll(sch: Any, *loops: Any) -> None:
@@ -306,6 +385,46 @@ def _batched(layout: Any, g: Gemm) -> Any:
     if g.kind != "conv":
         return layout
     return lambda b, i, j: (b, *layout(i, j))
+
+
+def _sliced(layout: Any, g: Gemm) -> Any:
+    """The layout of a sliced accumulator: one fragment tile set per slice (and image)."""
+    if g.kind != "conv":
+        return lambda s, i, j: (s, *layout(i, j))
+    return lambda s, b, i, j: (s, b, *layout(i, j))
+
+
+def _slices_added(sch: Any, slice_sums: Any, out: Any, block: Any, warps: list[Any]) -> None:
+    """The block's threads add the slices' sums of each output element (kept in a register) and apply the output
+    stage to it: one element a thread at a time, consecutive threads on consecutive columns."""
+    from core.codegen.schedule import loop_kinds
+
+    sch.set_scope(slice_sums, 0, "local")
+    sch.reverse_compute_at(slice_sums, block)
+    kinds = loop_kinds(sch, slice_sums)
+    inner = next(n for n, (loop, _) in enumerate(kinds) if sch.get(loop).same_as(sch.get(block))) + 1
+    spatial = [loop for loop, kind in kinds[inner:] if kind == "S"]
+    reduce = [loop for loop, kind in kinds[inner:] if kind == "R"]
+    sch.reorder(*spatial, *reduce)
+    *_, ty, tx = sch.split(sch.fuse(*spatial), [None, *warps, WARP])
+    threads = sch.get_loops(slice_sums)[-2 - len(warps):-1]
+    sch.bind(sch.fuse(*threads[:-1]), "threadIdx.y")
+    sch.bind(threads[-1], "threadIdx.x")
+    sch.reverse_compute_at(out, threads[-1])
+    _unroll(sch, *reduce)
+    del ty, tx
+
+
+def _fragment_store(sch: Any, store: Any) -> None:
+    """The copy of a slice's fragments to its sums in shared memory, one 16x16 tile per store intrinsic."""
+    from core.codegen.mma import STORE_SHARED
+
+    rows, cols = sch.get_loops(store)[-2:]
+    ro, ri = sch.split(rows, [None, TILE])
+    co, ci = sch.split(cols, [None, TILE])
+    sch.reorder(ro, co, ri, ci)
+    sch.tensorize(ri, STORE_SHARED)
+    _unroll(sch, ro, co)
 
 
 def _fragment_epilogue(sch: Any, out: Any) -> None:

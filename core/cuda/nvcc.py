@@ -228,7 +228,10 @@ def compile_source(source: str, arch: str, *, nvcc: str, flags: list[str] | tupl
     log = out[-MAX_LOG_CHARS:]
     if proc.returncode != 0:
         m = _ERROR_LINE.search(out)
-        error = m.group(2).strip() if m else (out.strip().splitlines() or ["nvcc failed"])[-1]
+        lines = out.strip().splitlines()
+        # ptxas's own errors ("uses too much shared data") have no source line; else the last line says most
+        error = m.group(2).strip() if m else next((ln.strip() for ln in lines if " error " in f" {ln} "), None) \
+            or (lines or ["nvcc failed"])[-1]
         return CompileResult(arch, False, elapsed, error=f"nvcc ({arch}): {error}",
                              error_line=int(m.group(1)) if m else None, log=log, source=source)
     return CompileResult(arch, True, elapsed, log=log, source=source, kernels=_resources(out), cubin=cubin)

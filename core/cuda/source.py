@@ -411,7 +411,7 @@ def _split_declaration(stmt: str, line: int, notes: list[str]) -> list[tuple[str
         # NNFusion re-declares the array without it: the sizes are padded instead (see kernel_row.py)
         alignment = max(alignment, int(align.group(1)))
         text = text.replace(align.group(0), " ")
-    first, *rest = _split_top_commas(text)
+    first, *rest = split_top_commas(text)
     words = _IDENT.findall(first.split("[")[0])
     if "extern" in words:
         raise InputError(
@@ -449,7 +449,7 @@ def _split_declaration(stmt: str, line: int, notes: list[str]) -> list[tuple[str
     return out
 
 
-def _split_top_commas(text: str) -> list[str]:
+def split_top_commas(text: str) -> list[str]:
     parts, depth, start = [], 0, 0
     for i, ch in enumerate(text):
         if ch in "([":

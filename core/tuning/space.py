@@ -144,8 +144,8 @@ def tensor_core_space(config: Any) -> Any:
 
     from core.codegen import tensorcore
 
-    def schedule(sch: Any) -> None:
-        tensorcore.schedule(sch, config)
+    def schedule(sch: Any) -> list[Any]:
+        return tensorcore.design_space(sch, config)
 
     return ms.space_generator.ScheduleFn(
         schedule, sch_rules=[], postprocs=[ms.postproc.DisallowDynamicLoop(), ms.postproc.VerifyGPUCode()],
