@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import re
 import sys
 import tempfile
 import time
@@ -49,24 +51,32 @@ def sample(ops: Path, out: Path, per_op: int, arch: str) -> None:
         mod, _ = prim_func_module(config)
         space = tensor_core_space(config)
         context = ms.TuneContext(mod=mod, target=cuda_target(arch), space_generator=space, task_name="sample")
-        [design] = context.space_generator.generate_design_space(mod)
+        designs = context.space_generator.generate_design_space(mod)
         taken, seed = 0, 0
         while taken < per_op and seed < 50 * per_op:
             seed += 1
             sch = s_tir.Schedule(mod, seed=seed)
-            design.trace.apply_to_schedule(sch, remove_postproc=True, decision_provider=lambda *_: None)
+            space = (taken + seed) % len(designs)  # each of the op's design spaces in turn
+            designs[space].trace.apply_to_schedule(sch, remove_postproc=True, decision_provider=lambda *_: None)
             if not all(p.apply(sch) for p in context.space_generator.postprocs):
                 continue
             generated = generate(config, arch, scheduled=sch.mod, check=False)
             if generated.item is None:
                 print(f"  seed {seed}: {generated.error[:200]}")
                 continue
-            generated.item["tvm_func_name"] = generated.item["tvm_func_name"].replace("_kernel0", f"_s{seed}_kernel0")
+            tag = f"_{space_name(designs[space])}{seed}_kernel0"
+            generated.item["tvm_func_name"] = generated.item["tvm_func_name"].replace("_kernel0", tag)
             items.append(generated.item)
             taken += 1
         print(f"  {taken} sampled tilings")
     out.write_text(json.dumps(items), encoding="utf-8")
     print(f"{len(items)} kernels -> {out}")
+
+
+def space_name(design) -> str:  # type: ignore[no-untyped-def]
+    """'p' pipelined or 'n' not, then 's' sliced or 'w' whole k: which design space a sample came from."""
+    trace = str(design.trace)
+    return ("p" if "software_pipeline_stage" in trace else "n") + ("s" if "rfactor" in trace.lower() else "w")
 
 
 def table(db_path: Path, out: Path, label: str) -> None:
@@ -77,13 +87,16 @@ def table(db_path: Path, out: Path, label: str) -> None:
     by_op: dict[str, list[dict]] = {}
     for r in rows:
         by_op.setdefault(r["op"], []).append(r)
-    print(f"{'op':70} {'math':6} {'default':>8} {'fastest':>8} {'library':>8} {'fast/lib':>8} {'rows':>4} "
-          f"{'max err':>8}")
+    spaces = ("pw", "ps", "nw", "ns")
+    print(f"{'op':60} {'math':6} {'default':>8} " + " ".join(f"{x:>7}" for x in spaces)
+          + f" {'fastest':>8} {'library':>8} {'fast/lib':>8} {'max err':>8}")
     ratios, default_ratios = [], []
     for op, op_rows in sorted(by_op.items()):
         timed = [r for r in op_rows if r["ours_us"]]
         fastest = min(timed, key=lambda r: r["ours_us"]) if timed else None
         default = next((r for r in timed if "_default_" in r["name"]), None)
+        best = {x: min((r["ours_us"] for r in timed if re.search(rf"_{x}\d+_", r["name"])), default=math.nan)
+                for x in spaces}
         lib = op_rows[0]["library_us"]
         ratio = fastest["ours_us"] / lib if fastest else None
         if ratio:
@@ -92,9 +105,10 @@ def table(db_path: Path, out: Path, label: str) -> None:
             default_ratios.append(default["ours_us"] / lib)
         errors = [r["max_rel_error"] for r in op_rows if r["max_rel_error"] is not None]
         math_kind = "tensor" if any(r["tensor_cores"] for r in op_rows) else "cuda"
-        print(f"{op[:70]:70} {math_kind:6} {default['ours_us'] if default else float('nan'):8.2f} "
-              f"{fastest['ours_us'] if fastest else float('nan'):8.2f} {lib:8.2f} {ratio or float('nan'):8.2f} "
-              f"{len(op_rows):4} {max(errors) if errors else float('nan'):8.1e}")
+        print(f"{op[:60]:60} {math_kind:6} {default['ours_us'] if default else math.nan:8.2f} "
+              + " ".join(f"{best[x]:7.2f}" for x in spaces)
+              + f" {fastest['ours_us'] if fastest else math.nan:8.2f} {lib:8.2f} {ratio or math.nan:8.2f} "
+              f"{max(errors) if errors else math.nan:8.1e}")
     print(f"ratio: fastest row / library (same precision) geomean {geomean(ratios):.3f}x over {len(ratios)} ops; "
           f"default rows {geomean(default_ratios):.3f}x over {len(default_ratios)}")
     (out / f"{label}.json").write_text(json.dumps({"ceilings": ceil, "rows": rows}, indent=1))

@@ -222,22 +222,28 @@ def vector_widths(config: OpConfig, operand: str) -> list[int]:
     return [w for w in (8, 2, 1) if row % w == 0]  # 4 halves would be TVM's half4, which NNFusion lacks
 
 
+SMS = 132  # an H100's (and H200's) multiprocessors: what the untuned tiling tries to keep busy
+
+
 def default_decisions(config: OpConfig) -> Decisions:
-    """An untuned tiling: warps of 2x2 tiles (32x32) where the GEMM allows, 2x2 warps a block while the grid still
-    fills the GPU, k in rounds of 32, the widest copies."""
+    """An untuned tiling, from the H100's samples of ResNet-50's convolutions and BERT's Dots (docs/BENCHMARKS.md):
+    warps of 2x2 tiles (32x32; 4x2 where the patches are gathered one by one); one warp a block unless the grid then holds several warps for every multiprocessor;
+    k sliced among 2 or 4 warps when k is long (64 steps or more) and the tiles alone give fewer than two warps a
+    multiprocessor (a 3x3 convolution on a 14x14 map: 4x faster sliced); rounds of 32 (each slice); pipelined; the
+    widest copies."""
     g = gemm_of(config)
     mt, nt, kt = g.mp // TILE, g.np_ // TILE, g.kp // TILE
-
-    def split(tiles: int) -> tuple[int, int, int]:
-        inner = _largest_divisor(tiles, 2)
-        warps = _largest_divisor(tiles // inner, 2)
-        return tiles // inner // warps, warps, inner
-
-    m, n = split(mt), split(nt)
-    if m[0] * n[0] * g.batch < 66:  # fewer blocks than half an H100's SMs: smaller blocks
-        m, n = (m[0] * m[1], 1, m[2]), (n[0] * n[1], 1, n[2])
-    chunk = _largest_divisor(kt, 2)
-    return Decisions(m, n, (kt // chunk, chunk), vector_widths(config, "A")[0], vector_widths(config, "B")[0])
+    gathered = vector_widths(config, "B") == [1]  # each patch gathered: more rows a warp reuse it (64 x 32)
+    tm, tn = _largest_divisor(mt, 4 if gathered else 2), _largest_divisor(nt, 2)
+    warps = mt // tm * (nt // tn) * g.batch
+    slices = next((c for c in sorted(slice_counts(config), reverse=True) if kt // c >= 16), 1) \
+        if kt >= 64 and warps < 2 * SMS else 1
+    wm = _largest_divisor(mt // tm, 2) if warps >= 4 * SMS else 1
+    wn = _largest_divisor(nt // tn, 2) if warps >= 2 * SMS else 1
+    steps = kt // slices
+    chunk = _largest_divisor(steps, 2)
+    return Decisions((mt // tm // wm, wm, tm), (nt // tn // wn, wn, tn), (steps // chunk, chunk),
+                     vector_widths(config, "A")[0], vector_widths(config, "B")[0], pipeline=True, slices=slices)
 
 
 def _largest_divisor(n: int, cap: int) -> int:
