@@ -223,6 +223,7 @@ def vector_widths(config: OpConfig, operand: str) -> list[int]:
 
 
 SMS = 132  # an H100's (and H200's) multiprocessors: what the untuned tiling tries to keep busy
+STATIC_SHARED = 48 * 1024  # bytes a block may declare (NNFusion gives no dynamic shared memory)
 
 
 def default_decisions(config: OpConfig) -> Decisions:
@@ -240,10 +241,31 @@ def default_decisions(config: OpConfig) -> Decisions:
         if kt >= 64 and warps < 2 * SMS else 1
     wm = _largest_divisor(mt // tm, 2) if warps >= 4 * SMS else 1
     wn = _largest_divisor(nt // tn, 2) if warps >= 2 * SMS else 1
-    steps = kt // slices
-    chunk = _largest_divisor(steps, 2)
-    return Decisions((mt // tm // wm, wm, tm), (nt // tn // wn, wn, tn), (steps // chunk, chunk),
-                     vector_widths(config, "A")[0], vector_widths(config, "B")[0], pipeline=True, slices=slices)
+    while True:
+        steps = kt // slices
+        chunk = _largest_divisor(steps, 2)
+        decisions = Decisions((mt // tm // wm, wm, tm), (nt // tn // wn, wn, tn), (steps // chunk, chunk),
+                              vector_widths(config, "A")[0], vector_widths(config, "B")[0], pipeline=True,
+                              slices=slices)
+        if shared_bytes(config, decisions) <= STATIC_SHARED or (tm, slices) == (1, 1):
+            return decisions
+        tm, slices = (tm // 2, slices) if tm > 2 or slices == 1 else (tm, slices // 2)  # over 48 KB: smaller
+
+
+def shared_bytes(config: OpConfig, d: Decisions) -> int:
+    """The static shared memory a tiling declares: A's and B's rounds (twice, pipelined; rows padded as
+    SHARED_ALIGN pads them) and, sliced, each slice's fp32 sums of the block's tile."""
+    g = gemm_of(config)
+    rows, cols, depth = TILE * d.m[1] * d.m[2], TILE * d.n[1] * d.n[2], TILE * d.k[1] * d.slices
+
+    def padded_row(halves: int) -> int:
+        factor, offset = SHARED_ALIGN
+        return -(-(halves - offset) // factor) * factor + offset if halves > offset else halves
+
+    a = (depth * padded_row(rows)) if g.trans_a else rows * padded_row(depth)
+    b = (cols * padded_row(depth)) if g.trans_b else depth * padded_row(cols)
+    sums = d.slices * rows * cols * 4 if d.slices > 1 else 0
+    return (a + b) * 2 * (2 if d.pipeline else 1) + sums
 
 
 def _largest_divisor(n: int, cap: int) -> int:
