@@ -112,3 +112,36 @@ def test_without_a_compiler_the_models_own_graph_is_extracted_and_the_note_says_
     assert extraction.configs[0].describe() == "Dot 1x128x768 x 768x768"
     assert any("pre-pass did not rewrite the model: the pre-pass could not be checked: no NNFusion compiler found"
                in n.text for n in extraction.notes), extraction.notes
+
+
+def half_dense_block(folder: Path) -> Path:
+    """The dense block made fp16 as `kdb model fp16` makes it (onnxconverter-common)."""
+    float16 = pytest.importorskip("onnxconverter_common.float16", reason="needs onnxconverter-common (the tvm extra)")
+    import onnx
+
+    fp32 = dense_block(folder)
+    return write(float16.convert_float_to_float16(onnx.load(str(fp32))), folder / "model.onnx")
+
+
+@NEEDS_COMPILER
+@pytest.mark.tvm
+@pytest.mark.slow
+def test_an_fp16_model_is_compiled_as_given_where_the_prepass_would_compute_it_in_float(tmp_path: Path):
+    """ONNX Runtime's CPU rewrite casts an fp16 model's ops to float where its CPU provider has no half kernel (33
+    casts in ResNet-50, 61 in two BERT layers, whose inlined Softmax NNFusion then aborts on). kdb reads the model as
+    given and runs the compiler so: the half rows it generated are the ones the compiled network runs."""
+    pytest.importorskip("tvm")
+    path = path_with_onnxruntime()
+    half_dense_block(tmp_path)
+    assert kdb(tmp_path, path, "settings", "archs=sm_90", f"nnfusion_path={COMPILER}").returncode == 0
+    extract = kdb(tmp_path, path, "opconfig", "extract", "model.onnx", "-o", "ops.txt", "--json")
+    extraction = json.loads(extract.stdout)
+    assert extraction["prepass"]["bypassed"] and "casts to float" in extraction["prepass"]["why"], extraction["prepass"]
+    assert extraction["configs"][0]["description"] == "Dot 1x128x768 x 768x768 half"  # (its bias Add follows)
+    assert all(c["description"].endswith(" half") for c in extraction["configs"])
+    assert kdb(tmp_path, path, "codegen", "ops.txt", "--inject", "--arch", "sm_90", "--db", "k.db").returncode == 0
+    report = json.loads(kdb(tmp_path, path, "nnfusion", "model.onnx", "--db", "k.db", "--json").stdout)
+    assert report["prepass"]["bypassed"], report["prepass"]
+    assert_promises_kept(report, RANK3_DOT.replace("float", "half"))
+    source = (Path(report["compile"]["project"]) / "nnfusion_rt.cu").read_text()
+    assert "mma.sync" in source  # the tensor-core row, in half

@@ -105,7 +105,7 @@ def main(args: argparse.Namespace) -> int:
               + (f"; promised but not in the code: {', '.join(sorted(promised - used))}" if promised - used else "")
               + (f"; in the code but not promised: {', '.join(sorted(used - promised))}" if used - promised else ""),
               highlight=False)
-    if report.prepass.get("applied"):  # node names above are the rewritten model's
+    if report.prepass.get("applied") or report.prepass.get("bypassed"):  # node names: the rewritten model's / why not
         out.print(report.prepass["note"], markup=False, highlight=False)
     out.print(f"compiled in {result.seconds:.1f} s ({len(result.lookups)} DB lookups, "
               f"{len(result.substitutions)} patterns substituted); project {result.project}; log {result.log_file}",

@@ -228,7 +228,8 @@ STATIC_SHARED = 48 * 1024  # bytes a block may declare (NNFusion gives no dynami
 
 def default_decisions(config: OpConfig) -> Decisions:
     """An untuned tiling, from the H100's samples of ResNet-50's convolutions and BERT's Dots (docs/BENCHMARKS.md):
-    warps of 2x2 tiles (32x32; 4x2 where the patches are gathered one by one); one warp a block unless the grid then holds several warps for every multiprocessor;
+    warps of 2x2 tiles (32x32; 4x2 where the patches are gathered one by one); one warp a block unless the grid then
+    holds several warps for every multiprocessor;
     k sliced among 2 or 4 warps when k is long (64 steps or more) and the tiles alone give fewer than two warps a
     multiprocessor (a 3x3 convolution on a 14x14 map: 4x faster sliced); rounds of 32 (each slice); pipelined; the
     widest copies."""

@@ -166,12 +166,17 @@ def compile_and_read(job: CompileJob, *, state: StateDB | None = None,
     # A DB not there yet is an empty one: NNFusion itself creates the file and its table. Made before the compiler
     # and coverage read it, so both see the same file.
     report.db_created = KernelDB.create_if_missing(job.db)
-    # kdb's own reading of the model (extraction, coverage) runs while the compiler does: it needs nothing from it.
+    # The compiler imports the model as the extraction read it: with its ONNX Runtime pre-pass, or without it where
+    # that rewrite would change the model's precision (ort_prepass; the extraction is kept by content, so the
+    # coverage below reads it again for nothing).
+    prepass = not extract_for_compiler(job.model, job.flags, binary=job.binary,
+                                       nnfusion_path=job.nnfusion_path).prepass.get("bypassed", False)
+    # kdb's own reading of the DB (coverage) runs while the compiler does: it needs nothing from it.
     with ThreadPoolExecutor(max_workers=1) as pool:
         promise = pool.submit(_coverage, job)
         result = compile_model(job.model, job.db, job.workdir(), binary=binary, product_name=job.product_name,
                                flags=job.flags, timeout_s=job.timeout_s, on_line=on_line,
-                               should_cancel=should_cancel)
+                               should_cancel=should_cancel, prepass=prepass)
         report.entries, report.blockers, report.prepass, read = promise.result()  # an unreadable model raises here
     report.result = result
     if not result.ok:

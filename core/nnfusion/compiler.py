@@ -185,6 +185,20 @@ def compiler_environment() -> dict[str, str]:
     return dict(os.environ)
 
 
+NO_PREPASS = "#!/bin/sh\necho 'kdb: NNFusion runs without its ONNX Runtime pre-pass on this model' >&2\nexit 1\n"
+
+
+def without_prepass(env: dict[str, str], workdir: Path) -> dict[str, str]:
+    """`env` with a python3 first on the PATH that fails at once: the compiler's pre-pass does not rewrite the model,
+    and it imports the model as given (onnx_import/onnx.cpp: it falls back when the script fails)."""
+    folder = workdir / "no-prepass"
+    folder.mkdir(parents=True, exist_ok=True)
+    shim = folder / "python3"
+    shim.write_text(NO_PREPASS, encoding="utf-8")
+    shim.chmod(0o755)
+    return {**env, "PATH": f"{folder}{os.pathsep}{env.get('PATH', os.defpath)}"}
+
+
 def compiler_prepass(given: str = "", setting: str = "") -> PrePass:
     """NNFusion's ONNX Runtime pre-pass as the compiler find_compiler(given, setting) finds will run it: the script
     beside its binary, and the python3 its system() call finds on the PATH kdb gives it (/bin/sh's default path
@@ -207,10 +221,12 @@ def extract_for_compiler(model: Path, flags: Iterable[str], *, binary: str = "",
 def compile_model(model: Path, db: Path, workdir: Path, *, binary: Path, product_name: str = "",
                   flags: Iterable[str] = (), timeout_s: float = 1800.0,
                   on_line: Callable[[str], None] | None = None,
-                  should_cancel: Callable[[], bool] | None = None) -> CompileResult:
+                  should_cancel: Callable[[], bool] | None = None, prepass: bool = True) -> CompileResult:
     """Compile `model` (ONNX) against the kernel DB `db` in `workdir`; never raises for a failing compile.
 
     The command is a list (no shell); the log goes to workdir/nnfusion.log and, line by line, to on_line.
+    prepass=False runs the compiler without its ONNX Runtime pre-pass (the extraction's outcome says when:
+    ort_prepass.PrePassOutcome.bypassed).
     """
     if not model.is_file():
         raise KdbError(f"{model}: no such model file")
@@ -227,7 +243,8 @@ def compile_model(model: Path, db: Path, workdir: Path, *, binary: Path, product
         try:
             proc = subprocess.Popen(command, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, text=True, errors="replace", start_new_session=True,
-                                    env=compiler_environment())
+                                    env=compiler_environment() if prepass else without_prepass(
+                                        compiler_environment(), workdir))
         except OSError as exc:
             raise KdbError(f"cannot run {binary}: {exc.strerror or exc}") from exc
         stop = threading.Event()
