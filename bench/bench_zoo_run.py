@@ -51,8 +51,9 @@ def said(proc: subprocess.CompletedProcess) -> str:
 
 
 def one_network(name: str, work: Path, compiler: str, product: str, db: str | None, iterations: int,
-                model: str | None = None, leave_to_library: bool = False) -> dict:
-    """NAME from the zoo (or the ONNX file MODEL) with codegen's rows (or a copy of the DB at DB)."""
+                model: str | None = None, leave_to_library: bool = False, fp16: bool = False) -> dict:
+    """NAME from the zoo (or the ONNX file MODEL) with codegen's rows (or a copy of the DB at DB); fp16: made half
+    first (`kdb model fp16`, as the README tells a user)."""
     import zoo
     from onnx import save
 
@@ -74,6 +75,9 @@ def one_network(name: str, work: Path, compiler: str, product: str, db: str | No
     # the README's way (the device bundle carries tomli-w when made with bench/device-wheels.txt)
     steps: list[tuple[str, ...]] = [("settings", "archs=sm_90", f"product_name={product}",
                                      f"nnfusion_path={compiler}")]
+    if fp16:
+        steps.append(("model", "fp16", "float.onnx", "model.onnx"))
+        (work / "model.onnx").rename(work / "float.onnx")
     if db:
         shutil.copy(db, work / "kernel_cache.db")
     else:
@@ -85,7 +89,9 @@ def one_network(name: str, work: Path, compiler: str, product: str, db: str | No
         if proc.returncode != 0:
             result.update(status=None, problem=f"kdb {step[0]} exit {proc.returncode}: {said(proc)}")
             return result
-    if leave_to_library:
+    if leave_to_library:  # the network first with every row, then without the rows the library beats
+        before = run_network(work, env, log, compiler, iterations)
+        result["before_leaving"] = {k: before.get(k) for k in ("status", "median_ms", "ratio", "errors", "problem")}
         # exit 1: a row lost to the library (what the next step is for); 2: no GPU, or the ops could not be built
         proc = kdb(work, env, log, "nnfusion", "model.onnx", "--nnfusion", compiler, "--op-times", "times.json")
         if proc.returncode not in (0, 1) or not (work / "times.json").exists():
@@ -102,25 +108,29 @@ def one_network(name: str, work: Path, compiler: str, product: str, db: str | No
                                                f"{said(proc)}")
             return result
         result["left_to_library"] = [v.get("identifier") for v in left["slower"]]
+    result.update(run_network(work, env, log, compiler, iterations))
+    result["seconds"] = round(time.monotonic() - started, 1)
+    return result
+
+
+def run_network(work: Path, env: dict[str, str], log: Path, compiler: str, iterations: int) -> dict:
+    """`kdb nnfusion model.onnx --run --json`: the network with the DB and with the empty DB, right and timed."""
     proc = kdb(work, env, log, "nnfusion", "model.onnx", "--nnfusion", compiler, "--run", "--iterations",
                str(iterations), "--json")
-    result["seconds"] = round(time.monotonic() - started, 1)
     try:
         report = json.loads(proc.stdout)
     except json.JSONDecodeError:
-        result.update(status=None, problem=f"kdb nnfusion --run exit {proc.returncode}, no JSON: "
-                                           f"{said(proc)}")
-        return result
-    (work / "run.json").write_text(json.dumps(report, indent=1))
+        return {"status": None, "problem": f"kdb nnfusion --run exit {proc.returncode}, no JSON: {said(proc)}"}
+    runs = sorted(work.glob("run*.json"))
+    (work / f"run{len(runs) + 1}.json").write_text(json.dumps(report, indent=1))
     errors = {c["label"]: c["max_rel_error"] for c in report.get("contenders", [])}
     used = [c for c in report.get("contenders", []) if c["label"] == "with-db"]
     compile_report = (used[0].get("compile") or {}) if used else {}
-    result.update(status=report.get("status"), findings=report.get("findings"), notes=report.get("notes"),
-                  device=report.get("device"), median_ms=report.get("median_ms"), ratio=report.get("ratio"),
-                  errors=errors, rows_used=len((compile_report.get("usage") or {}).get("db_rows_used", [])),
-                  made_standalone=used[0]["made_standalone"] if used else [],
-                  problems={c["label"]: c["problem"] for c in report.get("contenders", []) if c["problem"]})
-    return result
+    return dict(status=report.get("status"), findings=report.get("findings"), notes=report.get("notes"),
+                device=report.get("device"), median_ms=report.get("median_ms"), ratio=report.get("ratio"),
+                errors=errors, rows_used=len((compile_report.get("usage") or {}).get("db_rows_used", [])),
+                made_standalone=used[0]["made_standalone"] if used else [],
+                problems={c["label"]: c["problem"] for c in report.get("contenders", []) if c["problem"]})
 
 
 def table(results: list[dict]) -> str:
@@ -140,7 +150,8 @@ def table(results: list[dict]) -> str:
                      f"{err(r, 'empty-db')} | {ms(r, 'with-db')} | {ms(r, 'empty-db')} | {ratio} | "
                      f"{r.get('seconds', '-')} |")
     for r in results:
-        for what in ("problem", "findings", "notes", "problems", "made_standalone", "left_to_library"):
+        for what in ("problem", "findings", "notes", "problems", "made_standalone", "before_leaving",
+                     "left_to_library"):
             if r.get(what):
                 lines.append(f"- {r['network']} {what}: {r[what]}")
     return "\n".join(lines)
@@ -161,6 +172,7 @@ def main() -> int:
                    help="also a network from an ONNX file, with a copy of the DB at DB")
     p.add_argument("--leave-to-library", action="store_true",
                    help="before the run: each op timed alone, and the rows slower than the library set aside")
+    p.add_argument("--fp16", action="store_true", help="each network made fp16 first (kdb model fp16)")
     args = p.parse_args()
     dbs = dict(item.split("=", 1) for item in args.db)
     unknown = [n for n in [*args.nets, *dbs] if n not in zoo.ZOO]
@@ -173,7 +185,7 @@ def main() -> int:
     with ThreadPoolExecutor(args.jobs) as pool:
         futures = [pool.submit(one_network, name, args.out / folder, compiler, args.product,
                                d and str(Path(d).resolve()), args.iterations, m and str(Path(m).resolve()),
-                               args.leave_to_library)
+                               args.leave_to_library, args.fp16)
                    for folder, name, d, m in runs]
         results = []
         for f in futures:
@@ -185,8 +197,9 @@ def main() -> int:
     text = table(results)
     (args.out / "zoo-run.txt").write_text(text + "\n")
     print(text)
+    bound = 0.05 if args.fp16 else 1e-4  # kdb nnfusion --run's own bound for the network's element type
     return 0 if all(r.get("status") in (0, 1) and not r.get("problem") and all(
-        e is not None and e <= 1e-4 for e in (r.get("errors") or {}).values()) for r in results) else 1
+        e is not None and e <= bound for e in (r.get("errors") or {}).values()) for r in results) else 1
 
 
 if __name__ == "__main__":

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Issue 38 on one GPU: fp16 networks end to end with kdb's tensor-core rows, and what a user runs instead.
+#   call 1: bash bench/h100_tensorcore.sh baselines   (PyTorch: ResNet-50 and two BERT layers, fp16 / fp32 as shipped /
+#                                                      fp32 TF32 off; then BERT through the README's commands)
+#   call 2: bash bench/h100_tensorcore.sh resnet50
+# Carry .device/n (.device/b's wheels less TVM's and the tuner's: pycuda and the core's; TVM is not needed: the DBs come made) and .netrun/carry (the
+# compiler, the DBs kdb codegen wrote on the CPU for each network's fp16 op configs, onnxconverter-common's wheel).
+# Each network is built here from tests/zoo.py (full ResNet-50: 3, 4, 6, 3 blocks), made fp16 with `kdb model fp16`,
+# run with the DB (`kdb nnfusion --run`: against ONNX Runtime, next to the empty DB), then each op timed alone
+# (--op-times), the rows the library beats left to it, and run again. $OUT: the logs and JSON.
+set -uo pipefail
+site=/tmp/kdb-device/site
+if [ ! -f /tmp/kdb-device/env.sh ]; then
+  mkdir -p $site
+  python3 -m pip install -q --no-index --no-deps --no-compile --target $site .device/n/wheels/*.whl .netrun/carry/whl/*.whl || exit 3
+  echo "export PYTHONPATH=$site:\$PWD\${PYTHONPATH:+:\$PYTHONPATH}" > /tmp/kdb-device/env.sh
+fi
+# shellcheck disable=SC1091
+. /tmp/kdb-device/env.sh
+export PYTHONUNBUFFERED=1
+nnf=$PWD/.netrun/carry/nnfusion/bin/nnfusion
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+mkdir -p /tmp/net
+python3 - <<'PY'
+import sys; sys.path.insert(0, "tests")
+import onnx, zoo
+for name, model in (("resnet50", zoo.resnet50(blocks=(3, 4, 6, 3))), ("bert2", zoo.bert_encoder())):
+    model.ir_version = min(model.ir_version, 10)
+    onnx.save(model, f"/tmp/net/{name}.onnx")
+PY
+network() {  # NAME: the zoo run of one network, fp16, its DB from .netrun/carry, leave-to-library
+  timeout "${NET_TIMEOUT:-540}" python3 bench/bench_zoo_run.py --nnfusion "$nnf" --out /tmp/zoo-$1 --jobs 1 \
+    --product "$gpu" --fp16 --leave-to-library --nets --model "$1" /tmp/net/$1.onnx .netrun/carry/$1.db \
+    > $OUT/$1.out 2>&1
+  echo "$1: exit $?"; cat $OUT/$1.out
+  (cd /tmp && find zoo-$1 -maxdepth 2 \( -name '*.json' -o -name '*.txt' -o -name '*.log' \) | tar czf $OUT/$1.tgz -T -)
+}
+case "${1:-}" in
+  baselines)
+    timeout 200 python3 bench/bench_torch_baselines.py --out $OUT > $OUT/torch.log 2>&1; echo "torch: exit $?"
+    cat $OUT/torch.log | tail -8
+    network bert2 ;;
+  resnet50) network resnet50 ;;
+  *) echo "usage: $0 baselines|resnet50"; exit 2 ;;
+esac
