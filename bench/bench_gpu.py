@@ -172,9 +172,11 @@ def rows_report(db_path: Path, ceil: dict, *, source: str) -> list[dict]:
             nbytes = op_bytes(row.op_type, item["parameters"])
             floor_us = max(flops / ceil["fp32_flops"], nbytes / ceil["hbm_bytes_per_s"]) * 1e6
             ours = prof.get("us")
-            lib = library_us(row.op_type, item["parameters"], dtype=dtype)
+            tf32 = item.get("math") == "tf32"  # a TF32 row against the library in TF32 (PyTorch's default for convs)
+            lib = library_us(row.op_type, item["parameters"], dtype=dtype, tf32=tf32)
             rows.append({"source": source, "name": kdb.get("name", row.key[:16]), "op_type": row.op_type,
-                         "dtype": dtype, "tensor_cores": "mma.sync" in json.loads(row.function)["function_body"],
+                         "dtype": "tf32" if tf32 else dtype,
+                         "tensor_cores": "mma.sync" in json.loads(row.function)["function_body"],
                          "op": config.describe(), "ours_us": ours, "library_us": lib,
                          "ratio": ours / lib if ours else None, "floor_us": floor_us,
                          "roofline_distance": ours / floor_us if ours else None,

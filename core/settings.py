@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from core.cuda.nvcc import NvccProbe
 
 ARCH_RE = re.compile(r"sm_\d{2,3}[a-z]?")
+MATH_MODES = ("fp32", "tf32")
 
 
 @dataclass
@@ -42,6 +43,9 @@ class Settings:
     nnfusion_flags: list[str] = field(default_factory=list)
     # The last path a console file dialog took; the next dialog starts in its folder (empty: the working dir).
     last_path: str = ""
+    # How fp32 ops may compute: "fp32" on the CUDA cores, "tf32" on the tensor cores in TF32 (as PyTorch's cuDNN
+    # convolutions do by default); codegen and tuning take it, `--math` overrides it for one command.
+    math: str = "fp32"
 
     def validate(self) -> None:
         if not self.archs:
@@ -61,6 +65,8 @@ class Settings:
             raise InputError("must be between 1 and 100000", where="tune_trials")
         if self.rpc_tracker and not re.fullmatch(r"[\w.\-]+:\d{1,5}", self.rpc_tracker):
             raise InputError("must be HOST:PORT", where="rpc_tracker")
+        if self.math not in MATH_MODES:
+            raise InputError(f"{self.math!r}: one of {', '.join(MATH_MODES)}", where="math")
         for flag in self.nnfusion_flags:
             if not isinstance(flag, str) or not re.fullmatch(r"-{1,2}[A-Za-z_]\w*(=\S*)?", flag):
                 raise InputError(f"{flag!r} is not a compiler flag like -fkernel_fusion_level=0",

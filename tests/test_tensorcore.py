@@ -132,7 +132,7 @@ def test_an_op_the_tensor_cores_do_not_take_gets_a_cuda_core_row_saying_why(line
 
 def test_a_float_op_stays_on_the_cuda_cores():
     config = parse_line("cublas_dot_op_float|a+128_64|b+64_64|o+128_64|ta+0|tb+0")
-    assert tensorcore.refusal(config) == "float op: the tensor-core rows are fp16"
+    assert tensorcore.refusal(config).startswith("float op: the tensor cores take fp16 ops, and fp32 ops in TF32")
     assert generate(config, "sm_90", check=False).notes == ["CUDA cores (float)"]
 
 
@@ -238,3 +238,97 @@ def test_a_tuned_half_record_becomes_a_kernel(tmp_path: Path):
     assert set(result.kernels) == {"best"}, result.errors
     assert result.best_seconds == 1e-5
     assert_tensor_core_row(result.kernels["best"]["code"])
+
+
+# -- TF32: fp32 Dots and convolutions on the tensor cores, asked for ----------------------------------------------------
+
+FP32 = [line.replace("_op_half|", "_op_float|") for line in (BERT[0], RESNET50[0], RESNET50[2], ODD[0], ODD[1])]
+
+
+def test_tf32_is_asked_for_and_gives_tensor_core_rows_that_say_so(tmp_path: Path):
+    from dataclasses import replace
+
+    from core.opconfigs.opconfig import with_math
+
+    pool = parse_line("cudnn_maxpool_op_float|i+1_64_112_112|o+1_64_56_56|win+3_3|ws+2_2|pb+1_1|pa+1_1")
+    assert with_math(pool, "tf32") == pool and not with_math(pool, "tf32").math  # no tensor cores for a pool
+    configs = [with_math(parse_line(line), "tf32") for line in FP32]
+    assert all(c.math == "tf32" and on_tensor_cores(c) for c in configs)
+    assert not on_tensor_cores(replace(configs[0], math=""))  # fp32 stays on the CUDA cores unless asked
+    items = []
+    for config in configs:
+        generated = generate(config, "sm_90")
+        assert generated.item is not None, generated.error
+        assert generated.notes == ["tensor cores (mma.sync tf32, fp32 accumulation)"]
+        code = generated.item["code"]
+        assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in code and "float* __restrict__ input0" in code
+        assert not lane_indexed_fragments(code) and "extern __shared__" not in code
+        assert generated.item["math"] == "tf32" and "dtype" not in generated.item
+        items.append(generated.item)
+    rows, report = rows_of(items, tmp_path / "tf32.db", compile=bool(find_nvcc("")))
+    assert report.failed == 0, [f.reason for f in report.failures]  # type: ignore[attr-defined]
+    for row in rows:
+        assert json.loads(row.attributes)["math"] == "tf32" and row.identifier.endswith(
+            ("floatfloatfloat", "floatfloat", "}")) and "tf32" not in row.identifier  # NNFusion fetches a float op
+        assert [f.check for f in lint_row((1, *row.values()))] == []
+
+
+def test_a_tf32_row_is_verified_and_run_by_tf32s_bound(tmp_path: Path):
+    from core.codegen.reference import tolerance
+    from core.gpu.jobs import job_for_row
+    from core.gpu.network_run import DEFAULT_MAX_ERROR, TF32_MAX_ERROR, RunOptions, error_bound
+    from core.kernels.export import row_to_item
+    from core.nnfusion.build import Signature
+    from core.opconfigs.opconfig import with_math
+
+    config = with_math(parse_line(FP32[0]), "tf32")
+    [row], _ = rows_of([generate(config, "sm_90", check=False).item], tmp_path / "t.db", compile=False)
+    job = job_for_row(row, "verify")
+    assert job["dtype"] == "float" and job["tolerance"] == tolerance("tf32", 768) > 100 * tolerance("float", 768)
+    assert row_to_item(row)["math"] == "tf32"  # exported and injected again, a TF32 row stays one
+    fp32 = Signature((), ())
+    assert error_bound(RunOptions(), fp32) == DEFAULT_MAX_ERROR
+    assert error_bound(RunOptions(), fp32, tf32=True) == TF32_MAX_ERROR
+
+
+def test_kernel_json_takes_tf32_only_for_a_float_dot_or_convolution():
+    from core.errors import InputError
+    from core.kernels.kernel_json import validate_item
+
+    item = generate(parse_line(BERT[0]), "sm_90", check=False).item
+    assert item is not None
+    with pytest.raises(InputError, match="tf32 is a way to compute a float Dot or convolution, not a half Dot"):
+        validate_item({**item, "math": "tf32"})
+    with pytest.raises(InputError, match="math"):
+        validate_item({**item, "dtype": "float", "math": "bf16"})
+
+
+@pytest.mark.parametrize("line", [FP32[0], FP32[2], FP32[4]])
+def test_every_sampled_tf32_tiling_builds_into_a_row(tmp_path: Path, line: str):
+    import tvm.s_tir as s_tir
+    from tvm.s_tir import meta_schedule as ms
+
+    from core.codegen.generate import cuda_target, prim_func_module
+    from core.opconfigs.opconfig import with_math
+    from core.tuning.space import cuda_space
+
+    config = with_math(parse_line(line), "tf32")
+    mod, _ = prim_func_module(config)
+    context = ms.TuneContext(mod=mod, target=cuda_target("sm_90"), space_generator=cuda_space(config), task_name="t")
+    designs = context.space_generator.generate_design_space(mod)
+    items = []
+    for seed in range(1, 300):
+        sch = s_tir.Schedule(mod, seed=seed)
+        designs[seed % len(designs)].trace.apply_to_schedule(sch, remove_postproc=True,
+                                                             decision_provider=lambda *_: None)
+        if not all(p.apply(sch) for p in context.space_generator.postprocs):
+            continue
+        generated = generate(config, "sm_90", scheduled=sch.mod, check=False)
+        assert generated.item is not None, generated.error
+        assert "tf32" in generated.item["code"] and not lane_indexed_fragments(generated.item["code"])
+        items.append(generated.item)
+        if len(items) == 6:
+            break
+    assert len(items) == 6
+    _, report = rows_of(items, tmp_path / "s.db", compile=bool(find_nvcc("")))
+    assert report.failed == 0, [f.reason for f in report.failures]  # type: ignore[attr-defined]

@@ -37,7 +37,7 @@ def main(args: argparse.Namespace) -> int:
                          "extract` shows what it fuses away)")
     request = GenerateRequest.from_settings(configs, kernel_db_path(args.db), settings, arch=args.arch,
                                            compile=not args.no_compile, check=not args.no_check, inject=args.inject,
-                                           kernels_file=Path(args.output) if args.output else None)
+                                           kernels_file=Path(args.output) if args.output else None, math=args.math)
     with _Bars(enabled=err.is_terminal and not args.json, total=len(configs), inject=args.inject) as bars, \
             first_ctrl_c_cancels("the op in progress" if not args.inject else "the op or kernel in progress") as cancel:
         report = generate_run.generate_and_inject(request, on_event=bars.show, should_cancel=cancel)

@@ -51,7 +51,7 @@ def choices_of(args: argparse.Namespace) -> TuneChoices:
                        max_per_op=args.max_per_op, target=args.target, arch=args.arch, rpc=args.rpc,
                        rpc_workers=args.rpc_workers, gpus=args.gpus, builder_workers=args.workers,
                        efficient=args.efficient, transfer=not args.no_transfer, runner_ups=args.runner_ups,
-                       inject=not args.no_inject, join=args.join or "")
+                       inject=not args.no_inject, join=args.join or "", math=args.math)
 
 
 def request_of(args: argparse.Namespace, settings: Settings, *, gpu: tuple[bool, str] | None = None) -> TuneRequest:

@@ -47,6 +47,12 @@ def _positive(text: str) -> int:
     return value
 
 
+def _math_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--math", choices=["fp32", "tf32"],
+                   help="how fp32 Dots and convolutions compute: fp32 (CUDA cores) or tf32 (tensor cores, as PyTorch's "
+                        "cuDNN convolutions by default; a looser error bound); default: the settings' math (fp32)")
+
+
 def _flag_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--flag", action="append", default=[], metavar="-fNAME=VALUE",
                    help="an NNFusion flag (repeatable, after the settings' nnfusion_flags), e.g. "
@@ -288,6 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="inject the kernels into the DB as they are generated (the Op configs view's g): nvcc-checked "
                    "for the settings' archs (--arch: that one), a note when nvcc is missing")
     p.add_argument("--no-compile", action="store_true", help="with --inject: skip the nvcc compile check")
+    _math_option(p)
     _flag_option(p)  # which ops of a model the compiler looks up
     p.add_argument("--json", action="store_true", help="a JSON report on stdout (kernels go to -o)")
 
@@ -302,6 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", choices=["cuda", "llvm"], default="cuda",
                    help="cuda (kernels for the DB) or llvm (measures on the CPU; the same code path)")
     p.add_argument("--arch", metavar="sm_XX", help="SM arch (default: the first of the settings' archs)")
+    _math_option(p)
     p.add_argument("--rpc", metavar="HOST:PORT:KEY", help="measure on TVM's RPC tracker (default: the settings')")
     p.add_argument("--rpc-workers", type=int, metavar="N",
                    help="measurements in flight over RPC (default: the tracker's free servers when the run starts)")

@@ -12,7 +12,7 @@ from core.codegen.generate import Generated, generate, require_tvm
 from core.db.state import StateDB
 from core.errors import InputError
 from core.opconfigs.onnx_extract import LookupFlags
-from core.opconfigs.opconfig import OpConfig, read_opconfigs
+from core.opconfigs.opconfig import OpConfig, read_opconfigs, with_math
 from core.opconfigs.ort_prepass import PrePass
 
 
@@ -64,6 +64,13 @@ class Inputs:
 
     def count(self, config: OpConfig) -> int:
         return self.counts.get(config.key, 0)
+
+    def with_math(self, math: str) -> Inputs:
+        """The same inputs, each config computed as `math` asks (opconfig.with_math)."""
+        out = Inputs(models=list(self.models), errors=list(self.errors))
+        for config in self.configs:
+            out.add(with_math(config, math), self.count(config))
+        return out
 
 
 def read_inputs(paths: list[Path], flags: LookupFlags | None = None, *, prepass: PrePass) -> Inputs:

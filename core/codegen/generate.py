@@ -53,13 +53,13 @@ def on_tensor_cores(config: OpConfig) -> bool:
     return not refusal(config)
 
 
-def prim_func_module(config: OpConfig) -> tuple[Any, list[tuple[int, ...]]]:
+def prim_func_module(config: OpConfig, *, cuda_cores: bool = False) -> tuple[Any, list[tuple[int, ...]]]:
     """The op as an IRModule with one function `main`, and the shapes of its parameters in order: the tensor cores'
-    padded GEMM for the ops they take, else the op's own definition (core/codegen/te_ops.py)."""
+    padded GEMM for the ops they take, else (or asked: cuda_cores) the op's own definition (core/codegen/te_ops.py)."""
     import tvm
     from tvm import te
 
-    if on_tensor_cores(config):
+    if on_tensor_cores(config) and not cuda_cores:
         from core.codegen import mma
         from core.codegen.tensorcore import define
 
@@ -145,6 +145,8 @@ def generate(config: OpConfig, arch: str, *, scheduled: Any = None, check: bool 
                 "code": code, "gridDim": list(grid), "blockDim": list(block)}
         if config.dtype != "float":  # kernel JSON's default is float: a half kernel says so, or it is read as fp32
             item["dtype"] = config.dtype
+        if config.math and tensor_cores:  # a TF32 kernel: verified and run by TF32's error bound
+            item["math"] = config.math
         if check:
             stage = "check"
             from core.codegen.reference import check_on_cpu
@@ -196,10 +198,11 @@ def math_note(config: OpConfig) -> str:
     """Where the op's kernel computes, for the user: the tensor cores, or the CUDA cores and why."""
     from core.codegen.tensorcore import refusal
 
-    if config.dtype != "half":
-        return f"CUDA cores ({config.dtype})"
     reason = refusal(config)
-    return f"CUDA cores: {reason}" if reason else "tensor cores (mma.sync, fp32 accumulation)"
+    if reason:
+        plain = config.dtype == "float" and not config.math  # an fp32 op nobody asked to run in TF32
+        return f"CUDA cores ({config.dtype})" if plain else f"CUDA cores: {reason}"
+    return f"tensor cores (mma.sync{' tf32' if config.math == 'tf32' else ''}, fp32 accumulation)"
 
 
 def _script(mod: Any) -> str:

@@ -1,8 +1,11 @@
 """Tensor-core building blocks for TVM 0.27: kdb's own mma.sync intrinsics and the lowering that makes them fit a row.
 
-The intrinsics (registered once per process, under kdb's names) are the warp-level m16n8k16 ones a schedule of
-core/codegen/tensorcore.py tensorizes with: `ldmatrix` from *static* shared memory into warp fragments, `mma.sync`
-with an fp32 accumulator, and the accumulator's zero fill. TVM registers the same kinds in
+The intrinsics (registered once per process, under kdb's names) are the warp-level ones a schedule of
+core/codegen/tensorcore.py tensorizes with. Half: `ldmatrix` from *static* shared memory into warp fragments and
+`mma.sync` m16n8k16 with an fp32 accumulator. TF32 (fp32 data, the tensor cores reading 19 bits of each value, as
+cuDNN's default TF32 convolutions do): each lane loads its four fp32 operands from shared memory (ldmatrix moves
+16-bit elements, and cannot transpose 32-bit ones), then `mma.sync` m16n8k8 .tf32. Both: the accumulator's zero
+fill, and its store to shared memory for a sliced k. TVM registers the same kinds in
 `tvm.s_tir.tensor_intrin.cuda`, but importing that module parses every intrinsic of every target (13 s here, 19 s
 on the H200 host); these few parse in well under a second. A tensor-core kernel needs no store intrinsic: its
 epilogue reads the accumulator fragment in registers (tensorcore.py), so the bias, Relu and bounds of the row are
@@ -18,6 +21,7 @@ here is TVM's own with CSE off, unrolling left to nvcc, and the warp pass run un
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any
 
 WARP = 32
@@ -38,12 +42,51 @@ def tile_fragment(i: Any, j: Any) -> tuple[Any, Any, Any, Any]:
     return (i // TILE, j // TILE, *fragment(i % TILE, j % TILE))
 
 
-def ldmatrix_name(operand: str, transposed: bool) -> str:
-    return f"kdb_ldmatrix_f16_{operand.lower()}{'_t' if transposed else ''}"
+def tf32_a(i: Any, k: Any) -> tuple[Any, Any]:
+    """(lane, element) of A's (row, k) in a 16x8 tf32 fragment (PTX's m16n8k8 .tf32 A layout: a0..a3 at rows
+    g, g+8 and k columns t%4, t%4+4 of lane 4g + t)."""
+    return 4 * (i % 8) + k % 4, i // 8 + 2 * (k // 4)
 
 
-def mma_name(trans_a: bool, trans_b: bool) -> str:
-    return f"kdb_mma_f16f16f32{'_ta' if trans_a else ''}{'_tb' if trans_b else ''}"
+def tf32_b(k: Any, j: Any) -> tuple[Any, Any]:
+    """(lane, element) of B's (k, column) in an 8x16 tf32 fragment: two n8 halves, each b0, b1 at k rows t%4, t%4+4
+    and column g of lane 4g + t."""
+    return 4 * (j % 8) + k % 4, 2 * (j // 8) + k // 4
+
+
+@dataclass(frozen=True)
+class FragmentLayout:
+    """How an operand's stored tile (in the order it lies in shared memory) sits in a warp fragment."""
+
+    rows: int  # the stored tile's shape
+    cols: int
+    place: Any  # (stored row, stored column) -> (lane, element)
+    elements: int  # per lane
+
+    def tiled(self, r: Any, c: Any) -> tuple[Any, Any, Any, Any]:
+        """A warp buffer's layout: (tile row, tile column, lane, element), for transform_layout."""
+        return (r // self.rows, c // self.cols, *self.place(r % self.rows, c % self.cols))
+
+
+def operand_layout(dtype: str, operand: str, transposed: bool) -> FragmentLayout:
+    """The fragment layout of A or B (stored [m, k] / [k, n], or the other way round when transposed)."""
+    if dtype == "float16":  # ldmatrix leaves a stored 16x16 tile as fragment() places it (TVM's convention)
+        return FragmentLayout(TILE, TILE, fragment, 8)
+    if operand == "A":
+        return FragmentLayout(8, TILE, lambda k, i: tf32_a(i, k), 4) if transposed else FragmentLayout(
+            TILE, 8, tf32_a, 4)
+    return FragmentLayout(TILE, 8, lambda j, k: tf32_b(k, j), 4) if transposed else FragmentLayout(8, TILE, tf32_b, 4)
+
+
+def ldmatrix_name(operand: str, transposed: bool, dtype: str = "float16") -> str:
+    """The intrinsic that loads an operand's fragment: ldmatrix for half, lane loads for tf32."""
+    kind = "ldmatrix_f16" if dtype == "float16" else "load_tf32"
+    return f"kdb_{kind}_{operand.lower()}{'_t' if transposed else ''}"
+
+
+def mma_name(trans_a: bool, trans_b: bool, dtype: str = "float16") -> str:
+    kind = "f16f16f32" if dtype == "float16" else "tf32tf32f32"
+    return f"kdb_mma_{kind}{'_ta' if trans_a else ''}{'_tb' if trans_b else ''}"
 
 
 FILL = "kdb_mma_fill_f32"
@@ -61,6 +104,11 @@ def register() -> None:
     for trans_a in (False, True):
         for trans_b in (False, True):
             TensorIntrin.register(mma_name(trans_a, trans_b), *_mma(trans_a, trans_b), override=True)
+            TensorIntrin.register(mma_name(trans_a, trans_b, "float32"), *_mma_tf32(trans_a, trans_b), override=True)
+    for operand in ("A", "B"):
+        for transposed in (False, True):
+            TensorIntrin.register(ldmatrix_name(operand, transposed, "float32"), *_load_tf32(operand, transposed),
+                                  override=True)
     TensorIntrin.register(FILL, *_fill(), override=True)
     TensorIntrin.register(STORE_SHARED, *_store_shared(), override=True)
 
@@ -156,6 +204,95 @@ def _mma(trans_a: bool, trans_b: bool) -> tuple[Any, Any]:
                     T.evaluate(T.ptx_legacy.mma(
                         "m16n8k16", "row", "col", "fp16", "fp16", "fp32",
                         A.data, A.elem_offset + tx * 8, B.data, B.elem_offset + tx * 8 + half * 4,
+                        C.data, C.elem_offset + tx * 8 + half * 4, False, dtype="float32"))
+
+    return desc, impl
+
+
+def _load_tf32(operand: str, transposed: bool) -> tuple[Any, Any]:
+    """A tf32 operand's fragment loaded from static shared memory: each lane its four fp32 values (32-bit loads)."""
+    from tvm.script import tirx as T
+
+    layout = operand_layout("float32", operand, transposed)
+    rows, cols = layout.rows, layout.cols
+
+    def stored(lane: Any, element: Any) -> tuple[Any, Any]:  # the inverse of layout.place
+        if operand == "A":
+            r, k = 8 * (element % 2) + lane // 4, 4 * (element // 2) + lane % 4
+            return (k, r) if transposed else (r, k)
+        k, c = 4 * (element % 2) + lane % 4, 8 * (element // 2) + lane // 4
+        return (c, k) if transposed else (k, c)
+
+    @T.prim_func(s_tir=True)
+    def desc(warp_handle: T.handle, shared_handle: T.handle) -> None:
+        shared = T.match_buffer(shared_handle, (rows, cols), "float32", align=64, offset_factor=1, scope="shared")
+        warp = T.match_buffer(warp_handle, (32, 4), "float32", align=64, offset_factor=1, scope="warp")
+        with T.sblock("root"):
+            T.reads(shared[0:rows, 0:cols])
+            T.writes(warp[0:32, 0:4])
+            for ax0, ax1 in T.grid(rows, cols):
+                with T.sblock("shared_warp"):
+                    v0, v1 = T.axis.remap("SS", [ax0, ax1])
+                    lane, element = T.meta_var(layout.place(v0, v1))
+                    T.reads(shared[v0, v1])
+                    T.writes(warp[lane, element])
+                    warp[lane, element] = shared[v0, v1]
+
+    @T.prim_func(s_tir=True)
+    def impl(warp_handle: T.handle, shared_handle: T.handle) -> None:
+        s0 = T.int32()
+        s1 = T.int32()
+        shared = T.match_buffer(shared_handle, (rows, cols), "float32", align=64, offset_factor=1, scope="shared",
+                                strides=[s0, s1])
+        warp = T.match_buffer(warp_handle, (32, 4), "float32", align=64, offset_factor=1, scope="warp")
+        with T.sblock("root"):
+            T.reads(shared[0:rows, 0:cols])
+            T.writes(warp[0:32, 0:4])
+            for tx in T.thread_binding(0, 32, "threadIdx.x"):
+                for element in T.unroll(4):
+                    r, c = T.meta_var(stored(tx, element))
+                    warp[tx, element] = shared[r, c]
+
+    return desc, impl
+
+
+def _mma_tf32(trans_a: bool, trans_b: bool) -> tuple[Any, Any]:
+    """C[16x16] += A[16x8] B[8x16] as two m16n8k8 .tf32 mma.sync calls (fp32 operands read as tf32, fp32 sums)."""
+    from tvm.script import tirx as T
+
+    del trans_a, trans_b  # the lane loads placed a transposed operand's values as an untransposed one's
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (32, 4), "float32", align=64, offset_factor=1, scope="warp")
+        B = T.match_buffer(b, (32, 4), "float32", align=64, offset_factor=1, scope="warp")
+        C = T.match_buffer(c, (32, 8), "float32", align=64, offset_factor=1, scope="warp")
+        with T.sblock("root"):
+            T.reads(C[0:32, 0:8], A[0:32, 0:4], B[0:32, 0:4])
+            T.writes(C[0:32, 0:8])
+            for i, j, k in T.grid(16, 16, 8):
+                with T.sblock("C"):
+                    vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                    c_lane, c_element = T.meta_var(fragment(vi, vj))
+                    a_lane, a_element = T.meta_var(tf32_a(vi, vk))
+                    b_lane, b_element = T.meta_var(tf32_b(vk, vj))
+                    T.reads(C[c_lane, c_element], A[a_lane, a_element], B[b_lane, b_element])
+                    T.writes(C[c_lane, c_element])
+                    C[c_lane, c_element] = C[c_lane, c_element] + A[a_lane, a_element] * B[b_lane, b_element]
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (32, 4), "float32", align=64, offset_factor=1, scope="warp")
+        B = T.match_buffer(b, (32, 4), "float32", align=64, offset_factor=1, scope="warp")
+        C = T.match_buffer(c, (32, 8), "float32", align=64, offset_factor=1, scope="warp")
+        with T.sblock("root"):
+            T.reads(C[0:32, 0:8], A[0:32, 0:4], B[0:32, 0:4])
+            T.writes(C[0:32, 0:8])
+            for tx in T.thread_binding(0, 32, "threadIdx.x"):
+                for half in T.unroll(2):  # the n8 halves: B's elements 0-1 then 2-3, C's 0-3 then 4-7
+                    T.evaluate(T.ptx_legacy.mma(
+                        "m16n8k8", "row", "col", "tf32", "tf32", "fp32",
+                        A.data, A.elem_offset + tx * 4, B.data, B.elem_offset + tx * 4 + half * 2,
                         C.data, C.elem_offset + tx * 8 + half * 4, False, dtype="float32"))
 
     return desc, impl

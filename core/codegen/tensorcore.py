@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from core.codegen.mma import FILL, TILE, WARP, ldmatrix_name, mma_name, tile_fragment
+from core.codegen.mma import FILL, K_STEP, TILE, WARP, ldmatrix_name, mma_name, operand_layout, tile_fragment
 from core.kernels.ops import CONV_FAMILY
 from core.opconfigs.opconfig import OpConfig
 
@@ -31,6 +31,16 @@ MAX_WARPS = 4  # warps of a block along M (and along N)
 MAX_K_CHUNK = 4  # 16-deep k steps staged in shared memory per round (per slice)
 SLICES = (2, 4)  # warps a sliced schedule splits each round's k among
 SHARED_ALIGN = (32, 8)  # shared rows padded to a multiple of 32 halves plus 8: ldmatrix's rows fall in distinct banks
+
+
+def shared_align(config: OpConfig, operand: str, transposed: bool) -> tuple[int, int]:
+    """storage_align's (factor, offset), in elements, for an operand's shared rows: half as SHARED_ALIGN; tf32 so
+    that the 32 lanes' 4-byte loads of a fragment fall in 32 banks (a row stride of 4 mod 32 where lanes 4g + t read
+    row g, 8 mod 32 where they read row t)."""
+    if element_type(config) == "float16":
+        return SHARED_ALIGN
+    rows_by_group = (operand == "A") != transposed  # A [m, k] and B [n, k]: row g of lane 4g + t
+    return 32, 4 if rows_by_group else 8
 
 
 @dataclass(frozen=True)
@@ -69,8 +79,10 @@ def padded(size: int) -> int:
 
 def refusal(config: OpConfig) -> str:
     """Why the tensor cores do not take this op ('' when they do): said where the user sees its CUDA-core row."""
-    if config.dtype != "half":
-        return f"{config.dtype} op: the tensor-core rows are fp16"
+    if config.dtype == "float" and config.math != "tf32":
+        return "float op: the tensor cores take fp16 ops, and fp32 ops in TF32 when asked (--math tf32)"
+    if config.dtype not in ("half", "float"):
+        return f"{config.dtype} op: the tensor-core rows are fp16 (or TF32)"
     if config.op_type not in (*CONV_FAMILY, "Dot"):
         return f"{config.op_type} is no matrix product"
     if config.groups != 1:
@@ -82,6 +94,11 @@ def refusal(config: OpConfig) -> str:
         return (f"{what}: an mma.sync tile is 16 x 16, so {16 - size} of its 16 {'rows' if side == 'M' else 'columns'} "
                 "would carry nothing (memory-bound: the CUDA cores do as well)")
     return ""
+
+
+def element_type(config: OpConfig) -> str:
+    """TVM's type of the op's tensors on the tensor cores: float16, or float32 read as tf32."""
+    return "float16" if config.dtype == "half" else "float32"
 
 
 def gemm_of(config: OpConfig) -> Gemm:
@@ -101,7 +118,7 @@ def define(config: OpConfig) -> tuple[list[Any], Any]:
     from tvm import te, tirx
 
     g = gemm_of(config)
-    f16, f32 = "float16", "float32"
+    f16, f32 = element_type(config), "float32"  # (f16: the operands' type, half or fp32 for TF32)
     kk = te.reduce_axis((0, g.kp), name="k")
     zero = tirx.const(0, f16)
     if g.kind == "dot":
@@ -219,7 +236,8 @@ def vector_widths(config: OpConfig, operand: str) -> list[int]:
         row, padded_sizes = (g.k if g.trans_b else g.n), ((g.k, g.kp), (g.n, g.np_))
     if any(size != padded_size for size, padded_size in padded_sizes):
         return [1]
-    return [w for w in (8, 2, 1) if row % w == 0]  # 4 halves would be TVM's half4, which NNFusion lacks
+    widths = (8, 2, 1) if element_type(config) == "float16" else (4, 2, 1)  # (4 halves: TVM's half4, not NNFusion's)
+    return [w for w in widths if row % w == 0]
 
 
 SMS = 132  # an H100's (and H200's) multiprocessors: what the untuned tiling tries to keep busy
@@ -234,7 +252,7 @@ def default_decisions(config: OpConfig) -> Decisions:
     multiprocessor (a 3x3 convolution on a 14x14 map: 4x faster sliced); rounds of 32 (each slice); pipelined; the
     widest copies."""
     g = gemm_of(config)
-    mt, nt, kt = g.mp // TILE, g.np_ // TILE, g.kp // TILE
+    mt, nt, kt = g.mp // TILE, g.np_ // TILE, g.kp // K_STEP[element_type(config)]
     gathered = vector_widths(config, "B") == [1]  # each patch gathered: more rows a warp reuse it (64 x 32)
     tm, tn = _largest_divisor(mt, 4 if gathered else 2), _largest_divisor(nt, 2)
     warps = mt // tm * (nt // tn) * g.batch
@@ -257,16 +275,17 @@ def shared_bytes(config: OpConfig, d: Decisions) -> int:
     """The static shared memory a tiling declares: A's and B's rounds (twice, pipelined; rows padded as
     SHARED_ALIGN pads them) and, sliced, each slice's fp32 sums of the block's tile."""
     g = gemm_of(config)
-    rows, cols, depth = TILE * d.m[1] * d.m[2], TILE * d.n[1] * d.n[2], TILE * d.k[1] * d.slices
+    dtype = element_type(config)
+    rows, cols, depth = TILE * d.m[1] * d.m[2], TILE * d.n[1] * d.n[2], K_STEP[dtype] * d.k[1] * d.slices
 
-    def padded_row(halves: int) -> int:
-        factor, offset = SHARED_ALIGN
-        return -(-(halves - offset) // factor) * factor + offset if halves > offset else halves
+    def padded_row(elements: int, operand: str, transposed: bool) -> int:
+        factor, offset = shared_align(config, operand, transposed)
+        return -(-(elements - offset) // factor) * factor + offset if elements > offset else elements
 
-    a = (depth * padded_row(rows)) if g.trans_a else rows * padded_row(depth)
-    b = (cols * padded_row(depth)) if g.trans_b else depth * padded_row(cols)
+    a = (depth * padded_row(rows, "A", True)) if g.trans_a else rows * padded_row(depth, "A", False)
+    b = (cols * padded_row(depth, "B", True)) if g.trans_b else depth * padded_row(cols, "B", False)
     sums = d.slices * rows * cols * 4 if d.slices > 1 else 0
-    return (a + b) * 2 * (2 if d.pipeline else 1) + sums
+    return (a + b) * (2 if dtype == "float16" else 4) * (2 if d.pipeline else 1) + sums
 
 
 def _largest_divisor(n: int, cap: int) -> int:
@@ -306,7 +325,8 @@ def schedule(sch: Any, config: OpConfig, decisions: Decisions | None = None, *, 
     batch, (i, j, k) = (loops[0] if g.kind == "conv" else None), loops[-3:]
     i, i16 = sch.split(i, [None, TILE])
     j, j16 = sch.split(j, [None, TILE])
-    k, k16 = sch.split(k, [None, TILE])
+    dtype = element_type(config)
+    k, k16 = sch.split(k, [None, K_STEP[dtype]])
     (bm, wm, tm), warps_m = _tiling(sch, i, d and d.m)
     (bn, wn, tn), warps_n = _tiling(sch, j, d and d.n)
     ks = []
@@ -359,17 +379,19 @@ def schedule(sch: Any, config: OpConfig, decisions: Decisions | None = None, *, 
         sch.bind(sch.fuse(*ys), "threadIdx.y")
         sch.bind(tx, "threadIdx.x")
         sch.vectorize(vec)
-        sch.storage_align(shared, 0, axis=-2, factor=SHARED_ALIGN[0], offset=SHARED_ALIGN[1])
+        transposed = g.trans_a if operand == "A" else g.trans_b
+        factor, offset = shared_align(config, operand, transposed)
+        sch.storage_align(shared, 0, axis=-2, factor=factor, offset=offset)
         fragments = sch.cache_read(gemm, index, "warp")
         sch.compute_at(fragments, ki)
+        layout = operand_layout(dtype, operand, transposed)
         r, c = sch.get_loops(fragments)[-2:]
-        ro, ri = sch.split(r, [None, TILE])
-        co, ci = sch.split(c, [None, TILE])
+        ro, ri = sch.split(r, [None, layout.rows])
+        co, ci = sch.split(c, [None, layout.cols])
         sch.reorder(ro, co, ri, ci)
         batched = g.kind == "conv" and operand == "B"  # the patches of image b
-        sch.transform_layout(fragments, ("write", 0), _batched(tile_fragment, g) if batched else tile_fragment)
-        transposed = g.trans_a if operand == "A" else g.trans_b
-        sch.tensorize(ri, ldmatrix_name(operand, transposed))
+        sch.transform_layout(fragments, ("write", 0), _batched(layout.tiled, g) if batched else layout.tiled)
+        sch.tensorize(ri, ldmatrix_name(operand, transposed, dtype))
         _unroll(sch, ro, co)
 
     if pipeline:
@@ -382,7 +404,7 @@ def schedule(sch: Any, config: OpConfig, decisions: Decisions | None = None, *, 
     _unroll(sch, *sch.get_loops(init)[-4:-2])
     sch.tensorize(sch.get_loops(init)[-2], FILL)
     _unroll(sch, ki, tm, tn)
-    sch.tensorize(i16, mma_name(g.trans_a, g.trans_b))
+    sch.tensorize(i16, mma_name(g.trans_a, g.trans_b, dtype))
 
 
 def _tiling(sch: Any, loop: Any, decision: tuple[int, int, int] | None) -> tuple[list[Any], Any]:
@@ -399,8 +421,8 @@ def _tiling(sch: Any, loop: Any, decision: tuple[int, int, int] | None) -> tuple
 
 
 def slice_counts(config: OpConfig) -> list[int]:
-    """How many slices a sliced schedule may split k into: counts that divide its 16-deep steps."""
-    steps = gemm_of(config).kp // TILE
+    """How many slices a sliced schedule may split k into: counts that divide its mma steps (16 deep, tf32's 8)."""
+    steps = gemm_of(config).kp // K_STEP[element_type(config)]
     return [c for c in SLICES if steps % c == 0]
 
 

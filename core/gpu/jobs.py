@@ -82,19 +82,21 @@ def job_for_row(row: KernelRow, kind: str, *, repeats: int = 100, tolerance: flo
         "op_type": row.op_type,
         "params": item["parameters"],
         "dtype": dtype,
-        "tolerance": tolerance if tolerance is not None else _tolerance(row.op_type, item["parameters"], dtype),
+        "tolerance": tolerance if tolerance is not None else _tolerance(row.op_type, item["parameters"], dtype,
+                                                                        item.get("math", "")),
         "repeats": repeats,
         "cubins": {arch: base64.b64encode(data).decode("ascii") for arch, data in (cubins or {}).items() if data},
         "cubin_kernel": BLOCK_KERNEL,
     }
 
 
-def _tolerance(op_type: str, params: dict[str, Any], dtype: str) -> float:
-    """The verification bound for the row's op and element type (core/codegen/reference.tolerance's policy)."""
+def _tolerance(op_type: str, params: dict[str, Any], dtype: str, math: str = "") -> float:
+    """The verification bound for the row's op and element type, or TF32's for a TF32 row (core/codegen/reference.
+    tolerance's policy)."""
     from core.codegen.reference import tolerance_for
     from core.opconfigs.opconfig import OpConfig
 
-    return tolerance_for(OpConfig(op_type, params, dtype=dtype))
+    return tolerance_for(OpConfig(op_type, params, dtype=dtype, math=math))
 
 
 class GpuSession:

@@ -14,6 +14,7 @@ networks are built but not run; a tool missing; the empty DB's network failing; 
 from __future__ import annotations
 
 import importlib.util
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from core.db.kernel_db import KernelDB
 from core.db.state import StateDB
 from core.errors import KdbError, ToolError
 from core.gpu.harness_run import (
@@ -53,6 +55,9 @@ DEFAULT_MAX_ERROR = 1e-4
 # of its deepest reduction's bound (0.02-0.07 for a 3x3x512 conv alone). A stated default, not yet calibrated on a
 # GPU; --max-error sets another.
 HALF_MAX_ERROR = 5e-2
+# An fp32 network some of whose DB rows compute in TF32 (operands read with 10 bits of mantissa, sums in fp32, every
+# tensor between ops fp32): between fp32's bound and half's.
+TF32_MAX_ERROR = 1e-2
 ERROR_FORMULA = "max |out - ref| / max |ref| per output (float64), the largest over the outputs"
 WITH_DB, EMPTY_DB = "with-db", "empty-db"
 LIBRARY_MATH = "fp32: cuDNN and cuBLAS with TF32 off (NVIDIA_TF32_OVERRIDE=0)"
@@ -110,13 +115,28 @@ class NetworkRun:
                 "contenders": [self.with_db.as_dict(), self.empty_db.as_dict()]}
 
 
-def error_bound(options: RunOptions, signature: Signature) -> float:
+def error_bound(options: RunOptions, signature: Signature, *, tf32: bool = False) -> float:
     """The largest relative error the DB's output may have: the one asked for, else HALF_MAX_ERROR for a network
-    with a half input or output, else DEFAULT_MAX_ERROR."""
+    with a half input or output, TF32_MAX_ERROR for one that runs a TF32 row (`tf32`), else DEFAULT_MAX_ERROR."""
     if options.max_error is not None:
         return options.max_error
     half = any(t.dtype == "float16" for t in (*signature.inputs, *signature.outputs))
-    return HALF_MAX_ERROR if half else DEFAULT_MAX_ERROR
+    return HALF_MAX_ERROR if half else TF32_MAX_ERROR if tf32 else DEFAULT_MAX_ERROR
+
+
+def runs_tf32_rows(report: Any, db_path: Path) -> bool:
+    """Whether the compiled code runs a DB row that computes in TF32 (its Attributes say math: tf32)."""
+    if report is None or report.usage is None:
+        return False
+    with KernelDB.open(db_path) as db:
+        for key in report.usage.used_keys():
+            for row in db.find(key):
+                try:
+                    if json.loads(row.attributes).get("math") == "tf32":
+                        return True
+                except (ValueError, AttributeError):
+                    continue
+    return False
 
 
 def run_network(job: CompileJob, options: RunOptions = RunOptions(), *, state: StateDB | None = None,
@@ -172,7 +192,7 @@ def _measure(run: NetworkRun, tools: RunTools, state: StateDB | None, say: Progr
     signatures = [read_signature(p) for p in projects]
     if signatures[0] != signatures[1]:
         raise KdbError(f"the two compiles of {job.model} take different kernel_entry arguments")
-    run.max_error = error_bound(options, signatures[0])
+    run.max_error = error_bound(options, signatures[0], tf32=runs_tf32_rows(run.with_db.compile, job.db))
     inputs_dir = run.workdir / "inputs"
     say("reference", f"seed {options.seed}: inputs, ONNX Runtime on the CPU; nvcc builds both networks")
     arrays = make_inputs(signatures[0], inputs_dir, options.seed)

@@ -24,7 +24,7 @@ from core.db.state import StateDB
 from core.errors import InputError, ToolError
 from core.inject.pipeline import GPU_NOT_RUN, InjectOptions, InjectProgress, InjectReport, InjectSnapshot
 from core.inject.session import open_injector
-from core.opconfigs.opconfig import OpConfig
+from core.opconfigs.opconfig import OpConfig, with_math
 from core.settings import Settings
 
 
@@ -40,11 +40,13 @@ class GenerateRequest:
     @classmethod
     def from_settings(cls, configs: Iterable[OpConfig], db_path: Path, settings: Settings, *, arch: str | None = None,
                       compile: bool = True, check: bool = True, inject: bool = True,
-                      kernels_file: Path | None = None) -> GenerateRequest:
-        """The run as the shared settings say (their first arch, compile-checked for all of them), with what a
-        command line overrides: both faces build it here."""
+                      kernels_file: Path | None = None, math: str | None = None) -> GenerateRequest:
+        """The run as the shared settings say (their first arch, compile-checked for all of them; their math), with
+        what a command line overrides: both faces build it here."""
         options = InjectOptions.from_settings(settings, archs=(arch,) if arch else None, compile=compile)
-        return cls(tuple(configs), db_path, options, check=check, inject=inject, kernels_file=kernels_file)
+        math = math or settings.math
+        return cls(tuple(with_math(c, math) for c in configs), db_path, options, check=check, inject=inject,
+                   kernels_file=kernels_file)
 
     @property
     def arch(self) -> str:

@@ -61,6 +61,8 @@ def row_to_item(row: KernelRow) -> dict[str, Any]:
                             "gridDim": fn.get("grid_dim"), "blockDim": block}
     if attrs.get("dtype", "float") != "float":
         item["dtype"] = attrs["dtype"]
+    if attrs.get("math"):
+        item["math"] = attrs["math"]
     return item
 
 

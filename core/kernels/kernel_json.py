@@ -18,7 +18,7 @@ import json
 import math
 import stat
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -217,6 +217,11 @@ def validate_item(item: Any) -> KernelSpec:
     dtype = item.get("dtype", "float")
     if (problem := dtype_problem(dtype)) is not None:
         raise _fail("dtype", problem)
+    tensor_math = item.get("math", "")
+    if tensor_math not in ("", "tf32"):
+        raise _fail("math", f"{_brief(tensor_math)}: a float kernel is plain fp32 (no math) or \"tf32\"")
+    if tensor_math and (dtype != "float" or op_type not in (*CONV_FAMILY, "Dot")):
+        raise _fail("math", f"tf32 is a way to compute a float Dot or convolution, not a {dtype} {op_type}")
 
     code = item.get("code")
     if not isinstance(code, str) or not code.strip():
@@ -243,6 +248,8 @@ def validate_item(item: Any) -> KernelSpec:
         op = _dot(params, dtype, warnings)
     else:
         op = _elementwise(op_type, params, dtype)
+    if tensor_math:
+        op = replace(op, math=tensor_math)
     return KernelSpec(name or "(unnamed)", op, code, grid, block, tuple(warnings))
 
 

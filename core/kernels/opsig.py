@@ -71,6 +71,9 @@ class OpSignature:
     outputs: tuple[Shape, ...]
     params: Params = None
     dtype: str = "float"
+    # "tf32": a float kernel computing on the tensor cores in TF32 (kept in Attributes, not the identifier: NNFusion
+    # fetches it as the float op it is; verification and `kdb nnfusion --run` judge it by TF32's bound)
+    math: str = ""
 
     @property
     def identifier(self) -> str:
@@ -100,6 +103,8 @@ class OpSignature:
             attrs["parameters"] = {"transpose_A": p.transpose_a, "transpose_B": p.transpose_b}
         if self.dtype != "float":
             attrs["dtype"] = self.dtype
+        if self.math:
+            attrs["math"] = self.math
         return attrs
 
 
@@ -204,4 +209,7 @@ def signature_from_attributes(op_type: str, attrs: Any) -> OpSignature:
             f"{op_type} takes {ELEMENTWISE_ARITY[op_type]} input(s), Attributes list {len(inputs)}",
             where="Attributes",
         )
-    return OpSignature(op_type, inputs, outputs, params, dtype)
+    tensor_math = attrs.get("math", "")
+    if tensor_math not in ("", "tf32"):
+        raise InputError(f"math {tensor_math!r}: only tf32 (or none)", where="Attributes")
+    return OpSignature(op_type, inputs, outputs, params, dtype, tensor_math)

@@ -22,7 +22,7 @@ import math
 import re
 import tomllib
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,9 @@ class OpConfig:
     dtype: str = "float"
     line_format: tuple[str, tuple[str, ...]] | None = field(default=None, hash=False, compare=False)
     source: str = field(default="", hash=False, compare=False)  # where it came from (file:line, ONNX node)
+    # How a float op may compute: "" strictly in fp32, "tf32" on the tensor cores in TF32 (`--math tf32`, the
+    # `math` setting). Not the op's identity in NNFusion (its rows are float rows), but another kernel to generate.
+    math: str = ""
 
     def __post_init__(self) -> None:
         # One spelling for a one-input element-wise op (kernel JSON allows two), so configs read from any
@@ -59,8 +62,9 @@ class OpConfig:
 
     @property
     def key(self) -> str:
-        """Identity for de-duplication: op type, dtype, groups and every parameter."""
-        return json.dumps([self.op_type, self.dtype, self.groups, self.params], sort_keys=True)
+        """Identity for de-duplication: op type, dtype, groups, every parameter (and the math asked for, when any)."""
+        identity = [self.op_type, self.dtype, self.groups, self.params] + ([self.math] if self.math else [])
+        return json.dumps(identity, sort_keys=True)
 
     def __hash__(self) -> int:
         return hash(self.key)
@@ -137,7 +141,8 @@ class OpConfig:
     def describe(self) -> str:
         """The op in a few words; a half (or double) op says so, as its fp32 twin is another op."""
         text = self._shapes_text()
-        return text if self.dtype == "float" else f"{text} {self.dtype}"
+        text = text if self.dtype == "float" else f"{text} {self.dtype}"
+        return f"{text} {self.math}" if self.math else text
 
     def _shapes_text(self) -> str:
         p = self.params
@@ -333,6 +338,14 @@ def _read_prefix(config: OpConfig) -> str | None:
         return None
     kind = config.line_format[0].rpartition("_op_")[0]
     return f"{kind}_op_{config.dtype}" if kind else None
+
+
+def with_math(config: OpConfig, math: str) -> OpConfig:
+    """The config as a run asks it computed: math "tf32" makes a float Dot or convolution a TF32 one (the tensor cores
+    take it); every other op, and "fp32", are left as they are."""
+    if math == "tf32" and config.dtype == "float" and config.op_type in (*CONV_FAMILY, "Dot"):
+        return replace(config, math="tf32")
+    return config
 
 
 @dataclass

@@ -89,9 +89,11 @@ class TuneJob:
 
     def directory(self, root: Path) -> Path:
         from core.codegen.te_ops import revision
+        from core.codegen.tensorcore import refusal
 
         rev = revision(self.config.op_type)  # revision 1 keeps the dirs named before revisions existed
         name = f"{self.config.key}|{self.target}|{self.arch}" + (f"|r{rev}" if rev > 1 else "")
+        name += "" if refusal(self.config) else "|tensor-cores"  # another workload than the CUDA cores' definition
         digest = hashlib.sha1(name.encode()).hexdigest()[:12]
         return self.work_dir or root / f"{self.config.op_type.lower()}-{digest}"
 

@@ -17,7 +17,7 @@ from core.codegen.batch import Inputs, read_inputs
 from core.errors import InputError, ToolError
 from core.inject.pipeline import InjectOptions
 from core.opconfigs.opconfig import OpConfig
-from core.settings import ARCH_RE, Settings
+from core.settings import ARCH_RE, MATH_MODES, Settings
 from core.tuning.claims import ClaimBoard
 from core.tuning.job import DEFAULT_BATCH, DEFAULT_RUNNER_UPS, PhaseEvent, RpcTarget, TrialEvent, TuneJob
 from core.tuning.network import Network, NetworkEvent, network_of
@@ -60,6 +60,7 @@ class TuneChoices:
     runner_ups: int | None = None  # default: DEFAULT_RUNNER_UPS
     inject: bool = True  # cuda: verify (on a GPU), time and inject the best kernels
     join: str = ""  # a network: tune it with every other process of this run name (claims.py)
+    math: str | None = None  # "fp32" or "tf32" (float Dots and convolutions on the tensor cores); default: settings'
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,8 @@ def check_choices(choices: TuneChoices, settings: Settings) -> None:
         raise ChoiceError("population", f"a population of {choices.population} cannot give batches of {batch}: "
                                         "the search picks each batch from its population")
     arch = choices.arch or settings.archs[0]
+    if choices.math is not None and choices.math not in MATH_MODES:
+        raise ChoiceError("math", f"{choices.math!r}: one of {', '.join(MATH_MODES)}")
     if choices.target == "cuda" and not ARCH_RE.fullmatch(arch):
         raise ChoiceError("arch", f"{arch!r} is not an SM arch like sm_90")
 
@@ -157,6 +160,7 @@ def tune_request(inputs: Inputs, choices: TuneChoices, settings: Settings, *, db
     check_choices(choices, settings)
     batch = choices.batch if choices.batch is not None else DEFAULT_BATCH
     arch = choices.arch or settings.archs[0]
+    inputs = inputs.with_math(choices.math or settings.math)
     if not inputs.configs:
         raise InputError("no op configs to tune")
     network = input_network(inputs)
