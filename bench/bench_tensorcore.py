@@ -28,17 +28,18 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 
-def sample(ops: Path, out: Path, per_op: int, arch: str) -> None:
-    """Default kernels and `per_op` random tilings of each op's design space, as one kernel JSON file."""
+def sample(ops: Path, out: Path, per_op: int, arch: str, math: str = "fp32") -> None:
+    """Default kernels and `per_op` random tilings of each op's design space, as one kernel JSON file (math "tf32":
+    fp32 ops in TF32)."""
     import tvm.s_tir as s_tir
     from tvm.s_tir import meta_schedule as ms
 
     from core.codegen.generate import cuda_target, generate, on_tensor_cores, prim_func_module
-    from core.opconfigs.opconfig import read_opconfigs
+    from core.opconfigs.opconfig import read_opconfigs, with_math
     from core.tuning.space import tensor_core_space
 
     items = []
-    for config in read_opconfigs(ops).configs:
+    for config in (with_math(c, math) for c in read_opconfigs(ops).configs):
         default = generate(config, arch)
         if default.item is None:
             print(f"{config.describe()}: default failed: {default.error}")
@@ -157,12 +158,13 @@ def main() -> None:
     ap.add_argument("--per-op", type=int, default=6)
     ap.add_argument("--trials", type=int, default=128)
     ap.add_argument("--arch", default="sm_90")
+    ap.add_argument("--math", choices=["fp32", "tf32"], default="fp32", help="sample: fp32 ops in TF32")
     ap.add_argument("--out", type=Path, default=Path(tempfile.mkdtemp(prefix="kdb-tc-")))
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("KDB_STATE_DIR", str(args.out / "state"))
     if args.part == "sample":
-        sample(args.input, args.kernels or args.out / "kernels.json", args.per_op, args.arch)
+        sample(args.input, args.kernels or args.out / "kernels.json", args.per_op, args.arch, args.math)
         return
     db_path = args.out / f"{args.part}.db"
     if args.part == "rows":

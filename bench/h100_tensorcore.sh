@@ -3,6 +3,7 @@
 #   call 1: bash bench/h100_tensorcore.sh baselines   (PyTorch: ResNet-50 and two BERT layers, fp16 / fp32 as shipped /
 #                                                      fp32 TF32 off; then BERT through the README's commands)
 #   call 2: bash bench/h100_tensorcore.sh resnet50
+#   call 3: bash bench/h100_tensorcore.sh tf32      (TF32 rows against PyTorch's TF32; the fp32 networks with them)
 # Carry .device/n (.device/b's wheels less TVM's and the tuner's: pycuda and the core's; TVM is not needed: the DBs come made) and .netrun/carry (the
 # compiler, the DBs kdb codegen wrote on the CPU for each network's fp16 op configs, onnxconverter-common's wheel).
 # Each network is built here from tests/zoo.py (full ResNet-50: 3, 4, 6, 3 blocks), made fp16 with `kdb model fp16`,
@@ -28,18 +29,27 @@ for name, model in (("resnet50", zoo.resnet50(blocks=(3, 4, 6, 3))), ("bert2", z
     model.ir_version = min(model.ir_version, 10)
     onnx.save(model, f"/tmp/net/{name}.onnx")
 PY
-network() {  # NAME: the zoo run of one network, fp16, its DB from .netrun/carry, leave-to-library
-  timeout "${NET_TIMEOUT:-540}" python3 bench/bench_zoo_run.py --nnfusion "$nnf" --out /tmp/zoo-$1 --jobs 1 \
-    --product "$gpu" --fp16 --leave-to-library --nets --model "$1" /tmp/net/$1.onnx .netrun/carry/$1.db \
-    > $OUT/$1.out 2>&1
-  echo "$1: exit $?"; cat $OUT/$1.out
-  (cd /tmp && find zoo-$1 -maxdepth 2 \( -name '*.json' -o -name '*.txt' -o -name '*.log' \) | tar czf $OUT/$1.tgz -T -)
+network() {  # NAME [DB [--fp16]]: the zoo run of one network with its DB from .netrun/carry, leave-to-library
+  db=${2:-$1}
+  timeout "${NET_TIMEOUT:-540}" python3 bench/bench_zoo_run.py --nnfusion "$nnf" --out /tmp/zoo-$db --jobs 1 \
+    --product "$gpu" ${3:-} --leave-to-library --nets --model "$1" /tmp/net/$1.onnx .netrun/carry/$db.db \
+    > $OUT/$db.out 2>&1
+  echo "$db: exit $?"; cat $OUT/$db.out
+  (cd /tmp && find zoo-$db -maxdepth 2 \( -name '*.json' -o -name '*.txt' -o -name '*.log' \) | tar czf $OUT/$db.tgz -T -)
 }
 case "${1:-}" in
   baselines)
     timeout 200 python3 bench/bench_torch_baselines.py --out $OUT > $OUT/torch.log 2>&1; echo "torch: exit $?"
     cat $OUT/torch.log | tail -8
-    network bert2 ;;
-  resnet50) network resnet50 ;;
-  *) echo "usage: $0 baselines|resnet50"; exit 2 ;;
+    network bert2 bert2 --fp16 ;;
+  resnet50) network resnet50 resnet50 --fp16 ;;
+  tf32)  # TF32 rows (kdb codegen --math tf32) verified and timed against PyTorch's TF32 calls; the fp32 networks
+    export KDB_STATE_DIR=/tmp/kdb-st
+    timeout 200 python3 bench/bench_tensorcore.py rows .netrun/carry/tf32.json --out /tmp/o/tf32 > $OUT/tf32-rows.log 2>&1
+    echo "tf32 rows: exit $?"; grep -v "^  FAILED" $OUT/tf32-rows.log | tail -36; grep -c FAILED $OUT/tf32-rows.log
+    cp /tmp/o/tf32/rows.json $OUT/tf32-rows.json 2>/dev/null
+    unset KDB_STATE_DIR
+    network resnet50 resnet50-tf32
+    network bert2 bert2-tf32 ;;
+  *) echo "usage: $0 baselines|resnet50|tf32"; exit 2 ;;
 esac
