@@ -4,8 +4,8 @@ The intrinsics (registered once per process, under kdb's names) are the warp-lev
 core/codegen/tensorcore.py tensorizes with. Half: `ldmatrix` from *static* shared memory into warp fragments and
 `mma.sync` m16n8k16 with an fp32 accumulator. TF32 (fp32 data, the tensor cores reading 19 bits of each value, as
 cuDNN's default TF32 convolutions do): each lane loads its four fp32 operands from shared memory (ldmatrix moves
-16-bit elements, and cannot transpose 32-bit ones), then `mma.sync` m16n8k8 .tf32. Both: the accumulator's zero
-fill, and its store to shared memory for a sliced k. TVM registers the same kinds in
+16-bit elements, and cannot transpose 32-bit ones) and rounds them to TF32, then `mma.sync` m16n8k8 .tf32.
+Both: the accumulator's zero fill, and its store to shared memory for a sliced k. TVM registers the same kinds in
 `tvm.s_tir.tensor_intrin.cuda`, but importing that module parses every intrinsic of every target (13 s here, 19 s
 on the H200 host); these few parse in well under a second. A tensor-core kernel needs no store intrinsic: its
 epilogue reads the accumulator fragment in registers (tensorcore.py), so the bias, Relu and bounds of the row are
@@ -251,7 +251,10 @@ def _load_tf32(operand: str, transposed: bool) -> tuple[Any, Any]:
             for tx in T.thread_binding(0, 32, "threadIdx.x"):
                 for element in T.unroll(4):
                     r, c = T.meta_var(stored(tx, element))
-                    warp[tx, element] = shared[r, c]
+                    # rounded to TF32's 10 mantissa bits (cuDNN's cvt.rna): mma.sync truncates, and truncation's
+                    # bias compounds over a network (ResNet-50: 1.6e-2 truncated)
+                    warp[tx, element] = T.reinterpret("float32", (T.reinterpret("uint32", shared[r, c])
+                                                                  + T.uint32(0x1000)) & T.uint32(0xFFFFE000))
 
     return desc, impl
 
