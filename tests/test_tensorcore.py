@@ -332,3 +332,20 @@ def test_every_sampled_tf32_tiling_builds_into_a_row(tmp_path: Path, line: str):
     assert len(items) == 6
     _, report = rows_of(items, tmp_path / "s.db", compile=bool(find_nvcc("")))
     assert report.failed == 0, [f.reason for f in report.failures]  # type: ignore[attr-defined]
+
+
+def test_kdb_codegen_says_which_ops_run_on_the_tensor_cores_and_why_the_others_do_not(tmp_path: Path):
+    from conftest import run_kdb
+
+    (tmp_path / "ops.txt").write_text("\n".join([BERT[0], "cublas_dot_op_half|a+1_2048|b+1000_2048|o+1_1000|ta+0|tb+1",
+                                                 "cudnn_maxpool_op_half|i+1_64_112_112|o+1_64_56_56|win+3_3|ws+2_2|"
+                                                 "pb+1_1|pa+1_1", FP32[3]]) + "\n")
+    proc = run_kdb("codegen", "ops.txt", "-o", "k.json", "--arch", "sm_90", "--db", "k.db", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "1 on the tensor cores, 3 on the CUDA cores" in proc.stderr
+    assert "Dot 1x2048 x 1000x2048 (tB) half: CUDA cores: a matrix-vector product" in proc.stderr
+    assert "MaxPool" not in proc.stderr  # no tensor cores for a pool: nothing to explain
+    tf32 = run_kdb("codegen", "ops.txt", "--math", "tf32", "-o", "t.json", "--json", "--db", "k.db", cwd=tmp_path)
+    kernels = {k["op"]: k["math"] for k in json.loads(tf32.stdout)["kernels"]}
+    assert kernels["Dot 64x512 x 1000x512 (tB) tf32"] == "tensor cores (mma.sync tf32, fp32 accumulation)"
+    assert json.loads((tmp_path / "t.json").read_text())[-1]["math"] == "tf32"

@@ -18,11 +18,13 @@ from console.cli.cmd_inject import StageBars, print_report
 from console.cli.interrupt import first_ctrl_c_cancels
 from console.cli.opconfig_input import lookup_flags, model_prepass, read_op_configs
 from console.cli.output import err, log, out, print_json
+from core.codegen.batch import CodegenReport
 from core.db.kernel_db import kernel_db_path
 from core.errors import InputError
 from core.inject import generate_run
 from core.inject.generate_run import CodegenProgress, GenerateEvent, GenerateRequest
 from core.inject.pipeline import InjectSnapshot
+from core.kernels.ops import CONV_FAMILY
 from core.settings import load_settings
 
 
@@ -54,6 +56,7 @@ def main(args: argparse.Namespace) -> int:
         cancelled = " (cancelled)" if codegen.cancelled else ""
         err.print(f"{len(codegen.items)} kernels generated for {request.arch}{cancelled} -> {escape(where)}; "
                   f"{failed} failed{unreadable}")
+        _print_math(codegen)
         for g in codegen.failed:
             err.print(f"  [red]{g.stage}[/] {escape(g.config.source or g.config.describe())}: {escape(g.error)}")
         if codegen.failed:
@@ -67,6 +70,17 @@ def main(args: argparse.Namespace) -> int:
     if report.cancelled:
         return 130
     return 1 if failed or (report.inject and report.inject.failed) else 0
+
+
+def _print_math(codegen: CodegenReport) -> None:
+    """How many kernels run on the tensor cores, and why each Dot or convolution that does not."""
+    done = [g for g in codegen.generated if g.item is not None]
+    tensor = sum(g.math.startswith("tensor cores") for g in done)
+    if tensor:
+        err.print(f"  {tensor} on the tensor cores, {len(done) - tensor} on the CUDA cores")
+    for g in done:  # a matrix product the tensor cores did not take (pools and element-wise ops never would)
+        if g.math.startswith("CUDA cores:") and g.config.op_type in (*CONV_FAMILY, "Dot"):
+            err.print(f"  {escape(g.config.describe())}: {escape(g.math)}")
 
 
 class _Bars:

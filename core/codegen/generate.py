@@ -32,6 +32,7 @@ class Generated:
     max_rel_error: float | None = None
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    math: str = ""  # where the kernel computes: "tensor cores (...)" or "CUDA cores: why" (math_note)
 
 
 def cuda_target(arch: str) -> Any:
@@ -154,7 +155,8 @@ def generate(config: OpConfig, arch: str, *, scheduled: Any = None, check: bool 
             # The default schedule's own math, its thread loops left serial; a tuned schedule's definition.
             checked = default_schedule(mod, bind=False) if default and not tensor_cores else mod
             result.max_rel_error = check_on_cpu(config, checked, shapes)
-        result.notes.append(math_note(config))
+        result.math = math_note(config)
+        result.notes.append(result.math)
         result.item = item  # only a kernel whose math checked out (or was not asked to be checked)
     except InputError as exc:
         result.error, result.stage = str(exc), stage
