@@ -5,6 +5,7 @@ softmax and layer norm), and launches counted as launches. Where the check could
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -109,3 +110,40 @@ def test_launches_and_distinct_kernels_are_counted_as_what_they_are(tmp_path: Pa
     assert f"{launches} kernel launches of {kernels} distinct kernels" in flat, flat
     assert f"all {launches} kernel launches ({kernels} distinct kernels) fit" in flat, flat
     assert "run by 32 nodes" in flat
+
+
+def test_rows_with_one_body_are_told_apart_by_their_node_and_launch(tmp_path: Path):
+    """Issue 42: element-wise Adds of 64, 128 and 256 x 1024 get rows whose bodies are byte for byte the same (each
+    grid fits its size, so no bounds test is written): only the grid differs. The compiler fuses the 64 one with its
+    Relu into a kernel of its own and runs the two other rows. Matched by body, every row counted as used and every
+    node as running all three; matched by the node's tensors and launch, each node runs its own row, and the 64 one
+    is not in the code."""
+    pytest.importorskip("tvm")
+    from onnx import TensorProto, helper
+    from onnx_models import GraphBuilder
+
+    g = GraphBuilder({"x": [1, 64, 1024], "y": [1, 128, 1024], "z": [1, 256, 1024]})
+    fused = g.node("Relu", [g.node("Add", ["x", g.weight("b64", [1, 64, 1024])], "add64")], "relu64")
+    lone = [g.node("Add", [x, g.weight(f"b{n}", [1, n, 1024])], f"add{n}") for x, n in (("y", 128), ("z", 256))]
+    model = g.model(fused, "adds")
+    model.graph.output.extend(helper.make_tensor_value_info(out, TensorProto.FLOAT, [1, n, 1024])
+                              for out, n in zip(lone, (128, 256), strict=True))
+    write(model, tmp_path / "adds.onnx")
+    (tmp_path / "ops.txt").write_text("".join(f"elementwise_add_op_float|i+1_{n}_1024|i+1_{n}_1024|o+1_{n}_1024\n"
+                                              for n in (64, 128, 256)))
+    assert run_kdb("settings", f"nnfusion_path={COMPILER}", cwd=tmp_path).returncode == 0
+    proc = run_kdb("codegen", "ops.txt", "--inject", "--arch", "sm_90", "--db", "k.db", "--no-compile", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "k.db") as db:
+        rows = {tuple(json.loads(a)["output_shape"][0]): (k, json.loads(f)) for k, a, f in
+                db.execute("SELECT Key, Attributes, Function FROM KernelCache")}
+    assert len({f["block_function_body"] for _, f in rows.values()}) == 1  # one body for all three
+    key = {shape[1]: k for shape, (k, _) in rows.items()}
+    proc, report = run_kdb_json("nnfusion", "adds.onnx", "--db", "k.db", cwd=tmp_path, env=BARE_PATH)
+    assert report["ok"], report["problems"]
+    assert set(report["usage"]["db_rows_used"]) == {key[128], key[256]} and key[64] not in report["promised"]
+    parts = [p for s in report["usage"]["steps"] for p in s["parts"]]
+    assert sorted(tuple(p["rows"]) for p in parts if p["rows"]) == sorted([(key[128],), (key[256],)])
+    assert len([p for p in parts if not p["rows"]]) == 1  # the Add fused with its Relu: NNFusion's own kernel

@@ -3,9 +3,12 @@
 `kernel_entry` runs the network: one statement per graph node, each after a `// name=<node>` comment. A
 statement calls a kernel (`F_Call(grid, block, ...)`), a BlockFusion kernel (whose blocks call one
 `__device__ ... _block_kernel` function per fused node), or a host function that calls cuDNN / cuBLAS; some
-are `// eliminated:`. A kernel-DB row is in the code when its block_function_body appears in a function's
-body (whitespace aside): NNFusion's cache emitters paste it verbatim, as the standalone kernel's body and as a
-BlockFusion block function's body.
+are `// eliminated:`. A kernel-DB row is in a function when the function runs that row's node: its body holds the
+row's block_function_body (whitespace aside: NNFusion's cache emitters paste it verbatim, as the standalone kernel's
+body and as a BlockFusion block function's body), the node comment NNFusion writes above the function gives the row's
+input and output shapes and element types, and the function is launched with the row's grid and block (the
+kernel_entry call's `dim3`s; a block function's own `gridDim`/`blockDim`). The body alone is not enough: TVM writes
+byte-identical bodies for element-wise ops of different sizes whose grids fit them exactly.
 """
 
 from __future__ import annotations
@@ -28,12 +31,27 @@ MIN_BODY_CHARS = 24
 KERNEL, BLOCKFUSION, LIBRARY, HOST, ELIMINATED = "kernel", "blockfusion", "library", "host", "eliminated"
 
 
+Dims = tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class NodeComment:
+    """What NNFusion's comment above a function says of the node it was emitted for."""
+
+    node: str
+    op_type: str  # its Description
+    inputs: tuple[tuple[str, tuple[int, ...]], ...]  # (C type, shape) of each input
+    outputs: tuple[tuple[str, tuple[int, ...]], ...]
+
+
 @dataclass(frozen=True)
 class Function:
     name: str
     kind: str  # "global", "device" or "host"
     body: str  # between the outermost braces
     launch_bounds: int | None = None  # a kernel's __launch_bounds__(N): ptxas keeps its registers to fit N threads
+    comment: NodeComment | None = None  # the node comment above its definition
+    launch: tuple[Dims, Dims] | None = None  # a block function's own (gridDim, blockDim)
 
 
 @dataclass(frozen=True)
@@ -44,6 +62,7 @@ class Step:
     function: str  # the function it runs ('' when eliminated)
     kind: str  # KERNEL, BLOCKFUSION, LIBRARY, HOST or ELIMINATED
     library: str = ""  # "cuDNN" / "cuBLAS" for LIBRARY steps
+    launch: tuple[Dims, Dims] | None = None  # the call's (grid, block)
     members: tuple[str, ...] = ()  # a BlockFusion kernel's block functions, in block order
     # each block-function call, in block order: one per fused node (nodes of one kernel share its block function,
     # named after the first of them: an LSTM's Dots of one shape call one function many times)
@@ -71,6 +90,12 @@ class Generated:
             return []
         return [name for name, text in self.normalized.items() if needle in text]
 
+    def launches(self, function: str) -> set[tuple[Dims, Dims]]:
+        """Every (grid, block) the function runs with: its kernel_entry calls', or a block function's own."""
+        own = self.functions[function].launch if function in self.functions else None
+        found = {s.launch for s in self.steps if s.function == function and s.launch is not None}
+        return found | ({own} if own is not None else set())
+
 
 def squash(text: str) -> str:
     return re.sub(r"\s+", "", text)
@@ -85,7 +110,8 @@ def parse_generated(source: str) -> Generated:
         if body is None:
             continue  # a declaration
         kind = "global" if qualifier == "__global__" else "device" if qualifier else "host"
-        functions.setdefault(name, Function(name, kind, body, int(bounds) if bounds else None))
+        functions.setdefault(name, Function(name, kind, body, int(bounds) if bounds else None,
+                                            _comment_before(source, match.start()), _own_launch(body)))
     for match in _HOST_DEFINITION.finditer(source):
         body = _body_after(source, match.end())
         if body is not None:
@@ -115,6 +141,50 @@ def _body_after(source: str, start: int) -> str | None:
     return source[begin:i - 1]
 
 
+_NODE_NAME = re.compile(r"^// Node name:\s*(.*?)\s*$", re.MULTILINE)
+_TENSOR = re.compile(r"^//\s*- name: \S+\s+type: (\w+)\s+shape: Shape\{([\d, ]*)\}", re.MULTILINE)
+_DIM3 = re.compile(r"dim3\((\d+),\s*(\d+),\s*(\d+)\)")
+_OWN_DIM3 = re.compile(r"const dim3 (blockDim|gridDim)\((\d+),\s*(\d+),\s*(\d+)\);")
+
+
+def _comment_before(source: str, start: int) -> NodeComment | None:
+    """The node comment just above a definition: `// Node name:`, `// Description:`, then `// Input:` and
+    `// Output:` with one `//\t- name: ...\ttype: T\tshape: Shape{...}` line a tensor; None when there is none."""
+    head = source.rfind("// Node name:", max(0, start - 20000), start)
+    if head < 0:
+        return None
+    block = source[head:start]
+    if any(line.strip() and not line.strip().startswith("//") for line in block.splitlines()):
+        return None  # the comment belongs to something before: code stands between it and the definition
+    name = _NODE_NAME.match(block)
+    description = re.search(r"^// Description:\s*(.*?)\s*$", block, re.MULTILINE)
+    inputs_at, outputs_at = block.find("// Input:"), block.find("// Output:")
+    if name is None or inputs_at < 0 or outputs_at < 0:
+        return None
+
+    def tensors(text: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        return tuple((t, tuple(int(d) for d in dims.replace(" ", "").split(",") if d))
+                     for t, dims in _TENSOR.findall(text))
+
+    return NodeComment(name.group(1), description.group(1) if description else "",
+                       tensors(block[inputs_at:outputs_at]), tensors(block[outputs_at:]))
+
+
+def _own_launch(body: str) -> tuple[Dims, Dims] | None:
+    """A BlockFusion block function's launch, from its `const dim3 gridDim(...)` and `blockDim(...)` lines."""
+    dims = {kind: (int(x), int(y), int(z)) for kind, x, y, z in _OWN_DIM3.findall(body[:2000])}
+    return (dims["gridDim"], dims["blockDim"]) if {"gridDim", "blockDim"} <= dims.keys() else None
+
+
+def _call_launch(statement: str) -> tuple[Dims, Dims] | None:
+    """The (grid, block) of a kernel_entry call `F_Call(dim3(..), dim3(..), ...)`."""
+    dims = _DIM3.findall(statement)
+    if len(dims) < 2:
+        return None
+    grid, block = ((int(x), int(y), int(z)) for x, y, z in dims[:2])
+    return grid, block
+
+
 def _step(node: str, statement: str, functions: dict[str, Function]) -> Step:
     if statement.lstrip().startswith("//"):
         return Step(node, "", ELIMINATED)
@@ -131,8 +201,9 @@ def _step(node: str, statement: str, functions: dict[str, Function]) -> Step:
         return Step(node, name, HOST)
     calls = tuple(m for m in re.findall(r"\b(\w+_block_kernel)\s*\(", function.body) if m in functions)
     if name.startswith("BlockFusionKernel") or calls:
-        return Step(node, name, BLOCKFUSION, members=tuple(dict.fromkeys(calls)), calls=calls)
-    return Step(node, name, KERNEL)
+        return Step(node, name, BLOCKFUSION, members=tuple(dict.fromkeys(calls)), calls=calls,
+                    launch=_call_launch(statement))
+    return Step(node, name, KERNEL, launch=_call_launch(statement))
 
 
 def member_node(block_function: str) -> str:
@@ -144,7 +215,7 @@ def member_node(block_function: str) -> str:
 
 @dataclass(frozen=True)
 class RowUse:
-    """A kernel-DB row and the generated functions that contain its body."""
+    """A kernel-DB row and the generated functions that run it (its body, its node's tensors, its launch)."""
 
     key: str
     identifier: str
@@ -152,6 +223,31 @@ class RowUse:
     functions: tuple[str, ...]
 
 
-def rows_in_source(generated: Generated, rows: Iterable[tuple[str, str, str, str]]) -> list[RowUse]:
-    """For (Key, Identifier, OpType, block_function_body) rows: the functions holding each one's body."""
-    return [RowUse(key, ident, op_type, tuple(generated.containing(body))) for key, ident, op_type, body in rows]
+@dataclass(frozen=True)
+class RowFacts:
+    """What tells a row's node in the code: its emitted body, its tensors (C type, shape) and its launch."""
+
+    key: str
+    identifier: str
+    op_type: str
+    body: str
+    inputs: tuple[tuple[str, tuple[int, ...]], ...] | None = None  # None: not known (not checked)
+    outputs: tuple[tuple[str, tuple[int, ...]], ...] | None = None
+    launch: tuple[Dims, Dims] | None = None
+
+
+def rows_in_source(generated: Generated, rows: Iterable[RowFacts]) -> list[RowUse]:
+    """For each row: the functions holding its body whose node it is (tensors) and that run at its launch."""
+    return [RowUse(r.key, r.identifier, r.op_type,
+                   tuple(f for f in generated.containing(r.body) if _runs_row(generated, f, r))) for r in rows]
+
+
+def _runs_row(generated: Generated, function: str, row: RowFacts) -> bool:
+    """Whether the function, holding the row's body, runs the row's node: the node comment's tensors are the row's and
+    a launch of the function is the row's (what is not known on either side is not held against it)."""
+    comment = generated.functions[function].comment
+    known = comment is not None and row.inputs is not None and row.outputs is not None
+    if known and (comment.inputs, comment.outputs) != (row.inputs, row.outputs):  # type: ignore[union-attr]
+        return False
+    launches = generated.launches(function)
+    return row.launch is None or not launches or row.launch in launches

@@ -17,6 +17,7 @@ from core.nnfusion.generated import (
     KERNEL,
     LIBRARY,
     Generated,
+    RowFacts,
     RowUse,
     member_node,
     parse_generated,
@@ -103,7 +104,7 @@ class Usage:
 def analyse(generated: Generated, rows: Iterable[KernelRow]) -> Usage:
     """Each kernel_entry step with what it runs, given the DB rows to look for (a pair counts once)."""
     kernels = list(distinct_kernels(rows))
-    uses = rows_in_source(generated, ((r.key, r.identifier, r.op_type, _emitted_body(r)) for r in kernels))
+    uses = rows_in_source(generated, (_facts(r) for r in kernels))
     by_function: dict[str, list[str]] = {}
     for use in uses:
         for fn in use.functions:
@@ -133,6 +134,30 @@ def _call_node(block_function: str, earlier: tuple[str, ...]) -> str:
 def _part(node: str, function: str, by_function: dict[str, list[str]]) -> Part:
     keys = tuple(by_function.get(function, ()))
     return Part(node, function, DB_KERNEL if keys else NNFUSION_KERNEL, keys)
+
+
+def _facts(row: KernelRow) -> RowFacts:
+    """The row as the code would show it: its emitted body, its tensors (C type, shape: the Attributes'), its
+    launch (the Function's grid and block). What cannot be read is left unknown, never guessed."""
+    try:
+        fn, attrs = json.loads(row.function), json.loads(row.attributes)
+    except ValueError:
+        return RowFacts(row.key, row.identifier, row.op_type, _emitted_body(row))
+    dtype = attrs.get("dtype", "float") if isinstance(attrs, dict) else "float"
+
+    def tensors(name: str) -> tuple[tuple[str, tuple[int, ...]], ...] | None:
+        shapes = attrs.get(name) if isinstance(attrs, dict) else None
+        if not isinstance(shapes, list) or not all(isinstance(s, list) for s in shapes):
+            return None
+        return tuple((dtype, tuple(int(d) for d in shape)) for shape in shapes)
+
+    def dims(name: str) -> tuple[int, int, int] | None:
+        value = fn.get(name) if isinstance(fn, dict) else None
+        return (int(value[0]), int(value[1]), int(value[2])) if isinstance(value, list) and len(value) == 3 else None
+
+    grid, block = dims("grid_dim"), dims("block_dim")
+    return RowFacts(row.key, row.identifier, row.op_type, _emitted_body(row), tensors("input_shape"),
+                    tensors("output_shape"), (grid, block) if grid and block else None)
 
 
 def _emitted_body(row: KernelRow) -> str:
