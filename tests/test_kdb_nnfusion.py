@@ -122,12 +122,14 @@ def test_rows_with_one_body_are_told_apart_by_their_node_and_launch(tmp_path: Pa
     from onnx import TensorProto, helper
     from onnx_models import GraphBuilder
 
-    g = GraphBuilder({"x": [1, 64, 1024], "y": [1, 128, 1024], "z": [1, 256, 1024]})
+    g = GraphBuilder({"x": [1, 64, 1024], "y": [1, 128, 1024], "z": [1, 256, 1024], "w": [1, 128, 1024]})
     fused = g.node("Relu", [g.node("Add", ["x", g.weight("b64", [1, 64, 1024])], "add64")], "relu64")
     lone = [g.node("Add", [x, g.weight(f"b{n}", [1, n, 1024])], f"add{n}") for x, n in (("y", 128), ("z", 256))]
+    # an Add of the 128 one's shape fused too: coverage counted both occurrences as running the row
+    also_fused = g.node("Relu", [g.node("Add", ["w", g.weight("c128", [1, 128, 1024])], "add128f")], "relu128")
     model = g.model(fused, "adds")
     model.graph.output.extend(helper.make_tensor_value_info(out, TensorProto.FLOAT, [1, n, 1024])
-                              for out, n in zip(lone, (128, 256), strict=True))
+                              for out, n in zip([*lone, also_fused], (128, 256, 128), strict=True))
     write(model, tmp_path / "adds.onnx")
     (tmp_path / "ops.txt").write_text("".join(f"elementwise_add_op_float|i+1_{n}_1024|i+1_{n}_1024|o+1_{n}_1024\n"
                                               for n in (64, 128, 256)))
@@ -146,4 +148,6 @@ def test_rows_with_one_body_are_told_apart_by_their_node_and_launch(tmp_path: Pa
     assert set(report["usage"]["db_rows_used"]) == {key[128], key[256]} and key[64] not in report["promised"]
     parts = [p for s in report["usage"]["steps"] for p in s["parts"]]
     assert sorted(tuple(p["rows"]) for p in parts if p["rows"]) == sorted([(key[128],), (key[256],)])
-    assert len([p for p in parts if not p["rows"]]) == 1  # the Add fused with its Relu: NNFusion's own kernel
+    assert all(p["runs"] != DB_KERNEL for p in parts if not p["rows"])  # the Adds fused with a Relu
+    coverage = json.loads(run_kdb("coverage", "adds.onnx", "--db", "k.db", "--json", cwd=tmp_path).stdout)
+    assert coverage["summary"]["ops"]["in DB"] == report["usage"]["nodes_run_by"][DB_KERNEL] == 2

@@ -140,6 +140,9 @@ def test_the_network_compiles_with_the_kernels_kdb_made(tmp_path: Path, name: st
     promised, used = set(report["promised"]), set(report["usage"]["db_rows_used"])
     assert promised, "every network here has ops the DB serves"
     assert used == promised, f"used but not promised {sorted(used - promised)}; promised, not used {sorted(promised - used)}"
+    summary = json.loads(kdb(tmp_path, "coverage", "model.onnx", "--db", DB, "--json").stdout)["summary"]
+    nodes = report["usage"]["nodes_run_by"]["DB kernel"]  # the compiled code's nodes that run a DB row
+    assert summary["ops"]["in DB"] == nodes, f"coverage: {summary['ops']}; the compiled code: {nodes} nodes on DB rows"
     from_db = {e["identifier"] for e in report["coverage"] if e["row"] and e["row"]["key"] in used}
     assert not set(must_run.get(name, ())) - from_db, f"run from the DB: {sorted(from_db)}"
     check = report["launch_check"]  # ran on the generated device code: compiled, every launch fits

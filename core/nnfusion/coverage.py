@@ -136,10 +136,16 @@ def coverage(extraction: Extraction, db: KernelDB, flags: CompilerFlags | None =
 
 
 def summarize(entries: list[CoverageEntry]) -> dict[str, object]:
-    """Per-status op counts, and the share of FLOPs (of these ops) that really runs on DB kernels."""
+    """Per-status op counts (each occurrence of an op once: the nodes the compiled code runs, so "in DB" is the nodes
+    that run DB rows), and the share of FLOPs (of these ops) that really runs on DB kernels."""
     total = sum(e.config.flops * e.count for e in entries)
     on_db = sum(e.db_flops for e in entries)
-    return {"ops": {s: sum(e.count for e in entries if e.status == s) for s in STATUSES},
+    ops = dict.fromkeys(STATUSES, 0)
+    for e in entries:  # an op's occurrences fused into NNFusion's own kernels count as fused away, not as run
+        away = e.count if e.status == FUSED_AWAY else e.fused_away
+        ops[e.status] += e.count - away
+        ops[FUSED_AWAY] += away
+    return {"ops": ops,
             "distinct": dict(Counter(e.status for e in entries)),
             "db_flops_share": on_db / total if total else 0.0}
 

@@ -243,11 +243,16 @@ def rows_in_source(generated: Generated, rows: Iterable[RowFacts]) -> list[RowUs
 
 
 def _runs_row(generated: Generated, function: str, row: RowFacts) -> bool:
-    """Whether the function, holding the row's body, runs the row's node: the node comment's tensors are the row's and
-    a launch of the function is the row's (what is not known on either side is not held against it)."""
-    comment = generated.functions[function].comment
-    known = comment is not None and row.inputs is not None and row.outputs is not None
-    if known and (comment.inputs, comment.outputs) != (row.inputs, row.outputs):  # type: ignore[union-attr]
-        return False
+    """Whether the function, holding the row's body, runs the row's node: one of its launches is the row's, and where
+    that launch is the commented node's own (NNFusion emits one function for nodes whose code is the same, and its
+    comment describes the first of them), the comment's tensors are the row's. What is not known on either side is
+    not held against the row."""
     launches = generated.launches(function)
-    return row.launch is None or not launches or row.launch in launches
+    if row.launch is not None and launches and row.launch not in launches:
+        return False
+    comment = generated.functions[function].comment
+    if comment is None or row.inputs is None or row.outputs is None:
+        return True
+    callers = {s.node for s in generated.steps if s.function == function and s.launch == row.launch}
+    own = not callers or callers == {comment.node}  # a block function, or the commented node's own call alone
+    return not own or (comment.inputs, comment.outputs) == (row.inputs, row.outputs)
