@@ -140,7 +140,8 @@ def test_every_option_of_kdb_tune_reaches_the_choices():
     args = build_parser().parse_args(
         ["tune", "ops.txt", "--trials", "5", "--budget", "50", "--batch", "8", "--population", "16", "--max-per-op",
          "9", "--target", "llvm", "--arch", "sm_80", "--rpc", "host:9190:key", "--rpc-workers", "3", "--gpus", "2",
-         "--workers", "4", "--efficient", "--no-transfer", "--runner-ups", "1", "--no-inject", "--join", "r1"])
+         "--workers", "4", "--efficient", "--no-transfer", "--runner-ups", "1", "--no-inject", "--join", "r1",
+         "--math", "tf32"])
     choices, defaults = choices_of(args), TuneChoices()
     assert [f.name for f in fields(TuneChoices) if getattr(choices, f.name) == getattr(defaults, f.name)] == []
     assert choices_of(build_parser().parse_args(["tune", "ops.txt"])) == defaults  # left out: core's default
