@@ -3,6 +3,7 @@ real compiler looks up, and a plain refusal of bf16, which NNFusion's ONNX impor
 
 from __future__ import annotations
 
+import os
 import re
 import sqlite3
 from pathlib import Path
@@ -356,6 +357,9 @@ def test_kdb_model_fp16_converts_with_onnxconverter_common_and_extraction_then_w
     assert report["half_initializers"] == 2 and report["float_initializers"] == 0 and report["io_types"] == "half"
     model = onnx.load(str(tmp_path / "block16.onnx"))
     assert model.graph.input[0].type.tensor_type.elem_type == 10 and source.read_bytes() == before
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "block16.onnx").stat().st_mode & 0o777 == 0o666 & ~umask  # as any file the user writes
     assert {c.dtype for c in extract(tmp_path / "block16.onnx").configs} == {"half"}
     again = run_kdb("model", "fp16", str(tmp_path / "block16.onnx"), str(tmp_path / "twice.onnx"))
     assert again.returncode == 2 and "block16.onnx: nothing to convert: the model has already fp16" in again.stderr

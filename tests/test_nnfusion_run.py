@@ -241,6 +241,41 @@ def test_on_a_machine_without_a_gpu_both_networks_are_built_and_none_is_run(tmp_
 
 
 @needs_compiler
+def test_without_onnxruntime_both_networks_are_built_and_the_run_says_how_to_install_it(tmp_path: Path):
+    """The README's promise, "without a GPU (or ONNX Runtime): built, not run, exit 2": the run stopped before
+    building when onnxruntime was missing, and named a pip command for a package the checkout does not publish."""
+    nvcc = nvcc_or_skip()
+    libraries_or_skip(nvcc)
+    model = two_in_two_out(tmp_path / "two.onnx")
+    hide = tmp_path / "no-onnxruntime"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text("import sys\nsys.modules['onnxruntime'] = None  # as if not installed\n")
+    proc, report = run_kdb_json("nnfusion", str(model), "--db", str(empty_db(tmp_path / "user.db")), "--nnfusion",
+                                str(COMPILER), "--run", "--out", str(tmp_path / "run"),
+                                env={"KDB_STATE_DIR": str(tmp_path / "state"),
+                                     "PYTHONPATH": os.pathsep.join([str(hide), os.environ.get("PYTHONPATH", "")])})
+    assert proc.returncode == 2, proc.stderr
+    assert all(c["build"] and c["build"]["ok"] for c in report["contenders"])  # both built
+    assert report["status"] == 2 and report["median_ms"] == {"with-db": None, "empty-db": None}
+    finding = next(f for f in report["findings"] if "onnxruntime" in f)
+    assert "not installed" in finding and ".venv/bin/pip install -e '.[run]'" in finding
+
+
+@needs_compiler
+def test_the_run_says_error_only_of_an_error(tmp_path: Path):
+    """A line starting `error:` defined the error measure on every run, a failed one or not."""
+    nvcc = nvcc_or_skip()
+    libraries_or_skip(nvcc)
+    onnxruntime_or_skip()
+    model = two_in_two_out(tmp_path / "two.onnx")
+    proc = run_kdb("nnfusion", str(model), "--db", str(empty_db(tmp_path / "user.db")), "--nnfusion", str(COMPILER),
+                   "--run", env={"KDB_STATE_DIR": str(tmp_path / "state")})
+    lines = (proc.stdout + proc.stderr).splitlines()
+    assert "error measured as max |out - ref| / max |ref|" in proc.stdout
+    assert not [line for line in lines if line.lower().startswith("error:")], proc.stdout
+
+
+@needs_compiler
 def test_an_fp16_network_is_built_with_half_inputs_and_judged_by_the_half_bound(tmp_path: Path):
     """The same network converted to fp16 (`kdb model fp16`): kernel_entry takes half buffers, the seeded inputs are
     written as half, ONNX Runtime computes the reference of the fp16 model, and the bound is HALF_MAX_ERROR, not

@@ -101,3 +101,11 @@ def test_a_grouped_conv_has_no_signature_and_says_what_nnfusion_does_with_it(lin
     with pytest.raises(InputError, match=re.escape(said)) as raised:
         config.signature()
     assert raised.value.where == "ops.txt:1"
+
+
+def test_a_dilated_convolution_says_its_dilation():
+    """Four dilated convolutions read alike in `kdb failures` (issue 39): the description named no dilation."""
+    plain = parse_line("cudnn_convolution_op_float|i+1_32_20_20|w+48_32_3_3|o+1_48_20_20|ws+1_1|wd+1_1|p+1_1")
+    dilated = parse_line("cudnn_convolution_op_float|i+1_32_20_20|w+48_32_3_3|o+1_48_16_16|ws+1_1|wd+3_3|p+1_1")
+    assert plain.describe() == "Convolution in 1x32x20x20 w 48x32x3x3 out 1x48x20x20 s1x1 p1x1"
+    assert dilated.describe() == "Convolution in 1x32x20x20 w 48x32x3x3 out 1x48x16x16 s1x1 p1x1 d3x3"

@@ -73,7 +73,7 @@ def _print(run: NetworkRun) -> None:
     if run.ratio is not None:
         out.print(f"  ratio {run.ratio:.3f}x (with the DB / with the empty DB)", highlight=False)
     if run.reference is not None:
-        out.print(f"error: {ERROR_FORMULA}, against {run.reference.runtime} on the same input; allowed "
+        out.print(f"error measured as {ERROR_FORMULA}, against {run.reference.runtime} on the same input; allowed "
                   f"{run.max_error:g}", highlight=False)
     if run.with_db.compile is not None and (note := run.with_db.compile.standalone_note()):
         out.print(note, markup=False, highlight=False)

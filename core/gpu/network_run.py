@@ -25,7 +25,7 @@ from typing import Any
 
 from core.db.kernel_db import KernelDB
 from core.db.state import StateDB
-from core.errors import KdbError, ToolError
+from core.errors import KdbError
 from core.gpu.harness_run import (
     NO_GPU,
     Contender,
@@ -36,7 +36,7 @@ from core.gpu.harness_run import (
     fresh_empty_db,
     run_harness,
 )
-from core.nnfusion.build import CudaLibraries, Signature, build_network, read_signature
+from core.nnfusion.build import RUN_EXTRA, CudaLibraries, Signature, build_network, read_signature
 from core.nnfusion.compile_job import CompileJob, compile_and_read, compile_fitting_launches
 from core.nnfusion.reference import (
     Reference,
@@ -148,9 +148,6 @@ def run_network(job: CompileJob, options: RunOptions = RunOptions(), *, state: S
     say = on_progress or (lambda stage, detail: None)
     cancelled = should_cancel or (lambda: False)
     run = NetworkRun(job, options, job.workdir().resolve())
-    if importlib.util.find_spec("onnxruntime") is None:
-        raise ToolError("onnxruntime is not installed: it computes the reference output "
-                        "(`pip install 'kernel-db-console[run]'`)")
     tools = find_run_tools(job, say)
     run.libraries, run.arch, run.device, run.no_device = tools.libraries.found, tools.arch, tools.device, \
         tools.no_device
@@ -201,18 +198,22 @@ def _measure(run: NetworkRun, tools: RunTools, state: StateDB | None, say: Progr
     def stop() -> bool:
         return interrupted.is_set() or cancelled()
 
+    # Without onnxruntime both networks are still built (what needs no GPU), and nothing is run: no reference
+    no_reference = "" if importlib.util.find_spec("onnxruntime") else (
+        f"onnxruntime is not installed: it computes the reference output ({RUN_EXTRA})")
     with ThreadPoolExecutor(max_workers=3) as pool:
         try:
-            reference = pool.submit(onnx_runtime_reference, job.model, signatures[0], arrays,
-                                    random_inputs(signatures[0], options.seed + 1))
+            others = random_inputs(signatures[0], options.seed + 1)
+            reference = None if no_reference else pool.submit(onnx_runtime_reference, job.model, signatures[0],
+                                                              arrays, others)
             builds = {c.label: pool.submit(build_network, p, arch=run.arch, nvcc=nvcc, libraries=libraries,
                                            timeout_s=options.build_timeout_s, should_cancel=stop)
                       for c, p in zip((run.with_db, run.empty_db), projects, strict=True)}
             for contender in (run.with_db, run.empty_db):
                 contender.build = built = builds[contender.label].result()
                 say(f"build ({contender.label})", "done" if built.ok else built.error)
-            run.reference = reference.result()
-            if run.reference.insensitive():
+            run.reference = reference.result() if reference is not None else None
+            if run.reference is not None and run.reference.insensitive():
                 run.notes.append(run.reference.insensitive())
         except BaseException:  # Ctrl-C or an error: the other builds' nvcc are stopped, not waited for
             interrupted.set()
@@ -221,8 +222,9 @@ def _measure(run: NetworkRun, tools: RunTools, state: StateDB | None, say: Progr
         if contender.build is not None and not contender.build.ok:
             contender.problem = f"nvcc failed: {contender.build.error}"
             return _stop(run, contender, cancelled())
-    if not run.device:
-        run.findings.append(f"{NO_GPU} ({run.no_device})")
+    if not run.device or no_reference:  # each thing missing said
+        run.findings += [f"{NO_GPU} ({run.no_device})"] * (not run.device) + [f"not run: {no_reference}"] * bool(
+            no_reference)
         run.status = COULD_NOT_RUN
         return None
     for contender in (run.empty_db, run.with_db):  # one at a time, each holding the GPU

@@ -28,6 +28,9 @@ from typing import Any
 from core.errors import InputError, ToolError
 from core.processes import kill_group
 
+# How the `run` extra is installed in a checkout (the README's set-up: .venv from pyproject.toml)
+RUN_EXTRA = "`.venv/bin/pip install -e '.[run]'`, the `run` extra"
+
 HARNESS_SOURCE = "kdb_harness.cu"
 HARNESS = "kdb_harness"
 LIBRARY = "libnnfusion_naive_rt.so"
@@ -319,8 +322,8 @@ def find_cuda_libraries(nvcc: str) -> CudaLibraries:
             ("libcublas", "cublas_v2.h", ("nvidia.cu13", "nvidia.cublas", "nvidia.cu12"), "nvidia-cublas")):
         hit = _find(stem, header, packages, toolkit)
         if hit is None:
-            raise ToolError(f"{stem} not found (headers and library): install the {wheel} wheel (`pip install "
-                            f"'kernel-db-console[run]'`) or put it in the CUDA toolkit at {toolkit}")
+            raise ToolError(f"{stem} not found (headers and library): install the {wheel} wheel ({RUN_EXTRA}) or put "
+                            f"it in the CUDA toolkit at {toolkit}")
         include, lib_dir, name, origin = hit
         include_dirs += [include] if include not in include_dirs else []
         lib_dirs += [lib_dir] if lib_dir not in lib_dirs else []

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.errors import InputError, ToolError
-from core.nnfusion.build import Signature, Tensor
+from core.nnfusion.build import RUN_EXTRA, Signature, Tensor
 
 if TYPE_CHECKING:
     import numpy as np
@@ -102,8 +102,8 @@ def onnx_runtime_reference(model: Path, signature: Signature, inputs: list[np.nd
     try:
         import onnxruntime
     except ImportError as exc:
-        raise ToolError(f"onnxruntime is not installed ({exc}): it computes the reference output "
-                        "(`pip install 'kernel-db-console[run]'`)") from exc
+        raise ToolError(f"onnxruntime is not installed ({exc}): it computes the reference output ({RUN_EXTRA})") \
+            from exc
     started = time.monotonic()
     try:
         session = onnxruntime.InferenceSession(str(model), providers=["CPUExecutionProvider"])

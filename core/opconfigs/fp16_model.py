@@ -105,6 +105,10 @@ def _write_atomically(model: Any, output: Path) -> None:
         os.close(fd)
         try:
             onnx.save(model, tmp)
+            # mkstemp makes the file 0600; the model gets the mode any new file of the user's gets (umask)
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)
             os.replace(tmp, output)
         finally:
             if os.path.exists(tmp):

@@ -147,9 +147,11 @@ class OpConfig:
     def _shapes_text(self) -> str:
         p = self.params
         if self.op_type in CONV_FAMILY:
+            dilation = p.get("window_dilation_strides") or []
             text = (f"{self.op_type} in {_dims(p['input_shape'])} w {_dims(p['filter_shape'])} "
                     f"out {_dims(p['output_shape'])} s{_dims(p['window_movement_strides'])} "
-                    f"p{_dims(p['padding_below_diff'])}")
+                    f"p{_dims(p['padding_below_diff'])}"
+                    + (f" d{_dims(dilation)}" if any(d != 1 for d in dilation) else ""))  # dilated convs apart
             return text + (f" g{self.groups}" if self.groups != 1 else "")
         if self.op_type == "Dot":
             return (f"Dot {_dims(p['arg0_shape'])} x {_dims(p['arg1_shape'])}"
