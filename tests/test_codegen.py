@@ -93,6 +93,44 @@ def test_a_dot_of_a_rank_3_activation_is_one_gemm_its_kernel_checked_against_num
     np.testing.assert_allclose(reference(config, [a.reshape(16, 64), b]), want, rtol=1e-12)
 
 
+ONE_D = [  # a temporal conv net's ops: NNFusion looks them up with their 1-D shapes
+    "cudnn_convolution_op_{t}|i+1_32_64|w+64_32_3|o+1_64_64|ws+1|wd+2|p+2|fuse+relu",
+    "cudnn_convolution_op_{t}|i+1_16_33|w+32_16_5|o+1_32_16|ws+2|wd+1|p+1",
+    "cudnn_maxpool_op_{t}|i+1_64_64|o+1_64_32|win+3|ws+2|pb+1|pa+0",
+    "cudnn_avgpool_op_{t}|i+1_64_64|o+1_64_31|win+3|ws+2|pb+0|pa+0",
+]
+
+
+@pytest.mark.parametrize("dtype, math", [("float", ""), ("float", "tf32"), ("half", "")])
+def test_one_d_convolutions_and_pools_generate_as_height_one_2d_ops(dtype: str, math: str):
+    """The kernels are 2-D ones of height 1 (the same elements in the same order); the rows keep the 1-D shapes, and
+    the reference takes the 1-D arrays the GPU verification gives it."""
+    from dataclasses import replace
+
+    from core.codegen.reference import inputs_for, reference
+
+    for i, line in enumerate(ONE_D):
+        config = replace(parse_line(line.format(t=dtype), f"tcn.txt:{i + 1}"), math=math if "conv" in line else "")
+        result = generate(config, "sm_90")
+        assert result.item is not None, (line, result.stage, result.error)
+        assert result.max_rel_error is not None, line
+        assert result.item["parameters"] == config.params  # 1-D, as looked up
+    conv = parse_line(ONE_D[1].format(t="float"), "conv1d")
+    x, w = inputs_for(conv, [(1, 16, 33), (32, 16, 5)])
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1)))
+    want = np.stack([sum(xp[0, :, 2 * t + j] @ w[:, :, j].T.astype(np.float64) for j in range(5)) for t in range(16)],
+                    axis=-1)[None]
+    np.testing.assert_allclose(reference(conv, [x, w]).reshape(1, 32, 16), want, rtol=1e-12)
+
+
+def test_a_3d_convolution_or_pool_is_refused_by_name():
+    for line in ("cudnn_convolution_op_half|i+1_4_8_8_8|w+8_4_3_3_3|o+1_8_6_6_6|ws+1_1_1|wd+1_1_1|p+0_0_0",
+                 "cudnn_maxpool_op_float|i+1_4_8_8_8|o+1_4_4_4_4|win+2_2_2|ws+2_2_2|pb+0_0_0|pa+0_0_0"):
+        result = generate(parse_line(line, "vol.txt:1"), "sm_90")
+        assert result.item is None and result.stage == "define", line
+        assert "1-D and 2-D" in result.error and "3-D" in result.error and "vol.txt" not in result.error, result.error
+
+
 def test_grouped_convolution_is_refused_with_what_nnfusion_really_does():
     config = parse_line("cudnn_convolution_op_float|i+1_32_8_8|w+32_1_3_3|o+1_32_8_8|ws+1_1|wd+1_1|p+1_1|g+32", "dw")
     result = generate(config, "sm_90")

@@ -66,6 +66,10 @@ MUST_RUN_FROM_DB = {
                      "Dot1,128,3072;3072,768;1,128,768floatfloatfloat"),
     "lstm": ("Dot1,256;256,1024;1,1024floatfloatfloat",),
     "alexnet": ("Dot1,9216;4096,9216;1,4096floatfloatfloat",),
+    # 1-D convs and pools are looked up 1-D; the global pool as the importer reshapes it, N,C,L,1 (op/pool.hpp)
+    "tcn": ("Convolution1,32,256;64,32,1;1,64,256floatfloatfloatStrides{1}Strides{1}CoordinateDiff{0}",
+            "MaxPool1,64,256;1,64,128floatfloatShape{2}Strides{2}Shape{0}Shape{0}",
+            "AvgPool1,64,128,1;1,64,1,1floatfloatShape{128, 1}Strides{1, 1}Shape{0, 0}Shape{0, 0}"),
 }
 # ... where NNFusion's ONNX Runtime pre-pass rewrote the model (the compiler's python3 has onnxruntime): BERT's
 # MatMul+Add are 2-D Gemms then.

@@ -242,7 +242,36 @@ def inception() -> ModelProto:
     return g.model(y, "inception")
 
 
+def _conv1d(g: GraphBuilder, x: str, cin: int, cout: int, k: int, dilation: int, name: str) -> str:
+    """torch's Conv1d as exported: kernel_shape, strides, dilations and pads all written out, a bias."""
+    w = g.weight(f"{name}_w", [cout, cin, k], fan_in=cin * k)
+    pad = dilation * (k - 1) // 2
+    return g.node("Conv", [x, w, g.weight(f"{name}_b", [cout])], name, kernel_shape=[k], strides=[1],
+                  dilations=[dilation], pads=[pad, pad])
+
+
+def tcn(features: int = 32, channels: int = 64, steps: int = 256, levels: int = 3, classes: int = 10) -> ModelProto:
+    """A temporal convolutional network (Bai et al., 2018; weight norm folded, non-causal padding) on [1, features,
+    steps]: per level two dilated 3-tap Conv1d with Relu (dilation 1, 2, 4..) and a residual (a 1x1 Conv1d where the
+    width changes); then a 2-step MaxPool1d, the global average over time and a linear classifier. Its 1-D ops are
+    looked up 1-D, all but the global pool, which the importer pools as N,C,L,1."""
+    g = GraphBuilder({"x": [1, features, steps]})
+    y, width = "x", features
+    for level in range(levels):
+        d, name = 2 ** level, f"l{level}"
+        h = g.node("Relu", [_conv1d(g, y, width, channels, 3, d, f"{name}_conv1")], f"{name}_relu1")
+        h = g.node("Relu", [_conv1d(g, h, channels, channels, 3, d, f"{name}_conv2")], f"{name}_relu2")
+        skip = y if width == channels else _conv1d(g, y, width, channels, 1, 1, f"{name}_down")
+        y, width = g.node("Relu", [g.node("Add", [h, skip], f"{name}_add")], f"{name}_out"), channels
+    y = g.node("MaxPool", [y], "pool", kernel_shape=[2], strides=[2])
+    y = g.node("Flatten", [g.node("GlobalAveragePool", [y], "gap")], "flatten", axis=1)
+    y = g.node("Gemm", [y, g.weight("fc_w", [classes, channels], fan_in=channels), g.weight("fc_b", [classes])], "fc",
+               transB=1)
+    return g.model(y, "tcn")
+
+
 ZOO: dict[str, Callable[[], ModelProto]] = {
     "resnet50": resnet50, "mobilenet_v2": mobilenet_v2, "alexnet": alexnet, "bert_encoder": bert_encoder,
     "lstm": lstm, "resnext_blocks": resnext_blocks, "nasnet_cell": nasnet_cell, "inception": inception,
+    "tcn": tcn,
 }

@@ -158,8 +158,8 @@ def generate(config: OpConfig, arch: str, *, scheduled: Any = None, check: bool 
         result.math = math_note(config)
         result.notes.append(result.math)
         result.item = item  # only a kernel whose math checked out (or was not asked to be checked)
-    except InputError as exc:
-        result.error, result.stage = str(exc), stage
+    except InputError as exc:  # (its place, when it is the op config's own, is said with the failure already)
+        result.error, result.stage = exc.reason if exc.where == config.source else str(exc), stage
         result.script = _script(current)
     except ToolError:
         raise

@@ -10,7 +10,7 @@ import numpy as np
 
 from core.errors import InputError
 from core.kernels.ops import CONV_FAMILY, POOLS
-from core.opconfigs.opconfig import OpConfig
+from core.opconfigs.opconfig import OpConfig, planar
 
 TOLERANCE = 1e-4  # the fp32 floor of tolerance(): relative error (max |a-b| / max |b|) allowed against fp64 numpy
 MAX_CHECK_ELEMENTS = 1 << 26  # skip configs whose tensors would take GBs on the CPU
@@ -147,6 +147,7 @@ _INPUT_RANGES = {
 
 
 def reference(config: OpConfig, arrays: list[np.ndarray]) -> np.ndarray:
+    config = planar(config)  # a 1-D convolution or pool as the 2-D one of height 1: the same elements
     p, op = config.params, config.op_type
     xs = [a.astype(np.float64) for a in arrays]
     if op in CONV_FAMILY:
@@ -166,7 +167,8 @@ def reference(config: OpConfig, arrays: list[np.ndarray]) -> np.ndarray:
         b = xs[1]
         return ((a.T if ta else a) @ (b.T if p.get("transpose_B") else b)).reshape(p["out_shape"])
     if op in POOLS:
-        return _pool(xs[0], op, p["window_shape"], p["window_stride"], p["padding_below"], p["padding_above"])
+        return _pool(xs[0].reshape(p["input_shape"]), op, p["window_shape"], p["window_stride"], p["padding_below"],
+                     p["padding_above"])
     fn = _ELEMENTWISE.get(op)
     if fn is None:
         raise InputError(f"no numpy reference for {op}")

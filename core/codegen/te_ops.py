@@ -14,7 +14,7 @@ from typing import Any
 
 from core.errors import InputError
 from core.kernels.ops import CONV_FAMILY, ELEMENTWISE_NO_ROW, POOLS
-from core.opconfigs.opconfig import OpConfig
+from core.opconfigs.opconfig import OpConfig, planar
 
 # Bumped when an op's definition changes its TVM workload: a tuning work dir holds one workload's trials, so
 # the new definition tunes in a dir of its own instead of resuming trials of the old one (core/tuning/job.py).
@@ -31,7 +31,11 @@ def define(config: OpConfig) -> tuple[list[Any], Any]:
     """(inputs, output) tensors for the op; output named output0. InputError if TVM cannot express it."""
     from tvm import te, topi
 
+    config = planar(config)  # a 1-D convolution or pool is the 2-D one of height 1
     p, op = config.params, config.op_type
+    if op in (*CONV_FAMILY, *POOLS) and len(p["input_shape"]) != 4:
+        raise InputError(f"kdb generates 1-D and 2-D {op} kernels; this one is {len(p['input_shape']) - 2}-D "
+                         f"(input {p['input_shape']})", where=config.source)
     dtype = tvm_dtype(config)
     want = list(_out_shape(config))
     if op in CONV_FAMILY:

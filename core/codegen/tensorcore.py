@@ -23,7 +23,7 @@ from typing import Any
 
 from core.codegen.mma import FILL, K_STEP, TILE, WARP, ldmatrix_name, mma_name, operand_layout, tile_fragment
 from core.kernels.ops import CONV_FAMILY
-from core.opconfigs.opconfig import OpConfig
+from core.opconfigs.opconfig import OpConfig, planar
 
 MIN_SIDE = 16  # an M or N below one fragment tile leaves most of each mma idle: the CUDA cores take such an op
 MAX_WARP_TILES = 4  # 16x16 accumulator tiles a warp holds along M (and along N): 8 fp32 registers each
@@ -87,6 +87,8 @@ def refusal(config: OpConfig) -> str:
         return f"{config.op_type} is no matrix product"
     if config.groups != 1:
         return "a grouped convolution"
+    if config.op_type in CONV_FAMILY and len(planar(config).params["input_shape"]) != 4:
+        return "a 3-D convolution"  # (te_ops.define says kdb generates none)
     g = gemm_of(config)
     if g.m < MIN_SIDE or g.n < MIN_SIDE:
         side, size = ("M", g.m) if g.m < MIN_SIDE else ("N", g.n)
@@ -102,6 +104,7 @@ def element_type(config: OpConfig) -> str:
 
 
 def gemm_of(config: OpConfig) -> Gemm:
+    config = planar(config)
     p = config.params
     if config.op_type == "Dot":
         m, k, n = config.matrix_dims()
@@ -117,6 +120,7 @@ def define(config: OpConfig) -> tuple[list[Any], Any]:
     pixels] for a convolution: the same bytes as NCHW)."""
     from tvm import te, tirx
 
+    config = planar(config)
     g = gemm_of(config)
     f16, f32 = element_type(config), "float32"  # (f16: the operands' type, half or fp32 for TF32)
     kk = te.reduce_axis((0, g.kp), name="k")
@@ -189,7 +193,7 @@ def define(config: OpConfig) -> tuple[list[Any], Any]:
 
 def plain_patches(config: OpConfig) -> bool:
     """A convolution whose patches are the input's own rows: 1x1, stride 1, no padding."""
-    p = config.params
+    p = planar(config).params
     return (config.op_type in CONV_FAMILY and list(p["filter_shape"][2:]) == [1, 1]
             and list(p["window_movement_strides"]) == [1, 1] and list(p["padding_below_diff"]) == [0, 0]
             and list(p.get("padding_above_diff", [0, 0])) == [0, 0])

@@ -100,6 +100,10 @@ def _conv(node: Any, attrs: dict[str, Any], shapes: Shapes) -> str:
         return f"Conv with auto_pad {auto_pad}: the importer aborts ('auto_pad not supported'); write the pads out"
     groups = int(attrs.get("group", 1))
     data, filters = (shapes.get(t) for t in node.input[:2]) if len(node.input) > 1 else (None, None)
+    if "kernel_shape" not in attrs and filters and len(filters) != 4:
+        # conv.cpp: a missing kernel_shape is the filter's last two axes, and strides, dilations and pads follow it
+        return (f"{len(filters) - 2}-D Conv without kernel_shape: the importer takes the filter's last two axes as "
+                "a 2-D kernel and aborts; write kernel_shape out")
     if groups == 1 or not data or not filters or len(data) < 2:
         return ""
     padding_ok = depthwise_padding_ok(list(attrs.get("pads", [])), list(attrs.get("dilations", [])), filters[2:])

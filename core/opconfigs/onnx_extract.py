@@ -649,6 +649,9 @@ class _Extractor:
         spatial = len(xs) - 2
         if spatial < 1:
             raise _NotMapped(f"input {xs} has no spatial axes")
+        if spatial == 1:
+            # NNFusion's importer reshapes a 3-D input of a global pool to N,C,L,1 and pools that (pool.hpp).
+            xs, ys, spatial = [*xs, 1], [*ys, 1], 2
         params = {"input_shape": xs, "output_shape": ys, "window_shape": xs[2:], "window_stride": [1] * spatial,
                   "padding_below": [0] * spatial, "padding_above": [0] * spatial}
         op_type = "AvgPool" if node.op_type == "GlobalAveragePool" else "MaxPool"

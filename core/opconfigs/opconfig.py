@@ -350,6 +350,29 @@ def with_math(config: OpConfig, math: str) -> OpConfig:
     return config
 
 
+# A 1-D op's parameters lifted to 2-D: what a height-1 axis adds to each (shapes get it before their last axis).
+_PLANAR_SHAPES = ("input_shape", "filter_shape", "output_shape")
+_PLANAR_ONE = ("window_movement_strides", "window_dilation_strides", "window_shape", "window_stride")
+_PLANAR_ZERO = ("padding_below_diff", "padding_above_diff", "padding_below", "padding_above")
+
+
+def planar(config: OpConfig) -> OpConfig:
+    """A 1-D convolution or pool (N,C,L tensors) as the 2-D one of height 1 that computes it, element for element
+    in the same order, so one 2-D definition generates both (the row keeps the 1-D config's identifier, which is
+    what NNFusion looks up). Any other config is returned as it is."""
+    p = config.params
+    if config.op_type not in (*CONV_FAMILY, *POOLS) or len(p["input_shape"]) != 3:
+        return config
+    lifted = dict(p)
+    for key in _PLANAR_SHAPES:
+        if key in p:
+            lifted[key] = [*p[key][:-1], 1, p[key][-1]]
+    for key, fill in [*((k, 1) for k in _PLANAR_ONE), *((k, 0) for k in _PLANAR_ZERO)]:
+        if key in p:
+            lifted[key] = [fill, *p[key]]
+    return replace(config, params=lifted)
+
+
 @dataclass
 class OpConfigFile:
     configs: list[OpConfig]
