@@ -144,6 +144,8 @@ def test_the_network_compiles_with_the_kernels_kdb_made(tmp_path: Path, name: st
     promised, used = set(report["promised"]), set(report["usage"]["db_rows_used"])
     assert promised, "every network here has ops the DB serves"
     assert used == promised, f"used but not promised {sorted(used - promised)}; promised, not used {sorted(promised - used)}"
+    pieces = [node for group in report["usage"]["blockfusion_groups"] for node in group]  # each named by its tensor
+    assert len(pieces) == len(set(pieces)) and not [n for n in pieces if "sharing" in n], pieces
     summary = json.loads(kdb(tmp_path, "coverage", "model.onnx", "--db", DB, "--json").stdout)["summary"]
     nodes = report["usage"]["nodes_run_by"]["DB kernel"]  # the compiled code's nodes that run a DB row
     assert summary["ops"]["in DB"] == nodes, f"coverage: {summary['ops']}; the compiled code: {nodes} nodes on DB rows"

@@ -52,6 +52,7 @@ class Function:
     launch_bounds: int | None = None  # a kernel's __launch_bounds__(N): ptxas keeps its registers to fit N threads
     comment: NodeComment | None = None  # the node comment above its definition
     launch: tuple[Dims, Dims] | None = None  # a block function's own (gridDim, blockDim)
+    params: tuple[str, ...] = ()  # its parameters' names, in order
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,9 @@ class Step:
     # each block-function call, in block order: one per fused node (nodes of one kernel share its block function,
     # named after the first of them: an LSTM's Dots of one shape call one function many times)
     calls: tuple[str, ...] = ()
+    # the node each call runs, by the tensor it writes (kernel_entry's argument for its output parameter); '' where
+    # the code does not say
+    call_nodes: tuple[str, ...] = ()
 
 
 @dataclass
@@ -111,16 +115,59 @@ def parse_generated(source: str) -> Generated:
             continue  # a declaration
         kind = "global" if qualifier == "__global__" else "device" if qualifier else "host"
         functions.setdefault(name, Function(name, kind, body, int(bounds) if bounds else None,
-                                            _comment_before(source, match.start()), _own_launch(body)))
+                                            _comment_before(source, match.start()), _own_launch(body),
+                                            _param_names(source, match.end())))
     for match in _HOST_DEFINITION.finditer(source):
         body = _body_after(source, match.end())
         if body is not None:
-            functions.setdefault(match.group(1), Function(match.group(1), "host", body))
+            functions.setdefault(match.group(1), Function(match.group(1), "host", body,
+                                                          params=_param_names(source, match.end())))
     entry = functions.get("kernel_entry")
     steps = [_step(m.group(1), m.group(2), functions) for m in _STEP.finditer(entry.body)] if entry else []
     generated = Generated(functions, steps)
     generated.normalized = {n: squash(f.body) for n, f in functions.items() if f.kind != "host" or n != "kernel_entry"}
     return generated
+
+
+def _param_names(source: str, start: int) -> tuple[str, ...]:
+    """The names in the parameter list opening just before `start` (`float* __restrict__ input0` gives input0)."""
+    end = source.find(")", start)
+    return tuple(m.group(1) for m in (re.search(r"(\w+)\s*$", p) for p in source[start:end].split(",")) if m)
+
+
+def _top_level_args(call: str) -> list[str]:
+    """The arguments of the first call in `call`, split at its own commas (not those inside a dim3(...))."""
+    open_at = call.find("(")
+    args, depth, current = [], 0, []
+    for ch in call[open_at + 1:]:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            if depth == 0:
+                break
+            depth -= 1
+        elif ch == "," and depth == 0:
+            args.append("".join(current).strip())
+            current = []
+            continue
+        current.append(ch)
+    return [*args, "".join(current).strip()] if open_at >= 0 else []
+
+
+def _call_nodes(kernel: Function, caller: Function | None, statement: str) -> tuple[str, ...]:
+    """For each block-function call of a BlockFusion kernel, the node it runs: the tensor its first output parameter
+    is bound to in kernel_entry's call of `caller` (a tensor is named <node>_<output index>); () where the call's
+    arguments are not the caller's parameters, '' for a call whose output cannot be read."""
+    entry_args = _top_level_args(statement)
+    if caller is None or len(caller.params) != len(entry_args) or caller.params[-len(kernel.params):] != kernel.params:
+        return ()
+    offset = len(entry_args) - len(kernel.params)  # the _Call's launch parameters come first, then the kernel's
+    nodes = []
+    for call in re.finditer(r"\b\w+_block_kernel\s*\([^;]*\);", kernel.body):
+        output = next((a for a in _top_level_args(call.group(0)) if re.fullmatch(r"output\d+", a)), None)
+        at = kernel.params.index(output) + offset if output in kernel.params else -1
+        nodes.append(re.sub(r"_\d+$", "", entry_args[at]) if 0 <= at < len(entry_args) else "")
+    return tuple(nodes)
 
 
 def _body_after(source: str, start: int) -> str | None:
@@ -201,8 +248,9 @@ def _step(node: str, statement: str, functions: dict[str, Function]) -> Step:
         return Step(node, name, HOST)
     calls = tuple(m for m in re.findall(r"\b(\w+_block_kernel)\s*\(", function.body) if m in functions)
     if name.startswith("BlockFusionKernel") or calls:
+        call_nodes = _call_nodes(function, functions.get(callee), statement)
         return Step(node, name, BLOCKFUSION, members=tuple(dict.fromkeys(calls)), calls=calls,
-                    launch=_call_launch(statement))
+                    launch=_call_launch(statement), call_nodes=call_nodes if len(call_nodes) == len(calls) else ())
     return Step(node, name, KERNEL, launch=_call_launch(statement))
 
 

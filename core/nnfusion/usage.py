@@ -19,6 +19,7 @@ from core.nnfusion.generated import (
     Generated,
     RowFacts,
     RowUse,
+    Step,
     member_node,
     parse_generated,
     rows_in_source,
@@ -116,12 +117,23 @@ def analyse(generated: Generated, rows: Iterable[KernelRow]) -> Usage:
         if step.kind == LIBRARY:
             parts: tuple[Part, ...] = (Part(step.node, step.function, step.library),)
         elif step.kind == BLOCKFUSION:
-            parts = tuple(_part(_call_node(m, step.calls[:k]), m, by_function) for k, m in enumerate(step.calls))
+            parts = _blockfusion_parts(step, by_function)
         else:
             assert step.kind == KERNEL
             parts = (_part(step.node, step.function, by_function),)
         steps.append(StepUse(step.node, step.kind, parts, step.function))
     return Usage(steps, uses, generated.library_calls())
+
+
+def _blockfusion_parts(step: Step, by_function: dict[str, list[str]]) -> tuple[Part, ...]:
+    """One part per node a BlockFusion kernel runs, in block order: a node whose blocks are split over several calls
+    is one part."""
+    if not step.call_nodes:  # the code does not say which tensors the calls write
+        return tuple(_part(_call_node(m, step.calls[:k]), m, by_function) for k, m in enumerate(step.calls))
+    parts: dict[str, Part] = {}
+    for k, (node, function) in enumerate(zip(step.call_nodes, step.calls, strict=True)):
+        parts.setdefault(node or f"#{k}", _part(node or _call_node(function, step.calls[:k]), function, by_function))
+    return tuple(parts.values())
 
 
 def _call_node(block_function: str, earlier: tuple[str, ...]) -> str:
