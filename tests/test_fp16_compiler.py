@@ -142,3 +142,27 @@ def test_the_fp16_network_compiles_with_the_half_kernels_kdb_made(tmp_path: Path
     source = (Path(report["compile"]["project"]) / "nnfusion_rt.cu").read_text()
     assert "half* __restrict__ input0" in source
     nvcc_compiles_with_libraries(Path(report["compile"]["project"]), tmp_path, report["usage"]["library_calls"])
+
+
+def test_a_half_depthwise_conv_is_said_not_to_build_and_kdb_model_fp16_keeps_it_float(tmp_path: Path):
+    """Issue 39 #5: NNFusion's own half DepthwiseConv2dNative kernel is no valid CUDA (`float *input = input0;`).
+    Coverage exited 0 and `kdb nnfusion` said ok (its launch check compiled no bounded kernel), and the build failed
+    later without naming NNFusion's kernel. Now coverage and the launch check name it, and `kdb model fp16` keeps
+    depthwise convolutions in float, between Casts, which builds."""
+    from conftest import run_kdb
+    from onnx_models import depthwise_block
+
+    plain = write(depthwise_block(), tmp_path / "dw.onnx")
+    half = write(float16.convert_float_to_float16(depthwise_block()), tmp_path / "dw16.onnx")
+    db, compiler = str(tmp_path / "k.db"), ("--nnfusion", str(COMPILER))
+    coverage = run_kdb("coverage", str(half), "--db", db)
+    assert coverage.returncode == 1 and "does not build" in coverage.stdout, coverage.stdout
+    assert "depthwise_conv2d.cpp" in " ".join(coverage.stdout.split())
+    compiled = run_kdb("nnfusion", str(half), "--db", db, *compiler, "--out", str(tmp_path / "a"))
+    said = " ".join(compiled.stdout.split())
+    assert compiled.returncode == 1 and "NNFusion's own kernel DepthwiseConv2dNative" in said, said[-2000:]
+    converted = run_kdb("model", "fp16", str(plain), str(tmp_path / "kept.onnx"), "--json")
+    assert json.loads(converted.stdout)["kept_float"] == ["dw"], converted.stdout
+    kept = run_kdb("nnfusion", str(tmp_path / "kept.onnx"), "--db", db, *compiler, "--out", str(tmp_path / "b"))
+    said = " ".join(kept.stdout.split())
+    assert kept.returncode == 0 and re.search(r"NNFusion's own \d+ compiled: they build", said), said[-2000:]

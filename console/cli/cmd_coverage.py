@@ -10,12 +10,22 @@ from rich.markup import escape
 from console.cli.output import err, out, print_json, shorten
 from core.db.kernel_db import KernelDB, kernel_db_path
 from core.nnfusion.compiler import CompilerFlags, extract_for_compiler
-from core.nnfusion.coverage import ABORTS, FALLS_BACK, FUSED_AWAY, IN_DB, MISSING, NOT_USED, coverage, summarize
+from core.nnfusion.coverage import (
+    ABORTS,
+    DOES_NOT_BUILD,
+    FALLS_BACK,
+    FUSED_AWAY,
+    IN_DB,
+    MISSING,
+    NOT_USED,
+    coverage,
+    summarize,
+)
 from core.opconfigs.nnfusion_import import Blocker
 from core.settings import load_settings
 
 STYLE = {IN_DB: "green", MISSING: "yellow", NOT_USED: "red", FUSED_AWAY: "dim", FALLS_BACK: "magenta",
-         ABORTS: "bold red"}
+         ABORTS: "bold red", DOES_NOT_BUILD: "bold red"}
 
 
 def compiler_setup(args: argparse.Namespace) -> tuple[list[str], CompilerFlags, str]:
@@ -39,7 +49,9 @@ def main(args: argparse.Namespace) -> int:
     with KernelDB.open(db_path) as db:
         entries = coverage(extraction, db, flags, product)
     summary = summarize(entries)
-    findings = bool(extraction.blockers) or any(e.status in (MISSING, NOT_USED, ABORTS) for e in entries)
+    unbuildable = [u for u in extraction.unmapped if not u.builds]  # NNFusion's own kernel for it is no valid CUDA
+    findings = bool(extraction.blockers or unbuildable) or any(
+        e.status in (MISSING, NOT_USED, ABORTS, DOES_NOT_BUILD) for e in entries)
     if args.json:
         print_json({"model": extraction.model_name, "db": str(db.path), "db_created": created, "flags": flag_list,
                     "product_name": product, "prepass": extraction.prepass,
@@ -54,7 +66,8 @@ def main(args: argparse.Namespace) -> int:
         f"{extraction.model_name} with {db.path} (flags: {' '.join(flag_list) or 'defaults'}; product "
         f"{product or 'not set'}): {ops[IN_DB]} ops run DB kernels, {ops[MISSING]} missing, {ops[NOT_USED]} with "
         f"rows the compiler will not use, {ops[FUSED_AWAY]} fused away, {ops[FALLS_BACK]} fall back, "
-        f"{ops[ABORTS]} abort; DB kernels run {summary['db_flops_share']:.0%} of the FLOPs"), caption_justify="left")
+        f"{ops[ABORTS]} abort, {ops[DOES_NOT_BUILD]} do not build; DB kernels run {summary['db_flops_share']:.0%} of "
+        "the FLOPs"), caption_justify="left")
     for col in ("status", "op type", "description", "count", "runs", "row"):
         table.add_column(col, overflow="fold", justify="right" if col == "count" else "left")
     for e in entries:
@@ -74,6 +87,8 @@ def main(args: argparse.Namespace) -> int:
     if extraction.unmapped:
         out.print(f"{len(extraction.unmapped)} nodes map to no kernel-DB op (`kdb opconfig extract` lists them)",
                   highlight=False)
+    for u in unbuildable:
+        out.print(f"[bold red]does not build[/]: node {u.node} ({u.op_type}): {u.reason}", highlight=False)
     print_blockers(extraction.model_name, extraction.blockers)  # last: what must change before anything else
     return 1 if findings else 0
 

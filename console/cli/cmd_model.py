@@ -20,6 +20,11 @@ def main(args: argparse.Namespace) -> int:
     out.print(f"written: {done.output} (fp16: {done.half_initializers} initializers in half{kept}; {done.nodes} "
               f"nodes, {done.casts_added} Casts added; inputs and outputs {done.io_types})",
               markup=False, highlight=False, soft_wrap=True)
+    if done.kept_float:
+        out.print(f"kept in float: {len(done.kept_float)} depthwise convolution(s) ({', '.join(done.kept_float[:5])}"
+                  f"{', ...' if len(done.kept_float) > 5 else ''}), with Casts around them: NNFusion's own half "
+                  "depthwise kernel does not compile (core/kernels/cuda_gpu/kernels/depthwise_conv2d.cpp writes "
+                  "`float *input = input0;`)", markup=False, highlight=False, soft_wrap=True)
     out.print(f"next: kdb opconfig extract {done.output} -o ops.txt   (half op configs: cublas_dot_op_half|...)",
               markup=False, highlight=False, soft_wrap=True)
     return 0

@@ -23,9 +23,9 @@ from core.db.state import Failure, StateDB, state_dir
 from core.errors import KdbError, ToolError
 from core.nnfusion.compiler import CompileResult, CompilerFlags, compile_model, extract_for_compiler, find_compiler
 from core.nnfusion.coverage import CoverageEntry, coverage
-from core.nnfusion.generated import Generated, parse_generated
+from core.nnfusion.generated import KERNEL, Generated, parse_generated
 from core.nnfusion.launch_check import LaunchedKernel, LaunchReport, check_launches
-from core.nnfusion.usage import DB_KERNEL, Usage, analyse, rows_looked_up
+from core.nnfusion.usage import DB_KERNEL, NNFUSION_KERNEL, Usage, analyse, rows_looked_up
 from core.opconfigs.nnfusion_import import Blocker
 from core.opconfigs.onnx_extract import Extraction
 from core.settings import Settings
@@ -193,7 +193,7 @@ def compile_and_read(job: CompileJob, *, state: StateDB | None = None,
         report.usage = analyse(generated, rows_looked_up(db, [lookup.identifier for lookup in result.lookups]))
     report.read_seconds = read + time.monotonic() - started
     if job.launch_check and not (should_cancel and should_cancel()):
-        report.launches = _launch_check(job, source, generated)
+        report.launches = _launch_check(job, source, generated, report.usage)
     return report
 
 
@@ -280,13 +280,15 @@ def run_compile_job(job: CompileJob, *, fit_launches: bool, state: StateDB | Non
     return Compiled(compile_and_read(job, state=state, on_line=on_line, should_cancel=should_cancel))
 
 
-def _launch_check(job: CompileJob, source: str, generated: Generated) -> LaunchReport:
+def _launch_check(job: CompileJob, source: str, generated: Generated, usage: Usage) -> LaunchReport:
     try:
         nvcc, missing = find_nvcc(job.nvcc), ""
     except ToolError as exc:  # needed only when a kernel has no launch bounds: check_launches says when
         nvcc, missing = "", str(exc)
+    # NNFusion's own kernels are compiled too: kdb's rows compiled when injected, NNFusion's never did
+    own = frozenset(p.function for s in usage.steps if s.kind == KERNEL for p in s.parts if p.runs == NNFUSION_KERNEL)
     report = check_launches(source, generated, job.arch, nvcc=nvcc, workdir=job.workdir(),
-                            cache_dir=state_dir() / "launch-check")
+                            cache_dir=state_dir() / "launch-check", also_compile=own)
     if report.error and missing:
         report.error += f" ({missing})"
     return report

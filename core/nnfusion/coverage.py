@@ -42,6 +42,7 @@ from core.kernels.ops import (
 )
 from core.kernels.profile import parse_profile
 from core.nnfusion.compiler import CompilerFlags
+from core.opconfigs.nnfusion_import import HALF_DEPTHWISE
 from core.opconfigs.onnx_extract import Extraction, grouped_conv_reason
 from core.opconfigs.opconfig import OpConfig
 
@@ -52,7 +53,8 @@ NOT_USED = "row not used"  # rows are there, and the compiler will not use them 
 FUSED_AWAY = "fused away"  # NNFusion fuses the op into its own element-wise kernel; never looked up
 FALLS_BACK = "falls back"  # no kernel-DB op type at all
 ABORTS = "compiler aborts"  # the DB makes the compiler fail on this op
-STATUSES = (IN_DB, MISSING, NOT_USED, FUSED_AWAY, FALLS_BACK, ABORTS)
+DOES_NOT_BUILD = "does not build"  # NNFusion's own kernel for the op is no valid CUDA: the network cannot be built
+STATUSES = (IN_DB, MISSING, NOT_USED, FUSED_AWAY, FALLS_BACK, ABORTS, DOES_NOT_BUILD)
 
 # What runs.
 DB_KERNEL, NNFUSION_KERNEL = "DB kernel", "NNFusion's kernel"
@@ -171,6 +173,9 @@ class _Model:
         fallback = fallback_for(config)
         if config.groups != 1:
             status = FALLS_BACK if _depthwise(config) else ABORTS
+            if status == FALLS_BACK and config.dtype == "half":
+                return CoverageEntry(config, count, None, 0, DOES_NOT_BUILD, fallback, fallback,
+                                     reasons=(HALF_DEPTHWISE,))
             return CoverageEntry(config, count, None, 0, status, fallback, fallback, reasons=(_no_op_type(config),))
         try:
             identifier = config.signature().identifier

@@ -7,11 +7,12 @@ does not look at the error, and the network computes wrong numbers without a wor
 64-thread convolution at 150 registers fused with a 448-thread one (150 registers allow 384 threads).
 
 A kernel with `__launch_bounds__(N)` (every kdb row, and NNFusion's own kernels) launches with up to N threads:
-ptxas keeps its registers to fit them, so its launch is held against N and it is not compiled. The rest
-(BlockFusion kernels) are compiled with nvcc for the arch, device code only (the host code needs cuDNN's and
-cuBLAS's headers), and each launch's block is held against the registers ptxas gave the kernel. Compiling only
-those keeps the check's cost to the fused kernels: compiling every row of a tuned ResNet-18 took 14.6 s on the
-H200's host, ten times NNFusion's own compile. It needs no GPU.
+ptxas keeps its registers to fit them, so its launch is held against N. The rest (BlockFusion kernels) are compiled
+with nvcc for the arch, device code only (the host code needs cuDNN's and cuBLAS's headers), and each launch's block
+is held against the registers ptxas gave the kernel. NNFusion's own kernels are compiled with them (`also_compile`):
+kdb's rows compiled when they were injected, NNFusion's never did (its half depthwise kernel is no valid CUDA), and
+the build would fail on them later without naming them. Compiling every row too would cost the most: every row of a
+tuned ResNet-18 took 14.6 s on the H200's host, ten times NNFusion's own compile. It needs no GPU.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ class LaunchReport:
     error: str = ""  # why the check could not run ('' when it ran)
     seconds: float = 0.0
     cached: bool = False  # the registers came from an earlier compile of the same device code (no nvcc run)
+    own_compiled: int = 0  # NNFusion's own bounded kernels compiled with them: they build
 
     @property
     def launch_count(self) -> int:
@@ -103,13 +105,14 @@ class LaunchReport:
                 f"all {self.launch_count} kernel launch{'es' * (self.launch_count != 1)} "
                 f"({_kernels(len(self.kernels))}) fit")
         how = ("from the cache: this device code was compiled before" if self.cached
-               else f"nvcc {self.seconds:.1f} s" if self.compiled else "nothing compiled")
+               else f"nvcc {self.seconds:.1f} s" if self.compiled or self.own_compiled else "nothing compiled")
+        own = f"; NNFusion's own {self.own_compiled} compiled: they build" if self.own_compiled else ""
         return (f"{head}; {len(self.kernels) - self.compiled} kernels held to their launch bounds, {self.compiled} "
-                f"to the registers nvcc gave them ({how})")
+                f"to the registers nvcc gave them{own} ({how})")
 
     def as_dict(self) -> dict[str, object]:
         return {"arch": self.arch, "error": self.error, "seconds": self.seconds, "cached": self.cached,
-                "launches": self.launch_count, "distinct_kernels": len(self.kernels),
+                "launches": self.launch_count, "distinct_kernels": len(self.kernels), "own_compiled": self.own_compiled,
                 "kernels": [{"kernel": x.kernel, "launches": x.launches, "blocks": x.blocks, "threads": x.threads,
                              "registers": x.registers, "launch_bounds": x.bounds,
                              "max_threads": x.max_threads(self.arch), "fits": x.fits(self.arch),
@@ -258,23 +261,26 @@ def _top_level_items(source: str) -> list[tuple[str, str]]:
 
 def check_launches(source: str, generated: Generated, arch: str, *, nvcc: str, workdir: Path,
                    flags: tuple[str, ...] = (), timeout_s: float = 600.0,
-                   cache_dir: Path | None = None) -> LaunchReport:
+                   cache_dir: Path | None = None, also_compile: frozenset[str] = frozenset()) -> LaunchReport:
     """Check every launch's block: against its kernel's launch bounds, or, for a kernel without them, against the
     registers ptxas gives it (those kernels' device code compiled for `arch`). Never raises for code nvcc
     rejects: the report says why it could not check. With `cache_dir`, the registers of device code compiled
-    before (same code, arch, flags and nvcc) are read from there instead of compiling again."""
+    before (same code, arch, flags and nvcc) are read from there instead of compiling again. `also_compile`: kernels
+    compiled with those whatever their bounds (NNFusion's own: the check then says which one nvcc rejects)."""
     launches = kernel_launches(generated)
     kernels = {name: f for name in launches if (f := generated.functions.get(name)) is not None and f.kind == "global"}
     members = {step.function: step.members for step in generated.steps}  # a BlockFusion kernel's block functions
     report = LaunchReport(arch)
     unbounded = {name for name, f in kernels.items() if f.launch_bounds is None}
+    compiled = unbounded | (also_compile & kernels.keys())
     registers: dict[str, int | None] = {}
-    if unbounded and not nvcc:
+    if compiled and not nvcc:
         report.error = (f"no nvcc to compile the {len(unbounded)} kernel(s) without launch bounds, whose registers "
-                        "decide how many threads they can launch with")
+                        f"decide how many threads they can launch with, and NNFusion's own {len(compiled - unbounded)}")
         return report
-    if unbounded:
-        unit, all_flags = device_source(source, unbounded), ("--expt-relaxed-constexpr", *flags)
+    if compiled:
+        report.own_compiled = len(compiled - unbounded)
+        unit, all_flags = device_source(source, compiled), ("--expt-relaxed-constexpr", *flags)
         cached = _cache_path(cache_dir, unit, arch, all_flags, nvcc) if cache_dir is not None else None
         if cached is not None and (known := _read_cache(cached, unbounded)) is not None:
             registers, report.cached = known, True
@@ -282,7 +288,11 @@ def check_launches(source: str, generated: Generated, arch: str, *, nvcc: str, w
             result = compile_source(unit, arch, nvcc=nvcc, flags=all_flags, timeout_s=timeout_s, workdir=workdir)
             report.seconds = result.seconds
             if not result.ok:
-                report.error = f"the device code did not compile: {result.error}"
+                culprit = _function_at(unit, result.error_line) if result.error_line else ""
+                whose = (f"NNFusion's own kernel {culprit} does not compile (no DB row: NNFusion's kernel emitter "
+                         "wrote it)" if culprit in also_compile else f"the device code did not compile (in {culprit})"
+                         if culprit else "the device code did not compile")
+                report.error = f"{whose}: {result.error}"
                 return report
             registers = {name: r.registers if (r := result.kernels.get(name)) else None for name in unbounded}
             if cached is not None:
@@ -292,6 +302,16 @@ def check_launches(source: str, generated: Generated, arch: str, *, nvcc: str, w
         report.kernels.append(LaunchedKernel(name, widest.blocks, widest.threads, registers.get(name),
                                              members.get(name, ()), function.launch_bounds, widest.launches))
     return report
+
+
+_FUNCTION_HEAD = re.compile(r"(?:__global__|__device__)[^;{]*?\b(\w+)\s*\(")
+
+
+def _function_at(unit: str, line: int) -> str:
+    """The `__global__` or `__device__` function whose text holds 1-based `line` of the unit ('' when none does)."""
+    head = "\n".join(unit.splitlines()[:line])
+    found = list(_FUNCTION_HEAD.finditer(head))
+    return found[-1].group(1) if found else ""
 
 
 def _cache_path(cache_dir: Path, unit: str, arch: str, flags: tuple[str, ...], nvcc: str) -> Path | None:

@@ -29,7 +29,8 @@ from core.opconfigs.onnx_extract import Extraction, LookupFlags, Note, Unmapped,
 from core.opconfigs.opconfig import OpConfig
 from core.opconfigs.ort_prepass import PrePass, note_text, run_prepass
 
-FORMAT_VERSION = b"5"  # 3: the nodes NNFusion cannot compile; 4: the compiler-graph model and the flags; 5: pre-pass
+FORMAT_VERSION = b"6"  # 3: the nodes NNFusion cannot compile; 4: the compiler-graph model and the flags; 5: pre-pass;
+# 6: unmapped nodes whose NNFusion kernel does not build
 
 
 def extract_cached(path: Path, flags: LookupFlags | None = None, *, prepass: PrePass) -> Extraction:

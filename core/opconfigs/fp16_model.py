@@ -1,7 +1,9 @@
 """An fp32 ONNX model made fp16 for the user, by onnxconverter-common's float16 converter (not one of our own).
 
 The converter makes every float tensor half: initializers, inputs and outputs (unless asked to keep the graph's inputs
-and outputs float, with Casts at the edges), and puts Casts around the ops it keeps in float (its block list). NNFusion
+and outputs float, with Casts at the edges), and puts Casts around the ops it keeps in float (its block list). Depthwise
+convolutions go on that list: NNFusion's own half depthwise kernel is no valid CUDA (HALF_DEPTHWISE), so a network
+with one in half compiles and then never builds; in float, between Casts, it builds and runs. NNFusion
 then compiles the model in half and looks every op up with `half` identifiers (docs/NNFUSION-RULES.md, "Half rows").
 The file is written whole or not at all (a temporary name renamed), and never over the model it reads.
 """
@@ -33,11 +35,13 @@ class Fp16Conversion:
     float_initializers: int  # left float by the converter (weights of ops it keeps in float)
     io_types: str  # "half" or "float" (keep_io_types)
     clamped: int = 0  # weight values the converter clamped to half's range (MIN_POSITIVE, MAX_FINITE)
+    kept_float: tuple[str, ...] = ()  # nodes kept in float (depthwise convolutions: see the module's docstring)
 
     def as_dict(self) -> dict[str, object]:
         return {"source": str(self.source), "output": str(self.output), "nodes": self.nodes,
                 "casts_added": self.casts_added, "half_initializers": self.half_initializers,
-                "float_initializers": self.float_initializers, "io_types": self.io_types, "clamped": self.clamped}
+                "float_initializers": self.float_initializers, "io_types": self.io_types, "clamped": self.clamped,
+                "kept_float": list(self.kept_float)}
 
 
 def convert_to_fp16(source: Path, output: Path, *, keep_io_types: bool = False) -> Fp16Conversion:
@@ -58,7 +62,9 @@ def convert_to_fp16(source: Path, output: Path, *, keep_io_types: bool = False) 
     try:
         with warnings.catch_warnings(record=True) as said:  # one warning per clamped value: counted, not printed
             warnings.simplefilter("always")
-            converted = float16.convert_float_to_float16(model, keep_io_types=keep_io_types)
+            kept = _name_depthwise_convs(model)
+            converted = float16.convert_float_to_float16(model, keep_io_types=keep_io_types,
+                                                         node_block_list=list(kept) or None)
     except Exception as exc:  # the converter raises plain exceptions of its own for graphs it cannot handle
         raise InputError(f"onnxconverter-common could not convert it: {type(exc).__name__}: {exc}",
                          where=str(source)) from exc
@@ -66,7 +72,25 @@ def convert_to_fp16(source: Path, output: Path, *, keep_io_types: bool = False) 
     _write_atomically(converted, output)
     initializers = Counter(t.data_type for t in converted.graph.initializer)
     return Fp16Conversion(source, output, len(converted.graph.node), _casts(converted) - casts_before,
-                          initializers[FLOAT16], initializers[FLOAT], "float" if keep_io_types else "half", clamped)
+                          initializers[FLOAT16], initializers[FLOAT], "float" if keep_io_types else "half", clamped,
+                          kept)
+
+
+def _name_depthwise_convs(model: Any) -> tuple[str, ...]:
+    """The names of the model's depthwise convolutions (group > 1, one input channel a filter), naming any unnamed one
+    (the converter's block list goes by name)."""
+    filters = {t.name: list(t.dims) for t in model.graph.initializer}
+    names = {n.name for n in model.graph.node}
+    found = []
+    for i, node in enumerate(model.graph.node):
+        group = next((a.i for a in node.attribute if a.name == "group"), 1)
+        weight = filters.get(node.input[1]) if node.op_type == "Conv" and len(node.input) > 1 else None
+        if group > 1 and weight is not None and len(weight) > 1 and weight[1] == 1:
+            if not node.name:
+                node.name = next(n for k in range(i, i + len(names) + 1) if (n := f"depthwise_{k}") not in names)
+                names.add(node.name)
+            found.append(node.name)
+    return tuple(found)
 
 
 def _float_types(model: Any) -> set[int]:

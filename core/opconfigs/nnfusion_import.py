@@ -128,6 +128,13 @@ def grouped_conv_reason(groups: int, channels: int, filters: int, padding_ok: bo
             "own; the kernel DB of NNFusion's main branch has no op type for it, so no row can serve it", True)
 
 
+# core/kernels/cuda_gpu/kernels/depthwise_conv2d.cpp writes `float *input = input0;` whatever the element type
+HALF_DEPTHWISE = ("NNFusion's own DepthwiseConv2dNative kernel does not compile in half: its emitter "
+                  "(core/kernels/cuda_gpu/kernels/depthwise_conv2d.cpp) writes `float *input = input0;` of a half* "
+                  "input, so nvcc rejects nnfusion_rt.cu; no DB row can stand in (no op type). Keep it in float, "
+                  "between Casts (`kdb model fp16` does so for every depthwise convolution)")
+
+
 def depthwise_padding_ok(pads: list[int], dilations: list[int], kernel: list[int]) -> bool:
     """Whether NNFusion's importer takes a depthwise conv's padding: pads that differ before and after become a Pad
     node (the conv then pads nothing: VALID); even ones must be VALID (none) or SAME (2 x pad = dilation x (k - 1))."""

@@ -72,7 +72,13 @@ from core.opconfigs.fusion import (
     fused_nodes,
     substitute,
 )
-from core.opconfigs.nnfusion_import import Blocker, depthwise_padding_ok, grouped_conv_reason, import_faults
+from core.opconfigs.nnfusion_import import (
+    HALF_DEPTHWISE,
+    Blocker,
+    depthwise_padding_ok,
+    grouped_conv_reason,
+    import_faults,
+)
 from core.opconfigs.opconfig import OpConfig, dedupe, validate
 
 # ONNX op -> NNFusion's element-wise op (as its ONNX importer translates them).
@@ -106,6 +112,7 @@ class Unmapped(NamedTuple):
     node: str
     op_type: str
     reason: str
+    builds: bool = True  # False: NNFusion's own kernel for it is no valid CUDA, so the network cannot be built
 
 
 class Note(NamedTuple):
@@ -186,9 +193,9 @@ class Extraction:
 class _NotMapped(Exception):
     """This node maps to no op config; the reason says why."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, *, builds: bool = True) -> None:
         super().__init__(reason)
-        self.reason = reason
+        self.reason, self.builds = reason, builds
 
 
 class LookupFlags(Protocol):
@@ -375,7 +382,7 @@ class _Extractor:
             try:
                 self._map(i, node)
             except _NotMapped as exc:
-                self.unmapped.append(Unmapped(self.names[i], node.op_type, exc.reason))
+                self.unmapped.append(Unmapped(self.names[i], node.op_type, exc.reason, exc.builds))
 
     def _map(self, i: int, node: Any) -> None:
         op = node.op_type
@@ -484,6 +491,8 @@ class _Extractor:
             reason, compiles = self._grouped_conv(i, ws, groups, below, xs[1])
             if bias and compiles:
                 self._emit_elementwise("Add", [ys, ys], ys, dtype, f"{self.names[i]}/bias")
+            if compiles and dtype == "half":
+                raise _NotMapped(HALF_DEPTHWISE, builds=False)
             raise _NotMapped(reason)
         if above != below:
             # The importer pads the input with a Pad node and convolves without padding.
