@@ -1,6 +1,7 @@
 """Code generation time per kernel for the shared op configs (TVM 0.27, default schedule, no GPU).
 
     .venv/bin/python bench/bench_codegen.py            # prints a table and a ratio, writes bench/results/codegen.json
+    .venv/bin/python bench/bench_codegen.py --dtype half   # the same ops in fp16 (tensor cores), codegen-half.json
 
 Each op config of ../shared/nnfusion-artifact/op_configs (convolutions) is generated in each of its three
 kernel-DB forms (Convolution, Fused_Convolution_Relu, Fused_Convolution_Add_Relu), with and without the CPU
@@ -48,8 +49,10 @@ def configs_to_time() -> tuple[str, list[tuple[str, OpConfig]]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--json", type=Path, default=RESULTS / "codegen.json", help="results file")
-    out = ap.parse_args().json
+    ap.add_argument("--json", type=Path, default=None, help="results file (default: codegen[-half].json)")
+    ap.add_argument("--dtype", choices=("float", "half"), default="float", help="the op configs' element type")
+    args = ap.parse_args()
+    out = args.json or RESULTS / ("codegen.json" if args.dtype == "float" else "codegen-half.json")
     start = time.perf_counter()
     import tvm  # noqa: F401
 
@@ -57,7 +60,8 @@ def main() -> None:
     from core.codegen.generate import generate
 
     source, configs = configs_to_time()
-    print(f"op configs: {len(configs)} of {source}")
+    configs = [(model, replace(c, dtype=args.dtype, line_format=None)) for model, c in configs]
+    print(f"op configs: {len(configs)} of {source}, in {args.dtype}")
     rows = []
     for model, c in configs:
         gen = generate(c, "sm_90", check=False)
@@ -73,7 +77,8 @@ def main() -> None:
     for r in rows:
         err = "-" if r["max_rel_error"] is None else f"{r['max_rel_error']:.1e}"
         print(f"{r['model']:10} {r['op']:28} {r['codegen_s'] * 1000:10.1f} {r['with_check_s'] * 1000:10.1f} {err:>12}")
-    summary = {"source": source, "kernels": len(rows), "all_ok": all(r["ok"] for r in rows), "tvm_import_s": import_s,
+    summary = {"source": source, "dtype": args.dtype, "kernels": len(rows), "all_ok": all(r["ok"] for r in rows),
+               "tvm_import_s": import_s,
                "codegen_ms_median": statistics.median(gen_ms), "codegen_ms_max": max(gen_ms),
                "with_check_ms_median": statistics.median(chk_ms), "with_check_ms_max": max(chk_ms)}
     print(f"\n{len(rows)} kernels, all ok: {summary['all_ok']}; TVM import {import_s:.2f} s (once per process)")

@@ -64,6 +64,22 @@ def test_fp16_dots_and_convolutions_generate_tensor_core_kernels_by_default(line
     assert generated.item["dtype"] == "half" and generated.item["blockDim"][0] == 32
 
 
+def test_a_half_tensor_core_op_is_checked_on_the_cpu_as_its_fp32_definition_and_a_wrong_one_is_caught(
+        monkeypatch: pytest.MonkeyPatch):
+    """Issue 39 #9: LLVM emulates half on the CPU, so the check of a half GEMM made an fp16 VGG's codegen 12x slower
+    than fp32's. The check runs the same padded GEMM in fp32 (its index math is what can be wrong); a definition
+    that reads the wrong patch is still caught."""
+    from dataclasses import replace
+
+    config = parse_line(ODD[3])  # dilated, strided, batch 2: every index of the patches matters
+    generated = generate(config, "sm_90")
+    assert generated.cpu_check == "fp32 definition" and generated.max_rel_error < 1e-5, generated.error
+    undilated = {**config.params, "window_dilation_strides": [1, 1]}  # the definition reads undilated patches
+    monkeypatch.setattr(tensorcore, "planar", lambda c: replace(c, params=undilated))
+    wrong = generate(config, "sm_90")
+    assert wrong.item is None and wrong.stage == "check" and "differs from numpy" in wrong.error
+
+
 def test_every_tensor_core_row_lints_clean_and_nvcc_builds_it(tmp_path: Path):
     items = [generate(parse_line(line), "sm_90", check=False).item for line in BERT + RESNET50 + ODD]
     nvcc = bool(find_nvcc(""))
@@ -344,7 +360,9 @@ def test_kdb_codegen_says_which_ops_run_on_the_tensor_cores_and_why_the_others_d
     assert proc.returncode == 0, proc.stderr
     assert "1 on the tensor cores, 3 on the CUDA cores" in proc.stderr
     assert "Dot 1x2048 x 1000x2048 (tB) half: CUDA cores: a matrix-vector product" in proc.stderr
-    assert "MaxPool" not in proc.stderr  # no tensor cores for a pool: nothing to explain
+    assert "  codegen 1/4: Dot 1x128x768 x 768x768 half\n" in proc.stderr  # a line as each op starts (issue 39 #9)
+    said = proc.stderr.split("kernels generated")[1]
+    assert "MaxPool" not in said  # no tensor cores for a pool: nothing to explain
     tf32 = run_kdb("codegen", "ops.txt", "--math", "tf32", "-o", "t.json", "--json", "--db", "k.db", cwd=tmp_path)
     kernels = {k["op"]: k["math"] for k in json.loads(tf32.stdout)["kernels"]}
     assert kernels["Dot 64x512 x 1000x512 (tB) tf32"] == "tensor cores (mma.sync tf32, fp32 accumulation)"

@@ -40,7 +40,8 @@ def main(args: argparse.Namespace) -> int:
     request = GenerateRequest.from_settings(configs, kernel_db_path(args.db), settings, arch=args.arch,
                                            compile=not args.no_compile, check=not args.no_check, inject=args.inject,
                                            kernels_file=Path(args.output) if args.output else None, math=args.math)
-    with _Bars(enabled=err.is_terminal and not args.json, total=len(configs), inject=args.inject) as bars, \
+    with _Bars(enabled=err.is_terminal and not args.json, total=len(configs), inject=args.inject,
+               lines=not args.json) as bars, \
             first_ctrl_c_cancels("the op in progress" if not args.inject else "the op or kernel in progress") as cancel:
         report = generate_run.generate_and_inject(request, on_event=bars.show, should_cancel=cancel)
     codegen = report.codegen
@@ -84,10 +85,11 @@ def _print_math(codegen: CodegenReport) -> None:
 
 
 class _Bars:
-    """On a terminal: the codegen bar, then (with --inject) one bar per injection stage."""
+    """On a terminal: the codegen bar, then (with --inject) one bar per injection stage. Elsewhere (a log, a pipe;
+    not --json): a line as each op starts, so a long run is never silent."""
 
-    def __init__(self, *, enabled: bool, total: int, inject: bool) -> None:
-        self.enabled, self.total = enabled, total
+    def __init__(self, *, enabled: bool, total: int, inject: bool, lines: bool = False) -> None:
+        self.enabled, self.total, self.lines = enabled, total, lines
         self.stages = StageBars(enabled=enabled and inject)
         self.injecting = False
 
@@ -103,6 +105,8 @@ class _Bars:
 
     def show(self, event: GenerateEvent) -> None:
         if not self.enabled:
+            if self.lines and isinstance(event, CodegenProgress) and event.current:
+                err.print(f"  codegen {event.done + 1}/{event.total}: {escape(event.current)}", highlight=False)
             return
         if isinstance(event, CodegenProgress):
             self.codegen.update(self.task, completed=event.done, description=event.current[:50])

@@ -36,7 +36,8 @@ class CodegenReport:
             "generated": len(self.items),
             "failed": len(self.failed) + len(self.input_errors),
             "kernels": [{"name": g.item["tvm_func_name"], "op": g.config.describe(), "source": g.config.source,
-                         "max_rel_error": g.max_rel_error, "seconds": round(g.seconds, 3), "math": g.math}
+                         "max_rel_error": g.max_rel_error, "cpu_check": g.cpu_check, "seconds": round(g.seconds, 3),
+                         "math": g.math}
                         for g in self.generated if g.item is not None],
             "failures": [{"op": g.config.describe(), "source": g.config.source, "stage": g.stage,
                           "reason": g.error} for g in self.failed]
