@@ -394,6 +394,7 @@ def test_the_network_runs_right_and_timed_on_the_gpu(tmp_path: Path):
     assert empty.error is not None and math.isfinite(empty.error)
     assert db_run.timing and empty.timing and db_run.timing["median_ms"] > 0 and empty.timing["median_ms"] > 0
     assert db_run.timing["iterations"] == 100 and run.ratio == db_run.timing["median_ms"] / empty.timing["median_ms"]
-    assert run.status == (1 if run.ratio > 1 else 0), run.findings
+    assert len(db_run.rounds) == len(empty.rounds) == run.options.rounds == 5 and run.verdict is not None
+    assert run.status == (1 if run.verdict.verdict == "slower" else 0), run.findings
     outputs = db_run.build.project / "outputs"
     assert tensor_file(outputs, 0, db_run.build.signature.outputs[0]).stat().st_size == 4 * 16 * 8 * 8

@@ -19,7 +19,8 @@ from core.gpu.network_run import ERROR_FORMULA, NetworkRun, RunOptions, run_netw
 from core.nnfusion.compile_job import CompileJob
 
 # The run's options on the command line, and RunOptions' fields they set (the parser leaves them None: unset).
-RUN_OPTIONS = {"--max-error": "max_error", "--seed": "seed", "--warmup": "warmup", "--iterations": "iterations"}
+RUN_OPTIONS = {"--max-error": "max_error", "--seed": "seed", "--warmup": "warmup", "--iterations": "iterations",
+               "--rounds": "rounds"}
 # Those --op-times takes too (HarnessOptions' fields): it judges no output, so no --max-error.
 OP_TIMES_OPTIONS = ("--seed", "--warmup", "--iterations")
 
@@ -66,7 +67,8 @@ def _print(run: NetworkRun) -> None:
     options = run.options
     where = _where(run.device, run.arch)
     out.print(f"network: {run.job.model.name} with {run.job.db} on {where}; seed {options.seed}; "
-              f"{options.warmup} warm-ups, then {options.iterations} timed calls of kernel_entry (median)",
+              f"{options.rounds} rounds, each network by turns: {options.warmup} warm-ups, then "
+              f"{options.iterations} timed calls of kernel_entry (median)",
               highlight=False)
     for contender in (run.with_db, run.empty_db):
         out.print(f"  {_line(contender)}", highlight=False)

@@ -272,6 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "(default 100)")
     run.add_argument("--iterations", type=_positive, metavar="N", help="timed kernel_entry calls, "
                      "each between its own CUDA events; the median counts (default 1000)")
+    run.add_argument("--rounds", type=_positive, metavar="N", help="with --run: runs of each network, by turns; "
+                     "slower or faster is said only when every round says so, else 'within noise' (default 5)")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("autotvm", help=COMMANDS["autotvm"][1])

@@ -61,6 +61,7 @@ class Contender:
     build: Build | None = None
     run: Step | None = None
     timing: dict[str, float] | None = None
+    rounds: list[dict[str, float]] = field(default_factory=list)  # each round's timing (network_run's rounds)
     error: float | None = None  # the largest relative error against the reference
     output_errors: list[float] = field(default_factory=list)
     problem: str = ""  # why it has no result
@@ -70,7 +71,8 @@ class Contender:
                 "compile": self.compile.as_dict() if self.compile else None,
                 "build": self.build.as_dict() if self.build else None,
                 "run": self.run.as_dict() if self.run else None,
-                "timing": self.timing, "max_rel_error": self.error, "output_errors": self.output_errors}
+                "timing": self.timing, "round_medians_ms": [r["median_ms"] for r in self.rounds],
+                "max_rel_error": self.error, "output_errors": self.output_errors}
 
     def project(self) -> Path:
         """The generated project of a compile that is ok."""

@@ -3,12 +3,14 @@ compiled with an empty DB (`kdb nnfusion MODEL --run`, and the console's compile
 
 Steps: compile with the DB (making rows standalone where a BlockFusion kernel cannot launch, unless told not to)
 and with an empty DB; build both projects with nvcc (core/nnfusion/build.py) while ONNX Runtime computes the
-reference on the seeded input (core/nnfusion/reference.py); then, on a CUDA GPU, run both harnesses one after
-the other, each holding the GPU, timed the same way, and compare their outputs with the reference.
+reference on the seeded input (core/nnfusion/reference.py); then, on a CUDA GPU, run both harnesses in interleaved
+rounds (each run its own process holding the GPU, which goes first swapping every round), timed the same way, and
+compare their outputs with the reference. Slower or faster is judged from the rounds (core/gpu/verdict.py).
 
-Status: 0 the network with the DB is right (error within the bound) and not slower than with the empty DB;
-1 it is wrong or slower, or it could not be compiled, built or run; 2 nothing could be measured (no GPU: the
-networks are built but not run; a tool missing; the empty DB's network failing; cancelled).
+Status: 0 the network with the DB is right (error within the bound) and not slower than with the empty DB (faster,
+or within noise); 1 it is wrong or slower outside the noise, or it could not be compiled, built or run; 2 nothing
+could be measured (no GPU: the networks are built but not run; a tool missing; the empty DB's network failing;
+cancelled).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from core.gpu.harness_run import (
     fresh_empty_db,
     run_harness,
 )
+from core.gpu.verdict import SLOWER, Verdict, judge
 from core.nnfusion.build import RUN_EXTRA, CudaLibraries, Signature, build_network, read_signature
 from core.nnfusion.compile_job import CompileJob, compile_and_read, compile_fitting_launches
 from core.nnfusion.reference import (
@@ -63,15 +66,21 @@ WITH_DB, EMPTY_DB = "with-db", "empty-db"
 LIBRARY_MATH = "fp32: cuDNN and cuBLAS with TF32 off (NVIDIA_TF32_OVERRIDE=0)"
 
 
+DEFAULT_ROUNDS = 5  # 5 v 5 rounds: "slower" at the exact Mann-Whitney p = 0.008 (core/gpu/verdict.py)
+
+
 @dataclass(frozen=True)
 class RunOptions(HarnessOptions):
     max_error: float | None = None  # None: by the network's element types (error_bound)
     fit_launches: bool = True  # rows fused into a kernel that cannot launch are made standalone (writes the DB)
+    rounds: int = DEFAULT_ROUNDS  # runs of each network, interleaved; `iterations` timed calls in each
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.max_error is not None and not self.max_error > 0:
             raise KdbError(f"the error bound must be above 0, got {self.max_error}")
+        if self.rounds < 1:
+            raise KdbError(f"rounds {self.rounds}: need >= 1")
 
 
 @dataclass
@@ -91,6 +100,7 @@ class NetworkRun:
     findings: list[str] = field(default_factory=list)  # what the status is for, in words
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    verdict: Verdict | None = None  # the DB's network against the empty DB's, from the rounds
 
     @property
     def ratio(self) -> float | None:
@@ -107,7 +117,8 @@ class NetworkRun:
                 "reference": None if self.reference is None else {"runtime": self.reference.runtime,
                                                                   "seconds": round(self.reference.seconds, 3),
                                                                   "input_sensitivity": self.reference.sensitivity},
-                "warmup": self.options.warmup, "iterations": self.options.iterations,
+                "warmup": self.options.warmup, "iterations": self.options.iterations, "rounds": self.options.rounds,
+                "verdict": self.verdict.as_dict() if self.verdict else None,
                 "fit_launches": self.options.fit_launches,
                 "median_ms": {c.label: c.timing["median_ms"] if c.timing else None
                               for c in (self.with_db, self.empty_db)},
@@ -227,14 +238,28 @@ def _measure(run: NetworkRun, tools: RunTools, state: StateDB | None, say: Progr
             no_reference)
         run.status = COULD_NOT_RUN
         return None
-    for contender in (run.empty_db, run.with_db):  # one at a time, each holding the GPU
-        if cancelled():
-            return _stop(run, contender, True)
-        _run_one(run, contender, inputs_dir, libraries, say, cancelled)
-        if contender.problem:
-            return _stop(run, contender, cancelled())
+    for turn in range(options.rounds):  # one at a time, each holding the GPU; who goes first swaps every round
+        order = (run.empty_db, run.with_db) if turn % 2 == 0 else (run.with_db, run.empty_db)
+        for contender in order:
+            if cancelled():
+                return _stop(run, contender, True)
+            say(f"round {turn + 1}/{options.rounds}", contender.label)
+            _run_one(run, contender, inputs_dir, libraries, say, cancelled)
+            if contender.problem:
+                return _stop(run, contender, cancelled())
+    for contender in (run.with_db, run.empty_db):
+        contender.timing = _over_rounds(contender.rounds)
     _judge(run)
     return None
+
+
+def _over_rounds(rounds: list[dict[str, float]]) -> dict[str, float]:
+    """A contender's timing over its rounds: the median of each statistic's round values (the least of the minima)."""
+    import statistics
+
+    merged = {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
+    merged["min_ms"] = min(r["min_ms"] for r in rounds)
+    return merged
 
 
 def _run_one(run: NetworkRun, contender: Contender, inputs_dir: Path, libraries: CudaLibraries, say: Progress,
@@ -244,6 +269,7 @@ def _run_one(run: NetworkRun, contender: Contender, inputs_dir: Path, libraries:
         run.no_device = "the harness found no CUDA GPU"
     if contender.timing is None:
         return
+    contender.rounds.append(contender.timing)
     build = contender.build
     assert build is not None and build.signature is not None and run.reference is not None
     contender.error, contender.output_errors = largest_error(read_outputs(build.signature, build.project / "outputs"),
@@ -256,15 +282,18 @@ def _judge(run: NetworkRun) -> None:
     bound = run.max_error
     assert bound is not None  # set with the signature, before any run
     wrong = not db.error <= bound  # a NaN error is wrong too
-    ratio = run.ratio
-    slower = ratio is None or ratio > 1.0
+    run.verdict = verdict = judge([r["median_ms"] for r in db.rounds], [r["median_ms"] for r in empty.rounds])
+    slower = verdict.verdict == SLOWER
     if wrong:
         run.findings.append(f"the output is wrong: max relative error {db.error:.2e} > {bound:g}")
         if empty.error is not None and not empty.error <= bound:
             run.notes.append(f"with the empty DB (cuDNN/cuBLAS) the error is {empty.error:.2e}, also above {bound:g}")
     if slower:
-        run.findings.append(f"slower with the DB: {db.timing['median_ms']:.4f} ms against "
-                            f"{empty.timing['median_ms']:.4f} ms with the empty DB")
+        run.findings.append(f"slower with the DB: {verdict.first.text()} against {verdict.second.text()} with the "
+                            f"empty DB, every round of {len(db.rounds)} slower")
+    else:
+        run.notes.append(f"{verdict.verdict} against the empty DB: ratio {verdict.ratio:.3f}x; with the DB "
+                         f"{verdict.first.text()}, empty DB {verdict.second.text()}")
     if db.compile is not None:  # the compile's own problems (a launch check that could not run, too) ride along
         run.notes += db.compile.problems()
     run.status = FAILED if wrong or slower else OK
