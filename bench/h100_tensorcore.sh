@@ -4,6 +4,8 @@
 #                                                      fp32 TF32 off; then BERT through the README's commands)
 #   call 2: bash bench/h100_tensorcore.sh resnet50
 #   call 3: bash bench/h100_tensorcore.sh tf32      (TF32 rows against PyTorch's TF32; the fp32 networks with them)
+#   call 4: NET=bert2 bash bench/h100_tensorcore.sh neverslower   (then NET=resnet50: op times propose, the network
+#                                                      decides; not yet run on a GPU)
 # Carry .device/n (.device/b's wheels less TVM's and the tuner's: pycuda and the core's; TVM is not needed: the DBs come made) and .netrun/carry (the
 # compiler, the DBs kdb codegen wrote on the CPU for each network's fp16 op configs, onnxconverter-common's wheel).
 # Each network is built here from tests/zoo.py (full ResNet-50: 3, 4, 6, 3 blocks), made fp16 with `kdb model fp16`,
@@ -51,5 +53,16 @@ case "${1:-}" in
     unset KDB_STATE_DIR
     network resnet50 resnet50-tf32
     network bert2 bert2-tf32 ;;
-  *) echo "usage: $0 baselines|resnet50|tf32"; exit 2 ;;
+  neverslower)  # issue 39: each op timed alone proposes, the network decides (--run --never-slower); NET=bert2|resnet50
+    net=${NET:-bert2}
+    python3 -m console.entry model fp16 /tmp/net/$net.onnx /tmp/net/${net}16.onnx > $OUT/ns-$net.log 2>&1
+    cp .netrun/carry/$net.db /tmp/ns-$net.db
+    common=(--db /tmp/ns-$net.db --nnfusion "$nnf" --product-name "$gpu")
+    timeout 240 python3 -m console.entry nnfusion /tmp/net/${net}16.onnx "${common[@]}" --op-times /tmp/ns-$net.json \
+      --out /tmp/ns-$net-ops >> $OUT/ns-$net.log 2>&1; echo "op-times: exit $?"
+    cp /tmp/ns-$net.json $OUT/ 2>/dev/null
+    timeout 330 python3 -m console.entry nnfusion /tmp/net/${net}16.onnx "${common[@]}" --run --never-slower \
+      /tmp/ns-$net.json --rounds 5 --iterations 300 --out /tmp/ns-$net-run > $OUT/ns-$net-run.log 2>&1
+    echo "never-slower: exit $?"; tail -30 $OUT/ns-$net-run.log ;;
+  *) echo "usage: $0 baselines|resnet50|tf32|neverslower"; exit 2 ;;
 esac

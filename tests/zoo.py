@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import numpy as np
 from onnx import ModelProto
 from onnx_models import GraphBuilder, bottleneck_block, constant, node_outputs, scalar
 
@@ -270,8 +271,149 @@ def tcn(features: int = 32, channels: int = 64, steps: int = 256, levels: int = 
     return g.model(y, "tcn")
 
 
+def gru(layers: int = 2, steps: int = 6, features: int = 128, hidden: int = 256) -> ModelProto:
+    """A two-layer GRU unrolled over `steps` time steps, as a loop of GRUCell exports (ATen's gru_cell, no ONNX GRU
+    op): per step and layer gi = x W_ih^T + b_ih, gh = h W_hh^T + b_hh (Gemms, [1, 3 hidden]), each Split into its
+    r, z, n thirds (the split sizes an input, as opset 13+ writes chunk), r = sigmoid(gi_r + gh_r), z = sigmoid(gi_z
+    + gh_z), n = tanh(gi_n + r gh_n), h' = (h - n) z + n. One input per time step ([1, features]), the initial
+    states as inputs."""
+    inputs = {f"x{t}": [1, features] for t in range(steps)} | {f"h0_l{i}": [1, hidden] for i in range(layers)}
+    g = GraphBuilder(inputs)
+    thirds = constant(g, "chunk3", [hidden] * 3)
+    seq = [f"x{t}" for t in range(steps)]
+    for layer in range(layers):
+        n_in = features if layer == 0 else hidden
+        w_ih, w_hh = (g.weight(f"l{layer}_w_ih", [3 * hidden, n_in], fan_in=n_in),
+                      g.weight(f"l{layer}_w_hh", [3 * hidden, hidden], fan_in=hidden))
+        b_ih, b_hh = g.weight(f"l{layer}_b_ih", [3 * hidden]), g.weight(f"l{layer}_b_hh", [3 * hidden])
+        h, out = f"h0_l{layer}", []
+        for t, x in enumerate(seq):
+            p = f"l{layer}t{t}_"
+            gi = node_outputs(g, "Split", [g.node("Gemm", [x, w_ih, b_ih], f"{p}gi", transB=1), thirds], 3,
+                              f"{p}gi_chunk", axis=1)
+            gh = node_outputs(g, "Split", [g.node("Gemm", [h, w_hh, b_hh], f"{p}gh", transB=1), thirds], 3,
+                              f"{p}gh_chunk", axis=1)
+            r = g.node("Sigmoid", [g.node("Add", [gh[0], gi[0]], f"{p}r_sum")], f"{p}r")
+            z = g.node("Sigmoid", [g.node("Add", [gh[1], gi[1]], f"{p}z_sum")], f"{p}z")
+            n = g.node("Tanh", [g.node("Add", [gi[2], g.node("Mul", [gh[2], r], f"{p}rh")], f"{p}n_sum")], f"{p}n")
+            h = g.node("Add", [g.node("Mul", [g.node("Sub", [h, n], f"{p}h_minus_n"), z], f"{p}zh"), n], f"{p}h")
+            out.append(h)
+        seq = out
+    return g.model(seq[-1], "gru")
+
+
+def densenet_block(size: int = 56, cin: int = 64, layers: int = 3, growth: int = 32, bn_size: int = 4) -> ModelProto:
+    """DenseNet-121's first dense block and transition (torchvision) at 56x56 from the 64-channel stem output, 3 of
+    its 6 layers (the rest repeat the 3x3 conv's shape; each 1x1 conv's input width differs): per layer norm1 (a
+    BatchNormalization node: it follows a Concat, no conv to fold it into) and Relu, 1x1 conv to 4 x growth (norm2
+    folded into it: a bias), Relu, 3x3 conv to growth, Concat with the layer's input over channels; the transition
+    norm and Relu, 1x1 conv halving the width, AveragePool 2x2 stride 2."""
+    g = GraphBuilder({"x": [1, cin, size, size]})
+
+    def norm_relu(y: str, channels: int, name: str) -> str:
+        params = [g.weight(f"{name}_scale", [channels], mean=1.0), g.weight(f"{name}_bias", [channels]),
+                  g.weight(f"{name}_mean", [channels]),
+                  constant(g, f"{name}_var", [1.0] * channels, dtype=np.float32)]
+        y = g.node("BatchNormalization", [y, *params], name, epsilon=1e-5, momentum=0.9)
+        return g.node("Relu", [y], f"{name}_relu")
+
+    y, width = "x", cin
+    for layer in range(layers):
+        p = f"l{layer}_"
+        h = g.conv(norm_relu(y, width, f"{p}norm1"), width, bn_size * growth, 1, bias=True, name=f"{p}conv1")
+        h = g.conv(g.node("Relu", [h], f"{p}relu2"), bn_size * growth, growth, 3, name=f"{p}conv2")
+        y, width = g.node("Concat", [y, h], f"{p}concat", axis=1), width + growth
+    y = g.conv(norm_relu(y, width, "transition_norm"), width, width // 2, 1, name="transition_conv")
+    y = g.node("AveragePool", [y], "transition_pool", kernel_shape=[2, 2], strides=[2, 2], pads=[0, 0, 0, 0],
+               ceil_mode=0)
+    return g.model(y, "densenet_block")
+
+
+def se_block(cin: int = 256, width: int = 128, size: int = 56, blocks: int = 2, reduction: int = 16) -> ModelProto:
+    """SE-ResNet-50's second stage (Hu et al., 2018; BN folded), its first two blocks from the 256-channel output of
+    the first stage at 56x56: a bottleneck (the stride on the 3x3, a strided 1x1 conv shortcut in the first block)
+    whose output is scaled by its squeeze-excitation (GlobalAveragePool, 1x1 conv to 1/16 the width with its bias,
+    Relu, 1x1 conv back with its bias, Sigmoid, Mul broadcasting the [1, C, 1, 1] weights over the map), then +
+    shortcut, Relu."""
+    g = GraphBuilder({"x": [1, cin, size, size]})
+    y = "x"
+    for block in range(blocks):
+        p, stride, cout = f"b{block}_", 2 if block == 0 else 1, 4 * width
+        h = g.node("Relu", [g.conv(y, cin, width, 1, name=f"{p}conv1")], f"{p}relu1")
+        h = g.node("Relu", [g.conv(h, width, width, 3, stride=stride, name=f"{p}conv2")], f"{p}relu2")
+        h = g.conv(h, width, cout, 1, name=f"{p}conv3")
+        se = g.node("GlobalAveragePool", [h], f"{p}se_pool")
+        se = g.node("Relu", [g.conv(se, cout, cout // reduction, 1, bias=True, name=f"{p}se_fc1")], f"{p}se_relu")
+        se = g.node("Sigmoid", [g.conv(se, cout // reduction, cout, 1, bias=True, name=f"{p}se_fc2")], f"{p}se_gate")
+        h = g.node("Mul", [h, se], f"{p}se_scale")
+        shortcut = y if stride == 1 and cin == cout else g.conv(y, cin, cout, 1, stride=stride, name=f"{p}down")
+        y, cin = g.node("Relu", [g.node("Add", [h, shortcut], f"{p}add")], f"{p}relu3"), cout
+    return g.model(y, "se_block")
+
+
+def attention_bmm(seq: int = 197, hidden: int = 384, heads: int = 6, mlp: int = 1536) -> ModelProto:
+    """A ViT-S/16 encoder block (torchvision's EncoderBlock: pre-norm, nn.MultiheadAttention with batch_first) as
+    torch.onnx writes it from [1, 197, 384]: LayerNorm (eps 1e-6), the batch moved second (Transpose), the packed
+    in-projection (MatMul by [384, 1152], bias Add) chunked into q, k, v (Split), q scaled by 1/sqrt(d), each
+    Reshape to [seq, heads, d] and Transpose to [heads, seq, d]; the scores as a batched MatMul of [heads, seq, d] by
+    k transposed, [heads, d, seq], Softmax, the context a batched MatMul by v, heads merged back (Transpose, Reshape
+    to [seq, 1, 384]), the out-projection (MatMul, Add), the batch moved back, + input; then LayerNorm, the MLP
+    (dense to 1536, exact Gelu, dense back) + residual."""
+    head = hidden // heads
+    g = GraphBuilder({"x": [1, seq, hidden]})
+    y = g.node("Transpose", [_layer_norm(g, "x", hidden, "ln1", eps=1e-6)], "seq_first", perm=[1, 0, 2])
+    qkv = node_outputs(g, "Split", [_dense(g, y, hidden, 3 * hidden, "in_proj"), constant(g, "chunk3", [hidden] * 3)],
+                       3, "qkv", axis=-1)
+    split = constant(g, "split_heads", [seq, heads, head])
+    q = g.node("Mul", [qkv[0], scalar(g, "scaling", 1.0 / math.sqrt(head))], "q_scaled")
+    q, k, v = (g.node("Transpose", [g.node("Reshape", [t, split], f"{n}_split")], f"{n}_heads", perm=[1, 0, 2])
+               for n, t in (("q", q), ("k", qkv[1]), ("v", qkv[2])))
+    scores = g.node("MatMul", [q, g.node("Transpose", [k], "k_t", perm=[0, 2, 1])], "scores")
+    context = g.node("MatMul", [g.node("Softmax", [scores], "softmax", axis=-1), v], "context")
+    context = g.node("Transpose", [context], "merge", perm=[1, 0, 2])
+    context = g.node("Reshape", [context, constant(g, "merge_heads", [seq, 1, hidden])], "merge_reshape")
+    attn = g.node("Transpose", [_dense(g, context, hidden, hidden, "out_proj")], "batch_first", perm=[1, 0, 2])
+    y = g.node("Add", [attn, "x"], "attn_residual")
+    inner = _gelu(g, _dense(g, _layer_norm(g, y, hidden, "ln2", eps=1e-6), hidden, mlp, "mlp_fc1"), "gelu")
+    return g.model(g.node("Add", [_dense(g, inner, mlp, hidden, "mlp_fc2"), y], "mlp_residual"), "attention_bmm")
+
+
+def convnext_block(channels: int = 96, size: int = 56, blocks: int = 2) -> ModelProto:
+    """ConvNeXt-T's first stage (timm's ConvNeXtBlock with conv_mlp: 1x1 convs for the MLP) at 56x56, 96 channels,
+    2 of its 3 blocks: a 7x7 depthwise conv (pads 3, its bias), LayerNorm over channels (eps 1e-6; LayerNorm2d:
+    Transpose to NHWC, the norm, Transpose back), 1x1 conv to 4 x 96 with its bias, exact Gelu, 1x1 conv back, the
+    layer scale (Mul by [1, 96, 1, 1]), + input."""
+    g = GraphBuilder({"x": [1, channels, size, size]})
+    y = "x"
+    for block in range(blocks):
+        p = f"b{block}_"
+        h = g.conv(y, channels, channels, 7, pad=3, group=channels, bias=True, name=f"{p}dwconv")
+        h = _layer_norm(g, g.node("Transpose", [h], f"{p}nhwc", perm=[0, 2, 3, 1]), channels, f"{p}norm", eps=1e-6)
+        h = g.node("Transpose", [h], f"{p}nchw", perm=[0, 3, 1, 2])
+        h = _gelu(g, g.conv(h, channels, 4 * channels, 1, bias=True, name=f"{p}fc1"), f"{p}gelu")
+        h = g.conv(h, 4 * channels, channels, 1, bias=True, name=f"{p}fc2")
+        h = g.node("Mul", [h, g.weight(f"{p}gamma", [1, channels, 1, 1], mean=1e-6)], f"{p}layer_scale")
+        y = g.node("Add", [h, y], f"{p}residual")
+    return g.model(y, "convnext_block")
+
+
+def unet_decoder(cin: int = 256, skip: int = 128, size: int = 28) -> ModelProto:
+    """A U-Net decoder stage (milesial's Pytorch-UNet `Up`, bilinear=False; BN folded) from the bottom of the
+    network, [1, 256, 28, 28], and the encoder's skip, [1, 128, 56, 56]: ConvTranspose 2x2 stride 2 to 128 channels
+    (its bias), Concat [skip, up] over channels, then DoubleConv: 3x3 conv, Relu, 3x3 conv, Relu."""
+    g = GraphBuilder({"x": [1, cin, size, size], "skip": [1, skip, 2 * size, 2 * size]})
+    w = g.weight("up_w", [cin, cin // 2, 2, 2], fan_in=cin * 4)
+    y = g.node("ConvTranspose", ["x", w, g.weight("up_b", [cin // 2])], "up", kernel_shape=[2, 2], strides=[2, 2],
+               pads=[0, 0, 0, 0], dilations=[1, 1], group=1)
+    y = g.node("Concat", ["skip", y], "concat", axis=1)
+    y = g.node("Relu", [g.conv(y, skip + cin // 2, skip, 3, bias=True, name="conv1")], "relu1")
+    y = g.node("Relu", [g.conv(y, skip, skip, 3, bias=True, name="conv2")], "relu2")
+    return g.model(y, "unet_decoder")
+
+
 ZOO: dict[str, Callable[[], ModelProto]] = {
     "resnet50": resnet50, "mobilenet_v2": mobilenet_v2, "alexnet": alexnet, "bert_encoder": bert_encoder,
     "lstm": lstm, "resnext_blocks": resnext_blocks, "nasnet_cell": nasnet_cell, "inception": inception,
-    "tcn": tcn,
+    "tcn": tcn, "gru": gru, "densenet_block": densenet_block, "se_block": se_block, "attention_bmm": attention_bmm,
+    "convnext_block": convnext_block, "unet_decoder": unet_decoder,
 }

@@ -28,6 +28,7 @@ def main(args: argparse.Namespace) -> int:
                                    launch_check=not args.no_launch_check, **given)
     from console.cli.nnfusion_run import (
         OP_TIMES_OPTIONS,
+        never_slower_command,
         op_times_command,
         run_network_command,
         run_options_given,
@@ -37,6 +38,8 @@ def main(args: argparse.Namespace) -> int:
         _refuse_with_op_times(args, run_options_given(args))
     elif args.workers is not None:
         raise InputError("--workers: only with --op-times")
+    if args.never_slower is not None and not args.run:
+        raise InputError("--never-slower: only with --run (it runs the network, with and without the candidates)")
     fit = args.run if args.fit_launches is None else args.fit_launches  # --run: on unless --no-fit-launches
     if fit and args.no_launch_check:
         raise InputError("--fit-launches needs the launch check: leave out --no-launch-check"
@@ -50,6 +53,8 @@ def main(args: argparse.Namespace) -> int:
         out.print("compiling anyway: your NNFusion has the last word", highlight=False)
     if args.op_times is not None:
         return op_times_command(args, job)
+    if args.run and args.never_slower is not None:
+        return never_slower_command(args, job, fit_launches=fit)
     if args.run:
         return run_network_command(args, job, fit_launches=fit)
 

@@ -107,6 +107,32 @@ def _line(contender: Contender) -> str:
     return f"{name} {contender.problem or 'not reached'}"
 
 
+def never_slower_command(args: argparse.Namespace, job: CompileJob, *, fit_launches: bool) -> int:
+    from core.gpu.never_slower import run_never_slower
+
+    options = RunOptions(fit_launches=fit_launches, **_given(args, tuple(RUN_OPTIONS)))
+    with _progress(args, "the network with and without each candidate…") as on_progress:
+        result = run_never_slower(job, Path(args.never_slower).expanduser(), options, on_progress=on_progress)
+    if args.json:
+        print_json(result.as_dict())
+        return result.status
+    if result.baseline is not None:
+        _print(result.baseline)
+    for trial in result.trials:
+        verdict = trial.verdict
+        said = f"ratio {verdict.ratio:.3f}x, {verdict.first.text()}" if verdict else "not measured"
+        out.print(f"  {'kept' if trial.kept else 'put back':8s} {trial.candidate.describe()}: {trial.why}; {said}"
+                  + (f"; undo: kdb db undo {trial.undo_file} --apply" if trial.undo_file else ""),
+                  markup=False, highlight=False, soft_wrap=True)
+    if result.final is not None and result.final is not result.baseline:
+        out.print("the network as the DB now is:", highlight=False)
+        _print(result.final)
+    style = "green" if result.status == 0 else "red" if result.status == 1 else "yellow"
+    for finding in result.findings:
+        out.print(f"[{style}]{finding}[/]", highlight=False)
+    return result.status
+
+
 def op_times_command(args: argparse.Namespace, job: CompileJob) -> int:
     options = HarnessOptions(**_given(args, OP_TIMES_OPTIONS))
     times_file = Path(args.op_times).expanduser().resolve()

@@ -258,6 +258,11 @@ def build_parser() -> argparse.ArgumentParser:
                      "(CPU), and time it against the same model compiled with an empty DB. Exit 1 when its output "
                      "is wrong or it is slower; 2 without a GPU (the networks are built, not run). --out DIR gets "
                      "with-db/ and empty-db/")
+    run.add_argument("--never-slower", metavar="TIMES.json", help="with --run: leave rows to the library where the "
+                     "whole network gets faster. The ops TIMES.json (from --op-times) found slower alone are set aside "
+                     "one candidate at a time (ops BlockFusion runs in one kernel together), the network run in "
+                     "rounds, each change kept only when the network is faster in every round, else put back; writes "
+                     "the DB, an undo file per kept change. Exit 1 when the network stays slower than the empty DB")
     run.add_argument("--op-times", metavar="TIMES.json", help="instead of the network, each op the DB serves for it "
                      "alone: a one-op model compiled with a DB of only that op's rows and with an empty DB, both built "
                      "(nvcc), run and timed on the GPU as --run times; the times go to TIMES.json for `kdb db "

@@ -1,0 +1,90 @@
+"""Never slower, judged on the network (core/gpu/never_slower.py): which rows go together, the greedy search on the
+network's round medians, and a machine without a GPU, where nothing is measured and the DB is left as it was."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import run_kdb
+
+from core.db.library import Verdict as OpVerdict
+from core.gpu.never_slower import Candidate, candidates, search
+from core.gpu.verdict import FASTER, WITHIN_NOISE
+from core.nnfusion.generated import BLOCKFUSION, KERNEL
+from core.nnfusion.usage import DB_KERNEL, Part, StepUse, Usage
+
+
+def op(name: str, extra_us: float) -> OpVerdict:
+    return OpVerdict(f"Convolution{name}", "Convolution", f"k{name}", (f"k{name}",), 10.0 + extra_us, 10.0)
+
+
+def test_ops_blockfusion_runs_in_one_kernel_are_one_candidate_the_costliest_first():
+    usage = Usage([StepUse("bf", BLOCKFUSION, (Part("c1", "f1", DB_KERNEL, ("k1",)), Part("c2", "f2", DB_KERNEL,
+                                                                                            ("k2",)))),
+                   StepUse("c3", KERNEL, (Part("c3", "f3", DB_KERNEL, ("k3",)),))], [], {})
+    found = candidates([op("1", 1.0), op("3", 5.0), op("2", 2.0)], usage)
+    assert [c.keys for c in found] == [("k3",), ("k1", "k2")]
+    assert found[1].extra_us == 3.0 and "2 ops of one BlockFusion kernel" in found[1].describe()
+
+
+def test_a_change_is_kept_only_when_the_network_is_faster_in_every_round():
+    best = [1.00, 1.01, 0.99, 1.00, 1.02]
+    measured = {"a": [0.90, 0.91, 0.92, 0.90, 0.91],  # faster than the best: kept
+                "b": [0.91, 0.89, 0.92, 0.95, 0.90],  # overlaps the new best (a's): put back
+                "c": None}  # not measured: put back, and the search stops
+    put_back: list[Path] = []
+
+    def try_without(c: Candidate):
+        name = c.identifiers[0]
+        return measured[name], Path(f"undo-{name}"), "" if measured[name] else "no CUDA GPU", None
+
+    pending = [Candidate((n,), (f"k{n}",), 1.0) for n in ("a", "b", "c", "d")]
+    trials = search(pending, best, try_without, put_back.append)
+    assert [(t.candidate.identifiers[0], t.kept) for t in trials] == [("a", True), ("b", False), ("c", False)]
+    assert trials[0].verdict.verdict == FASTER and trials[0].undo_file == Path("undo-a")
+    assert trials[1].verdict.verdict == WITHIN_NOISE and trials[1].undo_file is None
+    assert trials[2].verdict is None and trials[2].why == "no CUDA GPU"
+    assert put_back == [Path("undo-b"), Path("undo-c")]  # d was never tried
+
+
+def test_never_slower_asks_for_run(tmp_path: Path):
+    proc = run_kdb("nnfusion", "m.onnx", "--never-slower", "t.json", cwd=tmp_path)
+    assert proc.returncode == 2 and "--never-slower: only with --run" in proc.stderr, proc.stderr
+
+
+def test_without_a_gpu_nothing_is_measured_and_the_db_is_left_as_it_was(tmp_path: Path):
+    """The candidates come from a times file; the network as the DB is cannot be run here: status 2, no trial, the
+    DB byte for byte as before."""
+    pytest.importorskip("tvm")
+    from test_nnfusion_compiler import build_db
+    from test_nnfusion_run import (
+        COMPILER,
+        libraries_or_skip,
+        no_gpu_or_skip,
+        nvcc_or_skip,
+        onnxruntime_or_skip,
+        two_in_two_out,
+    )
+
+    if not COMPILER.is_file():
+        pytest.skip(f"needs the NNFusion compiler at {COMPILER}")
+    libraries_or_skip(nvcc_or_skip())
+    onnxruntime_or_skip()
+    no_gpu_or_skip()
+    model = two_in_two_out(tmp_path / "two.onnx")
+    db = build_db(model, tmp_path / "k.db", tmp_path)
+    import sqlite3
+
+    rows = sqlite3.connect(db).execute("SELECT Identifier FROM KernelCache").fetchall()
+    times = tmp_path / "times.json"
+    times.write_text(json.dumps({"device": "NVIDIA H100", "ops": [{"identifier": r[0], "library_us": 1.0,
+                                                                    "row_us": 2.0} for r in rows]}))
+    before = db.read_bytes()
+    proc = run_kdb("nnfusion", str(model), "--db", str(db), "--nnfusion", str(COMPILER), "--run", "--never-slower",
+                   str(times), "--json", "--out", str(tmp_path / "run"), env={"KDB_STATE_DIR": str(tmp_path / "s")})
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 2 and report["status"] == 2 and report["trials"] == [], proc.stderr[-2000:]
+    assert report["findings"][0].startswith("not measured") and any("no CUDA GPU" in f for f in report["findings"])
+    assert db.read_bytes() == before
