@@ -16,7 +16,7 @@ from shared_data import shared_path
 pytest.importorskip("onnx")
 
 from conftest import run_kdb, run_kdb_json
-from onnx import ModelProto
+from onnx import ModelProto, helper
 from onnx_models import GraphBuilder, write
 
 from core.opconfigs.nnfusion_import import Blocker, import_blockers, import_faults
@@ -60,6 +60,7 @@ CASES: dict[str, tuple[Callable[[], ModelProto], Callable[[], ModelProto] | None
     "1-D Conv without kernel_shape": (lambda: one("Conv", shape={"x": [1, 4, 8]}, extra=lambda g: [g.weight("w", [4, 4, 3])]),
                                       lambda: one("Conv", shape={"x": [1, 4, 8]}, extra=lambda g: [g.weight("w", [4, 4, 3])],
                                                   kernel_shape=[3])),
+    "Split on a negative axis without split": (lambda: one("Split", axis=-1), lambda: one("Split", axis=3)),
     "AveragePool without strides": (lambda: one("AveragePool", kernel_shape=[2, 2]),
                                     lambda: one("AveragePool", kernel_shape=[2, 2], strides=[1, 1])),
     "AveragePool over one axis": (lambda: one("AveragePool", shape={"x": [1, 4, 8]}, kernel_shape=[3], strides=[1]),
@@ -259,3 +260,26 @@ def test_an_average_pool_whose_dropped_padding_changes_nothing_is_looked_up_with
     (config,) = ext.configs
     assert config.signature().identifier == \
         "AvgPool1,4,27,27;1,4,13,13floatfloatShape{3, 3}Strides{2, 2}Shape{0, 0}Shape{0, 0}"  # as the compiler logs it
+
+
+def uneven_split() -> ModelProto:
+    """x[1, 12] split by a sizes input [4, 8] (opset 13 on), each part through its own op, joined again."""
+    import onnx
+
+    g = GraphBuilder({"x": [1, 12]})
+    outs = ["a", "b"]
+    g.nodes.append(helper.make_node("Split", ["x", g.constant("sizes", [4, 8])], outs, name="n", axis=1))
+    y = g.node("Concat", [g.node("Relu", ["a"], "r"), g.node("Sigmoid", ["b"], "s")], "cat", axis=1)
+    return onnx.shape_inference.infer_shapes(g.model(y, "split"))
+
+
+def test_a_split_by_unequal_sizes_is_a_wrong_shape_the_compiler_compiles_another_network_of(tmp_path: Path):
+    """NNFusion's Split never reads the sizes input: it cuts equal parts, compiles, and the network is not the
+    model's (its first part 1x6 where the model's is 1x4)."""
+    blockers, warnings = import_faults(uneven_split())
+    assert blockers == [] and [w.node for w in warnings] == ["n"] and "sizes [4, 8]" in warnings[0].text
+    if COMPILER.is_file():
+        proc = nnfusion(uneven_split(), tmp_path / "c")
+        assert proc.returncode == 0, proc.stdout[-2000:]
+        code = (tmp_path / "c" / "nnfusion_rt" / "cuda_codegen" / "nnfusion_rt.cu").read_text()
+        assert "Shape{1, 6}" in code

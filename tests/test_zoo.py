@@ -59,11 +59,10 @@ COMPILER_FAULTS = {
     # upsampling (a transposed conv, or bilinear Upsample as opset 17 writes it).
     "unet_decoder": (("up",), "No valid kernel found:up_out.conv(op type: ConvTranspose, dev type: CUDA_GPU)"),
     "unet_decoder_bilinear": (("up",), "No valid kernel found:up_out(op type: Resize, dev type: CUDA_GPU)"),
+    # The ViT block with torch's packed in-projection: a Split along axis -1, its sizes an input, and no split
+    # attribute; onnx_import/op/split.cpp reads the axis' length at the raw axis -1 (std::out_of_range).
+    "attention_packed": (("qkv",), "unknown attribute 'split'"),
 }
-# Kept out of the zoo, for kdb: zoo.attention_bmm(packed=True), the ViT block with torch's packed in-projection
-# (Split along axis -1, its sizes an input), aborts the compiler ("Node (qkv): unknown attribute 'split'", then
-# std::out_of_range: onnx_import/op/split.cpp reads the axis' length at the raw axis -1), while `kdb coverage` names
-# no blocker and counts 0 aborts. It joins COMPILER_FAULTS once kdb names the Split.
 # The blockers where NNFusion's ONNX Runtime pre-pass rewrote the model: it merges the two identical b3 pools of one
 # input into one (b3_avg_b) and puts it first.
 BLOCKERS_REWRITTEN = {"nasnet_cell": ("b3_avg_b", "b2_avg")}

@@ -439,4 +439,5 @@ ZOO: dict[str, Callable[[], ModelProto]] = {
     "tcn": tcn, "gru": gru, "densenet_block": densenet_block, "se_block": se_block, "attention_bmm": attention_bmm,
     "convnext_block": convnext_block, "unet_decoder": unet_decoder,
     "unet_decoder_bilinear": lambda: unet_decoder(bilinear=True),
+    "attention_packed": lambda: attention_bmm(packed=True),
 }

@@ -166,6 +166,39 @@ def _pad(node: Any, attrs: dict[str, Any], shapes: Shapes) -> str:
             f"written out); with attributes {sorted(attrs) or 'none'} it crashes")
 
 
+def _split(node: Any, attrs: dict[str, Any], shapes: Shapes) -> str:
+    # op/split.cpp: without a `split` attribute it cuts equal parts of input_shape.at(axis), the raw axis (the sizes
+    # input of opset 13 on is never read)
+    if "split" in attrs:
+        return ""
+    axis, parts = int(attrs.get("axis", 0)), len(node.output)
+    shape = shapes.get(node.input[0]) if node.input else None
+    if axis < 0:
+        write = f"axis={len(shape) + axis}" if shape else "the axis counted from 0"
+        return (f"Split on axis {axis} without a split attribute: the importer reads the axis' length at index "
+                f"{axis} (vector::_M_range_check) and aborts; write {write}")
+    if shape and axis < len(shape) and shape[axis] % parts:
+        return (f"Split of {shape[axis]} into {parts} without a split attribute: the importer cuts equal parts only "
+                "and aborts (axis_length % num_splits == 0)")
+    return ""
+
+
+def split_sizes_ignored(node: Any, shapes: Shapes) -> str:
+    """A Split whose parts are unequal by a sizes input (opset 13 on): the importer never reads it and cuts equal
+    parts (another network, no abort); '' when it cuts what the model asks."""
+    if node.op_type != "Split" or len(node.input) < 2 or not node.input[1] or "split" in _attributes(node):
+        return ""
+    outs = [shapes.get(o) for o in node.output]
+    axis = int(_attributes(node).get("axis", 0))
+    if not all(outs):
+        return ""
+    sizes = [o[axis] for o in outs]  # type: ignore[index]
+    if len(set(sizes)) == 1:
+        return ""
+    return (f"Split into sizes {sizes}: NNFusion's importer ignores the sizes input (op/split.cpp) and cuts "
+            f"{len(sizes)} equal parts: the compiled network is not the model's")
+
+
 def _crashes(what: str) -> Callable[[Any, dict[str, Any], Shapes], str]:
     return lambda node, attrs, shapes: what
 
@@ -178,7 +211,7 @@ def _no_cuda_kernel(node: Any, attrs: dict[str, Any], shapes: Shapes) -> str:
 # Seen with the compiler (tests/test_nnfusion_import.py); each check says why the node cannot compile, '' when it can.
 BLOCKERS: dict[str, Callable[[Any, dict[str, Any], Shapes], str]] = {
     "Flatten": _flatten, "Gemm": _gemm, "Unsqueeze": _unsqueeze, "Dropout": _dropout, "Conv": _conv,
-    "AveragePool": _average_pool, "Pad": _pad,
+    "AveragePool": _average_pool, "Pad": _pad, "Split": _split,
     "GRU": _crashes("GRU: the importer aborts in its translator (a protobuf CHECK on the node's inputs)"),
     "Upsample": _crashes("Upsample: the importer crashes on it (segmentation fault); export Resize instead"),
     "ConvTranspose": _no_cuda_kernel, "LSTM": _no_cuda_kernel, "Resize": _no_cuda_kernel,
@@ -210,6 +243,10 @@ def import_faults(model: Any) -> tuple[list[Blocker], list[ShapeWarning]]:
             found.append(Blocker(name, node.op_type, reason))
     blocked = {b.node for b in found}
     pooled, warnings = _AveragePoolShapes(model, shapes, opsets[""]).run(blocked)
+    for i, node in enumerate(model.graph.node):
+        name = node.name or f"{node.op_type}#{i}"
+        if name not in blocked and (said := split_sizes_ignored(node, shapes)):
+            warnings.append(ShapeWarning(name, said))
     return sorted(found + pooled, key=lambda b: _order(model, b.node)), warnings
 
 
