@@ -88,3 +88,52 @@ def test_without_a_gpu_nothing_is_measured_and_the_db_is_left_as_it_was(tmp_path
     assert proc.returncode == 2 and report["status"] == 2 and report["trials"] == [], proc.stderr[-2000:]
     assert report["findings"][0].startswith("not measured") and any("no CUDA GPU" in f for f in report["findings"])
     assert db.read_bytes() == before
+
+
+async def test_n_in_the_compile_dialog_runs_the_same_step_and_says_nothing_was_measured(tmp_path: Path,
+                                                                                       monkeypatch: pytest.MonkeyPatch):
+    """The console's face of --never-slower: n asks for the op times file, runs the one core use case, and shows its
+    findings; without a GPU: not measured, nothing written."""
+    from test_nnfusion_run import (
+        COMPILER,
+        empty_db,
+        libraries_or_skip,
+        no_gpu_or_skip,
+        nvcc_or_skip,
+        onnxruntime_or_skip,
+        two_in_two_out,
+    )
+
+    if not COMPILER.is_file():
+        pytest.skip(f"needs the NNFusion compiler at {COMPILER}")
+    libraries_or_skip(nvcc_or_skip())
+    onnxruntime_or_skip()
+    no_gpu_or_skip()
+    from console_helpers import FixedDeviceApp
+    from test_console_opconfigs import wait_for
+    from textual.widgets import Input, Static
+
+    from console.context import ConsoleContext
+    from console.screens.nnfusion import compile_screen
+    from core.settings import Settings
+
+    monkeypatch.setenv("KDB_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("KDB_CONFIG", str(tmp_path / "settings.toml"))
+    model = two_in_two_out(tmp_path / "two.onnx")
+    times = tmp_path / "times.json"
+    times.write_text(json.dumps({"device": "NVIDIA H100", "ops": []}))
+    context = ConsoleContext(db_path=empty_db(tmp_path / "user.db"),
+                             settings=Settings(workers=1, nnfusion_path=str(COMPILER)),
+                             device_summary="no CUDA device (test)")
+    app = FixedDeviceApp(context)
+    async with app.run_test(size=(160, 45)) as pilot:
+        dialog = compile_screen(context, model)
+        app.push_screen(dialog)
+        await wait_for(pilot, lambda: dialog.report is not None, timeout=120)
+        await pilot.press("n")
+        await wait_for(pilot, lambda: app.screen is not dialog)
+        app.screen.query_one("#path", Input).value = str(times)
+        await pilot.press("enter")
+        status = dialog.query_one("#compile-status", Static)
+        await wait_for(pilot, lambda: "never slower: not measured" in str(status.render()), timeout=300)
+        assert "no CUDA GPU" in str(dialog.query_one("#compile-status", Static).render())

@@ -30,7 +30,9 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Label, Log, Static
 from textual.worker import Worker, WorkerState, get_current_worker
 
+from console.widgets.dialogs import PathDialog, dialog_default
 from core.gpu.network_run import ERROR_FORMULA, NetworkRun
+from core.gpu.never_slower import NeverSlowerRun, run_never_slower
 from core.nnfusion.compile_job import Compiled, CompileJob, CompileReport, standalone_note
 from core.nnfusion.launch_check import LAUNCH_ADVICE
 from core.nnfusion.usage import DB_KERNEL
@@ -70,6 +72,7 @@ class CompileScreen(ModalScreen[None]):
         Binding("escape", "cancel_or_close", "Cancel / close"),
         Binding("f", "fit_launches", "Fit launches (standalone rows)"),
         Binding("r", "run_network", "Run on the GPU vs the empty DB"),
+        Binding("n", "never_slower", "Never slower: the network decides (op times file)"),
     ]
 
     @dataclass
@@ -154,6 +157,20 @@ class CompileScreen(ModalScreen[None]):
         finally:
             state.close()
 
+    @work(thread=True, exit_on_error=False, group="nnfusion", exclusive=True)
+    def run_never_slower(self, job: CompileJob, times: Path, cancel: threading.Event) -> NeverSlowerRun:
+        """`kdb nnfusion --run --never-slower`'s core use case (core/gpu/never_slower.py), its progress posted."""
+        from core.gpu.network_run import RunOptions
+
+        worker = get_current_worker()
+        started = time.monotonic()
+
+        def on_progress(stage: str, detail: str) -> None:
+            self.post_message(self.RunProgressed(RunProgress(time.monotonic() - started, stage, detail)))
+
+        return run_never_slower(job, times, RunOptions(fit_launches=RUN_FITS_LAUNCHES), on_progress=on_progress,
+                                should_cancel=lambda: cancel.is_set() or worker.is_cancelled)
+
     def on_compile_screen_run_progressed(self, message: RunProgressed) -> None:
         p = message.progress
         note = " · cancelling…" if self.cancel.is_set() else " · esc cancels"
@@ -179,6 +196,8 @@ class CompileScreen(ModalScreen[None]):
             self.show_report(event.worker.result.report)
         elif event.state is WorkerState.SUCCESS and isinstance(event.worker.result, NetworkRun):
             self.show_run(event.worker.result)
+        elif event.state is WorkerState.SUCCESS and isinstance(event.worker.result, NeverSlowerRun):
+            self.show_never_slower(event.worker.result)
         elif event.state is WorkerState.ERROR:
             error = escape(str(event.worker.error))
             self.query_one("#compile-status", Static).update(f"[$error]could not run: {error}[/]")
@@ -234,8 +253,9 @@ class CompileScreen(ModalScreen[None]):
         summary.update(self.report_summary)
         self.refresh_bindings()
 
-    def show_run(self, run: NetworkRun) -> None:
-        """The run's verdict above the compile's table and summary (of the compile with the DB it ran)."""
+    def show_run(self, run: NetworkRun, first: tuple[str, ...] = ()) -> None:
+        """The run's verdict above the compile's table and summary (of the compile with the DB it ran); `first`:
+        lines (markup) above the run's own."""
         self.network_run = run
         self.made_standalone += tuple(k for k in run.with_db.made_standalone if k not in self.made_standalone)
         if run.with_db.compile is not None:
@@ -245,7 +265,7 @@ class CompileScreen(ModalScreen[None]):
             self.query_one("#compile-steps", DataTable).clear()
             self.show_report(report)
         summary = self.query_one("#compile-summary", Static)
-        lines = []
+        lines = list(first)
         for contender in (run.with_db, run.empty_db):
             if contender.timing is not None:
                 lines.append(f"{contender.label}: {contender.timing['median_ms']:.4f} ms median, max rel err "
@@ -268,6 +288,33 @@ class CompileScreen(ModalScreen[None]):
         self.query_one("#compile-status", Static).update(f"[{style}]network{escape(where)}: {escape(verdict)}[/]")
         self.refresh_bindings()
 
+    def show_never_slower(self, result: NeverSlowerRun) -> None:
+        """The network as the DB now is (or as it was, when nothing was kept), then each trial and the verdict."""
+        trials = tuple(f"{'kept' if t.kept else 'put back'}: {escape(t.candidate.describe())}: {escape(t.why)}"
+                       + (f" [dim](undo: kdb db undo {escape(str(t.undo_file))} --apply)[/]" if t.undo_file else "")
+                       for t in result.trials)
+        shown = result.final or result.baseline
+        if shown is not None:
+            self.show_run(shown, trials)
+        style = "$success" if result.status == 0 else "$error" if result.status == 1 else "$warning"
+        self.query_one("#compile-status", Static).update(
+            f"[{style}]never slower: {escape('; '.join(result.findings))}[/]")
+        self.refresh_bindings()
+
+    def action_never_slower(self) -> None:
+        def chosen(path: str | None) -> None:
+            if not path:
+                return
+            self.cancel.clear()
+            self.report = None
+            self.query_one("#compile-status", Static).update("never slower: the network as the DB is, first…")
+            self.refresh_bindings()
+            self.run_never_slower(self.job, Path(path).expanduser(), self.cancel)
+
+        settings = self.app.context.settings  # type: ignore[attr-defined]
+        self.app.push_screen(PathDialog("The op times file (kdb nnfusion --op-times TIMES.json)",
+                                        dialog_default(settings, "times.json")), chosen)
+
     def action_run_network(self) -> None:
         self.cancel.clear()
         self.report = None
@@ -276,7 +323,7 @@ class CompileScreen(ModalScreen[None]):
         self.run_network(self.job, self.cancel, RUN_FITS_LAUNCHES)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action == "run_network":  # offered whenever nothing runs
+        if action in ("run_network", "never_slower"):  # offered whenever nothing runs
             return not any(w.group == "nnfusion" and w.is_running for w in self.workers)
         if action == "fit_launches":  # offered only when a fused kernel cannot launch and nothing runs
             running = any(w.group == "nnfusion" and w.is_running for w in self.workers)
