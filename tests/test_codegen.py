@@ -28,6 +28,9 @@ OTHER_OPS = [
     "cublas_dot_op_float|a+256_16|b+128_256|o+16_128|ta+1|tb+1",
     "cublas_dot_op_float|a+2_8_64|b+64_48|o+2_8_48|ta+0|tb+0",  # MatMul of a rank-3 activation (BERT's dense)
     "cublas_dot_op_float|a+2_3_4_32|b+32_24|o+2_3_4_24|ta+0|tb+0",
+    "cublas_batch_matmul_op_float|a+2_8_16|b+2_16_8|o+2_8_8",  # attention's Q K^T (its row's OpType says Dot)
+    "cublas_batch_matmul_op_float|a+1_3_20_24|b+1_3_24_20|o+1_3_20_20",
+    "cublas_batch_matmul_op_float|a+1_64|b+64_48|o+1_48",  # a MatMul of a 1-D operand: no batch axis
     "cudnn_maxpool_op_float|i+1_64_56_56|o+1_64_28_28|win+3_3|ws+2_2|pb+1_1|pa+0_0",
     "cudnn_avgpool_op_float|i+1_32_28_28|o+1_32_28_28|win+3_3|ws+1_1|pb+1_1|pa+1_1",
     "elementwise_relu_op_float|i+1_64_56_56|o+1_64_56_56",

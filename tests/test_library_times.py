@@ -80,6 +80,15 @@ def _conv(text: str) -> OpConfig:
     return parse_line(f"cudnn_convolution_op_float|{text}")
 
 
+@pytest.mark.parametrize("dtype", ["float", "half"])
+def test_a_batch_matmul_alone_is_a_matmul_of_two_activations(tmp_path: Path, dtype: str):
+    config = parse_line(f"cublas_batch_matmul_op_{dtype}|a+1_6_32_16|b+1_6_16_32|o+1_6_32_32", "scores")
+    model = one_op_model(config)
+    assert [(n.op_type, len(n.input)) for n in model.graph.node] == [("MatMul", 2)] and not model.graph.initializer
+    (found,) = extract(write(model, tmp_path / "bmm.onnx")).looked_up()
+    assert found.signature().identifier == config.signature().identifier
+
+
 @pytest.mark.parametrize(("config", "reason"), [
     (_conv("i+1_8_8_8|w+8_2_3_3|o+1_8_8_8|ws+1_1|wd+1_1|p+1_1|g+4"), "4 groups: never served by a DB row"),
     (parse_line("cudnn_avgpool_op_float|i+1_4_8_8|o+1_4_8_8|win+3_3|ws+1_1|pb+1_1|pa+1_1"),
@@ -88,6 +97,7 @@ def _conv(text: str) -> OpConfig:
                       "transpose_B": False}), "rebuilt as one ONNX node, it is not valid"),  # refused by validation too
     (_conv("i+1_4_8_8|w+4_4_3_3|o+1_4_9_9|ws+1_1|wd+1_1|p+1_1|pa+2_2"), "gives the shape [1, 4, 8, 8], where the "
                                                                         "op's output is [1, 4, 9, 9]"),
+    (parse_line("cublas_batch_matmul_op_float|a+1_768|b+768_3072|o+1_3072"), "a MatMul of a 1-D operand"),
 ])
 def test_an_op_no_one_node_model_can_stand_for_says_why(config: OpConfig, reason: str):
     with pytest.raises(InputError, match=reason.replace("[", r"\[").replace("]", r"\]")):

@@ -35,7 +35,7 @@ from core.db.kernel_db import KernelDB
 from core.errors import KdbError
 from core.inject.pipeline import InjectOptions, Injector
 from core.kernels.kernel_row import COLUMNS
-from core.kernels.ops import SUPPORTED_OP_TYPES
+from core.kernels.ops import ROW_OP_TYPE, SUPPORTED_OP_TYPES
 from core.nnfusion.compile_job import CompileJob, compile_and_read
 from core.nnfusion.compiler import CompilerFlags, compiler_prepass
 from core.nnfusion.coverage import IN_DB, NOT_USED
@@ -418,7 +418,8 @@ def kernel_db_lookups(log: Path) -> set[str]:
     """The identifiers the compiler tried to fetch (either DeviceType) whose op type a kernel-DB row can have."""
     found = set()
     for identifier in re.findall(r"Trying to fetch kernel (.*) on DeviceType: \S+", log.read_text()):
-        op = next((op for op in sorted(SUPPORTED_OP_TYPES, key=len, reverse=True) if identifier.startswith(op)), "")
+        op = next((op for op in sorted({*SUPPORTED_OP_TYPES, *ROW_OP_TYPE}, key=len, reverse=True)
+                   if identifier.startswith(op)), "")
         rest = identifier[len(op):]
         if op and rest[:1] and (rest[0].isdigit() or rest[0] == ";"):
             found.add(identifier)

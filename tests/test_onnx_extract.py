@@ -307,11 +307,10 @@ def test_unmapped_reasons(model_path):
     ext = extract(model_path(g.model(outs[0])))
     reasons = {(u.node, u.op_type): u.reason for u in ext.unmapped}
     assert reasons == {
-        ("softmax", "Softmax"): "no kernel-DB op type",
+        ("softmax", "Softmax"): "NNFusion fetches its Softmax identifier, and a row under a supported OpType would "
+                                "be used (engine/cache/manager.cpp gates a fetch on the OpType column only, "
+                                "docs/NNFUSION-RULES.md); kdb generates no Softmax kernel yet",
         ("dyn_relu", "Relu"): "dynamic shape: 'dyn' has dimension 'N'",
-        ("batched", "MatMul"): "MatMul [2, 4, 16] x [2, 16, 8] has a right operand of rank > 2: NNFusion emits "
-                               "BatchMatMul, which has no kernel-DB op type (a Dot needs a left operand of rank 2 "
-                               "or more and a 2-D right one)",
         ("int_add", "Add"): "element type INT64: op configs cover float, half and double",
         ("max3", "Max"): "3 inputs: NNFusion's Maximum takes 2",
         ("leaky", "LeakyRelu"): "no kernel-DB op type",
@@ -319,7 +318,24 @@ def test_unmapped_reasons(model_path):
     # the broadcast operand is reshaped and broadcast first: the Multiply itself is a full-shape lookup
     assert [(c.op_type, c.params, ext.nodes[c.key]) for c in ext.configs] == [
         ("Multiply", {"input_shapes": [[4, 16], [4, 16]], "output_shape": [4, 16]}, [("scale_mul",)]),
+        ("BatchMatMul", {"arg0_shape": [2, 4, 16], "arg1_shape": [2, 16, 8], "out_shape": [2, 4, 8]}, [("batched",)]),
         ("Relu", {"input_shapes": [[4, 16]], "output_shape": [4, 16]}, [("Relu#7",)])]
+
+
+@pytest.mark.parametrize("a, b, shapes", [
+    ([2, 4, 16], [2, 16, 8], ([2, 4, 16], [2, 16, 8], [2, 4, 8])),
+    ([1, 6, 197, 64], [1, 6, 64, 197], ([1, 6, 197, 64], [1, 6, 64, 197], [1, 6, 197, 197])),
+    ([4, 16], [3, 16, 8], ([3, 4, 16], [3, 16, 8], [3, 4, 8])),  # the left operand broadcast over the batch
+    ([2, 1, 4, 16], [3, 16, 8], ([2, 3, 4, 16], [2, 3, 16, 8], [2, 3, 4, 8])),
+    ([16], [2, 16, 8], ([2, 1, 16], [2, 16, 8], [2, 1, 8])),  # a 1-D left operand is [1, K]
+    ([2, 4, 16], [16], ([2, 4, 16], [2, 16, 1], [2, 4, 1])),
+])
+def test_a_batched_matmul_is_looked_up_as_nnfusions_broadcast_batch_matmul(a, b, shapes):
+    """frontend/onnx_import/op/matmul.cpp: both operands reshaped and broadcast to one batch shape; the identifier
+    is of those shapes (the compiler's lookup of the first case: tests/test_row_op_type.py)."""
+    from core.opconfigs.onnx_extract import batch_matmul_shapes
+
+    assert batch_matmul_shapes(a, b) == tuple(list(s) for s in shapes)
 
 
 def test_reshape_shapes_come_through_while_weight_values_are_not_needed(model_path):
@@ -453,8 +469,8 @@ def dot(a: list[int], b: list[int], out: list[int]) -> dict:
 def test_a_matmul_by_a_2d_weight_is_a_dot_whatever_the_activations_rank(model_path):
     """NNFusion's importer makes a Dot when the left input has rank >= 2 and the right rank 2 (BERT's dense
     layers); the bias Add after it is a full-shape Add (the bias broadcast first). Every other MatMul becomes
-    BatchMatMul (the
-    compiler's lookups, seen with ../shared/nnfusion: BatchMatMul1,768;768,3072;1,3072...)."""
+    BatchMatMul, looked up with its operands broadcast (the compiler's lookups, seen with ../shared/nnfusion:
+    BatchMatMul1,768;768,3072;1,3072...)."""
     g = GraphBuilder({"x": [1, 128, 768], "v": [768], "img": [2, 3, 16, 32]})
     y = g.node("MatMul", ["x", g.weight("w", [768, 768])], "dense")
     y = g.node("Add", [y, g.weight("b", [768])], "dense_bias")
@@ -470,15 +486,16 @@ def test_a_matmul_by_a_2d_weight_is_a_dot_whatever_the_activations_rank(model_pa
         ("Dot", dot([1, 128, 768], [768, 3072], [1, 128, 3072]), 1, 1, [("up",)]),
         ("Erf", {"input_shapes": [[1, 128, 3072]], "output_shape": [1, 128, 3072]}, 1, 1, [("erf",)]),
         ("Dot", dot([2, 3, 16, 32], [32, 8], [2, 3, 16, 8]), 1, 1, [("rank4",)]),
+        *(e for e in summary(ext) if e[0] == "BatchMatMul"),
     ]
     assert [c.signature().identifier for c in ext.configs if c.op_type == "Dot"] == [
         "Dot1,128,768;768,768;1,128,768floatfloatfloat", "Dot1,128,768;768,3072;1,128,3072floatfloatfloat",
         "Dot2,3,16,32;32,8;2,3,16,8floatfloatfloat"]
-    reasons = {u.node: u.reason for u in ext.unmapped}
-    assert set(reasons) == {"vector_left", "vector_right", "batched_right"}
-    assert reasons["vector_left"].startswith("MatMul [768] x [768, 3072] has a 1-D operand: NNFusion emits BatchMatMul")
-    assert reasons["vector_right"].startswith("MatMul [1, 128, 768] x [768] has a 1-D operand")
-    assert reasons["batched_right"].startswith("MatMul [1, 128, 768] x [1, 768, 768] has a right operand of rank > 2")
+    assert {ext.nodes[c.key][0][0]: c.signature().identifier for c in ext.configs if c.op_type == "BatchMatMul"} == {
+        "vector_left": "BatchMatMul1,768;768,3072;1,3072floatfloatfloat",
+        "vector_right": "BatchMatMul1,128,768;1,768,1;1,128,1floatfloatfloat",
+        "batched_right": "BatchMatMul1,128,768;1,768,768;1,128,768floatfloatfloat"}
+    assert not ext.unmapped
 
 
 def test_a_gemm_is_a_2d_dot_and_one_of_other_ranks_is_refused_with_the_onnx_rule(model_path):

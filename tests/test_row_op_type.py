@@ -78,3 +78,36 @@ def test_the_op_type_column_decides_and_the_identifier_matches(tmp_path: Path, o
     assert (MARK in code) is used
     if not used:  # NNFusion's own: cuBLAS's batched GEMM
         assert "cublasSgemmStridedBatched" in code
+
+
+def test_kdb_serves_batch_matmuls_through_the_readme_commands(tmp_path: Path):
+    """A 4-D attention product and one whose left operand is broadcast over the batch: extracted with the broadcast
+    shapes the compiler looks up, generated, injected under OpType Dot, and run by the compiled code."""
+    pytest.importorskip("tvm")
+    from conftest import run_kdb
+
+    g = GraphBuilder({"q": [1, 2, 8, 16], "x": [8, 32]})
+    scores = g.node("MatMul", ["q", g.weight("k", [1, 2, 16, 8])], "scores")
+    shared = g.node("MatMul", ["x", g.weight("w", [2, 32, 8])], "shared")
+    write(g.model(g.node("Add", [g.node("Reshape", [scores, g.constant("s", [2, 8, 8])], "flat"), shared], "sum"),
+                  "bmm4"), tmp_path / "m.onnx")
+    env = {"KDB_STATE_DIR": str(tmp_path / "state"), "KDB_CONFIG": str(tmp_path / "settings.toml")}
+    steps = [("opconfig", "extract", "m.onnx", "-o", "ops.txt"), ("codegen", "ops.txt", "-o", "k.json", "--arch",
+                                                                  "sm_90", "--db", "k.db"),
+             ("inject", "k.json", "--db", "k.db")]
+    for step in steps:
+        proc = run_kdb(*step, cwd=tmp_path, env=env)
+        assert proc.returncode == 0, (step, proc.stdout[-1500:], proc.stderr[-1500:])
+    lines = (tmp_path / "ops.txt").read_text().splitlines()
+    assert "cublas_batch_matmul_op_float|a+1_2_8_16|b+1_2_16_8|o+1_2_8_8" in lines
+    assert "cublas_batch_matmul_op_float|a+2_8_32|b+2_32_8|o+2_8_8" in lines
+    with sqlite3.connect(tmp_path / "k.db") as db:
+        assert {r[0] for r in db.execute("SELECT OpType FROM KernelCache WHERE Identifier LIKE 'BatchMatMul%'")} \
+            == {"Dot"}
+    proc = run_kdb("nnfusion", "m.onnx", "--db", "k.db", "--nnfusion", str(COMPILER), "--json", cwd=tmp_path, env=env)
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 0 and report["ok"], (report["reason"], report.get("broken_promises"))
+    used = {e["identifier"] for e in report["coverage"] if e["row"] and e["row"]["key"] in
+            report["usage"]["db_rows_used"]}
+    assert {"BatchMatMul1,2,8,16;1,2,16,8;1,2,8,8floatfloatfloat", "BatchMatMul2,8,32;2,32,8;2,8,8floatfloatfloat"} \
+        <= used, used

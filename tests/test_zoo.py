@@ -67,6 +67,8 @@ COMPILER_FAULTS = {
 # input into one (b3_avg_b) and puts it first.
 BLOCKERS_REWRITTEN = {"nasnet_cell": ("b3_avg_b", "b2_avg")}
 
+ATTENTION_BMM = ("BatchMatMul6,197,64;6,64,197;6,197,197floatfloatfloat",
+                 "BatchMatMul6,197,197;6,197,64;6,197,64floatfloatfloat")
 # Ops each network must run from the DB, beyond "some" (an identifier as the compiler looks it up).
 MUST_RUN_FROM_DB = {
     "bert_encoder": ("Dot1,128,768;768,768;1,128,768floatfloatfloat", "Dot1,128,768;768,3072;1,128,3072floatfloatfloat",
@@ -91,9 +93,10 @@ MUST_RUN_FROM_DB = {
         "Add1,32,1,1;1,32,1,1;1,32,1,1floatfloatfloatRelu1,32,1,1;1,32,1,1floatfloat",
         "Convolution1,32,1,1;512,32,1,1;1,512,1,1floatfloatfloatStrides{1, 1}Strides{1, 1}CoordinateDiff{0, 0}"),
     # the projections of the sequence-first [197, 1, 384] activations and the MLP's (the batched MatMuls are no lookup)
+    # attention's batched products: BatchMatMul rows under OpType Dot (docs/NNFUSION-RULES.md)
     "attention_bmm": ("Dot197,1,384;384,384;197,1,384floatfloatfloat",
                       "Dot1,197,384;384,1536;1,197,1536floatfloatfloat",
-                      "Dot1,197,1536;1536,384;1,197,384floatfloatfloat"),
+                      "Dot1,197,1536;1536,384;1,197,384floatfloatfloat", *ATTENTION_BMM),
     "convnext_block": (
         "Convolution1,96,56,56;384,96,1,1;1,384,56,56floatfloatfloatStrides{1, 1}Strides{1, 1}CoordinateDiff{0, 0}",
         "Convolution1,384,56,56;96,384,1,1;1,96,56,56floatfloatfloatStrides{1, 1}Strides{1, 1}CoordinateDiff{0, 0}"),
@@ -105,7 +108,7 @@ MUST_RUN_FROM_DB_REWRITTEN = {
     "bert_encoder": ("Dot128,768;768,768;128,768floatfloatfloat", "Dot128,768;768,3072;128,3072floatfloatfloat",
                      "Dot128,3072;3072,768;128,768floatfloatfloat"),
     "attention_bmm": ("Dot197,384;384,384;197,384floatfloatfloat", "Dot197,384;384,1536;197,1536floatfloatfloat",
-                      "Dot197,1536;1536,384;197,384floatfloatfloat"),
+                      "Dot197,1536;1536,384;197,384floatfloatfloat", *ATTENTION_BMM),
 }
 
 

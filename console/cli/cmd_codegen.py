@@ -24,7 +24,7 @@ from core.errors import InputError
 from core.inject import generate_run
 from core.inject.generate_run import CodegenProgress, GenerateEvent, GenerateRequest
 from core.inject.pipeline import InjectSnapshot
-from core.kernels.ops import CONV_FAMILY
+from core.kernels.ops import MATRIX_OP_TYPES
 from core.settings import load_settings
 
 
@@ -80,7 +80,7 @@ def _print_math(codegen: CodegenReport) -> None:
     if tensor:
         err.print(f"  {tensor} on the tensor cores, {len(done) - tensor} on the CUDA cores")
     for g in done:  # a matrix product the tensor cores did not take (pools and element-wise ops never would)
-        if g.math.startswith("CUDA cores:") and g.config.op_type in (*CONV_FAMILY, "Dot"):
+        if g.math.startswith("CUDA cores:") and g.config.op_type in MATRIX_OP_TYPES:
             err.print(f"  {escape(g.config.describe())}: {escape(g.math)}")
 
 

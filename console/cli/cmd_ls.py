@@ -81,7 +81,7 @@ class _Page:
 
 def _cells(r: KernelSummary) -> tuple[str, ...]:
     best = r.best_time()
-    return (r.op_type, r.identifier, r.key, "x".join(map(str, r.grid or [])), "x".join(map(str, r.block or [])),
+    return (r.op, r.identifier, r.key, "x".join(map(str, r.grid or [])), "x".join(map(str, r.block or [])),
             "-" if r.shared_bytes is None else str(r.shared_bytes), "-" if r.barriers is None else str(r.barriers),
             f"{best[1]:.2f} us ({best[0]})" if best else "not measured")
 

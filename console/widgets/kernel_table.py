@@ -63,9 +63,9 @@ def cells(row: KernelSummary, marked: bool) -> list[object]:
     launch = f"{'x'.join(map(str, row.grid or []))} / {'x'.join(map(str, row.block or []))}"
     return [
         "●" if marked else " ",
-        _fit(row.op_type, 26),
+        _fit(row.op, 26),
         _fit(row.device_type, 8),
-        _fit(shapes_of(row.op_type, row.identifier) or row.identifier, 40),
+        _fit(shapes_of(row.op, row.identifier) or row.identifier, 40),
         Text(f"{best[1]:.2f} us", style="green") if best else Text("not measured", style="dim"),
         launch,
         "-" if row.shared_bytes is None else f"{row.shared_bytes:,}",

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from core.errors import InputError
-from core.kernels.ops import CONV_FAMILY, POOLS
+from core.kernels.ops import BATCH_MATMUL, CONV_FAMILY, POOLS
 from core.opconfigs.opconfig import OpConfig, planar
 
 TOLERANCE = 1e-4  # the fp32 floor of tolerance(): relative error (max |a-b| / max |b|) allowed against fp64 numpy
@@ -28,7 +28,7 @@ def reduction_length(config: OpConfig) -> int:
     p = config.params
     if config.op_type in CONV_FAMILY:
         return math.prod(p["filter_shape"][1:])  # input channels (per group) x window
-    if config.op_type == "Dot":
+    if config.op_type in ("Dot", BATCH_MATMUL):
         return config.matrix_dims()[1]
     if config.op_type in POOLS:
         return math.prod(p["window_shape"])
@@ -166,6 +166,10 @@ def reference(config: OpConfig, arrays: list[np.ndarray]) -> np.ndarray:
         a = xs[0].reshape((k, m) if ta else (m, k))
         b = xs[1]
         return ((a.T if ta else a) @ (b.T if p.get("transpose_B") else b)).reshape(p["out_shape"])
+    if op == BATCH_MATMUL:  # the operands' batch axes as one (the kernel's buffers are flat)
+        m, k, n = config.matrix_dims()
+        a, b = xs[0].reshape(config.batch, m, k), xs[1].reshape(config.batch, k, n)
+        return np.matmul(a, b).reshape(p["out_shape"])
     if op in POOLS:
         return _pool(xs[0].reshape(p["input_shape"]), op, p["window_shape"], p["window_stride"], p["padding_below"],
                      p["padding_above"])

@@ -13,7 +13,7 @@ import functools
 from typing import Any
 
 from core.errors import InputError
-from core.kernels.ops import CONV_FAMILY, ELEMENTWISE_NO_ROW, POOLS
+from core.kernels.ops import BATCH_MATMUL, CONV_FAMILY, ELEMENTWISE_NO_ROW, POOLS
 from core.opconfigs.opconfig import OpConfig, planar
 
 # Bumped when an op's definition changes its TVM workload: a tuning work dir holds one workload's trials, so
@@ -66,6 +66,13 @@ def define(config: OpConfig) -> tuple[list[Any], Any]:
         b = te.placeholder((n, k) if tb else (k, n), dtype, name="input1")
         inputs, out = [a, b], topi.nn.matmul(a, b, transpose_a=ta, transpose_b=tb)
         want = [m, n]
+    elif op == BATCH_MATMUL:
+        # [batch, M, K] x [batch, K, N] whatever the batch axes (the kernel's buffers are flat)
+        m, k, n = config.matrix_dims()
+        a = te.placeholder((config.batch, m, k), dtype, name="input0")
+        b = te.placeholder((config.batch, k, n), dtype, name="input1")
+        inputs, out = [a, b], topi.nn.batch_matmul(a, b, transpose_a=False, transpose_b=False)
+        want = [config.batch, m, n]
     elif op in POOLS:
         data = te.placeholder(tuple(p["input_shape"]), dtype, name="input0")
         inputs, out = [data], _pool(data, p, op)

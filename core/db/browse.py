@@ -17,6 +17,7 @@ from core.db.kernel_db import KernelDB
 from core.db.summary_index import LINT_SQL, ROW_COLUMNS, SELECTIVE_LIMIT, SUMMARY_COLUMNS, SummaryIndex
 from core.kernels.kernel_row import shared_bytes
 from core.kernels.lint import quick_problem
+from core.kernels.ops import op_of_row
 from core.kernels.profile import parse_profile
 
 SORTABLE = {
@@ -103,6 +104,11 @@ class KernelSummary:
     resource: int | None = None
     name: str = ""
     problem: str = ""  # first lint problem found without reading bodies ('' when none)
+
+    @property
+    def op(self) -> str:
+        """kdb's op type (a BatchMatMul row's OpType column says Dot: KernelRow.op)."""
+        return op_of_row(self.op_type, self.identifier)
 
     def best_time(self) -> tuple[str, float] | None:
         if not self.times:

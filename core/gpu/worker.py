@@ -99,7 +99,7 @@ def _shapes(job: dict[str, Any]) -> tuple[list[tuple[int, ...]], tuple[int, ...]
         ins = [p["input_shape"], p["filter_shape"]]
         if op == "Fused_Convolution_Add_Relu":
             ins.append(p["output_shape"])
-    elif op == "Dot":
+    elif "arg0_shape" in p:  # Dot, BatchMatMul
         ins = [p["arg0_shape"], p["arg1_shape"]]
     elif "window_shape" in p:
         ins = [p["input_shape"]]

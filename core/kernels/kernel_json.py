@@ -24,7 +24,7 @@ from typing import Any
 
 from core.cuda.nvcc import MAX_THREADS_PER_BLOCK
 from core.errors import InputError
-from core.kernels.ops import CONV_FAMILY, ELEMENTWISE_ARITY, INJECTABLE_OP_TYPES, POOLS, dtype_problem
+from core.kernels.ops import BATCH_MATMUL, CONV_FAMILY, ELEMENTWISE_ARITY, INJECTABLE_OP_TYPES, POOLS, dtype_problem
 from core.kernels.opsig import ConvParams, DotParams, OpSignature, PoolParams, Shape
 
 MAX_FILE_BYTES = 64 * 1024 * 1024
@@ -246,6 +246,8 @@ def validate_item(item: Any) -> KernelSpec:
         op = _pool(op_type, params, dtype)
     elif op_type == "Dot":
         op = _dot(params, dtype, warnings)
+    elif op_type == BATCH_MATMUL:
+        op = _batch_matmul(params, dtype)
     else:
         op = _elementwise(op_type, params, dtype)
     if tensor_math:
@@ -353,6 +355,28 @@ def _dot(params: dict[str, Any], dtype: str, warnings: list[str]) -> OpSignature
             raise _fail("parameters.arg1_shape",
                         f"{list(b)} does not match K={a_k}, N={n} (transpose_B={str(tb).lower()})")
     return OpSignature("Dot", (a, b), (out,), DotParams(ta, tb), dtype)
+
+
+def _batch_matmul(params: dict[str, Any], dtype: str) -> OpSignature:
+    """NNFusion's BatchMatMul of an ONNX MatMul (op/matmul.cpp): both operands broadcast to one batch shape,
+    [batch.., M, K] x [batch.., K, N] = [batch.., M, N], never transposed (the identifier carries no flag)."""
+    a = _shape(params, "arg0_shape", min_rank=2)  # rank 2: a 1-D operand's product, no batch axis
+    b = _shape(params, "arg1_shape", rank=len(a))
+    out = _shape(params, "out_shape", rank=len(a))
+    for key in ("transpose_A", "transpose_B", "adj_x", "adj_y"):
+        if params.get(key):
+            raise _fail(f"parameters.{key}", "must be false: an ONNX MatMul's BatchMatMul never transposes, and its "
+                        "identifier could not say so")
+    if a[:-2] != b[:-2]:
+        raise _fail("parameters.arg1_shape", f"batch axes {list(b[:-2])} differ from arg0_shape's {list(a[:-2])} "
+                    "(NNFusion broadcasts both to one batch shape first)")
+    if b[-2] != a[-1]:
+        raise _fail("parameters.arg1_shape", f"{list(b)} does not match K={a[-1]} of arg0_shape {list(a)}")
+    want = (*a[:-1], b[-1])
+    if out != want:
+        raise _fail("parameters.out_shape", f"{list(out)} does not follow from {list(a)} x {list(b)} "
+                    f"(expected {list(want)})")
+    return OpSignature(BATCH_MATMUL, (a, b), (out,), None, dtype)
 
 
 def _batched_rows_dot(a: Shape, b: Shape, out: Shape, ta: bool, tb: bool, dtype: str) -> OpSignature:

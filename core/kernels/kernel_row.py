@@ -26,7 +26,9 @@ from core.kernels.ops import (
     EXTERNAL_SOURCE,
     FUSED_OP_TYPES,
     PATTERN_DEVICE_TYPE,
+    ROW_OP_TYPE,
     STANDALONE_SOURCE,
+    op_of_row,
     parameter_order,
     tags_for,
 )
@@ -53,6 +55,12 @@ class KernelRow:
     function: str
     tags: str
     miscs: str
+
+    @property
+    def op(self) -> str:
+        """kdb's op type for the row: the OpType column, or the op its identifier names where the column stands in
+        (a BatchMatMul row's OpType says Dot: core/kernels/ops.py ROW_OP_TYPE)."""
+        return op_of_row(self.op_type, self.identifier)
 
     def values(self) -> tuple[str, ...]:
         return (self.key, self.identifier, self.op_type, self.attributes, self.source, self.device_type,
@@ -266,7 +274,7 @@ def build_row(
     return KernelRow(
         key=kernel_key(identifier, spec.grid, block, function_body),
         identifier=identifier,
-        op_type=spec.op.op_type,
+        op_type=ROW_OP_TYPE.get(spec.op.op_type, spec.op.op_type),  # the column the compiler's fetch accepts
         attributes=_dumps(spec.op.attributes()),
         source=EXTERNAL_SOURCE,
         device_type=DEVICE_TYPE,

@@ -29,6 +29,7 @@ from core.kernels.ops import (
     SUPPORTED_OP_TYPES,
     UNSERVED_DTYPES,
     dtype_problem,
+    op_of_row,
 )
 from core.kernels.opsig import signature_from_attributes
 from core.kernels.profile import parse_profile
@@ -113,7 +114,7 @@ def lint_row(raw: tuple[Any, ...]) -> list[Finding]:
     if "Attributes" in parsed and isinstance(op_type, str) and isinstance(ident, str) \
             and op_type in SUPPORTED_OP_TYPES and op_type != "Matched_Pattern":
         try:
-            expected = signature_from_attributes(op_type, parsed["Attributes"]).identifier
+            expected = signature_from_attributes(op_of_row(op_type, ident), parsed["Attributes"]).identifier
         except InputError as exc:
             add(WARNING, "identifier", f"cannot rebuild the identifier from Attributes: {exc}")
         else:
@@ -423,7 +424,7 @@ def quick_problem(op_type: Any, attributes: Any, identifier: Any, source: Any, d
     if op_type == "Matched_Pattern":
         return ""
     try:
-        expected = signature_from_attributes(op_type, _strict_json(attributes)).identifier
+        expected = signature_from_attributes(op_of_row(op_type, identifier), _strict_json(attributes)).identifier
     except (InputError, ValueError, RecursionError):
         return "Attributes unreadable"
     return "" if expected == identifier else "Identifier does not match Attributes"

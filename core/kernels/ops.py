@@ -51,8 +51,26 @@ SUPPORTED_OP_TYPES: frozenset[str] = frozenset(
     [*ELEMENTWISE_ARITY, "Dot", *CONV_FAMILY, *POOLS, "Matched_Pattern"]
 )
 
+# Ops outside the SupportOpList that the compiler still fetches by identifier, and the OpType their rows carry: its
+# fetch_all drops a fetch only for a row's OpType column, and kernel selection matches the identifier alone
+# (docs/NNFUSION-RULES.md, "The OpType column gates a fetch"). A BatchMatMul (an ONNX MatMul of a right operand of
+# rank > 2) is served by a row of OpType Dot under BatchMatMul's identifier.
+BATCH_MATMUL = "BatchMatMul"
+ROW_OP_TYPE: dict[str, str] = {BATCH_MATMUL: "Dot"}
+
 # Op types the injection pipeline can turn into rows (Matched_Pattern has no kernel-JSON form).
-INJECTABLE_OP_TYPES: tuple[str, ...] = (*CONV_FAMILY, "Dot", *POOLS, *ELEMENTWISE_ARITY)
+INJECTABLE_OP_TYPES: tuple[str, ...] = (*CONV_FAMILY, "Dot", BATCH_MATMUL, *POOLS, *ELEMENTWISE_ARITY)
+# Matrix products (the tensor cores' ops; a TF32 run's)
+MATRIX_OP_TYPES = (*CONV_FAMILY, "Dot", BATCH_MATMUL)
+
+
+def op_of_row(op_type_column: str, identifier: str) -> str:
+    """kdb's op type of a row: its OpType column, or the op its identifier names where the column stands in for it
+    (ROW_OP_TYPE: a BatchMatMul row says Dot)."""
+    for op, column in ROW_OP_TYPE.items():
+        if op_type_column == column and identifier.startswith(op) and identifier[len(op):len(op) + 1].isdigit():
+            return op
+    return op_type_column
 
 # C type names the compiler writes into identifiers (element_type.c_type_string()).
 DTYPES = ("float", "half", "double")
@@ -107,7 +125,7 @@ class ParameterOrder:
 def parameter_order(op_type: str) -> ParameterOrder:
     if op_type == "Fused_Convolution_Add_Relu":
         return ParameterOrder(("input0", "input1", "output0", "input2"))
-    if op_type in CONV_FAMILY or op_type == "Dot":
+    if op_type in MATRIX_OP_TYPES:
         return ParameterOrder(("input0", "input1", "output0"))
     if op_type in POOLS:
         return ParameterOrder(("input0", "output0"))

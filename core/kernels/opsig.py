@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.errors import InputError
-from core.kernels.ops import CONV_FAMILY, ELEMENTWISE_ARITY, POOLS, SUPPORTED_OP_TYPES, dtype_problem
+from core.kernels.ops import CONV_FAMILY, ELEMENTWISE_ARITY, POOLS, ROW_OP_TYPE, SUPPORTED_OP_TYPES, dtype_problem
 
 Shape = tuple[int, ...]
 
@@ -170,8 +170,9 @@ def _int_tuple(params: dict[str, Any], key: str) -> Shape:
 
 
 def signature_from_attributes(op_type: str, attrs: Any) -> OpSignature:
-    """Rebuild the OpSignature an Attributes column describes; InputError when it cannot."""
-    if op_type not in SUPPORTED_OP_TYPES:
+    """Rebuild the OpSignature an Attributes column describes (`op_type`: kdb's op of the row, KernelRow.op);
+    InputError when it cannot."""
+    if op_type not in SUPPORTED_OP_TYPES and op_type not in ROW_OP_TYPE:
         raise InputError(f"op type {op_type!r} is not supported by the compiler", where="OpType")
     if not isinstance(attrs, dict):
         raise InputError("Attributes is not a JSON object", where="Attributes")

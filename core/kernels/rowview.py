@@ -39,7 +39,7 @@ def describe_row(row: KernelRow) -> dict[str, Any]:
                       "bytes": shared_bytes({"shared_memory": {"dtype": [t], "size": [n]}})})
     kdb = miscs.get("kdb") if isinstance(miscs.get("kdb"), dict) else {}
     return {
-        "key": row.key, "identifier": row.identifier, "op_type": row.op_type, "source": row.source,
+        "key": row.key, "identifier": row.identifier, "op_type": row.op, "source": row.source,
         "device_type": row.device_type, "tags": row.tags, "name": kdb.get("name", ""),
         "attributes": attrs, "grid": fn.get("grid_dim"), "block": fn.get("block_dim"),
         "num_syncthreads": fn.get("num_syncthreads"), "resource": resource,

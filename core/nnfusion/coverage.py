@@ -30,11 +30,13 @@ from core.db.kernel_db import KernelDB
 from core.errors import InputError
 from core.kernels.kernel_row import antares_entry
 from core.kernels.ops import (
+    BATCH_MATMUL,
     BLOCK_TAG,
     CONV_FAMILY,
     DEFAULT_PRODUCT,
     DEVICE_TYPE,
     FUSED_OP_TYPES,
+    MATRIX_OP_TYPES,
     PATTERN_DEVICE_TYPE,
     POOLS,
     STANDALONE_SOURCE,
@@ -115,6 +117,8 @@ def fallback_for(config: OpConfig) -> str:
         return "cuDNN + the Add/Relu as element-wise nodes (not fused)"
     if config.op_type == "Dot":
         return "cuBLAS"
+    if config.op_type == BATCH_MATMUL:
+        return "cuBLAS (strided batched GEMM)"
     return NNFUSION_KERNEL
 
 
@@ -165,7 +169,7 @@ class _Model:
             count = ex.count(config)
             occurrences = ex.nodes.get(config.key, [])
             away = sum(1 for m in occurrences if ex.unit_of(config, m) in fused_units) \
-                if config.op_type not in CONV_FAMILY and config.op_type not in POOLS and config.op_type != "Dot" else 0
+                if config.op_type not in (*MATRIX_OP_TYPES, *POOLS) else 0
             out.append(self.entry(config, count, away))
         return out
 

@@ -154,7 +154,7 @@ def _facts(row: KernelRow) -> RowFacts:
     try:
         fn, attrs = json.loads(row.function), json.loads(row.attributes)
     except ValueError:
-        return RowFacts(row.key, row.identifier, row.op_type, _emitted_body(row))
+        return RowFacts(row.key, row.identifier, row.op, _emitted_body(row))
     dtype = attrs.get("dtype", "float") if isinstance(attrs, dict) else "float"
 
     def tensors(name: str) -> tuple[tuple[str, tuple[int, ...]], ...] | None:
@@ -168,7 +168,7 @@ def _facts(row: KernelRow) -> RowFacts:
         return (int(value[0]), int(value[1]), int(value[2])) if isinstance(value, list) and len(value) == 3 else None
 
     grid, block = dims("grid_dim"), dims("block_dim")
-    return RowFacts(row.key, row.identifier, row.op_type, _emitted_body(row), tensors("input_shape"),
+    return RowFacts(row.key, row.identifier, row.op, _emitted_body(row), tensors("input_shape"),
                     tensors("output_shape"), (grid, block) if grid and block else None)
 
 

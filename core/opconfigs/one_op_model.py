@@ -79,6 +79,8 @@ class _Builder:
             return self._conv(op, bias)
         if op == "Dot":
             return self._dot()
+        if op == "BatchMatMul":
+            return self._batch_matmul()
         if op in ("MaxPool", "AvgPool"):
             return self._pool(op)
         if op in ELEMENTWISE_ONNX:
@@ -135,6 +137,15 @@ class _Builder:
             return self._node("MatMul", [self._input(a), weight])
         # ONNX's Gemm is 2-D (validation refuses a transposed Dot of a higher rank; shape inference would too)
         return self._node("Gemm", [self._input(a), weight], transA=int(trans_a), transB=int(trans_b), beta=0.0)
+
+    def _batch_matmul(self) -> str:
+        """A MatMul of two activations already of one batch shape (attention's): the importer's BatchMatMul of the
+        same shapes. One of rank 2 came from a 1-D operand, which a one-op model cannot give back its shape."""
+        a, b = self.params["arg0_shape"], self.params["arg1_shape"]
+        if len(a) < 3:
+            raise InputError(f"BatchMatMul {a} x {b} comes from a MatMul of a 1-D operand: not rebuilt alone",
+                             where=self.config.source)
+        return self._node("MatMul", [self._input(a), self._input(b)])
 
     def _pool(self, op: str) -> str:
         p = self.params

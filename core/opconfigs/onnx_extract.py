@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 from core.errors import InputError
-from core.kernels.ops import ELEMENTWISE_ARITY, ELEMENTWISE_NO_ROW, FUSED_OP_TYPES, UNSERVED_DTYPES
+from core.kernels.ops import BATCH_MATMUL, ELEMENTWISE_ARITY, ELEMENTWISE_NO_ROW, FUSED_OP_TYPES, UNSERVED_DTYPES
 from core.opconfigs.fusion import (
     BROADCAST,
     ELEMENTWISE,
@@ -412,6 +412,10 @@ class _Extractor:
             raise _NotMapped("control flow: its subgraphs are not analysed")
         elif op == "BatchNormalization":
             raise _NotMapped("no kernel-DB op type (fold it into the convolution before export)")
+        elif op == "Softmax":
+            raise _NotMapped("NNFusion fetches its Softmax identifier, and a row under a supported OpType would be "
+                             "used (engine/cache/manager.cpp gates a fetch on the OpType column only, "
+                             "docs/NNFUSION-RULES.md); kdb generates no Softmax kernel yet")
         else:
             raise _NotMapped("no kernel-DB op type")
 
@@ -606,14 +610,16 @@ class _Extractor:
     def _matmul(self, i: int, node: Any) -> None:
         # NNFusion's importer (matmul.cpp) makes a Dot when the left operand has rank >= 2 and the right rank 2
         # (a BERT dense layer [1,128,768] x [768,768]: Dot1,128,768;768,768;1,128,768...); every other MatMul
-        # (a 1-D operand, a right operand of rank > 2) becomes Reshape + Broadcast + BatchMatMul.
+        # (a 1-D operand, a right operand of rank > 2) becomes Reshape + Broadcast + BatchMatMul, looked up with the
+        # operands broadcast to one batch shape (batch_matmul_shapes).
         a, b, y = node.input[0], node.input[1], node.output[0]
         a_shape, b_shape = self.t.shape(a), self.t.shape(b)
-        if len(a_shape) < 2 or len(b_shape) != 2:
-            why = "a 1-D operand" if 1 in (len(a_shape), len(b_shape)) else "a right operand of rank > 2"
-            raise _NotMapped(f"MatMul {a_shape} x {b_shape} has {why}: NNFusion emits BatchMatMul, which has no "
-                             "kernel-DB op type (a Dot needs a left operand of rank 2 or more and a 2-D right one)")
         dtype = self.t.dtype([a, b, y])
+        if len(a_shape) < 2 or len(b_shape) != 2:
+            left, right, out = batch_matmul_shapes(a_shape, b_shape)
+            params = {"arg0_shape": left, "arg1_shape": right, "out_shape": out}
+            self._emit(OpConfig(BATCH_MATMUL, params, 1, dtype, source=self.names[i]), [i])
+            return
         params = {"arg0_shape": a_shape, "arg1_shape": b_shape, "out_shape": self.t.shape(y),
                   "transpose_A": False, "transpose_B": False}
         self._emit(OpConfig("Dot", params, 1, dtype, source=self.names[i]), [i])
@@ -702,6 +708,24 @@ class _Extractor:
         self.done.add(i)
         self._emit_elementwise("Maximum", [out, out], out, dtype, f"{self.names[i]}/max")
         self._emit_elementwise("Minimum", [out, out], out, dtype, self.names[i])
+
+
+def batch_matmul_shapes(a: list[int], b: list[int]) -> tuple[list[int], list[int], list[int]]:
+    """The shapes NNFusion's BatchMatMul of an ONNX MatMul has (frontend/onnx_import/op/matmul.cpp): each operand
+    padded to the output's rank (a 1-D left one as [1, K], a 1-D right one as [K, 1]), both broadcast to one batch
+    shape; the output is that batch shape and [M, N] (reshaped back after). _NotMapped where the batch axes do not
+    broadcast (the importer aborts)."""
+    rank = max(len(a), len(b), 2)
+    left = [1, *a] if len(a) == 1 else list(a)
+    right = [*b, 1] if len(b) == 1 else list(b)
+    left, right = [1] * (rank - len(left)) + left, [1] * (rank - len(right)) + right
+    batch = []
+    for x, z in zip(left[:-2], right[:-2], strict=True):
+        if x != z and 1 not in (x, z):
+            raise _NotMapped(f"MatMul {a} x {b}: batch axes {x} and {z} do not broadcast (NNFusion's importer aborts: "
+                             "'broadcast dim mismatch')")
+        batch.append(max(x, z))
+    return [*batch, *left[-2:]], [*batch, *right[-2:]], [*batch, left[-2], right[-1]]
 
 
 def _broadcasts_to(shape: list[int], target: list[int]) -> bool:

@@ -8,6 +8,8 @@ Line format (the Rammer artifact's, extended the same way for the other ops):
         fuse+relu or fuse+add_relu (the fused op types NNFusion fetches)
     cublas_dot_op_float|a+M_K|b+K_N|o+M_N|ta+0|tb+0
         a+ may have rank > 2, untransposed (a BERT dense layer: a+1_128_768|b+768_768|o+1_128_768)
+    cublas_batch_matmul_op_float|a+B_M_K|b+B_K_N|o+B_M_N
+        NNFusion's BatchMatMul of a MatMul of 3-D or 4-D activations (attention's Q K^T): one batch shape for all
     cudnn_maxpool_op_float|i+..|o+..|win+3_3|ws+2_2|pb+1_1|pa+1_1      (cudnn_avgpool_op_float alike)
     elementwise_relu_op_float|i+..|o+..                                 (one i+ per input)
 
@@ -28,7 +30,7 @@ from typing import Any
 
 from core.errors import InputError
 from core.kernels.kernel_json import MAX_FILE_BYTES, validate_item
-from core.kernels.ops import CONV_FAMILY, ELEMENTWISE_ARITY, POOLS, dtype_problem
+from core.kernels.ops import BATCH_MATMUL, CONV_FAMILY, ELEMENTWISE_ARITY, POOLS, dtype_problem
 from core.kernels.opsig import OpSignature, dot_mkn
 from core.opconfigs.nnfusion_import import depthwise_padding_ok, grouped_conv_reason
 
@@ -96,17 +98,26 @@ class OpConfig:
         if self.op_type in CONV_FAMILY:
             out, filt = p["output_shape"], p["filter_shape"]
             return 2 * math.prod(out) * math.prod(filt[1:])
-        if self.op_type == "Dot":
+        if self.op_type in ("Dot", BATCH_MATMUL):
             m, k, n = self.matrix_dims()
-            return 2 * m * n * k
+            return 2 * self.batch * m * n * k
         if self.op_type in POOLS:
             return math.prod(p["output_shape"]) * math.prod(p["window_shape"])
         return math.prod(p["output_shape"])
 
     def matrix_dims(self) -> tuple[int, int, int]:
-        """A Dot's (M, K, N) as one matrix product: a left operand of rank > 2 gives its leading axes as rows."""
+        """A Dot's (M, K, N) as one matrix product: a left operand of rank > 2 gives its leading axes as rows. A
+        BatchMatMul's of each of its `batch` products."""
         p = self.params
+        if self.op_type == BATCH_MATMUL:
+            a, b = p["arg0_shape"], p["arg1_shape"]
+            return a[-2], a[-1], b[-1]
         return dot_mkn(p["arg0_shape"], p["arg1_shape"], bool(p.get("transpose_A")), bool(p.get("transpose_B")))
+
+    @property
+    def batch(self) -> int:
+        """How many matrix products the op is: a BatchMatMul's batch axes, else 1."""
+        return math.prod(self.params["arg0_shape"][:-2]) if self.op_type == BATCH_MATMUL else 1
 
     @property
     def memory_bound(self) -> bool:
@@ -120,7 +131,7 @@ class OpConfig:
         if self.op_type in CONV_FAMILY:
             shapes = [p["input_shape"], p["filter_shape"], p["output_shape"]]
             shapes += [p["output_shape"]] if self.op_type == "Fused_Convolution_Add_Relu" else []
-        elif self.op_type == "Dot":
+        elif self.op_type in ("Dot", BATCH_MATMUL):
             shapes = [p["arg0_shape"], p["arg1_shape"], p["out_shape"]]
         elif self.op_type in POOLS:
             shapes = [p["input_shape"], p["output_shape"]]
@@ -153,6 +164,8 @@ class OpConfig:
                     f"p{_dims(p['padding_below_diff'])}"
                     + (f" d{_dims(dilation)}" if any(d != 1 for d in dilation) else ""))  # dilated convs apart
             return text + (f" g{self.groups}" if self.groups != 1 else "")
+        if self.op_type == BATCH_MATMUL:
+            return f"BatchMatMul {_dims(p['arg0_shape'])} x {_dims(p['arg1_shape'])}"
         if self.op_type == "Dot":
             return (f"Dot {_dims(p['arg0_shape'])} x {_dims(p['arg1_shape'])}"
                     f"{' (tA)' if p.get('transpose_A') else ''}{' (tB)' if p.get('transpose_B') else ''}")
@@ -255,6 +268,10 @@ def parse_line(line: str, where: str = "") -> OpConfig:
             if len(group_field) != 1:
                 raise InputError(f"g+{one('g')}: expected one group count", where=where)
             groups = group_field[0]
+    elif kind.endswith("batch_matmul"):
+        op_type = BATCH_MATMUL
+        params = {"arg0_shape": _shape(one("a"), where), "arg1_shape": _shape(one("b"), where),
+                  "out_shape": _shape(one("o"), where)}
     elif kind.endswith("dot"):
         op_type = "Dot"
         params = {"arg0_shape": _shape(one("a"), where), "arg1_shape": _shape(one("b"), where),
@@ -273,7 +290,8 @@ def parse_line(line: str, where: str = "") -> OpConfig:
         inputs = [_shape(v, where) for v in values.get("i", [])]
         params = {"input_shapes": inputs, "output_shape": _shape(one("o"), where)}
     else:
-        raise InputError(f"prefix {prefix!r}: not a convolution, dot, pool or element-wise op config", where=where)
+        raise InputError(f"prefix {prefix!r}: not a convolution, dot, batch matmul, pool or element-wise op config",
+                         where=where)
     config = OpConfig(op_type, params, groups, dtype, (prefix, tuple(order)), where)
     validate(config) if groups == 1 else _validate_grouped(config)
     if format_line(config) != line:
@@ -316,6 +334,9 @@ def format_line(config: OpConfig) -> str:
         prefix, default = f"cublas_dot_op_{config.dtype}", ("a", "b", "o", "ta", "tb")
         fields = {"a": dims(p["arg0_shape"]), "b": dims(p["arg1_shape"]), "o": dims(p["out_shape"]),
                   "ta": str(int(bool(p.get("transpose_A")))), "tb": str(int(bool(p.get("transpose_B"))))}
+    elif op == BATCH_MATMUL:
+        prefix, default = f"cublas_batch_matmul_op_{config.dtype}", ("a", "b", "o")
+        fields = {"a": dims(p["arg0_shape"]), "b": dims(p["arg1_shape"]), "o": dims(p["out_shape"])}
     elif op in POOLS:
         prefix = f"cudnn_{'maxpool' if op == 'MaxPool' else 'avgpool'}_op_{config.dtype}"
         default = ("i", "o", "win", "ws", "pb", "pa")
