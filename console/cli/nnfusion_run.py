@@ -120,7 +120,9 @@ def never_slower_command(args: argparse.Namespace, job: CompileJob, *, fit_launc
         _print(result.baseline)
     for trial in result.trials:
         verdict = trial.verdict
-        said = f"ratio {verdict.ratio:.3f}x, {verdict.first.text()}" if verdict else "not measured"
+        said = (f"over the empty DB {verdict.first.median:.3f}x (rounds {verdict.first.low:.3f}-"
+                f"{verdict.first.high:.3f}) against the best so far {verdict.second.median:.3f}x"
+                if verdict else "not measured")
         out.print(f"  {'kept' if trial.kept else 'put back':8s} {trial.candidate.describe()}: {trial.why}; {said}"
                   + (f"; undo: kdb db undo {trial.undo_file} --apply" if trial.undo_file else ""),
                   markup=False, highlight=False, soft_wrap=True)

@@ -4,8 +4,9 @@
 network (BlockFusion runs rows side by side, a library call runs alone, the L2 holds the previous op's output), and
 leaving every slower row to the library made BERT slower in session 19 (0.304 ms with all rows, 0.373 ms after).
 So the op times only propose: each candidate (the ops whose row ran slower alone, those BlockFusion runs in one
-kernel taken together) is set aside, the network is run in rounds (core/gpu/network_run.py), and the change is kept
-only when the network is faster than the best so far outside the noise (core/gpu/verdict.py); else it is put back.
+kernel taken together) is set aside, the network is run in rounds against the empty DB (core/gpu/network_run.py),
+and the change is kept only when the network's time over the empty DB's, round by round, is below the best so far
+in every round (core/gpu/verdict.py); else it is put back.
 Greedy, the candidates that cost the most alone first. Last, if the network is still slower than with the empty DB
 outside the noise, every row it runs is left to the library (the empty DB's network, which is never slower than
 itself). Each kept change has its undo file (`kdb db undo FILE --apply`).
@@ -169,7 +170,10 @@ def _right(run: NetworkRun) -> bool:
 
 
 def _rounds(run: NetworkRun) -> list[float]:
-    return [r["median_ms"] for r in run.with_db.rounds]
+    """Each round's network time over the empty DB's of the same round: trials run minutes apart, and a host that
+    drifts in between moves both contenders of a round alike (core/gpu/network_run.py interleaves them)."""
+    return [db["median_ms"] / empty["median_ms"]
+            for db, empty in zip(run.with_db.rounds, run.empty_db.rounds, strict=True)]
 
 
 def _final(trials: list[Trial], baseline: NetworkRun) -> NetworkRun:
