@@ -9,11 +9,13 @@ block_function_body that does not compile in NNFusion's own form.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import sqlite3
 import subprocess
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -456,6 +458,46 @@ def test_a_grouped_conv_that_is_not_depthwise_makes_the_compiler_abort_as_extrac
     proc = subprocess.run([str(COMPILER), str(model), "-f", "onnx"], cwd=tmp_path, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode != 0 and "n_filters_channels & groups == 0" in proc.stdout + proc.stderr
+
+
+def test_the_compiler_starts_and_ends_while_kdb_holds_the_db_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """CI once saw NNFusion abort on its table check (manager.cpp:67): coverage's reader, run beside the compiler,
+    closed the WAL file (the last close locks it exclusively) just as the compiler opened it. kdb's connection must
+    be open from before the compiler starts until after it ends, so no close of ours can meet the compiler's open."""
+    import core.nnfusion.compile_job as compile_job
+    model = write(elementwise_chain(1).model("e", "chain"), tmp_path / "chain.onnx")
+    db = build_db(model, tmp_path / "k.db", tmp_path)
+    coverage_done = threading.Event()
+    real_coverage, real_compile = compile_job._coverage, compile_job.compile_model
+
+    def coverage_then_signal(*args, **kwargs):  # type: ignore[no-untyped-def]
+        try:
+            return real_coverage(*args, **kwargs)
+        finally:
+            coverage_done.set()
+
+    def compile_once_coverage_is_done(*args, **kwargs):  # type: ignore[no-untyped-def]
+        assert coverage_done.wait(timeout=600), "coverage never finished"
+        assert _open_in_this_process(db), "kdb closed the DB before the compiler opened it"
+        result = real_compile(*args, **kwargs)
+        assert _open_in_this_process(db), "kdb closed the DB while the compiler ran"
+        return result
+
+    monkeypatch.setattr(compile_job, "_coverage", coverage_then_signal)
+    monkeypatch.setattr(compile_job, "compile_model", compile_once_coverage_is_done)
+    report = compile_with(model, db, tmp_path)
+    assert report.entries and report.usage is not None
+
+
+def _open_in_this_process(path: Path) -> bool:
+    fds = Path("/proc/self/fd")
+    if not fds.is_dir():
+        pytest.skip("needs /proc to see this process's open files")
+    target, links = path.resolve(), []
+    for fd in fds.iterdir():
+        with contextlib.suppress(OSError):  # an fd another thread closes meanwhile
+            links.append(Path(os.readlink(fd)))
+    return target in links
 
 
 def test_a_gemm_without_c_is_flagged(tmp_path: Path):

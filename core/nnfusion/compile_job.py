@@ -171,9 +171,11 @@ def compile_and_read(job: CompileJob, *, state: StateDB | None = None,
     # coverage below reads it again for nothing).
     prepass = not extract_for_compiler(job.model, job.flags, binary=job.binary,
                                        nnfusion_path=job.nnfusion_path).prepass.get("bypassed", False)
-    # kdb's own reading of the DB (coverage) runs while the compiler does: it needs nothing from it.
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        promise = pool.submit(_coverage, job)
+    # kdb's own reading of the DB (coverage) runs while the compiler does: it needs nothing from it. The DB is
+    # opened before the compiler starts and closed after it ends: the last connection to close a WAL file locks it
+    # exclusively, and the compiler, which has no busy timeout, aborts on its table check if it opens then.
+    with KernelDB.open(job.db) as db, ThreadPoolExecutor(max_workers=1) as pool:
+        promise = pool.submit(_coverage, job, db)
         result = compile_model(job.model, job.db, job.workdir(), binary=binary, product_name=job.product_name,
                                flags=job.flags, timeout_s=job.timeout_s, on_line=on_line,
                                should_cancel=should_cancel, prepass=prepass)
@@ -300,18 +302,20 @@ def import_blockers(job: CompileJob) -> list[Blocker]:
     return extract_for_compiler(job.model, job.flags, binary=job.binary, nnfusion_path=job.nnfusion_path).blockers
 
 
-def model_coverage(job: CompileJob) -> tuple[Extraction, list[CoverageEntry]]:
+def model_coverage(job: CompileJob, db: KernelDB | None = None) -> tuple[Extraction, list[CoverageEntry]]:
     """The model's op configs as the compiler imports them at the job's flags (kept by the model's content), and
-    what the job's DB makes the compiler run for each."""
+    what the job's DB (`db` when open already) makes the compiler run for each."""
     # a model compiled before (or its blockers asked for): no ONNX
     extraction = extract_for_compiler(job.model, job.flags, binary=job.binary, nnfusion_path=job.nnfusion_path)
-    with KernelDB.open(job.db) as db:
+    if db is not None:
         return extraction, coverage(extraction, db, CompilerFlags.parse(job.flags), job.product_name)
+    with KernelDB.open(job.db) as opened:
+        return extraction, coverage(extraction, opened, CompilerFlags.parse(job.flags), job.product_name)
 
 
-def _coverage(job: CompileJob) -> tuple[list[CoverageEntry], list[Blocker], dict[str, Any], float]:
+def _coverage(job: CompileJob, db: KernelDB) -> tuple[list[CoverageEntry], list[Blocker], dict[str, Any], float]:
     started = time.monotonic()
-    extraction, entries = model_coverage(job)
+    extraction, entries = model_coverage(job, db)
     return entries, extraction.blockers, extraction.prepass, time.monotonic() - started
 
 
