@@ -12,7 +12,7 @@ pytest.importorskip("tvm")
 
 from core.codegen.generate import generate
 from core.codegen.reference import TOLERANCE
-from core.codegen.schedule import THREADS
+from core.codegen.schedule import THREADS, reduction_threads
 from core.opconfigs.opconfig import parse_line
 
 CONV = "cudnn_convolution_op_float"
@@ -54,7 +54,17 @@ CASES = {
     "multiply": "elementwise_multiply_op_float|i+4_100|i+4_100|o+4_100",
     "sigmoid": "elementwise_sigmoid_op_float|i+4096|o+4096",
     "tanh": "elementwise_tanh_op_float|i+2_300|o+2_300",
+    # Few outputs, long reductions (issue 39: a global AvgPool over 112x112 ran 161x cuDNN's time): a block each
+    "avgpool global 112x112": "cudnn_avgpool_op_float|i+1_32_112_112|o+1_32_1_1|win+112_112|ws+1_1|pb+0_0|pa+0_0",
+    "maxpool global 32x32": "cudnn_maxpool_op_float|i+1_64_32_32|o+1_64_1_1|win+32_32|ws+1_1|pb+0_0|pa+0_0",
+    "dot gemv 1x768 by 768x3072": "cublas_dot_op_float|a+1_768|b+768_3072|o+1_3072|ta+0|tb+0",
+    "dot gemv classifier 1x2048 by 1000x2048": "cublas_dot_op_float|a+1_2048|b+1000_2048|o+1_1000|ta+0|tb+1",
+    "conv 1x1 small map add_relu": f"{CONV}|i+1_512_7_7|w+128_512_1_1|o+1_128_7_7|ws+1_1|wd+1_1|p+0_0|fuse+add_relu",
 }
+# The cases with at most CROSS_THREAD_MAX_OUTPUTS outputs and a reduction of CROSS_THREAD_MIN_REDUCTION or more
+BLOCK_PER_OUTPUT = {"dot fc batch 1", "11x11 s4 pre-padded", "11x11 s4 padded", "avgpool global 112x112",
+                    "maxpool global 32x32", "dot gemv 1x768 by 768x3072", "dot gemv classifier 1x2048 by 1000x2048",
+                    "conv 1x1 small map add_relu"}
 
 
 def output_elements(line: str) -> int:
@@ -62,11 +72,23 @@ def output_elements(line: str) -> int:
     return math.prod(int(d) for d in field[2:].split("_"))
 
 
-@pytest.mark.parametrize("line", CASES.values(), ids=CASES.keys())
-def test_default_schedule_generates_one_kernel_whose_math_matches_numpy(line: str):
+@pytest.mark.parametrize("name", CASES)
+def test_default_schedule_generates_one_kernel_whose_math_matches_numpy(name: str):
+    line = CASES[name]
     result = generate(parse_line(line, "case"), "sm_90")
     assert result.item is not None, f"{result.stage}: {result.error}"
     assert result.max_rel_error is not None and result.max_rel_error <= TOLERANCE  # checked, not skipped
     grid, block = result.item["gridDim"], result.item["blockDim"]
-    assert block == [THREADS, 1, 1] and grid[1:] == [1, 1]
-    assert (grid[0] - 1) * THREADS < output_elements(line) <= grid[0] * THREADS  # every output, no idle block
+    assert grid[1:] == [1, 1] and block[1:] == [1, 1]
+    if name in BLOCK_PER_OUTPUT:  # a block per output; its whole warps share the reduction
+        assert grid[0] == output_elements(line) and block[0] in (32, 64, THREADS)
+        assert "__shfl_down_sync" in result.item["code"]
+    else:
+        assert block[0] == THREADS
+        assert (grid[0] - 1) * THREADS < output_elements(line) <= grid[0] * THREADS  # every output, no idle block
+        assert "__shfl_down_sync" not in result.item["code"]
+
+
+@pytest.mark.parametrize("length, threads", [(256, 32), (511, 32), (512, 64), (1023, 64), (1024, 128), (12544, 128)])
+def test_a_reductions_threads_are_whole_warps_each_summing_at_least_8_terms(length: int, threads: int):
+    assert reduction_threads(length) == threads

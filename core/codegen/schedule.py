@@ -4,7 +4,10 @@ Thread-per-output: every injective stage (padding, the ReLU/add tail) is inlined
 one reduction (of the output when there is none) are fused and split over blocks of threads; each thread
 accumulates its output in a register over the reduction loops and writes it once through the epilogue.
 Slow next to a tuned kernel, but correct, one kernel, and a valid starting point for tuning (see
-core/tuning). Loops are told apart by TVM's own block analysis: the iter type of the block var each loop
+core/tuning). A reduction with few outputs and a long reduction (a global pool, an M = 1 Dot) runs one output per
+block instead: its threads split the reduction and combine their sums with warp shuffles (TVM's cross-thread
+reduction), since a thread per output leaves the GPU nearly idle while each thread walks the whole reduction
+alone (issue 39: a global AvgPool over 112x112 ran 161x cuDNN's time). Loops are told apart by TVM's own block analysis: the iter type of the block var each loop
 feeds (data parallel or reduction), read from the block's bindings.
 """
 
@@ -15,6 +18,9 @@ from typing import Any
 from core.errors import InputError
 
 THREADS = 128
+# A reduction runs one output per block when it has at most this many outputs and a reduction this long or longer.
+CROSS_THREAD_MAX_OUTPUTS = 16384
+CROSS_THREAD_MIN_REDUCTION = 256
 
 
 def default_schedule(mod: Any, threads: int = THREADS, *, bind: bool = True) -> Any:
@@ -51,11 +57,47 @@ def default_schedule(mod: Any, threads: int = THREADS, *, bind: bool = True) -> 
     spatial = [loop for loop, kind in kinds if kind == "S"] or [sch.add_unit_loop(red)]
     reduce = [loop for loop, kind in kinds if kind == "R"]
     sch.reorder(*spatial, *reduce)
+    if _few_long_reductions(sch, spatial, reduce):
+        _block_per_output(sch, red, out, spatial, reduce, bind)
+        return sch.mod
     thread_loop = _over_threads(sch, spatial, threads, bind)
     sch.reverse_compute_at(out, thread_loop)
     if reduce:
         sch.decompose_reduction(red, reduce[0])
     return sch.mod
+
+
+def _extent(sch: Any, loops: list[Any]) -> int:
+    extent = 1
+    for loop in loops:
+        extent *= int(sch.get(loop).extent)
+    return extent
+
+
+def _few_long_reductions(sch: Any, spatial: list[Any], reduce: list[Any]) -> bool:
+    return (_extent(sch, spatial) <= CROSS_THREAD_MAX_OUTPUTS
+            and bool(reduce) and _extent(sch, reduce) >= CROSS_THREAD_MIN_REDUCTION)
+
+
+def reduction_threads(length: int) -> int:
+    """Threads that share one output's reduction of `length`: whole warps, each thread summing at least 8 terms."""
+    threads = 32
+    while threads < THREADS and threads * 2 * 8 <= length:
+        threads *= 2
+    return threads
+
+
+def _block_per_output(sch: Any, red: Any, out: Any, spatial: list[Any], reduce: list[Any], bind: bool) -> None:
+    """One output per block; the block's threads split the fused reduction (strided, so that neighbouring threads
+    read neighbouring elements where the reduced axes are the inner ones) and TVM lowers the sum across them."""
+    outputs = sch.fuse(*spatial)
+    reduction = sch.fuse(*reduce)
+    _, lanes = sch.split(reduction, [None, reduction_threads(_extent(sch, [reduction]))])
+    if bind:
+        sch.bind(outputs, "blockIdx.x")
+        sch.bind(lanes, "threadIdx.x")
+    if not _same(sch, red, out):  # the epilogue (ReLU, the bias add) runs once per block, after the sum
+        sch.reverse_compute_at(out, outputs)
 
 
 def _over_threads(sch: Any, loops: list[Any], threads: int, bind: bool) -> Any:
