@@ -12,7 +12,7 @@ pytest.importorskip("tvm")
 
 from core.codegen.generate import generate
 from core.codegen.reference import TOLERANCE
-from core.codegen.schedule import THREADS, reduction_threads
+from core.codegen.schedule import COLUMN_SPLIT, THREADS, reduction_threads
 from core.opconfigs.opconfig import parse_line
 
 CONV = "cudnn_convolution_op_float"
@@ -60,11 +60,14 @@ CASES = {
     "dot gemv 1x768 by 768x3072": "cublas_dot_op_float|a+1_768|b+768_3072|o+1_3072|ta+0|tb+0",
     "dot gemv classifier 1x2048 by 1000x2048": "cublas_dot_op_float|a+1_2048|b+1000_2048|o+1_1000|ta+0|tb+1",
     "conv 1x1 small map add_relu": f"{CONV}|i+1_512_7_7|w+128_512_1_1|o+1_128_7_7|ws+1_1|wd+1_1|p+0_0|fuse+add_relu",
+    "dot gemv 1x3000 by 3000x700 (a partial column block)": "cublas_dot_op_float|a+1_3000|b+3000_700|o+1_700|ta+0|tb+0",
 }
 # The cases with at most CROSS_THREAD_MAX_OUTPUTS outputs and a reduction of CROSS_THREAD_MIN_REDUCTION or more
 BLOCK_PER_OUTPUT = {"dot fc batch 1", "11x11 s4 pre-padded", "11x11 s4 padded", "avgpool global 112x112",
                     "maxpool global 32x32", "dot gemv 1x768 by 768x3072", "dot gemv classifier 1x2048 by 1000x2048",
                     "conv 1x1 small map add_relu"}
+# ... whose largest operand has an output axis innermost (x·B, B [K, N]): warps of 32 neighbouring outputs
+COLUMNS = {"dot gemv 1x768 by 768x3072", "dot gemv 1x3000 by 3000x700 (a partial column block)"}
 
 
 def output_elements(line: str) -> int:
@@ -79,12 +82,15 @@ def test_default_schedule_generates_one_kernel_whose_math_matches_numpy(name: st
     assert result.item is not None, f"{result.stage}: {result.error}"
     assert result.max_rel_error is not None and result.max_rel_error <= TOLERANCE  # checked, not skipped
     grid, block = result.item["gridDim"], result.item["blockDim"]
-    assert grid[1:] == [1, 1] and block[1:] == [1, 1]
-    if name in BLOCK_PER_OUTPUT:  # a block per output; its whole warps share the reduction
-        assert grid[0] == output_elements(line) and block[0] in (32, 64, THREADS)
+    assert grid[1:] == [1, 1]
+    if name in COLUMNS:  # a warp per 32 outputs, COLUMN_SPLIT warps split the reduction: a sum in shared memory
+        assert block == [32, COLUMN_SPLIT, 1] and grid == [math.ceil(output_elements(line) / 32), 1, 1]
+        assert "threadIdx.y" in result.item["code"]
+    elif name in BLOCK_PER_OUTPUT:  # a block per output; its whole warps share the reduction
+        assert grid[0] == output_elements(line) and block in ([32, 1, 1], [64, 1, 1], [THREADS, 1, 1])
         assert "__shfl_down_sync" in result.item["code"]
     else:
-        assert block[0] == THREADS
+        assert block == [THREADS, 1, 1]
         assert (grid[0] - 1) * THREADS < output_elements(line) <= grid[0] * THREADS  # every output, no idle block
         assert "__shfl_down_sync" not in result.item["code"]
 

@@ -3,12 +3,15 @@
 Thread-per-output: every injective stage (padding, the ReLU/add tail) is inlined; the spatial loops of the
 one reduction (of the output when there is none) are fused and split over blocks of threads; each thread
 accumulates its output in a register over the reduction loops and writes it once through the epilogue.
-Slow next to a tuned kernel, but correct, one kernel, and a valid starting point for tuning (see
-core/tuning). A reduction with few outputs and a long reduction (a global pool, an M = 1 Dot) runs one output per
-block instead: its threads split the reduction and combine their sums with warp shuffles (TVM's cross-thread
-reduction), since a thread per output leaves the GPU nearly idle while each thread walks the whole reduction
-alone (issue 39: a global AvgPool over 112x112 ran 161x cuDNN's time). Loops are told apart by TVM's own block analysis: the iter type of the block var each loop
-feeds (data parallel or reduction), read from the block's bindings.
+Slow next to a tuned kernel, but correct, one kernel, and a valid starting point for tuning (see core/tuning).
+
+Few outputs with a long reduction (a global pool, an M = 1 Dot, a conv on a small map) share each output's
+reduction among several threads instead, summed across them by TVM's cross-thread reduction (_block_per_output): a
+thread per output left the GPU nearly idle while each thread walked its whole reduction alone (issue 39: a global
+AvgPool over 112x112 ran 161x cuDNN's time; measured on an H100 in bench/results/h100/session20).
+
+Loops are told apart by TVM's own block analysis: the iter type of the block var each loop feeds (data parallel or
+reduction), read from the block's bindings.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ THREADS = 128
 # A reduction runs one output per block when it has at most this many outputs and a reduction this long or longer.
 CROSS_THREAD_MAX_OUTPUTS = 16384
 CROSS_THREAD_MIN_REDUCTION = 256
+COLUMN_SPLIT = 8  # warps that split 32 neighbouring outputs' reductions (see _block_per_output)
 
 
 def default_schedule(mod: Any, threads: int = THREADS, *, bind: bool = True) -> Any:
@@ -88,16 +92,54 @@ def reduction_threads(length: int) -> int:
 
 
 def _block_per_output(sch: Any, red: Any, out: Any, spatial: list[Any], reduce: list[Any], bind: bool) -> None:
-    """One output per block; the block's threads split the fused reduction (strided, so that neighbouring threads
-    read neighbouring elements where the reduced axes are the inner ones) and TVM lowers the sum across them."""
+    """Few outputs, each summed by several threads, the sum across them lowered by TVM. Which threads share an
+    output follows the layout of the largest operand, so that a warp reads consecutive elements: where its
+    innermost axis is reduced (a global pool, x·Bᵀ), one output per block and the whole block walks the reduction
+    (warp shuffles); where it is an output axis (x·B with B [K, N]), a warp takes 32 neighbouring outputs and
+    COLUMN_SPLIT warps split the reduction (a sum in shared memory)."""
     outputs = sch.fuse(*spatial)
     reduction = sch.fuse(*reduce)
+    if _innermost_axis_is_spatial(sch, red) and _extent(sch, [outputs]) >= 32:
+        blocks, columns = sch.split(outputs, [None, 32])
+        _, lanes = sch.split(reduction, [None, COLUMN_SPLIT])
+        sch.reorder(blocks, columns, lanes)
+        if bind:
+            sch.bind(blocks, "blockIdx.x")
+            sch.bind(columns, "threadIdx.x")
+            sch.bind(lanes, "threadIdx.y")
+        if not _same(sch, red, out):
+            sch.reverse_compute_at(out, columns)
+        return
     _, lanes = sch.split(reduction, [None, reduction_threads(_extent(sch, [reduction]))])
     if bind:
         sch.bind(outputs, "blockIdx.x")
         sch.bind(lanes, "threadIdx.x")
     if not _same(sch, red, out):  # the epilogue (ReLU, the bias add) runs once per block, after the sum
         sch.reverse_compute_at(out, outputs)
+
+
+def _innermost_axis_is_spatial(sch: Any, block: Any) -> bool:
+    """Whether the largest buffer the block reads has, as its innermost axis of more than one element, one that
+    only output (data-parallel) block vars index."""
+    from tvm import tirx
+    from tvm.tirx.analysis import undefined_vars
+
+    stmt = sch.get(block)
+    spatial = [iv.var for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
+    largest = max(stmt.reads, key=lambda r: _elements(r.source.shape))  # TVM 0.27: a region's buffer is .source
+    for dim, axis in zip(reversed(list(largest.source.shape)), reversed(list(largest.region)), strict=True):
+        if int(dim) == 1:
+            continue
+        used = undefined_vars(axis.min)
+        return bool(used) and all(any(v.same_as(s) for s in spatial) for v in used)
+    return False
+
+
+def _elements(shape: Any) -> int:
+    n = 1
+    for dim in shape:
+        n *= int(dim)
+    return n
 
 
 def _over_threads(sch: Any, loops: list[Any], threads: int, bind: bool) -> Any:
