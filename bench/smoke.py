@@ -25,6 +25,7 @@ def runs(out: Path) -> list[list[str]]:
          "--json", str(out / "browse.json")],
         ["bench_codegen.py", "--json", str(out / "codegen.json")],
         ["bench_extract.py", "--json", str(out / "extract.json")],
+        ["bench_default_schedules.py", "build", str(out / "default_schedules")],  # its `time` step needs a GPU
         ["bench_cli.py", "--rows", "2000", "--runs", "1", "--dir", str(out / "cli"), "--console-rows", "2000",
          "--console-runs", "1", "--console-dir", str(out / "browse"), "--json", str(out / "cli.json")],
     ]
