@@ -54,7 +54,7 @@ def lines(proc: subprocess.CompletedProcess[str]) -> list[list[str]]:
 def test_ls_shows_a_page_in_key_order_and_says_there_is_more(db: Path):
     proc = run_kdb("ls")
     page = lines(proc)
-    assert [cells[2] for cells in page] == keys(db)[:50] and all(len(cells) == 8 for cells in page)
+    assert [cells[2] for cells in page] == keys(db)[:50] and all(len(cells) == 9 for cells in page)
     assert "first 50 rows" in proc.stderr
     assert [cells[2] for cells in lines(run_kdb("ls", "--limit", "3"))] == keys(db)[:3]
     everything = run_kdb("ls", "--all")

@@ -57,8 +57,8 @@ async def test_browse_filter_sort_and_detail(app: FixedDeviceApp):
         await wait_until(pilot, lambda: "Dot" in shown_text(app.screen.query_one("#detail-body")),
                          "the detail pane to show the Dot row")
         # sort by the shapes column (the identifier's order), descending on the second click
-        await pilot.click("#kernel-table", offset=(45, 0))
-        await pilot.click("#kernel-table", offset=(45, 0))
+        await pilot.click("#kernel-table", offset=(65, 0))
+        await pilot.click("#kernel-table", offset=(65, 0))
         await wait_until(pilot, lambda: app.screen.sort == "identifier" and app.screen.descending,
                          "the descending sort by identifier")
 

@@ -19,9 +19,10 @@ from pathlib import Path
 from console.cli.output import is_terminal, out, print_json, shorten, write
 from core.db.browse import KernelFilter, KernelSummary, iter_kernels
 from core.db.kernel_db import KernelDB, Schema, init_command, kernel_db_path
+from core.kernels.math_kind import CUDA_CORES, TENSOR_CORES, label
 
 PAGE = 50  # rows shown without --limit or --all
-COLUMNS = ("op type", "identifier", "key", "grid", "block", "smem B", "barriers", "best time")
+COLUMNS = ("op type", "identifier", "key", "grid", "block", "smem B", "barriers", "best time", "math")
 
 
 def _no_kernels(args: argparse.Namespace, path: Path, schema: str, note: str) -> int:
@@ -34,7 +35,8 @@ def _no_kernels(args: argparse.Namespace, path: Path, schema: str, note: str) ->
 
 def main(args: argparse.Namespace) -> int:
     flt = KernelFilter(text=args.text or "", op_type=args.op or "", source=args.source or "", tag=args.tag or "",
-                       device=args.device or "", lint=args.lint or "")
+                       device=args.device or "", lint=args.lint or "", precision=args.precision or "",
+                       units={"tensor": TENSOR_CORES, "cuda": CUDA_CORES}.get(args.units or "", ""))
     limit = 0 if args.all else args.limit or PAGE
     path = kernel_db_path(args.db)
     # Nothing to list, and a listing creates no file. A dangling link is no "not yet": KernelDB.open names it.
@@ -83,7 +85,7 @@ def _cells(r: KernelSummary) -> tuple[str, ...]:
     best = r.best_time()
     return (r.op, r.identifier, r.key, "x".join(map(str, r.grid or [])), "x".join(map(str, r.block or [])),
             "-" if r.shared_bytes is None else str(r.shared_bytes), "-" if r.barriers is None else str(r.barriers),
-            f"{best[1]:.2f} us ({best[0]})" if best else "not measured")
+            f"{best[1]:.2f} us ({best[0]})" if best else "not measured", label(r.precision, r.units))
 
 
 def _print_lines(rows: Iterable[KernelSummary]) -> None:

@@ -16,6 +16,7 @@ from core.errors import KdbError
 from core.kernels.export import write_kernel_json
 from core.kernels.kernel_row import KernelRow
 from core.kernels.lint import lint_kernel_row
+from core.kernels.math_kind import describe
 from core.kernels.rowview import describe_row
 
 
@@ -48,6 +49,7 @@ def _print(row: KernelRow) -> None:
     for label in ("key", "identifier", "op_type", "source", "device_type", "tags", "grid", "block",
                   "num_syncthreads", "resource"):
         info.add_row(label, str(view.get(label, "")))
+    info.add_row("math", describe(view["precision"], view["units"]))
     info.add_row("attributes", json.dumps(view["attributes"]))
     out.print(Panel(info, title=view.get("name") or "kernel"))
     sm = view.get("shared_memory") or []

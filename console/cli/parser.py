@@ -113,6 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tag", metavar="TAG", help="only kernels with this tag")
     p.add_argument("--device", metavar="DEVICE", help="only this DeviceType (e.g. CUDA_GPU)")
     p.add_argument("--lint", choices=["ok", "problems"], help="only rows lint passes, or only those it flags")
+    p.add_argument("--precision", choices=["fp16", "tf32", "fp32", "fp64"], help="only rows computing in this "
+                   "precision (tf32: float rows on the tensor cores in TF32)")
+    p.add_argument("--units", choices=["tensor", "cuda"], help="only rows on the tensor cores (mma.sync), or only "
+                   "those on the CUDA cores")
     p.add_argument("--sort", choices=sorted(SORT_KEYS), default="key", help="sort by this column (default: key)")
     p.add_argument("--desc", action="store_true", help="sort descending")
     page = p.add_mutually_exclusive_group()

@@ -31,6 +31,7 @@ from core.db.browse import (
     KernelSummary,
 )
 from core.db.kernel_db import KernelDB, Schema
+from core.kernels.math_kind import CUDA_CORES, TENSOR_CORES
 
 
 class KernelsScreen(KdbScreen):
@@ -85,6 +86,10 @@ class KernelsScreen(KdbScreen):
             yield Select([("CUDA_GPU", "CUDA_GPU"), ("ROCM_GPU", "ROCM_GPU"), ("GENERIC_CPU", "GENERIC_CPU")],
                          prompt="device", id="filter-device")
             yield Select([("ok", "ok"), ("problems", "problems")], prompt="lint", id="filter-lint")
+            yield Select([("fp16", "fp16"), ("TF32", "tf32"), ("fp32", "fp32"), ("fp64", "fp64")], prompt="precision",
+                         id="filter-precision", classes="narrow")
+            yield Select([("tensor cores", TENSOR_CORES), ("CUDA cores", CUDA_CORES)], prompt="units",
+                         id="filter-units", classes="narrow")
         with Horizontal(id="kernels-main"):
             with Vertical(id="kernels-left"):
                 yield KernelTable(id="kernel-table")
@@ -241,7 +246,7 @@ class KernelsScreen(KdbScreen):
             text=self.query_one("#filter-text", Input).value.strip(),
             op_type=value("#filter-op"), source=value("#filter-source"),
             tag=self.query_one("#filter-tag", Input).value.strip(), device=value("#filter-device"),
-            lint=value("#filter-lint"),
+            lint=value("#filter-lint"), precision=value("#filter-precision"), units=value("#filter-units"),
         )
         self.page_offset = 0
         self.reload()

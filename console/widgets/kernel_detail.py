@@ -17,6 +17,7 @@ from textual.worker import Worker
 
 from console.widgets.highlight import numbered_listing
 from core.kernels.lint import Finding, lint_kernel_row
+from core.kernels.math_kind import describe
 from core.kernels.rowview import describe_row
 
 
@@ -28,6 +29,7 @@ def render_detail(view: dict[str, Any], findings: list[Finding]) -> Group:
     info.add_row("identifier", view["identifier"])
     info.add_row("key", view["key"])
     info.add_row("op / source", f"{view['op_type']} · {view['source']} · {view['device_type']}")
+    info.add_row("math", describe(view["precision"], view["units"]))
     info.add_row("tags", view["tags"])
     info.add_row("attributes", json.dumps(view["attributes"]))
     info.add_row("launch", f"grid {view['grid']} · block {view['block']} · resource {view['resource']}")

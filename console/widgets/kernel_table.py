@@ -8,6 +8,8 @@ from rich.text import Text
 from textual.widgets import DataTable
 
 from core.db.browse import KernelSummary
+from core.kernels.math_kind import TENSOR_CORES
+from core.kernels.math_kind import label as math_label
 from core.kernels.ops import CONV_FAMILY, DTYPES
 
 # What tells rows apart comes first: kernel names are often alike for their first 30 characters
@@ -17,6 +19,7 @@ COLUMNS = [  # (key, label, sort key or None, width)
     ("mark", " ", None, 1),
     ("op", "op type", "op", 26),
     ("device", "device", "device", 8),
+    ("math", "math", None, 13),
     ("shapes", "shapes (inputs → output)", "identifier", 40),
     ("time", "best time", None, 12),
     ("launch", "grid / block", "blocks", 18),
@@ -65,6 +68,7 @@ def cells(row: KernelSummary, marked: bool) -> list[object]:
         "●" if marked else " ",
         _fit(row.op, 26),
         _fit(row.device_type, 8),
+        Text(math_label(row.precision, row.units), style="bold" if row.units == TENSOR_CORES else ""),
         _fit(shapes_of(row.op, row.identifier) or row.identifier, 40),
         Text(f"{best[1]:.2f} us", style="green") if best else Text("not measured", style="dim"),
         launch,

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.db.kernel_db import KernelDB
-from core.db.summary_index import LINT_SQL, ROW_COLUMNS, SELECTIVE_LIMIT, SUMMARY_COLUMNS, SummaryIndex
+from core.db.summary_index import LINT_SQL, PRECISION_SQL, ROW_COLUMNS, SELECTIVE_LIMIT, SUMMARY_COLUMNS, SummaryIndex
 from core.kernels.kernel_row import shared_bytes
 from core.kernels.lint import quick_problem
+from core.kernels.math_kind import UNITS_SQL, precision
 from core.kernels.ops import op_of_row
 from core.kernels.profile import parse_profile
 
@@ -61,6 +62,8 @@ class KernelFilter:
     tag: str = ""
     device: str = ""
     lint: str = ""  # "", "ok" or "problems"
+    precision: str = ""  # "", or one of math_kind.PRECISIONS
+    units: str = ""  # "", or one of math_kind.UNITS
 
     def where(self) -> tuple[str, list[Any]]:
         clauses, params = [], []
@@ -84,6 +87,12 @@ class KernelFilter:
             clauses.append(f"{LINT_SQL} = ''")
         elif self.lint == "problems":
             clauses.append(f"{LINT_SQL} != ''")
+        if self.precision:
+            clauses.append(f"{PRECISION_SQL} = ?")
+            params.append(self.precision)
+        if self.units:
+            clauses.append(f"{UNITS_SQL.format(function='Function')} = ?")
+            params.append(self.units)
         return ("WHERE " + " AND ".join(clauses)) if clauses else "", params
 
 
@@ -104,6 +113,8 @@ class KernelSummary:
     resource: int | None = None
     name: str = ""
     problem: str = ""  # first lint problem found without reading bodies ('' when none)
+    precision: str = ""  # fp16, tf32, fp32 or fp64 (core/kernels/math_kind.py)
+    units: str = ""  # the tensor cores or the CUDA cores
 
     @property
     def op(self) -> str:
@@ -154,7 +165,7 @@ def _summary(r: tuple[Any, ...]) -> KernelSummary:
         grid=as_list(r[6]), block=as_list(r[7]), barriers=r[8] if isinstance(r[8], int) else None,
         shared_bytes=sm, times=times, profile_error=err,
         resource=r[11] if isinstance(r[11], int) else None, name=r[12] if isinstance(r[12], str) else "",
-        problem=r[13] or "",
+        problem=r[13] or "", precision=r[14] or "", units=r[15] or "",
     )
 
 
@@ -195,6 +206,7 @@ def count_kernels(db: KernelDB, flt: KernelFilter | None = None) -> int:
 def register_functions(conn: sqlite3.Connection) -> None:
     """The SQL functions the browser's queries use (registering again replaces them: cheap)."""
     conn.create_function("kdb_quick_problem", 10, quick_problem, deterministic=True)
+    conn.create_function("kdb_precision", 2, precision, deterministic=True)
 
 
 def op_types(db: KernelDB) -> list[tuple[str, int]]:
@@ -212,7 +224,8 @@ INDEX_SORTABLE = {"op": "op", "identifier": "identifier", "source": "source", "d
 def _index_where(flt: KernelFilter, prefix: str = "s.") -> tuple[list[str], list[Any]]:
     """Every filter but the text one, over the summary table."""
     clauses, params = [], []
-    for value, column in ((flt.op_type, "op"), (flt.source, "source"), (flt.device, "device")):
+    for value, column in ((flt.op_type, "op"), (flt.source, "source"), (flt.device, "device"),
+                          (flt.precision, "precision"), (flt.units, "units")):
         if value:
             clauses.append(f"{prefix}{column} = ?")
             params.append(value)

@@ -26,8 +26,9 @@ from typing import Any
 from core.db.engine import busy_timeout, connect, is_locked, locked_error, sqlite_uri, transaction
 from core.db.state import state_dir
 from core.kernels.lint import quick_problem
+from core.kernels.math_kind import UNITS_SQL, precision
 
-FORMAT_VERSION = "3"
+FORMAT_VERSION = "4"
 BATCH_ROWS = 5000
 # Substring filters shorter than a trigram cannot use the full-text index; nor is it worth it when a
 # string matches this many rows: walking a sort index and testing each row finds a page sooner.
@@ -37,6 +38,7 @@ SELECTIVE_LIMIT = 2000
 LINT_SQL = ("kdb_quick_problem(OpType, Attributes, Identifier, Source, DeviceType, Tags, json_valid(Function), "
             "json_valid(Miscs), CASE WHEN json_valid(Miscs) THEN json_extract(Miscs, '$.external_profile.time') END, "
             "CASE WHEN json_valid(Miscs) THEN json_extract(Miscs, '$.external_profile.resource') END)")
+PRECISION_SQL = "kdb_precision(Identifier, Attributes)"  # core/kernels/math_kind.py
 # What the browser shows of a KernelCache row, read from it without its bodies: (summary column, expression),
 # in the order core.db.browse's KernelSummary reads them.
 _SUMMARY = (
@@ -50,6 +52,8 @@ _SUMMARY = (
     ("resource", "CASE WHEN json_valid(Miscs) THEN json_extract(Miscs, '$.external_profile.resource') END"),
     ("name", "CASE WHEN json_valid(Miscs) THEN json_extract(Miscs, '$.kdb.name') END"),
     ("problem", LINT_SQL),
+    ("precision", PRECISION_SQL),
+    ("units", UNITS_SQL.format(function="Function")),
 )
 SUMMARY_COLUMNS = ", ".join(expr for _, expr in _SUMMARY)
 ROW_COLUMNS = ", ".join(name for name, _ in _SUMMARY)
@@ -58,7 +62,7 @@ _TABLES = """
 CREATE TABLE summary(
   rid INTEGER PRIMARY KEY,      -- KernelCache's rowid
   key TEXT NOT NULL, identifier, op, source, device, tags, grid, block, barriers, shared, profile,
-  resource, name, problem,
+  resource, name, problem, precision, units,
   threads, blocks               -- sortable products of block_dim and grid_dim
 );
 -- What the text filter looks in; computed, not stored (a million rows would carry 150 MB more).
@@ -80,6 +84,7 @@ CREATE INDEX by_threads ON summary(threads);
 CREATE INDEX by_blocks ON summary(blocks);
 CREATE INDEX by_key ON summary(key);
 CREATE INDEX by_problem ON summary(problem != '');
+CREATE INDEX by_math ON summary(precision, units);
 CREATE VIRTUAL TABLE search_text USING fts5(search, content='summary_search', content_rowid='rid',
                                             tokenize='trigram', detail='none');
 CREATE TRIGGER summary_added AFTER INSERT ON summary BEGIN
@@ -319,6 +324,7 @@ class SummaryIndex:
 def _connect(path: Path) -> sqlite3.Connection:
     conn = connect(path, readonly=False)  # switching to WAL is the first read: a non-database fails there
     conn.create_function("kdb_quick_problem", 10, quick_problem, deterministic=True)
+    conn.create_function("kdb_precision", 2, precision, deterministic=True)
     return conn
 
 

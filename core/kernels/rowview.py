@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from core.kernels.kernel_row import KernelRow, shared_bytes
+from core.kernels.math_kind import precision, units
 from core.kernels.profile import parse_profile
 
 
@@ -41,6 +42,7 @@ def describe_row(row: KernelRow) -> dict[str, Any]:
     return {
         "key": row.key, "identifier": row.identifier, "op_type": row.op, "source": row.source,
         "device_type": row.device_type, "tags": row.tags, "name": kdb.get("name", ""),
+        "precision": precision(row.identifier, row.attributes), "units": units(row.function),
         "attributes": attrs, "grid": fn.get("grid_dim"), "block": fn.get("block_dim"),
         "num_syncthreads": fn.get("num_syncthreads"), "resource": resource,
         "shared_memory": table, "shared_bytes": shared_bytes(fn) if fn else None,
