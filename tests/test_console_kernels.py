@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 from console_helpers import FixedDeviceApp, build_small_db, wait_until
+from textual.widgets import Input
 
 from console.context import ConsoleContext
 from console.widgets.db_maintenance import PlanDialog
+from console.widgets.dialogs import PathDialog
 from console.widgets.kernel_detail import KernelDetail
 from console.widgets.kernel_table import KernelTable, shapes_of
 from core.db.kernel_db import KernelDB
@@ -309,6 +311,35 @@ async def test_keep_fastest_asks_drops_the_slower_row_and_undo_brings_it_back(ap
             assert not db.has_key(first.key) and db.has_key("kdb:faster")
         await pilot.press("u")
         await wait_rows(pilot, table, ROWS + 1)
+
+
+async def test_leave_to_library_asks_for_the_times_file_shows_the_clis_plan_applies_and_undo_brings_back(
+        app: FixedDeviceApp, tmp_path: Path):
+    """`L`: `kdb db leave-to-library TIMES.json`, the same core plan: its title is the CLI's, its apply removes what
+    the CLI's would, `u` puts the rows back. (The times are test data, not measurements.)"""
+    from conftest import run_kdb_json
+
+    with KernelDB.open(app.context.db_path, write=True) as db:
+        relu = next(db.iter_rows("WHERE OpType = 'Relu'"))
+        db.update_miscs(relu.key, {"external_profile": {"time": "NVIDIA H200:50;", "resource": 64}})
+    times = tmp_path / "times.json"
+    times.write_text(json.dumps({"device": "NVIDIA H200", "ops": [{"identifier": relu.identifier, "library_us": 5.0}]}))
+    _, cli = run_kdb_json("db", "leave-to-library", str(times), "--db", str(app.context.db_path))
+    async with app.run_test(size=(180, 50)) as pilot:
+        table = app.screen.query_one(KernelTable)
+        await wait_rows(pilot, table, ROWS)
+        table.focus()
+        await pilot.press("L")
+        await wait_until(pilot, lambda: isinstance(app.screen, PathDialog), "the times file's dialog")
+        app.screen.query_one("#path", Input).value = str(times)
+        await pilot.press("enter")
+        assert (await wait_for_dialog(pilot, app)).question == f"{cli['plan']['title']}?"
+        await pilot.press("y")
+        await wait_rows(pilot, table, ROWS - 1)
+        with KernelDB.open(app.context.db_path) as db:
+            assert not db.has_key(relu.key)
+        await pilot.press("u")
+        await wait_rows(pilot, table, ROWS)
 
 
 async def test_repair_asks_then_gives_an_old_rows_shared_arrays_their_alignment(app: FixedDeviceApp):

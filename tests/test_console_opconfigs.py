@@ -437,3 +437,26 @@ async def test_a_model_lists_what_kdb_opconfig_extract_writes_at_the_settings_fl
         await pilot.press("enter")
         await wait_for(pilot, (tmp_path / "exported.txt").exists)
         assert (tmp_path / "exported.txt").read_text() == (tmp_path / "ops.txt").read_text()
+
+
+async def test_h_converts_the_model_to_fp16_as_kdb_model_fp16_does_and_lists_its_half_op_configs(tmp_path: Path):
+    """`h`: the newest imported model written in fp16 by the core conversion `kdb model fp16` runs (the same bytes),
+    then imported: its op configs are half ones, never fp32 ones relabelled."""
+    pytest.importorskip("onnxconverter_common")
+    from conftest import run_kdb
+
+    model = dense_model(tmp_path)
+    proc = run_kdb("model", "fp16", str(model), str(tmp_path / "cli-fp16.onnx"))
+    assert proc.returncode == 0, proc.stderr
+    app = make_app(tmp_path / "k.db")
+    async with app.run_test(size=(160, 45)) as pilot:
+        screen = await open_view(pilot)
+        await import_path(pilot, screen, model, 2)
+        await pilot.press("h")
+        assert isinstance(app.screen, PathDialog)
+        assert app.screen.query_one("#path", Input).value == str(tmp_path / "dense-fp16.onnx")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: len(screen.configs) == 4)
+        assert [c.dtype for c in screen.configs] == ["float", "float", "half", "half"]
+        assert next(reversed(screen.models)) == tmp_path / "dense-fp16.onnx"
+    assert (tmp_path / "dense-fp16.onnx").read_bytes() == (tmp_path / "cli-fp16.onnx").read_bytes()

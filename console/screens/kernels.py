@@ -55,6 +55,8 @@ class KernelsScreen(KdbScreen):
         Binding("F", "repair_pairs", "Repair (fused pairs, older row forms)", show=False),
         Binding("K", "keep_fastest", "Keep each op's fastest row", show=False),
         Binding("S", "toggle_standalone", "Standalone: never fused by BlockFusion (or back)", show=False),
+        Binding("L", "leave_to_library", "Leave ops whose rows ran slower than the library to it (op times file)",
+                show=False),
     ]
 
     def __init__(self) -> None:
@@ -325,6 +327,19 @@ class KernelsScreen(KdbScreen):
         keys = self._selection()
         if keys:
             self.query_one(DbMaintenance).plan_standalone(keys)
+
+    def action_leave_to_library(self) -> None:
+        """`kdb db leave-to-library TIMES.json`: the ops whose rows ran slower than cuDNN/cuBLAS on the GPU (a times
+        file `kdb nnfusion --op-times` wrote) have their rows set aside, previewed first; `u` puts them back."""
+
+        def chosen(path: str | None) -> None:
+            if path:
+                self.query_one(DbMaintenance).plan_leave_to_library(Path(path).expanduser())
+
+        self.app.push_screen(PathDialog("Leave to the library the ops whose rows ran slower, by which times file "
+                                        "(kdb nnfusion --op-times)?",
+                                        dialog_default(self.app.context.settings, "times.json")),  # type: ignore[attr-defined]
+                             chosen)
 
     def on_db_maintenance_plan_applied(self, message: DbMaintenance.PlanApplied) -> None:
         self.marked -= set(message.applied.deleted)

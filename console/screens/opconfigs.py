@@ -62,8 +62,9 @@ class OpConfigsScreen(KdbScreen):
         Binding("c", "coverage", "Coverage"),
         Binding("g", "generate", "Generate", tooltip="Generate & inject"),
         Binding("n", "compile_with_nnfusion", "NNFusion", tooltip="Compile with NNFusion"),
+        Binding("h", "convert_to_fp16", "fp16", tooltip="Convert the model to fp16 and import it"),
         Binding("escape", "cancel_run", "Cancel", tooltip="Cancel the run"),
-        Binding("f", "show_failures", "Show failures"),
+        Binding("f", "show_failures", "Failures", tooltip="Show the failures of the last run"),
         Binding("D", "clear", "Clear the list", show=False),
     ]
 
@@ -185,7 +186,7 @@ class OpConfigsScreen(KdbScreen):
             return False if self.running else (True if self.configs else None)
         if action == "cancel_run":
             return self.running
-        if action == "compile_with_nnfusion":
+        if action in ("compile_with_nnfusion", "convert_to_fp16"):
             return True if self.models else None
         if action == "show_failures":
             return bool(self.result and self.result.failed)
@@ -328,6 +329,27 @@ class OpConfigsScreen(KdbScreen):
             from console.screens.nnfusion import compile_screen
 
             self.app.push_screen(compile_screen(self.context, next(reversed(self.models))))
+
+    def action_convert_to_fp16(self) -> None:
+        """`kdb model fp16`: the newest imported model written in fp16 (depthwise convs kept float), then imported."""
+        if not self.models:
+            return
+        model = next(reversed(self.models))
+
+        def chosen(path: str | None) -> None:
+            if path:
+                self.convert_and_import(model, Path(path).expanduser())
+
+        self.app.push_screen(PathDialog(f"Write {model.name} in fp16 to:",
+                                        str(model.with_name(f"{model.stem}-fp16{model.suffix}"))), chosen)
+
+    @work(thread=True, exit_on_error=False, group="import")
+    def convert_and_import(self, model: Path, output: Path) -> None:
+        from core.opconfigs.fp16_model import convert_to_fp16
+
+        done = convert_to_fp16(model, output)
+        self.app.call_from_thread(self.notify, "\n".join(done.report_lines()), title="fp16 model", timeout=10)
+        self._read_and_post(done.output)
 
     def on_op_configs_screen_covered(self, message: Covered) -> None:
         if message.generation != self.coverage_generation:

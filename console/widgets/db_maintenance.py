@@ -1,8 +1,8 @@
 """DB maintenance in the console: the core plans (core/db/maintenance.py) previewed, applied and undone.
 
-The same plans as `kdb db repair | fastest | standalone | undo`: each worker makes or applies one and posts a message;
-the dialog shows the plan's own title, lines and notes, those the CLI prints. Every apply writes its undo file (the
-state dir's `undo/`), so `u` here and `kdb db undo FILE --apply` put back the same rows.
+The same plans as `kdb db repair | fastest | standalone | leave-to-library | undo`: each worker makes or applies one
+and posts a message; the dialog shows the plan's own title, lines and notes, those the CLI prints. Every apply writes
+its undo file (the state dir's `undo/`), so `u` here and `kdb db undo FILE --apply` put back the same rows.
 """
 
 from __future__ import annotations
@@ -87,6 +87,10 @@ class DbMaintenance(Widget):
     @work(thread=True, exit_on_error=False, group="db-plan")
     def plan_standalone(self, keys: list[str]) -> None:
         self._make(lambda db: maintenance.toggle_standalone_plan(db, keys, self._product()), "Change")
+
+    @work(thread=True, exit_on_error=False, group="db-plan")
+    def plan_leave_to_library(self, times_file: Path) -> None:
+        self._make(lambda db: maintenance.library_plan(db, times_file), "Leave to the library")
 
     @work(thread=True, exit_on_error=False, group="db-plan")
     def plan_delete(self, keys: list[str]) -> None:

@@ -37,6 +37,20 @@ class Fp16Conversion:
     clamped: int = 0  # weight values the converter clamped to half's range (MIN_POSITIVE, MAX_FINITE)
     kept_float: tuple[str, ...] = ()  # nodes kept in float (depthwise convolutions: see the module's docstring)
 
+    def report_lines(self) -> list[str]:
+        """What was written and what was kept in float, as `kdb model fp16` and the console say it."""
+        kept = f", {self.float_initializers} left float" if self.float_initializers else ""
+        kept += (f"; {self.clamped:,} weight values clamped to half's range (onnxconverter-common: 0 < |x| < 1e-7 to "
+                 "1e-7, |x| > 1e4 to 1e4)" if self.clamped else "")
+        lines = [f"written: {self.output} (fp16: {self.half_initializers} initializers in half{kept}; {self.nodes} "
+                 f"nodes, {self.casts_added} Casts added; inputs and outputs {self.io_types})"]
+        if self.kept_float:
+            lines.append(f"kept in float: {len(self.kept_float)} depthwise convolution(s) "
+                         f"({', '.join(self.kept_float[:5])}{', ...' if len(self.kept_float) > 5 else ''}), with Casts "
+                         "around them: NNFusion's own half depthwise kernel does not compile "
+                         "(core/kernels/cuda_gpu/kernels/depthwise_conv2d.cpp writes `float *input = input0;`)")
+        return lines
+
     def as_dict(self) -> dict[str, object]:
         return {"source": str(self.source), "output": str(self.output), "nodes": self.nodes,
                 "casts_added": self.casts_added, "half_initializers": self.half_initializers,
