@@ -162,6 +162,50 @@ def test_without_a_gpu_every_op_is_built_with_its_row_and_with_the_library_and_n
 
 
 @needs_compiler
+async def test_t_in_the_compile_dialog_runs_op_times_and_shows_each_op(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """`t` in the console's compile dialog: `kdb nnfusion --op-times`'s core use case. On this CPU machine each op is
+    built with its row and with the library and not run: the table lists it, not measured, and no file is written."""
+    libraries_or_skip(nvcc_or_skip())
+    pytest.importorskip("tvm")
+    no_gpu_or_skip()
+    from console_helpers import FixedDeviceApp
+    from test_console_opconfigs import wait_for
+    from test_nnfusion_compiler import build_db
+    from textual.widgets import DataTable, Input, Static
+
+    from console.context import ConsoleContext
+    from console.screens.nnfusion import compile_screen
+    from core.settings import Settings
+
+    monkeypatch.setenv("KDB_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("KDB_CONFIG", str(tmp_path / "settings.toml"))
+    g = GraphBuilder({"x": [1, 8, 16, 16]})
+    model = write(g.model(g.node("Relu", [g.conv("x", 8, 16, 3, bias=True, name="c1")], "r1"), "one"),
+                  tmp_path / "one.onnx")
+    db = build_db(model, tmp_path / "k.db", tmp_path)
+    context = ConsoleContext(db_path=db, settings=Settings(workers=1, nnfusion_path=str(COMPILER)),
+                             device_summary="no CUDA device (test)")
+    app = FixedDeviceApp(context)
+    async with app.run_test(size=(160, 45)) as pilot:
+        dialog = compile_screen(context, model)
+        app.push_screen(dialog)
+        await wait_for(pilot, lambda: dialog.report is not None, timeout=120)
+        await pilot.press("t")
+        await wait_for(pilot, lambda: app.screen is not dialog)
+        app.screen.query_one("#path", Input).value = str(tmp_path / "T.json")
+        await pilot.press("enter")
+        status = dialog.query_one("#compile-status", Static)
+        await wait_for(pilot, lambda: "op times: 0 of 1 op(s) timed (no GPU: built, not run)" in str(status.render()),
+                       timeout=600)
+        table = dialog.query_one("#op-times", DataTable)
+        (row,) = [table.get_row(key) for key in table.rows]
+        assert str(row[0]).startswith("Fused_Convolution_Add_Relu kdb:") and row[3] == "not measured"  # bias: Add
+        assert "built with its row and with the library" in str(row[4])
+        assert "no CUDA GPU" in str(dialog.query_one("#compile-summary", Static).render())
+    assert not (tmp_path / "T.json").exists()
+
+
+@needs_compiler
 def test_the_row_compile_runs_the_ops_row_and_the_library_compile_runs_none(built):
     """Each one-op model looks up its op's identifier; with the op's rows the code runs exactly the row coverage named
     for the network, with the empty DB no row, and cuDNN, cuBLAS or NNFusion's own kernel instead."""

@@ -14,7 +14,7 @@ from typing import Any
 from console.cli.output import err, out, print_json, shorten
 from core.db.state import StateDB
 from core.gpu.harness_run import Contender, HarnessOptions
-from core.gpu.library_times import LibraryTimes, OpTiming, measure_library_times
+from core.gpu.library_times import LibraryTimes, measure_library_times
 from core.gpu.network_run import ERROR_FORMULA, NetworkRun, RunOptions, run_network
 from core.nnfusion.compile_job import CompileJob
 
@@ -154,7 +154,7 @@ def _print_op_times(run: LibraryTimes) -> None:
     out.print(f"op times: {run.job.model.name} with {run.job.db} on {where}; each op alone, {options.warmup} warm-ups "
               f"then {options.iterations} timed calls of kernel_entry (median); seed {options.seed}", highlight=False)
     for op in run.ops:
-        out.print(f"  {_op_line(op)}", markup=False, highlight=False)
+        out.print(f"  {op.line()}", markup=False, highlight=False)
     if run.others:
         out.print(f"  [dim]{run.others} other op config(s) of the model are not served by the DB: nothing to time[/]",
                   highlight=False)
@@ -171,13 +171,3 @@ def _print_op_times(run: LibraryTimes) -> None:
         out.print(f"[{style}]{finding}[/]", highlight=False)
 
 
-def _op_line(op: OpTiming) -> str:
-    name = f"{op.op_type} {shorten(op.key, 24)} x{op.count}"
-    if op.timed:
-        return (f"{name}: row {op.row_us:.2f} us, library {op.library_us:.2f} us ({op.library_runs}): "
-                f"{op.ratio:.2f}x")
-    if op.problem:
-        return f"{name}: {op.problem}"
-    if op.row.build is not None and op.row.build.ok and op.library.build is not None and op.library.build.ok:
-        return f"{name}: built with its row and with the library ({op.library_runs})"
-    return f"{name}: not reached"

@@ -3,7 +3,9 @@ code really runs, step by step, against what coverage promised. Esc cancels a ru
 BlockFusion kernel cannot launch, f makes the rows fused into it standalone (core/db/standalone.py) and
 compiles again. r runs the network on the GPU (core/gpu/network_run.py): compiled with the DB (fitting the
 launches, as `kdb nnfusion --run` does by default) and with an empty DB, both built with nvcc, checked against
-ONNX Runtime and timed; without a GPU both are built and not run.
+ONNX Runtime and timed; without a GPU both are built and not run. t times each op alone with its row and with the
+library (`kdb nnfusion --op-times`, writing the times file), n lets the network decide which rows stay
+(`--never-slower`, reading it).
 
 The compile runs in a thread worker that owns everything it touches and posts coalesced progress snapshots
 (the log's tail); the result comes back as the worker's return value.
@@ -31,6 +33,7 @@ from textual.widgets import DataTable, Label, Log, Static
 from textual.worker import Worker, WorkerState, get_current_worker
 
 from console.widgets.dialogs import PathDialog, dialog_default
+from core.gpu.library_times import LibraryTimes
 from core.gpu.network_run import ERROR_FORMULA, NetworkRun
 from core.gpu.never_slower import NeverSlowerRun, run_never_slower
 from core.nnfusion.compile_job import Compiled, CompileJob, CompileReport, standalone_note
@@ -43,6 +46,7 @@ if TYPE_CHECKING:
 PROGRESS_INTERVAL_S = 0.1
 RUNS_STYLE = {DB_KERNEL: "green", "cuDNN": "yellow", "cuBLAS": "yellow"}
 TAIL_LINES = 200
+OP_TIMES_BAR = 40  # cells of the longest ratio bar (4x the library and beyond)
 RUN_FITS_LAUNCHES = True  # r fits the launches first, as `kdb nnfusion --run` does unless --no-fit-launches
 
 
@@ -73,6 +77,7 @@ class CompileScreen(ModalScreen[None]):
         Binding("f", "fit_launches", "Fit launches (standalone rows)"),
         Binding("r", "run_network", "Run on the GPU vs the empty DB"),
         Binding("n", "never_slower", "Never slower: the network decides (op times file)"),
+        Binding("t", "op_times", "Time each op with its row and with the library (writes the op times file)"),
     ]
 
     @dataclass
@@ -107,12 +112,16 @@ class CompileScreen(ModalScreen[None]):
             yield Static("starting the compiler…", id="compile-status")
             yield Log(id="compile-log", max_lines=TAIL_LINES)
             yield DataTable(id="compile-steps", cursor_type="row", zebra_stripes=True)
+            yield DataTable(id="op-times", cursor_type="row", zebra_stripes=True)
             yield Static(id="compile-summary")
 
     def on_mount(self) -> None:
         table = self.query_one("#compile-steps", DataTable)
         table.add_columns("step", "node", "runs", "DB row")
         table.display = False
+        times = self.query_one("#op-times", DataTable)
+        times.add_columns("op", "row us", "library us", "row / library", "")
+        times.display = False
         self.run_compile(self.job, self.cancel)
 
     @work(thread=True, exit_on_error=False, group="nnfusion", exclusive=True)
@@ -171,6 +180,20 @@ class CompileScreen(ModalScreen[None]):
         return run_never_slower(job, times, RunOptions(fit_launches=RUN_FITS_LAUNCHES), on_progress=on_progress,
                                 should_cancel=lambda: cancel.is_set() or worker.is_cancelled)
 
+    @work(thread=True, exit_on_error=False, group="nnfusion", exclusive=True)
+    def run_op_times(self, job: CompileJob, times: Path, cancel: threading.Event) -> LibraryTimes:
+        """`kdb nnfusion --op-times TIMES.json`'s core use case (core/gpu/library_times.py), its progress posted."""
+        from core.gpu.library_times import measure_library_times
+
+        worker = get_current_worker()
+        started = time.monotonic()
+
+        def on_progress(stage: str, detail: str) -> None:
+            self.post_message(self.RunProgressed(RunProgress(time.monotonic() - started, stage, detail)))
+
+        return measure_library_times(job, times_file=times, on_progress=on_progress,
+                                     should_cancel=lambda: cancel.is_set() or worker.is_cancelled)
+
     def on_compile_screen_run_progressed(self, message: RunProgressed) -> None:
         p = message.progress
         note = " · cancelling…" if self.cancel.is_set() else " · esc cancels"
@@ -198,6 +221,8 @@ class CompileScreen(ModalScreen[None]):
             self.show_run(event.worker.result)
         elif event.state is WorkerState.SUCCESS and isinstance(event.worker.result, NeverSlowerRun):
             self.show_never_slower(event.worker.result)
+        elif event.state is WorkerState.SUCCESS and isinstance(event.worker.result, LibraryTimes):
+            self.show_op_times(event.worker.result)
         elif event.state is WorkerState.ERROR:
             error = escape(str(event.worker.error))
             self.query_one("#compile-status", Static).update(f"[$error]could not run: {error}[/]")
@@ -222,6 +247,7 @@ class CompileScreen(ModalScreen[None]):
         table = self.query_one("#compile-steps", DataTable)
         with self.app.batch_update():
             self.query_one("#compile-log", Log).display = False
+            self.query_one("#op-times", DataTable).display = False
             table.display = True
             for i, step in enumerate(usage.steps, start=1):
                 for j, part in enumerate(step.parts):
@@ -301,6 +327,46 @@ class CompileScreen(ModalScreen[None]):
             f"[{style}]never slower: {escape('; '.join(result.findings))}[/]")
         self.refresh_bindings()
 
+    def show_op_times(self, run: LibraryTimes) -> None:
+        """Each op's row against the library, the slowest ratio first with a bar; what was not timed, and why."""
+        table = self.query_one("#op-times", DataTable)
+        table.clear()
+        ordered = sorted(run.ops, key=lambda op: -(op.ratio or 0.0))
+        for op in ordered:
+            if op.timed:
+                ratio = op.ratio or 0.0
+                bar = Text("█" * max(1, min(OP_TIMES_BAR, round(ratio * OP_TIMES_BAR / 4))),
+                           style="red" if ratio > 1.0 else "green")
+                table.add_row(op.name, f"{op.row_us:.2f}", f"{op.library_us:.2f}", f"{ratio:.2f}x", bar)
+            else:
+                table.add_row(op.name, "-", "-", "not measured", Text(op.outcome(), style="dim"))
+        table.display = True
+        self.query_one("#compile-log", Log).display = False
+        self.query_one("#compile-steps", DataTable).display = False
+        lines = [*run.findings, *run.notes]
+        if run.written:
+            lines.append(f"times written to {run.times_file}: n (never slower) takes it")
+        style = "$success" if run.status == 0 else "$error" if run.status == 1 else "$warning"
+        self.query_one("#compile-summary", Static).update("\n".join(escape(line) for line in lines))
+        self.query_one("#compile-status", Static).update(
+            f"[{style}]op times: {len(run.timed())} of {len(run.ops)} op(s) timed"
+            f"{escape(' on ' + run.device) if run.device else ' (no GPU: built, not run)'}[/]")
+        self.refresh_bindings()
+
+    def action_op_times(self) -> None:
+        def chosen(path: str | None) -> None:
+            if not path:
+                return
+            self.cancel.clear()
+            self.report = None
+            self.query_one("#compile-status", Static).update("op times: each op with its row and with the library…")
+            self.refresh_bindings()
+            self.run_op_times(self.job, Path(path).expanduser().resolve(), self.cancel)
+
+        settings = self.app.context.settings  # type: ignore[attr-defined]
+        self.app.push_screen(PathDialog("Write the op times file (kdb nnfusion --op-times TIMES.json) to:",
+                                        dialog_default(settings, "times.json")), chosen)
+
     def action_never_slower(self) -> None:
         def chosen(path: str | None) -> None:
             if not path:
@@ -323,7 +389,7 @@ class CompileScreen(ModalScreen[None]):
         self.run_network(self.job, self.cancel, RUN_FITS_LAUNCHES)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action in ("run_network", "never_slower"):  # offered whenever nothing runs
+        if action in ("run_network", "never_slower", "op_times"):  # offered whenever nothing runs
             return not any(w.group == "nnfusion" and w.is_running for w in self.workers)
         if action == "fit_launches":  # offered only when a fused kernel cannot launch and nothing runs
             running = any(w.group == "nnfusion" and w.is_running for w in self.workers)

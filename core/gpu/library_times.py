@@ -94,6 +94,28 @@ class OpTiming:
         """The row's time over the library's."""
         return self.row_us / self.library_us if self.timed and self.library_us else None  # type: ignore[operator]
 
+    @property
+    def name(self) -> str:
+        """The op type, its row's Key (cut) and how many nodes of the model run it."""
+        return f"{self.op_type} {self.key[:23] + '…' if len(self.key) > 24 else self.key} x{self.count}"
+
+    def outcome(self) -> str:
+        """Its row's and the library's times and their ratio, else why it has none."""
+        return self.line().removeprefix(f"{self.name}: ")
+
+    def line(self) -> str:
+        """The op in one line: its row's and the library's times and their ratio, else why it has none."""
+        name = self.name
+        if self.timed:
+            return (f"{name}: row {self.row_us:.2f} us, library {self.library_us:.2f} us ({self.library_runs}): "
+                    f"{self.ratio:.2f}x")
+        if self.problem:
+            return f"{name}: {self.problem}"
+        if self.row.build is not None and self.row.build.ok and self.library.build is not None \
+                and self.library.build.ok:
+            return f"{name}: built with its row and with the library ({self.library_runs})"
+        return f"{name}: not reached"
+
     def as_dict(self) -> dict[str, Any]:
         return {"identifier": self.identifier, "op_type": self.op_type, "key": self.key,
                 "description": self.description, "count": self.count, "library": self.library_runs,
