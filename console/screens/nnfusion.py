@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,21 +149,26 @@ class CompileScreen(ModalScreen[None]):
         self.post_message(self.Progressed(CompileProgress(time.monotonic() - started, count, tuple(tail))))
         return compiled
 
+    def _run_hooks(self, cancel: threading.Event) -> tuple[Callable[[str, str], None], Callable[[], bool]]:
+        """A run worker's progress poster (coalesced by RunProgressed.can_replace) and its cancel test."""
+        worker = get_current_worker()
+        started = time.monotonic()
+
+        def on_progress(stage: str, detail: str) -> None:
+            self.post_message(self.RunProgressed(RunProgress(time.monotonic() - started, stage, detail)))
+
+        return on_progress, lambda: cancel.is_set() or worker.is_cancelled
+
     @work(thread=True, exit_on_error=False, group="nnfusion", exclusive=True)
     def run_network(self, job: CompileJob, cancel: threading.Event, fit_launches: bool) -> NetworkRun:
         from core.db.state import StateDB
         from core.gpu.network_run import RunOptions, run_network
 
-        worker = get_current_worker()
-        started = time.monotonic()
-
-        def on_progress(stage: str, detail: str) -> None:  # coalesced by RunProgressed.can_replace
-            self.post_message(self.RunProgressed(RunProgress(time.monotonic() - started, stage, detail)))
-
+        on_progress, cancelled = self._run_hooks(cancel)
         state = StateDB()
         try:
             return run_network(job, RunOptions(fit_launches=fit_launches), state=state, on_progress=on_progress,
-                               should_cancel=lambda: cancel.is_set() or worker.is_cancelled)
+                               should_cancel=cancelled)
         finally:
             state.close()
 
@@ -171,28 +177,17 @@ class CompileScreen(ModalScreen[None]):
         """`kdb nnfusion --run --never-slower`'s core use case (core/gpu/never_slower.py), its progress posted."""
         from core.gpu.network_run import RunOptions
 
-        worker = get_current_worker()
-        started = time.monotonic()
-
-        def on_progress(stage: str, detail: str) -> None:
-            self.post_message(self.RunProgressed(RunProgress(time.monotonic() - started, stage, detail)))
-
+        on_progress, cancelled = self._run_hooks(cancel)
         return run_never_slower(job, times, RunOptions(fit_launches=RUN_FITS_LAUNCHES), on_progress=on_progress,
-                                should_cancel=lambda: cancel.is_set() or worker.is_cancelled)
+                                should_cancel=cancelled)
 
     @work(thread=True, exit_on_error=False, group="nnfusion", exclusive=True)
     def run_op_times(self, job: CompileJob, times: Path, cancel: threading.Event) -> LibraryTimes:
         """`kdb nnfusion --op-times TIMES.json`'s core use case (core/gpu/library_times.py), its progress posted."""
         from core.gpu.library_times import measure_library_times
 
-        worker = get_current_worker()
-        started = time.monotonic()
-
-        def on_progress(stage: str, detail: str) -> None:
-            self.post_message(self.RunProgressed(RunProgress(time.monotonic() - started, stage, detail)))
-
-        return measure_library_times(job, times_file=times, on_progress=on_progress,
-                                     should_cancel=lambda: cancel.is_set() or worker.is_cancelled)
+        on_progress, cancelled = self._run_hooks(cancel)
+        return measure_library_times(job, times_file=times, on_progress=on_progress, should_cancel=cancelled)
 
     def on_compile_screen_run_progressed(self, message: RunProgressed) -> None:
         p = message.progress
