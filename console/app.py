@@ -37,8 +37,8 @@ def _on_first_visit(module: str, screen: str) -> Callable[[], Screen]:
 
 class KdbApp(App[int]):
     TITLE = "kdb"
-    CSS_PATH: ClassVar = [STYLES / f"{name}.tcss"
-                          for name in ("app", "inject", "failures", "settings", "opconfigs", "autotvm", "tuning")]
+    CSS_PATH: ClassVar = [STYLES / f"{name}.tcss" for name in
+                          ("app", "inject", "failures", "settings", "opconfigs", "autotvm", "tuning", "network")]
     COMMANDS: ClassVar = App.COMMANDS | {ActionCommands}
     MODES: ClassVar = {
         "kernels": KernelsScreen,
@@ -47,6 +47,7 @@ class KdbApp(App[int]):
         "settings": _on_first_visit("console.screens.settings", "SettingsScreen"),
         "autotvm": _on_first_visit("console.screens.autotvm", "AutoTvmScreen"),
         "tuning": _on_first_visit("console.screens.tuning", "TuningScreen"),
+        "network": _on_first_visit("console.screens.network", "NetworkScreen"),
     }
     DEFAULT_MODE = "kernels"
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -57,6 +58,7 @@ class KdbApp(App[int]):
         Binding("5", "switch_mode('opconfigs')", "Op configs"),
         Binding("6", "switch_mode('autotvm')", "AutoTVM", tooltip="AutoTVM logs"),
         Binding("7", "switch_mode('tuning')", "Tuning"),
+        Binding("8", "switch_mode('network')", "Network", tooltip="One model's story with this DB"),
         Binding("question_mark,f1", "help", "Help"),
         Binding("ctrl+t", "toggle_theme", "Light/dark", show=False),
         Binding("q", "quit", "Quit"),

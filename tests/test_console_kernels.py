@@ -270,8 +270,8 @@ async def test_every_view_footer_fits_200_columns_with_all_its_keys(app: FixedDe
 
     async with app.run_test(size=(200, 50)) as pilot:
         views = [b.action.removeprefix("switch_mode('").removesuffix("')") for b in app.BINDINGS
-                 if b.action.startswith("switch_mode(")]  # every view 1-7 opens, those added at start included
-        assert len(views) == 7
+                 if b.action.startswith("switch_mode(")]  # every view 1-8 opens, those added at start included
+        assert len(views) == 8
         for mode in views:
             await app.switch_mode(mode)
             monkeypatch.setattr(type(app.screen), "check_action", lambda self, action, parameters: True)

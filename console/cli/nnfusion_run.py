@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -111,8 +111,9 @@ def never_slower_command(args: argparse.Namespace, job: CompileJob, *, fit_launc
     from core.gpu.never_slower import run_never_slower
 
     options = RunOptions(fit_launches=fit_launches, **_given(args, tuple(RUN_OPTIONS)))
-    with _progress(args, "the network with and without each candidate…") as on_progress:
-        result = run_never_slower(job, Path(args.never_slower).expanduser(), options, on_progress=on_progress)
+    with _progress(args, "the network with and without each candidate…") as on_progress, closing(StateDB()) as state:
+        result = run_never_slower(job, Path(args.never_slower).expanduser(), options, on_progress=on_progress,
+                                  state=state)
     if args.json:
         print_json(result.as_dict())
         return result.status
@@ -138,9 +139,10 @@ def never_slower_command(args: argparse.Namespace, job: CompileJob, *, fit_launc
 def op_times_command(args: argparse.Namespace, job: CompileJob) -> int:
     options = HarnessOptions(**_given(args, OP_TIMES_OPTIONS))
     times_file = Path(args.op_times).expanduser().resolve()
-    with _progress(args, "timing each op with its row and with the library…") as on_progress:
+    with _progress(args, "timing each op with its row and with the library…") as on_progress, \
+            closing(StateDB()) as state:
         run = measure_library_times(job, options, times_file=times_file, workers=args.workers or 0,
-                                    on_progress=on_progress)
+                                    on_progress=on_progress, state=state)
     if args.json:
         print_json(run.as_dict())
     else:

@@ -17,7 +17,7 @@ Fill and inspect NNFusion's kernel DB. Every view works with the keyboard alone 
 
 | key | anywhere |
 | --- | --- |
-| `1` … `7` | Kernels · Inject · Failures · GPU & SM settings · Op configs · AutoTVM logs · Tuning |
+| `1` … `8` | Kernels · Inject · Failures · GPU & SM settings · Op configs · AutoTVM logs · Tuning · Network |
 | `ctrl+p` | command palette: every action, searchable |
 | `ctrl+t` | light / dark theme |
 | `?` `f1` | this help · `q` quit |
@@ -72,6 +72,12 @@ log/linear) and the run's log. `escape` cancels after the trial in flight and ke
 `ctrl+r` again resumes from them. With cuda, the best kernels are
 verified, timed (when there is a GPU) and injected. The RPC tracker set in GPU & SM is shown with its
 servers and queue (refreshed every few seconds); its servers measure the trials when it is set.
+
+**Network**: one ONNX model's story with this DB. `o` opens a model (or pick a recent one): what each op runs
+(coverage, as `kdb coverage` says it) and every step taken with it, newest first, from the console or a terminal:
+compiles (used == promised), runs against the empty DB, op times, never-slower steps. `c` opens the compile dialog
+(`r` runs the network, `t` times each op against the library, `n` keeps only the rows that make the network
+faster), `h` converts the model to fp16 and opens that one. Without a GPU it says what only a GPU can show.
 """
 
 

@@ -175,19 +175,24 @@ class CompileScreen(ModalScreen[None]):
     @work(thread=True, exit_on_error=False, group="nnfusion", exclusive=True)
     def run_never_slower(self, job: CompileJob, times: Path, cancel: threading.Event) -> NeverSlowerRun:
         """`kdb nnfusion --run --never-slower`'s core use case (core/gpu/never_slower.py), its progress posted."""
+        from core.db.state import StateDB
         from core.gpu.network_run import RunOptions
 
         on_progress, cancelled = self._run_hooks(cancel)
-        return run_never_slower(job, times, RunOptions(fit_launches=RUN_FITS_LAUNCHES), on_progress=on_progress,
-                                should_cancel=cancelled)
+        with closing(StateDB()) as state:
+            return run_never_slower(job, times, RunOptions(fit_launches=RUN_FITS_LAUNCHES), on_progress=on_progress,
+                                    should_cancel=cancelled, state=state)
 
     @work(thread=True, exit_on_error=False, group="nnfusion", exclusive=True)
     def run_op_times(self, job: CompileJob, times: Path, cancel: threading.Event) -> LibraryTimes:
         """`kdb nnfusion --op-times TIMES.json`'s core use case (core/gpu/library_times.py), its progress posted."""
+        from core.db.state import StateDB
         from core.gpu.library_times import measure_library_times
 
         on_progress, cancelled = self._run_hooks(cancel)
-        return measure_library_times(job, times_file=times, on_progress=on_progress, should_cancel=cancelled)
+        with closing(StateDB()) as state:
+            return measure_library_times(job, times_file=times, on_progress=on_progress, should_cancel=cancelled,
+                                         state=state)
 
     def on_compile_screen_run_progressed(self, message: RunProgressed) -> None:
         p = message.progress

@@ -26,7 +26,7 @@ from textual.worker import Worker, WorkerState, get_current_worker
 
 from console.context import ConsoleContext
 from console.screens.base import KdbScreen
-from console.widgets.dialogs import ConfirmDialog, PathDialog, dialog_default
+from console.widgets.dialogs import ConfirmDialog, PathDialog, dialog_default, fp16_dialog
 from console.widgets.generate_panel import GeneratePanel
 from console.widgets.opconfig_detail import ImportReport, OpConfigDetail
 from console.widgets.opconfig_dialog import DEFAULT_TEMPLATE, OpConfigDialog
@@ -55,8 +55,8 @@ IMPORT_HINT = "i imports an op-config file or an ONNX model; unmapped ONNX nodes
 class OpConfigsScreen(KdbScreen):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("a", "add", "Add"),
-        Binding("e", "edit", "Edit"),
-        Binding("d,delete", "delete", "Delete"),
+        Binding("e", "edit", "Edit", show=False),  # enter on a row edits it too
+        Binding("d,delete", "delete", "Delete", show=False),  # the help (?) and ctrl+p list it
         Binding("i", "import", "Import"),
         Binding("x", "export", "Export"),
         Binding("c", "coverage", "Coverage"),
@@ -340,8 +340,7 @@ class OpConfigsScreen(KdbScreen):
             if path:
                 self.convert_and_import(model, Path(path).expanduser())
 
-        self.app.push_screen(PathDialog(f"Write {model.name} in fp16 to:",
-                                        str(model.with_name(f"{model.stem}-fp16{model.suffix}"))), chosen)
+        self.app.push_screen(fp16_dialog(model), chosen)
 
     @work(thread=True, exit_on_error=False, group="import")
     def convert_and_import(self, model: Path, output: Path) -> None:

@@ -21,6 +21,7 @@ on the GPU, and only when the ops were run there.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import threading
@@ -33,6 +34,7 @@ from typing import Any
 
 from core.db.kernel_db import KernelDB
 from core.db.library import write_times
+from core.db.state import NetworkEvent, StateDB
 from core.errors import InputError
 from core.gpu.harness_run import (
     NO_GPU,
@@ -165,6 +167,18 @@ class LibraryTimes:
                                for op in self.ops if not op.timed]}
         return ops, about
 
+    def event(self) -> NetworkEvent:
+        """These op times as a step of the model's story (the console's Network view)."""
+        timed, slower = self.timed(), self.slower()
+        said = (f"{len(timed)} of {len(self.ops)} op(s) timed on {self.device}, {len(slower)} slower than the library"
+                if self.device else f"{len(self.ops)} op(s) built, not run")
+        return NetworkEvent(model=str(self.job.model.resolve()), db_path=str(self.job.db), kind="op-times",
+                            ok=self.status == 0, headline=f"op times: {said}" + (
+                                f"; written to {self.times_file}" if self.written else ""),
+                            detail=json.dumps({"times_file": str(self.times_file) if self.written else None,
+                                               "ratios": {op.identifier: op.ratio for op in timed},
+                                               "status": self.status}))
+
     def as_dict(self) -> dict[str, Any]:
         return {"status": self.status, "findings": self.findings, "notes": self.notes, "model": str(self.job.model),
                 "db": str(self.job.db), "workdir": str(self.workdir),
@@ -177,7 +191,8 @@ class LibraryTimes:
 
 def measure_library_times(job: CompileJob, options: HarnessOptions | None = None, *,
                           times_file: Path | None = None, workers: int = 0, on_progress: Progress | None = None,
-                          should_cancel: Callable[[], bool] | None = None) -> LibraryTimes:
+                          should_cancel: Callable[[], bool] | None = None,
+                          state: StateDB | None = None) -> LibraryTimes:
     """Time each op the job's DB serves for its model with its row and with the library (the module's docstring),
     and write `times_file` when they ran on a GPU. `workers`: ops compiled and built at once (0: one per CPU).
     KdbError (status 2) when a tool is missing, the model or the DB cannot be read, or the times file cannot be
@@ -200,6 +215,8 @@ def measure_library_times(job: CompileJob, options: HarnessOptions | None = None
         _measure(run, tools, workers or os.cpu_count() or 1, say, cancelled)
     finally:
         run.seconds = time.monotonic() - started
+    if state is not None and not cancelled():  # a step of the model's story (the console's Network view)
+        state.record_network_event(run.event())
     return run
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from core.db.kernel_db import KernelDB
-from core.db.state import StateDB
+from core.db.state import NetworkEvent, StateDB
 from core.errors import KdbError
 from core.gpu.harness_run import (
     NO_GPU,
@@ -108,6 +108,21 @@ class NetworkRun:
         a, b = self.with_db.timing, self.empty_db.timing
         return a["median_ms"] / b["median_ms"] if a and b and b["median_ms"] > 0 else None
 
+    def event(self) -> NetworkEvent:
+        """This run as a step of the model's story (the console's Network view)."""
+        with_db, empty = (c.timing["median_ms"] if c.timing else None for c in (self.with_db, self.empty_db))
+        if with_db is not None and empty is not None:
+            said = f"{with_db:.3f} ms with the DB, {empty:.3f} ms with the empty DB ({with_db / empty:.2f}x)"
+        else:
+            said = "not timed"
+        verdict = "; ".join(self.findings) or "right, and not slower than with the empty DB"
+        where = f" on {self.device}" if self.device else ""
+        return NetworkEvent(model=str(self.job.model.resolve()), db_path=str(self.job.db), kind="run",
+                            ok=self.status == 0, headline=f"run{where}: {said}; {verdict}",
+                            detail=json.dumps({"with_db_ms": with_db, "empty_db_ms": empty, "device": self.device,
+                                               "max_error": self.max_error, "status": self.status,
+                                               "verdict": self.verdict.verdict if self.verdict else None}))
+
     def as_dict(self) -> dict[str, Any]:
         return {"status": self.status, "findings": self.findings, "notes": self.notes,
                 "model": str(self.job.model), "db": str(self.job.db), "workdir": str(self.workdir),
@@ -168,6 +183,8 @@ def run_network(job: CompileJob, options: RunOptions = RunOptions(), *, state: S
         _measure(run, tools, state, say, cancelled)
     finally:
         run.seconds = time.monotonic() - started
+    if state is not None and not cancelled():
+        state.record_network_event(run.event())
     return run
 
 

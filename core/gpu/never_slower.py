@@ -14,6 +14,7 @@ itself). Each kept change has its undo file (`kdb db undo FILE --apply`).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Any
 from core.db.kernel_db import KernelDB
 from core.db.library import Verdict as OpVerdict
 from core.db.maintenance import apply_plan, delete_plan, library_plan, undo_plan
+from core.db.state import NetworkEvent, StateDB
 from core.gpu.network_run import COULD_NOT_RUN, FAILED, OK, NetworkRun, RunOptions, run_network
 from core.gpu.verdict import FASTER, SLOWER, Verdict, judge
 from core.nnfusion.compile_job import CompileJob
@@ -62,6 +64,17 @@ class NeverSlowerRun:
     final: NetworkRun | None = None  # the network as the DB now is, against the empty DB
     status: int = COULD_NOT_RUN
     findings: list[str] = field(default_factory=list)
+
+    def event(self, job: CompileJob) -> NetworkEvent:
+        """This step as one of the model's story (the console's Network view)."""
+        kept = [t for t in self.trials if t.kept]
+        return NetworkEvent(model=str(job.model.resolve()), db_path=str(job.db), kind="never-slower",
+                            ok=self.status == 0,
+                            headline=f"never slower: {len(kept)} of {len(self.trials)} change(s) kept; "
+                                     + "; ".join(self.findings),
+                            detail=json.dumps({"kept": [t.candidate.describe() for t in kept],
+                                               "undo_files": [str(t.undo_file) for t in kept if t.undo_file],
+                                               "status": self.status}))
 
     def as_dict(self) -> dict[str, Any]:
         return {"status": self.status, "findings": self.findings,
@@ -118,8 +131,18 @@ def search(pending: list[Candidate], best: list[float],
 
 def run_never_slower(job: CompileJob, times_file: Path, options: RunOptions, *, margin_pct: float = 0.0,
                      on_progress: Callable[[str, str], None] | None = None,
-                     should_cancel: Callable[[], bool] | None = None) -> NeverSlowerRun:
-    """The network-level step (see the module's docstring). Writes the DB: each kept change with its undo file."""
+                     should_cancel: Callable[[], bool] | None = None, state: StateDB | None = None) -> NeverSlowerRun:
+    """The network-level step (see the module's docstring). Writes the DB: each kept change with its undo file. With a
+    state, the step is recorded in the model's story (the console's Network view)."""
+    result = _decide(job, times_file, options, margin_pct, on_progress, should_cancel)
+    if state is not None and not (should_cancel and should_cancel()):
+        state.record_network_event(result.event(job))
+    return result
+
+
+def _decide(job: CompileJob, times_file: Path, options: RunOptions, margin_pct: float,
+            on_progress: Callable[[str, str], None] | None,
+            should_cancel: Callable[[], bool] | None) -> NeverSlowerRun:
     say = on_progress or (lambda stage, detail: None)
     result = NeverSlowerRun()
     with KernelDB.open(job.db) as db:

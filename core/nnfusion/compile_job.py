@@ -19,7 +19,7 @@ from typing import Any
 
 from core.cuda.nvcc import find_nvcc
 from core.db.kernel_db import KernelDB
-from core.db.state import Failure, StateDB, state_dir
+from core.db.state import Failure, NetworkEvent, StateDB, state_dir
 from core.errors import KdbError, ToolError
 from core.nnfusion.compiler import CompileResult, CompilerFlags, compile_model, extract_for_compiler, find_compiler
 from core.nnfusion.coverage import CoverageEntry, coverage
@@ -134,6 +134,24 @@ class CompileReport:
                 "launch_failures": self.launch_failures(),
                 "made_standalone": self.made_standalone, "undo_files": [str(f) for f in self.undo_files],
                 "coverage": [e.to_dict() for e in self.entries]}
+
+    def event(self) -> NetworkEvent:
+        """This compile as a step of the model's story (the console's Network view)."""
+        problems = self.problems()
+        if not self.ok or self.usage is None:
+            headline = f"NNFusion failed: {self.reason}"
+            figures: dict[str, Any] = {"reason": self.reason}
+        else:
+            promised, used = self.promised(), self.usage.used_keys()
+            nodes = sum(1 for part in self.usage.parts() if part.rows)
+            calls = sum(self.usage.library_calls.values())
+            headline = (f"compiled: {len(used)} of the {len(promised)} rows coverage promised in the code, run by "
+                        f"{nodes} node(s); {calls} library call(s)"
+                        + (f"; {len(problems)} problem(s): {problems[0]}" if problems else "; promised == used"))
+            figures = {"promised": len(promised), "used": len(used), "nodes": nodes, "library_calls": calls,
+                       "broken_promises": sorted(self.broken_promises()), "problems": problems}
+        return NetworkEvent(model=str(self.job.model.resolve()), db_path=str(self.job.db), kind="compile",
+                            ok=not problems, headline=headline, detail=json.dumps(figures))
 
     def standalone_note(self) -> str:
         """What fitting the launches changed in the DB and how to put it back ("" when it changed nothing)."""
@@ -275,11 +293,16 @@ class Compiled:
 def run_compile_job(job: CompileJob, *, fit_launches: bool, state: StateDB | None = None,
                 on_line: Callable[[str], None] | None = None,
                 should_cancel: Callable[[], bool] | None = None) -> Compiled:
-    """The one compile both faces run: fitting the launches (compile_fitting_launches) or once (compile_and_read)."""
+    """The one compile both faces run: fitting the launches (compile_fitting_launches) or once (compile_and_read);
+    with a state, it is recorded as a step of the model's story."""
     if fit_launches:
         report, made = compile_fitting_launches(job, state=state, on_line=on_line, should_cancel=should_cancel)
-        return Compiled(report, tuple(made))
-    return Compiled(compile_and_read(job, state=state, on_line=on_line, should_cancel=should_cancel))
+        compiled = Compiled(report, tuple(made))
+    else:
+        compiled = Compiled(compile_and_read(job, state=state, on_line=on_line, should_cancel=should_cancel))
+    if state is not None and compiled.report.reason != "cancelled":
+        state.record_network_event(compiled.report.event())
+    return compiled
 
 
 def _launch_check(job: CompileJob, source: str, generated: Generated, usage: Usage) -> LaunchReport:

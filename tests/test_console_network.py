@@ -1,0 +1,85 @@
+"""The Network view (8): one model's story with the open DB, driven as a user would. Its ops are `kdb coverage`'s; its
+history holds what either face did (a `kdb nnfusion` in a terminal and `c` in the console record alike, through the
+core use case); recent models are remembered across launches. Real compiler, real rows; no GPU here: the view says
+what only a GPU can show."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("onnx")
+pytest.importorskip("tvm")
+
+from conftest import run_kdb, run_kdb_json
+from console_helpers import FixedDeviceApp, wait_until
+from onnx_models import GraphBuilder, write
+from test_nnfusion_run import COMPILER, needs_compiler
+from textual.widgets import DataTable, Input, OptionList, Static
+
+from console.context import ConsoleContext
+from console.widgets.dialogs import PathDialog
+from core.settings import Settings, save_settings
+
+
+def _text(widget: Static) -> str:
+    return str(widget.render())
+
+
+def _history(app: FixedDeviceApp) -> list[tuple[str, str]]:
+    table = app.screen.query_one("#network-history", DataTable)
+    return [(str(table.get_row(k)[1]), str(table.get_row(k)[3])) for k in table.rows]
+
+
+@needs_compiler
+async def test_a_model_from_onnx_file_to_its_story_with_the_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from test_nnfusion_compiler import build_db
+
+    monkeypatch.setenv("KDB_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("KDB_CONFIG", str(tmp_path / "settings.toml"))
+    settings = Settings(workers=1, nnfusion_path=str(COMPILER))
+    save_settings(settings)  # the CLI's settings and the console's are one
+    g = GraphBuilder({"x": [1, 8, 16, 16]})
+    y = g.node("Relu", [g.conv("x", 8, 16, 3, bias=True, name="c1")], "r1")
+    model = write(g.model(g.node("MaxPool", [y], "mp", kernel_shape=[2, 2], strides=[2, 2]), "net"),
+                  tmp_path / "net.onnx")
+    db = build_db(model, tmp_path / "k.db", tmp_path)
+    _, coverage = run_kdb_json("coverage", str(model), "--db", str(db))
+
+    app = FixedDeviceApp(ConsoleContext(db_path=db, settings=settings, device_summary="no CUDA device (test)"))
+    async with app.run_test(size=(200, 50)) as pilot:
+        await pilot.press("8")
+        await pilot.press("o")
+        await wait_until(pilot, lambda: isinstance(app.screen, PathDialog), "the model's dialog")
+        app.screen.query_one("#path", Input).value = str(model)
+        await pilot.press("enter")
+        screen = app.screen
+        ops = screen.query_one("#network-ops", DataTable)
+        await wait_until(pilot, lambda: ops.row_count == len(coverage["entries"]), "the model's ops")
+        shown = [(str(ops.get_row(k)[0]), str(ops.get_row(k)[2])) for k in ops.rows]
+        assert shown == [(e["description"], e["runs"]) for e in coverage["entries"]]  # kdb coverage's answer
+        assert _history(app) == [("-", "nothing yet: c compiles it")]
+        assert "need a CUDA GPU" in _text(screen.query_one("#network-gpu", Static))
+
+        # A compile in a terminal is part of the story...
+        proc = run_kdb("nnfusion", str(model), "--db", str(db))
+        assert proc.returncode == 0, proc.stderr
+        await pilot.press("R")
+        await wait_until(pilot, lambda: len(_history(app)) == 1 and _history(app)[0][0] == "compile",
+                         "the terminal's compile in the history")
+        assert _history(app)[0][1].endswith("promised == used")
+        # ... and so is one from the console
+        await pilot.press("c")
+        dialog = app.screen
+        await wait_until(pilot, lambda: getattr(dialog, "report", None) is not None, "the compile", timeout_s=300)
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: len(_history(app)) == 2, "the console's compile in the history")
+        assert [kind for kind, _ in _history(app)] == ["compile", "compile"]
+
+    again = FixedDeviceApp(ConsoleContext(db_path=db, settings=settings, device_summary="no CUDA device (test)"))
+    async with again.run_test(size=(200, 50)) as pilot:
+        await pilot.press("8")
+        recent = again.screen.query_one("#network-recent", OptionList)
+        await wait_until(pilot, lambda: recent.option_count == 1, "the model among the recent ones")
+        assert recent.get_option_at_index(0).id == str(model.resolve())
