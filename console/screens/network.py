@@ -75,14 +75,18 @@ class NetworkScreen(KdbScreen):
             with Vertical(id="network-right"):
                 yield Label("recent models", classes="section")
                 yield OptionList(id="network-recent")
-                yield Label("its story with this DB, newest first", classes="section")
-                yield DataTable(id="network-history", cursor_type="row", zebra_stripes=True)
                 yield Static(id="network-gpu")
+        yield Label("its story with this DB, newest first", classes="section")
+        yield DataTable(id="network-history", cursor_type="row", zebra_stripes=True)
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one("#network-ops", DataTable).add_columns("op", "nodes", "runs", "status", "row")
-        self.query_one("#network-history", DataTable).add_columns("when", "step", "", "outcome")
+        ops = self.query_one("#network-ops", DataTable)
+        for label, width in (("op", 58), ("nodes", 5), ("runs", 22), ("status", 10), ("row", 16)):
+            ops.add_column(label, width=width)
+        history = self.query_one("#network-history", DataTable)
+        for label, width in (("when", 19), ("step", 12), ("", 2), ("outcome", None)):
+            history.add_column(label, width=width)
         self.load_recent()
 
     @property
@@ -133,7 +137,7 @@ class NetworkScreen(KdbScreen):
         for entry in story.entries:
             style = "green" if entry.row is not None and entry.runs.startswith(DB_KERNEL) else "yellow"
             ops.add_row(entry.config.describe(), str(entry.count), Text(entry.runs, style=style), entry.status,
-                        entry.row.key[:24] if entry.row else "-")
+                        entry.row.key if entry.row else "-")
         on_db = sum(e.count - e.fused_away for e in story.entries if e.row is not None and e.runs.startswith(DB_KERNEL))
         lines = [f"{len(story.entries)} distinct op(s); {on_db} node(s) run DB rows"]
         lines += [f"NNFusion cannot compile node {b}" for b in story.blockers]
