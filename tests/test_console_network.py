@@ -5,6 +5,8 @@ what only a GPU can show."""
 
 from __future__ import annotations
 
+import json
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,7 @@ from textual.widgets import DataTable, Input, OptionList, Static
 
 from console.context import ConsoleContext
 from console.widgets.dialogs import PathDialog
+from core.db.state import NetworkEvent, StateDB
 from core.settings import Settings, save_settings
 
 
@@ -76,6 +79,20 @@ async def test_a_model_from_onnx_file_to_its_story_with_the_db(tmp_path: Path, m
         await pilot.press("escape")
         await wait_until(pilot, lambda: len(_history(app)) == 2, "the console's compile in the history")
         assert [kind for kind, _ in _history(app)] == ["compile", "compile"]
+
+        # Op times measured on a GPU (recorded as measure_library_times records them; these ratios are test data):
+        # the ops are listed the slowest against the library first, each with its ratio and a bar
+        ids = [e["lookup"] or e["identifier"] for e in coverage["entries"]]
+        ratios = dict(zip(ids, [0.5, 2.5], strict=True))
+        with closing(StateDB()) as state:
+            state.record_network_event(NetworkEvent(model=str(model.resolve()), db_path=str(db), kind="op-times",
+                                                    ok=False, headline="op times: test data",
+                                                    detail=json.dumps({"ratios": ratios})))
+        await pilot.press("R")
+        await wait_until(pilot, lambda: len(_history(app)) == 3, "the op times in the history")
+        ops = app.screen.query_one("#network-ops", DataTable)
+        column = [str(ops.get_row(k)[4]) for k in ops.rows]
+        assert column[0].startswith(" 2.50x █") and column[1].startswith(" 0.50x █")
 
     again = FixedDeviceApp(ConsoleContext(db_path=db, settings=settings, device_summary="no CUDA device (test)"))
     async with again.run_test(size=(200, 50)) as pilot:

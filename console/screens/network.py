@@ -25,6 +25,7 @@ from textual.widgets.option_list import Option
 
 from console.screens.base import KdbScreen
 from console.widgets.dialogs import PathDialog, dialog_default, fp16_dialog
+from console.widgets.ratio_bar import ratio_bar
 from core.db.state import NetworkEvent, StateDB
 from core.nnfusion.coverage import DB_KERNEL, CoverageEntry
 
@@ -39,6 +40,13 @@ class ModelStory:
     entries: list[CoverageEntry]
     blockers: list[str]  # nodes NNFusion cannot compile, with why
     events: list[NetworkEvent]  # newest first, the "opened" marks left out
+
+    def op_ratios(self) -> dict[str, float | None]:
+        """Each op's row time over the library's, by identifier, from the newest op times measured on a GPU."""
+        for event in self.events:
+            if event.kind == "op-times" and event.detail_dict().get("ratios"):
+                return dict(event.detail_dict()["ratios"])
+        return {}
 
 
 class NetworkScreen(KdbScreen):
@@ -82,7 +90,8 @@ class NetworkScreen(KdbScreen):
 
     def on_mount(self) -> None:
         ops = self.query_one("#network-ops", DataTable)
-        for label, width in (("op", 58), ("nodes", 5), ("runs", 22), ("status", 10), ("row", 16)):
+        for label, width in (("op", 58), ("nodes", 5), ("runs", 22), ("status", 10), ("row / library", 24),
+                             ("row", 16)):
             ops.add_column(label, width=width)
         history = self.query_one("#network-history", DataTable)
         for label, width in (("when", 19), ("step", 12), ("", 2), ("outcome", None)):
@@ -134,9 +143,12 @@ class NetworkScreen(KdbScreen):
             return
         ops = self.query_one("#network-ops", DataTable)
         ops.clear()
-        for entry in story.entries:
+        ratios = story.op_ratios()
+        # the slowest against the library first, where the op times measured it; the rest in model order
+        for entry in sorted(story.entries, key=lambda e: -(ratios.get(e.lookup or e.identifier or "") or 0.0)):
             style = "green" if entry.row is not None and entry.runs.startswith(DB_KERNEL) else "yellow"
             ops.add_row(entry.config.describe(), str(entry.count), Text(entry.runs, style=style), entry.status,
+                        ratio_bar(ratios.get(entry.lookup or entry.identifier or "")),
                         entry.row.key if entry.row else "-")
         on_db = sum(e.count - e.fused_away for e in story.entries if e.row is not None and e.runs.startswith(DB_KERNEL))
         lines = [f"{len(story.entries)} distinct op(s); {on_db} node(s) run DB rows"]

@@ -34,6 +34,7 @@ from textual.widgets import DataTable, Label, Log, Static
 from textual.worker import Worker, WorkerState, get_current_worker
 
 from console.widgets.dialogs import PathDialog, dialog_default
+from console.widgets.ratio_bar import ratio_bar
 from core.gpu.library_times import LibraryTimes
 from core.gpu.network_run import ERROR_FORMULA, NetworkRun
 from core.gpu.never_slower import NeverSlowerRun, run_never_slower
@@ -47,7 +48,6 @@ if TYPE_CHECKING:
 PROGRESS_INTERVAL_S = 0.1
 RUNS_STYLE = {DB_KERNEL: "green", "cuDNN": "yellow", "cuBLAS": "yellow"}
 TAIL_LINES = 200
-OP_TIMES_BAR = 40  # cells of the longest ratio bar (4x the library and beyond)
 RUN_FITS_LAUNCHES = True  # r fits the launches first, as `kdb nnfusion --run` does unless --no-fit-launches
 
 
@@ -121,7 +121,7 @@ class CompileScreen(ModalScreen[None]):
         table.add_columns("step", "node", "runs", "DB row")
         table.display = False
         times = self.query_one("#op-times", DataTable)
-        times.add_columns("op", "row us", "library us", "row / library", "")
+        times.add_columns("op", "row us", "library us", "row / library")
         times.display = False
         self.run_compile(self.job, self.cancel)
 
@@ -334,12 +334,9 @@ class CompileScreen(ModalScreen[None]):
         ordered = sorted(run.ops, key=lambda op: -(op.ratio or 0.0))
         for op in ordered:
             if op.timed:
-                ratio = op.ratio or 0.0
-                bar = Text("█" * max(1, min(OP_TIMES_BAR, round(ratio * OP_TIMES_BAR / 4))),
-                           style="red" if ratio > 1.0 else "green")
-                table.add_row(op.name, f"{op.row_us:.2f}", f"{op.library_us:.2f}", f"{ratio:.2f}x", bar)
+                table.add_row(op.name, f"{op.row_us:.2f}", f"{op.library_us:.2f}", ratio_bar(op.ratio))
             else:
-                table.add_row(op.name, "-", "-", "not measured", Text(op.outcome(), style="dim"))
+                table.add_row(op.name, "-", "-", Text(op.outcome(), style="dim"))
         table.display = True
         self.query_one("#compile-log", Log).display = False
         self.query_one("#compile-steps", DataTable).display = False
