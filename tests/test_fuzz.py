@@ -1195,7 +1195,15 @@ def kernel_rows(draw: st.DrawFn) -> tuple[tuple[Any, ...], bool]:
     return tuple(dumps(c) if isinstance(c, dict | list) else c for c in columns), clean
 
 
+# CI's hypothesis once drew a shared_memory dtype that was a list: lint raised "unhashable type" instead of a finding
+LIST_DTYPE_ROW = (1, "key", "Relu2;2floatfloat", "Relu", dumps({"input_shape": [[2]], "output_shape": [[2]]}),
+                  "External", "CUDA_GPU",
+                  dumps({**CLEAN_FUNCTION, "shared_memory": {"symbol": ["A"], "dtype": [["float"]], "size": [64]}}),
+                  TAGS, "{}")
+
+
 @fuzzed(rows=st.lists(kernel_rows(), min_size=1, max_size=2))
+@example(rows=[(LIST_DTYPE_ROW, False)])
 def lint_any_row(rows: list[tuple[tuple[Any, ...], bool]]) -> None:
     for row, clean in rows:
         findings = lint_row(row)

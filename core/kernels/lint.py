@@ -294,7 +294,8 @@ def _check_element_type(fn: Any, attrs: Any, ident: Any, add: Any) -> None:
     sm = fn.get("shared_memory")
     dtypes, sizes = (sm.get("dtype"), sm.get("size")) if isinstance(sm, dict) else (None, None)
     if isinstance(dtypes, list):
-        unknown = sorted({str(t) for t in dtypes if t not in BLOCKFUSION_SHARED_DTYPES})
+        # a dtype that is no string (a list, an object: any JSON) is unknown too, and says so rather than raising
+        unknown = sorted({str(t) for t in dtypes if not isinstance(t, str) or t not in BLOCKFUSION_SHARED_DTYPES})
         if unknown:
             add(CRASH, "shared-dtype",
                 f"shared_memory declares {', '.join(repr(t) for t in unknown)}, which BlockFusion's table of shared "
