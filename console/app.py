@@ -93,6 +93,12 @@ class KdbApp(App[int]):
         self.context.device_summary = summary
         self.sub_title = f"{self.context.db_path} · {summary}"
 
+    def show_in_kernels(self, text: str) -> None:
+        """Switch to the Kernels view filtered to `text` (a Key): how a view opens a row without reaching into
+        another."""
+        self.switch_mode("kernels")
+        self.screen.show_rows_matching(text)  # type: ignore[attr-defined]
+
     def action_help(self) -> None:
         from console.screens.help import HelpScreen
 

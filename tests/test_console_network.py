@@ -94,6 +94,16 @@ async def test_a_model_from_onnx_file_to_its_story_with_the_db(tmp_path: Path, m
         column = [str(ops.get_row(k)[4]) for k in ops.rows]
         assert column[0].startswith(" 2.50x █") and column[1].startswith(" 0.50x █")
 
+        # k opens the selected op's row in the Kernels view
+        ops.focus()
+        key = str(ops.get_row_at(0)[-1])
+        await pilot.press("k")
+        def shown_keys() -> list[str]:
+            tables = app.screen.query("#kernel-table")
+            return [str(r.value) for r in tables.first(DataTable).rows] if tables else []
+
+        await wait_until(pilot, lambda: shown_keys() == [key], "the row alone in the Kernels view", timeout_s=30)
+
     again = FixedDeviceApp(ConsoleContext(db_path=db, settings=settings, device_summary="no CUDA device (test)"))
     async with again.run_test(size=(200, 50)) as pilot:
         await pilot.press("8")

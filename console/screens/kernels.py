@@ -266,6 +266,11 @@ class KernelsScreen(KdbScreen):
 
     # -- actions -----------------------------------------------------------------------------
 
+    def show_rows_matching(self, text: str) -> None:
+        """The rows whose identifier, name or Key holds `text`, as if typed in the filter (another view's "open in
+        Kernels", through the App)."""
+        self.query_one("#filter-text", Input).value = text
+
     def action_focus_filter(self) -> None:
         self.query_one("#filter-text", Input).focus()
 

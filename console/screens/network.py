@@ -55,6 +55,7 @@ class NetworkScreen(KdbScreen):
         Binding("c", "compile", "Compile / run", tooltip="Compile with NNFusion; in the dialog r runs, t times each "
                 "op, n keeps only the rows that make the network faster"),
         Binding("h", "convert_to_fp16", "fp16", tooltip="Convert the model to fp16 and open that one"),
+        Binding("k", "open_row", "Open row", tooltip="The selected op's DB row in the Kernels view"),
         Binding("R", "reload", "Reload", show=False),
     ]
 
@@ -190,9 +191,19 @@ class NetworkScreen(KdbScreen):
             self.load(self.model)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action in ("compile", "convert_to_fp16", "reload"):
+        if action in ("compile", "convert_to_fp16", "reload", "open_row"):
             return True if self.model is not None else None
         return True
+
+    def action_open_row(self) -> None:
+        ops = self.query_one("#network-ops", DataTable)
+        if ops.row_count and ops.cursor_row >= 0:
+            key = str(ops.get_row_at(ops.cursor_row)[-1])
+            if key != "-":
+                self.app.show_in_kernels(key)  # type: ignore[attr-defined]
+                return
+        self.notify("this op has no DB row: c compiles it with the library, or generate one in Op configs (5)",
+                    timeout=4)
 
     def action_compile(self) -> None:
         from console.screens.nnfusion import compile_screen
