@@ -58,3 +58,21 @@ async def wait_until(pilot: Pilot[object], condition: Callable[[], bool], what: 
         if time.monotonic() > deadline:
             raise AssertionError(f"waited {timeout_s:g} s for {what}")
         await pilot.pause(0.02)
+
+
+def app_with_compiler(db_path: Path, compiler: Path) -> FixedDeviceApp:
+    """An app on `db_path` whose settings name this NNFusion compiler, on no GPU."""
+    from core.settings import Settings
+
+    return FixedDeviceApp(ConsoleContext(db_path=db_path, settings=Settings(workers=1, nnfusion_path=str(compiler)),
+                                         device_summary="no CUDA device (test)"))
+
+
+async def compile_dialog(pilot: Pilot[object], app: KdbApp, model: Path):  # type: ignore[no-untyped-def]
+    """The compile dialog of `model` (console/screens/nnfusion.py), pushed, once its compile has reported."""
+    from console.screens.nnfusion import compile_screen
+
+    dialog = compile_screen(app.context, model)
+    app.push_screen(dialog)
+    await wait_until(pilot, lambda: dialog.report is not None, "the compile's report")
+    return dialog

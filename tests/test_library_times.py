@@ -168,14 +168,11 @@ async def test_t_in_the_compile_dialog_runs_op_times_and_shows_each_op(tmp_path:
     libraries_or_skip(nvcc_or_skip())
     pytest.importorskip("tvm")
     no_gpu_or_skip()
-    from console_helpers import FixedDeviceApp
+    from console_helpers import app_with_compiler, compile_dialog
     from test_console_opconfigs import wait_for
     from test_nnfusion_compiler import build_db
     from textual.widgets import DataTable, Input, Static
 
-    from console.context import ConsoleContext
-    from console.screens.nnfusion import compile_screen
-    from core.settings import Settings
 
     monkeypatch.setenv("KDB_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.setenv("KDB_CONFIG", str(tmp_path / "settings.toml"))
@@ -183,13 +180,9 @@ async def test_t_in_the_compile_dialog_runs_op_times_and_shows_each_op(tmp_path:
     model = write(g.model(g.node("Relu", [g.conv("x", 8, 16, 3, bias=True, name="c1")], "r1"), "one"),
                   tmp_path / "one.onnx")
     db = build_db(model, tmp_path / "k.db", tmp_path)
-    context = ConsoleContext(db_path=db, settings=Settings(workers=1, nnfusion_path=str(COMPILER)),
-                             device_summary="no CUDA device (test)")
-    app = FixedDeviceApp(context)
+    app = app_with_compiler(db, COMPILER)
     async with app.run_test(size=(160, 45)) as pilot:
-        dialog = compile_screen(context, model)
-        app.push_screen(dialog)
-        await wait_for(pilot, lambda: dialog.report is not None, timeout=120)
+        dialog = await compile_dialog(pilot, app, model)
         await pilot.press("t")
         await wait_for(pilot, lambda: app.screen is not dialog)
         app.screen.query_one("#path", Input).value = str(tmp_path / "T.json")

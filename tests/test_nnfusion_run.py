@@ -340,24 +340,16 @@ async def test_r_in_the_compile_dialog_builds_the_networks_and_says_there_is_no_
     libraries_or_skip(nvcc_or_skip())
     onnxruntime_or_skip()
     no_gpu_or_skip()
-    from console_helpers import FixedDeviceApp
+    from console_helpers import app_with_compiler, compile_dialog
     from test_console_opconfigs import wait_for
     from textual.widgets import Static
 
-    from console.context import ConsoleContext
-    from console.screens.nnfusion import compile_screen
-    from core.settings import Settings
 
     monkeypatch.setenv("KDB_STATE_DIR", str(tmp_path / "state"))
     model = two_in_two_out(tmp_path / "two.onnx")
-    context = ConsoleContext(db_path=empty_db(tmp_path / "user.db"),
-                             settings=Settings(workers=1, nnfusion_path=str(COMPILER)),
-                             device_summary="no CUDA device (test)")
-    app = FixedDeviceApp(context)
+    app = app_with_compiler(empty_db(tmp_path / "user.db"), COMPILER)
     async with app.run_test(size=(160, 45)) as pilot:
-        dialog = compile_screen(context, model)
-        app.push_screen(dialog)
-        await wait_for(pilot, lambda: dialog.report is not None, timeout=120)
+        dialog = await compile_dialog(pilot, app, model)
         await pilot.press("r")
         await wait_for(pilot, lambda: dialog.network_run is not None, timeout=300)
         run = dialog.network_run

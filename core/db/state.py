@@ -34,6 +34,15 @@ def state_dir() -> Path:
     return Path(user_data_dir("kdb", appauthor=False))
 
 
+def _json_object(text: str) -> dict[str, Any]:
+    """A detail column's JSON object ({} when it holds anything else)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
 def now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
@@ -78,11 +87,7 @@ class Failure:
     dismissed: bool = False
 
     def detail_dict(self) -> dict[str, Any]:
-        try:
-            value = json.loads(self.detail)
-        except ValueError:
-            return {}
-        return value if isinstance(value, dict) else {}
+        return _json_object(self.detail)
 
     def as_report(self) -> dict[str, Any]:
         return {"file": self.file, "index": self.item_index, "name": self.name, "stage": self.stage,
@@ -106,11 +111,7 @@ class NetworkEvent:
     created_at: str = field(default_factory=now)
 
     def detail_dict(self) -> dict[str, Any]:
-        try:
-            value = json.loads(self.detail)
-        except ValueError:
-            return {}
-        return value if isinstance(value, dict) else {}
+        return _json_object(self.detail)
 
 
 NETWORK_EVENT_KINDS = ("compile", "run", "op-times", "never-slower", "opened")
