@@ -22,7 +22,7 @@ from textual.widgets import DataTable, Input, OptionList, Static
 
 from console.context import ConsoleContext
 from console.widgets.dialogs import PathDialog
-from core.db.state import NetworkEvent, StateDB
+from core.db.state import ModelEvent, StateDB
 from core.settings import Settings, save_settings
 
 
@@ -64,6 +64,7 @@ async def test_a_model_from_onnx_file_to_its_story_with_the_db(tmp_path: Path, m
         assert shown == [(e["description"], e["runs"]) for e in coverage["entries"]]  # kdb coverage's answer
         assert _history(app) == [("-", "nothing yet: c compiles it")]
         assert "need a CUDA GPU" in _text(screen.query_one("#network-gpu", Static))
+        assert "tuning (7) so far: net: no op measured yet" in _text(screen.query_one("#network-coverage", Static))
 
         # A compile in a terminal is part of the story...
         proc = run_kdb("nnfusion", str(model), "--db", str(db))
@@ -85,7 +86,7 @@ async def test_a_model_from_onnx_file_to_its_story_with_the_db(tmp_path: Path, m
         ids = [e["lookup"] or e["identifier"] for e in coverage["entries"]]
         ratios = dict(zip(ids, [0.5, 2.5], strict=True))
         with closing(StateDB()) as state:
-            state.record_network_event(NetworkEvent(model=str(model.resolve()), db_path=str(db), kind="op-times",
+            state.record_model_event(ModelEvent(model=str(model.resolve()), db_path=str(db), kind="op-times",
                                                     ok=False, headline="op times: test data",
                                                     detail=json.dumps({"ratios": ratios})))
         await pilot.press("R")

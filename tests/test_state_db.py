@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from core.db.state import Failure, NetworkEvent, StateDB
+from core.db.state import Failure, ModelEvent, StateDB
 
 # What the first state files hold: SQLModel's create_all wrote these tables.
 FIRST_LAYOUT = [
@@ -20,11 +20,11 @@ FIRST_LAYOUT = [
     "CREATE INDEX ix_failure_run_id ON failure (run_id)",
 ]
 # Added since (the console's Network view): a model's story, one event per compile, run, op times, never-slower step
-NETWORK_EVENT_LAYOUT = [
-    "CREATE TABLE network_event (\n\tid INTEGER NOT NULL, \n\tmodel VARCHAR NOT NULL, \n\tdb_path VARCHAR NOT NULL, "
+MODEL_EVENT_LAYOUT = [
+    "CREATE TABLE model_event (\n\tid INTEGER NOT NULL, \n\tmodel VARCHAR NOT NULL, \n\tdb_path VARCHAR NOT NULL, "
     "\n\tkind VARCHAR NOT NULL, \n\tok BOOLEAN NOT NULL, \n\theadline VARCHAR NOT NULL, \n\tdetail VARCHAR NOT NULL, "
     "\n\tcreated_at VARCHAR NOT NULL, \n\tPRIMARY KEY (id)\n)",
-    "CREATE INDEX ix_network_event_model ON network_event (model)",
+    "CREATE INDEX ix_model_event_model ON model_event (model)",
 ]
 
 
@@ -60,8 +60,8 @@ def test_a_state_file_of_the_first_layout_reads_and_writes(tmp_path: Path):
     assert [t[0] for t in tables] == FIRST_LAYOUT[:2]  # left as it was
     state = StateDB(path)  # ... and the table added since is there, and works
     try:
-        state.record_network_event(NetworkEvent(model="/m.onnx", db_path="k.db", kind="compile", ok=True, headline="x"))
-        assert [(e.kind, e.ok) for e in state.network_events(Path("/m.onnx"))] == [("compile", True)]
+        state.record_model_event(ModelEvent(model="/m.onnx", db_path="k.db", kind="compile", ok=True, headline="x"))
+        assert [(e.kind, e.ok) for e in state.model_events(Path("/m.onnx"))] == [("compile", True)]
         assert state.recent_models() == ["/m.onnx"]
     finally:
         state.close()
@@ -83,7 +83,7 @@ def test_a_new_state_file_is_written_in_the_first_layout_indexes_included(tmp_pa
     StateDB(tmp_path / "new.db").close()
     new = sqlite3.connect(tmp_path / "new.db")
     assert [r[0] for r in new.execute("SELECT sql FROM sqlite_master WHERE sql IS NOT NULL ORDER BY rowid")] \
-        == FIRST_LAYOUT + NETWORK_EVENT_LAYOUT
+        == FIRST_LAYOUT + MODEL_EVENT_LAYOUT
 
 
 def test_a_second_command_creating_the_state_file_waits_for_the_first(tmp_path: Path):
@@ -116,4 +116,4 @@ def test_a_second_command_creating_the_state_file_waits_for_the_first(tmp_path: 
     waiting.join(timeout=30)
     assert not waiting.is_alive() and not errors, errors
     assert [r[0] for r in first.execute("SELECT sql FROM sqlite_master WHERE sql IS NOT NULL ORDER BY rowid")] \
-        == FIRST_LAYOUT + NETWORK_EVENT_LAYOUT  # the second added the table the first did not know
+        == FIRST_LAYOUT + MODEL_EVENT_LAYOUT  # the second added the table the first did not know

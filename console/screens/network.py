@@ -2,7 +2,7 @@
 
 What the model's ops run (coverage, as `kdb coverage` says it), and every step taken with it, newest first, by either
 face: compiles (used == promised), runs against the empty DB (the verdict), op times, never-slower steps; the core
-use cases record them in the state file (core/db/state.py's NetworkEvent), so `kdb nnfusion` in a terminal shows up
+use cases record them in the state file (core/db/state.py's ModelEvent), so `kdb nnfusion` in a terminal shows up
 here too. c opens the compile dialog (r runs the network in it, t times each op, n keeps only the rows that make the
 network faster), h converts the model to fp16 and opens that one. Without a GPU, what only a GPU can show says so.
 """
@@ -26,7 +26,7 @@ from textual.widgets.option_list import Option
 from console.screens.base import KdbScreen
 from console.widgets.dialogs import PathDialog, dialog_default, fp16_dialog
 from console.widgets.ratio_bar import ratio_bar
-from core.db.state import NetworkEvent, StateDB
+from core.db.state import ModelEvent, StateDB
 from core.nnfusion.coverage import DB_KERNEL, CoverageEntry
 
 HISTORY = 20  # events shown
@@ -39,7 +39,8 @@ class ModelStory:
     model: Path
     entries: list[CoverageEntry]
     blockers: list[str]  # nodes NNFusion cannot compile, with why
-    events: list[NetworkEvent]  # newest first, the "opened" marks left out
+    events: list[ModelEvent]  # newest first, the "opened" marks left out
+    tuning: str  # what the best tuned kernels so far predict for the network (the Tuning view's prediction)
 
     def op_ratios(self) -> dict[str, float | None]:
         """Each op's row time over the library's, by identifier, from the newest op times measured on a GPU."""
@@ -120,13 +121,27 @@ class NetworkScreen(KdbScreen):
         extraction, entries = model_coverage(job)
         with closing(StateDB()) as state:
             if remember:
-                state.record_network_event(NetworkEvent(model=str(model), db_path=str(self.context.db_path),
+                state.record_model_event(ModelEvent(model=str(model), db_path=str(self.context.db_path),
                                                         kind="opened", ok=True, headline="opened in the console"))
-            events = [e for e in state.network_events(model, self.context.db_path, HISTORY * 2) if e.kind != "opened"]
+            events = [e for e in state.model_events(model, self.context.db_path, HISTORY * 2) if e.kind != "opened"]
             recent = state.recent_models(RECENT)
         blockers = [f"{b.node} ({b.op_type}): {b.reason}" for b in extraction.blockers]
-        self.post_message(self.Loaded(ModelStory(model, entries, blockers, events[:HISTORY])))
+        self.post_message(self.Loaded(ModelStory(model, entries, blockers, events[:HISTORY],
+                                                 self._tuning_prediction(model))))
         self.post_message(self.Recent(recent))
+
+    def _tuning_prediction(self, model: Path) -> str:
+        """The network's time as its ops' best tuned kernels so far make it, as the Tuning view (7) says it."""
+        from core.tuning.board import TuneBoard, read_history
+        from core.tuning.request import read_tune_inputs
+
+        settings = self.context.settings
+        board = TuneBoard()
+        board.take(read_tune_inputs([model], settings), model.name)
+        if board.network is None:
+            return ""
+        board.history_read(read_history(board.configs, "cuda", settings.archs[0]), running=False)
+        return board.prediction(running=False, trials=settings.tune_trials, cap=None).text()
 
     @work(thread=True, exit_on_error=False, group="network-recent")
     def load_recent(self) -> None:
@@ -152,7 +167,8 @@ class NetworkScreen(KdbScreen):
                         ratio_bar(ratios.get(entry.lookup or entry.identifier or "")),
                         entry.row.key if entry.row else "-")
         on_db = sum(e.count - e.fused_away for e in story.entries if e.row is not None and e.runs.startswith(DB_KERNEL))
-        lines = [f"{len(story.entries)} distinct op(s); {on_db} node(s) run DB rows"]
+        lines = [f"{len(story.entries)} distinct op(s); {on_db} node(s) run DB rows",
+                 f"tuning (7) so far: {story.tuning or 'nothing recorded'}"]
         lines += [f"NNFusion cannot compile node {b}" for b in story.blockers]
         self.query_one("#network-coverage", Static).update("\n".join(lines))
         history = self.query_one("#network-history", DataTable)

@@ -3,7 +3,7 @@
 Default location: the user data dir (`KDB_STATE_DIR` overrides it). Each failure keeps the input
 item it came from, so it can be retried after a fix (a new SM arch, an edited item).
 
-The dataclasses Run, Failure and NetworkEvent are the file's schema, declared once: their fields are the tables' columns
+The dataclasses Run, Failure and ModelEvent are the file's schema, declared once: their fields are the tables' columns
 (create_table_sql), in the layout SQLModel's create_all gave the first state files (tests/test_state_db.py).
 """
 
@@ -95,16 +95,16 @@ class Failure:
 
 
 @dataclass(kw_only=True)
-class NetworkEvent:
+class ModelEvent:
     """One step of a model's story with a DB, as the core use case that took it wrote it (both faces alike): a compile,
     a run against the empty DB, the op times, the never-slower step, or the model opened in the console."""
 
-    TABLE: ClassVar[str] = "network_event"
+    TABLE: ClassVar[str] = "model_event"
 
     id: int | None = None
     model: str = field(metadata=INDEXED)  # the model file, resolved
     db_path: str
-    kind: str  # one of NETWORK_EVENT_KINDS
+    kind: str  # one of MODEL_EVENT_KINDS
     ok: bool  # a clean compile; right and not slower; every op timed, none slower; ...
     headline: str  # the outcome in one line, as the faces say it
     detail: str = "{}"  # JSON: the figures behind the headline
@@ -114,12 +114,12 @@ class NetworkEvent:
         return _json_object(self.detail)
 
 
-NETWORK_EVENT_KINDS = ("compile", "run", "op-times", "never-slower", "opened")
-RECORDS: tuple[type[Run | Failure | NetworkEvent], ...] = (Run, Failure, NetworkEvent)
-Record = TypeVar("Record", Run, Failure, NetworkEvent)
+MODEL_EVENT_KINDS = ("compile", "run", "op-times", "never-slower", "opened")
+RECORDS: tuple[type[Run | Failure | ModelEvent], ...] = (Run, Failure, ModelEvent)
+Record = TypeVar("Record", Run, Failure, ModelEvent)
 
 
-def create_table_sql(cls: type[Run | Failure | NetworkEvent]) -> list[str]:
+def create_table_sql(cls: type[Run | Failure | ModelEvent]) -> list[str]:
     """CREATE TABLE and CREATE INDEX statements for a record class (IF NOT EXISTS: two commands may create a new
     state file at once). `id` is the primary key; no defaults in SQL: every insert names its values."""
     columns = []
@@ -172,7 +172,7 @@ class StateDB:
         return [cls(**{n: bool(v) if n in bools else v for n, v in zip(names, r, strict=True)}) for r in got]
 
     @staticmethod
-    def _insert(conn: sqlite3.Connection, record: Run | Failure | NetworkEvent) -> int:
+    def _insert(conn: sqlite3.Connection, record: Run | Failure | ModelEvent) -> int:
         names = [f.name for f in fields(record) if f.name != "id"]  # SQLite numbers the rows
         values = tuple(getattr(record, n) for n in names)
         cursor = conn.execute(f"INSERT INTO {record.TABLE} ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
@@ -234,22 +234,22 @@ class StateDB:
 
     # -- a model's story (the console's Network view) ------------------------------------------------------------
 
-    def record_network_event(self, event: NetworkEvent) -> None:
+    def record_model_event(self, event: ModelEvent) -> None:
         event.model, event.headline, event.detail = printable(event.model), printable(event.headline), \
             printable(event.detail)
         with self._transaction() as conn:
             event.id = self._insert(conn, event)
 
-    def network_events(self, model: Path, db_path: Path | None = None, limit: int = 20) -> list[NetworkEvent]:
+    def model_events(self, model: Path, db_path: Path | None = None, limit: int = 20) -> list[ModelEvent]:
         """The model's events, newest first (with `db_path`: with that DB only)."""
         where, params = "WHERE model = ?", [str(model)]
         if db_path is not None:
             where += " AND db_path = ?"
             params.append(str(db_path))
-        return self._select(NetworkEvent, f"{where} ORDER BY id DESC LIMIT ?", (*params, limit))
+        return self._select(ModelEvent, f"{where} ORDER BY id DESC LIMIT ?", (*params, limit))
 
     def recent_models(self, limit: int = 10) -> list[str]:
         """The models of the latest events, newest first, each once."""
         with transaction(self.conn, self.path, write=False) as conn:
-            return [r[0] for r in conn.execute("SELECT model FROM network_event GROUP BY model ORDER BY max(id) DESC "
+            return [r[0] for r in conn.execute("SELECT model FROM model_event GROUP BY model ORDER BY max(id) DESC "
                                                "LIMIT ?", (limit,))]

@@ -34,7 +34,7 @@ from typing import Any
 
 from core.db.kernel_db import KernelDB
 from core.db.library import write_times
-from core.db.state import NetworkEvent, StateDB
+from core.db.state import ModelEvent, StateDB
 from core.errors import InputError
 from core.gpu.harness_run import (
     NO_GPU,
@@ -167,12 +167,12 @@ class LibraryTimes:
                                for op in self.ops if not op.timed]}
         return ops, about
 
-    def event(self) -> NetworkEvent:
+    def event(self) -> ModelEvent:
         """These op times as a step of the model's story (the console's Network view)."""
         timed, slower = self.timed(), self.slower()
         said = (f"{len(timed)} of {len(self.ops)} op(s) timed on {self.device}, {len(slower)} slower than the library"
                 if self.device else f"{len(self.ops)} op(s) built, not run")
-        return NetworkEvent(model=str(self.job.model.resolve()), db_path=str(self.job.db), kind="op-times",
+        return ModelEvent(model=str(self.job.model.resolve()), db_path=str(self.job.db), kind="op-times",
                             ok=self.status == 0, headline=f"op times: {said}" + (
                                 f"; written to {self.times_file}" if self.written else ""),
                             detail=json.dumps({"times_file": str(self.times_file) if self.written else None,
@@ -216,7 +216,7 @@ def measure_library_times(job: CompileJob, options: HarnessOptions | None = None
     finally:
         run.seconds = time.monotonic() - started
     if state is not None and not cancelled():  # a step of the model's story (the console's Network view)
-        state.record_network_event(run.event())
+        state.record_model_event(run.event())
     return run
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from core.db.kernel_db import KernelDB
-from core.db.state import NetworkEvent, StateDB
+from core.db.state import ModelEvent, StateDB
 from core.errors import KdbError
 from core.gpu.harness_run import (
     NO_GPU,
@@ -108,7 +108,7 @@ class NetworkRun:
         a, b = self.with_db.timing, self.empty_db.timing
         return a["median_ms"] / b["median_ms"] if a and b and b["median_ms"] > 0 else None
 
-    def event(self) -> NetworkEvent:
+    def event(self) -> ModelEvent:
         """This run as a step of the model's story (the console's Network view)."""
         with_db, empty = (c.timing["median_ms"] if c.timing else None for c in (self.with_db, self.empty_db))
         if with_db is not None and empty is not None:
@@ -117,7 +117,7 @@ class NetworkRun:
             said = "not timed"
         verdict = "; ".join(self.findings) or "right, and not slower than with the empty DB"
         where = f" on {self.device}" if self.device else ""
-        return NetworkEvent(model=str(self.job.model.resolve()), db_path=str(self.job.db), kind="run",
+        return ModelEvent(model=str(self.job.model.resolve()), db_path=str(self.job.db), kind="run",
                             ok=self.status == 0, headline=f"run{where}: {said}; {verdict}",
                             detail=json.dumps({"with_db_ms": with_db, "empty_db_ms": empty, "device": self.device,
                                                "max_error": self.max_error, "status": self.status,
@@ -184,7 +184,7 @@ def run_network(job: CompileJob, options: RunOptions = RunOptions(), *, state: S
     finally:
         run.seconds = time.monotonic() - started
     if state is not None and not cancelled():
-        state.record_network_event(run.event())
+        state.record_model_event(run.event())
     return run
 
 

@@ -23,7 +23,7 @@ from typing import Any
 from core.db.kernel_db import KernelDB
 from core.db.library import Verdict as OpVerdict
 from core.db.maintenance import apply_plan, delete_plan, library_plan, undo_plan
-from core.db.state import NetworkEvent, StateDB
+from core.db.state import ModelEvent, StateDB
 from core.gpu.network_run import COULD_NOT_RUN, FAILED, OK, NetworkRun, RunOptions, run_network
 from core.gpu.verdict import FASTER, SLOWER, Verdict, judge
 from core.nnfusion.compile_job import CompileJob
@@ -65,10 +65,10 @@ class NeverSlowerRun:
     status: int = COULD_NOT_RUN
     findings: list[str] = field(default_factory=list)
 
-    def event(self, job: CompileJob) -> NetworkEvent:
+    def event(self, job: CompileJob) -> ModelEvent:
         """This step as one of the model's story (the console's Network view)."""
         kept = [t for t in self.trials if t.kept]
-        return NetworkEvent(model=str(job.model.resolve()), db_path=str(job.db), kind="never-slower",
+        return ModelEvent(model=str(job.model.resolve()), db_path=str(job.db), kind="never-slower",
                             ok=self.status == 0,
                             headline=f"never slower: {len(kept)} of {len(self.trials)} change(s) kept; "
                                      + "; ".join(self.findings),
@@ -136,7 +136,7 @@ def run_never_slower(job: CompileJob, times_file: Path, options: RunOptions, *, 
     state, the step is recorded in the model's story (the console's Network view)."""
     result = _decide(job, times_file, options, margin_pct, on_progress, should_cancel)
     if state is not None and not (should_cancel and should_cancel()):
-        state.record_network_event(result.event(job))
+        state.record_model_event(result.event(job))
     return result
 
 

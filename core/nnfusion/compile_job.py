@@ -19,7 +19,7 @@ from typing import Any
 
 from core.cuda.nvcc import find_nvcc
 from core.db.kernel_db import KernelDB
-from core.db.state import Failure, NetworkEvent, StateDB, state_dir
+from core.db.state import Failure, ModelEvent, StateDB, state_dir
 from core.errors import KdbError, ToolError
 from core.nnfusion.compiler import CompileResult, CompilerFlags, compile_model, extract_for_compiler, find_compiler
 from core.nnfusion.coverage import CoverageEntry, coverage
@@ -135,7 +135,7 @@ class CompileReport:
                 "made_standalone": self.made_standalone, "undo_files": [str(f) for f in self.undo_files],
                 "coverage": [e.to_dict() for e in self.entries]}
 
-    def event(self) -> NetworkEvent:
+    def event(self) -> ModelEvent:
         """This compile as a step of the model's story (the console's Network view)."""
         problems = self.problems()
         if not self.ok or self.usage is None:
@@ -150,7 +150,7 @@ class CompileReport:
                         + (f"; {len(problems)} problem(s): {problems[0]}" if problems else "; promised == used"))
             figures = {"promised": len(promised), "used": len(used), "nodes": nodes, "library_calls": calls,
                        "broken_promises": sorted(self.broken_promises()), "problems": problems}
-        return NetworkEvent(model=str(self.job.model.resolve()), db_path=str(self.job.db), kind="compile",
+        return ModelEvent(model=str(self.job.model.resolve()), db_path=str(self.job.db), kind="compile",
                             ok=not problems, headline=headline, detail=json.dumps(figures))
 
     def standalone_note(self) -> str:
@@ -301,7 +301,7 @@ def run_compile_job(job: CompileJob, *, fit_launches: bool, state: StateDB | Non
     else:
         compiled = Compiled(compile_and_read(job, state=state, on_line=on_line, should_cancel=should_cancel))
     if state is not None and compiled.report.reason != "cancelled":
-        state.record_network_event(compiled.report.event())
+        state.record_model_event(compiled.report.event())
     return compiled
 
 
