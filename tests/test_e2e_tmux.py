@@ -15,10 +15,16 @@ from conftest import REPO
 from console_helpers import build_small_db
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+# A tmux server of this run's own: two test runs at once (CI and a developer's) shared the default one, and one's
+# windows took the other's size
+TMUX = ["tmux", "-L", f"kdb-e2e-{os.getpid()}"]
+# The window's size, said to the app too: a test process may carry COLUMNS=80 LINES=24 (set under pytest), which the
+# pane inherits and the app would take over the window's own size
+WINDOW = {"COLUMNS": "200", "LINES": "50"}
 
 
 def screen(session: str) -> str:
-    return subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True).stdout
+    return subprocess.run([*TMUX, "capture-pane", "-p", "-t", session], capture_output=True, text=True).stdout
 
 
 def wait_until_screen(session: str, shows: Callable[[str], bool], what: str, timeout: float = 120.0) -> str:
@@ -46,18 +52,18 @@ def keys(session: str, *sequence: str) -> None:
     """Send keys; a key whose effect the next one needs is followed by a wait for that effect on the screen,
     never by a pause (a lone Escape, say, is read as Alt+key if the next key reaches the app with it)."""
     for key in sequence:
-        subprocess.run(["tmux", "send-keys", "-t", session, key], check=True)
+        subprocess.run([*TMUX, "send-keys", "-t", session, key], check=True)
 
 
 def test_kdb_in_a_terminal(tmp_path: Path):
     db = build_small_db(tmp_path / "kernel_cache.db")
     session = f"kdb-e2e-{os.getpid()}"
-    env = {"KDB_STATE_DIR": os.environ["KDB_STATE_DIR"], "KDB_CONFIG": os.environ["KDB_CONFIG"], "TERM": "xterm-256color"}
+    env = {"KDB_STATE_DIR": os.environ["KDB_STATE_DIR"], "KDB_CONFIG": os.environ["KDB_CONFIG"], "TERM": "xterm-256color", **WINDOW}
     command = " ".join([f"{k}={v}" for k, v in env.items()] + [sys.executable, "-m", "console.entry", "console",
                                                               "--db", str(db)])
-    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "200", "-y", "50", "-c", str(REPO), command],
+    subprocess.run([*TMUX, "new-session", "-d", "-s", session, "-x", "200", "-y", "50", "-c", str(REPO), command],
                    check=True)
-    subprocess.run(["tmux", "resize-window", "-t", session, "-x", "200", "-y", "50"], capture_output=True)
+    subprocess.run([*TMUX, "resize-window", "-t", session, "-x", "200", "-y", "50"], capture_output=True)
     try:
         wait_for(session, "rows 1-11 of 11")  # the 10 demo kernels and the CUDA twin of the fused one
         keys(session, "/")
@@ -76,8 +82,56 @@ def test_kdb_in_a_terminal(tmp_path: Path):
         wait_gone(session, "command palette")
         keys(session, "q")
         deadline = time.monotonic() + 60
-        while subprocess.run(["tmux", "has-session", "-t", session], capture_output=True).returncode == 0:
+        while subprocess.run([*TMUX, "has-session", "-t", session], capture_output=True).returncode == 0:
             assert time.monotonic() < deadline, "kdb did not quit on q:\n" + screen(session)
             time.sleep(0.2)
     finally:
-        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+        subprocess.run([*TMUX, "kill-session", "-t", session], capture_output=True)
+
+
+def test_a_model_through_the_network_view_in_a_terminal(tmp_path: Path):
+    """One full pass of the Network view (8) in a real terminal: open a model by typing its path, see its ops, compile
+    it from the view (c), close the dialog, and find the compile in the model's story."""
+    from test_nnfusion_compiler import COMPILER, build_db, conv_bias_relu
+
+    if not COMPILER.is_file():
+        pytest.skip(f"needs the NNFusion compiler at {COMPILER} (../shared/nnfusion): absent on a fresh clone")
+    pytest.importorskip("tvm")
+    from onnx_models import write
+
+    from core.settings import Settings, save_settings
+
+    config = save_settings(Settings(workers=1, nnfusion_path=str(COMPILER)), tmp_path / "settings.toml")
+    graph = conv_bias_relu(1)
+    model = write(graph.model(graph.output, "cbr"), tmp_path / "cbr.onnx")
+    db = build_db(model, tmp_path / "k.db", tmp_path)
+    session = f"kdb-e2e-net-{os.getpid()}"
+    env = {"KDB_STATE_DIR": str(tmp_path / "state"), "KDB_CONFIG": str(config), "TERM": "xterm-256color", **WINDOW}
+    command = " ".join([f"{k}={v}" for k, v in env.items()] + [sys.executable, "-m", "console.entry", "console",
+                                                              "--db", str(db)])
+    subprocess.run([*TMUX, "new-session", "-d", "-s", session, "-x", "200", "-y", "50", "-c", str(REPO), command],
+                   check=True)
+    subprocess.run([*TMUX, "resize-window", "-t", session, "-x", "200", "-y", "50"], capture_output=True)
+    try:
+        wait_for(session, "rows 1-")  # the Kernels view, its first page shown
+        keys(session, "8")
+        wait_for(session, "o opens an ONNX model")
+        keys(session, "o")
+        wait_for(session, "Open which ONNX model?")
+        keys(session, "C-u")
+        subprocess.run([*TMUX, "send-keys", "-t", session, "-l", str(model)], check=True)
+        keys(session, "Enter")
+        wait_for(session, "Fused_Convolution")  # its ops, with what each runs
+        wait_for(session, "nothing yet: c compiles it")
+        keys(session, "c")
+        wait_for(session, "compiled in")  # the compile dialog's verdict
+        keys(session, "Escape")
+        wait_for(session, "compile   ")  # the compile, in the model's story (its step column)
+        wait_for(session, "compiled: ")
+        keys(session, "q")
+        deadline = time.monotonic() + 60
+        while subprocess.run([*TMUX, "has-session", "-t", session], capture_output=True).returncode == 0:
+            assert time.monotonic() < deadline, "kdb did not quit on q:\n" + screen(session)
+            time.sleep(0.2)
+    finally:
+        subprocess.run([*TMUX, "kill-session", "-t", session], capture_output=True)
