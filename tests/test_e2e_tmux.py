@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -55,16 +56,35 @@ def keys(session: str, *sequence: str) -> None:
         subprocess.run([*TMUX, "send-keys", "-t", session, key], check=True)
 
 
+@contextlib.contextmanager
+def kdb_console(session: str, db: Path, state_dir: str, config: str) -> Iterator[None]:
+    """`kdb console --db DB` in a tmux window of WINDOW's size, with this state dir and settings; killed at the end."""
+    env = {"KDB_STATE_DIR": state_dir, "KDB_CONFIG": config, "TERM": "xterm-256color", **WINDOW}
+    command = " ".join([f"{k}={v}" for k, v in env.items()] + [sys.executable, "-m", "console.entry", "console",
+                                                              "--db", str(db)])
+    subprocess.run([*TMUX, "new-session", "-d", "-s", session, "-x", WINDOW["COLUMNS"], "-y", WINDOW["LINES"],
+                    "-c", str(REPO), command], check=True)
+    subprocess.run([*TMUX, "resize-window", "-t", session, "-x", WINDOW["COLUMNS"], "-y", WINDOW["LINES"]],
+                   capture_output=True)
+    try:
+        yield
+    finally:
+        subprocess.run([*TMUX, "kill-session", "-t", session], capture_output=True)
+
+
+def quit_kdb(session: str) -> None:
+    """q, and the window gone: kdb ended."""
+    keys(session, "q")
+    deadline = time.monotonic() + 60
+    while subprocess.run([*TMUX, "has-session", "-t", session], capture_output=True).returncode == 0:
+        assert time.monotonic() < deadline, "kdb did not quit on q:\n" + screen(session)
+        time.sleep(0.2)
+
+
 def test_kdb_in_a_terminal(tmp_path: Path):
     db = build_small_db(tmp_path / "kernel_cache.db")
     session = f"kdb-e2e-{os.getpid()}"
-    env = {"KDB_STATE_DIR": os.environ["KDB_STATE_DIR"], "KDB_CONFIG": os.environ["KDB_CONFIG"], "TERM": "xterm-256color", **WINDOW}
-    command = " ".join([f"{k}={v}" for k, v in env.items()] + [sys.executable, "-m", "console.entry", "console",
-                                                              "--db", str(db)])
-    subprocess.run([*TMUX, "new-session", "-d", "-s", session, "-x", "200", "-y", "50", "-c", str(REPO), command],
-                   check=True)
-    subprocess.run([*TMUX, "resize-window", "-t", session, "-x", "200", "-y", "50"], capture_output=True)
-    try:
+    with kdb_console(session, db, os.environ["KDB_STATE_DIR"], os.environ["KDB_CONFIG"]):
         wait_for(session, "rows 1-11 of 11")  # the 10 demo kernels and the CUDA twin of the fused one
         keys(session, "/")
         wait_gone(session, "3 Failures")  # the filter has the focus: the footer shows its keys alone
@@ -80,13 +100,7 @@ def test_kdb_in_a_terminal(tmp_path: Path):
         wait_for(session, "command palette")
         keys(session, "Escape")
         wait_gone(session, "command palette")
-        keys(session, "q")
-        deadline = time.monotonic() + 60
-        while subprocess.run([*TMUX, "has-session", "-t", session], capture_output=True).returncode == 0:
-            assert time.monotonic() < deadline, "kdb did not quit on q:\n" + screen(session)
-            time.sleep(0.2)
-    finally:
-        subprocess.run([*TMUX, "kill-session", "-t", session], capture_output=True)
+        quit_kdb(session)
 
 
 def test_a_model_through_the_network_view_in_a_terminal(tmp_path: Path):
@@ -106,13 +120,7 @@ def test_a_model_through_the_network_view_in_a_terminal(tmp_path: Path):
     model = write(graph.model(graph.output, "cbr"), tmp_path / "cbr.onnx")
     db = build_db(model, tmp_path / "k.db", tmp_path)
     session = f"kdb-e2e-net-{os.getpid()}"
-    env = {"KDB_STATE_DIR": str(tmp_path / "state"), "KDB_CONFIG": str(config), "TERM": "xterm-256color", **WINDOW}
-    command = " ".join([f"{k}={v}" for k, v in env.items()] + [sys.executable, "-m", "console.entry", "console",
-                                                              "--db", str(db)])
-    subprocess.run([*TMUX, "new-session", "-d", "-s", session, "-x", "200", "-y", "50", "-c", str(REPO), command],
-                   check=True)
-    subprocess.run([*TMUX, "resize-window", "-t", session, "-x", "200", "-y", "50"], capture_output=True)
-    try:
+    with kdb_console(session, db, str(tmp_path / "state"), str(config)):
         wait_for(session, "rows 1-")  # the Kernels view, its first page shown
         keys(session, "8")
         wait_for(session, "o opens an ONNX model")
@@ -128,10 +136,4 @@ def test_a_model_through_the_network_view_in_a_terminal(tmp_path: Path):
         keys(session, "Escape")
         wait_for(session, "compile   ")  # the compile, in the model's story (its step column)
         wait_for(session, "compiled: ")
-        keys(session, "q")
-        deadline = time.monotonic() + 60
-        while subprocess.run([*TMUX, "has-session", "-t", session], capture_output=True).returncode == 0:
-            assert time.monotonic() < deadline, "kdb did not quit on q:\n" + screen(session)
-            time.sleep(0.2)
-    finally:
-        subprocess.run([*TMUX, "kill-session", "-t", session], capture_output=True)
+        quit_kdb(session)

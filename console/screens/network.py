@@ -24,7 +24,8 @@ from textual.widgets import DataTable, Footer, Header, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
 from console.screens.base import KdbScreen
-from console.widgets.dialogs import PathDialog, dialog_default, fp16_dialog
+from console.widgets.dialogs import PathDialog, dialog_default
+from console.widgets.fp16 import ask_fp16_output, convert_and_notify
 from console.widgets.ratio_bar import ratio_bar
 from core.db.state import ModelEvent, StateDB
 from core.nnfusion.coverage import DB_KERNEL, CoverageEntry
@@ -230,19 +231,9 @@ class NetworkScreen(KdbScreen):
     def action_convert_to_fp16(self) -> None:
         """`kdb model fp16`: the model written in fp16 (depthwise convs kept float), then opened here."""
         model = self.model
-        if model is None:
-            return
-
-        def chosen(path: str | None) -> None:
-            if path:
-                self.convert(model, Path(path).expanduser())
-
-        self.app.push_screen(fp16_dialog(model), chosen)
+        if model is not None:
+            ask_fp16_output(self.app, model, lambda output: self.convert(model, output))
 
     @work(thread=True, exit_on_error=False, group="network-convert")
     def convert(self, model: Path, output: Path) -> None:
-        from core.opconfigs.fp16_model import convert_to_fp16
-
-        done = convert_to_fp16(model, output)
-        self.app.call_from_thread(self.notify, "\n".join(done.report_lines()), title="fp16 model", timeout=10)
-        self.app.call_from_thread(self.open_model, done.output)
+        self.app.call_from_thread(self.open_model, convert_and_notify(self.app, model, output))

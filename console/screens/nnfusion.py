@@ -351,32 +351,28 @@ class CompileScreen(ModalScreen[None]):
         self.refresh_bindings()
 
     def action_op_times(self) -> None:
-        def chosen(path: str | None) -> None:
-            if not path:
-                return
-            self.cancel.clear()
-            self.report = None
-            self.query_one("#compile-status", Static).update("op times: each op with its row and with the library…")
-            self.refresh_bindings()
-            self.run_op_times(self.job, Path(path).expanduser().resolve(), self.cancel)
-
-        settings = self.app.context.settings  # type: ignore[attr-defined]
-        self.app.push_screen(PathDialog("Write the op times file (kdb nnfusion --op-times TIMES.json) to:",
-                                        dialog_default(settings, "times.json")), chosen)
+        self._with_times_file("Write the op times file (kdb nnfusion --op-times TIMES.json) to:",
+                              "op times: each op with its row and with the library…",
+                              lambda times: self.run_op_times(self.job, times.resolve(), self.cancel))
 
     def action_never_slower(self) -> None:
+        self._with_times_file("The op times file (kdb nnfusion --op-times TIMES.json)",
+                              "never slower: the network as the DB is, first…",
+                              lambda times: self.run_never_slower(self.job, times, self.cancel))
+
+    def _with_times_file(self, question: str, status: str, start: Callable[[Path], None]) -> None:
+        """Ask for an op times file; once given, say `status` and start the run with it."""
         def chosen(path: str | None) -> None:
             if not path:
                 return
             self.cancel.clear()
             self.report = None
-            self.query_one("#compile-status", Static).update("never slower: the network as the DB is, first…")
+            self.query_one("#compile-status", Static).update(status)
             self.refresh_bindings()
-            self.run_never_slower(self.job, Path(path).expanduser(), self.cancel)
+            start(Path(path).expanduser())
 
         settings = self.app.context.settings  # type: ignore[attr-defined]
-        self.app.push_screen(PathDialog("The op times file (kdb nnfusion --op-times TIMES.json)",
-                                        dialog_default(settings, "times.json")), chosen)
+        self.app.push_screen(PathDialog(question, dialog_default(settings, "times.json")), chosen)
 
     def action_run_network(self) -> None:
         self.cancel.clear()

@@ -26,7 +26,8 @@ from textual.worker import Worker, WorkerState, get_current_worker
 
 from console.context import ConsoleContext
 from console.screens.base import KdbScreen
-from console.widgets.dialogs import ConfirmDialog, PathDialog, dialog_default, fp16_dialog
+from console.widgets.dialogs import ConfirmDialog, PathDialog, dialog_default
+from console.widgets.fp16 import ask_fp16_output, convert_and_notify
 from console.widgets.generate_panel import GeneratePanel
 from console.widgets.opconfig_detail import ImportReport, OpConfigDetail
 from console.widgets.opconfig_dialog import DEFAULT_TEMPLATE, OpConfigDialog
@@ -332,23 +333,13 @@ class OpConfigsScreen(KdbScreen):
 
     def action_convert_to_fp16(self) -> None:
         """`kdb model fp16`: the newest imported model written in fp16 (depthwise convs kept float), then imported."""
-        if not self.models:
-            return
-        model = next(reversed(self.models))
-
-        def chosen(path: str | None) -> None:
-            if path:
-                self.convert_and_import(model, Path(path).expanduser())
-
-        self.app.push_screen(fp16_dialog(model), chosen)
+        if self.models:
+            model = next(reversed(self.models))
+            ask_fp16_output(self.app, model, lambda output: self.convert_and_import(model, output))
 
     @work(thread=True, exit_on_error=False, group="import")
     def convert_and_import(self, model: Path, output: Path) -> None:
-        from core.opconfigs.fp16_model import convert_to_fp16
-
-        done = convert_to_fp16(model, output)
-        self.app.call_from_thread(self.notify, "\n".join(done.report_lines()), title="fp16 model", timeout=10)
-        self._read_and_post(done.output)
+        self._read_and_post(convert_and_notify(self.app, model, output))
 
     def on_op_configs_screen_covered(self, message: Covered) -> None:
         if message.generation != self.coverage_generation:

@@ -107,11 +107,6 @@ class PathDialog(ModalScreen[str | None]):
             self.app.notify(f"could not remember {path} in the settings: {exc}", severity="warning")
 
 
-def fp16_dialog(model: Path) -> PathDialog:
-    """Where `kdb model fp16` should write the model: beside it, named <stem>-fp16."""
-    return PathDialog(f"Write {model.name} in fp16 to:", str(model.with_name(f"{model.stem}-fp16{model.suffix}")))
-
-
 class EditTextDialog(ModalScreen[str | None]):
     """Edit a text (a kernel JSON item) in a TextArea; returns the new text, or None if cancelled."""
 

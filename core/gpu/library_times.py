@@ -173,11 +173,11 @@ class LibraryTimes:
         said = (f"{len(timed)} of {len(self.ops)} op(s) timed on {self.device}, {len(slower)} slower than the library"
                 if self.device else f"{len(self.ops)} op(s) built, not run")
         return ModelEvent(model=str(self.job.model.resolve()), db_path=str(self.job.db), kind="op-times",
-                            ok=self.status == 0, headline=f"op times: {said}" + (
-                                f"; written to {self.times_file}" if self.written else ""),
-                            detail=json.dumps({"times_file": str(self.times_file) if self.written else None,
-                                               "ratios": {op.identifier: op.ratio for op in timed},
-                                               "status": self.status}))
+                          ok=self.status == 0, headline=f"op times: {said}" + (
+                              f"; written to {self.times_file}" if self.written else ""),
+                          detail=json.dumps({"times_file": str(self.times_file) if self.written else None,
+                                             "ratios": {op.identifier: op.ratio for op in timed},
+                                             "status": self.status}))
 
     def as_dict(self) -> dict[str, Any]:
         return {"status": self.status, "findings": self.findings, "notes": self.notes, "model": str(self.job.model),

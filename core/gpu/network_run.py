@@ -111,17 +111,16 @@ class NetworkRun:
     def event(self) -> ModelEvent:
         """This run as a step of the model's story (the console's Network view)."""
         with_db, empty = (c.timing["median_ms"] if c.timing else None for c in (self.with_db, self.empty_db))
-        if with_db is not None and empty is not None:
-            said = f"{with_db:.3f} ms with the DB, {empty:.3f} ms with the empty DB ({with_db / empty:.2f}x)"
-        else:
-            said = "not timed"
+        ratio = self.ratio
+        said = (f"{with_db:.3f} ms with the DB, {empty:.3f} ms with the empty DB ({ratio:.2f}x)" if ratio is not None
+                else "not timed")
         verdict = "; ".join(self.findings) or "right, and not slower than with the empty DB"
         where = f" on {self.device}" if self.device else ""
         return ModelEvent(model=str(self.job.model.resolve()), db_path=str(self.job.db), kind="run",
-                            ok=self.status == 0, headline=f"run{where}: {said}; {verdict}",
-                            detail=json.dumps({"with_db_ms": with_db, "empty_db_ms": empty, "device": self.device,
-                                               "max_error": self.max_error, "status": self.status,
-                                               "verdict": self.verdict.verdict if self.verdict else None}))
+                          ok=self.status == 0, headline=f"run{where}: {said}; {verdict}",
+                          detail=json.dumps({"with_db_ms": with_db, "empty_db_ms": empty, "device": self.device,
+                                             "max_error": self.max_error, "status": self.status,
+                                             "verdict": self.verdict.verdict if self.verdict else None}))
 
     def as_dict(self) -> dict[str, Any]:
         return {"status": self.status, "findings": self.findings, "notes": self.notes,

@@ -69,12 +69,12 @@ class NeverSlowerRun:
         """This step as one of the model's story (the console's Network view)."""
         kept = [t for t in self.trials if t.kept]
         return ModelEvent(model=str(job.model.resolve()), db_path=str(job.db), kind="never-slower",
-                            ok=self.status == 0,
-                            headline=f"never slower: {len(kept)} of {len(self.trials)} change(s) kept; "
-                                     + "; ".join(self.findings),
-                            detail=json.dumps({"kept": [t.candidate.describe() for t in kept],
-                                               "undo_files": [str(t.undo_file) for t in kept if t.undo_file],
-                                               "status": self.status}))
+                          ok=self.status == 0,
+                          headline=f"never slower: {len(kept)} of {len(self.trials)} change(s) kept; "
+                                   + "; ".join(self.findings),
+                          detail=json.dumps({"kept": [t.candidate.describe() for t in kept],
+                                             "undo_files": [str(t.undo_file) for t in kept if t.undo_file],
+                                             "status": self.status}))
 
     def as_dict(self) -> dict[str, Any]:
         return {"status": self.status, "findings": self.findings,

@@ -8,6 +8,7 @@ kernel that cannot launch makes the network compute wrong numbers without an err
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
@@ -151,7 +152,7 @@ class CompileReport:
             figures = {"promised": len(promised), "used": len(used), "nodes": nodes, "library_calls": calls,
                        "broken_promises": sorted(self.broken_promises()), "problems": problems}
         return ModelEvent(model=str(self.job.model.resolve()), db_path=str(self.job.db), kind="compile",
-                            ok=not problems, headline=headline, detail=json.dumps(figures))
+                          ok=not problems, headline=headline, detail=json.dumps(figures))
 
     def standalone_note(self) -> str:
         """What fitting the launches changed in the DB and how to put it back ("" when it changed nothing)."""
@@ -192,24 +193,24 @@ def compile_and_read(job: CompileJob, *, state: StateDB | None = None,
     # kdb's own reading of the DB (coverage) runs while the compiler does: it needs nothing from it. The DB is
     # opened before the compiler starts and closed after it ends: the last connection to close a WAL file locks it
     # exclusively, and the compiler, which has no busy timeout, aborts on its table check if it opens then.
-    with KernelDB.open(job.db) as db, ThreadPoolExecutor(max_workers=1) as pool:
-        promise = pool.submit(_coverage, job, db)
-        result = compile_model(job.model, job.db, job.workdir(), binary=binary, product_name=job.product_name,
-                               flags=job.flags, timeout_s=job.timeout_s, on_line=on_line,
-                               should_cancel=should_cancel, prepass=prepass)
-        report.entries, report.blockers, report.prepass, read = promise.result()  # an unreadable model raises here
-    report.result = result
-    if not result.ok:
-        report.reason = result.reason()
-        report.decisive = result.decisive_lines()
-        if state is not None and not result.cancelled:
-            _record_failure(state, job, result, report)
-        return report
-    started = time.monotonic()
-    assert result.project is not None
-    source = (result.project / "nnfusion_rt.cu").read_text(encoding="utf-8", errors="replace")
-    generated = parse_generated(source)
     with KernelDB.open(job.db) as db:
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            promise = pool.submit(_coverage, job, db)
+            result = compile_model(job.model, job.db, job.workdir(), binary=binary, product_name=job.product_name,
+                                   flags=job.flags, timeout_s=job.timeout_s, on_line=on_line,
+                                   should_cancel=should_cancel, prepass=prepass)
+            report.entries, report.blockers, report.prepass, read = promise.result()  # an unreadable model raises
+        report.result = result
+        if not result.ok:
+            report.reason = result.reason()
+            report.decisive = result.decisive_lines()
+            if state is not None and not result.cancelled:
+                _record_failure(state, job, result, report)
+            return report
+        started = time.monotonic()
+        assert result.project is not None
+        source = (result.project / "nnfusion_rt.cu").read_text(encoding="utf-8", errors="replace")
+        generated = parse_generated(source)
         report.usage = analyse(generated, rows_looked_up(db, [lookup.identifier for lookup in result.lookups]))
     report.read_seconds = read + time.monotonic() - started
     if job.launch_check and not (should_cancel and should_cancel()):
@@ -330,10 +331,8 @@ def model_coverage(job: CompileJob, db: KernelDB | None = None) -> tuple[Extract
     what the job's DB (`db` when open already) makes the compiler run for each."""
     # a model compiled before (or its blockers asked for): no ONNX
     extraction = extract_for_compiler(job.model, job.flags, binary=job.binary, nnfusion_path=job.nnfusion_path)
-    if db is not None:
-        return extraction, coverage(extraction, db, CompilerFlags.parse(job.flags), job.product_name)
-    with KernelDB.open(job.db) as opened:
-        return extraction, coverage(extraction, opened, CompilerFlags.parse(job.flags), job.product_name)
+    with contextlib.nullcontext(db) if db is not None else KernelDB.open(job.db) as reading:
+        return extraction, coverage(extraction, reading, CompilerFlags.parse(job.flags), job.product_name)
 
 
 def _coverage(job: CompileJob, db: KernelDB) -> tuple[list[CoverageEntry], list[Blocker], dict[str, Any], float]:
