@@ -39,7 +39,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    nets = {"resnet50": (lambda: torchvision_resnet("resnet50"), (1, 3, 224, 224)),
+    nets = {"resnet18": (lambda: torchvision_resnet("resnet18"), (1, 3, 224, 224)),
+            "resnet50": (lambda: torchvision_resnet("resnet50"), (1, 3, 224, 224)),
             "bert2": (lambda: bert_layers(torch), (1, 128, 768))}
     results = []
     for net, (make, shape) in nets.items():

@@ -63,7 +63,7 @@ def with_library_times(network: Any, target: str) -> Any:
     ops = []
     for op in network.ops:
         try:
-            us = library_us(op.config.op_type, op.config.params)
+            us = library_us(op.config.op_type, op.config.params, dtype=op.config.dtype)  # fp16 ops: PyTorch's fp16
         except NoLibraryTwin as exc:  # ResNet-50's lone Add: no library time, the op is tuned all the same
             print(f"no library time: {exc}", flush=True)
             ops.append(op)
@@ -189,6 +189,11 @@ def main() -> None:
     ap.add_argument("--no-transfer", action="store_true",
                     help="MetaSchedule's own cost model per op instead of one per process warm-started from the "
                          "records on disk (core/tuning/costmodel.py)")
+    ap.add_argument("--minutes", type=float, help="a time budget (kdb tune --minutes): the op in flight then keeps "
+                    "its best, ops not started are left")
+    ap.add_argument("--report-only", action="store_true",
+                    help="a model, cuda: tune nothing; time the library now (this process alone on the GPU) and "
+                         "print the --state's tuned rows against it")
     ap.add_argument("--population", type=int,
                     help="the evolutionary search's population (default: core.tuning.job.search_population's)")
     args = ap.parse_args()
@@ -254,6 +259,24 @@ def main() -> None:
         with args.progress.open("a") as f:
             f.write(json.dumps(line) + "\n")
 
+    stop_at = time.monotonic() + args.minutes * 60 if args.minutes else None
+
+    def out_of_time() -> bool:
+        return stop_at is not None and time.monotonic() >= stop_at
+
+    if args.report_only:
+        if not args.model or args.target != "cuda":
+            raise SystemExit("--report-only: a --model on --target cuda")
+        from core.nnfusion.compiler import compiler_prepass
+        from core.settings import load_settings
+        from core.tuning.network import network_from_model
+
+        network = with_library_times(
+            network_from_model(args.model, prepass=compiler_prepass("", load_settings().nnfusion_path)), "cuda")
+        per_op = op_table(db_path, network)
+        out = args.out / "ops.json" if args.out.is_dir() else args.out
+        out.write_text(json.dumps({"db": str(db_path), "per_op": per_op}, indent=1))
+        return
     with quiet, ms.Profiler() as profiler:
         if args.model:
             from core.nnfusion.compiler import compiler_prepass
@@ -273,10 +296,10 @@ def main() -> None:
                 board = ClaimBoard.for_run(args.join)
             report = run_network(network, args.trials * len(network.ops), make_job, db_path=db_path,
                                  inject_options=inject, on_job=log_event, on_network=log_event,
-                                 cap=args.max_per_op, board=board)
+                                 cap=args.max_per_op, board=board, out_of_time=out_of_time)
         else:
             report = run_queue([make_job(c, args.trials) for c in demo_ops(args.ops)], db_path=db_path,
-                               inject_options=inject, on_job=log_event)
+                               inject_options=inject, on_job=log_event, out_of_time=out_of_time)
     wall = time.perf_counter() - start
     scopes = {str(k): float(v) for k, v in profiler.get().items()}
     results = report.results
@@ -310,6 +333,8 @@ def main() -> None:
         print(f"network {report.network.text()}")
     if report.failures:
         print(f"failures: {report.failures}")
+    if report.out_of_time:
+        print(f"the time budget ({args.minutes:g} min) ran out: the op in flight kept its best, ops not started left")
     print(f"ratio: {new / (wall / 60):.1f} trials/min over the whole run ({new} trials in {wall:.1f} s; "
           f"{new / (tuning / 60) if tuning else 0:.1f}/min in the tuning jobs alone)")
     out = args.out / "tune_phases.json" if args.out.is_dir() else args.out  # a folder: the file goes in it

@@ -14,7 +14,8 @@
 #                                              side, each claiming the next op nobody has (bench_tune --join)
 #     (BATCH=N: candidates per search round, default 64; MetaSchedule's search costs the same per round;
 #      POPULATION=N: the evolutionary search's population, default kdb's 256: core.tuning.job;
-#      MAX_PER_OP=N: no op planned more than N trials, default 256: issue 16's target counts at most 256 per op)
+#      MAX_PER_OP=N: no op planned more than N trials, default 256: issue 16's target counts at most 256 per op;
+#      MINUTES=M: a time budget per process (kdb tune --minutes): the op in flight keeps its best, the rest wait)
 #   bash bench/h200_network.sh wait SECONDS    follow the tuning up to SECONDS; results to $OUT (state.tgz: the
 #                                              tuning records; carry it as .netrun/state.tgz and `start` resumes);
 #                                              prints the trials measured since `start` per minute, finished or not,
@@ -117,7 +118,7 @@ start)
   shards=${4:-1}; run="run-$(date +%s)"  # the processes claim the ops one at a time (core/tuning/claims.py)
   for k in $(seq 1 "$shards"); do
     setsid nohup python3 bench/bench_tune.py --target cuda --model "$N/$NET.onnx" --trials "${2:?trials}" \
-      --batch "${BATCH:-64}" ${POPULATION:+--population "$POPULATION"} --state "$R/state" --progress "$R/progress-$k.jsonl" --out "$R/tune-$k.json" \
+      --batch "${BATCH:-64}" ${POPULATION:+--population "$POPULATION"} ${MINUTES:+--minutes "$MINUTES"} --state "$R/state" --progress "$R/progress-$k.jsonl" --out "$R/tune-$k.json" \
       --join "$run" --max-per-op "${MAX_PER_OP:-256}" --workers $(( $(nproc) / shards )) >"$R/tune-$k.log" 2>&1 </dev/null &
     echo $! >>"$R/tune.pids"
     echo "tuning shard $k/$shards started (pid $!)"

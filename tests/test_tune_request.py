@@ -141,7 +141,7 @@ def test_every_option_of_kdb_tune_reaches_the_choices():
         ["tune", "ops.txt", "--trials", "5", "--budget", "50", "--batch", "8", "--population", "16", "--max-per-op",
          "9", "--target", "llvm", "--arch", "sm_80", "--rpc", "host:9190:key", "--rpc-workers", "3", "--gpus", "2",
          "--workers", "4", "--efficient", "--no-transfer", "--runner-ups", "1", "--no-inject", "--join", "r1",
-         "--math", "tf32"])
+         "--math", "tf32", "--minutes", "12.5"])
     choices, defaults = choices_of(args), TuneChoices()
     assert [f.name for f in fields(TuneChoices) if getattr(choices, f.name) == getattr(defaults, f.name)] == []
     assert choices_of(build_parser().parse_args(["tune", "ops.txt"])) == defaults  # left out: core's default
@@ -162,6 +162,7 @@ def request(choices: TuneChoices, configs: tuple[str, ...] = (DOT,)) -> TuneRequ
     (TuneChoices(gpus=-2), "gpus", "must be at least -1, not -2"),
     (TuneChoices(target="rocm"), "target", "'rocm': expected cuda or llvm"),
     (TuneChoices(arch="sm90"), "arch", "'sm90' is not an SM arch like sm_90"),
+    (TuneChoices(minutes=0), "minutes", "0: a time budget of more than 0 minutes, at most a week"),
     (TuneChoices(target="llvm", max_per_op=2), "max_per_op", "only a network's trials are spread over its ops"),
     (TuneChoices(target="llvm", join="r"), "join", "several processes share the ops of one network"),
     (TuneChoices(target="llvm", rpc="host"), "rpc", "'host' is not HOST:PORT:KEY"),

@@ -289,3 +289,25 @@ def test_an_llvm_job_does_not_import_the_tensor_intrinsics(tmp_path: Path):
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.slow
+def test_a_time_budget_keeps_the_job_in_flights_best_and_starts_no_other(tmp_path: Path, monkeypatch):
+    """`kdb tune --minutes`: unlike a cancel, the job the budget stops counts as done with what it measured (on
+    cuda its best is injected), the run is not "cancelled" (exit 0), and the jobs after it never start."""
+    from core.tuning import queue
+
+    monkeypatch.setattr(queue, "tuning_root", lambda: tmp_path)
+    seen: list[int] = []
+    events: list[queue.JobEvent] = []
+    other = parse_line("cublas_dot_op_float|a+8_8|b+8_8|o+8_8|ta+0|tb+0", "dot8")
+    jobs = [job(6, trials_per_batch=1), TuneJob(other, trials=3, target="llvm", builder_workers=2)]
+    report = queue.run_queue(jobs, db_path=None, inject_options=None, on_trial=lambda e: seen.append(e.trial),
+                             on_job=events.append, out_of_time=lambda: bool(seen))  # runs out at the first trial
+    assert report.out_of_time and not report.cancelled
+    [result] = report.results
+    assert result.trials == 1 and result.out_of_time and not result.cancelled and result.best_seconds
+    statuses = [(e.index, e.status) for e in events if e.status != "queued"]
+    assert statuses == [(0, "tuning"), (0, "done"), (1, "cancelled")]
+    assert "of 6 (the time budget ran out)" in events[-2].detail
+    assert events[-1].detail == "not started: the time budget ran out"

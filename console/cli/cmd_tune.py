@@ -51,7 +51,8 @@ def choices_of(args: argparse.Namespace) -> TuneChoices:
                        max_per_op=args.max_per_op, target=args.target, arch=args.arch, rpc=args.rpc,
                        rpc_workers=args.rpc_workers, gpus=args.gpus, builder_workers=args.workers,
                        efficient=args.efficient, transfer=not args.no_transfer, runner_ups=args.runner_ups,
-                       inject=not args.no_inject, join=args.join or "", math=args.math)
+                       inject=not args.no_inject, join=args.join or "", math=args.math,
+                       minutes=args.minutes)
 
 
 def request_of(args: argparse.Namespace, settings: Settings, *, gpu: tuple[bool, str] | None = None) -> TuneRequest:
@@ -122,7 +123,8 @@ def _tell_network(network: Network, budget: int) -> None:
 
 
 def _summary(report: QueueReport, log_path: Path) -> dict[str, Any]:
-    return {"event": "summary", "cancelled": report.cancelled, "failures": report.failures, "log": str(log_path),
+    return {"event": "summary", "cancelled": report.cancelled, "out_of_time": report.out_of_time,
+            "failures": report.failures, "log": str(log_path),
             "network": asdict(report.network) if report.network else None,
             "jobs": [{"op": r.job.name, "trials": r.trials, "new_trials": r.new_trials, "reused": r.reused,
                       "best_us": r.best_seconds * 1e6 if r.best_seconds else None,
@@ -135,6 +137,9 @@ def _summary(report: QueueReport, log_path: Path) -> dict[str, Any]:
 def _tell_results(report: QueueReport, log_path: Path, target: str, injecting: bool) -> None:
     if report.network is not None:
         log(f"network {report.network.text()}")
+    if report.out_of_time:
+        log("the time budget (--minutes) ran out: the op in flight kept its best so far; ops not started are "
+            "left (the same command again goes on where this one stopped)")
     if target != "cuda":
         log("nothing injected: CPU (llvm) kernels cannot enter a CUDA kernel DB")
     elif not injecting:

@@ -341,6 +341,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, metavar="N",
                    help="candidates per search round (default 32); the search costs about the same per round, "
                         "so larger rounds search less per trial and learn less often")
+    p.add_argument("--minutes", type=float, metavar="M",
+                   help="a time budget: after M minutes the op in flight stops and its best kernels so far are "
+                        "injected; ops not yet started are left (run again to go on); the trials stay a ceiling")
     p.add_argument("--max-per-op", type=int, metavar="N",
                    help="a model: no op gets more than N trials of the spread budget (the rest goes to the others)")
     p.add_argument("--join", metavar="RUN",

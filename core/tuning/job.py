@@ -147,6 +147,7 @@ class TuneResult:
     errors: dict[str, int] = field(default_factory=dict)
     best_seconds: float | None = None
     cancelled: bool = False
+    out_of_time: bool = False  # stopped by the run's time budget; its best so far counts (run_queue)
     requeued: int = 0  # trials measured again after their RPC server died
     seconds: float = 0.0
     kernels: dict[str, dict[str, Any]] = field(default_factory=dict)  # "best"/"efficient" -> kernel JSON item

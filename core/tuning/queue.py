@@ -53,6 +53,7 @@ class QueueReport:
     injects: list[InjectReport] = field(default_factory=list)
     failures: list[tuple[str, str]] = field(default_factory=list)  # (job, reason)
     cancelled: bool = False
+    out_of_time: bool = False  # the time budget ran out: the job in flight kept its best, later ones never started
     network: NetworkEvent | None = None  # run_network's final prediction
 
 
@@ -77,12 +78,20 @@ def run_queue(jobs: list[TuneJob], *, db_path: Path | None, inject_options: Inje
               on_job: Callable[[JobEvent], None] | None = None,
               should_cancel: Callable[[], bool] | None = None,
               on_phase: Callable[[PhaseEvent], None] | None = None, stage: str = "",
-              board: ClaimBoard | None = None) -> QueueReport:
+              board: ClaimBoard | None = None, out_of_time: Callable[[], bool] | None = None) -> QueueReport:
     """Tune jobs one after the other. With db_path and a cuda target, the kernels are injected. `stage` names
     the queue in its job events (a network run's "probe" queue comes before its tuning queue). With a claim
-    board, a job another process of the run has claimed is left to it (status "elsewhere")."""
+    board, a job another process of the run has claimed is left to it (status "elsewhere").
+
+    `out_of_time` is a time budget, unlike a cancel: once it says so, the job in flight stops after its
+    candidate in flight and its best kernels so far are injected as if it had finished; the jobs after it are
+    not started (status "cancelled", the reason in the detail)."""
     report = QueueReport()
-    cancel = should_cancel or (lambda: False)
+    user_cancel = should_cancel or (lambda: False)
+    timed_out = out_of_time or (lambda: False)
+
+    def cancel() -> bool:
+        return user_cancel() or timed_out()
 
     def job_event(i: int, status: str, detail: str = "", **kw: Any) -> None:
         if on_job is not None:
@@ -93,9 +102,13 @@ def run_queue(jobs: list[TuneJob], *, db_path: Path | None, inject_options: Inje
         job_event(i, "queued")
     with _queue_pools() as pools:
         for i, job in enumerate(jobs):
-            if cancel():
+            if user_cancel():
                 report.cancelled = True
                 job_event(i, "cancelled")
+                continue
+            if timed_out():
+                report.out_of_time = True
+                job_event(i, "cancelled", "not started: the time budget ran out")
                 continue
             if board is not None and not board.claim(stage, job.config.key):
                 job_event(i, "elsewhere", "another process of this run tunes it")
@@ -105,8 +118,11 @@ def run_queue(jobs: list[TuneJob], *, db_path: Path | None, inject_options: Inje
                 result = run_tune(job, tuning_root(), on_event=on_trial, should_cancel=cancel, on_phase=on_phase,
                                   pools=pools)
                 report.results.append(result)
+                if result.cancelled and timed_out() and not user_cancel():
+                    report.out_of_time = result.out_of_time = True  # what it measured counts, as a finished job's
+                    result.cancelled = result.best_seconds is None
                 if result.cancelled:
-                    report.cancelled = True
+                    report.cancelled = report.cancelled or not report.out_of_time
                     job_event(i, "cancelled", f"{result.trials}/{job.trials} trials kept: resume to go on",
                               result=result)
                     continue
@@ -260,7 +276,8 @@ def _best_text(result: TuneResult) -> str:
                 "sampled": f"; sampled (the cost model had {result.model_trials} trials{kind}, too few to rank)",
                 "sampled, then evolutionary": f"; sampled until the cost model could rank (it had "
                                               f"{result.model_trials} trials{kind}), then searched with it"}
-    return (f"{reused}best {result.best_seconds * 1e6:.2f} us ({speed}) after {result.trials} trials"
+    stopped = f" of {result.job.trials} (the time budget ran out)" if result.out_of_time else ""
+    return (f"{reused}best {result.best_seconds * 1e6:.2f} us ({speed}) after {result.trials} trials{stopped}"
             + (searched.get(result.search, "") if result.new_trials else ""))
 
 
@@ -291,7 +308,7 @@ def run_network(network: Network, budget: int, make_job: Callable[[Any, int], Tu
                 on_phase: Callable[[PhaseEvent], None] | None = None,
                 on_network: Callable[[NetworkEvent], None] | None = None,
                 should_cancel: Callable[[], bool] | None = None, board: ClaimBoard | None = None,
-                cap: int | None = None) -> QueueReport:
+                cap: int | None = None, out_of_time: Callable[[], bool] | None = None) -> QueueReport:
     """Tune every op of the network in one queue: `budget` trials in all, spread by each op's share of the
     network's time, what earlier runs recorded counted in; the prediction goes to `on_network` as trials come.
 
@@ -302,8 +319,10 @@ def run_network(network: Network, budget: int, make_job: Callable[[Any, int], Tu
 
     With a claim board, this is one of several processes tuning the network (claims.py): each op goes to the
     process that claims it first, and every process waits for all the probes before it spreads the budget.
+    `out_of_time`: run_queue's time budget, for the probes and the tuning alike.
     """
     root = tuning_root()
+    cancelled, timed_out = should_cancel or (lambda: False), out_of_time or (lambda: False)
 
     def measured() -> tuple[dict[str, int], dict[str, float]]:
         history = {op.config.key: recorded_runs(make_job(op.config, 1).directory(root)) for op in network.ops}
@@ -334,7 +353,8 @@ def run_network(network: Network, budget: int, make_job: Callable[[Any, int], Tu
             on_trial(event)
         tell()
 
-    callbacks = dict(on_trial=trial_seen, on_job=job_seen, should_cancel=should_cancel, on_phase=on_phase)
+    callbacks = dict(on_trial=trial_seen, on_job=job_seen, should_cancel=should_cancel, on_phase=on_phase,
+                     out_of_time=out_of_time)
     report = QueueReport()
     probes = probe_trials(network.ops, budget, recorded=recorded, best=best)
     if probes:
@@ -342,10 +362,11 @@ def run_network(network: Network, budget: int, make_job: Callable[[Any, int], Tu
         # sampled at random: a probe weighs the budget, and a search round per probe cost more than its trials
         report = run_queue([replace(make_job(op.config, probes[op.config.key]), sampled=True) for op in ops],
                            db_path=None, inject_options=None, stage="probe", board=board, **callbacks)
-        if board is not None and not board.wait_for("probe", [op.config.key for op in ops], should_cancel):
-            report.cancelled = True
+        if board is not None and not board.wait_for("probe", [op.config.key for op in ops],
+                                                    lambda: cancelled() or timed_out()):
+            report.cancelled, report.out_of_time = not timed_out(), timed_out()
         recorded, best = measured()
-    if not report.cancelled:
+    if not report.cancelled and not report.out_of_time:
         shares = spread_budget(network.ops, budget, recorded=recorded, best=best, cap=cap)
         jobs = [make_job(op.config, shares[op.config.key]) for op in tuning_order(network.ops, best)]
         tuned = run_queue(jobs, db_path=db_path, inject_options=inject_options, board=board, **callbacks)
@@ -355,6 +376,7 @@ def run_network(network: Network, budget: int, make_job: Callable[[Any, int], Tu
         report.injects += tuned.injects
         report.failures += tuned.failures
         report.cancelled = tuned.cancelled
+        report.out_of_time = tuned.out_of_time
     if board is not None:  # the other processes' ops too, as their records stand now
         recorded, best = measured()
     report.network = predict(network, best, sum(recorded.values()), total)

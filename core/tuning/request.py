@@ -9,6 +9,7 @@ faces tune the same jobs, with the same defaults, and refuse the same bad values
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -61,6 +62,7 @@ class TuneChoices:
     inject: bool = True  # cuda: verify (on a GPU), time and inject the best kernels
     join: str = ""  # a network: tune it with every other process of this run name (claims.py)
     math: str | None = None  # "fp32" or "tf32" (float Dots and convolutions on the tensor cores); default: settings'
+    minutes: float | None = None  # a time budget: at its end the op in flight keeps its best, the rest wait
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,7 @@ class TuneRequest:
     inject: InjectOptions | None  # None: nothing injected (llvm, or not asked)
     db_path: Path
     join: str
+    minutes: float | None = None  # run_request's time budget (run_queue's out_of_time), from the run's start
 
     def job(self, config: OpConfig, trials: int, rpc_workers: int = 1) -> TuneJob:
         return TuneJob(config, trials, self.target, self.arch, rpc=self.rpc, rpc_workers=rpc_workers,
@@ -144,6 +147,8 @@ def check_choices(choices: TuneChoices, settings: Settings) -> None:
         raise ChoiceError("population", f"a population of {choices.population} cannot give batches of {batch}: "
                                         "the search picks each batch from its population")
     arch = choices.arch or settings.archs[0]
+    if choices.minutes is not None and not 0 < choices.minutes <= 7 * 24 * 60:
+        raise ChoiceError("minutes", f"{choices.minutes:g}: a time budget of more than 0 minutes, at most a week")
     if choices.math is not None and choices.math not in MATH_MODES:
         raise ChoiceError("math", f"{choices.math!r}: one of {', '.join(MATH_MODES)}")
     if choices.target == "cuda" and not ARCH_RE.fullmatch(arch):
@@ -198,7 +203,7 @@ def tune_request(inputs: Inputs, choices: TuneChoices, settings: Settings, *, db
         population=choices.population, builder_workers=choices.builder_workers,
         builder_timeout_s=settings.tune_builder_timeout_s, efficient=choices.efficient, transfer=choices.transfer,
         runner_ups=DEFAULT_RUNNER_UPS if choices.runner_ups is None else choices.runner_ups, inject=inject,
-        db_path=db_path, join=choices.join)
+        db_path=db_path, join=choices.join, minutes=choices.minutes)
 
 
 def _gpu_available() -> tuple[bool, str]:
@@ -248,7 +253,9 @@ def run_request(request: TuneRequest, *, on_trial: Callable[[TrialEvent], None] 
         def make_job(config: OpConfig, trials: int) -> TuneJob:
             return measured.job(config, trials, rpc_workers)
 
-        callbacks = dict(on_trial=on_trial, on_job=on_job, on_phase=on_phase, should_cancel=should_cancel)
+        stop_at = time.monotonic() + request.minutes * 60 if request.minutes else None
+        callbacks = dict(on_trial=on_trial, on_job=on_job, on_phase=on_phase, should_cancel=should_cancel,
+                         out_of_time=None if stop_at is None else lambda: time.monotonic() >= stop_at)
         if request.network is not None:
             board = ClaimBoard.for_run(request.join) if request.join else None
             return run_network(request.network, request.budget, make_job, db_path=request.db_path,
