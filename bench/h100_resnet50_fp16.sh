@@ -45,7 +45,7 @@ PY
     python3 -m console.entry model fp16 /tmp/net/resnet50.onnx $R/resnet50/resnet50.onnx || exit 4
     NET=resnet50 BATCH=${BATCH:-64} MAX_PER_OP=256 MINUTES=${MINUTES:?minutes of tuning} \
       bash bench/h200_network.sh start "${TRIALS:-96}" 5 4
-    NET=resnet50 bash bench/h200_network.sh wait $((570 - SECONDS)) ;;
+    NET=resnet50 bash bench/h200_network.sh wait $((${TUNE_WAIT:-570} - SECONDS)) ;;
   table)
     # shellcheck disable=SC1091
     . /tmp/kdb-device/env.sh
@@ -58,9 +58,10 @@ from bench_network import part_dbs
 part_dbs(Path("/tmp/kdb-run/resnet50"), Path("/tmp/kdb-run/state/tuned.db"), Path(".netrun/carry/resnet50.db"))
 PY
     gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+    r18=(--model resnet18 /tmp/net/resnet18.onnx .netrun/carry/resnet18-fp16.db); [ -n "${NO_RESNET18:-}" ] && r18=()
     timeout 380 python3 bench/bench_zoo_run.py --nnfusion "$nnf" --out /tmp/kdb-table/zoo --jobs 1 --product "$gpu" \
       --fp16 --leave-to-library --nets --model resnet50 /tmp/net/resnet50.onnx $R/resnet50/tuned-best.db \
-      --model resnet18 /tmp/net/resnet18.onnx .netrun/carry/resnet18-fp16.db > /tmp/kdb-table/zoo.out 2>&1
+      "${r18[@]}" > /tmp/kdb-table/zoo.out 2>&1
     echo "zoo: exit $?"; cat /tmp/kdb-table/zoo.out
     pack ;;
   baselines)
@@ -68,7 +69,7 @@ PY
     . /tmp/kdb-device/env.sh
     timeout 300 python3 bench/bench_torch_baselines.py --out /tmp/kdb-table > /tmp/kdb-table/torch.log 2>&1
     echo "torch: exit $?"; tail -9 /tmp/kdb-table/torch.log
-    timeout 120 python3 bench/bench_default_schedules.py time .devrun/defaults > /tmp/kdb-table/defaults.log 2>&1
+    [ -n "${NO_DEFAULTS:-}" ] || timeout 120 python3 bench/bench_default_schedules.py time .devrun/defaults > /tmp/kdb-table/defaults.log 2>&1
     echo "defaults: exit $?"; cat /tmp/kdb-table/defaults.log
     pack ;;
   *) echo "usage: $0 tune|table|baselines"; exit 2 ;;
