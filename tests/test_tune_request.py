@@ -110,6 +110,8 @@ SAME_CHOICES = [  # (what, the command line's options, the view's fields)
     ("no trials", ["--target", "llvm", "--trials", "0"], {"target": "llvm", "trials": "0"}),
     ("a cap on a plain list", ["--target", "llvm", "--max-per-op", "2"], {"target": "llvm", "cap": "2"}),
     ("not an SM arch", ["--arch", "90"], {"arch": "90"}),
+    ("a time budget", ["--target", "llvm", "--minutes", "12.5"], {"target": "llvm", "minutes": "12.5"}),
+    ("no time at all", ["--target", "llvm", "--minutes", "0"], {"target": "llvm", "minutes": "0"}),
     ("cuda with no GPU and no tracker", [], {}),
 ]
 

@@ -17,7 +17,7 @@ from core.tuning.request import LIMITS, ChoiceError, TuneChoices
 # TuneChoices field -> (this view's Input id, its label in messages)
 FIELDS = {"trials": ("trials", "trials per op"), "batch": ("batch", "candidates per round"),
           "population": ("population", "population"), "max_per_op": ("cap", "max per op"),
-          "arch": ("arch", "SM arch")}
+          "minutes": ("minutes", "time budget"), "arch": ("arch", "SM arch")}
 
 
 def label_of(error: KdbError) -> str:
@@ -26,7 +26,7 @@ def label_of(error: KdbError) -> str:
 
 
 class TuneOptions(Vertical):
-    """Trials, round, population, cap, target, arch and whether to measure on the tracker's servers."""
+    """Trials, round, population, cap, time budget, target, arch and whether to measure on the tracker's servers."""
 
     def __init__(self, settings: Settings, **kwargs: str) -> None:
         super().__init__(**kwargs)
@@ -48,6 +48,9 @@ class TuneOptions(Vertical):
         yield from self._row("Max per op", Input("", placeholder="no cap", type="integer", compact=True, id="cap",
                                                  tooltip="a network: no op gets more trials than this; what the "
                                                          "cap frees goes to the other ops"))
+        yield from self._row("Minutes", Input("", placeholder="no limit", type="number", compact=True, id="minutes",
+                                              tooltip="a time budget: then the op in flight injects its best so "
+                                                      "far and the ops not started wait (Start again goes on)"))
         yield from self._row("Target", Select([("cuda (GPU)", "cuda"), ("llvm (this CPU)", "llvm")], value="cuda",
                                               allow_blank=False, compact=True, id="target"))
         yield from self._row("SM arch", Input(self.settings.archs[0], placeholder="like sm_90", compact=True,
@@ -88,11 +91,19 @@ class TuneOptions(Vertical):
         except ValueError:
             raise ChoiceError(choice, f"{text!r} is not a whole number") from None
 
+    def _minutes(self) -> float | None:
+        text = self.query_one("#minutes", Input).value.strip()
+        try:
+            return float(text) if text else None
+        except ValueError:
+            raise ChoiceError("minutes", f"{text!r} is not a number of minutes") from None
+
     def choices(self) -> TuneChoices:
         """The fields as choices (ChoiceError for a field that holds no number)."""
         return TuneChoices(trials=self._number("trials"), batch=self._number("batch"),
                            population=self._number("population"), max_per_op=self._number("max_per_op"),
-                           target=self.target, arch=self.query_one("#arch", Input).value.strip() or None,
+                           minutes=self._minutes(), target=self.target,
+                           arch=self.query_one("#arch", Input).value.strip() or None,
                            rpc=None if self.query_one("#use-rpc", Checkbox).value else "")
 
     def mark_bad(self, error: KdbError) -> None:
