@@ -67,10 +67,10 @@ PY
   baselines)
     # shellcheck disable=SC1091
     . /tmp/kdb-device/env.sh
-    timeout 300 python3 bench/bench_torch_baselines.py --out /tmp/kdb-table > /tmp/kdb-table/torch.log 2>&1
-    echo "torch: exit $?"; tail -9 /tmp/kdb-table/torch.log
     [ -n "${NO_DEFAULTS:-}" ] || timeout 120 python3 bench/bench_default_schedules.py time .devrun/defaults > /tmp/kdb-table/defaults.log 2>&1
     echo "defaults: exit $?"; cat /tmp/kdb-table/defaults.log
+    timeout 300 python3 bench/bench_torch_baselines.py --out /tmp/kdb-table > /tmp/kdb-table/torch.log 2>&1
+    echo "torch: exit $?"; tail -9 /tmp/kdb-table/torch.log
     pack ;;
   *) echo "usage: $0 tune|table|baselines"; exit 2 ;;
 esac
