@@ -108,7 +108,7 @@ def test_show_highlights_only_on_a_terminal(db: Path):
 
 # What each read command may load: none of them needs the console, the inject pipeline, ONNX, TVM or numpy;
 # off a terminal, ls and the JSON outputs do without Rich, and nothing highlights (Pygments).
-HEAVY = ("textual", "rich", "pygments", "numpy", "onnx", "tvm", "sqlalchemy", "core.inject.pipeline")
+HEAVY = ("textual", "rich", "pygments", "numpy", "onnx", "tvm", "sqlmodel", "sqlalchemy", "core.inject.pipeline")
 LOADS = [
     (["ls"], set()),
     (["ls", "--json"], set()),
@@ -138,7 +138,7 @@ def test_the_console_starts_with_the_kernels_view_alone():
     later = ("console.screens.inject", "console.screens.failures", "console.screens.tuning",
              "console.screens.opconfigs", "console.screens.autotvm", "console.screens.settings",
              "console.screens.nnfusion", "console.screens.help", "core.inject.pipeline", "core.tuning",
-             "core.nnfusion", "onnx", "numpy", "pygments", "sqlalchemy")
+             "core.nnfusion", "onnx", "numpy", "pygments", "sqlmodel", "sqlalchemy")
     code = f"import sys, console.app; print(*[m for m in {later!r} if m in sys.modules])"
     loaded = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert loaded.stdout.split() == []

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -393,8 +392,8 @@ async def test_the_chosen_failure_is_current_before_the_cursor_reaches_it(tmp_pa
         tree = await open_view(pilot, app, 1)
         screen = app.screen
         base = screen.failures[0]
-        first = replace(base, id=101, stage="validate", item_index=0, name="first")
-        second = replace(base, id=102, stage="compile", item_index=1, name="second")
+        first = base.replace(id=101, stage="validate", item_index=0, name="first")
+        second = base.replace(id=102, stage="compile", item_index=1, name="second")
         tree.show([first, second])
         await wait_until(pilot, lambda: tree.cursor_node is not None, "the cursor on the first failure")
         await cursor_to(pilot, tree, "first")

@@ -26,7 +26,7 @@ from console.screens.base import KdbScreen
 from console.widgets.dialogs import ConfirmDialog, EditTextDialog
 from console.widgets.failure_detail import FailureDetail, Place, item_label, offending_place, pretty_item
 from core.codegen.failures import CODEGEN_STAGE
-from core.db.state import Failure, StateDB
+from core.db.state import StateDB, StoredFailure
 from core.inject import retry as failure_retry
 from core.inject.pipeline import STAGES, InjectOptions, InjectProgress, InjectReport
 
@@ -40,7 +40,7 @@ class Entry:
 
     key: str  # stable across reloads, to keep the cursor and collapsed groups in place
     title: str
-    failures: tuple[Failure, ...]
+    failures: tuple[StoredFailure, ...]
     leaf: bool = False
 
     @property
@@ -57,12 +57,12 @@ def shorten(text: str, width: int = REASON_WIDTH) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def group_failures(failures: list[Failure]) -> list[tuple[str, list[tuple[str, list[Failure]]]]]:
+def group_failures(failures: list[StoredFailure]) -> list[tuple[str, list[tuple[str, list[StoredFailure]]]]]:
     """[(stage, [(reason, failures)])]: stages in pipeline order (codegen first), the biggest reason groups first.
 
     A group of one distinct reason is titled with it; reasons differing in numbers share their pattern.
     """
-    by_stage: dict[str, dict[str, list[Failure]]] = defaultdict(lambda: defaultdict(list))
+    by_stage: dict[str, dict[str, list[StoredFailure]]] = defaultdict(lambda: defaultdict(list))
     for f in failures:
         by_stage[f.stage][reason_pattern(f.reason)].append(f)
     order = {stage: i for i, stage in enumerate((CODEGEN_STAGE, *STAGES))}  # codegen comes before injection
@@ -101,7 +101,7 @@ class FailureTree(Tree[Entry]):
             self.move_cursor(chosen)
             self._chosen = None
 
-    def show(self, failures: list[Failure]) -> Entry | None:
+    def show(self, failures: list[StoredFailure]) -> Entry | None:
         """Rebuild from `failures`; keep collapsed groups and the cursor's place. Returns the entry now current."""
         wanted: list[str] = []  # the cursor's entry, else its group, else its stage (a resolved failure is gone)
         node = self._chosen or self.cursor_node
@@ -161,7 +161,7 @@ class FailuresScreen(KdbScreen):
     @dataclass
     class Loaded(Message):
         generation: int
-        failures: list[Failure]
+        failures: list[StoredFailure]
 
     @dataclass
     class PlaceReady(Message):
@@ -185,7 +185,7 @@ class FailuresScreen(KdbScreen):
     def __init__(self) -> None:
         super().__init__()
         self.generation = 0
-        self.failures: list[Failure] = []
+        self.failures: list[StoredFailure] = []
         self.retry_worker: Worker[None] | None = None  # set until its RetryDone arrives
 
     def compose(self) -> ComposeResult:
@@ -255,7 +255,7 @@ class FailuresScreen(KdbScreen):
             detail.show_group(entry.title, list(entry.failures))
 
     @work(thread=True, exit_on_error=False, group="failure-place", exclusive=True)
-    def find_place(self, failure: Failure) -> None:
+    def find_place(self, failure: StoredFailure) -> None:
         self.post_message(self.PlaceReady(failure.id, offending_place(failure)))
 
     def on_failures_screen_place_ready(self, message: PlaceReady) -> None:
@@ -300,7 +300,7 @@ class FailuresScreen(KdbScreen):
             return
         self._open_editor(failure, pretty_item(failure.input))
 
-    def _open_editor(self, failure: Failure, text: str) -> None:
+    def _open_editor(self, failure: StoredFailure, text: str) -> None:
         def saved(new_text: str | None) -> None:
             if new_text is None or failure.id is None:
                 return

@@ -12,7 +12,7 @@ from __future__ import annotations
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from rich.text import Text
 from textual import on, work
@@ -27,8 +27,11 @@ from console.screens.base import KdbScreen
 from console.widgets.dialogs import PathDialog, dialog_default
 from console.widgets.fp16 import ask_fp16_output, convert_and_notify
 from console.widgets.ratio_bar import ratio_bar
-from core.db.state import ModelEvent, StateDB
+from core.db.state import StateDB, StoredModelEvent
 from core.nnfusion.coverage import DB_KERNEL, CoverageEntry
+
+if TYPE_CHECKING:
+    pass
 
 HISTORY = 20  # events shown
 RECENT = 10  # models remembered in the list
@@ -40,7 +43,7 @@ class ModelStory:
     model: Path
     entries: list[CoverageEntry]
     blockers: list[str]  # nodes NNFusion cannot compile, with why
-    events: list[ModelEvent]  # newest first, the "opened" marks left out
+    events: list[StoredModelEvent]  # newest first, the "opened" marks left out
     tuning: str  # what the best tuned kernels so far predict for the network (the Tuning view's prediction)
 
     def op_ratios(self) -> dict[str, float | None]:
@@ -122,6 +125,8 @@ class NetworkScreen(KdbScreen):
         extraction, entries = model_coverage(job)
         with closing(StateDB()) as state:
             if remember:
+                from core.db.state_records import ModelEvent
+
                 state.record_model_event(ModelEvent(model=str(model), db_path=str(self.context.db_path),
                                                         kind="opened", ok=True, headline="opened in the console"))
             events = [e for e in state.model_events(model, self.context.db_path, HISTORY * 2) if e.kind != "opened"]

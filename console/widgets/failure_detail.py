@@ -26,7 +26,7 @@ from textual.widgets import Static
 
 from console.widgets.highlight import numbered_listing
 from core.codegen.failures import CODEGEN_STAGE
-from core.db.state import Failure
+from core.db.state import StoredFailure
 
 HINT = "Select a failure to see its cause and the place it points at; select a group to act on all of it."
 LOG_LINES = 8
@@ -124,7 +124,7 @@ def age(created_at: str, now: datetime | None = None) -> str:
     return "just now"
 
 
-def item_label(failure: Failure) -> str:
+def item_label(failure: StoredFailure) -> str:
     name = Path(failure.file).name
     source = str(failure.detail_dict().get("source") or "") if failure.stage == CODEGEN_STAGE else ""
     if source:  # an op config: where it came from, "ops.txt:3" (line 3) or "model.onnx:conv1"
@@ -136,7 +136,7 @@ def listing(code: str, language: str, marked: set[int]) -> Text:
     return numbered_listing(code, language, marked)
 
 
-def offending_place(failure: Failure) -> Place | None:
+def offending_place(failure: StoredFailure) -> Place | None:
     """Where the failure points, highlighted: slow on big items, so the view calls it in a worker."""
     detail = failure.detail_dict()
     if failure.stage == CODEGEN_STAGE:
@@ -171,7 +171,7 @@ def offending_place(failure: Failure) -> Place | None:
     return Place("kernel JSON item", listing(json_lines(item)[0], "json", set()))
 
 
-def _codegen_place(failure: Failure, detail: dict[str, Any]) -> Place | None:
+def _codegen_place(failure: StoredFailure, detail: dict[str, Any]) -> Place | None:
     script = detail.get("tvmscript")
     if isinstance(script, str) and script:
         marked = {n for n in detail.get("marked") or [] if isinstance(n, int)}
@@ -183,7 +183,7 @@ def _codegen_place(failure: Failure, detail: dict[str, Any]) -> Place | None:
     return Place("the op config (e edits it, then generates again)", listing(pretty_item(failure.input), "json", set()))
 
 
-def summary(failure: Failure) -> Table:
+def summary(failure: StoredFailure) -> Table:
     grid = Table.grid(padding=(0, 1))
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column(overflow="fold")
@@ -203,7 +203,7 @@ def summary(failure: Failure) -> Table:
     return grid
 
 
-def group_summary(title: str, failures: list[Failure]) -> Table:
+def group_summary(title: str, failures: list[StoredFailure]) -> Table:
     grid = Table.grid(padding=(0, 1))
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column(overflow="fold")
@@ -227,7 +227,7 @@ class FailureDetail(Vertical):
             yield Static(id="failure-listing")
         yield Static(id="failure-log")
 
-    def show_failure(self, failure: Failure) -> None:
+    def show_failure(self, failure: StoredFailure) -> None:
         """The summary and nvcc's log at once; the place follows via show_place (built off the UI thread)."""
         self.query_one("#failure-summary", Static).update(summary(failure))
         self._show_place(Place("highlighting…", Text("")) if failure.input or failure.stage == "compile" else None)
@@ -243,7 +243,7 @@ class FailureDetail(Vertical):
     def show_place(self, place: Place | None) -> None:
         self._show_place(place)
 
-    def show_group(self, title: str, failures: list[Failure]) -> None:
+    def show_group(self, title: str, failures: list[StoredFailure]) -> None:
         self.query_one("#failure-summary", Static).update(group_summary(title, failures))
         self._show_place(None)
         self._show_log()

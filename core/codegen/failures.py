@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.codegen.generate import Generated
-from core.db.state import Failure
 from core.errors import InputError
 from core.opconfigs.opconfig import OpConfig, format_line, from_dict, source_location
+
+if TYPE_CHECKING:
+    from core.db.state import StoredFailure
+    from core.db.state_records import Failure
 
 CODEGEN_STAGE = "codegen"
 
@@ -36,6 +39,8 @@ def codegen_failure(result: Generated, arch: str, db_path: Path, run_id: int | N
     """The record of one failed op config; `position` (its place in the batch) keys it when its source
     names no line or entry."""
     file, number = source_location(result.config.source)
+    from core.db.state_records import Failure
+
     return Failure(run_id=run_id, db_path=str(db_path), file=file or "(op configs)",
                    item_index=number if number is not None else position, name=result.config.describe(),
                    stage=CODEGEN_STAGE, reason=result.error,
@@ -43,7 +48,7 @@ def codegen_failure(result: Generated, arch: str, db_path: Path, run_id: int | N
                    input=codegen_input(result.config))
 
 
-def config_of(failure: Failure) -> OpConfig:
+def config_of(failure: Failure | StoredFailure) -> OpConfig:
     """The op config a codegen failure keeps (perhaps edited since); InputError when it is not one."""
     where = str(failure.detail_dict().get("source") or failure.file)
     if failure.input is None:

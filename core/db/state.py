@@ -1,10 +1,11 @@
-"""The console's own state (runs, failed conversions), in a file of its own: never in the NNFusion DB.
+"""The console's own state (runs, failed conversions, models' stories), in a file of its own: never in the NNFusion
+DB.
 
 Default location: the user data dir (`KDB_STATE_DIR` overrides it). Each failure keeps the input
 item it came from, so it can be retried after a fix (a new SM arch, an edited item).
 
-The dataclasses Run, Failure and ModelEvent are the file's schema, declared once: their fields are the tables' columns
-(create_table_sql), in the layout SQLModel's create_all gave the first state files (tests/test_state_db.py).
+The schema is declared once, with SQLModel (core/db/state_records.py: Run, Failure, ModelEvent). StateDB keeps its
+own sqlite3 connection (core/db/engine.py: WAL, a busy timeout, BEGIN IMMEDIATE for writers), as every kdb file does.
 """
 
 from __future__ import annotations
@@ -14,13 +15,18 @@ import json
 import os
 import sqlite3
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from core.db.engine import check_sqlite_file, connect, transaction
 from core.errors import printable
+
+if TYPE_CHECKING:
+    from core.db.state_records import Failure, ModelEvent, Run
+
+
+S = TypeVar("S", bound="Stored")
 
 MAX_KEPT_INPUT = 8 * 1024 * 1024  # larger inputs are kept by path only
 
@@ -47,92 +53,91 @@ def now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-# A column's SQL type by its field's annotation; "| None" makes it nullable.
-SQL_TYPES = {"int": "INTEGER", "str": "VARCHAR", "bool": "BOOLEAN"}
-INDEXED = {"index": True}  # a field's metadata: the column gets an index (ix_<table>_<column>)
+class WithDetail:
+    """What every record with a JSON detail column offers, read back or about to be written (a mixin: its
+    annotations are for type checkers only, so SQLModel takes no columns from it)."""
 
-
-@dataclass(kw_only=True)
-class Run:
-    TABLE: ClassVar[str] = "run"
-
-    id: int | None = None
-    kind: str  # inject, retry, codegen, tune, nnfusion
-    db_path: str
-    started_at: str = field(default_factory=now)
-    finished_at: str | None = None
-    args: str = "{}"
-    injected: int = 0
-    unchanged: int = 0
-    failed: int = 0
-    cancelled: bool = False
-
-
-@dataclass(kw_only=True)
-class Failure:
-    TABLE: ClassVar[str] = "failure"
-
-    id: int | None = None
-    run_id: int | None = field(default=None, metadata=INDEXED)
-    db_path: str = field(metadata=INDEXED)
-    file: str
-    item_index: int | None = None  # None: the whole file failed
-    name: str = ""
-    stage: str  # read, validate, parse, barriers, compile, insert, ...
-    reason: str
-    detail: str = "{}"  # JSON: field, line, tool output...
-    input: str | None = None  # the raw item JSON, for retry
-    created_at: str = field(default_factory=now)
-    resolved_at: str | None = None  # set when a retry succeeded
-    dismissed: bool = False
+    if TYPE_CHECKING:
+        detail: str
 
     def detail_dict(self) -> dict[str, Any]:
         return _json_object(self.detail)
+
+
+class FailureFacts(WithDetail):
+    if TYPE_CHECKING:
+        file: str
+        item_index: int | None
+        name: str
+        stage: str
+        reason: str
 
     def as_report(self) -> dict[str, Any]:
         return {"file": self.file, "index": self.item_index, "name": self.name, "stage": self.stage,
                 "reason": self.reason}
 
 
-@dataclass(kw_only=True)
-class ModelEvent:
-    """One step of a model's story with a DB, as the core use case that took it wrote it (both faces alike): a compile,
-    a run against the empty DB, the op times, the never-slower step, or the model opened in the console."""
+class Stored:
+    """A record as the state file gives it back: its columns as attributes (SELECT *: nothing here repeats the
+    schema), BOOLEAN columns as bools. Reading needs no SQLModel, so `kdb failures` stays a light command."""
 
-    TABLE: ClassVar[str] = "model_event"
+    def __init__(self, **columns: Any) -> None:
+        self.__dict__.update(columns)
 
-    id: int | None = None
-    model: str = field(metadata=INDEXED)  # the model file, resolved
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and vars(other) == vars(self)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
+
+    def replace(self, **changes: Any) -> Any:
+        return type(self)(**{**vars(self), **changes})
+
+
+class StoredRun(Stored):
+    id: int
+    kind: str
     db_path: str
-    kind: str  # one of MODEL_EVENT_KINDS
-    ok: bool  # a clean compile; right and not slower; every op timed, none slower; ...
-    headline: str  # the outcome in one line, as the faces say it
-    detail: str = "{}"  # JSON: the figures behind the headline
-    created_at: str = field(default_factory=now)
+    started_at: str
+    finished_at: str | None
+    injected: int
+    unchanged: int
+    failed: int
+    cancelled: bool
 
-    def detail_dict(self) -> dict[str, Any]:
-        return _json_object(self.detail)
+
+class StoredFailure(Stored, FailureFacts):
+    id: int
+    run_id: int | None
+    db_path: str
+    input: str | None
+    created_at: str
+    resolved_at: str | None
+    dismissed: bool
+
+
+class StoredModelEvent(Stored, WithDetail):
+    id: int
+    model: str
+    db_path: str
+    kind: str
+    ok: bool
+    headline: str
+    created_at: str
 
 
 MODEL_EVENT_KINDS = ("compile", "run", "op-times", "never-slower", "opened")
-RECORDS: tuple[type[Run | Failure | ModelEvent], ...] = (Run, Failure, ModelEvent)
-Record = TypeVar("Record", Run, Failure, ModelEvent)
+_RECORD_NAMES = ("Run", "Failure", "ModelEvent", "RECORDS", "create_table_sql")
 
 
-def create_table_sql(cls: type[Run | Failure | ModelEvent]) -> list[str]:
-    """CREATE TABLE and CREATE INDEX statements for a record class (IF NOT EXISTS: two commands may create a new
-    state file at once). `id` is the primary key; no defaults in SQL: every insert names its values."""
-    columns = []
-    for f in fields(cls):
-        base, _, optional = str(f.type).partition(" | ")
-        if base not in SQL_TYPES or optional not in ("", "None"):
-            raise TypeError(f"{cls.__name__}.{f.name}: {f.type} has no SQL column type")
-        columns.append(f"{f.name} {SQL_TYPES[base]}{'' if optional and f.name != 'id' else ' NOT NULL'}")
-    statements = [f"CREATE TABLE IF NOT EXISTS {cls.TABLE} (\n\t" + ", \n\t".join(columns)
-                  + ", \n\tPRIMARY KEY (id)\n)"]
-    statements += [f"CREATE INDEX IF NOT EXISTS ix_{cls.TABLE}_{f.name} ON {cls.TABLE} ({f.name})"
-                   for f in sorted(fields(cls), key=lambda f: f.name) if f.metadata.get("index")]
-    return statements
+def __getattr__(name: str) -> Any:
+    """Run, Failure and ModelEvent are SQLModel tables (core/db/state_records.py), loaded on first use only: read
+    commands and the console's first paint import this module for state_dir and never pay SQLModel's import."""
+    if name in _RECORD_NAMES:
+        from core.db import state_records
+
+        return getattr(state_records, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class StateDB:
@@ -148,11 +153,13 @@ class StateDB:
             raise
 
     def _create_tables(self) -> None:
-        # Looked for first: most opens find them, and a reader need not take the write lock.
-        tables = [cls.TABLE for cls in RECORDS]
+        # Looked for first: most opens find them, and a reader need not take the write lock (nor load SQLModel).
+        tables = ["run", "failure", "model_event"]
         found = self.conn.execute(f"SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN "
                                   f"({', '.join('?' * len(tables))})", tables).fetchone()[0]
         if found < len(tables):  # a new file, or one from before a table was added
+            from core.db.state_records import RECORDS, create_table_sql
+
             with self._transaction() as conn:
                 for cls in RECORDS:
                     for statement in create_table_sql(cls):
@@ -164,23 +171,26 @@ class StateDB:
     def _transaction(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
         return transaction(self.conn, self.path, write=True)
 
-    def _select(self, cls: type[Record], where: str = "", params: Sequence[Any] = ()) -> list[Record]:
-        names = [f.name for f in fields(cls)]
+    def _select(self, cls: type[S], table: str, where: str = "", params: Sequence[Any] = ()) -> list[S]:
         with transaction(self.conn, self.path, write=False) as conn:
-            got = conn.execute(f"SELECT {', '.join(names)} FROM {cls.TABLE} {where}", tuple(params)).fetchall()
-        bools = {f.name for f in fields(cls) if f.type == "bool"}
+            cursor = conn.execute(f"SELECT * FROM {table} {where}", tuple(params))
+            names = [d[0] for d in cursor.description]
+            got = cursor.fetchall()
+            bools = {c[1] for c in conn.execute(f"PRAGMA table_info({table})") if c[2].upper() == "BOOLEAN"}
         return [cls(**{n: bool(v) if n in bools else v for n, v in zip(names, r, strict=True)}) for r in got]
 
     @staticmethod
     def _insert(conn: sqlite3.Connection, record: Run | Failure | ModelEvent) -> int:
-        names = [f.name for f in fields(record) if f.name != "id"]  # SQLite numbers the rows
+        names = [n for n in type(record).model_fields if n != "id"]  # SQLite numbers the rows
         values = tuple(getattr(record, n) for n in names)
-        cursor = conn.execute(f"INSERT INTO {record.TABLE} ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
-                              values)
+        cursor = conn.execute(f"INSERT INTO {record.__tablename__} ({', '.join(names)}) "
+                              f"VALUES ({', '.join('?' * len(names))})", values)
         assert cursor.lastrowid is not None
         return cursor.lastrowid
 
     def start_run(self, kind: str, db_path: Path, args: dict[str, Any]) -> int:
+        from core.db.state_records import Run
+
         with self._transaction() as conn:
             return self._insert(conn, Run(kind=kind, db_path=str(db_path), args=json.dumps(args)))
 
@@ -201,7 +211,7 @@ class StateDB:
                 f.detail = printable(f.detail)
                 f.id = self._insert(conn, f)
 
-    def failures(self, db_path: Path | None = None, *, include_closed: bool = False) -> list[Failure]:
+    def failures(self, db_path: Path | None = None, *, include_closed: bool = False) -> list[StoredFailure]:
         clauses, params = [], []
         if db_path is not None:
             clauses.append("db_path = ?")
@@ -209,10 +219,10 @@ class StateDB:
         if not include_closed:
             clauses.append("NOT dismissed AND resolved_at IS NULL")
         where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
-        return self._select(Failure, f"{where} ORDER BY id", params)
+        return self._select(StoredFailure, "failure", f"{where} ORDER BY id", params)
 
-    def get_failure(self, failure_id: int) -> Failure | None:
-        got = self._select(Failure, "WHERE id = ?", (failure_id,))
+    def get_failure(self, failure_id: int) -> StoredFailure | None:
+        got = self._select(StoredFailure, "failure", "WHERE id = ?", (failure_id,))
         return got[0] if got else None
 
     def close_failures(self, ids: Sequence[int], *, resolved: bool) -> None:
@@ -229,8 +239,8 @@ class StateDB:
         with self._transaction() as conn:
             conn.execute("UPDATE failure SET db_path = ? WHERE db_path = ?", (str(new_db), str(old_db)))
 
-    def runs(self, limit: int = 50) -> list[Run]:
-        return self._select(Run, "ORDER BY id DESC LIMIT ?", (limit,))
+    def runs(self, limit: int = 50) -> list[StoredRun]:
+        return self._select(StoredRun, "run", "ORDER BY id DESC LIMIT ?", (limit,))
 
     # -- a model's story (the console's Network view) ------------------------------------------------------------
 
@@ -240,13 +250,13 @@ class StateDB:
         with self._transaction() as conn:
             event.id = self._insert(conn, event)
 
-    def model_events(self, model: Path, db_path: Path | None = None, limit: int = 20) -> list[ModelEvent]:
+    def model_events(self, model: Path, db_path: Path | None = None, limit: int = 20) -> list[StoredModelEvent]:
         """The model's events, newest first (with `db_path`: with that DB only)."""
         where, params = "WHERE model = ?", [str(model)]
         if db_path is not None:
             where += " AND db_path = ?"
             params.append(str(db_path))
-        return self._select(ModelEvent, f"{where} ORDER BY id DESC LIMIT ?", (*params, limit))
+        return self._select(StoredModelEvent, "model_event", f"{where} ORDER BY id DESC LIMIT ?", (*params, limit))
 
     def recent_models(self, limit: int = 10) -> list[str]:
         """The models of the latest events, newest first, each once."""

@@ -30,11 +30,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.db.kernel_db import KernelDB
 from core.db.library import write_times
-from core.db.state import ModelEvent, StateDB
+from core.db.state import StateDB
 from core.errors import InputError
 from core.gpu.harness_run import (
     NO_GPU,
@@ -55,6 +55,9 @@ from core.nnfusion.reference import make_inputs
 from core.opconfigs.one_op_model import one_op_model
 from core.opconfigs.onnx_extract import Extraction, read_model
 from core.opconfigs.opconfig import OpConfig
+
+if TYPE_CHECKING:
+    from core.db.state_records import ModelEvent
 
 OK, FAILED, COULD_NOT_RUN = 0, 1, 2
 ROW, LIBRARY = "row", "library"
@@ -172,6 +175,8 @@ class LibraryTimes:
         timed, slower = self.timed(), self.slower()
         said = (f"{len(timed)} of {len(self.ops)} op(s) timed on {self.device}, {len(slower)} slower than the library"
                 if self.device else f"{len(self.ops)} op(s) built, not run")
+        from core.db.state_records import ModelEvent
+
         return ModelEvent(model=str(self.job.model.resolve()), db_path=str(self.job.db), kind="op-times",
                           ok=self.status == 0, headline=f"op times: {said}" + (
                               f"; written to {self.times_file}" if self.written else ""),

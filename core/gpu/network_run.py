@@ -23,10 +23,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.db.kernel_db import KernelDB
-from core.db.state import ModelEvent, StateDB
+from core.db.state import StateDB
 from core.errors import KdbError
 from core.gpu.harness_run import (
     NO_GPU,
@@ -49,6 +49,9 @@ from core.nnfusion.reference import (
     random_inputs,
     read_outputs,
 )
+
+if TYPE_CHECKING:
+    from core.db.state_records import ModelEvent
 
 OK, FAILED, COULD_NOT_RUN = 0, 1, 2
 DEFAULT_MAX_ERROR = 1e-4
@@ -116,6 +119,8 @@ class NetworkRun:
                 else "not timed")
         verdict = "; ".join(self.findings) or "right, and not slower than with the empty DB"
         where = f" on {self.device}" if self.device else ""
+        from core.db.state_records import ModelEvent
+
         return ModelEvent(model=str(self.job.model.resolve()), db_path=str(self.job.db), kind="run",
                           ok=self.status == 0, headline=f"run{where}: {said}; {verdict}",
                           detail=json.dumps({"with_db_ms": with_db, "empty_db_ms": empty, "device": self.device,

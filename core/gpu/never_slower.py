@@ -18,17 +18,20 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.db.kernel_db import KernelDB
 from core.db.library import Verdict as OpVerdict
 from core.db.maintenance import apply_plan, delete_plan, library_plan, undo_plan
-from core.db.state import ModelEvent, StateDB
+from core.db.state import StateDB
 from core.gpu.network_run import COULD_NOT_RUN, FAILED, OK, NetworkRun, RunOptions, run_network
 from core.gpu.verdict import FASTER, SLOWER, Verdict, judge
 from core.nnfusion.compile_job import CompileJob
 from core.nnfusion.generated import BLOCKFUSION
 from core.nnfusion.usage import Usage
+
+if TYPE_CHECKING:
+    from core.db.state_records import ModelEvent
 
 EVERY_ROW = "every row the network runs"
 
@@ -68,6 +71,8 @@ class NeverSlowerRun:
     def event(self, job: CompileJob) -> ModelEvent:
         """This step as one of the model's story (the console's Network view)."""
         kept = [t for t in self.trials if t.kept]
+        from core.db.state_records import ModelEvent
+
         return ModelEvent(model=str(job.model.resolve()), db_path=str(job.db), kind="never-slower",
                           ok=self.status == 0,
                           headline=f"never slower: {len(kept)} of {len(self.trials)} change(s) kept; "

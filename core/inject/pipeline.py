@@ -29,7 +29,7 @@ from core.cuda.nvcc import SPILL_LIMIT_BYTES, CompileResult, compile_archs, find
 from core.db.engine import DbLocked
 from core.db.fastest import shadowed
 from core.db.kernel_db import InsertOutcome, KernelDB
-from core.db.state import Failure, StateDB, state_dir
+from core.db.state import StateDB, state_dir
 from core.errors import InputError, KdbError, printable
 from core.gpu.jobs import GpuSession, GpuSessions, gpu_children, job_for_row
 from core.inject.prepare import ItemFailure, Prepared, dump_input, item_origin, prepare_chunk
@@ -534,6 +534,8 @@ class Injector:
         if failure.index is not None:
             self.progress.items_done += 1
         if self.state is not None:
+            from core.db.state_records import Failure
+
             self.state.record_failures([Failure(
                 run_id=self.report.run_id, db_path=str(self.db.path), file=failure.file,
                 item_index=failure.index, name=failure.name, stage=failure.stage, reason=failure.reason,

@@ -17,7 +17,7 @@ from typing import Any
 from core.codegen.failures import CODEGEN_STAGE, codegen_detail, codegen_input, config_of
 from core.codegen.generate import generate, require_tvm
 from core.db.kernel_db import kernel_db_path
-from core.db.state import Failure, StateDB
+from core.db.state import StateDB, StoredFailure
 from core.errors import InputError
 from core.inject.pipeline import InjectOptions, Injector, InjectProgress, InjectReport, ItemFailure
 from core.inject.session import open_injector
@@ -114,7 +114,7 @@ def _retry(ids: list[int], injector: Injector, should_cancel: Callable[[], bool]
     return report
 
 
-def _regenerate(failure: Failure, arch: str) -> tuple[dict[str, Any] | None, ItemFailure | None]:
+def _regenerate(failure: StoredFailure, arch: str) -> tuple[dict[str, Any] | None, ItemFailure | None]:
     """(the kernel JSON item, None), or (None, the failure) for the op config a codegen failure keeps."""
     try:
         config = config_of(failure)

@@ -16,11 +16,11 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.cuda.nvcc import find_nvcc
 from core.db.kernel_db import KernelDB
-from core.db.state import Failure, ModelEvent, StateDB, state_dir
+from core.db.state import StateDB, state_dir
 from core.errors import KdbError, ToolError
 from core.nnfusion.compiler import CompileResult, CompilerFlags, compile_model, extract_for_compiler, find_compiler
 from core.nnfusion.coverage import CoverageEntry, coverage
@@ -30,6 +30,9 @@ from core.nnfusion.usage import DB_KERNEL, NNFUSION_KERNEL, Usage, analyse, rows
 from core.opconfigs.nnfusion_import import Blocker
 from core.opconfigs.onnx_extract import Extraction
 from core.settings import Settings
+
+if TYPE_CHECKING:
+    from core.db.state_records import ModelEvent
 
 STAGE = "nnfusion"
 
@@ -151,6 +154,8 @@ class CompileReport:
                         + (f"; {len(problems)} problem(s): {problems[0]}" if problems else "; promised == used"))
             figures = {"promised": len(promised), "used": len(used), "nodes": nodes, "library_calls": calls,
                        "broken_promises": sorted(self.broken_promises()), "problems": problems}
+        from core.db.state_records import ModelEvent
+
         return ModelEvent(model=str(self.job.model.resolve()), db_path=str(self.job.db), kind="compile",
                           ok=not problems, headline=headline, detail=json.dumps(figures))
 
@@ -343,6 +348,8 @@ def _coverage(job: CompileJob, db: KernelDB) -> tuple[list[CoverageEntry], list[
 
 def _record_failure(state: StateDB, job: CompileJob, result: CompileResult, report: CompileReport) -> None:
     run_id = state.start_run(STAGE, job.db, {"model": str(job.model), "flags": list(job.flags)})
+    from core.db.state_records import Failure
+
     state.record_failures([Failure(
         run_id=run_id, db_path=str(job.db), file=str(job.model), item_index=None, name=job.model.name,
         stage=STAGE, reason=report.reason,
