@@ -15,11 +15,11 @@ import json
 import os
 import sqlite3
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from core.db.engine import check_sqlite_file, connect, transaction
+from core.db.record_facts import FailureFacts, WithDetail, now
 from core.errors import printable
 
 if TYPE_CHECKING:
@@ -38,43 +38,6 @@ def state_dir() -> Path:
     from platformdirs import user_data_dir
 
     return Path(user_data_dir("kdb", appauthor=False))
-
-
-def _json_object(text: str) -> dict[str, Any]:
-    """A detail column's JSON object ({} when it holds anything else)."""
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-def now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-class WithDetail:
-    """What every record with a JSON detail column offers, read back or about to be written (a mixin: its
-    annotations are for type checkers only, so SQLModel takes no columns from it)."""
-
-    if TYPE_CHECKING:
-        detail: str
-
-    def detail_dict(self) -> dict[str, Any]:
-        return _json_object(self.detail)
-
-
-class FailureFacts(WithDetail):
-    if TYPE_CHECKING:
-        file: str
-        item_index: int | None
-        name: str
-        stage: str
-        reason: str
-
-    def as_report(self) -> dict[str, Any]:
-        return {"file": self.file, "index": self.item_index, "name": self.name, "stage": self.stage,
-                "reason": self.reason}
 
 
 class Stored:

@@ -14,7 +14,7 @@ from sqlalchemy.dialects import sqlite
 from sqlalchemy.schema import CreateIndex, CreateTable
 from sqlmodel import Field, SQLModel
 
-from core.db.state import FailureFacts, WithDetail, now
+from core.db.record_facts import FailureFacts, WithDetail, now
 
 
 class Run(SQLModel, table=True):
