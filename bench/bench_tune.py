@@ -72,6 +72,16 @@ def with_library_times(network: Any, target: str) -> Any:
     return dataclasses.replace(network, ops=ops)
 
 
+def model_network(path: Path) -> Any:
+    """The model's ops as one network, as the settings' compiler imports it (after its ONNX Runtime pre-pass,
+    where that runs)."""
+    from core.nnfusion.compiler import compiler_prepass
+    from core.settings import load_settings
+    from core.tuning.network import network_from_model
+
+    return network_from_model(path, prepass=compiler_prepass("", load_settings().nnfusion_path))
+
+
 def shard_of(network: Any, spec: str) -> Any:
     """Shard K of N (1-based): the ops sorted by FLOPs x count, dealt out in turn, so each shard gets a like
     share of the work."""
@@ -259,33 +269,22 @@ def main() -> None:
         with args.progress.open("a") as f:
             f.write(json.dumps(line) + "\n")
 
-    stop_at = time.monotonic() + args.minutes * 60 if args.minutes else None
+    from core.tuning.queue import time_budget
 
-    def out_of_time() -> bool:
-        return stop_at is not None and time.monotonic() >= stop_at
-
+    out_of_time = time_budget(args.minutes)
     if args.report_only:
         if not args.model or args.target != "cuda":
             raise SystemExit("--report-only: a --model on --target cuda")
-        from core.nnfusion.compiler import compiler_prepass
-        from core.settings import load_settings
-        from core.tuning.network import network_from_model
-
-        network = with_library_times(
-            network_from_model(args.model, prepass=compiler_prepass("", load_settings().nnfusion_path)), "cuda")
+        network = with_library_times(model_network(args.model), "cuda")
         per_op = op_table(db_path, network)
         out = args.out / "ops.json" if args.out.is_dir() else args.out
         out.write_text(json.dumps({"db": str(db_path), "per_op": per_op}, indent=1))
         return
     with quiet, ms.Profiler() as profiler:
         if args.model:
-            from core.nnfusion.compiler import compiler_prepass
-            from core.settings import load_settings
-            from core.tuning.network import network_from_model
             from core.tuning.queue import run_network
 
-            # the model as the settings' compiler imports it (after its ONNX Runtime pre-pass, where that runs)
-            network = network_from_model(args.model, prepass=compiler_prepass("", load_settings().nnfusion_path))
+            network = model_network(args.model)
             if args.shard:
                 network = shard_of(network, args.shard)
             network = with_library_times(network, args.target)

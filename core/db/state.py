@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from core.db.state_records import Failure, ModelEvent, Run
 
 
-S = TypeVar("S", bound="Stored")
+S = TypeVar("S")  # a Stored* class (to a type checker: its schema class)
 
 MAX_KEPT_INPUT = 8 * 1024 * 1024  # larger inputs are kept by path only
 
@@ -57,40 +57,21 @@ class Stored:
         return type(self)(**{**vars(self), **changes})
 
 
-class StoredRun(Stored):
-    id: int
-    kind: str
-    db_path: str
-    started_at: str
-    finished_at: str | None
-    injected: int
-    unchanged: int
-    failed: int
-    cancelled: bool
+if TYPE_CHECKING:  # to a type checker a record read back is the schema's class: the same columns, the same helpers
+    StoredRun, StoredFailure, StoredModelEvent = Run, Failure, ModelEvent
+else:
+    class StoredRun(Stored):
+        pass
 
+    class StoredFailure(Stored, FailureFacts):
+        pass
 
-class StoredFailure(Stored, FailureFacts):
-    id: int
-    run_id: int | None
-    db_path: str
-    input: str | None
-    created_at: str
-    resolved_at: str | None
-    dismissed: bool
-
-
-class StoredModelEvent(Stored, WithDetail):
-    id: int
-    model: str
-    db_path: str
-    kind: str
-    ok: bool
-    headline: str
-    created_at: str
+    class StoredModelEvent(Stored, WithDetail):
+        pass
 
 
 MODEL_EVENT_KINDS = ("compile", "run", "op-times", "never-slower", "opened")
-_RECORD_NAMES = ("Run", "Failure", "ModelEvent", "RECORDS", "create_table_sql")
+_RECORD_NAMES = ("Run", "Failure", "ModelEvent")
 
 
 def __getattr__(name: str) -> Any:

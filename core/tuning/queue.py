@@ -73,6 +73,14 @@ def _queue_pools() -> Iterator[Any]:
         yield pools
 
 
+def time_budget(minutes: float | None) -> Callable[[], bool] | None:
+    """run_queue's `out_of_time` for a budget of `minutes` from now (None: no budget)."""
+    if not minutes:
+        return None
+    stop_at = time.monotonic() + minutes * 60
+    return lambda: time.monotonic() >= stop_at
+
+
 def run_queue(jobs: list[TuneJob], *, db_path: Path | None, inject_options: InjectOptions | None,
               on_trial: Callable[[TrialEvent], None] | None = None,
               on_job: Callable[[JobEvent], None] | None = None,
@@ -364,7 +372,8 @@ def run_network(network: Network, budget: int, make_job: Callable[[Any, int], Tu
                            db_path=None, inject_options=None, stage="probe", board=board, **callbacks)
         if board is not None and not board.wait_for("probe", [op.config.key for op in ops],
                                                     lambda: cancelled() or timed_out()):
-            report.cancelled, report.out_of_time = not timed_out(), timed_out()
+            over = timed_out()  # asked once: the two flags must not disagree
+            report.cancelled, report.out_of_time = not over, over
         recorded, best = measured()
     if not report.cancelled and not report.out_of_time:
         shares = spread_budget(network.ops, budget, recorded=recorded, best=best, cap=cap)

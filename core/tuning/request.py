@@ -9,7 +9,6 @@ faces tune the same jobs, with the same defaults, and refuse the same bad values
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -22,7 +21,7 @@ from core.settings import ARCH_RE, MATH_MODES, Settings
 from core.tuning.claims import ClaimBoard
 from core.tuning.job import DEFAULT_BATCH, DEFAULT_RUNNER_UPS, PhaseEvent, RpcTarget, TrialEvent, TuneJob
 from core.tuning.network import Network, NetworkEvent, network_of
-from core.tuning.queue import JobEvent, QueueReport, run_network, run_queue
+from core.tuning.queue import JobEvent, QueueReport, run_network, run_queue, time_budget
 
 TARGETS = ("cuda", "llvm")
 # The whole numbers a choice takes: (least, most; None: no most). The most keep a typo from queueing a week.
@@ -253,9 +252,8 @@ def run_request(request: TuneRequest, *, on_trial: Callable[[TrialEvent], None] 
         def make_job(config: OpConfig, trials: int) -> TuneJob:
             return measured.job(config, trials, rpc_workers)
 
-        stop_at = time.monotonic() + request.minutes * 60 if request.minutes else None
         callbacks = dict(on_trial=on_trial, on_job=on_job, on_phase=on_phase, should_cancel=should_cancel,
-                         out_of_time=None if stop_at is None else lambda: time.monotonic() >= stop_at)
+                         out_of_time=time_budget(request.minutes))
         if request.network is not None:
             board = ClaimBoard.for_run(request.join) if request.join else None
             return run_network(request.network, request.budget, make_job, db_path=request.db_path,
