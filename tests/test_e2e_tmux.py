@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -72,6 +73,19 @@ def kdb_console(session: str, db: Path, state_dir: str, config: str) -> Iterator
         subprocess.run([*TMUX, "kill-session", "-t", session], capture_output=True)
 
 
+EMPTY_DIALOG_FIELD = re.compile(r"█\s+▊\s+▎\s+█")
+
+
+def clear_field(session: str) -> None:
+    """ctrl+u in a dialog's text field until the field shows empty. Keys that come before the new dialog has mounted
+    its field are lost (Textual forwards them to no widget), so typing waits for a sign that the field takes them."""
+    deadline = time.monotonic() + 120
+    while not EMPTY_DIALOG_FIELD.search(shown := screen(session)):
+        assert time.monotonic() < deadline, "the dialog's field never cleared:\n" + shown
+        keys(session, "C-u")
+        time.sleep(0.2)
+
+
 def quit_kdb(session: str) -> None:
     """q, and the window gone: kdb ended."""
     keys(session, "q")
@@ -126,8 +140,9 @@ def test_a_model_through_the_network_view_in_a_terminal(tmp_path: Path):
         wait_for(session, "o opens an ONNX model")
         keys(session, "o")
         wait_for(session, "Open which ONNX model?")
-        keys(session, "C-u")
+        clear_field(session)
         subprocess.run([*TMUX, "send-keys", "-t", session, "-l", str(model)], check=True)
+        wait_for(session, f"{model.name} ")
         keys(session, "Enter")
         wait_for(session, "Fused_Convolution")  # its ops, with what each runs
         wait_for(session, "nothing yet: c compiles it")

@@ -80,6 +80,11 @@ class PathDialog(ModalScreen[str | None]):
                 yield Button("OK", variant="primary", id="ok")
                 yield Button("Cancel", id="cancel")
 
+    def on_mount(self) -> None:
+        # focused here, not left to Textual's auto focus, which skips a screen opened while the terminal reports the
+        # app blurred, and leaves the path without focus when it comes back
+        self.query_one("#path", Input).focus()
+
     def on_input_submitted(self, event: Input.Submitted) -> None:
         self.take(event.value)
 
@@ -124,6 +129,9 @@ class EditTextDialog(ModalScreen[str | None]):
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Save and retry (ctrl+s)", variant="primary", id="save")
                 yield Button("Cancel", id="cancel")
+
+    def on_mount(self) -> None:
+        self.query_one("#editor", TextArea).focus()  # as PathDialog's path: typing goes to the text at once
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id == "save":
