@@ -61,7 +61,15 @@ CASES = {
     "dot gemv classifier 1x2048 by 1000x2048": "cublas_dot_op_float|a+1_2048|b+1000_2048|o+1_1000|ta+0|tb+1",
     "conv 1x1 small map add_relu": f"{CONV}|i+1_512_7_7|w+128_512_1_1|o+1_128_7_7|ws+1_1|wd+1_1|p+0_0|fuse+add_relu",
     "dot gemv 1x3000 by 3000x700 (a partial column block)": "cublas_dot_op_float|a+1_3000|b+3000_700|o+1_700|ta+0|tb+0",
+    # Two reductions over the same rows (the max, the sum of exponentials): a block of threads per row
+    "softmax attention 1x2x8x8": "cudnn_softmax_op_float|i+1_2_8_8|o+1_2_8_8",
+    "softmax attention 1x3x197x197": "cudnn_softmax_op_float|i+1_3_197_197|o+1_3_197_197",
+    "softmax classifier 2x1000": "cudnn_softmax_op_float|i+2_1000|o+2_1000",
+    "softmax 1-D": "cudnn_softmax_op_float|i+7|o+7",
 }
+# rows, and the threads each row's block has (whole warps; a long row's as a long reduction's)
+ROWS = {"softmax attention 1x2x8x8": (16, 32), "softmax attention 1x3x197x197": (591, THREADS),
+        "softmax classifier 2x1000": (2, reduction_threads(1000)), "softmax 1-D": (1, 32)}
 # The cases with at most CROSS_THREAD_MAX_OUTPUTS outputs and a reduction of CROSS_THREAD_MIN_REDUCTION or more
 BLOCK_PER_OUTPUT = {"dot fc batch 1", "11x11 s4 pre-padded", "11x11 s4 padded", "avgpool global 112x112",
                     "maxpool global 32x32", "dot gemv 1x768 by 768x3072", "dot gemv classifier 1x2048 by 1000x2048",
@@ -83,7 +91,10 @@ def test_default_schedule_generates_one_kernel_whose_math_matches_numpy(name: st
     assert result.max_rel_error is not None and result.max_rel_error <= TOLERANCE  # checked, not skipped
     grid, block = result.item["gridDim"], result.item["blockDim"]
     assert grid[1:] == [1, 1]
-    if name in COLUMNS:  # a warp per 32 outputs, COLUMN_SPLIT warps split the reduction: a sum in shared memory
+    if name in ROWS:  # each row's max and sum across its block (warp shuffles), the row written by the same block
+        assert (grid[0], block) == (ROWS[name][0], [ROWS[name][1], 1, 1])
+        assert "__shfl_down_sync" in result.item["code"]
+    elif name in COLUMNS:  # a warp per 32 outputs, COLUMN_SPLIT warps split the reduction: a sum in shared memory
         assert block == [32, COLUMN_SPLIT, 1] and grid == [math.ceil(output_elements(line) / 32), 1, 1]
         assert "threadIdx.y" in result.item["code"]
     elif name in BLOCK_PER_OUTPUT:  # a block per output; its whole warps share the reduction
@@ -93,6 +104,18 @@ def test_default_schedule_generates_one_kernel_whose_math_matches_numpy(name: st
         assert block == [THREADS, 1, 1]
         assert (grid[0] - 1) * THREADS < output_elements(line) <= grid[0] * THREADS  # every output, no idle block
         assert "__shfl_down_sync" not in result.item["code"]
+
+
+def test_a_half_softmax_sums_in_float_and_lands_within_the_half_bound():
+    """ONNX Runtime's half softmax (NNFusion's own) accumulates in float; so does kdb's, its output rounded once."""
+    from core.codegen.reference import tolerance_for
+
+    config = parse_line("cudnn_softmax_op_half|i+2_4_64_64|o+2_4_64_64", "case")
+    result = generate(config, "sm_90")
+    assert result.item is not None, f"{result.stage}: {result.error}"
+    assert result.max_rel_error is not None and result.max_rel_error <= tolerance_for(config)
+    code = result.item["code"]
+    assert "half* __restrict__ input0" in code and "float red_buf0" in code.replace("alignas(64) ", "")
 
 
 @pytest.mark.parametrize("length, threads", [(256, 32), (511, 32), (512, 64), (1023, 64), (1024, 128), (12544, 128)])

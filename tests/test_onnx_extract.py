@@ -307,9 +307,6 @@ def test_unmapped_reasons(model_path):
     ext = extract(model_path(g.model(outs[0])))
     reasons = {(u.node, u.op_type): u.reason for u in ext.unmapped}
     assert reasons == {
-        ("softmax", "Softmax"): "NNFusion fetches its Softmax identifier, and a row under a supported OpType would "
-                                "be used (engine/cache/manager.cpp gates a fetch on the OpType column only, "
-                                "docs/NNFUSION-RULES.md); kdb generates no Softmax kernel yet",
         ("dyn_relu", "Relu"): "dynamic shape: 'dyn' has dimension 'N'",
         ("int_add", "Add"): "element type INT64: op configs cover float, half and double",
         ("max3", "Max"): "3 inputs: NNFusion's Maximum takes 2",
@@ -318,6 +315,7 @@ def test_unmapped_reasons(model_path):
     # the broadcast operand is reshaped and broadcast first: the Multiply itself is a full-shape lookup
     assert [(c.op_type, c.params, ext.nodes[c.key]) for c in ext.configs] == [
         ("Multiply", {"input_shapes": [[4, 16], [4, 16]], "output_shape": [4, 16]}, [("scale_mul",)]),
+        ("Softmax", {"input_shape": [4, 16], "output_shape": [4, 16]}, [("softmax",)]),
         ("BatchMatMul", {"arg0_shape": [2, 4, 16], "arg1_shape": [2, 16, 8], "out_shape": [2, 4, 8]}, [("batched",)]),
         ("Relu", {"input_shapes": [[4, 16]], "output_shape": [4, 16]}, [("Relu#7",)])]
 
@@ -460,6 +458,29 @@ def test_inputs_nnfusions_importer_cannot_take_are_noted(model_path):
     assert set(blockers) == {"flat", "fc"} and extraction.notes == []
     assert "axis" in blockers["flat"] and "aborts" in blockers["flat"]
     assert "without its C input" in blockers["fc"] and "MatMul" in blockers["fc"]
+
+
+def test_a_softmax_over_the_last_axis_is_an_op_config_and_another_axis_a_blocker(model_path):
+    """NNFusion's Softmax takes the last axis only (op_define/softmax.cpp aborts on another: seen with ../shared's
+    compiler), so its identifier carries no axis. An opset-11 Softmax without an axis means axis 1, the axes after it
+    flattened: NNFusion's importer takes the last axis instead (another network, no abort): a note says so."""
+    g = GraphBuilder({"s": [1, 2, 8, 8], "z": [3, 10]})
+    outs = [g.node("Softmax", ["s"], "scores", axis=-1), g.node("Softmax", ["s"], "last", axis=3),
+            g.node("Softmax", ["z"], "logits", axis=1), g.node("Softmax", ["s"], "channels", axis=1)]
+    ext = extract(model_path(g.model(outs[0])))
+    assert [(c.op_type, c.params, ext.nodes[c.key]) for c in ext.configs] == [
+        ("Softmax", {"input_shape": [1, 2, 8, 8], "output_shape": [1, 2, 8, 8]}, [("scores",), ("last",)]),
+        ("Softmax", {"input_shape": [3, 10], "output_shape": [3, 10]}, [("logits",)])]
+    assert [format_line(c) for c in ext.configs] == ["cudnn_softmax_op_float|i+1_2_8_8|o+1_2_8_8",
+                                                     "cudnn_softmax_op_float|i+3_10|o+3_10"]
+    assert ext.configs[0].signature().identifier == "Softmax1,2,8,8;1,2,8,8floatfloat"  # the compiler's lookup
+    assert [(b.node, "op_define/softmax.cpp" in b.reason) for b in ext.blockers] == [("channels", True)]
+    assert [u.node for u in ext.unmapped] == ["channels"] and ext.notes == []
+
+    old = GraphBuilder({"s": [1, 2, 8, 8]})
+    ext = extract(model_path(old.model(old.node("Softmax", ["s"], "implicit"), opset=11), "old.onnx"))
+    assert [n.node for n in ext.notes] == ["implicit"] and ext.notes[0].text.startswith("wrong numbers: ")
+    assert ext.blockers == [] and [c.op_type for c in ext.configs] == ["Softmax"]
 
 
 def dot(a: list[int], b: list[int], out: list[int]) -> dict:

@@ -62,6 +62,28 @@ def test_a_bert_dense_dot_reads_from_lines_toml_and_json_alike():
             assert read.configs[0].signature() == config.signature()
 
 
+SOFTMAX = "cudnn_softmax_op_half|i+1_12_128_128|o+1_12_128_128"
+
+
+def test_a_softmax_reads_from_lines_toml_and_json_alike_and_refuses_an_axis_or_another_shape():
+    """NNFusion's Softmax is over the last axis (its identifier has none): shapes only, in all three formats."""
+    config = parse_line(SOFTMAX, "ops.txt:1")
+    assert format_line(config) == SOFTMAX and config.describe() == "Softmax 1x12x128x128 (last axis) half"
+    assert config.signature().identifier == "Softmax1,12,128,128;1,12,128,128halfhalf"
+    assert config.memory_bound and config.bytes_moved == 2 * 12 * 128 * 128 * 2
+    for fmt in ("toml", "json"):
+        read = parse_structured(format_structured([config], fmt), fmt, f"ops.{fmt}")
+        assert read.errors == [] and [format_line(c) for c in read.configs] == [SOFTMAX]
+    for line, said in (("cudnn_softmax_op_float|i+4_10|o+4_11", "differs from input_shape"),
+                       ("cudnn_softmax_op_float|i+4_10|o+4_10|ax+0", "does not read back")):
+        with pytest.raises(InputError, match=said):
+            parse_line(line, "ops.txt:2")
+    read = parse_structured('[{"op_type": "Softmax", "input_shape": [4, 10], "output_shape": [4, 10], "axis": 0}]',
+                            "json", "ops.json")
+    assert [e.reason for e in read.errors] == ["parameters.axis: a kdb Softmax is over the last axis, and NNFusion's "
+                                               "identifier cannot say another: leave it out"]
+
+
 def test_a_rank_4_dot_counts_every_leading_axis_as_rows():
     config = parse_line("cublas_dot_op_float|a+2_3_16_32|b+32_8|o+2_3_16_8|ta+0|tb+0")
     assert config.matrix_dims() == (96, 32, 8) and config.flops == 2 * 96 * 32 * 8

@@ -111,3 +111,52 @@ def test_kdb_serves_batch_matmuls_through_the_readme_commands(tmp_path: Path):
             report["usage"]["db_rows_used"]}
     assert {"BatchMatMul1,2,8,16;1,2,16,8;1,2,8,8floatfloatfloat", "BatchMatMul2,8,32;2,32,8;2,8,8floatfloatfloat"} \
         <= used, used
+
+
+@pytest.mark.parametrize("half", [False, True], ids=["fp32", "fp16"])
+def test_kdb_serves_last_axis_softmaxes_through_the_readme_commands(tmp_path: Path, half: bool):
+    """Attention's softmax and a classifier's: extracted, generated (a block per row), injected under OpType Dot with
+    Softmax's identifier, and run by the compiled code. With the empty DB the same nodes run NNFusion's own softmax
+    (ONNX Runtime's warp softmax, launched from a host function): kdb nnfusion says so instead of skipping them."""
+    pytest.importorskip("tvm")
+    from conftest import run_kdb
+
+    g = GraphBuilder({"q": [1, 2, 8, 16]})
+    scores = g.node("MatMul", ["q", g.weight("k", [1, 2, 16, 8])], "scores")
+    probs = g.node("Softmax", [scores], "probs", axis=-1)
+    context = g.node("MatMul", [probs, g.weight("v", [1, 2, 8, 16])], "context")
+    logits = g.node("Reshape", [context, g.constant("flat", [1, 256])], "logits")
+    write(g.model(g.node("Softmax", [logits], "classes", axis=1), "attn"), tmp_path / "m.onnx")
+    env = {"KDB_STATE_DIR": str(tmp_path / "state"), "KDB_CONFIG": str(tmp_path / "settings.toml")}
+    model = "m.onnx"
+    if half:
+        proc = run_kdb("model", "fp16", "m.onnx", "m16.onnx", cwd=tmp_path, env=env)
+        assert proc.returncode == 0, proc.stderr[-1500:]
+        model = "m16.onnx"
+    dtype = "half" if half else "float"
+    steps = [("opconfig", "extract", model, "-o", "ops.txt"),
+             ("codegen", "ops.txt", "-o", "k.json", "--arch", "sm_90", "--db", "k.db"), ("inject", "k.json", "--db",
+                                                                                        "k.db")]
+    for step in steps:
+        proc = run_kdb(*step, cwd=tmp_path, env=env)
+        assert proc.returncode == 0, (step, proc.stdout[-1500:], proc.stderr[-1500:])
+    lines = (tmp_path / "ops.txt").read_text().splitlines()
+    assert {f"cudnn_softmax_op_{dtype}|i+1_2_8_8|o+1_2_8_8", f"cudnn_softmax_op_{dtype}|i+1_256|o+1_256"} <= set(lines)
+    softmaxes = {f"Softmax1,2,8,8;1,2,8,8{dtype}{dtype}", f"Softmax1,256;1,256{dtype}{dtype}"}
+    with sqlite3.connect(tmp_path / "k.db") as db:
+        rows = dict(db.execute("SELECT Identifier, OpType FROM KernelCache WHERE Identifier LIKE 'Softmax%'"))
+    assert rows == dict.fromkeys(softmaxes, "Dot")
+
+    def compiled(db: str) -> dict:
+        proc = run_kdb("nnfusion", model, "--db", db, "--nnfusion", str(COMPILER), "--json", cwd=tmp_path, env=env)
+        report = json.loads(proc.stdout)
+        assert proc.returncode == 0 and report["ok"], (report["reason"], report.get("broken_promises"))
+        return report
+
+    report = compiled("k.db")
+    used = {e["identifier"] for e in report["coverage"] if e["row"] and e["row"]["key"] in
+            report["usage"]["db_rows_used"]}
+    assert softmaxes <= used, used
+    empty = compiled("empty.db")["usage"]
+    runs = {part["node"]: part["runs"] for step in empty["steps"] for part in step["parts"]}
+    assert runs["probs_out"] == runs["classes_out"] == "NNFusion's kernel", runs

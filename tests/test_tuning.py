@@ -145,11 +145,13 @@ def test_the_cuda_design_space_drops_async_pipelines_and_keeps_metaschedules_rul
     "cudnn_maxpool_op_float|i+1_8_16_16|o+1_8_8_8|win+2_2|ws+2_2|pb+0_0|pa+0_0",
     "cudnn_avgpool_op_float|i+1_32_28_28|o+1_32_28_28|win+3_3|ws+1_1|pb+1_1|pa+1_1",
     "cudnn_avgpool_op_float|i+1_512_7_7|o+1_512_1_1|win+7_7|ws+1_1|pb+0_0|pa+0_0",  # ResNet-18's
+    "cudnn_softmax_op_float|i+1_12_128_128|o+1_12_128_128",  # BERT's attention
+    "cudnn_softmax_op_half|i+2_1000|o+2_1000",
 ])
-def test_every_cuda_design_space_of_a_pool_builds_into_one_kernel(line: str):
+def test_every_cuda_design_space_of_a_pool_or_softmax_builds_into_one_kernel(line: str):
     """topi's pool ended in a stage after its reduction (a copy; the average's division) that MetaSchedule
     bound apart: two kernels per schedule, so a whole tuning of ResNet-18's MaxPool on the H200 gave nothing
-    a DB row could hold."""
+    a DB row could hold. A softmax's two reductions: most of MetaSchedule's spaces launch a kernel for each."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
@@ -188,6 +190,19 @@ def test_the_cuda_design_space_drops_cross_thread_reductions_shorter_than_a_warp
     assert sum(map(spreads_a_short_reduction_over_threads, every)) == dropped
     assert len(ours) == kept == len(every) - dropped
     assert not any(map(spreads_a_short_reduction_over_threads, ours))
+
+
+def test_the_cuda_design_space_of_a_softmax_keeps_only_its_one_kernel_schedule():
+    from tvm.s_tir import meta_schedule as ms
+
+    from core.codegen.generate import cuda_target, prim_func_module
+    from core.tuning.space import launches, self_contained_cuda_space
+
+    mod, _ = prim_func_module(parse_line("cudnn_softmax_op_float|i+1_12_128_128|o+1_12_128_128", "softmax"))
+    generator = self_contained_cuda_space()
+    context = ms.TuneContext(mod=mod, target=cuda_target("sm_90"), space_generator=generator, task_name="t")
+    assert sorted(map(launches, generator.inner.generate_design_space(mod))) == [1, 2, 3, 3]  # a kernel a stage
+    assert list(map(launches, context.space_generator.generate_design_space(mod))) == [1]
 
 
 def test_a_rank_3_dot_tunes_the_2d_gemm_workload_in_a_work_dir_of_its_own(tmp_path: Path):

@@ -68,11 +68,11 @@ COMPILER_FAULTS = {
 BLOCKERS_REWRITTEN = {"nasnet_cell": ("b3_avg_b", "b2_avg")}
 
 ATTENTION_BMM = ("BatchMatMul6,197,64;6,64,197;6,197,197floatfloatfloat",
-                 "BatchMatMul6,197,197;6,197,64;6,197,64floatfloatfloat")
+                 "BatchMatMul6,197,197;6,197,64;6,197,64floatfloatfloat", "Softmax6,197,197;6,197,197floatfloat")
 # Ops each network must run from the DB, beyond "some" (an identifier as the compiler looks it up).
 MUST_RUN_FROM_DB = {
     "bert_encoder": ("Dot1,128,768;768,768;1,128,768floatfloatfloat", "Dot1,128,768;768,3072;1,128,3072floatfloatfloat",
-                     "Dot1,128,3072;3072,768;1,128,768floatfloatfloat"),
+                     "Dot1,128,3072;3072,768;1,128,768floatfloatfloat", "Softmax1,12,128,128;1,12,128,128floatfloat"),
     "lstm": ("Dot1,256;256,1024;1,1024floatfloatfloat",),
     "alexnet": ("Dot1,9216;4096,9216;1,4096floatfloatfloat",),
     # 1-D convs and pools are looked up 1-D; the global pool as the importer reshapes it, N,C,L,1 (op/pool.hpp)

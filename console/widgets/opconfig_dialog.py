@@ -27,6 +27,8 @@ TEMPLATES: dict[str, str] = {
     "Convolution + Add + Relu":
         "cudnn_convolution_op_float|i+1_64_56_56|w+64_64_3_3|o+1_64_56_56|ws+1_1|wd+1_1|p+1_1|fuse+add_relu",
     "Dot": "cublas_dot_op_float|a+1_512|b+512_1000|o+1_1000|ta+0|tb+0",
+    "BatchMatMul": "cublas_batch_matmul_op_float|a+1_12_128_64|b+1_12_64_128|o+1_12_128_128",
+    "Softmax": "cudnn_softmax_op_float|i+1_12_128_128|o+1_12_128_128",
     "MaxPool": "cudnn_maxpool_op_float|i+1_64_112_112|o+1_64_56_56|win+3_3|ws+2_2|pb+1_1|pa+1_1",
     "AvgPool": "cudnn_avgpool_op_float|i+1_512_7_7|o+1_512_1_1|win+7_7|ws+7_7|pb+0_0|pa+0_0",
     "Relu": "elementwise_relu_op_float|i+1_64_56_56|o+1_64_56_56",
@@ -34,8 +36,9 @@ TEMPLATES: dict[str, str] = {
 }
 DEFAULT_TEMPLATE = TEMPLATES["Convolution"]
 
-FIELDS_HINT = ("convolution i+ w+ o+ ws+ wd+ p+ [pa+ g+ fuse+relu|add_relu] · dot a+ b+ o+ ta+ tb+ · "
-               "pools i+ o+ win+ ws+ pb+ pa+ · element-wise one i+ per input, o+ · shapes as 1_64_56_56")
+FIELDS_HINT = ("convolution i+ w+ o+ ws+ wd+ p+ [pa+ g+ fuse+relu|add_relu] · dot a+ b+ o+ ta+ tb+ · batch matmul "
+               "a+ b+ o+ · pools i+ o+ win+ ws+ pb+ pa+ · softmax (last axis) i+ o+ · element-wise one i+ per input, "
+               "o+ · shapes as 1_64_56_56")
 
 
 def check_line(line: str, taken: Mapping[str, int]) -> tuple[OpConfig | None, str]:

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from core.errors import InputError
-from core.kernels.ops import BATCH_MATMUL, CONV_FAMILY, POOLS
+from core.kernels.ops import BATCH_MATMUL, CONV_FAMILY, POOLS, SOFTMAX
 from core.opconfigs.opconfig import OpConfig, planar
 
 TOLERANCE = 1e-4  # the fp32 floor of tolerance(): relative error (max |a-b| / max |b|) allowed against fp64 numpy
@@ -32,6 +32,8 @@ def reduction_length(config: OpConfig) -> int:
         return config.matrix_dims()[1]
     if config.op_type in POOLS:
         return math.prod(p["window_shape"])
+    if config.op_type == SOFTMAX:  # each row's sum of exponentials
+        return p["input_shape"][-1]
     return 1
 
 
@@ -143,6 +145,7 @@ _ELEMENTWISE = {
 _INPUT_RANGES = {
     **dict.fromkeys(["Log", "Sqrt", "Rsqrt", "Power", "PowerBackwardBase", "PowerBackwardExponent"], (0.1, 2.0)),
     **dict.fromkeys(["Relu6", "Relu6Backprop"], (-8.0, 8.0)),
+    "Softmax": (-8.0, 8.0),  # exponents far apart: a kernel that forgets the row's max overflows or loses terms
 }
 
 
@@ -170,6 +173,10 @@ def reference(config: OpConfig, arrays: list[np.ndarray]) -> np.ndarray:
         m, k, n = config.matrix_dims()
         a, b = xs[0].reshape(config.batch, m, k), xs[1].reshape(config.batch, k, n)
         return np.matmul(a, b).reshape(p["out_shape"])
+    if op == SOFTMAX:
+        x = xs[0].reshape(p["input_shape"])
+        e = np.exp(x - x.max(axis=-1, keepdims=True))
+        return e / e.sum(axis=-1, keepdims=True)
     if op in POOLS:
         return _pool(xs[0].reshape(p["input_shape"]), op, p["window_shape"], p["window_stride"], p["padding_below"],
                      p["padding_above"])

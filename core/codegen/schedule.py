@@ -10,6 +10,10 @@ reduction among several threads instead, summed across them by TVM's cross-threa
 thread per output left the GPU nearly idle while each thread walked its whole reduction alone (issue 39: a global
 AvgPool over 112x112 ran 161x cuDNN's time; measured on an H100 in bench/results/h100/session20).
 
+Several reductions over the same rows (a softmax: each row's max, then its sum of exponentials, then the output)
+take one block of threads per row (_block_per_row): each reduction is computed at the row, its value in shared
+memory, the sum across the threads lowered by TVM; the element-wise stages between inline into their readers.
+
 Loops are told apart by TVM's own block analysis: the iter type of the block var each loop feeds (data parallel or
 reduction), read from the block's bindings.
 """
@@ -43,13 +47,14 @@ def default_schedule(mod: Any, threads: int = THREADS, *, bind: bool = True) -> 
     out = outputs[0]
     blocks = list(sch.get_child_blocks(root))
     reductions = [b for b in blocks if is_reduction(sch, b)]
-    if len(reductions) > 1:
-        raise InputError(f"{len(reductions)} reductions: the default schedule handles one")
     for block in reversed(blocks):  # consumers first, so each producer inlines into what is left
         if not _same(sch, block, out) and not any(_same(sch, block, r) for r in reductions):
             sch.compute_inline(block)
     if not reductions:
         _over_threads(sch, list(sch.get_loops(out)), threads, bind)
+        return sch.mod
+    if len(reductions) > 1:
+        _block_per_row(sch, out, reductions, bind)
         return sch.mod
     red = reductions[0]
     if _same(sch, red, out):  # accumulate in a register; the new output block stores it once
@@ -116,6 +121,32 @@ def _block_per_output(sch: Any, red: Any, out: Any, spatial: list[Any], reduce: 
         sch.bind(lanes, "threadIdx.x")
     if not _same(sch, red, out):  # the epilogue (ReLU, the bias add) runs once per block, after the sum
         sch.reverse_compute_at(out, outputs)
+
+
+def _block_per_row(sch: Any, out: Any, reductions: list[Any], bind: bool) -> None:
+    """Rows (the output's leading axes) over blocks, the row's last axis over the block's threads; each reduction
+    (a row's max, its sum) computed at the row by all its threads, kept in shared memory for the rest of the row."""
+    loops = list(sch.get_loops(out))
+    width = int(sch.get(loops[-1]).extent)
+    for red in reductions:
+        kinds = [kind for _, kind in loop_kinds(sch, red)]
+        reduced = _extent(sch, [loop for loop, kind in loop_kinds(sch, red) if kind == "R"])
+        if kinds[-1] != "R" or reduced != width or _extent(sch, loops[:-1]) != _extent(
+                sch, [loop for loop, kind in loop_kinds(sch, red) if kind == "S"]):
+            raise InputError(f"{len(reductions)} reductions that are not each over the output's last axis: the "
+                             "default schedule handles one reduction, or several over the same rows")
+    row = sch.fuse(*loops[:-1]) if len(loops) > 1 else sch.add_unit_loop(out)
+    threads = reduction_threads(width) if width >= CROSS_THREAD_MIN_REDUCTION else 32 * -(-min(width, THREADS) // 32)
+    _, lanes = sch.split(loops[-1], [None, threads])
+    if bind:
+        sch.bind(row, "blockIdx.x")
+        sch.bind(lanes, "threadIdx.x")
+    for red in reversed(reductions):  # the last one first: compute_at needs its consumers placed
+        sch.compute_at(red, row)
+        sch.set_scope(red, 0, "shared")
+        _, red_lanes = sch.split(sch.get_loops(red)[-1], [None, threads])
+        if bind:
+            sch.bind(red_lanes, "threadIdx.x")
 
 
 def _innermost_axis_is_spatial(sch: Any, block: Any) -> bool:

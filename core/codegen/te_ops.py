@@ -13,7 +13,7 @@ import functools
 from typing import Any
 
 from core.errors import InputError
-from core.kernels.ops import BATCH_MATMUL, CONV_FAMILY, ELEMENTWISE_NO_ROW, POOLS
+from core.kernels.ops import BATCH_MATMUL, CONV_FAMILY, ELEMENTWISE_NO_ROW, POOLS, SOFTMAX
 from core.opconfigs.opconfig import OpConfig, planar
 
 # Bumped when an op's definition changes its TVM workload: a tuning work dir holds one workload's trials, so
@@ -76,6 +76,9 @@ def define(config: OpConfig) -> tuple[list[Any], Any]:
     elif op in POOLS:
         data = te.placeholder(tuple(p["input_shape"]), dtype, name="input0")
         inputs, out = [data], _pool(data, p, op)
+    elif op == SOFTMAX:
+        data = te.placeholder(tuple(p["input_shape"]), dtype, name="input0")
+        inputs, out = [data], _softmax(data)
     else:
         shapes = p.get("input_shapes") or [p["input_shape"]]
         inputs = [te.placeholder(tuple(s), dtype, name=f"input{i}") for i, s in enumerate(shapes)]
@@ -97,6 +100,23 @@ def tvm_dtype(config: OpConfig) -> str:
         raise InputError(f"kdb generates float and half kernels; this {config.op_type} op config is "
                          f"{config.dtype}", where=config.source)
     return TVM_DTYPES[config.dtype]
+
+
+def _softmax(data: Any) -> Any:
+    """Softmax over the last axis: each row's max and its sum of exp(x - max), both in float32 whatever the element
+    type (NNFusion's own half softmax, ONNX Runtime's dispatch_softmax_forward<half, half, float>, accumulates in
+    float: a half sum of a thousand terms would lose its last digits), then exp(x - max) / sum in the element type.
+    Two reductions over the same rows: core/codegen/schedule.py gives each row a block of threads."""
+    from tvm import te
+
+    *rows, width = (int(d) for d in data.shape)
+    k = te.reduce_axis((0, width), name="k")
+    row_max = te.compute(tuple(rows), lambda *r: te.max(data[(*r, k)].astype("float32"), axis=k), name="row_max")
+    j = te.reduce_axis((0, width), name="j")
+    row_sum = te.compute(tuple(rows), lambda *r: te.sum(te.exp(data[(*r, j)].astype("float32") - row_max[r]), axis=j),
+                         name="row_sum")
+    return te.compute(data.shape, lambda *i: (te.exp(data[i].astype("float32") - row_max[i[:-1]])
+                                              / row_sum[i[:-1]]).astype(data.dtype), name="output0")
 
 
 def _pool(data: Any, p: dict[str, Any], op: str) -> Any:

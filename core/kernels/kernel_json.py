@@ -24,7 +24,15 @@ from typing import Any
 
 from core.cuda.nvcc import MAX_THREADS_PER_BLOCK
 from core.errors import InputError
-from core.kernels.ops import BATCH_MATMUL, CONV_FAMILY, ELEMENTWISE_ARITY, INJECTABLE_OP_TYPES, POOLS, dtype_problem
+from core.kernels.ops import (
+    BATCH_MATMUL,
+    CONV_FAMILY,
+    ELEMENTWISE_ARITY,
+    INJECTABLE_OP_TYPES,
+    POOLS,
+    SOFTMAX,
+    dtype_problem,
+)
 from core.kernels.opsig import ConvParams, DotParams, OpSignature, PoolParams, Shape
 
 MAX_FILE_BYTES = 64 * 1024 * 1024
@@ -248,6 +256,8 @@ def validate_item(item: Any) -> KernelSpec:
         op = _dot(params, dtype, warnings)
     elif op_type == BATCH_MATMUL:
         op = _batch_matmul(params, dtype)
+    elif op_type == SOFTMAX:
+        op = _softmax(params, dtype)
     else:
         op = _elementwise(op_type, params, dtype)
     if tensor_math:
@@ -377,6 +387,20 @@ def _batch_matmul(params: dict[str, Any], dtype: str) -> OpSignature:
         raise _fail("parameters.out_shape", f"{list(out)} does not follow from {list(a)} x {list(b)} "
                     f"(expected {list(want)})")
     return OpSignature(BATCH_MATMUL, (a, b), (out,), None, dtype)
+
+
+def _softmax(params: dict[str, Any], dtype: str) -> OpSignature:
+    """NNFusion's Softmax over the last axis (ops.SOFTMAX): one input, an output of its shape."""
+    data = _shape(params, "input_shape")
+    out = _shape(params, "output_shape", rank=len(data))
+    if out != data:
+        raise _fail("parameters.output_shape", f"{list(out)} differs from input_shape {list(data)} (a softmax keeps "
+                    "its input's shape)")
+    for key in ("axis", "axes"):
+        if key in params:
+            raise _fail(f"parameters.{key}", "a kdb Softmax is over the last axis, and NNFusion's identifier cannot "
+                        "say another: leave it out")
+    return OpSignature(SOFTMAX, (data,), (out,), None, dtype)
 
 
 def _batched_rows_dot(a: Shape, b: Shape, out: Shape, ta: bool, tb: bool, dtype: str) -> OpSignature:

@@ -54,12 +54,15 @@ SUPPORTED_OP_TYPES: frozenset[str] = frozenset(
 # Ops outside the SupportOpList that the compiler still fetches by identifier, and the OpType their rows carry: its
 # fetch_all drops a fetch only for a row's OpType column, and kernel selection matches the identifier alone
 # (docs/NNFUSION-RULES.md, "The OpType column gates a fetch"). A BatchMatMul (an ONNX MatMul of a right operand of
-# rank > 2) is served by a row of OpType Dot under BatchMatMul's identifier.
+# rank > 2) is served by a row of OpType Dot under BatchMatMul's identifier, and a Softmax alike.
 BATCH_MATMUL = "BatchMatMul"
-ROW_OP_TYPE: dict[str, str] = {BATCH_MATMUL: "Dot"}
+# A Softmax over its last axis: the identifier carries no axis (kernel_emitter.cpp's generate_identifier), so kdb's
+# rows serve the last axis only, the one attention and classifiers take (core/opconfigs/onnx_extract.py)
+SOFTMAX = "Softmax"
+ROW_OP_TYPE: dict[str, str] = {BATCH_MATMUL: "Dot", SOFTMAX: "Dot"}
 
 # Op types the injection pipeline can turn into rows (Matched_Pattern has no kernel-JSON form).
-INJECTABLE_OP_TYPES: tuple[str, ...] = (*CONV_FAMILY, "Dot", BATCH_MATMUL, *POOLS, *ELEMENTWISE_ARITY)
+INJECTABLE_OP_TYPES: tuple[str, ...] = (*CONV_FAMILY, "Dot", BATCH_MATMUL, *POOLS, SOFTMAX, *ELEMENTWISE_ARITY)
 # Matrix products (the tensor cores' ops; a TF32 run's)
 MATRIX_OP_TYPES = (*CONV_FAMILY, "Dot", BATCH_MATMUL)
 
@@ -127,7 +130,7 @@ def parameter_order(op_type: str) -> ParameterOrder:
         return ParameterOrder(("input0", "input1", "output0", "input2"))
     if op_type in MATRIX_OP_TYPES:
         return ParameterOrder(("input0", "input1", "output0"))
-    if op_type in POOLS:
+    if op_type in (*POOLS, SOFTMAX):
         return ParameterOrder(("input0", "output0"))
     if op_type in ELEMENTWISE_ARITY:
         n = ELEMENTWISE_ARITY[op_type]

@@ -24,6 +24,9 @@ _HOST_DEFINITION = re.compile(r"^(?:extern )?void (\w+)\(", re.MULTILINE)
 _STEP = re.compile(r"^\s*// name=(\S+)\s*\n(\s*//\s*eliminated:.*|[^\n]*)", re.MULTILINE)
 _CALLEE = re.compile(r"^\s*(\w+)\(")
 _LIBRARY_CALL = re.compile(r"\b(cudnn\w+|cublas\w+)\s*\(")
+# A host function that launches a kernel of NNFusion's own: its Softmax of rows up to 1024 elements calls ONNX
+# Runtime's warp softmax (kernels/cuda_gpu/kernels/softmax.cpp); longer rows go to cudnnSoftmaxForward
+_OWN_KERNEL_LAUNCH = re.compile(r"\bdispatch_softmax_forward\s*<")
 _BLOCK_MEMBER = re.compile(r"_cuda_(\w+?)_block_kernel$")
 # A body this short can be anyone's (`output0[i] = input0[i];`): too little to tell a DB row by.
 MIN_BODY_CHARS = 24
@@ -244,6 +247,8 @@ def _step(node: str, statement: str, functions: dict[str, Function]) -> Step:
     calls = _LIBRARY_CALL.findall(function.body)
     if function.kind == "host" and calls:
         return Step(node, name, LIBRARY, library="cuDNN" if calls[0].startswith("cudnn") else "cuBLAS")
+    if function.kind == "host" and _OWN_KERNEL_LAUNCH.search(function.body):
+        return Step(node, name, KERNEL)
     if function.kind == "host":
         return Step(node, name, HOST)
     calls = tuple(m for m in re.findall(r"\b(\w+_block_kernel)\s*\(", function.body) if m in functions)

@@ -183,6 +183,36 @@ def _split(node: Any, attrs: dict[str, Any], shapes: Shapes) -> str:
     return ""
 
 
+def softmax_axis(node: Any, attrs: dict[str, Any], shape: list[int] | None) -> int | None:
+    """The axis NNFusion's importer gives a Softmax (frontend/onnx_import/op/softmax.cpp: `axis`, -1 when absent,
+    whatever the opset), counted from 0; None when the input's rank is unknown."""
+    if shape is None:
+        return None
+    axis = int(attrs.get("axis", -1))
+    return axis + len(shape) if axis < 0 else axis
+
+
+def _softmax(node: Any, attrs: dict[str, Any], shapes: Shapes) -> str:
+    shape = shapes.get(node.input[0]) if node.input else None
+    axis = softmax_axis(node, attrs, shape)
+    if axis is None or shape is None or axis == len(shape) - 1:
+        return ""
+    return (f"Softmax over axis {axis} of a rank-{len(shape)} input: NNFusion's Softmax takes the last axis only and "
+            "aborts ('softmax only support computing on the last dim', core/operators/op_define/softmax.cpp); "
+            "transpose the axis last around it")
+
+
+def softmax_axis_ignored(node: Any, shapes: Shapes, opset: int) -> str:
+    """A Softmax of opset < 13 without an axis attribute on an input of rank > 2: ONNX means axis 1, the axes from it
+    on as one row; NNFusion's importer takes the last axis (another network, no abort). '' when they agree."""
+    shape = shapes.get(node.input[0]) if node.op_type == "Softmax" and node.input else None
+    if shape is None or opset >= 13 or "axis" in _attributes(node) or len(shape) <= 2:
+        return ""
+    return (f"Softmax of opset {opset} without an axis on a {shape} input: ONNX means axis 1 with every axis after it "
+            "in one softmax, NNFusion's importer takes the last axis alone (op/softmax.cpp reads -1 when the "
+            "attribute is absent): the compiled network is not the model's; write axis out, or export at opset 13")
+
+
 def split_sizes_ignored(node: Any, shapes: Shapes) -> str:
     """A Split whose parts are unequal by a sizes input (opset 13 on): the importer never reads it and cuts equal
     parts (another network, no abort); '' when it cuts what the model asks."""
@@ -211,7 +241,7 @@ def _no_cuda_kernel(node: Any, attrs: dict[str, Any], shapes: Shapes) -> str:
 # Seen with the compiler (tests/test_nnfusion_import.py); each check says why the node cannot compile, '' when it can.
 BLOCKERS: dict[str, Callable[[Any, dict[str, Any], Shapes], str]] = {
     "Flatten": _flatten, "Gemm": _gemm, "Unsqueeze": _unsqueeze, "Dropout": _dropout, "Conv": _conv,
-    "AveragePool": _average_pool, "Pad": _pad, "Split": _split,
+    "AveragePool": _average_pool, "Pad": _pad, "Split": _split, "Softmax": _softmax,
     "GRU": _crashes("GRU: the importer aborts in its translator (a protobuf CHECK on the node's inputs)"),
     "Upsample": _crashes("Upsample: the importer crashes on it (segmentation fault); export Resize instead"),
     "ConvTranspose": _no_cuda_kernel, "LSTM": _no_cuda_kernel, "Resize": _no_cuda_kernel,
@@ -223,6 +253,8 @@ class ShapeWarning(NamedTuple):
 
     node: str
     text: str
+    kind: str = "wrong shape"  # or "wrong numbers": the shapes hold, the math is another
+
 
 
 def import_blockers(model: Any) -> list[Blocker]:
@@ -245,8 +277,12 @@ def import_faults(model: Any) -> tuple[list[Blocker], list[ShapeWarning]]:
     pooled, warnings = _AveragePoolShapes(model, shapes, opsets[""]).run(blocked)
     for i, node in enumerate(model.graph.node):
         name = node.name or f"{node.op_type}#{i}"
-        if name not in blocked and (said := split_sizes_ignored(node, shapes)):
+        if name in blocked:
+            continue
+        if said := split_sizes_ignored(node, shapes):
             warnings.append(ShapeWarning(name, said))
+        if said := softmax_axis_ignored(node, shapes, opsets[""]):
+            warnings.append(ShapeWarning(name, said, "wrong numbers"))
     return sorted(found + pooled, key=lambda b: _order(model, b.node)), warnings
 
 

@@ -83,6 +83,8 @@ class _Builder:
             return self._batch_matmul()
         if op in ("MaxPool", "AvgPool"):
             return self._pool(op)
+        if op == "Softmax":  # over the last axis, the only one NNFusion's Softmax takes
+            return self._node("Softmax", [self._input(self.params["input_shape"])], axis=-1)
         if op in ELEMENTWISE_ONNX:
             shapes = self.params["input_shapes"]
             return self._node(ELEMENTWISE_ONNX[op], [self._input(s) for s in shapes])

@@ -60,7 +60,14 @@ from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 from core.errors import InputError
-from core.kernels.ops import BATCH_MATMUL, ELEMENTWISE_ARITY, ELEMENTWISE_NO_ROW, FUSED_OP_TYPES, UNSERVED_DTYPES
+from core.kernels.ops import (
+    BATCH_MATMUL,
+    ELEMENTWISE_ARITY,
+    ELEMENTWISE_NO_ROW,
+    FUSED_OP_TYPES,
+    SOFTMAX,
+    UNSERVED_DTYPES,
+)
 from core.opconfigs.fusion import (
     BROADCAST,
     ELEMENTWISE,
@@ -78,6 +85,7 @@ from core.opconfigs.nnfusion_import import (
     depthwise_padding_ok,
     grouped_conv_reason,
     import_faults,
+    softmax_axis,
 )
 from core.opconfigs.opconfig import OpConfig, dedupe, validate
 
@@ -225,7 +233,7 @@ def extract(path: Path | str, flags: LookupFlags | None = None) -> Extraction:
                           "schedule, connected or not; kdb replays that schedule on its model of the graph, which the "
                           "real compiler was checked against at levels 0 and 3 only"))
     blockers, wrong_shapes = import_faults(model)
-    notes += [Note(w.node, f"wrong shape: {w.text}") for w in wrong_shapes]
+    notes += [Note(w.node, f"{w.kind}: {w.text}") for w in wrong_shapes]
     return Extraction(graph.name or path.stem, len(graph.node), dedupe(c for c, _ in extractor.ops), dict(nodes),
                       extractor.unmapped, notes, blockers, tuple(model_graph), tuple(outputs), level, substitution)
 
@@ -413,9 +421,7 @@ class _Extractor:
         elif op == "BatchNormalization":
             raise _NotMapped("no kernel-DB op type (fold it into the convolution before export)")
         elif op == "Softmax":
-            raise _NotMapped("NNFusion fetches its Softmax identifier, and a row under a supported OpType would be "
-                             "used (engine/cache/manager.cpp gates a fetch on the OpType column only, "
-                             "docs/NNFUSION-RULES.md); kdb generates no Softmax kernel yet")
+            self._softmax(i, node)
         else:
             raise _NotMapped("no kernel-DB op type")
 
@@ -699,6 +705,16 @@ class _Extractor:
             self._emit_elementwise("Divide", [reduced, reduced], reduced, dtype, f"{self.names[i]}/mean")
         raise _NotMapped("its Sum is a reduction, which the kernel DB of NNFusion's main branch has no op type for "
                          "(the Divide by the count that follows it is an op config of its own)")
+
+    def _softmax(self, i: int, node: Any) -> None:
+        """NNFusion's Softmax, always over the last axis (op_define/softmax.cpp aborts on any other: a blocker), so
+        its identifier needs no axis: Softmax<in>;<out><types>."""
+        x, y = node.input[0], node.output[0]
+        shape = self.t.shape(x)
+        if softmax_axis(node, _attrs(node), shape) != len(shape) - 1:
+            raise _NotMapped("not over the last axis: NNFusion aborts on it (op_define/softmax.cpp)")
+        params = {"input_shape": shape, "output_shape": self.t.shape(y)}
+        self._emit(OpConfig(SOFTMAX, params, 1, self.t.dtype([x, y]), source=self.names[i]), [i])
 
     def _clip(self, i: int, node: Any) -> None:
         """NNFusion's Clip: Maximum(x, min) then Minimum(max, that), each bound a broadcast scalar."""

@@ -11,6 +11,9 @@ of threads (a 3x3 max pool: 9 elements, threads 4-512), one output per block: mo
 blocks for ResNet-18's max pool. It is never competitive, yet on the H200 (session 8) the search took it for
 that pool: 125 us against cuDNN's 8.4. Those design spaces are dropped too; a reduction of a warp or more
 (a global average pool: 49) keeps them, and there they win (0.49x cuDNN).
+
+Of an op of several reductions (a softmax: a row's max, then its sum), MetaSchedule's spaces mostly launch a kernel
+per reduction (3 of the 4 for a softmax); only the one that computes both inside the output's kernel is kept.
 """
 
 from __future__ import annotations
@@ -25,6 +28,27 @@ WARP = 32
 def uses_async_pipeline(schedule: Any) -> bool:
     return any(inst.kind.name == "Annotate" and str(inst.attrs[0]) == ASYNC_ANNOTATION
                for inst in schedule.trace.insts)
+
+
+def launches(schedule: Any) -> int:
+    """How many kernels the scheduled function launches: the loop nests at its top level bound to blocks. A row holds
+    one; MetaSchedule's spaces for an op of several reductions (a softmax) mostly launch one per reduction."""
+    import tvm_ffi
+    from tvm import tirx
+
+    body = schedule.mod["main"].body
+    stmt = body.block.body if hasattr(body, "block") else body
+    count = 0
+    for nest in (list(stmt.seq) if isinstance(stmt, tirx.SeqStmt) else [stmt]):
+        bound: list[bool] = []
+
+        def visit(node: Any, bound: list[bool] = bound) -> None:
+            if node.kind == tirx.ForKind.THREAD_BINDING and str(node.thread_binding.thread_tag).startswith("blockIdx"):
+                bound.append(True)
+
+        tvm_ffi.structural_walk(nest, [(tirx.For, visit)])
+        count += bool(bound)
+    return count
 
 
 def spreads_a_short_reduction_over_threads(schedule: Any) -> bool:
@@ -128,7 +152,7 @@ def self_contained_cuda_space() -> Any:
             if spaces and all(map(uses_dynamic_shared_memory, spaces)):
                 spaces = (self.simt_half if is_half_workload(mod) else self.simt).generate_design_space(mod)
             return [s for s in spaces if not uses_async_pipeline(s) and not spreads_a_short_reduction_over_threads(s)
-                    and not uses_dynamic_shared_memory(s)]
+                    and not uses_dynamic_shared_memory(s) and launches(s) == 1]
 
         def clone(self) -> Any:
             return SelfContainedCudaSpace()
