@@ -6,10 +6,10 @@
 `build` writes each case's kernel as `kdb codegen` generates it ("now"), and as the default schedule was before few
 outputs with a long reduction were shared among a block's threads ("thread per output"), with a C launcher each, into
 one shared library (nvcc, sm_90, static cudart). `time` runs them and PyTorch's call on the same data (fp32, TF32
-off): cuBLAS for the Dots, cuDNN for the convolutions, and for the pools PyTorch's own pooling kernel and its
-mean/amax reduction, the faster of the two taken (NNFusion calls cuDNN's pooling, which this does not run). Each is
-captured in a CUDA graph of 20 launches; the figure is the median of 15 replays divided by 20. Errors are against
-PyTorch's result in float64.
+off): cuBLAS for the Dots, cuDNN for the convolutions, torch.softmax for the softmaxes, and for the pools PyTorch's
+own pooling kernel and its mean/amax reduction, the faster of the two taken (NNFusion calls cuDNN's pooling, which
+this does not run). Each is captured in a CUDA graph of 20 launches; the figure is the median of 15 replays divided
+by 20. Errors are against PyTorch's result in float64.
 """
 
 from __future__ import annotations
@@ -37,6 +37,11 @@ CASES = {
     "conv1x1_512to128_7x7": f"{CONV}|i+1_512_7_7|w+128_512_1_1|o+1_128_7_7|ws+1_1|wd+1_1|p+0_0",
     "conv1x1_1024to256_14x14": f"{CONV}|i+1_1024_14_14|w+256_1024_1_1|o+1_256_14_14|ws+1_1|wd+1_1|p+0_0",
     "conv3x3_512to512_7x7": f"{CONV}|i+1_512_7_7|w+512_512_3_3|o+1_512_7_7|ws+1_1|wd+1_1|p+1_1",
+    # a block of threads per row (schedule._block_per_row), against torch.softmax (NNFusion's empty DB runs ONNX
+    # Runtime's warp softmax for rows up to 1024, which this does not run)
+    "softmax_bert_12x128x128": "cudnn_softmax_op_float|i+1_12_128_128|o+1_12_128_128",
+    "softmax_vit_6x197x197": "cudnn_softmax_op_float|i+1_6_197_197|o+1_6_197_197",
+    "softmax_classifier_1x1000": "cudnn_softmax_op_float|i+1_1000|o+1_1000",
 }
 VARIANTS = {"now": None, "thread_per_output": 0}  # CROSS_THREAD_MAX_OUTPUTS for each (None: as shipped)
 REPS, ROUNDS = 20, 15
@@ -152,6 +157,9 @@ def _library_call(line: str):  # type: ignore[no-untyped-def]
         if "avgpool" in line:
             return [x], "torch avg_pool2d", lambda: F.avg_pool2d(x, shape[2:]), lambda: x.mean((2, 3))
         return [x], "torch max_pool2d", lambda: F.max_pool2d(x, shape[2:]), lambda: x.amax((2, 3))
+    if "softmax" in line:
+        x = torch.randn(_dims(line, "i+"), device="cuda")
+        return [x], "torch softmax", lambda: torch.softmax(x, -1), None
     if "dot" in line:
         a = torch.randn(_dims(line, "a+"), device="cuda")
         b = torch.randn(_dims(line, "b+"), device="cuda")
