@@ -60,8 +60,14 @@ def test_the_readme_pipeline_on_a_new_db_with_a_relative_out_checks_every_launch
     unbounded = [k for k in check["kernels"] if k["launch_bounds"] is None]
     assert unbounded and all(k["registers"] for k in unbounded), "a BlockFusion kernel was compiled and measured"
     assert (check["launches"], check["distinct_kernels"]) == entry_launches(project)
-    usage = report["usage"]  # cuBLAS calls are steps, not kernel launches
-    assert (usage["kernel_launches"], usage["distinct_kernels"]) == entry_launches(project)
+    usage = report["usage"]  # cuBLAS calls are steps, not kernel launches; NNFusion's softmax (a host function that
+    # launches ONNX Runtime's warp softmax) is one
+    steps = parse_generated((project / "nnfusion_rt.cu").read_text()).steps
+    softmaxes = [s.function for s in steps if s.kind == "kernel" and s.launch is None]
+    assert softmaxes and all(f.startswith("Softmax") for f in softmaxes)
+    launches, distinct = entry_launches(project)
+    assert (usage["kernel_launches"], usage["distinct_kernels"]) == (launches + len(softmaxes),
+                                                                     distinct + len(set(softmaxes)))
     assert usage["library_calls"].get("cuBLAS", 0) >= 3 and len(usage["steps"]) > usage["kernel_launches"]
 
 
@@ -151,3 +157,34 @@ def test_rows_with_one_body_are_told_apart_by_their_node_and_launch(tmp_path: Pa
     assert all(p["runs"] != DB_KERNEL for p in parts if not p["rows"])  # the Adds fused with a Relu
     coverage = json.loads(run_kdb("coverage", "adds.onnx", "--db", "k.db", "--json", cwd=tmp_path).stdout)
     assert coverage["summary"]["ops"]["in DB"] == report["usage"]["nodes_run_by"][DB_KERNEL] == 2
+
+
+def test_rows_nnfusion_dedupes_into_one_blockfusion_function_are_each_used_by_their_own_node(tmp_path: Path):
+    """Relus of [1,64,8,8] and [1,16,16,16]: two identifiers, the same flat body and launch. NNFusion emits one block
+    function for both ("Deduped function map: Relu_6 : Relu_4"), its comment naming the first node only; its
+    BlockFusion kernel calls it on each node's tensors. The promise check read the comment alone and reported the
+    second row promised but not in the code (exit 1); each call's tensors say which row it runs."""
+    pytest.importorskip("tvm")
+    from onnx_models import GraphBuilder
+
+    g = GraphBuilder({"x": [1, 64, 8, 8], "y": [1, 16, 16, 16]})
+    pooled = [g.node("MaxPool", [g.node("Relu", [x], f"relu_{x}")], f"pool_{x}", kernel_shape=[2, 2], strides=[2, 2])
+              for x in ("x", "y")]
+    flat = [g.node("Reshape", [p, g.constant(f"shape_{k}", [1, 1024])], f"flat_{k}") for k, p in enumerate(pooled)]
+    write(g.model(g.node("Sigmoid", [g.node("Add", flat, "sum")], "out"), "twins"), tmp_path / "twins.onnx")
+    assert run_kdb("settings", f"nnfusion_path={COMPILER}", cwd=tmp_path).returncode == 0
+    for step in (("opconfig", "extract", "twins.onnx", "-o", "ops.txt"),
+                 ("codegen", "ops.txt", "--inject", "--arch", "sm_90", "--db", "k.db", "--no-compile")):
+        proc = run_kdb(*step, cwd=tmp_path)
+        assert proc.returncode == 0, (step, proc.stderr[-1500:])
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "k.db") as db:
+        relus = {i: (k, json.loads(f)) for k, i, f in
+                 db.execute("SELECT Key, Identifier, Function FROM KernelCache WHERE Identifier LIKE 'Relu%'")}
+    assert len(relus) == 2 and len({f["block_function_body"] for _, f in relus.values()}) == 1  # twins
+    proc, report = run_kdb_json("nnfusion", "twins.onnx", "--db", "k.db", cwd=tmp_path, env=BARE_PATH)
+    assert proc.returncode == 0 and report["ok"], (report["reason"], report.get("broken_promises"))
+    assert set(report["promised"]) == set(report["usage"]["db_rows_used"]) >= {k for k, _ in relus.values()}
+    parts = [tuple(p["rows"]) for s in report["usage"]["steps"] for p in s["parts"] if p["node"].startswith("Relu")]
+    assert sorted(parts) == sorted((k,) for k, _ in relus.values())  # each node its own row, not both the first

@@ -74,6 +74,8 @@ class Step:
     # the node each call runs, by the tensor it writes (kernel_entry's argument for its output parameter); '' where
     # the code does not say
     call_nodes: tuple[str, ...] = ()
+    # the tensors each call reads and writes, as kernel_entry names them: (inputs, outputs); () where not said
+    call_tensors: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = ()
 
 
 @dataclass
@@ -81,6 +83,8 @@ class Generated:
     functions: dict[str, Function]
     steps: list[Step]
     normalized: dict[str, str] = field(default_factory=dict, repr=False)  # function -> body without whitespace
+    # each tensor's shape, from NNFusion's comments ("- name: Relu_6_0 type: float shape: Shape{1, 16, 16, 16}")
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict, repr=False)
 
     def library_calls(self) -> dict[str, int]:
         """cuDNN / cuBLAS statements in kernel_entry."""
@@ -102,6 +106,16 @@ class Generated:
         own = self.functions[function].launch if function in self.functions else None
         found = {s.launch for s in self.steps if s.function == function and s.launch is not None}
         return found | ({own} if own is not None else set())
+
+    def block_call_shapes(self, function: str) -> set[tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]]:
+        """The (input shapes, output shapes) of every BlockFusion call of this block function whose tensors are known:
+        the nodes it runs, the commented one and those NNFusion deduped onto it alike."""
+        found = set()
+        for step in self.steps:
+            for called, (ins, outs) in zip(step.calls, step.call_tensors, strict=False):
+                if called == function and all(t in self.shapes for t in (*ins, *outs)):
+                    found.add((tuple(self.shapes[t] for t in ins), tuple(self.shapes[t] for t in outs)))
+        return found
 
 
 def squash(text: str) -> str:
@@ -128,6 +142,8 @@ def parse_generated(source: str) -> Generated:
     entry = functions.get("kernel_entry")
     steps = [_step(m.group(1), m.group(2), functions) for m in _STEP.finditer(entry.body)] if entry else []
     generated = Generated(functions, steps)
+    generated.shapes = {name: tuple(int(d) for d in dims.replace(" ", "").split(",") if d)
+                        for name, dims in _NAMED_TENSOR.findall(source)}
     generated.normalized = {n: squash(f.body) for n, f in functions.items() if f.kind != "host" or n != "kernel_entry"}
     return generated
 
@@ -157,20 +173,26 @@ def _top_level_args(call: str) -> list[str]:
     return [*args, "".join(current).strip()] if open_at >= 0 else []
 
 
-def _call_nodes(kernel: Function, caller: Function | None, statement: str) -> tuple[str, ...]:
-    """For each block-function call of a BlockFusion kernel, the node it runs: the tensor its first output parameter
-    is bound to in kernel_entry's call of `caller` (a tensor is named <node>_<output index>); () where the call's
-    arguments are not the caller's parameters, '' for a call whose output cannot be read."""
+def _call_tensors(kernel: Function, caller: Function | None,
+                  statement: str) -> tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]:
+    """For each block-function call of a BlockFusion kernel, the tensors it reads and writes: its inputN / outputN
+    arguments bound through kernel_entry's call of `caller` (a tensor is named <node>_<output index>); () where the
+    call's arguments are not the caller's parameters, '' for a tensor that cannot be read."""
     entry_args = _top_level_args(statement)
     if caller is None or len(caller.params) != len(entry_args) or caller.params[-len(kernel.params):] != kernel.params:
         return ()
     offset = len(entry_args) - len(kernel.params)  # the _Call's launch parameters come first, then the kernel's
-    nodes = []
+
+    def bound(param: str) -> str:
+        at = kernel.params.index(param) + offset if param in kernel.params else -1
+        return entry_args[at] if 0 <= at < len(entry_args) else ""
+
+    calls = []
     for call in re.finditer(r"\b\w+_block_kernel\s*\([^;]*\);", kernel.body):
-        output = next((a for a in _top_level_args(call.group(0)) if re.fullmatch(r"output\d+", a)), None)
-        at = kernel.params.index(output) + offset if output in kernel.params else -1
-        nodes.append(re.sub(r"_\d+$", "", entry_args[at]) if 0 <= at < len(entry_args) else "")
-    return tuple(nodes)
+        args = _top_level_args(call.group(0))
+        calls.append((tuple(bound(a) for a in args if re.fullmatch(r"input\d+", a)),
+                      tuple(bound(a) for a in args if re.fullmatch(r"output\d+", a))))
+    return tuple(calls)
 
 
 def _body_after(source: str, start: int) -> str | None:
@@ -193,6 +215,7 @@ def _body_after(source: str, start: int) -> str | None:
 
 _NODE_NAME = re.compile(r"^// Node name:\s*(.*?)\s*$", re.MULTILINE)
 _TENSOR = re.compile(r"^//\s*- name: \S+\s+type: (\w+)\s+shape: Shape\{([\d, ]*)\}", re.MULTILINE)
+_NAMED_TENSOR = re.compile(r"^//\s*- name: (\w+)\s+type: \w+\s+shape: Shape\{([\d, ]*)\}", re.MULTILINE)
 _DIM3 = re.compile(r"dim3\((\d+),\s*(\d+),\s*(\d+)\)")
 _OWN_DIM3 = re.compile(r"const dim3 (blockDim|gridDim)\((\d+),\s*(\d+),\s*(\d+)\);")
 
@@ -253,9 +276,11 @@ def _step(node: str, statement: str, functions: dict[str, Function]) -> Step:
         return Step(node, name, HOST)
     calls = tuple(m for m in re.findall(r"\b(\w+_block_kernel)\s*\(", function.body) if m in functions)
     if name.startswith("BlockFusionKernel") or calls:
-        call_nodes = _call_nodes(function, functions.get(callee), statement)
+        tensors = _call_tensors(function, functions.get(callee), statement)
+        tensors = tensors if len(tensors) == len(calls) else ()
+        call_nodes = tuple(re.sub(r"_\d+$", "", outs[0]) if outs else "" for _, outs in tensors)
         return Step(node, name, BLOCKFUSION, members=tuple(dict.fromkeys(calls)), calls=calls,
-                    launch=_call_launch(statement), call_nodes=call_nodes if len(call_nodes) == len(calls) else ())
+                    launch=_call_launch(statement), call_nodes=call_nodes, call_tensors=tensors)
     return Step(node, name, KERNEL, launch=_call_launch(statement))
 
 
@@ -308,4 +333,12 @@ def _runs_row(generated: Generated, function: str, row: RowFacts) -> bool:
         return True
     callers = {s.node for s in generated.steps if s.function == function and s.launch == row.launch}
     own = not callers or callers == {comment.node}  # a block function, or the commented node's own call alone
-    return not own or (comment.inputs, comment.outputs) == (row.inputs, row.outputs)
+    if not own or (comment.inputs, comment.outputs) == (row.inputs, row.outputs):
+        return True
+    # a block function NNFusion deduped another node's kernel onto (byte-identical code): a call of it on the row's
+    # tensors runs the row (the comment above it describes only the first node)
+    return row_shapes(row) in generated.block_call_shapes(function)
+
+
+def row_shapes(row: RowFacts) -> tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]:
+    return tuple(s for _, s in row.inputs or ()), tuple(s for _, s in row.outputs or ())

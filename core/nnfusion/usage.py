@@ -22,6 +22,7 @@ from core.nnfusion.generated import (
     Step,
     member_node,
     parse_generated,
+    row_shapes,
     rows_in_source,
 )
 
@@ -105,7 +106,8 @@ class Usage:
 def analyse(generated: Generated, rows: Iterable[KernelRow]) -> Usage:
     """Each kernel_entry step with what it runs, given the DB rows to look for (a pair counts once)."""
     kernels = list(distinct_kernels(rows))
-    uses = rows_in_source(generated, (_facts(r) for r in kernels))
+    facts = {f.key: f for f in map(_facts, kernels)}
+    uses = rows_in_source(generated, facts.values())
     by_function: dict[str, list[str]] = {}
     for use in uses:
         for fn in use.functions:
@@ -117,7 +119,7 @@ def analyse(generated: Generated, rows: Iterable[KernelRow]) -> Usage:
         if step.kind == LIBRARY:
             parts: tuple[Part, ...] = (Part(step.node, step.function, step.library),)
         elif step.kind == BLOCKFUSION:
-            parts = _blockfusion_parts(step, by_function)
+            parts = _blockfusion_parts(generated, step, by_function, facts)
         else:
             assert step.kind == KERNEL
             parts = (_part(step.node, step.function, by_function),)
@@ -125,14 +127,22 @@ def analyse(generated: Generated, rows: Iterable[KernelRow]) -> Usage:
     return Usage(steps, uses, generated.library_calls())
 
 
-def _blockfusion_parts(step: Step, by_function: dict[str, list[str]]) -> tuple[Part, ...]:
+def _blockfusion_parts(generated: Generated, step: Step, by_function: dict[str, list[str]],
+                       facts: dict[str, RowFacts]) -> tuple[Part, ...]:
     """One part per node a BlockFusion kernel runs, in block order: a node whose blocks are split over several calls
-    is one part."""
+    is one part. Where rows of one body share a block function (NNFusion dedupes byte-identical kernels), each call
+    is the row of its own tensors' shapes."""
     if not step.call_nodes:  # the code does not say which tensors the calls write
         return tuple(_part(_call_node(m, step.calls[:k]), m, by_function) for k, m in enumerate(step.calls))
     parts: dict[str, Part] = {}
     for k, (node, function) in enumerate(zip(step.call_nodes, step.calls, strict=True)):
-        parts.setdefault(node or f"#{k}", _part(node or _call_node(function, step.calls[:k]), function, by_function))
+        keys = by_function.get(function, [])
+        ins, outs = step.call_tensors[k]
+        if len(keys) > 1 and all(t in generated.shapes for t in (*ins, *outs)):
+            shapes = tuple(generated.shapes[t] for t in ins), tuple(generated.shapes[t] for t in outs)
+            keys = [key for key in keys if facts[key].inputs is None or row_shapes(facts[key]) == shapes] or keys
+        parts.setdefault(node or f"#{k}", _part(node or _call_node(function, step.calls[:k]), function,
+                                                {function: keys}))
     return tuple(parts.values())
 
 
