@@ -95,7 +95,7 @@ def test_a_half_shared_array_declared_as_half_makes_the_compiler_abort_as_lint_s
 
 
 # -- the fp16 zoo (step 5) --------------------------------------------------------------------------------------
-# ResNet-50 and a BERT-base encoder (tests/zoo.py), converted by `kdb model fp16`, through the README's commands as
+# ResNet-50, a BERT-base encoder and a GPT-style decoder (tests/zoo.py), converted by `kdb model fp16`, through the README's commands as
 # tests/test_zoo.py runs the fp32 zoo: codegen (each kernel checked in half on the CPU), inject, `kdb nnfusion` (used
 # equal to promised, every launch checked), and nvcc compiling nnfusion_rt.cu, BlockFusion kernels of half rows included.
 HALF_DOTS = {False: ("Dot1,128,768;768,768;1,128,768halfhalfhalf", "Dot1,128,768;768,3072;1,128,3072halfhalfhalf",
@@ -105,7 +105,7 @@ HALF_DOTS = {False: ("Dot1,128,768;768,768;1,128,768halfhalfhalf", "Dot1,128,768
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["resnet50", "bert_encoder"])
+@pytest.mark.parametrize("name", ["resnet50", "bert_encoder", "gpt_decoder"])
 def test_the_fp16_network_compiles_with_the_half_kernels_kdb_made(tmp_path: Path, name: str):
     from test_zoo import DB, PRODUCT, kdb, said
     from test_zoo import nvcc_compiles as nvcc_compiles_with_libraries
@@ -135,6 +135,8 @@ def test_the_fp16_network_compiles_with_the_half_kernels_kdb_made(tmp_path: Path
     assert all("half" in i and "float" not in i for i in from_db)
     if name == "bert_encoder":
         assert not set(HALF_DOTS[json.loads(extract_run.stdout)["prepass"]["applied"]]) - from_db, sorted(from_db)
+    elif name == "gpt_decoder":  # attention's softmax and the vocabulary's, summed in float, from the DB
+        assert {"Softmax1,4,64,64;1,4,64,64halfhalf", "Softmax1,64,1000;1,64,1000halfhalf"} <= from_db, from_db
     else:
         assert report["usage"]["blockfusion_groups"], "ResNet-50's half rows run in BlockFusion groups too"
     check = report["launch_check"]

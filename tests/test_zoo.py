@@ -74,6 +74,9 @@ MUST_RUN_FROM_DB = {
     "bert_encoder": ("Dot1,128,768;768,768;1,128,768floatfloatfloat", "Dot1,128,768;768,3072;1,128,3072floatfloatfloat",
                      "Dot1,128,3072;3072,768;1,128,768floatfloatfloat", "Softmax1,12,128,128;1,12,128,128floatfloat"),
     "lstm": ("Dot1,256;256,1024;1,1024floatfloatfloat",),
+    "gpt_decoder": ("Softmax1,4,64,64;1,4,64,64floatfloat", "Softmax1,64,1000;1,64,1000floatfloat",
+                    "BatchMatMul1,4,64,64;1,4,64,64;1,4,64,64floatfloatfloat",
+                    "Dot1,64,256;256,1000;1,64,1000floatfloatfloat"),
     "alexnet": ("Dot1,9216;4096,9216;1,4096floatfloatfloat",),
     # 1-D convs and pools are looked up 1-D; the global pool as the importer reshapes it, N,C,L,1 (op/pool.hpp)
     "tcn": ("Convolution1,32,256;64,32,1;1,64,256floatfloatfloatStrides{1}Strides{1}CoordinateDiff{0}",

@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable
 
 import numpy as np
-from onnx import ModelProto
+from onnx import ModelProto, numpy_helper
 from onnx_models import GraphBuilder, bottleneck_block, constant, node_outputs, scalar
 
 
@@ -389,6 +389,43 @@ def attention_bmm(seq: int = 197, hidden: int = 384, heads: int = 6, mlp: int = 
     return g.model(g.node("Add", [_dense(g, inner, mlp, hidden, "mlp_fc2"), y], "mlp_residual"), "attention_bmm")
 
 
+def gpt_decoder(seq: int = 64, hidden: int = 256, heads: int = 4, vocab: int = 1000) -> ModelProto:
+    """A GPT-2-style decoder block and its head, as HuggingFace's older export writes them, from the embeddings'
+    output [1, seq, hidden]: pre-norm LayerNorm (eps 1e-5), the packed QKV dense layer ([hidden, 3 hidden], then
+    Slices), heads split by Reshape/Transpose, scores / sqrt(d) + the causal mask as a constant bias (-10000 above the
+    diagonal), Softmax, the context, the out-projection + residual; LayerNorm, the MLP (4 hidden, tanh Gelu:
+    gelu_new) + residual; the final LayerNorm, the tied LM head (MatMul by [hidden, vocab], no bias) and a Softmax
+    over the vocabulary: next-token probabilities, a rank-3 softmax of 1000 per row."""
+    head = hidden // heads
+    g = GraphBuilder({"x": [1, seq, hidden]})
+    causal = np.triu(np.full((seq, seq), -10000.0, dtype=np.float32), 1).reshape(1, 1, seq, seq)
+    g.initializers.append(numpy_helper.from_array(causal, "causal_mask"))
+    qkv = _dense(g, _layer_norm(g, "x", hidden, "ln1", eps=1e-5), hidden, 3 * hidden, "c_attn")
+    split = constant(g, "split_heads", [1, seq, heads, head])
+    parts = []
+    for i, n in enumerate("qkv"):
+        part = g.node("Slice", [qkv, constant(g, f"{n}_start", [i * hidden]), constant(g, f"{n}_end", [(i + 1) * hidden]),
+                                constant(g, f"{n}_axis", [2])], f"{n}_slice")
+        perm = [0, 2, 3, 1] if n == "k" else [0, 2, 1, 3]
+        parts.append(g.node("Transpose", [g.node("Reshape", [part, split], f"{n}_split")], f"{n}_heads", perm=perm))
+    scores = g.node("Div", [g.node("MatMul", parts[:2], "scores"), scalar(g, "sqrt_d", math.sqrt(head))], "scale")
+    probs = g.node("Softmax", [g.node("Add", [scores, "causal_mask"], "masked")], "attn_softmax", axis=-1)
+    context = g.node("Transpose", [g.node("MatMul", [probs, parts[2]], "context")], "merge", perm=[0, 2, 1, 3])
+    context = g.node("Reshape", [context, constant(g, "merge_heads", [1, seq, hidden])], "merge_reshape")
+    y = g.node("Add", [_dense(g, context, hidden, hidden, "c_proj"), "x"], "attn_residual")
+    inner = _dense(g, _layer_norm(g, y, hidden, "ln2", eps=1e-5), hidden, 4 * hidden, "c_fc")
+    cube = g.node("Mul", [scalar(g, "gelu_c", 0.044715), g.node("Pow", [inner, scalar(g, "three", 3.0)], "cube")],
+                  "cube_scaled")
+    tanh = g.node("Tanh", [g.node("Mul", [g.node("Add", [inner, cube], "inner_sum"),
+                                          scalar(g, "sqrt_2_pi", math.sqrt(2.0 / math.pi))], "tanh_in")], "tanh")
+    gelu = g.node("Mul", [g.node("Mul", [inner, scalar(g, "half", 0.5)], "half_x"),
+                          g.node("Add", [tanh, scalar(g, "one", 1.0)], "one_plus")], "gelu")
+    y = g.node("Add", [_dense(g, gelu, 4 * hidden, hidden, "mlp_proj"), y], "mlp_residual")
+    logits = g.node("MatMul", [_layer_norm(g, y, hidden, "ln_f", eps=1e-5), g.weight("wte_t", [hidden, vocab],
+                                                                                      fan_in=hidden)], "lm_head")
+    return g.model(g.node("Softmax", [logits], "next_token", axis=-1), "gpt_decoder")
+
+
 def convnext_block(channels: int = 96, size: int = 56, blocks: int = 2) -> ModelProto:
     """ConvNeXt-T's first stage (timm's ConvNeXtBlock with conv_mlp: 1x1 convs for the MLP) at 56x56, 96 channels,
     2 of its 3 blocks: a 7x7 depthwise conv (pads 3, its bias), LayerNorm over channels (eps 1e-6; LayerNorm2d:
@@ -439,5 +476,5 @@ ZOO: dict[str, Callable[[], ModelProto]] = {
     "tcn": tcn, "gru": gru, "densenet_block": densenet_block, "se_block": se_block, "attention_bmm": attention_bmm,
     "convnext_block": convnext_block, "unet_decoder": unet_decoder,
     "unet_decoder_bilinear": lambda: unet_decoder(bilinear=True),
-    "attention_packed": lambda: attention_bmm(packed=True),
+    "attention_packed": lambda: attention_bmm(packed=True), "gpt_decoder": gpt_decoder,
 }
