@@ -66,6 +66,9 @@ CASES = {
     "softmax attention 1x3x197x197": "cudnn_softmax_op_float|i+1_3_197_197|o+1_3_197_197",
     "softmax classifier 2x1000": "cudnn_softmax_op_float|i+2_1000|o+2_1000",
     "softmax 1-D": "cudnn_softmax_op_float|i+7|o+7",
+    # NNFusion's Sum of a ReduceMean: a LayerNorm's row sums (few outputs, long rows), a batch's column sums
+    "sum layer norm 1x64x256": "cudnn_reduce_sum_op_float|i+1_64_256|o+1_64",
+    "sum over the batch 8x1000": "cudnn_reduce_sum_op_float|i+8_1000|o+1000",
 }
 # rows, and the threads each row's block has (whole warps; a long row's as a long reduction's)
 ROWS = {"softmax attention 1x2x8x8": (16, 32), "softmax attention 1x3x197x197": (591, THREADS),
@@ -73,7 +76,7 @@ ROWS = {"softmax attention 1x2x8x8": (16, 32), "softmax attention 1x3x197x197": 
 # The cases with at most CROSS_THREAD_MAX_OUTPUTS outputs and a reduction of CROSS_THREAD_MIN_REDUCTION or more
 BLOCK_PER_OUTPUT = {"dot fc batch 1", "11x11 s4 pre-padded", "11x11 s4 padded", "avgpool global 112x112",
                     "maxpool global 32x32", "dot gemv 1x768 by 768x3072", "dot gemv classifier 1x2048 by 1000x2048",
-                    "conv 1x1 small map add_relu"}
+                    "conv 1x1 small map add_relu", "sum layer norm 1x64x256"}
 # ... whose largest operand has an output axis innermost (x·B, B [K, N]): warps of 32 neighbouring outputs
 COLUMNS = {"dot gemv 1x768 by 768x3072", "dot gemv 1x3000 by 3000x700 (a partial column block)"}
 

@@ -89,6 +89,17 @@ def test_a_batch_matmul_alone_is_a_matmul_of_two_activations(tmp_path: Path, dty
     assert found.signature().identifier == config.signature().identifier
 
 
+@pytest.mark.parametrize("line", ["cudnn_softmax_op_float|i+1_4_64_64|o+1_4_64_64",
+                                  "cudnn_reduce_sum_op_half|i+1_64_256|o+1_64", "cudnn_reduce_sum_op_float|i+2_3_4|o+3"])
+def test_a_softmax_or_sum_alone_is_read_back_as_the_same_op(tmp_path: Path, line: str):
+    """A Softmax over the last axis; a Sum as a ReduceMean of its axes (the Divide by the count after it runs with and
+    without the row alike)."""
+    config = parse_line(line, "alone")
+    found = extract(write(one_op_model(config), tmp_path / "alone.onnx")).looked_up()
+    assert [c.signature().identifier for c in found if c.op_type == config.op_type] == [config.signature().identifier]
+    assert {c.op_type for c in found} <= {config.op_type, "Divide"}
+
+
 @pytest.mark.parametrize(("config", "reason"), [
     (_conv("i+1_8_8_8|w+8_2_3_3|o+1_8_8_8|ws+1_1|wd+1_1|p+1_1|g+4"), "4 groups: never served by a DB row"),
     (parse_line("cudnn_avgpool_op_float|i+1_4_8_8|o+1_4_8_8|win+3_3|ws+1_1|pb+1_1|pa+1_1"),

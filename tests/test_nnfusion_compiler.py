@@ -37,7 +37,7 @@ from core.db.kernel_db import KernelDB
 from core.errors import KdbError
 from core.inject.pipeline import InjectOptions, Injector
 from core.kernels.kernel_row import COLUMNS
-from core.kernels.ops import ROW_OP_TYPE, SUPPORTED_OP_TYPES
+from core.kernels.ops import ROW_OP_TYPE, SUPPORTED_OP_TYPES, sum_axes
 from core.nnfusion.compile_job import CompileJob, compile_and_read
 from core.nnfusion.compiler import CompilerFlags, compiler_prepass
 from core.nnfusion.coverage import IN_DB, NOT_USED
@@ -445,8 +445,17 @@ def test_the_compiler_fetches_exactly_the_op_configs_extraction_writes(tmp_path:
     compiled = compile_with(model, tmp_path / "k.db", tmp_path, flags)
     written = {c.signature().identifier for c in configs}
     fetched = kernel_db_lookups(compiled.result.log_file)
+    # a Sum whose shapes do not tell its axes ([32, 32] -> [32]) is fetched and deliberately not written: no row of
+    # that identifier could say which axis it sums (core/kernels/ops.py, sum_axes)
+    fetched -= {i for i in fetched if i.startswith("Sum") and len(sum_axes(*_sum_shapes(i))) > 1}
     assert fetched == written, f"fetched, not written: {sorted(fetched - written)}; written, not fetched: " \
                                f"{sorted(written - fetched)}"
+
+
+def _sum_shapes(identifier: str) -> tuple[list[int], list[int]]:
+    """A Sum identifier's two shapes: Sum32,32;32floatfloat gives [32, 32] and [32]."""
+    shapes = re.sub(r"[a-z_]+$", "", identifier[len("Sum"):]).split(";")
+    return [int(d) for d in shapes[0].split(",") if d], [int(d) for d in shapes[1].split(",") if d]
 
 
 def test_a_grouped_conv_that_is_not_depthwise_makes_the_compiler_abort_as_extraction_says(tmp_path: Path):

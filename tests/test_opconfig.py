@@ -84,6 +84,26 @@ def test_a_softmax_reads_from_lines_toml_and_json_alike_and_refuses_an_axis_or_a
                                                "identifier cannot say another: leave it out"]
 
 
+@pytest.mark.parametrize(("line", "said"), [
+    ("cudnn_reduce_sum_op_float|i+1_64_256|o+1_64", "Sum 1x64x256 over axis 2"),
+    ("cudnn_reduce_sum_op_half|i+2_3_4|o+3", "Sum 2x3x4 over axis 0x2 half"),
+    ("cudnn_reduce_sum_op_float|i+4_4|o+4", "reduces axes [0] or [1]: NNFusion's identifier (the shapes alone) cannot "
+                                            "tell them apart"),
+    ("cudnn_reduce_sum_op_float|i+4_5|o+3", "is not [4, 5] with some axes reduced"),
+    ("cudnn_reduce_sum_op_float|i+4_5|o+4_5", "is not [4, 5] with some axes reduced"),
+])
+def test_a_sum_is_served_only_where_its_shapes_tell_its_axes(line: str, said: str):
+    """NNFusion's Sum identifier is the two shapes (Sum1,64,256;1,64floatfloat): a row of [4, 4] -> [4] would serve a
+    Sum over either axis, so such a config is refused where it is written."""
+    if "over axis" in said:
+        config = parse_line(line, "ops.txt:1")
+        assert config.describe() == said and format_line(config) == line
+        assert config.signature().identifier.startswith("Sum") and config.memory_bound
+    else:
+        with pytest.raises(InputError, match=re.escape(said)):
+            parse_line(line, "ops.txt:1")
+
+
 def test_a_rank_4_dot_counts_every_leading_axis_as_rows():
     config = parse_line("cublas_dot_op_float|a+2_3_16_32|b+32_8|o+2_3_16_8|ta+0|tb+0")
     assert config.matrix_dims() == (96, 32, 8) and config.flops == 2 * 96 * 32 * 8

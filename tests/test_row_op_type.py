@@ -160,3 +160,43 @@ def test_kdb_serves_last_axis_softmaxes_through_the_readme_commands(tmp_path: Pa
     empty = compiled("empty.db")["usage"]
     runs = {part["node"]: part["runs"] for step in empty["steps"] for part in step["parts"]}
     assert runs["probs_out"] == runs["classes_out"] == "NNFusion's kernel", runs
+
+
+def test_kdb_serves_sums_whose_shapes_tell_their_axes_through_the_readme_commands(tmp_path: Path):
+    """A LayerNorm's two ReduceMeans and a ReduceSum over the batch: NNFusion fetches each Sum by its two shapes
+    (Sum1,64,256;1,64floatfloat) and runs a row of OpType Dot under it. A ReduceMean of [1, 8, 8] over its last axis
+    gives [1, 8] -> from [1, 8, 8] by either of two axes: unmapped, its reason said, NNFusion's own kernel runs it."""
+    pytest.importorskip("tvm")
+    from conftest import run_kdb
+
+    g = GraphBuilder({"x": [1, 64, 256], "y": [8, 1000], "z": [1, 8, 8]})
+    centred = g.node("Sub", ["x", g.node("ReduceMean", ["x"], "mean", axes=[-1], keepdims=1)], "centred")
+    var = g.node("ReduceMean", [g.node("Mul", [centred, centred], "square")], "var", axes=[-1], keepdims=1)
+    normed = g.node("Div", [centred, g.node("Sqrt", [var], "std")], "normed")
+    batch = g.node("ReduceSum", ["y"], "batch_sum", axes=[0], keepdims=0)
+    square = g.node("ReduceMean", ["z"], "ambiguous", axes=[-1], keepdims=0)
+    model = g.model(normed, "sums")
+    from onnx import TensorProto, helper
+
+    model.graph.output.extend([helper.make_tensor_value_info(batch, TensorProto.FLOAT, [1000]),
+                               helper.make_tensor_value_info(square, TensorProto.FLOAT, [1, 8])])
+    write(model, tmp_path / "m.onnx")
+    env = {"KDB_STATE_DIR": str(tmp_path / "state"), "KDB_CONFIG": str(tmp_path / "settings.toml")}
+    for step in (("opconfig", "extract", "m.onnx", "-o", "ops.txt", "--json"),
+                 ("codegen", "ops.txt", "-o", "k.json", "--arch", "sm_90", "--db", "k.db"),
+                 ("inject", "k.json", "--db", "k.db")):
+        proc = run_kdb(*step, cwd=tmp_path, env=env)
+        assert proc.returncode == 0, (step, proc.stdout[-1500:], proc.stderr[-1500:])
+        if step[0] == "opconfig":
+            unmapped = {u["node"]: u["reason"] for u in json.loads(proc.stdout)["unmapped"]}
+    assert "cannot tell them apart" in unmapped["ambiguous/sum"], unmapped
+    sums = {line for line in (tmp_path / "ops.txt").read_text().splitlines() if "reduce_sum" in line}
+    assert sums == {"cudnn_reduce_sum_op_float|i+1_64_256|o+1_64", "cudnn_reduce_sum_op_float|i+8_1000|o+1000"}
+    proc = run_kdb("nnfusion", "m.onnx", "--db", "k.db", "--nnfusion", str(COMPILER), "--json", cwd=tmp_path, env=env)
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 0 and report["ok"], (report["reason"], report.get("broken_promises"))
+    used = {e["identifier"] for e in report["coverage"] if e["row"] and e["row"]["key"] in
+            report["usage"]["db_rows_used"]}
+    assert {"Sum1,64,256;1,64floatfloat", "Sum8,1000;1000floatfloat"} <= used, used
+    with sqlite3.connect(tmp_path / "k.db") as db:
+        assert {r[0] for r in db.execute("SELECT OpType FROM KernelCache WHERE Identifier LIKE 'Sum%'")} == {"Dot"}

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from core.errors import InputError
-from core.kernels.ops import BATCH_MATMUL, CONV_FAMILY, POOLS, SOFTMAX
+from core.kernels.ops import BATCH_MATMUL, CONV_FAMILY, POOLS, SOFTMAX, SUM, sum_axes
 from core.opconfigs.opconfig import OpConfig, planar
 
 TOLERANCE = 1e-4  # the fp32 floor of tolerance(): relative error (max |a-b| / max |b|) allowed against fp64 numpy
@@ -34,6 +34,8 @@ def reduction_length(config: OpConfig) -> int:
         return math.prod(p["window_shape"])
     if config.op_type == SOFTMAX:  # each row's sum of exponentials
         return p["input_shape"][-1]
+    if config.op_type == SUM:
+        return math.prod(p["input_shape"]) // max(1, math.prod(p["output_shape"]))
     return 1
 
 
@@ -173,6 +175,9 @@ def reference(config: OpConfig, arrays: list[np.ndarray]) -> np.ndarray:
         m, k, n = config.matrix_dims()
         a, b = xs[0].reshape(config.batch, m, k), xs[1].reshape(config.batch, k, n)
         return np.matmul(a, b).reshape(p["out_shape"])
+    if op == SUM:
+        (axes,) = sum_axes(p["input_shape"], p["output_shape"])
+        return xs[0].reshape(p["input_shape"]).sum(axis=axes).reshape(p["output_shape"])
     if op == SOFTMAX:
         x = xs[0].reshape(p["input_shape"])
         e = np.exp(x - x.max(axis=-1, keepdims=True))

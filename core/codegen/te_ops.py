@@ -13,7 +13,7 @@ import functools
 from typing import Any
 
 from core.errors import InputError
-from core.kernels.ops import BATCH_MATMUL, CONV_FAMILY, ELEMENTWISE_NO_ROW, POOLS, SOFTMAX
+from core.kernels.ops import BATCH_MATMUL, CONV_FAMILY, ELEMENTWISE_NO_ROW, POOLS, SOFTMAX, SUM, sum_axes
 from core.opconfigs.opconfig import OpConfig, planar
 
 # Bumped when an op's definition changes its TVM workload: a tuning work dir holds one workload's trials, so
@@ -79,6 +79,12 @@ def define(config: OpConfig) -> tuple[list[Any], Any]:
     elif op == SOFTMAX:
         data = te.placeholder(tuple(p["input_shape"]), dtype, name="input0")
         inputs, out = [data], _softmax(data)
+    elif op == SUM:  # summed in float32 whatever the element type, as the softmax (a half sum of many terms drifts)
+        data = te.placeholder(tuple(p["input_shape"]), dtype, name="input0")
+        (axes,) = sum_axes(p["input_shape"], p["output_shape"])  # validated: the shapes tell the axes
+        total = topi.sum(te.compute(data.shape, lambda *i: data[i].astype("float32"), name="as_float"),
+                         axis=list(axes), keepdims=False)
+        inputs, out = [data], te.compute(total.shape, lambda *i: total[i].astype(dtype), name="output0")
     else:
         shapes = p.get("input_shapes") or [p["input_shape"]]
         inputs = [te.placeholder(tuple(s), dtype, name=f"input{i}") for i, s in enumerate(shapes)]

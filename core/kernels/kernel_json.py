@@ -31,7 +31,9 @@ from core.kernels.ops import (
     INJECTABLE_OP_TYPES,
     POOLS,
     SOFTMAX,
+    SUM,
     dtype_problem,
+    sum_axes,
 )
 from core.kernels.opsig import ConvParams, DotParams, OpSignature, PoolParams, Shape
 
@@ -258,6 +260,8 @@ def validate_item(item: Any) -> KernelSpec:
         op = _batch_matmul(params, dtype)
     elif op_type == SOFTMAX:
         op = _softmax(params, dtype)
+    elif op_type == SUM:
+        op = _sum(params, dtype)
     else:
         op = _elementwise(op_type, params, dtype)
     if tensor_math:
@@ -401,6 +405,22 @@ def _softmax(params: dict[str, Any], dtype: str) -> OpSignature:
             raise _fail(f"parameters.{key}", "a kdb Softmax is over the last axis, and NNFusion's identifier cannot "
                         "say another: leave it out")
     return OpSignature(SOFTMAX, (data,), (out,), None, dtype)
+
+
+def _sum(params: dict[str, Any], dtype: str) -> OpSignature:
+    """NNFusion's Sum: the reduced axes dropped from the input's shape. Its identifier is the two shapes alone, so the
+    shapes must tell which axes are reduced (ops.sum_axes): [1, 64, 256] -> [1, 64] can only be the last axis."""
+    data = _shape(params, "input_shape")
+    out = _shape(params, "output_shape", min_rank=1)
+    ways = sum_axes(data, out)
+    if not ways:
+        raise _fail("parameters.output_shape", f"{list(out)} is not {list(data)} with some axes reduced (a Sum drops "
+                    "the axes it reduces)")
+    if len(ways) > 1:
+        raise _fail("parameters.output_shape", f"{list(data)} -> {list(out)} reduces axes "
+                    f"{' or '.join(str(list(w)) for w in ways)}: NNFusion's identifier (the shapes alone) cannot tell "
+                    "them apart, so no row can serve one of them safely")
+    return OpSignature(SUM, (data,), (out,), None, dtype)
 
 
 def _batched_rows_dot(a: Shape, b: Shape, out: Shape, ta: bool, tb: bool, dtype: str) -> OpSignature:

@@ -59,12 +59,36 @@ BATCH_MATMUL = "BatchMatMul"
 # A Softmax over its last axis: the identifier carries no axis (kernel_emitter.cpp's generate_identifier), so kdb's
 # rows serve the last axis only, the one attention and classifiers take (core/opconfigs/onnx_extract.py)
 SOFTMAX = "Softmax"
-ROW_OP_TYPE: dict[str, str] = {BATCH_MATMUL: "Dot", SOFTMAX: "Dot"}
+# A Sum (ReduceMean's, a LayerNorm's): the identifier has no axes either, so kdb serves only shapes that tell the
+# reduced axes apart (sum_axes)
+SUM = "Sum"
+ROW_OP_TYPE: dict[str, str] = {BATCH_MATMUL: "Dot", SOFTMAX: "Dot", SUM: "Dot"}
 
 # Op types the injection pipeline can turn into rows (Matched_Pattern has no kernel-JSON form).
-INJECTABLE_OP_TYPES: tuple[str, ...] = (*CONV_FAMILY, "Dot", BATCH_MATMUL, *POOLS, SOFTMAX, *ELEMENTWISE_ARITY)
+INJECTABLE_OP_TYPES: tuple[str, ...] = (*CONV_FAMILY, "Dot", BATCH_MATMUL, *POOLS, SOFTMAX, SUM, *ELEMENTWISE_ARITY)
 # Matrix products (the tensor cores' ops; a TF32 run's)
 MATRIX_OP_TYPES = (*CONV_FAMILY, "Dot", BATCH_MATMUL)
+
+
+def sum_axes(input_shape: tuple[int, ...] | list[int],
+             output_shape: tuple[int, ...] | list[int]) -> list[tuple[int, ...]]:
+    """Every set of axes whose removal from `input_shape` leaves `output_shape` (NNFusion's Sum drops the axes it
+    reduces): one where the shapes tell the reduction, several where they do not ([4, 4] -> [4]), none where no Sum
+    gives them."""
+    found: list[tuple[int, ...]] = []
+
+    def walk(i: int, j: int, dropped: tuple[int, ...]) -> None:
+        if j == len(output_shape):
+            found.append(dropped + tuple(range(i, len(input_shape))))
+            return
+        if i == len(input_shape):
+            return
+        if input_shape[i] == output_shape[j]:
+            walk(i + 1, j + 1, dropped)
+        walk(i + 1, j, (*dropped, i))
+
+    walk(0, 0, ())
+    return sorted({axes for axes in found if len(axes) == len(input_shape) - len(output_shape) and axes})
 
 
 def op_of_row(op_type_column: str, identifier: str) -> str:
@@ -130,7 +154,7 @@ def parameter_order(op_type: str) -> ParameterOrder:
         return ParameterOrder(("input0", "input1", "output0", "input2"))
     if op_type in MATRIX_OP_TYPES:
         return ParameterOrder(("input0", "input1", "output0"))
-    if op_type in (*POOLS, SOFTMAX):
+    if op_type in (*POOLS, SOFTMAX, SUM):
         return ParameterOrder(("input0", "output0"))
     if op_type in ELEMENTWISE_ARITY:
         n = ELEMENTWISE_ARITY[op_type]

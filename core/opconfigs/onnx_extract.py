@@ -37,8 +37,10 @@ The mapping follows NNFusion's ONNX importer and its pattern-substitution pass:
   spatial size.
 - Element-wise ops NNFusion knows (Mul -> Multiply, Max -> Maximum, ...) of one element type -> that op
   with every input of the output's shape (NNFusion reshapes and broadcasts a smaller input first). Clip
-  -> Maximum ("<clip>/max") and Minimum; ReduceMean -> a Sum (unmapped) and a Divide of the reduced
-  shape ("<node>/mean"). Comparisons, logical ops and Where are unmapped: no row can serve them.
+  -> Maximum ("<clip>/max") and Minimum; ReduceMean -> a Sum ("<node>/sum") and a Divide of the reduced
+  shape ("<node>/mean"); ReduceSum (axes as an attribute) -> a Sum ("<node>/sum"). A Sum whose shapes do not
+  tell its axes apart ([4, 4] -> [4]) is unmapped: its identifier is the shapes alone. Comparisons, logical
+  ops and Where are unmapped: no row can serve them.
 - Which element-wise ops the compiler looks up depends on -fkernel_fusion_level: its kernel fusion,
   replayed on a model of the compiler's graph (`graph`, core/opconfigs/fusion.py), puts most of them
   into kernels of its own. `configs` holds every op; `looked_up()` those the compiler fetches at the
@@ -66,6 +68,7 @@ from core.kernels.ops import (
     ELEMENTWISE_NO_ROW,
     FUSED_OP_TYPES,
     SOFTMAX,
+    SUM,
     UNSERVED_DTYPES,
 )
 from core.opconfigs.fusion import (
@@ -412,6 +415,8 @@ class _Extractor:
             self._clip(i, node)
         elif op == "ReduceMean":
             self._reduce_mean(i, node)
+        elif op == "ReduceSum":
+            self._reduce_sum(i, node)
         elif op in ONNX_NO_ROW:
             raise _NotMapped(f"NNFusion's {ONNX_NO_ROW[op]}: {ELEMENTWISE_NO_ROW[ONNX_NO_ROW[op]]}")
         elif op in LAYOUT_OPS:
@@ -605,11 +610,14 @@ class _Extractor:
 
     def _emit_elementwise(self, op_type: str, shapes: list[list[int]], out: list[int], dtype: str, unit: str) -> None:
         """An element-wise node NNFusion adds itself (named `unit` in its graph model)."""
-        config = OpConfig(op_type, {"input_shapes": shapes, "output_shape": out}, 1, dtype, source=unit)
+        self._emit_added(OpConfig(op_type, {"input_shapes": shapes, "output_shape": out}, 1, dtype, source=unit), unit)
+
+    def _emit_added(self, config: OpConfig, unit: str) -> None:
+        """A node NNFusion adds itself (named `unit` in its graph model), or unmapped when it does not validate."""
         try:
             validate(config)
         except InputError as exc:
-            self.unmapped.append(Unmapped(unit, op_type, f"invalid op config: {exc.reason}"))
+            self.unmapped.append(Unmapped(unit, config.op_type, f"invalid op config: {exc.reason}"))
             return
         self.ops.append((config, (unit,)))
 
@@ -696,15 +704,33 @@ class _Extractor:
                             source=self.names[i]), [i])
 
     def _reduce_mean(self, i: int, node: Any) -> None:
-        """NNFusion's ReduceMean: a Sum (no kernel-DB op type on main), then a Divide by the count, looked up with
-        the reduced shape."""
+        """NNFusion's ReduceMean: a Sum (frontend/onnx_import/op/reduce.hpp), then a Divide by the count, both
+        looked up with the reduced shape (a Reshape puts kept axes back after)."""
         x, y = node.input[0], node.output[0]
         reduced = reduce_mean_shape(self.t.shape(x), _attrs(node))
         dtype = self.t.dtype([x, y])
+        self.done.add(i)
+        self._emit_sum(i, self.t.shape(x), reduced, dtype)
         if reduced is not None:
             self._emit_elementwise("Divide", [reduced, reduced], reduced, dtype, f"{self.names[i]}/mean")
-        raise _NotMapped("its Sum is a reduction, which the kernel DB of NNFusion's main branch has no op type for "
-                         "(the Divide by the count that follows it is an op config of its own)")
+
+    def _reduce_sum(self, i: int, node: Any) -> None:
+        """NNFusion's ReduceSum: a Sum of the `axes` attribute (every axis without it: the importer never reads the
+        axes input of opset 13 on), a Reshape after where the axes are kept."""
+        x, y = node.input[0], node.output[0]
+        if len(node.input) > 1 and node.input[1] and "axes" not in _attrs(node):
+            raise _NotMapped("ReduceSum with its axes as an input (opset 13 on): NNFusion's importer reads only the "
+                             "axes attribute and reduces every axis without it (op/reduce.hpp)")
+        self.done.add(i)
+        self._emit_sum(i, self.t.shape(x), reduce_mean_shape(self.t.shape(x), _attrs(node)), self.t.dtype([x, y]))
+
+    def _emit_sum(self, i: int, shape: list[int], reduced: list[int] | None, dtype: str) -> None:
+        """The Sum NNFusion adds for a ReduceMean or ReduceSum (named "<node>/sum" in the graph model)."""
+        unit = f"{self.names[i]}/sum"
+        if reduced is None:
+            self.unmapped.append(Unmapped(unit, "Sum", "its input's shape is unknown"))
+            return
+        self._emit_added(OpConfig(SUM, {"input_shape": shape, "output_shape": reduced}, 1, dtype, source=unit), unit)
 
     def _softmax(self, i: int, node: Any) -> None:
         """NNFusion's Softmax, always over the last axis (op_define/softmax.cpp aborts on any other: a blocker), so
@@ -833,6 +859,8 @@ class _CompilerGraph:
             self._matmul(name, node, known, out_shape)
         elif op == "ReduceMean" and known:
             self._reduce_mean(name, node, known[0], out_shape)
+        elif op == "ReduceSum" and known:
+            self._reduce_sum(name, node, known[0], out_shape)
         elif op in RESHAPES and known:
             self._add(GraphNode(name, RESHAPE, self._size(out_shape), (known[0],)), outs)
         else:  # one node of no interest to kernel fusion (Softmax among them: the pass keeps it out by name)
@@ -894,6 +922,15 @@ class _CompilerGraph:
             self._add(GraphNode(name, RESHAPE, self._size(out), (mean,)), [node.output[0]])
         else:
             self.producer[node.output[0]] = mean
+
+    def _reduce_sum(self, name: str, node: Any, data: str, out: list[int] | None) -> None:
+        """Sum, then a Reshape when the reduced axes are kept."""
+        reduced = reduce_mean_shape(self.ex.t.known_shape(node.input[0]), _attrs(node))
+        total = self._add(GraphNode(f"{name}/sum", OTHER, self._size(reduced), (data,)), [])
+        if _attrs(node).get("keepdims", 1):
+            self._add(GraphNode(name, RESHAPE, self._size(out), (total,)), [node.output[0]])
+        else:
+            self.producer[node.output[0]] = total
 
     def _gemm(self, name: str, node: Any, known: list[str], out: list[int] | None) -> None:
         attrs = _attrs(node)

@@ -13,6 +13,8 @@ Line format (the Rammer artifact's, extended the same way for the other ops):
     cudnn_maxpool_op_float|i+..|o+..|win+3_3|ws+2_2|pb+1_1|pa+1_1      (cudnn_avgpool_op_float alike)
     cudnn_softmax_op_float|i+1_12_128_128|o+1_12_128_128
         NNFusion's Softmax over the last axis (attention's scores, a classifier's logits)
+    cudnn_reduce_sum_op_float|i+1_128_768|o+1_128
+        NNFusion's Sum (a ReduceMean's, a LayerNorm's): the reduced axes dropped, told by the shapes alone
     elementwise_relu_op_float|i+..|o+..                                 (one i+ per input)
 
 Every line keeps its own field order and prefix, so a file read and written back is byte for byte the
@@ -32,7 +34,7 @@ from typing import Any
 
 from core.errors import InputError
 from core.kernels.kernel_json import MAX_FILE_BYTES, validate_item
-from core.kernels.ops import BATCH_MATMUL, CONV_FAMILY, ELEMENTWISE_ARITY, POOLS, SOFTMAX, dtype_problem
+from core.kernels.ops import BATCH_MATMUL, CONV_FAMILY, ELEMENTWISE_ARITY, POOLS, SOFTMAX, SUM, dtype_problem, sum_axes
 from core.kernels.opsig import OpSignature, dot_mkn
 from core.opconfigs.nnfusion_import import depthwise_padding_ok, grouped_conv_reason
 
@@ -107,6 +109,8 @@ class OpConfig:
             return math.prod(p["output_shape"]) * math.prod(p["window_shape"])
         if self.op_type == SOFTMAX:  # a max, a subtraction and exp, a sum, a division per element
             return 5 * math.prod(p["output_shape"])
+        if self.op_type == SUM:
+            return math.prod(p["input_shape"])
         return math.prod(p["output_shape"])
 
     def matrix_dims(self) -> tuple[int, int, int]:
@@ -126,7 +130,7 @@ class OpConfig:
     @property
     def memory_bound(self) -> bool:
         """Pools and element-wise ops do about one operation per byte: their speed is bytes moved, not FLOPs."""
-        return self.op_type in (*POOLS, SOFTMAX) or self.op_type in ELEMENTWISE_ARITY
+        return self.op_type in (*POOLS, SOFTMAX, SUM) or self.op_type in ELEMENTWISE_ARITY
 
     @property
     def bytes_moved(self) -> int:
@@ -137,7 +141,7 @@ class OpConfig:
             shapes += [p["output_shape"]] if self.op_type == "Fused_Convolution_Add_Relu" else []
         elif self.op_type in ("Dot", BATCH_MATMUL):
             shapes = [p["arg0_shape"], p["arg1_shape"], p["out_shape"]]
-        elif self.op_type in (*POOLS, SOFTMAX):
+        elif self.op_type in (*POOLS, SOFTMAX, SUM):
             shapes = [p["input_shape"], p["output_shape"]]
         else:
             shapes = [*p["input_shapes"], p["output_shape"]]
@@ -175,6 +179,10 @@ class OpConfig:
                     f"{' (tA)' if p.get('transpose_A') else ''}{' (tB)' if p.get('transpose_B') else ''}")
         if self.op_type == SOFTMAX:
             return f"Softmax {_dims(p['input_shape'])} (last axis)"
+        if self.op_type == SUM:
+            axes = sum_axes(p["input_shape"], p["output_shape"])
+            over = f" over axis {_dims(axes[0])}" if len(axes) == 1 else ""
+            return f"Sum {_dims(p['input_shape'])}{over}"
         if self.op_type in POOLS:
             return (f"{self.op_type} in {_dims(p['input_shape'])} out {_dims(p['output_shape'])} "
                     f"win {_dims(p['window_shape'])} s{_dims(p['window_stride'])}")
@@ -288,6 +296,9 @@ def parse_line(line: str, where: str = "") -> OpConfig:
         params = {"input_shape": _shape(one("i"), where), "output_shape": _shape(one("o"), where),
                   "window_shape": _shape(one("win"), where), "window_stride": _shape(one("ws"), where),
                   "padding_below": _shape(one("pb"), where), "padding_above": _shape(one("pa"), where)}
+    elif kind.endswith("reduce_sum"):
+        op_type = SUM
+        params = {"input_shape": _shape(one("i"), where), "output_shape": _shape(one("o"), where)}
     elif kind.endswith("softmax"):
         op_type = SOFTMAX
         params = {"input_shape": _shape(one("i"), where), "output_shape": _shape(one("o"), where)}
@@ -299,8 +310,8 @@ def parse_line(line: str, where: str = "") -> OpConfig:
         inputs = [_shape(v, where) for v in values.get("i", [])]
         params = {"input_shapes": inputs, "output_shape": _shape(one("o"), where)}
     else:
-        raise InputError(f"prefix {prefix!r}: not a convolution, dot, batch matmul, pool, softmax or element-wise op "
-                         "config", where=where)
+        raise InputError(f"prefix {prefix!r}: not a convolution, dot, batch matmul, pool, softmax, sum or "
+                         "element-wise op config", where=where)
     config = OpConfig(op_type, params, groups, dtype, (prefix, tuple(order)), where)
     validate(config) if groups == 1 else _validate_grouped(config)
     if format_line(config) != line:
@@ -346,9 +357,9 @@ def format_line(config: OpConfig) -> str:
     elif op == BATCH_MATMUL:
         prefix, default = f"cublas_batch_matmul_op_{config.dtype}", ("a", "b", "o")
         fields = {"a": dims(p["arg0_shape"]), "b": dims(p["arg1_shape"]), "o": dims(p["out_shape"])}
-    elif op == SOFTMAX:
-        prefix, default = f"cudnn_softmax_op_{config.dtype}", ("i", "o")
-        fields = {"i": dims(p["input_shape"]), "o": dims(p["output_shape"])}
+    elif op in (SOFTMAX, SUM):
+        prefix = f"cudnn_{'softmax' if op == SOFTMAX else 'reduce_sum'}_op_{config.dtype}"
+        default, fields = ("i", "o"), {"i": dims(p["input_shape"]), "o": dims(p["output_shape"])}
     elif op in POOLS:
         prefix = f"cudnn_{'maxpool' if op == 'MaxPool' else 'avgpool'}_op_{config.dtype}"
         default = ("i", "o", "win", "ws", "pb", "pa")
