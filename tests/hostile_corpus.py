@@ -281,7 +281,7 @@ items("validate/missing_fields.json",
 
 items("validate/op_type.json",
       bad(conv(3) | {"op_type": "Fused_Convolution_Batchnorm"}, "validate", "op_type", "op type"),
-      bad(dot(320) | {"op_type": "Softmax"}, "validate", "op_type", "op type"),
+      bad(dot(320) | {"op_type": "LayerNorm"}, "validate", "op_type", "op type"),
       bad(dot(352) | {"op_type": 7}, "validate", "op_type"),
       bad(dot(384) | {"op_type": ["Dot"]}, "validate", "op_type"),
       bad(dot(416) | {"op_type": ""}, "validate", "op_type"),
