@@ -109,6 +109,24 @@ def test_default_schedule_generates_one_kernel_whose_math_matches_numpy(name: st
         assert "__shfl_down_sync" not in result.item["code"]
 
 
+def test_several_reductions_that_are_not_each_over_the_rows_are_refused_by_name():
+    """A block per row holds only reductions over the output's last axis (a softmax's); a column max beside a row
+    sum would be computed wrong there, so the schedule says it cannot."""
+    import tvm
+    from tvm import te
+
+    from core.codegen.schedule import default_schedule
+    from core.errors import InputError
+
+    x = te.placeholder((8, 16), "float32", name="input0")
+    k, j = te.reduce_axis((0, 8), name="k"), te.reduce_axis((0, 16), name="j")
+    column_max = te.compute((16,), lambda c: te.max(x[k, c], axis=k), name="column_max")
+    row_sum = te.compute((8,), lambda r: te.sum(x[r, j], axis=j), name="row_sum")
+    out = te.compute((8, 16), lambda r, c: x[r, c] - column_max[c] + row_sum[r], name="output0")
+    with pytest.raises(InputError, match="not each over the output's last axis"):
+        default_schedule(tvm.IRModule({"main": te.create_prim_func([x, out])}))
+
+
 def test_a_half_softmax_sums_in_float_and_lands_within_the_half_bound():
     """ONNX Runtime's half softmax (NNFusion's own) accumulates in float; so does kdb's, its output rounded once."""
     from core.codegen.reference import tolerance_for

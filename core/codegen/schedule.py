@@ -129,10 +129,9 @@ def _block_per_row(sch: Any, out: Any, reductions: list[Any], bind: bool) -> Non
     loops = list(sch.get_loops(out))
     width = int(sch.get(loops[-1]).extent)
     for red in reductions:
-        kinds = [kind for _, kind in loop_kinds(sch, red)]
-        reduced = _extent(sch, [loop for loop, kind in loop_kinds(sch, red) if kind == "R"])
-        if kinds[-1] != "R" or reduced != width or _extent(sch, loops[:-1]) != _extent(
-                sch, [loop for loop, kind in loop_kinds(sch, red) if kind == "S"]):
+        kinds = loop_kinds(sch, red)
+        reduced, rows = ([loop for loop, kind in kinds if kind == want] for want in ("R", "S"))
+        if kinds[-1][1] != "R" or _extent(sch, reduced) != width or _extent(sch, rows) != _extent(sch, loops[:-1]):
             raise InputError(f"{len(reductions)} reductions that are not each over the output's last axis: the "
                              "default schedule handles one reduction, or several over the same rows")
     row = sch.fuse(*loops[:-1]) if len(loops) > 1 else sch.add_unit_loop(out)
