@@ -12,7 +12,7 @@ from __future__ import annotations
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from rich.text import Text
 from textual import on, work
@@ -29,9 +29,6 @@ from console.widgets.fp16 import ask_fp16_output, convert_and_notify
 from console.widgets.ratio_bar import ratio_bar
 from core.db.state import StateDB, StoredModelEvent
 from core.nnfusion.coverage import DB_KERNEL, CoverageEntry
-
-if TYPE_CHECKING:
-    pass
 
 HISTORY = 20  # events shown
 RECENT = 10  # models remembered in the list

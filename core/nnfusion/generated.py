@@ -35,6 +35,7 @@ KERNEL, BLOCKFUSION, LIBRARY, HOST, ELIMINATED = "kernel", "blockfusion", "libra
 
 
 Dims = tuple[int, int, int]
+TensorShapes = tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]  # (input shapes, output shapes)
 
 
 @dataclass(frozen=True)
@@ -107,15 +108,20 @@ class Generated:
         found = {s.launch for s in self.steps if s.function == function and s.launch is not None}
         return found | ({own} if own is not None else set())
 
-    def block_call_shapes(self, function: str) -> set[tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]]:
-        """The (input shapes, output shapes) of every BlockFusion call of this block function whose tensors are known:
-        the nodes it runs, the commented one and those NNFusion deduped onto it alike."""
-        found = set()
-        for step in self.steps:
-            for called, (ins, outs) in zip(step.calls, step.call_tensors, strict=False):
-                if called == function and all(t in self.shapes for t in (*ins, *outs)):
-                    found.add((tuple(self.shapes[t] for t in ins), tuple(self.shapes[t] for t in outs)))
-        return found
+    def call_shapes(self, tensors: tuple[tuple[str, ...], tuple[str, ...]]) -> TensorShapes | None:
+        """The (input shapes, output shapes) of a block-function call's tensors (Step.call_tensors); None when a
+        comment does not give one of them."""
+        ins, outs = tensors
+        if not all(t in self.shapes for t in (*ins, *outs)):
+            return None
+        return tuple(self.shapes[t] for t in ins), tuple(self.shapes[t] for t in outs)
+
+    def block_call_shapes(self, function: str) -> set[TensorShapes]:
+        """The shapes of every BlockFusion call of this block function whose tensors are known: the nodes it runs,
+        the commented one and those NNFusion deduped onto it alike."""
+        found = (self.call_shapes(tensors) for step in self.steps
+                 for called, tensors in zip(step.calls, step.call_tensors, strict=False) if called == function)
+        return {shapes for shapes in found if shapes is not None}
 
 
 def squash(text: str) -> str:
@@ -142,10 +148,14 @@ def parse_generated(source: str) -> Generated:
     entry = functions.get("kernel_entry")
     steps = [_step(m.group(1), m.group(2), functions) for m in _STEP.finditer(entry.body)] if entry else []
     generated = Generated(functions, steps)
-    generated.shapes = {name: tuple(int(d) for d in dims.replace(" ", "").split(",") if d)
-                        for name, dims in _NAMED_TENSOR.findall(source)}
+    generated.shapes = {name: _shape(dims) for name, _, dims in _TENSOR.findall(source)}
     generated.normalized = {n: squash(f.body) for n, f in functions.items() if f.kind != "host" or n != "kernel_entry"}
     return generated
+
+
+def _shape(dims: str) -> tuple[int, ...]:
+    """A comment's `Shape{1, 16, 16, 16}` contents as numbers."""
+    return tuple(int(d) for d in dims.replace(" ", "").split(",") if d)
 
 
 def _param_names(source: str, start: int) -> tuple[str, ...]:
@@ -214,8 +224,7 @@ def _body_after(source: str, start: int) -> str | None:
 
 
 _NODE_NAME = re.compile(r"^// Node name:\s*(.*?)\s*$", re.MULTILINE)
-_TENSOR = re.compile(r"^//\s*- name: \S+\s+type: (\w+)\s+shape: Shape\{([\d, ]*)\}", re.MULTILINE)
-_NAMED_TENSOR = re.compile(r"^//\s*- name: (\w+)\s+type: \w+\s+shape: Shape\{([\d, ]*)\}", re.MULTILINE)
+_TENSOR = re.compile(r"^//\s*- name: (\S+)\s+type: (\w+)\s+shape: Shape\{([\d, ]*)\}", re.MULTILINE)
 _DIM3 = re.compile(r"dim3\((\d+),\s*(\d+),\s*(\d+)\)")
 _OWN_DIM3 = re.compile(r"const dim3 (blockDim|gridDim)\((\d+),\s*(\d+),\s*(\d+)\);")
 
@@ -236,8 +245,7 @@ def _comment_before(source: str, start: int) -> NodeComment | None:
         return None
 
     def tensors(text: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
-        return tuple((t, tuple(int(d) for d in dims.replace(" ", "").split(",") if d))
-                     for t, dims in _TENSOR.findall(text))
+        return tuple((t, _shape(dims)) for _, t, dims in _TENSOR.findall(text))
 
     return NodeComment(name.group(1), description.group(1) if description else "",
                        tensors(block[inputs_at:outputs_at]), tensors(block[outputs_at:]))
@@ -340,5 +348,5 @@ def _runs_row(generated: Generated, function: str, row: RowFacts) -> bool:
     return row_shapes(row) in generated.block_call_shapes(function)
 
 
-def row_shapes(row: RowFacts) -> tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]:
+def row_shapes(row: RowFacts) -> TensorShapes:
     return tuple(s for _, s in row.inputs or ()), tuple(s for _, s in row.outputs or ())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -122,7 +122,7 @@ def analyse(generated: Generated, rows: Iterable[KernelRow]) -> Usage:
             parts = _blockfusion_parts(generated, step, by_function, facts)
         else:
             assert step.kind == KERNEL
-            parts = (_part(step.node, step.function, by_function),)
+            parts = (_part(step.node, step.function, by_function.get(step.function, ())),)
         steps.append(StepUse(step.node, step.kind, parts, step.function))
     return Usage(steps, uses, generated.library_calls())
 
@@ -133,16 +133,14 @@ def _blockfusion_parts(generated: Generated, step: Step, by_function: dict[str, 
     is one part. Where rows of one body share a block function (NNFusion dedupes byte-identical kernels), each call
     is the row of its own tensors' shapes."""
     if not step.call_nodes:  # the code does not say which tensors the calls write
-        return tuple(_part(_call_node(m, step.calls[:k]), m, by_function) for k, m in enumerate(step.calls))
+        return tuple(_part(_call_node(m, step.calls[:k]), m, by_function.get(m, ())) for k, m in enumerate(step.calls))
     parts: dict[str, Part] = {}
     for k, (node, function) in enumerate(zip(step.call_nodes, step.calls, strict=True)):
         keys = by_function.get(function, [])
-        ins, outs = step.call_tensors[k]
-        if len(keys) > 1 and all(t in generated.shapes for t in (*ins, *outs)):
-            shapes = tuple(generated.shapes[t] for t in ins), tuple(generated.shapes[t] for t in outs)
+        shapes = generated.call_shapes(step.call_tensors[k]) if len(keys) > 1 else None
+        if shapes is not None:
             keys = [key for key in keys if facts[key].inputs is None or row_shapes(facts[key]) == shapes] or keys
-        parts.setdefault(node or f"#{k}", _part(node or _call_node(function, step.calls[:k]), function,
-                                                {function: keys}))
+        parts.setdefault(node or f"#{k}", _part(node or _call_node(function, step.calls[:k]), function, keys))
     return tuple(parts.values())
 
 
@@ -153,9 +151,9 @@ def _call_node(block_function: str, earlier: tuple[str, ...]) -> str:
     return node if block_function not in earlier else f"a node sharing {node}'s kernel"
 
 
-def _part(node: str, function: str, by_function: dict[str, list[str]]) -> Part:
-    keys = tuple(by_function.get(function, ()))
-    return Part(node, function, DB_KERNEL if keys else NNFUSION_KERNEL, keys)
+def _part(node: str, function: str, keys: Sequence[str]) -> Part:
+    """The part of a node running `function`, with the DB rows found in it (none: NNFusion's own kernel)."""
+    return Part(node, function, DB_KERNEL if keys else NNFUSION_KERNEL, tuple(keys))
 
 
 def _facts(row: KernelRow) -> RowFacts:

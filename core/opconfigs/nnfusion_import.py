@@ -186,7 +186,7 @@ def _split(node: Any, attrs: dict[str, Any], shapes: Shapes) -> str:
     return ""
 
 
-def softmax_axis(node: Any, attrs: dict[str, Any], shape: list[int] | None) -> int | None:
+def softmax_axis(attrs: dict[str, Any], shape: list[int] | None) -> int | None:
     """The axis NNFusion's importer gives a Softmax (frontend/onnx_import/op/softmax.cpp: `axis`, -1 when absent,
     whatever the opset), counted from 0; None when the input's rank is unknown."""
     if shape is None:
@@ -197,8 +197,8 @@ def softmax_axis(node: Any, attrs: dict[str, Any], shape: list[int] | None) -> i
 
 def _softmax(node: Any, attrs: dict[str, Any], shapes: Shapes) -> str:
     shape = shapes.get(node.input[0]) if node.input else None
-    axis = softmax_axis(node, attrs, shape)
-    if axis is None or shape is None or axis == len(shape) - 1:
+    axis = softmax_axis(attrs, shape)
+    if shape is None or axis == len(shape) - 1:
         return ""
     return (f"Softmax over axis {axis} of a rank-{len(shape)} input: NNFusion's Softmax takes the last axis only and "
             "aborts ('softmax only support computing on the last dim', core/operators/op_define/softmax.cpp); "
@@ -257,7 +257,6 @@ class ShapeWarning(NamedTuple):
     node: str
     text: str
     kind: str = "wrong shape"  # or "wrong numbers": the shapes hold, the math is another
-
 
 
 def import_blockers(model: Any) -> list[Blocker]:

@@ -17,6 +17,7 @@ import math
 from typing import Any
 
 from core.errors import InputError
+from core.kernels.ops import sum_axes
 from core.opconfigs.onnx_extract import ONNX_ELEMENTWISE
 from core.opconfigs.opconfig import OpConfig
 
@@ -86,8 +87,6 @@ class _Builder:
         if op == "Softmax":  # over the last axis, the only one NNFusion's Softmax takes
             return self._node("Softmax", [self._input(self.params["input_shape"])], axis=-1)
         if op == "Sum":  # a ReduceMean (axes still an attribute at opset 17): its Divide runs with and without the row
-            from core.kernels.ops import sum_axes
-
             (axes,) = sum_axes(self.params["input_shape"], self.params["output_shape"])
             return self._node("ReduceMean", [self._input(self.params["input_shape"])], axes=list(axes), keepdims=0)
         if op in ELEMENTWISE_ONNX:

@@ -358,8 +358,9 @@ def _pads(attrs: dict[str, Any], size: list[int], out: list[int], window: list[i
     return pads[:spatial], pads[spatial:]
 
 
-def reduce_mean_shape(shape: list[int] | None, attrs: dict[str, Any]) -> list[int] | None:
-    """The shape of the Sum NNFusion's ReduceMean makes (the reduced axes dropped: keepdims is a Reshape after)."""
+def sum_shape(shape: list[int] | None, attrs: dict[str, Any]) -> list[int] | None:
+    """The shape of the Sum NNFusion's ReduceMean or ReduceSum makes (the reduced axes dropped: keepdims is a Reshape
+    after)."""
     if shape is None:
         return None
     axes = {a % len(shape) for a in attrs.get("axes", range(len(shape)))} if shape else set()
@@ -707,7 +708,7 @@ class _Extractor:
         """NNFusion's ReduceMean: a Sum (frontend/onnx_import/op/reduce.hpp), then a Divide by the count, both
         looked up with the reduced shape (a Reshape puts kept axes back after)."""
         x, y = node.input[0], node.output[0]
-        reduced = reduce_mean_shape(self.t.shape(x), _attrs(node))
+        reduced = sum_shape(self.t.shape(x), _attrs(node))
         dtype = self.t.dtype([x, y])
         self.done.add(i)
         self._emit_sum(i, self.t.shape(x), reduced, dtype)
@@ -722,7 +723,7 @@ class _Extractor:
             raise _NotMapped("ReduceSum with its axes as an input (opset 13 on): NNFusion's importer reads only the "
                              "axes attribute and reduces every axis without it (op/reduce.hpp)")
         self.done.add(i)
-        self._emit_sum(i, self.t.shape(x), reduce_mean_shape(self.t.shape(x), _attrs(node)), self.t.dtype([x, y]))
+        self._emit_sum(i, self.t.shape(x), sum_shape(self.t.shape(x), _attrs(node)), self.t.dtype([x, y]))
 
     def _emit_sum(self, i: int, shape: list[int], reduced: list[int] | None, dtype: str) -> None:
         """The Sum NNFusion adds for a ReduceMean or ReduceSum (named "<node>/sum" in the graph model)."""
@@ -737,7 +738,7 @@ class _Extractor:
         its identifier needs no axis: Softmax<in>;<out><types>."""
         x, y = node.input[0], node.output[0]
         shape = self.t.shape(x)
-        if softmax_axis(node, _attrs(node), shape) != len(shape) - 1:
+        if softmax_axis(_attrs(node), shape) != len(shape) - 1:
             raise _NotMapped("not over the last axis: NNFusion aborts on it (op_define/softmax.cpp)")
         params = {"input_shape": shape, "output_shape": self.t.shape(y)}
         self._emit(OpConfig(SOFTMAX, params, 1, self.t.dtype([x, y]), source=self.names[i]), [i])
@@ -857,10 +858,8 @@ class _CompilerGraph:
             self._add(GraphNode(name, ELEMENTWISE, self._size(out_shape), operands), outs)
         elif op == "MatMul" and len(known) == 2:
             self._matmul(name, node, known, out_shape)
-        elif op == "ReduceMean" and known:
-            self._reduce_mean(name, node, known[0], out_shape)
-        elif op == "ReduceSum" and known:
-            self._reduce_sum(name, node, known[0], out_shape)
+        elif op in ("ReduceMean", "ReduceSum") and known:
+            self._reduction(name, node, known[0], out_shape, mean=op == "ReduceMean")
         elif op in RESHAPES and known:
             self._add(GraphNode(name, RESHAPE, self._size(out_shape), (known[0],)), outs)
         else:  # one node of no interest to kernel fusion (Softmax among them: the pass keeps it out by name)
@@ -911,26 +910,20 @@ class _CompilerGraph:
         batched = self._add(GraphNode(f"{name}/batch_matmul", OTHER, self._size(out), tuple(sides)), [])
         self._add(GraphNode(name, RESHAPE, self._size(out), (batched,)), [node.output[0]])
 
-    def _reduce_mean(self, name: str, node: Any, data: str, out: list[int] | None) -> None:
-        """Sum, then a Divide by the count (a broadcast scalar), then a Reshape when the reduced axes are kept."""
-        reduced = reduce_mean_shape(self.ex.t.known_shape(node.input[0]), _attrs(node))
-        total = self._add(GraphNode(f"{name}/sum", OTHER, self._size(reduced), (data,)), [])
-        count = self._add(GraphNode(f"{name}/count", SOURCE), [])
-        count = self._add(GraphNode(f"{name}/count/broadcast", BROADCAST, self._size(reduced), (count,), True), [])
-        mean = self._add(GraphNode(f"{name}/mean", ELEMENTWISE, self._size(reduced), (total, count)), [])
+    def _reduction(self, name: str, node: Any, data: str, out: list[int] | None, *, mean: bool) -> None:
+        """Sum; for a ReduceMean then a Divide by the count (a broadcast scalar); a Reshape when the reduced axes are
+        kept."""
+        reduced = sum_shape(self.ex.t.known_shape(node.input[0]), _attrs(node))
+        last = self._add(GraphNode(f"{name}/sum", OTHER, self._size(reduced), (data,)), [])
+        if mean:
+            count = self._add(GraphNode(f"{name}/count", SOURCE), [])
+            count = self._add(GraphNode(f"{name}/count/broadcast", BROADCAST, self._size(reduced), (count,), True),
+                              [])
+            last = self._add(GraphNode(f"{name}/mean", ELEMENTWISE, self._size(reduced), (last, count)), [])
         if _attrs(node).get("keepdims", 1):
-            self._add(GraphNode(name, RESHAPE, self._size(out), (mean,)), [node.output[0]])
+            self._add(GraphNode(name, RESHAPE, self._size(out), (last,)), [node.output[0]])
         else:
-            self.producer[node.output[0]] = mean
-
-    def _reduce_sum(self, name: str, node: Any, data: str, out: list[int] | None) -> None:
-        """Sum, then a Reshape when the reduced axes are kept."""
-        reduced = reduce_mean_shape(self.ex.t.known_shape(node.input[0]), _attrs(node))
-        total = self._add(GraphNode(f"{name}/sum", OTHER, self._size(reduced), (data,)), [])
-        if _attrs(node).get("keepdims", 1):
-            self._add(GraphNode(name, RESHAPE, self._size(out), (total,)), [node.output[0]])
-        else:
-            self.producer[node.output[0]] = total
+            self.producer[node.output[0]] = last
 
     def _gemm(self, name: str, node: Any, known: list[str], out: list[int] | None) -> None:
         attrs = _attrs(node)

@@ -296,11 +296,8 @@ def parse_line(line: str, where: str = "") -> OpConfig:
         params = {"input_shape": _shape(one("i"), where), "output_shape": _shape(one("o"), where),
                   "window_shape": _shape(one("win"), where), "window_stride": _shape(one("ws"), where),
                   "padding_below": _shape(one("pb"), where), "padding_above": _shape(one("pa"), where)}
-    elif kind.endswith("reduce_sum"):
-        op_type = SUM
-        params = {"input_shape": _shape(one("i"), where), "output_shape": _shape(one("o"), where)}
-    elif kind.endswith("softmax"):
-        op_type = SOFTMAX
+    elif kind.endswith(("reduce_sum", "softmax")):
+        op_type = SUM if kind.endswith("reduce_sum") else SOFTMAX
         params = {"input_shape": _shape(one("i"), where), "output_shape": _shape(one("o"), where)}
     elif kind.startswith("elementwise_"):
         name = kind[len("elementwise_"):]
