@@ -108,7 +108,7 @@ def library_us(op_type: str, p: dict, repeats: int = 200, *, dtype: str = "float
                 xin = x if pb == pa else F.pad(x, (pb[1], pa[1], pb[0], pa[0]))
                 return pool(xin, p["window_shape"], p["window_stride"], tuple(pb) if pb == pa else 0)
             tensors = [x]
-        elif op_type == "Dot":
+        elif op_type in ("Dot", "BatchMatMul"):  # (a BatchMatMul: torch.matmul's batched cuBLAS call)
             a = torch.rand(p["arg0_shape"], device="cuda", dtype=kind)
             b = torch.rand(p["arg1_shape"], device="cuda", dtype=kind)
 
@@ -167,14 +167,14 @@ def rows_report(db_path: Path, ceil: dict, *, source: str) -> list[dict]:
             prof = next(iter(kdb.get("profile", {}).values()), {})
             item = row_to_item(row)
             dtype = item.get("dtype", "float")
-            config = OpConfig(row.op_type, item["parameters"], dtype=dtype)
+            config = OpConfig(row.op, item["parameters"], dtype=dtype)  # (row.op: a BatchMatMul row's OpType says Dot)
             flops = config.flops
-            nbytes = op_bytes(row.op_type, item["parameters"])
+            nbytes = op_bytes(row.op, item["parameters"])
             floor_us = max(flops / ceil["fp32_flops"], nbytes / ceil["hbm_bytes_per_s"]) * 1e6
             ours = prof.get("us")
             tf32 = item.get("math") == "tf32"  # a TF32 row against the library in TF32 (PyTorch's default for convs)
-            lib = library_us(row.op_type, item["parameters"], dtype=dtype, tf32=tf32)
-            rows.append({"source": source, "name": kdb.get("name", row.key[:16]), "op_type": row.op_type,
+            lib = library_us(row.op, item["parameters"], dtype=dtype, tf32=tf32)
+            rows.append({"source": source, "name": kdb.get("name", row.key[:16]), "op_type": row.op,
                          "dtype": "tf32" if tf32 else dtype,
                          "tensor_cores": "mma.sync" in json.loads(row.function)["function_body"],
                          "op": config.describe(), "ours_us": ours, "library_us": lib,

@@ -33,6 +33,12 @@ ODD = [  # transposed operands, a padded M (ViT's 197 tokens), a batch of 2 with
     "cublas_dot_op_half|a+1_197_768|b+768_768|o+1_197_768|ta+0|tb+0",
     "cudnn_convolution_op_half|i+2_32_20_20|w+48_32_3_3|o+2_48_10_10|ws+2_2|wd+2_2|p+2_2",
 ]
+ATTENTION = [  # BatchMatMuls: BERT's Q.K^T and P.V (12 heads), a ViT's with 197 tokens (padded), two batch axes
+    "cublas_batch_matmul_op_half|a+1_12_128_64|b+1_12_64_128|o+1_12_128_128",
+    "cublas_batch_matmul_op_half|a+1_12_128_128|b+1_12_128_64|o+1_12_128_64",
+    "cublas_batch_matmul_op_half|a+6_197_197|b+6_197_64|o+6_197_64",
+    "cublas_batch_matmul_op_half|a+2_3_40_24|b+2_3_24_36|o+2_3_40_36",
+]
 
 
 def rows_of(items: list[dict], db_path: Path, *, compile: bool) -> tuple[list, object]:  # type: ignore[type-arg]
@@ -52,7 +58,7 @@ def assert_tensor_core_row(code: str) -> None:
     assert not lane_indexed_fragments(code), "fragments indexed by the lane: a warp buffer was not lowered"
 
 
-@pytest.mark.parametrize("line", BERT + RESNET50 + ODD)
+@pytest.mark.parametrize("line", BERT + RESNET50 + ODD + ATTENTION)
 def test_fp16_dots_and_convolutions_generate_tensor_core_kernels_by_default(line: str):
     config = parse_line(line)
     assert on_tensor_cores(config)
@@ -81,7 +87,7 @@ def test_a_half_tensor_core_op_is_checked_on_the_cpu_as_its_fp32_definition_and_
 
 
 def test_every_tensor_core_row_lints_clean_and_nvcc_builds_it(tmp_path: Path):
-    items = [generate(parse_line(line), "sm_90", check=False).item for line in BERT + RESNET50 + ODD]
+    items = [generate(parse_line(line), "sm_90", check=False).item for line in BERT + RESNET50 + ODD + ATTENTION]
     nvcc = bool(find_nvcc(""))
     rows, report = rows_of(items, tmp_path / "tc.db", compile=nvcc)  # type: ignore[arg-type]
     assert report.failed == 0, [f.reason for f in report.failures]  # type: ignore[attr-defined]
@@ -97,7 +103,7 @@ def test_every_tensor_core_row_lints_clean_and_nvcc_builds_it(tmp_path: Path):
             assert block["spill_stores"] <= 16 and block["registers"] <= 128, block
 
 
-@pytest.mark.parametrize("line", [BERT[1], RESNET50[0], RESNET50[2], ODD[1]])
+@pytest.mark.parametrize("line", [BERT[1], RESNET50[0], RESNET50[2], ODD[1], ATTENTION[1]])
 def test_every_sampled_tiling_of_the_design_space_builds_into_a_row(tmp_path: Path, line: str):
     """What tuning tries: random tilings (warps, tiles per warp, k chunk, copy widths) of the op's space, each one
     generated and injected as its row would be; VerifyGPUCode drops those over a block's limits."""
@@ -144,6 +150,29 @@ def test_an_op_the_tensor_cores_do_not_take_gets_a_cuda_core_row_saying_why(line
     generated = generate(config, "sm_90", check=False)
     assert generated.item is not None and "mma.sync" not in generated.item["code"]
     assert generated.notes[-1].startswith("CUDA cores") and reason in generated.notes[-1]
+
+
+def test_each_product_of_a_batch_matmul_reads_its_own_operands_and_a_shared_one_is_caught(
+        monkeypatch: pytest.MonkeyPatch):
+    """A BatchMatMul is a batch of GEMMs, each with its own A and B (a convolution's images share one filter): the
+    CPU check of its definition catches one that reads the first product's A for every product."""
+    config = parse_line(ATTENTION[3])
+    g = tensorcore.gemm_of(config)
+    assert (g.kind, g.batch, g.m, g.n, g.k, g.mp) == ("bmm", 6, 40, 36, 24, 48)
+    assert generate(config, "sm_90").max_rel_error < 1e-5
+    real_pad = tensorcore._pad
+
+    def first_product_a(tensor, shape, name):  # type: ignore[no-untyped-def]
+        from tvm import te
+
+        padded = real_pad(tensor, shape, name)
+        if name != "A_pad":
+            return padded
+        return te.compute(padded.shape, lambda b, i, k: padded[0, i, k], name=name)
+
+    monkeypatch.setattr(tensorcore, "_pad", first_product_a)
+    wrong = generate(config, "sm_90")
+    assert wrong.item is None and wrong.stage == "check" and "differs from numpy" in wrong.error
 
 
 def test_a_float_op_stays_on_the_cuda_cores():
@@ -307,14 +336,20 @@ def test_a_tf32_row_is_verified_and_run_by_tf32s_bound(tmp_path: Path):
     assert error_bound(RunOptions(), fp32, tf32=True) == TF32_MAX_ERROR
 
 
-def test_kernel_json_takes_tf32_only_for_a_float_dot_or_convolution():
+def test_kernel_json_takes_tf32_only_for_a_float_dot_batch_matmul_or_convolution():
     from core.errors import InputError
     from core.kernels.kernel_json import validate_item
+    from core.opconfigs.opconfig import with_math
 
     item = generate(parse_line(BERT[0]), "sm_90", check=False).item
     assert item is not None
-    with pytest.raises(InputError, match="tf32 is a way to compute a float Dot or convolution, not a half Dot"):
+    with pytest.raises(InputError, match="tf32 is a way to compute a float Dot, BatchMatMul or convolution, not a "
+                                         "half Dot"):
         validate_item({**item, "math": "tf32"})
+    attention = with_math(parse_line(ATTENTION[0].replace("_half", "_float")), "tf32")
+    generated = generate(attention, "sm_90", check=False)
+    assert generated.notes == ["tensor cores (mma.sync tf32, fp32 accumulation)"] and generated.item is not None
+    assert validate_item(generated.item) is not None
     with pytest.raises(InputError, match="math"):
         validate_item({**item, "dtype": "float", "math": "bf16"})
 

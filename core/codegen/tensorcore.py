@@ -3,6 +3,7 @@
 Every op here is a (batched) GEMM C[b, m, n] = sum_k A[m, k] B[b, k, n], padded to whole 16x16x16 tiles:
 - a Dot is A x B of its 2-D operands (a left operand of rank > 2 gives its leading axes as rows); a transposed
   operand stays as it lies in memory and is read with ldmatrix's transposing forms;
+- a BatchMatMul (attention's Q.K^T and P.V) is `batch` products each of its own A and B: A[b, m, k] too;
 - a convolution is an implicit GEMM: A is the weight [Cout, Cin*KH*KW] as it lies in memory, B the input's patches
   (im2col) gathered straight into shared memory, n the output pixel: C[b] is the NCHW output of image b.
 The padding is part of the definition (zero operands outside the op), the bounds are the epilogue's: the output
@@ -47,13 +48,18 @@ def shared_align(config: OpConfig, operand: str, transposed: bool) -> tuple[int,
 class Gemm:
     """An op as the GEMM the tensor cores compute (sizes before and after padding to whole tiles)."""
 
-    kind: str  # "dot" | "conv"
+    kind: str  # "dot" | "bmm" (a BatchMatMul: A batched too) | "conv"
     batch: int
     m: int
     n: int
     k: int
     trans_a: bool = False
     trans_b: bool = False
+
+    @property
+    def batched(self) -> bool:
+        """Whether the GEMM has a batch axis (blockIdx.y): a convolution's images, a BatchMatMul's products."""
+        return self.kind != "dot"
 
     @property
     def mp(self) -> int:
@@ -83,10 +89,7 @@ def refusal(config: OpConfig) -> str:
         return "float op: the tensor cores take fp16 ops, and fp32 ops in TF32 when asked (--math tf32)"
     if config.dtype not in ("half", "float"):
         return f"{config.dtype} op: the tensor-core rows are fp16 (or TF32)"
-    if config.op_type == BATCH_MATMUL:
-        return ("a BatchMatMul: kdb's tensor-core schedule is one GEMM (a convolution's batch shares its filter), not "
-                "a batch of them yet")
-    if config.op_type not in (*CONV_FAMILY, "Dot"):
+    if config.op_type not in (*CONV_FAMILY, "Dot", BATCH_MATMUL):
         return f"{config.op_type} is no matrix product"
     if config.groups != 1:
         return "a grouped convolution"
@@ -112,6 +115,9 @@ def gemm_of(config: OpConfig) -> Gemm:
     if config.op_type == "Dot":
         m, k, n = config.matrix_dims()
         return Gemm("dot", 1, m, n, k, bool(p.get("transpose_A")), bool(p.get("transpose_B")))
+    if config.op_type == BATCH_MATMUL:  # (an ONNX MatMul's: never transposed, kernel_json._batch_matmul)
+        m, k, n = config.matrix_dims()
+        return Gemm("bmm", config.batch, m, n, k)
     nb, cin, _, _ = p["input_shape"]
     cout, _, kh, kw = p["filter_shape"]
     _, _, oh, ow = p["output_shape"]
@@ -142,6 +148,14 @@ def define(config: OpConfig) -> tuple[list[Any], Any]:
         c = te.compute((g.mp, g.np_), product, name="gemm")
         out = te.compute((g.m, g.n), lambda i, j: c[i, j].astype(f16), name="output0")
         return [a, b], out
+    if g.kind == "bmm":  # the batch axes as one (the kernel's buffers are flat)
+        a = te.placeholder((g.batch, g.m, g.k), f16, name="input0")
+        b = te.placeholder((g.batch, g.k, g.n), f16, name="input1")
+        a_pad, b_pad = _pad(a, (g.mp, g.kp), "A_pad"), _pad(b, (g.kp, g.np_), "B_pad")
+        c = te.compute((g.batch, g.mp, g.np_),
+                       lambda bi, i, j: te.sum(a_pad[bi, i, kk].astype(f32) * b_pad[bi, kk, j].astype(f32), axis=kk),
+                       name="gemm")
+        return [a, b], te.compute((g.batch, g.m, g.n), lambda bi, i, j: c[bi, i, j].astype(f16), name="output0")
     p = config.params
     # A 1x1, stride-1, unpadded convolution reads each patch row as it lies in the input: the input is taken flat
     # ([N, C, H*W], the same bytes), and so is the filter: their loads are a linear index TVM can vectorize.
@@ -203,13 +217,18 @@ def plain_patches(config: OpConfig) -> bool:
 
 
 def _pad(tensor: Any, shape: tuple[int, int], name: str) -> Any:
+    """A matrix (or a batch of them: the leading axis kept) zero-padded to `shape`."""
     from tvm import te, tirx
 
-    rows, cols = (int(d) for d in tensor.shape)
+    *batch, rows, cols = (int(d) for d in tensor.shape)
     if (rows, cols) == shape:
-        return te.compute(shape, lambda i, j: tensor[i, j], name=name)
-    return te.compute(shape, lambda i, j: tirx.if_then_else(tirx.all(i < rows, j < cols), tensor[i, j],
-                                                            tirx.const(0, tensor.dtype)), name=name)
+        return te.compute((*batch, *shape), lambda *at: tensor[at], name=name)
+
+    def value(*at: Any) -> Any:
+        i, j = at[-2:]
+        return tirx.if_then_else(tirx.all(i < rows, j < cols), tensor[at], tirx.const(0, tensor.dtype))
+
+    return te.compute((*batch, *shape), value, name=name)
 
 
 # -- the schedule ------------------------------------------------------------------------------------------------
@@ -329,7 +348,7 @@ def schedule(sch: Any, config: OpConfig, decisions: Decisions | None = None, *, 
     gemm, out = sch.get_sblock("gemm"), sch.get_sblock("output0")
     a_pad, b_pad = sch.get_sblock("A_pad"), sch.get_sblock("B_pad")
     loops = sch.get_loops(gemm)
-    batch, (i, j, k) = (loops[0] if g.kind == "conv" else None), loops[-3:]
+    batch, (i, j, k) = (loops[0] if g.batched else None), loops[-3:]
     i, i16 = sch.split(i, [None, TILE])
     j, j16 = sch.split(j, [None, TILE])
     dtype = element_type(config)
@@ -396,7 +415,7 @@ def schedule(sch: Any, config: OpConfig, decisions: Decisions | None = None, *, 
         ro, ri = sch.split(r, [None, layout.rows])
         co, ci = sch.split(c, [None, layout.cols])
         sch.reorder(ro, co, ri, ci)
-        batched = g.kind == "conv" and operand == "B"  # the patches of image b
+        batched = g.kind == "bmm" or (g.kind == "conv" and operand == "B")  # (a convolution's filter is shared)
         sch.transform_layout(fragments, ("write", 0), _batched(layout.tiled, g) if batched else layout.tiled)
         sch.tensorize(ri, ldmatrix_name(operand, transposed, dtype))
         _unroll(sch, ro, co)
@@ -440,14 +459,14 @@ def _unroll(sch: Any, *loops: Any) -> None:
 
 
 def _batched(layout: Any, g: Gemm) -> Any:
-    if g.kind != "conv":
+    if not g.batched:
         return layout
     return lambda b, i, j: (b, *layout(i, j))
 
 
 def _sliced(layout: Any, g: Gemm) -> Any:
-    """The layout of a sliced accumulator: one fragment tile set per slice (and image)."""
-    if g.kind != "conv":
+    """The layout of a sliced accumulator: one fragment tile set per slice (and image or product)."""
+    if not g.batched:
         return lambda s, i, j: (s, *layout(i, j))
     return lambda s, b, i, j: (s, b, *layout(i, j))
 

@@ -29,6 +29,7 @@ from core.kernels.ops import (
     CONV_FAMILY,
     ELEMENTWISE_ARITY,
     INJECTABLE_OP_TYPES,
+    MATRIX_OP_TYPES,
     POOLS,
     SOFTMAX,
     SUM,
@@ -230,8 +231,9 @@ def validate_item(item: Any) -> KernelSpec:
     tensor_math = item.get("math", "")
     if tensor_math not in ("", "tf32"):
         raise _fail("math", f"{_brief(tensor_math)}: a float kernel is plain fp32 (no math) or \"tf32\"")
-    if tensor_math and (dtype != "float" or op_type not in (*CONV_FAMILY, "Dot")):
-        raise _fail("math", f"tf32 is a way to compute a float Dot or convolution, not a {dtype} {op_type}")
+    if tensor_math and (dtype != "float" or op_type not in MATRIX_OP_TYPES):
+        raise _fail("math", f"tf32 is a way to compute a float Dot, BatchMatMul or convolution, not a {dtype} "
+                            f"{op_type}")
 
     code = item.get("code")
     if not isinstance(code, str) or not code.strip():

@@ -34,7 +34,17 @@ from typing import Any
 
 from core.errors import InputError
 from core.kernels.kernel_json import MAX_FILE_BYTES, validate_item
-from core.kernels.ops import BATCH_MATMUL, CONV_FAMILY, ELEMENTWISE_ARITY, POOLS, SOFTMAX, SUM, dtype_problem, sum_axes
+from core.kernels.ops import (
+    BATCH_MATMUL,
+    CONV_FAMILY,
+    ELEMENTWISE_ARITY,
+    MATRIX_OP_TYPES,
+    POOLS,
+    SOFTMAX,
+    SUM,
+    dtype_problem,
+    sum_axes,
+)
 from core.kernels.opsig import OpSignature, dot_mkn
 from core.opconfigs.nnfusion_import import depthwise_padding_ok, grouped_conv_reason
 
@@ -384,9 +394,9 @@ def _read_prefix(config: OpConfig) -> str | None:
 
 
 def with_math(config: OpConfig, math: str) -> OpConfig:
-    """The config as a run asks it computed: math "tf32" makes a float Dot or convolution a TF32 one (the tensor cores
-    take it); every other op, and "fp32", are left as they are."""
-    if math == "tf32" and config.dtype == "float" and config.op_type in (*CONV_FAMILY, "Dot"):
+    """The config as a run asks it computed: math "tf32" makes a float Dot, BatchMatMul or convolution a TF32 one
+    (the tensor cores take it); every other op, and "fp32", are left as they are."""
+    if math == "tf32" and config.dtype == "float" and config.op_type in MATRIX_OP_TYPES:
         return replace(config, math="tf32")
     return config
 
