@@ -175,6 +175,18 @@ def test_each_product_of_a_batch_matmul_reads_its_own_operands_and_a_shared_one_
     assert wrong.item is None and wrong.stage == "check" and "differs from numpy" in wrong.error
 
 
+@pytest.mark.parametrize("line", [RESNET50[0], RESNET50[4], ODD[2]])
+def test_a_half_operand_copied_element_by_element_loads_behind_no_branch(line: str):
+    """A gathered patch (3x3, 7x7) or a padded operand (197 rows) is copied one half at a time: each element read at an
+    index clamped inside the tensor and selected, with no branch around its load. Behind one (TVM's if_then_else:
+    `if (...) condval = input0[...]`), nvcc stored each element before it issued the next load: a global load's
+    latency per element (SASS of the 3x3 convolution: LDG, STS, LDG, STS... in the k loop; 32 LDGs, then 32 STSs,
+    now)."""
+    code = generate(parse_line(line), "sm_90").item["code"]  # type: ignore[index]
+    gather = code[:code.index("ldmatrix")]
+    assert "condval" not in gather and "? element" in gather
+
+
 def test_a_float_op_stays_on_the_cuda_cores():
     config = parse_line("cublas_dot_op_float|a+128_64|b+64_64|o+128_64|ta+0|tb+0")
     assert tensorcore.refusal(config).startswith("float op: the tensor cores take fp16 ops, and fp32 ops in TF32")

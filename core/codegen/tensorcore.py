@@ -133,7 +133,6 @@ def define(config: OpConfig) -> tuple[list[Any], Any]:
     g = gemm_of(config)
     f16, f32 = element_type(config), "float32"  # (f16: the operands' type, half or fp32 for TF32)
     kk = te.reduce_axis((0, g.kp), name="k")
-    zero = tirx.const(0, f16)
     if g.kind == "dot":
         a = te.placeholder((g.k, g.m) if g.trans_a else (g.m, g.k), f16, name="input0")
         b = te.placeholder((g.n, g.k) if g.trans_b else (g.k, g.n), f16, name="input1")
@@ -171,9 +170,9 @@ def define(config: OpConfig) -> tuple[list[Any], Any]:
     window = kh * kw
 
     def weight_at(m: Any, k: Any) -> Any:
-        inside = tirx.all(m < g.m, k < g.k) if (g.mp, g.kp) != (g.m, g.k) else None
-        value = weight[m, k]
-        return tirx.if_then_else(inside, value, zero) if inside is not None else value
+        if (g.mp, g.kp) == (g.m, g.k):
+            return weight[m, k]
+        return _selected(weight[tirx.min(m, g.m - 1), tirx.min(k, g.k - 1)], [m < g.m, k < g.k])
 
     def patch_at(bi: Any, k: Any, n: Any) -> Any:
         y = n // ow * sh + k % window // kw * dh - pt
@@ -184,8 +183,15 @@ def define(config: OpConfig) -> tuple[list[Any], Any]:
         conditions += [x >= 0] if pl else []
         conditions += [y < h] if (oh - 1) * sh + (kh - 1) * dh - pt >= h else []
         conditions += [x < w] if (ow - 1) * sw + (kw - 1) * dw - pl >= w else []
-        value = data[bi, k, n] if flat else data[bi, k // window, y, x]
-        return tirx.if_then_else(tirx.all(*conditions), value, zero) if conditions else value
+        if not conditions:
+            return data[bi, k, n] if flat else data[bi, k // window, y, x]
+
+        def inside(index: Any, size: int) -> Any:
+            return tirx.max(tirx.min(index, size - 1), 0)
+
+        if flat:
+            return _selected(data[bi, inside(k, g.k), inside(n, g.n)], conditions)
+        return _selected(data[bi, tirx.min(k, g.k - 1) // window, inside(y, h), inside(x, w)], conditions)
 
     a_pad = te.compute((g.mp, g.kp), weight_at, name="A_pad")
     b_pad = te.compute((g.batch, g.kp, g.np_), patch_at, name="B_pad")
@@ -225,10 +231,25 @@ def _pad(tensor: Any, shape: tuple[int, int], name: str) -> Any:
         return te.compute((*batch, *shape), lambda *at: tensor[at], name=name)
 
     def value(*at: Any) -> Any:
-        i, j = at[-2:]
-        return tirx.if_then_else(tirx.all(i < rows, j < cols), tensor[at], tirx.const(0, tensor.dtype))
+        *b, i, j = at
+        return _selected(tensor[(*b, tirx.min(i, rows - 1), tirx.min(j, cols - 1))], [i < rows, j < cols])
 
     return te.compute((*batch, *shape), value, name=name)
+
+
+def _selected(read: Any, conditions: list[Any]) -> Any:
+    """An operand's element where `conditions` hold, else zero, from `read`: a load at an index clamped inside the
+    tensor. A half's is behind no branch, the zero a select: behind a branch (if_then_else) each element of a
+    gathered patch was a basic block of its own, and nvcc issued each load only after the store of the one before
+    to shared memory waited for it (a global load's latency per element, 32 a thread in each round of k). A 4-byte
+    element (TF32) keeps if_then_else: TVM copies it with a predicated cp.async, which waits for nothing."""
+    from tvm import tirx
+
+    zero = tirx.const(0, read.dtype)
+    if read.dtype != "float16":
+        return tirx.if_then_else(tirx.all(*conditions), read, zero)
+    value = tirx.Var("element", read.dtype)
+    return tirx.Let(value, read, tirx.Select(tirx.all(*conditions), value, zero))
 
 
 # -- the schedule ------------------------------------------------------------------------------------------------
