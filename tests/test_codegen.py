@@ -137,8 +137,8 @@ def test_a_3d_convolution_or_pool_is_refused_by_name():
 def test_grouped_convolution_is_refused_with_what_nnfusion_really_does():
     config = parse_line("cudnn_convolution_op_float|i+1_32_8_8|w+32_1_3_3|o+1_32_8_8|ws+1_1|wd+1_1|p+1_1|g+32", "dw")
     result = generate(config, "sm_90")
-    assert result.item is None and "kdb generates no depthwise rows yet" in result.error
-    assert "DepthwiseConv2dNative" in result.error and "kernel of its own" in result.error and "cuDNN" not in result.error
+    assert result.item is None and "write it as a cudnn_depthwise_conv2d_op line" in result.error
+    assert "DepthwiseConv2dNative" in result.error and "cuDNN" not in result.error
     grouped = parse_line("cudnn_convolution_op_float|i+1_64_8_8|w+64_2_3_3|o+1_64_8_8|ws+1_1|wd+1_1|p+1_1|g+32", "rx")
     result = generate(grouped, "sm_90")  # ResNeXt's: the compiler aborts on it (tests/test_nnfusion_compiler.py)
     assert result.item is None and "importer aborts" in result.error and "cuDNN" not in result.error

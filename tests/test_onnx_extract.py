@@ -99,17 +99,21 @@ def test_mlp_gemms_and_matmul_are_dots_and_bias_adds_full_shape_adds(model_path)
     accounted(ext, path)
 
 
-def test_a_depthwise_conv_is_no_op_config_and_says_what_nnfusion_runs(model_path):
+def test_a_depthwise_conv_is_nnfusions_depthwise_op_with_its_filter_as_the_importer_transposes_it(model_path):
+    """frontend/onnx_import/op/conv.cpp makes a Conv of group = channels a DepthwiseConv2dNative whose filter is ONNX's
+    [C, 1, kh, kw] reshaped to [kh, kw, C, 1]: the identifier the compiler fetches (test_nnfusion_compiler)."""
     path = model_path(depthwise_block())
     ext = extract(path)
+    dw = {"input_shape": [1, 32, 56, 56], "filter_shape": [3, 3, 32, 1], "output_shape": [1, 32, 56, 56],
+          "window_movement_strides": [1, 1], "window_dilation_strides": [1, 1], "padding_below_diff": [1, 1]}
     assert summary(ext) == [
+        ("DepthwiseConv2dNative", dw, 1, 1, [("dw",)]),
         ("Relu", {"input_shapes": [[1, 32, 56, 56]], "output_shape": [1, 32, 56, 56]}, 1, 1, [("relu1",)]),
         ("Fused_Convolution_Relu", conv_params(32, 64, 1, 56, 56, pad=0), 1, 1, [("pw", "relu2")]),
     ]
-    [dw] = ext.unmapped
-    assert (dw.node, dw.op_type) == ("dw", "Conv")
-    assert "DepthwiseConv2dNative" in dw.reason and "kernel of its own" in dw.reason
-    assert "no stride, padding or dilation" in dw.reason and "kdb generates no depthwise rows yet" in dw.reason
+    assert ext.unmapped == []
+    assert ext.configs[0].signature().identifier == \
+        "DepthwiseConv2dNative1,32,56,56;3,3,32,1;1,32,56,56floatfloatfloat"
     accounted(ext, path)
 
 
@@ -119,11 +123,11 @@ def test_a_depthwise_conv_with_a_bias_has_its_add_and_a_grouped_conv_says_the_co
     y = g.conv(y, 16, 32, 1, pad=0, name="pw")
     y = g.conv(y, 32, 32, 3, group=4, name="grouped")
     ext = extract(model_path(g.model(y)))
-    assert [(c.op_type, c.params, ext.nodes[c.key]) for c in ext.configs] == [
-        ("Add", {"input_shapes": [[1, 16, 8, 8]] * 2, "output_shape": [1, 16, 8, 8]}, [("dw/bias",)]),
-        ("Convolution", conv_params(16, 32, 1, 8, 8, pad=0), [("pw",)])]
+    assert [(c.op_type, ext.nodes[c.key]) for c in ext.configs] == [
+        ("DepthwiseConv2dNative", [("dw",)]), ("Add", [("dw/bias",)]), ("Convolution", [("pw",)])]
+    assert ext.configs[1].params == {"input_shapes": [[1, 16, 8, 8]] * 2, "output_shape": [1, 16, 8, 8]}
     reasons = {u.node: u.reason for u in ext.unmapped}
-    assert "DepthwiseConv2dNative" in reasons["dw"]
+    assert list(reasons) == ["grouped"]
     assert "importer aborts" in reasons["grouped"] and "does not compile" in reasons["grouped"]
 
 
@@ -421,9 +425,11 @@ def test_cli_extract_writes_a_file_that_reads_back(model_path, tmp_path: Path, s
 def test_cli_extract_writes_what_the_compiler_looks_up_at_the_flags(model_path, tmp_path: Path):
     path, out = model_path(depthwise_block()), tmp_path / "dw.txt"
     proc = run_kdb("opconfig", "extract", str(path), "-o", str(out), env={"COLUMNS": "250"})
-    assert proc.returncode == 0 and "DepthwiseConv2dNative" in proc.stdout  # listed, not written
-    relu = "elementwise_relu_op_float|i+1_32_56_56|o+1_32_56_56"
-    assert out.read_text().splitlines() == [relu, format_line(extract(path).configs[1])]
+    assert proc.returncode == 0 and "DepthwiseConv2dNative" in proc.stdout
+    assert out.read_text().splitlines() == [format_line(c) for c in extract(path).configs]
+    assert out.read_text().splitlines()[:2] == [
+        "cudnn_depthwise_conv2d_op_float|i+1_32_56_56|w+3_3_32_1|o+1_32_56_56|ws+1_1|wd+1_1|p+1_1",
+        "elementwise_relu_op_float|i+1_32_56_56|o+1_32_56_56"]
     g = GraphBuilder({"x": [4, 256]})  # a chain: one kernel of NNFusion's own at the default level
     chain = model_path(g.model(g.node("Exp", [g.node("Tanh", ["x"], "t")], "e")), "chain.onnx")
     proc, data = run_kdb_json("opconfig", "extract", str(chain), "-o", str(out))

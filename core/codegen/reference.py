@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from core.errors import InputError
-from core.kernels.ops import BATCH_MATMUL, CONV_FAMILY, POOLS, SOFTMAX, SUM, sum_axes
+from core.kernels.ops import BATCH_MATMUL, CONV_FAMILY, DEPTHWISE, POOLS, SOFTMAX, SUM, sum_axes
 from core.opconfigs.opconfig import OpConfig, planar
 
 TOLERANCE = 1e-4  # the fp32 floor of tolerance(): relative error (max |a-b| / max |b|) allowed against fp64 numpy
@@ -28,6 +28,8 @@ def reduction_length(config: OpConfig) -> int:
     p = config.params
     if config.op_type in CONV_FAMILY:
         return math.prod(p["filter_shape"][1:])  # input channels (per group) x window
+    if config.op_type == DEPTHWISE:
+        return math.prod(p["filter_shape"][:2])  # the window
     if config.op_type in ("Dot", BATCH_MATMUL):
         return config.matrix_dims()[1]
     if config.op_type in POOLS:
@@ -163,6 +165,11 @@ def reference(config: OpConfig, arrays: list[np.ndarray]) -> np.ndarray:
         if op == "Fused_Convolution_Add_Relu":
             out = out + xs[2].reshape(out.shape)
         return np.maximum(out, 0) if op != "Convolution" else out
+    if op == DEPTHWISE:  # the filter back from NNFusion's [kh, kw, C, 1] to ONNX's [C, 1, kh, kw]: groups of one
+        pb = p["padding_below_diff"]
+        w = xs[1].reshape(p["filter_shape"]).transpose(2, 3, 0, 1)
+        return _conv(xs[0].reshape(p["input_shape"]), w, p["window_movement_strides"], p["window_dilation_strides"],
+                     pb, pb, w.shape[0])
     if op == "Dot":
         # The operands as matrices (a left operand of rank > 2 has its leading axes as rows, however the caller
         # shaped the arrays: the op config's shapes, or te_ops' 2-D ones); the result in the op config's shape.

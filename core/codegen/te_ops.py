@@ -13,7 +13,7 @@ import functools
 from typing import Any
 
 from core.errors import InputError
-from core.kernels.ops import BATCH_MATMUL, CONV_FAMILY, ELEMENTWISE_NO_ROW, POOLS, SOFTMAX, SUM, sum_axes
+from core.kernels.ops import BATCH_MATMUL, CONV_FAMILY, DEPTHWISE, ELEMENTWISE_NO_ROW, POOLS, SOFTMAX, SUM, sum_axes
 from core.opconfigs.opconfig import OpConfig, planar
 
 # Bumped when an op's definition changes its TVM workload: a tuning work dir holds one workload's trials, so
@@ -57,6 +57,10 @@ def define(config: OpConfig) -> tuple[list[Any], Any]:
             out = topi.add(out, bias)
         if op != "Convolution":
             out = topi.nn.relu(out) if dtype == "float32" else _in_float32(topi.nn.relu, [out])
+    elif op == DEPTHWISE:
+        data = te.placeholder(tuple(p["input_shape"]), dtype, name="input0")
+        weight = te.placeholder(tuple(p["filter_shape"]), dtype, name="input1")  # [kh, kw, C, 1]: NNFusion's
+        inputs, out = [data, weight], _depthwise(data, weight, p)
     elif op == "Dot":
         # One [M, K] x [K, N] product whatever the left operand's rank: its leading axes are rows (the kernel's
         # buffers are flat), so a [1,128,768] x [768,768] Dot is the 2-D GEMM TVM and MetaSchedule know best.
@@ -123,6 +127,20 @@ def _softmax(data: Any) -> Any:
                          name="row_sum")
     return te.compute(data.shape, lambda *i: (te.exp(data[i].astype("float32") - row_max[i[:-1]])
                                               / row_sum[i[:-1]]).astype(data.dtype), name="output0")
+
+
+def _depthwise(data: Any, weight: Any, p: dict[str, Any]) -> Any:
+    """Each channel convolved with its own window, the filter read as NNFusion's importer lays it out: weight[ky, kx,
+    c, 0] (frontend/onnx_import/op/conv.cpp transposes ONNX's [C, 1, kh, kw] so); padding symmetric."""
+    from tvm import te, topi
+
+    (sh, sw), (dh, dw), (ph, pw) = p["window_movement_strides"], p["window_dilation_strides"], p["padding_below_diff"]
+    kh, kw = p["filter_shape"][:2]
+    padded = topi.nn.pad(data, [0, 0, ph, pw], [0, 0, ph, pw], name="data_pad") if ph or pw else data
+    ry, rx = te.reduce_axis((0, kh), name="ry"), te.reduce_axis((0, kw), name="rx")
+    return te.compute(tuple(p["output_shape"]),
+                      lambda n, c, y, x: te.sum(padded[n, c, y * sh + ry * dh, x * sw + rx * dw] * weight[ry, rx, c, 0],
+                                                axis=[ry, rx]), name="output0")
 
 
 def _pool(data: Any, p: dict[str, Any], op: str) -> Any:

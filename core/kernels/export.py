@@ -15,7 +15,7 @@ from typing import Any
 from core.cuda.warps import unpad_body
 from core.errors import InputError
 from core.kernels.kernel_row import KernelRow, distinct_kernels
-from core.kernels.ops import BATCH_MATMUL, CONV_FAMILY, POOLS
+from core.kernels.ops import BATCH_MATMUL, CONV_FAMILY, DEPTHWISE, POOLS
 
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9_]")
 
@@ -46,7 +46,7 @@ def row_to_item(row: KernelRow) -> dict[str, Any]:
     ins, outs = attrs.get("input_shape", []), attrs.get("output_shape", [])
     p = attrs.get("parameters", {}) or {}
     op = row.op
-    if op in CONV_FAMILY:
+    if op in (*CONV_FAMILY, DEPTHWISE):
         params: dict[str, Any] = {"input_shape": ins[0], "filter_shape": ins[1], "output_shape": outs[0], **p}
     elif op == "Dot":
         params = {"arg0_shape": ins[0], "arg1_shape": ins[1], "out_shape": outs[0],

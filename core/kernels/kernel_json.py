@@ -27,6 +27,7 @@ from core.errors import InputError
 from core.kernels.ops import (
     BATCH_MATMUL,
     CONV_FAMILY,
+    DEPTHWISE,
     ELEMENTWISE_ARITY,
     INJECTABLE_OP_TYPES,
     MATRIX_OP_TYPES,
@@ -254,6 +255,8 @@ def validate_item(item: Any) -> KernelSpec:
 
     if op_type in CONV_FAMILY:
         op = _conv(op_type, params, dtype)
+    elif op_type == DEPTHWISE:
+        op = _depthwise(params, dtype)
     elif op_type in POOLS:
         op = _pool(op_type, params, dtype)
     elif op_type == "Dot":
@@ -276,7 +279,43 @@ def _conv(op_type: str, params: dict[str, Any], dtype: str) -> OpSignature:
     rank = len(data)
     filt = _shape(params, "filter_shape", rank=rank)
     out = _shape(params, "output_shape", rank=rank)
-    spatial = rank - 2
+    conv = _conv_params(params, rank - 2)
+    if out[0] != data[0]:
+        raise _fail("parameters.output_shape", f"batch {out[0]} differs from input batch {data[0]}")
+    if filt[1] != data[1]:
+        raise _fail("parameters.filter_shape",
+                    f"{filt[1]} input channels, but input_shape has {data[1]} (NCHW, groups=1)")
+    if out[1] != filt[0]:
+        raise _fail("parameters.output_shape", f"{out[1]} channels, but filter_shape has {filt[0]} filters")
+    _check_spatial(data, filt[2:], out, conv)
+    inputs: tuple[Shape, ...] = (data, filt)
+    if op_type == "Fused_Convolution_Add_Relu":
+        inputs = (data, filt, out)
+    return OpSignature(op_type, inputs, (out,), conv, dtype)
+
+
+def _depthwise(params: dict[str, Any], dtype: str) -> OpSignature:
+    """NNFusion's DepthwiseConv2dNative of an ONNX Conv with group = channels (ops.DEPTHWISE): NCHW input, the
+    filter as its importer transposes it, [kh, kw, C, 1] (frontend/onnx_import/op/conv.cpp), and padding symmetric
+    (its infershape pads both sides by padding_before)."""
+    data = _shape(params, "input_shape", rank=4)
+    filt = _shape(params, "filter_shape", rank=4)
+    out = _shape(params, "output_shape", rank=4)
+    conv = _conv_params(params, 2)
+    if out[:2] != data[:2]:
+        raise _fail("parameters.output_shape", f"{list(out[:2])} (batch, channels) differs from input_shape's "
+                    f"{list(data[:2])}: a depthwise convolution keeps both")
+    if filt[2:] != (data[1], 1):
+        raise _fail("parameters.filter_shape", f"{list(filt)} is not [kh, kw, {data[1]}, 1]: NNFusion's depthwise "
+                    "filter has the input's channels third and a depth multiplier of 1")
+    if conv.pad_above is not None and conv.pad_above != conv.pad_below:
+        raise _fail("parameters.padding_above_diff", "differs from padding_below_diff: NNFusion's depthwise "
+                    "convolution pads both sides alike (its importer pads the input with a Pad node first)")
+    _check_spatial(data, filt[:2], out, conv)
+    return OpSignature(DEPTHWISE, (data, filt), (out,), conv, dtype)
+
+
+def _conv_params(params: dict[str, Any], spatial: int) -> ConvParams:
     strides = _ints(params.get("window_movement_strides"), "parameters.window_movement_strides",
                     length=spatial, minimum=1)
     dilations = _ints(params.get("window_dilation_strides"), "parameters.window_dilation_strides",
@@ -285,15 +324,14 @@ def _conv(op_type: str, params: dict[str, Any], dtype: str) -> OpSignature:
     pad_above = None
     if "padding_above_diff" in params:
         pad_above = _ints(params["padding_above_diff"], "parameters.padding_above_diff", length=spatial)
-    if out[0] != data[0]:
-        raise _fail("parameters.output_shape", f"batch {out[0]} differs from input batch {data[0]}")
-    if filt[1] != data[1]:
-        raise _fail("parameters.filter_shape",
-                    f"{filt[1]} input channels, but input_shape has {data[1]} (NCHW, groups=1)")
-    if out[1] != filt[0]:
-        raise _fail("parameters.output_shape", f"{out[1]} channels, but filter_shape has {filt[0]} filters")
-    for i in range(spatial):
-        window = dilations[i] * (filt[2 + i] - 1) + 1
+    return ConvParams(strides, dilations, pad_below, pad_above)
+
+
+def _check_spatial(data: Shape, kernel: Shape, out: Shape, conv: ConvParams) -> None:
+    """That each output side follows from the input's, the window's, the stride and the padding."""
+    strides, dilations, pad_below, pad_above = conv.strides, conv.dilations, conv.pad_below, conv.pad_above
+    for i in range(len(kernel)):
+        window = dilations[i] * (kernel[i] - 1) + 1
         # Without padding_above_diff the padding is symmetric, or one more above (TF "SAME").
         candidates = [pad_above[i]] if pad_above else [pad_below[i], pad_below[i] + 1]
         possible = [(data[2 + i] + pad_below[i] + pa - window) // strides[i] + 1 if data[2 + i] + pad_below[i] + pa
@@ -304,10 +342,6 @@ def _conv(op_type: str, params: dict[str, Any], dtype: str) -> OpSignature:
             raise _fail(f"parameters.output_shape[{2 + i}]",
                         f"{out[2 + i]} does not follow from input {data[2 + i]}, window {window}, "
                         f"stride {strides[i]}, padding {pad_below[i]} (expected {expected}{hint})")
-    inputs: tuple[Shape, ...] = (data, filt)
-    if op_type == "Fused_Convolution_Add_Relu":
-        inputs = (data, filt, out)
-    return OpSignature(op_type, inputs, (out,), ConvParams(strides, dilations, pad_below, pad_above), dtype)
 
 
 def _pool(op_type: str, params: dict[str, Any], dtype: str) -> OpSignature:

@@ -62,10 +62,15 @@ SOFTMAX = "Softmax"
 # A Sum (ReduceMean's, a LayerNorm's): the identifier has no axes either, so kdb serves only shapes that tell the
 # reduced axes apart (sum_axes)
 SUM = "Sum"
-ROW_OP_TYPE: dict[str, str] = {BATCH_MATMUL: "Dot", SOFTMAX: "Dot", SUM: "Dot"}
+# A depthwise convolution (an ONNX Conv of group = channels, one filter each): its identifier is the input, the filter
+# as the importer transposes it ([kh, kw, C, 1]) and the output, with no stride, padding or dilation; kdb's row
+# computes its op config's, which the row's Attributes keep (core/opconfigs/opconfig.py says how the shapes bind them)
+DEPTHWISE = "DepthwiseConv2dNative"
+ROW_OP_TYPE: dict[str, str] = {BATCH_MATMUL: "Dot", SOFTMAX: "Dot", SUM: "Dot", DEPTHWISE: "Dot"}
 
 # Op types the injection pipeline can turn into rows (Matched_Pattern has no kernel-JSON form).
-INJECTABLE_OP_TYPES: tuple[str, ...] = (*CONV_FAMILY, "Dot", BATCH_MATMUL, *POOLS, SOFTMAX, SUM, *ELEMENTWISE_ARITY)
+INJECTABLE_OP_TYPES: tuple[str, ...] = (*CONV_FAMILY, DEPTHWISE, "Dot", BATCH_MATMUL, *POOLS, SOFTMAX, SUM,
+                                        *ELEMENTWISE_ARITY)
 # Matrix products (the tensor cores' ops; a TF32 run's)
 MATRIX_OP_TYPES = (*CONV_FAMILY, "Dot", BATCH_MATMUL)
 
@@ -152,7 +157,7 @@ class ParameterOrder:
 def parameter_order(op_type: str) -> ParameterOrder:
     if op_type == "Fused_Convolution_Add_Relu":
         return ParameterOrder(("input0", "input1", "output0", "input2"))
-    if op_type in MATRIX_OP_TYPES:
+    if op_type in (*MATRIX_OP_TYPES, DEPTHWISE):
         return ParameterOrder(("input0", "input1", "output0"))
     if op_type in (*POOLS, SOFTMAX, SUM):
         return ParameterOrder(("input0", "output0"))

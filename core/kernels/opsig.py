@@ -8,6 +8,7 @@ generates for the node, or the row is never fetched. Rules (from NNFusION-KERNEL
     Pools       = base + Shape{window}Strides{stride}Shape{pad below}Shape{pad above}
     Fused conv  = Convolution identifier (data, filter) + Add<out;out;out> and/or Relu<out;out> members
     Dot, element-wise = base (Dot transposes travel in Tags; a Dot's left operand may have rank > 2)
+    DepthwiseConv2dNative = base of (input, filter as [kh, kw, C, 1]), output: no stride, padding or dilation
 """
 
 from __future__ import annotations
@@ -18,7 +19,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.errors import InputError
-from core.kernels.ops import CONV_FAMILY, ELEMENTWISE_ARITY, POOLS, ROW_OP_TYPE, SUPPORTED_OP_TYPES, dtype_problem
+from core.kernels.ops import (
+    CONV_FAMILY,
+    DEPTHWISE,
+    ELEMENTWISE_ARITY,
+    POOLS,
+    ROW_OP_TYPE,
+    SUPPORTED_OP_TYPES,
+    dtype_problem,
+)
 
 Shape = tuple[int, ...]
 
@@ -185,7 +194,7 @@ def signature_from_attributes(op_type: str, attrs: Any) -> OpSignature:
     if not isinstance(raw, dict):
         raise InputError("parameters is not a JSON object", where="Attributes")
     params: Params = None
-    if op_type in CONV_FAMILY:
+    if op_type in (*CONV_FAMILY, DEPTHWISE):
         params = ConvParams(
             _int_tuple(raw, "window_movement_strides"),
             _int_tuple(raw, "window_dilation_strides"),

@@ -124,11 +124,10 @@ def grouped_conv_reason(groups: int, channels: int, filters: int, padding_ok: bo
     if not padding_ok:
         return ("depthwise convolution whose padding is neither SAME nor VALID: NNFusion's ONNX importer aborts on it "
                 "(DepthwiseConv2dNative takes those two only)", False)
-    return (f"depthwise convolution (group={groups}): NNFusion runs it as DepthwiseConv2dNative, with a kernel of its "
-            "own. It does fetch that identifier (DepthwiseConv2dNative<input>;<filter as kh,kw,C,1>;<output><types>), "
-            "and a row whose OpType is a supported one would be used (engine/cache/manager.cpp gates a fetch on that "
-            "column only; seen with the compiler), but the identifier carries no stride, padding or dilation "
-            "(kernel_emitter.cpp's generate_identifier): kdb generates no depthwise rows yet", True)
+    return (f"depthwise convolution (group={groups}): NNFusion runs it as DepthwiseConv2dNative and fetches that "
+            "identifier (DepthwiseConv2dNative<input>;<filter as kh,kw,C,1>;<output><types>), not a grouped "
+            "Convolution's: write it as a cudnn_depthwise_conv2d_op line, its filter [kh, kw, C, 1] (`kdb opconfig "
+            "extract` does)", True)
 
 
 # core/kernels/cuda_gpu/kernels/depthwise_conv2d.cpp writes `float *input = input0;` whatever the element type

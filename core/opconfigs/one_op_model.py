@@ -78,6 +78,8 @@ class _Builder:
         op = self.config.op_type
         if op in ("Convolution", "Fused_Convolution_Relu", "Fused_Convolution_Add_Relu"):
             return self._conv(op, bias)
+        if op == "DepthwiseConv2dNative":
+            return self._depthwise()
         if op == "Dot":
             return self._dot()
         if op == "BatchMatMul":
@@ -131,6 +133,17 @@ class _Builder:
         if op == "Fused_Convolution_Add_Relu" and not with_bias:  # the conv first: NNFusion takes input 2 as residual
             y = self._node("Add", [y, self._input(p["output_shape"])])
         return self._node("Relu", [y])
+
+    def _depthwise(self) -> str:
+        """A Conv of group = channels, its filter [C, 1, kh, kw] as ONNX has it (the importer transposes it to the
+        identifier's [kh, kw, C, 1])."""
+        p = self.params
+        kh, kw, channels, _ = p["filter_shape"]
+        weight = self._weight("w", [channels, 1, kh, kw], kh * kw)
+        pads = list(p["padding_below_diff"])
+        return self._node("Conv", [self._input(p["input_shape"]), weight], kernel_shape=[kh, kw],
+                          strides=p["window_movement_strides"], dilations=p["window_dilation_strides"],
+                          pads=pads + pads, group=channels)
 
     def _dot(self) -> str:
         p = self.params

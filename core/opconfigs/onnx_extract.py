@@ -8,9 +8,11 @@ The mapping follows NNFusion's ONNX importer and its pattern-substitution pass:
   pads the input with a Pad node and looks up a convolution of the padded input without padding (its
   importer swaps the two halves of `pads`, so the padding lands on the wrong sides: a note says so).
   auto_pad other than NOTSET makes NNFusion's importer abort: unmapped, with that reason.
-- Conv with group > 1 is no op config (unmapped): a depthwise one (group = channels) NNFusion runs as
-  DepthwiseConv2dNative with a kernel of its own, which main's kernel DB has no op type for; on any other
-  group count (ResNeXt's 32) NNFusion's importer aborts (a CHECK that fails for every group count).
+- Conv with group = channels (depthwise, one filter each, SAME or VALID padding) is NNFusion's
+  DepthwiseConv2dNative: cudnn_depthwise_conv2d_op_<dtype>, the filter as the importer transposes it ([kh, kw,
+  C, 1]); in half it is a blocker (NNFusion's own half depthwise kernel does not compile; `kdb model fp16` keeps
+  it in float). On any other group count (ResNeXt's 32) NNFusion's importer aborts (a CHECK that fails for
+  every group count): unmapped.
 - Conv with a bias input: NNFusion emits Convolution -> Add(Broadcast(bias)); the Add is a full-shape Add
   ("<conv>/bias"), unless a Relu follows: the chain is then Conv+Add+Relu and fuses (below).
 - Fusion, as NNFusion's pattern substitution matches it (op types along single out-edges; a graph
@@ -64,6 +66,7 @@ from typing import Any, NamedTuple, Protocol
 from core.errors import InputError
 from core.kernels.ops import (
     BATCH_MATMUL,
+    DEPTHWISE,
     ELEMENTWISE_ARITY,
     ELEMENTWISE_NO_ROW,
     FUSED_OP_TYPES,
@@ -505,19 +508,16 @@ class _Extractor:
         groups = int(attrs.get("group", 1))
         if groups != 1:
             reason, compiles = self._grouped_conv(i, ws, groups, below, xs[1])
-            if bias and compiles:
-                self._emit_elementwise("Add", [ys, ys], ys, dtype, f"{self.names[i]}/bias")
             if compiles and dtype == "half":
                 raise _NotMapped(HALF_DEPTHWISE, builds=False)
-            raise _NotMapped(reason)
+            if not compiles or spatial != 2:
+                raise _NotMapped(reason)
+            self._depthwise(i, xs, ws, ys, strides, dilations, below, above, dtype)
+            if bias:
+                self._emit_elementwise("Add", [ys, ys], ys, dtype, f"{self.names[i]}/bias")
+            return
         if above != below:
-            # The importer pads the input with a Pad node and convolves without padding.
-            self.notes.append(Note(self.names[i], f"pads {below} before and {above} after differ: NNFusion pads the "
-                                   "input with a Pad node (no kernel-DB op type) and looks up a convolution of the "
-                                   "padded input without padding (its importer swaps the two halves of `pads`, so the "
-                                   "padded input is shifted against ONNX's)"))
-            xs = [*xs[:2], *(n + b + a for n, b, a in zip(xs[2:], below, above, strict=True))]
-            below = [0] * spatial
+            xs, below = self._padded_first(i, xs, below, above, "convolution")
         params: dict[str, Any] = {
             "input_shape": xs, "filter_shape": ws, "output_shape": ys, "window_movement_strides": strides,
             "window_dilation_strides": dilations, "padding_below_diff": below,
@@ -526,6 +526,28 @@ class _Extractor:
         self._emit(OpConfig(op_type, params, 1, dtype, source="+".join(self.names[m] for m in members)), members)
         if bias and op_type == "Convolution":  # NNFusion's bias Add (after a Broadcast of the bias), not fused
             self._emit_elementwise("Add", [ys, ys], ys, dtype, f"{self.names[i]}/bias")
+
+    def _padded_first(self, i: int, xs: list[int], below: list[int], above: list[int],
+                      what: str) -> tuple[list[int], list[int]]:
+        """The importer pads the input with a Pad node and convolves without padding: the input shape looked up and
+        the padding (none)."""
+        self.notes.append(Note(self.names[i], f"pads {below} before and {above} after differ: NNFusion pads the "
+                               f"input with a Pad node (no kernel-DB op type) and looks up a {what} of the "
+                               "padded input without padding (its importer swaps the two halves of `pads`, so the "
+                               "padded input is shifted against ONNX's)"))
+        return [*xs[:2], *(n + b + a for n, b, a in zip(xs[2:], below, above, strict=True))], [0] * len(below)
+
+    def _depthwise(self, i: int, xs: list[int], ws: list[int], ys: list[int], strides: list[int],
+                   dilations: list[int], below: list[int], above: list[int], dtype: str) -> None:
+        """NNFusion's DepthwiseConv2dNative (frontend/onnx_import/op/conv.cpp): pads that differ before and after
+        become a Pad node, and the convolution pads nothing; the filter transposed to [kh, kw, C, 1]. Its identifier
+        has no stride, padding or dilation: the row kdb makes computes this node's."""
+        if above != below:
+            xs, below = self._padded_first(i, xs, below, above, "depthwise convolution")
+        params = {"input_shape": xs, "filter_shape": [*ws[2:], ws[0], 1], "output_shape": ys,
+                  "window_movement_strides": strides, "window_dilation_strides": dilations,
+                  "padding_below_diff": below}
+        self._emit(OpConfig(DEPTHWISE, params, 1, dtype, source=self.names[i]), [i])
 
     def _grouped_conv(self, i: int, ws: list[int], groups: int, below: list[int], channels: int) -> tuple[str, bool]:
         attrs = _attrs(self.nodes[i])

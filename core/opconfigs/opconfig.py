@@ -15,6 +15,9 @@ Line format (the Rammer artifact's, extended the same way for the other ops):
         NNFusion's Softmax over the last axis (attention's scores, a classifier's logits)
     cudnn_reduce_sum_op_float|i+1_128_768|o+1_128
         NNFusion's Sum (a ReduceMean's, a LayerNorm's): the reduced axes dropped, told by the shapes alone
+    cudnn_depthwise_conv2d_op_float|i+1_32_56_56|w+3_3_32_1|o+1_32_56_56|ws+1_1|wd+1_1|p+1_1
+        NNFusion's DepthwiseConv2dNative (an ONNX Conv of group = channels): the filter as its importer transposes
+        it, [kh, kw, C, 1]; the padding symmetric
     elementwise_relu_op_float|i+..|o+..                                 (one i+ per input)
 
 Every line keeps its own field order and prefix, so a file read and written back is byte for byte the
@@ -37,6 +40,7 @@ from core.kernels.kernel_json import MAX_FILE_BYTES, validate_item
 from core.kernels.ops import (
     BATCH_MATMUL,
     CONV_FAMILY,
+    DEPTHWISE,
     ELEMENTWISE_ARITY,
     MATRIX_OP_TYPES,
     POOLS,
@@ -112,6 +116,8 @@ class OpConfig:
         if self.op_type in CONV_FAMILY:
             out, filt = p["output_shape"], p["filter_shape"]
             return 2 * math.prod(out) * math.prod(filt[1:])
+        if self.op_type == DEPTHWISE:  # each output its own channel's window
+            return 2 * math.prod(p["output_shape"]) * math.prod(p["filter_shape"][:2])
         if self.op_type in ("Dot", BATCH_MATMUL):
             m, k, n = self.matrix_dims()
             return 2 * self.batch * m * n * k
@@ -140,13 +146,13 @@ class OpConfig:
     @property
     def memory_bound(self) -> bool:
         """Pools and element-wise ops do about one operation per byte: their speed is bytes moved, not FLOPs."""
-        return self.op_type in (*POOLS, SOFTMAX, SUM) or self.op_type in ELEMENTWISE_ARITY
+        return self.op_type in (*POOLS, SOFTMAX, SUM, DEPTHWISE) or self.op_type in ELEMENTWISE_ARITY
 
     @property
     def bytes_moved(self) -> int:
         """Every input and output tensor read or written once: the least traffic a kernel for it can have."""
         p = self.params
-        if self.op_type in CONV_FAMILY:
+        if self.op_type in (*CONV_FAMILY, DEPTHWISE):
             shapes = [p["input_shape"], p["filter_shape"], p["output_shape"]]
             shapes += [p["output_shape"]] if self.op_type == "Fused_Convolution_Add_Relu" else []
         elif self.op_type in ("Dot", BATCH_MATMUL):
@@ -175,7 +181,7 @@ class OpConfig:
 
     def _shapes_text(self) -> str:
         p = self.params
-        if self.op_type in CONV_FAMILY:
+        if self.op_type in (*CONV_FAMILY, DEPTHWISE):
             dilation = p.get("window_dilation_strides") or []
             text = (f"{self.op_type} in {_dims(p['input_shape'])} w {_dims(p['filter_shape'])} "
                     f"out {_dims(p['output_shape'])} s{_dims(p['window_movement_strides'])} "
@@ -275,16 +281,15 @@ def parse_line(line: str, where: str = "") -> OpConfig:
 
     kind, dtype = _split_prefix(prefix, where)
     groups = 1
-    if kind.endswith("convolution"):
+    if kind.endswith("depthwise_conv2d"):
+        op_type = DEPTHWISE
+        params = {key: _shape(one(field), where) for field, key in _CONV_FIELDS}
+    elif kind.endswith("convolution"):
         fuse = values.get("fuse", ["none"])[0]
         if fuse not in ("none", *_FUSE):
             raise InputError(f"fuse+{fuse}: expected relu or add_relu", where=where)
         op_type = _FUSE.get(fuse, "Convolution")
-        params: dict[str, Any] = {
-            "input_shape": _shape(one("i"), where), "filter_shape": _shape(one("w"), where),
-            "output_shape": _shape(one("o"), where), "window_movement_strides": _shape(one("ws"), where),
-            "window_dilation_strides": _shape(one("wd"), where), "padding_below_diff": _shape(one("p"), where),
-        }
+        params: dict[str, Any] = {key: _shape(one(field), where) for field, key in _CONV_FIELDS}
         if "pa" in values:
             params["padding_above_diff"] = _shape(one("pa"), where)
         if "g" in values:
@@ -317,13 +322,18 @@ def parse_line(line: str, where: str = "") -> OpConfig:
         inputs = [_shape(v, where) for v in values.get("i", [])]
         params = {"input_shapes": inputs, "output_shape": _shape(one("o"), where)}
     else:
-        raise InputError(f"prefix {prefix!r}: not a convolution, dot, batch matmul, pool, softmax, sum or "
-                         "element-wise op config", where=where)
+        raise InputError(f"prefix {prefix!r}: not a convolution, depthwise convolution, dot, batch matmul, pool, "
+                         "softmax, sum or element-wise op config", where=where)
     config = OpConfig(op_type, params, groups, dtype, (prefix, tuple(order)), where)
     validate(config) if groups == 1 else _validate_grouped(config)
     if format_line(config) != line:
         raise InputError("the line does not read back the same (unknown or repeated fields?)", where=where)
     return config
+
+
+# A convolution line's fields and the parameters they hold, in the line's own order
+_CONV_FIELDS = (("i", "input_shape"), ("w", "filter_shape"), ("o", "output_shape"), ("ws", "window_movement_strides"),
+                ("wd", "window_dilation_strides"), ("p", "padding_below_diff"))
 
 
 def _split_prefix(prefix: str, where: str) -> tuple[str, str]:
@@ -346,16 +356,15 @@ def format_line(config: OpConfig) -> str:
     def dims(values: list[int]) -> str:
         return "_".join(str(v) for v in values)
 
-    if op in CONV_FAMILY:
-        prefix, default = f"cudnn_convolution_op_{config.dtype}", ("i", "w", "o", "ws", "wd", "p")
-        fields = {"i": dims(p["input_shape"]), "w": dims(p["filter_shape"]), "o": dims(p["output_shape"]),
-                  "ws": dims(p["window_movement_strides"]), "wd": dims(p["window_dilation_strides"]),
-                  "p": dims(p["padding_below_diff"])}
+    if op in (*CONV_FAMILY, DEPTHWISE):
+        kind = "depthwise_conv2d" if op == DEPTHWISE else "convolution"
+        prefix, default = f"cudnn_{kind}_op_{config.dtype}", tuple(field for field, _ in _CONV_FIELDS)
+        fields = {field: dims(p[key]) for field, key in _CONV_FIELDS}
         if "padding_above_diff" in p:
             fields["pa"] = dims(p["padding_above_diff"])
         if config.groups != 1:
             fields["g"] = str(config.groups)
-        if op != "Convolution":
+        if op in _FUSE_NAME:
             fields["fuse"] = _FUSE_NAME[op]
     elif op == "Dot":
         prefix, default = f"cublas_dot_op_{config.dtype}", ("a", "b", "o", "ta", "tb")
