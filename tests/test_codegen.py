@@ -255,3 +255,29 @@ def test_a_wrong_element_wise_reference_is_caught(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setitem(reference._ELEMENTWISE, op, wrong)
     result = generate(_elementwise_config(op), "sm_90")
     assert result.item is None and result.stage == "check" and "differs from numpy" in result.error
+
+
+@pytest.mark.parametrize("line", [
+    "cudnn_depthwise_conv2d_op_float|i+1_8_9_11|w+3_3_8_1|o+1_8_5_6|ws+2_2|wd+1_1|p+1_1",
+    "cudnn_depthwise_conv2d_op_float|i+2_6_12_12|w+3_3_6_1|o+2_6_12_12|ws+1_1|wd+2_2|p+2_2",
+    "cudnn_depthwise_conv2d_op_float|i+1_4_10_10|w+5_3_4_1|o+1_4_6_8|ws+1_1|wd+1_1|p+0_0",
+])
+def test_a_depthwise_kernel_computes_onnx_s_conv_with_the_filter_as_nnfusion_transposes_it(line: str):
+    """The row's filter is ONNX's [C, 1, kh, kw] reshaped to [kh, kw, C, 1] (frontend/onnx_import/op/conv.cpp's
+    Reshape with axis order 2, 3, 0, 1): ONNX Runtime's Conv of group = C on the ONNX filter gives what the kernel's
+    reference gives on the transposed one, and codegen's kernel matches that reference (a window of 5 x 3: a swapped
+    kh/kw or a channel-first read fails)."""
+    ort = pytest.importorskip("onnxruntime", reason="onnxruntime (the `run` extra) judges the layout")
+    from core.codegen.reference import reference
+    from core.opconfigs.one_op_model import one_op_model
+
+    config = parse_line(line)
+    model = one_op_model(config)
+    filters = next(np.frombuffer(t.raw_data, np.float32).reshape(t.dims) for t in model.graph.initializer)
+    x = np.random.default_rng(1).standard_normal(config.params["input_shape"]).astype(np.float32)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (want,) = session.run(None, {session.get_inputs()[0].name: x})
+    got = reference(config, [x, filters.transpose(2, 3, 0, 1).copy()])
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+    generated = generate(config, "sm_90")
+    assert generated.item is not None and generated.max_rel_error < 1e-5, generated.error

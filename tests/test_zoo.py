@@ -100,7 +100,11 @@ MUST_RUN_FROM_DB = {
     "attention_bmm": ("Dot197,1,384;384,384;197,1,384floatfloatfloat",
                       "Dot1,197,384;384,1536;1,197,1536floatfloatfloat",
                       "Dot1,197,1536;1536,384;1,197,384floatfloatfloat", *ATTENTION_BMM),
+    # depthwise convolutions: DepthwiseConv2dNative rows under OpType Dot, the filter as the importer transposes it
+    "mobilenet_v2": ("DepthwiseConv2dNative1,144,56,56;3,3,144,1;1,144,28,28floatfloatfloat",
+                     "DepthwiseConv2dNative1,960,7,7;3,3,960,1;1,960,7,7floatfloatfloat"),
     "convnext_block": (
+        "DepthwiseConv2dNative1,96,56,56;7,7,96,1;1,96,56,56floatfloatfloat",
         "Convolution1,96,56,56;384,96,1,1;1,384,56,56floatfloatfloatStrides{1, 1}Strides{1, 1}CoordinateDiff{0, 0}",
         "Convolution1,384,56,56;96,384,1,1;1,96,56,56floatfloatfloatStrides{1, 1}Strides{1, 1}CoordinateDiff{0, 0}"),
 }
