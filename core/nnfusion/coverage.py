@@ -34,6 +34,7 @@ from core.kernels.ops import (
     BLOCK_TAG,
     CONV_FAMILY,
     DEFAULT_PRODUCT,
+    DEPTHWISE,
     DEVICE_TYPE,
     FUSED_OP_TYPES,
     MATRIX_OP_TYPES,
@@ -277,7 +278,7 @@ class _Model:
                "does not compare profiles")
         profiles = [(r[1], *self._profile(r[5])) for r in external]
         time_us = profiles[0][1]
-        reasons = list(self._tag_mismatch(config, str(first[4])))
+        reasons = [*self._tag_mismatch(config, str(first[4])), *self._depthwise_mismatch(config, first[1])]
         if time_us is None:
             reasons.append(f"no profile for {self.product or 'the product name (not set)'}: BlockFusion schedules "
                            f"it as {DEFAULT_PROFILE_US:g} us")
@@ -343,6 +344,23 @@ class _Model:
             return (f"the row's Tags say {sorted(got) or 'no transpose'}, the op has {sorted(want) or 'none'}: the "
                     "compiler uses the row anyway (kernel selection does not read Tags)",)
         return ()
+
+    def _depthwise_mismatch(self, config: OpConfig, key: str) -> tuple[str, ...]:
+        """A depthwise row's identifier is its shapes only: a row made for another stride, dilation or padding of
+        the same shapes (a 3x3 at SAME padding, dilation 1 or 2) is fetched all the same, and computes the wrong
+        numbers for this node. The row's Attributes keep what it computes."""
+        if config.op_type != DEPTHWISE:
+            return ()
+        rows = self.db.find(key)
+        attrs = json.loads(rows[0].attributes or "{}") if rows else {}
+        made = attrs.get("parameters", {}) if isinstance(attrs, dict) else {}
+        names = ("window_movement_strides", "window_dilation_strides", "padding_below_diff")
+        if not isinstance(made, dict) or all(made.get(n) == config.params.get(n) for n in names):
+            return ()
+        return (f"WRONG NUMBERS: the row computes stride {made.get(names[0])}, dilation {made.get(names[1])}, "
+                f"padding {made.get(names[2])}; this node has {config.params.get(names[0])}, "
+                f"{config.params.get(names[1])}, {config.params.get(names[2])}. The compiler uses it anyway (a "
+                "depthwise identifier has the shapes only): generate this node's row in a DB of its own",)
 
     def _why_no_rows(self, identifier: str, config: OpConfig) -> tuple[str, ...]:
         reasons = [f"{n} row(s) under DeviceType {d!r}: the compiler asks for {DEVICE_TYPE}"
