@@ -146,7 +146,7 @@ def test_the_fp16_network_compiles_with_the_half_kernels_kdb_made(tmp_path: Path
     nvcc_compiles_with_libraries(Path(report["compile"]["project"]), tmp_path, report["usage"]["library_calls"])
 
 
-def test_a_half_depthwise_conv_is_said_not_to_build_and_kdb_model_fp16_keeps_it_float(tmp_path: Path):
+def test_a_half_depthwise_conv_does_not_build_without_its_row_and_builds_with_it(tmp_path: Path):
     """Issue 39 #5: NNFusion's own half DepthwiseConv2dNative kernel is no valid CUDA (`float *input = input0;`).
     Coverage exited 0 and `kdb nnfusion` said ok (its launch check compiled no bounded kernel), and the build failed
     later without naming NNFusion's kernel. Now coverage and the launch check name it, and `kdb model fp16` keeps
@@ -168,3 +168,14 @@ def test_a_half_depthwise_conv_is_said_not_to_build_and_kdb_model_fp16_keeps_it_
     kept = run_kdb("nnfusion", str(tmp_path / "kept.onnx"), "--db", db, *compiler, "--out", str(tmp_path / "b"))
     said = " ".join(kept.stdout.split())
     assert kept.returncode == 0 and re.search(r"NNFusion's own \d+ compiled: they build", said), said[-2000:]
+    # ... or the DB's half row stands in for NNFusion's kernel: the half network then builds as it is
+    ops = tmp_path / "dw16.txt"
+    assert run_kdb("opconfig", "extract", str(half), "-o", str(ops)).returncode == 0
+    assert "cudnn_depthwise_conv2d_op_half|i+1_32_56_56|w+3_3_32_1|" in ops.read_text()
+    assert run_kdb("codegen", str(ops), "--inject", "--db", db, "--arch", "sm_90").returncode == 0
+    coverage = run_kdb("coverage", str(half), "--db", db)
+    assert coverage.returncode == 0 and "does not build" not in coverage.stdout, coverage.stdout[-2000:]
+    served = run_kdb("nnfusion", str(half), "--db", db, *compiler, "--out", str(tmp_path / "c"))
+    said = " ".join(served.stdout.split())
+    assert served.returncode == 0 and re.search(r"NNFusion's own \d+ compiled: they build", said), said[-2000:]
+    assert re.search(r"DB rows in the code: (\d+) of the \1 coverage promised", said), said[-2000:]

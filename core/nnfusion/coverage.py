@@ -120,6 +120,8 @@ def fallback_for(config: OpConfig) -> str:
         return "cuBLAS"
     if config.op_type == BATCH_MATMUL:
         return "cuBLAS (strided batched GEMM)"
+    if config.op_type == DEPTHWISE:
+        return "DepthwiseConv2dNative (NNFusion's kernel)"
     return NNFUSION_KERNEL
 
 
@@ -200,6 +202,8 @@ class _Model:
             return CoverageEntry(config, count, identifier, kernels, IN_DB, DB_KERNEL, fallback, row,
                                  (*extra, *reasons), fused_away)
         status = NOT_USED if kernels or any("DeviceType" in r for r in reasons) else MISSING
+        if config.op_type == DEPTHWISE and config.dtype == "half":  # NNFusion's own kernel would run: no valid CUDA
+            status, reasons = DOES_NOT_BUILD, (HALF_DEPTHWISE, *reasons)
         return CoverageEntry(config, count, identifier, kernels, status, fallback, fallback, None, (*extra, *reasons),
                              fused_away)
 

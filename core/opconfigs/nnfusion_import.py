@@ -133,8 +133,9 @@ def grouped_conv_reason(groups: int, channels: int, filters: int, padding_ok: bo
 # core/kernels/cuda_gpu/kernels/depthwise_conv2d.cpp writes `float *input = input0;` whatever the element type
 HALF_DEPTHWISE = ("NNFusion's own DepthwiseConv2dNative kernel does not compile in half: its emitter "
                   "(core/kernels/cuda_gpu/kernels/depthwise_conv2d.cpp) writes `float *input = input0;` of a half* "
-                  "input, so nvcc rejects nnfusion_rt.cu; no DB row can stand in (no op type). Keep it in float, "
-                  "between Casts (`kdb model fp16` does so for every depthwise convolution)")
+                  "input, so nvcc rejects nnfusion_rt.cu. A DB row of the op stands in for it (`kdb codegen` makes "
+                  "one), or keep it in float, between Casts (`kdb model fp16` does so for every depthwise "
+                  "convolution)")
 
 
 def depthwise_padding_ok(pads: list[int], dilations: list[int], kernel: list[int]) -> bool:

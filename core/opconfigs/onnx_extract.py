@@ -10,9 +10,10 @@ The mapping follows NNFusion's ONNX importer and its pattern-substitution pass:
   auto_pad other than NOTSET makes NNFusion's importer abort: unmapped, with that reason.
 - Conv with group = channels (depthwise, one filter each, SAME or VALID padding) is NNFusion's
   DepthwiseConv2dNative: cudnn_depthwise_conv2d_op_<dtype>, the filter as the importer transposes it ([kh, kw,
-  C, 1]); in half it is a blocker (NNFusion's own half depthwise kernel does not compile; `kdb model fp16` keeps
-  it in float). On any other group count (ResNeXt's 32) NNFusion's importer aborts (a CHECK that fails for
-  every group count): unmapped.
+  C, 1]); in half its row is what lets the network build (NNFusion's own half depthwise kernel does not
+  compile: coverage says "does not build" until the DB has the row; `kdb model fp16` keeps it in float).
+  On any other group count (ResNeXt's 32) NNFusion's importer aborts (a CHECK that fails for every group
+  count): unmapped.
 - Conv with a bias input: NNFusion emits Convolution -> Add(Broadcast(bias)); the Add is a full-shape Add
   ("<conv>/bias"), unless a Relu follows: the chain is then Conv+Add+Relu and fuses (below).
 - Fusion, as NNFusion's pattern substitution matches it (op types along single out-edges; a graph
@@ -86,7 +87,6 @@ from core.opconfigs.fusion import (
     substitute,
 )
 from core.opconfigs.nnfusion_import import (
-    HALF_DEPTHWISE,
     Blocker,
     depthwise_padding_ok,
     grouped_conv_reason,
@@ -508,8 +508,6 @@ class _Extractor:
         groups = int(attrs.get("group", 1))
         if groups != 1:
             reason, compiles = self._grouped_conv(i, ws, groups, below, xs[1])
-            if compiles and dtype == "half":
-                raise _NotMapped(HALF_DEPTHWISE, builds=False)
             if not compiles or spatial != 2:
                 raise _NotMapped(reason)
             self._depthwise(i, xs, ws, ys, strides, dilations, below, above, dtype)
