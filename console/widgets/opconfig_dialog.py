@@ -26,6 +26,8 @@ TEMPLATES: dict[str, str] = {
         "cudnn_convolution_op_float|i+1_64_56_56|w+64_64_3_3|o+1_64_56_56|ws+1_1|wd+1_1|p+1_1|fuse+relu",
     "Convolution + Add + Relu":
         "cudnn_convolution_op_float|i+1_64_56_56|w+64_64_3_3|o+1_64_56_56|ws+1_1|wd+1_1|p+1_1|fuse+add_relu",
+    "Depthwise convolution":
+        "cudnn_depthwise_conv2d_op_float|i+1_144_56_56|w+3_3_144_1|o+1_144_28_28|ws+2_2|wd+1_1|p+1_1",
     "Dot": "cublas_dot_op_float|a+1_512|b+512_1000|o+1_1000|ta+0|tb+0",
     "BatchMatMul": "cublas_batch_matmul_op_float|a+1_12_128_64|b+1_12_64_128|o+1_12_128_128",
     "Softmax": "cudnn_softmax_op_float|i+1_12_128_128|o+1_12_128_128",
@@ -36,9 +38,9 @@ TEMPLATES: dict[str, str] = {
 }
 DEFAULT_TEMPLATE = TEMPLATES["Convolution"]
 
-FIELDS_HINT = ("convolution i+ w+ o+ ws+ wd+ p+ [pa+ g+ fuse+relu|add_relu] · dot a+ b+ o+ ta+ tb+ · batch matmul "
-               "a+ b+ o+ · pools i+ o+ win+ ws+ pb+ pa+ · softmax (last axis) i+ o+ · element-wise one i+ per input, "
-               "o+ · shapes as 1_64_56_56")
+FIELDS_HINT = ("convolution i+ w+ o+ ws+ wd+ p+ [pa+ g+ fuse+relu|add_relu] · depthwise the same, w+ as kh_kw_C_1 · "
+               "dot a+ b+ o+ ta+ tb+ · batch matmul a+ b+ o+ · pools i+ o+ win+ ws+ pb+ pa+ · softmax (last axis) i+ "
+               "o+ · element-wise one i+ per input, o+ · shapes as 1_64_56_56")
 
 
 def check_line(line: str, taken: Mapping[str, int]) -> tuple[OpConfig | None, str]:
