@@ -200,3 +200,31 @@ def test_kdb_serves_sums_whose_shapes_tell_their_axes_through_the_readme_command
     assert {"Sum1,64,256;1,64floatfloat", "Sum8,1000;1000floatfloat"} <= used, used
     with sqlite3.connect(tmp_path / "k.db") as db:
         assert {r[0] for r in db.execute("SELECT OpType FROM KernelCache WHERE Identifier LIKE 'Sum%'")} == {"Dot"}
+
+
+CONCAT = "Concat1,2,4;1,3,4;1,5,4floatfloatfloat"
+CONCAT_BODY = """
+  int t = (int)threadIdx.x;
+  if (t < 20) { output0[t] = t < 8 ? input0[t] : input1[t - 8]; }  /* kdb-probe-concat */
+"""
+
+
+def test_a_concat_row_under_op_type_dot_is_used_too(tmp_path: Path):
+    """NNFusion fetches a Concat's identifier (DenseNet's `Concat1,128,56,56;1,32,56,56;1,160,56,56floatfloatfloat`)
+    and uses a row of it under OpType Dot, as a BatchMatMul's: what `kdb opconfig extract` says of a Concat."""
+    g = GraphBuilder({"x": [1, 2, 4], "y": [1, 3, 4]})
+    model = write(g.model(g.node("Concat", ["x", "y"], "cat", axis=1), "cat"), tmp_path / "cat.onnx")
+    db = tmp_path / "k.db"
+    KernelDB.open(db, create=True).close()
+    function = {"function_signature": 'extern "C" __launch_bounds__(32) __global__ void (float* __restrict__ input0, '
+                                      'float* __restrict__ input1, float* __restrict__ output0)',
+                "function_body": CONCAT_BODY, "block_function_body": CONCAT_BODY, "grid_dim": [1, 1, 1],
+                "block_dim": [32, 1, 1], "shared_memory": {"symbol": [], "dtype": [], "size": []}, "num_syncthreads": 0}
+    with sqlite3.connect(db) as conn:
+        conn.execute("INSERT INTO KernelCache VALUES (?, ?, ?, ?, 'External', 'CUDA_GPU', ?, ?, ?)",
+                     ("probe", CONCAT, "Dot", json.dumps({}), json.dumps(function),
+                      "KernelEmitter,CudaEmitter,BlockCudaEmitter",
+                      json.dumps({"external_profile": {"time": "", "resource": 32}})))
+    log, code = compile_model(model, db, tmp_path / "out")
+    assert f"Trying to fetch kernel {CONCAT} on DeviceType: CUDA_GPU" in log
+    assert "kdb-probe-concat" in code

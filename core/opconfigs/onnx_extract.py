@@ -112,6 +112,14 @@ LAYOUT_OPS = frozenset([
     "Flatten", "Reshape", "Identity", "Transpose", "Squeeze", "Unsqueeze", "Concat", "Split", "Slice",
     "Gather", "Shape", "Size", "Expand", "Pad", "Tile", "Cast", "Dropout", "Constant", "ConstantOfShape",
 ])  # fmt: skip
+# Layout ops whose NNFusion node fetches its identifier all the same (its -min_log_level=0 log), and what kdb does
+UNSERVED_LOOKUPS = {
+    "Concat": ("NNFusion fetches its Concat identifier (the inputs' and the output's shapes) and would use a row of it "
+               "under OpType Dot (seen with the compiler: tests/test_row_op_type.py); kdb makes no Concat rows yet, so "
+               "NNFusion's own Concat kernel runs"),
+    "Gather": ("NNFusion imports it as GatherV2 and fetches that identifier (its -min_log_level=0 log); whether a "
+               "row of it would be used is not probed, and kdb makes no GatherV2 rows: NNFusion's own kernel runs"),
+}
 CONTROL_FLOW = frozenset(["If", "Loop", "Scan"])
 # Layout ops NNFusion turns into a non-transposing Reshape, which its element-wise fusion takes in.
 RESHAPES = frozenset(["Flatten", "Reshape", "Squeeze", "Unsqueeze"])
@@ -423,6 +431,8 @@ class _Extractor:
             self._reduce_sum(i, node)
         elif op in ONNX_NO_ROW:
             raise _NotMapped(f"NNFusion's {ONNX_NO_ROW[op]}: {ELEMENTWISE_NO_ROW[ONNX_NO_ROW[op]]}")
+        elif op in UNSERVED_LOOKUPS:
+            raise _NotMapped(UNSERVED_LOOKUPS[op])
         elif op in LAYOUT_OPS:
             raise _NotMapped("layout/shape op: no kernel-DB op type")
         elif op in CONTROL_FLOW:
