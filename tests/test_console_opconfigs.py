@@ -193,19 +193,21 @@ async def test_import_an_opconfig_file_and_a_bad_one(tmp_path: Path, make_file: 
 
 async def test_import_an_onnx_model_lists_unmapped_nodes(tmp_path: Path):
     pytest.importorskip("onnx")
-    from onnx_models import depthwise_block, write
+    from onnx_models import GraphBuilder, write
 
-    model = write(depthwise_block(), tmp_path / "dw.onnx")
+    g = GraphBuilder({"x": [1, 32, 8, 8]})
+    y = g.node("Relu", [g.conv("x", 32, 32, 3, group=32, name="dw")], "relu1")
+    model = write(g.model(g.node("Concat", [y, "x"], "cat", axis=1), "dw_cat"), tmp_path / "dw.onnx")
     app = make_app(tmp_path / "k.db")
     async with app.run_test(size=(160, 45)) as pilot:
         screen = await open_view(pilot)
         await import_path(pilot, screen, model, 2)
-        assert [c.op_type for c in screen.configs] == ["Relu", "Fused_Convolution_Relu"]
-        assert screen.configs[0].source == "dw.onnx:relu1"
+        assert [c.op_type for c in screen.configs] == ["DepthwiseConv2dNative", "Relu"]
+        assert screen.configs[1].source == "dw.onnx:relu1"
         report = text(screen, "#import-report")
-        assert "model depthwise_block, 4 nodes -> 2 distinct op configs the compiler looks up (2 added)" in report
+        assert "model dw_cat, 3 nodes -> 2 distinct op configs the compiler looks up (2 added)" in report
         assert "1 nodes unmapped" in report
-        assert "dw (Conv): depthwise convolution (group=32): NNFusion runs it as DepthwiseConv2dNative" in report
+        assert "cat (Concat): NNFusion fetches its Concat identifier" in report
 
 
 @pytest.mark.parametrize("suffix", [".txt", ".toml", ".json"])
