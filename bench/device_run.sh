@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Issues 38 and 39 on one GPU, after bench/device_prep.sh on the CPU. Carry .device/n (pycuda and the console's
+# wheels), .device/s23w (sqlmodel, sqlalchemy, pydantic for cp312: the state file's), .netrun/carry (the compiler,
+# onnxconverter-common) and .devrun. Call: bash bench/device_run.sh a|b|c|d (see the case below); $OUT gets the logs.
+set -uo pipefail
+site=/tmp/kdb-device/site
+if [ ! -f /tmp/kdb-device/env.sh ]; then
+  mkdir -p $site
+  python3 -m pip install -q --no-index --no-deps --no-compile --target $site .device/n/wheels/*.whl .device/s23w/*.whl \
+    .netrun/carry/whl/*.whl || exit 3
+  echo "export PYTHONPATH=$site:\$PWD\${PYTHONPATH:+:\$PYTHONPATH}" > /tmp/kdb-device/env.sh
+fi
+. /tmp/kdb-device/env.sh
+export PYTHONUNBUFFERED=1 KDB_STATE_DIR=/tmp/kdb-st
+nnf=$PWD/.netrun/carry/nnfusion/bin/nnfusion
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+D=.devrun/s23; N=/tmp/net; mkdir -p $N
+if [ ! -f $N/tcn.onnx ]; then
+python3 - <<'PY'
+import sys; sys.path.insert(0, "tests")
+import onnx, zoo
+for name, model in (("bert2", zoo.bert_encoder()), ("gpt", zoo.gpt_decoder()), ("vit", zoo.attention_bmm()),
+                    ("gru", zoo.gru()), ("dense", zoo.densenet_block()), ("se", zoo.se_block()),
+                    ("tcn", zoo.tcn()), ("mnv2", zoo.mobilenet_v2()), ("convnext", zoo.convnext_block())):
+    model.ir_version = min(model.ir_version, 10)
+    onnx.save(model, f"/tmp/net/{name}.onnx")
+PY
+  for n in bert2 gpt; do python3 -m console.entry model fp16 $N/$n.onnx $N/${n}16.onnx > /dev/null; done
+fi
+common() { echo --db /tmp/db/$1.db --nnfusion "$nnf" --product-name "$gpu"; }
+mkdir -p /tmp/db; for f in $D/*.db; do [ -f /tmp/db/$(basename $f) ] || cp $f /tmp/db/; done
+run() {  # NET [extra...]: kdb nnfusion --run, rounds
+  n=$1; shift
+  timeout ${T:-100} python3 -m console.entry nnfusion $N/$n.onnx $(common $n) --run --rounds 5 --iterations 300 \
+    --out /tmp/r-$n "$@" > $OUT/run-$n.log 2>&1
+  echo "== $n --run: exit $?"; grep -v "^ *$" $OUT/run-$n.log | tail -${TAILN:-14}
+}
+never() {  # NET: op times propose, the network decides
+  n=$1
+  timeout 200 python3 -m console.entry nnfusion $N/$n.onnx $(common $n) --op-times /tmp/ops-$n.json --out /tmp/o-$n \
+    > $OUT/ops-$n.log 2>&1; echo "== $n --op-times: exit $?"; tail -14 $OUT/ops-$n.log; cp /tmp/ops-$n.json $OUT/ 2>/dev/null
+  timeout ${T:-240} python3 -m console.entry nnfusion $N/$n.onnx $(common $n) --run --never-slower /tmp/ops-$n.json \
+    --rounds 5 --iterations 300 --out /tmp/ns-$n > $OUT/ns-$n.log 2>&1
+  echo "== $n never-slower: exit $?"; grep -v "^ *$" $OUT/ns-$n.log | tail -30
+}
+case "${1:-}" in
+  a)
+    nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
+    T=90 run mnv2
+    for b in bmm16 val bmm32; do
+      timeout 100 python3 bench/bench_tensorcore.py rows $D/$b.json --out /tmp/o/$b > $OUT/$b.log 2>&1
+      echo "== $b rows: exit $?"; grep -v "^  FAILED" $OUT/$b.log | tail -40; grep -c FAILED $OUT/$b.log
+      grep FAILED $OUT/$b.log | head -5; cp /tmp/o/$b/*.json $OUT/ 2>/dev/null
+    done
+    T=70 run convnext
+    timeout 60 python3 bench/bench_default_schedules.py time .devrun/defaults > $OUT/defaults.log 2>&1
+    echo "== defaults: exit $?"; cat $OUT/defaults.log | tail -24
+    python3 -c 'import sqlite3; sqlite3.connect("/tmp/db/empty.db").close()'
+    cp /tmp/db/empty.db /tmp/db/dense-aa.db; cp $N/dense.onnx $N/dense-aa.onnx
+    T=80 run dense-aa ;;  # A/A: the empty DB against the empty DB
+  d)  # the least: depthwise numbers against ONNX Runtime, BatchMatMul tensor-core rows, the gathered patches' speed
+    T=80 run mnv2
+    for b in bmm16 val; do
+      timeout 90 python3 bench/bench_tensorcore.py rows $D/$b.json --out /tmp/o/$b > $OUT/$b.log 2>&1
+      echo "== $b rows: exit $?"; grep -v "^  FAILED" $OUT/$b.log | tail -40; grep -c FAILED $OUT/$b.log
+      grep FAILED $OUT/$b.log | head -5; cp /tmp/o/$b/*.json $OUT/ 2>/dev/null
+    done ;;
+  b) for n in gpt16; do run $n; done; for n in ${NETS:-bert216 gru}; do never $n; done ;;
+  c) for n in vit dense se tcn gpt; do run $n; done ;;
+  *) echo "usage: $0 a|b"; exit 2 ;;
+esac
