@@ -27,19 +27,18 @@ for name, model in (("bert2", zoo.bert_encoder()), ("gpt", zoo.gpt_decoder()), (
 PY
   for n in bert2 gpt; do python3 -m console.entry model fp16 $N/$n.onnx $N/${n}16.onnx > /dev/null; done
 fi
-common() { echo --db /tmp/db/$1.db --nnfusion "$nnf" --product-name "$gpu"; }
 mkdir -p /tmp/db; for f in $D/*.db; do [ -f /tmp/db/$(basename $f) ] || cp $f /tmp/db/; done
 run() {  # NET [extra...]: kdb nnfusion --run, rounds
   n=$1; shift
-  timeout ${T:-100} python3 -m console.entry nnfusion $N/$n.onnx $(common $n) --run --rounds 5 --iterations 300 \
+  timeout ${T:-100} python3 -m console.entry nnfusion $N/$n.onnx --db /tmp/db/$n.db --nnfusion "$nnf" --product-name "$gpu" --run --rounds 5 --iterations 300 \
     --out /tmp/r-$n "$@" > $OUT/run-$n.log 2>&1
   echo "== $n --run: exit $?"; grep -v "^ *$" $OUT/run-$n.log | tail -${TAILN:-14}
 }
 never() {  # NET: op times propose, the network decides
   n=$1
-  timeout 200 python3 -m console.entry nnfusion $N/$n.onnx $(common $n) --op-times /tmp/ops-$n.json --out /tmp/o-$n \
+  timeout 200 python3 -m console.entry nnfusion $N/$n.onnx --db /tmp/db/$n.db --nnfusion "$nnf" --product-name "$gpu" --op-times /tmp/ops-$n.json --out /tmp/o-$n \
     > $OUT/ops-$n.log 2>&1; echo "== $n --op-times: exit $?"; tail -14 $OUT/ops-$n.log; cp /tmp/ops-$n.json $OUT/ 2>/dev/null
-  timeout ${T:-240} python3 -m console.entry nnfusion $N/$n.onnx $(common $n) --run --never-slower /tmp/ops-$n.json \
+  timeout ${T:-240} python3 -m console.entry nnfusion $N/$n.onnx --db /tmp/db/$n.db --nnfusion "$nnf" --product-name "$gpu" --run --never-slower /tmp/ops-$n.json \
     --rounds 5 --iterations 300 --out /tmp/ns-$n > $OUT/ns-$n.log 2>&1
   echo "== $n never-slower: exit $?"; grep -v "^ *$" $OUT/ns-$n.log | tail -30
 }
@@ -53,7 +52,7 @@ case "${1:-}" in
       grep FAILED $OUT/$b.log | head -5; cp /tmp/o/$b/*.json $OUT/ 2>/dev/null
     done
     T=70 run convnext
-    timeout 60 python3 bench/bench_default_schedules.py time .devrun/defaults > $OUT/defaults.log 2>&1
+    timeout 60 python3 bench/bench_default_schedules.py time "$PWD/.devrun/defaults" > $OUT/defaults.log 2>&1
     echo "== defaults: exit $?"; cat $OUT/defaults.log | tail -24
     python3 -c 'import sqlite3; sqlite3.connect("/tmp/db/empty.db").close()'
     cp /tmp/db/empty.db /tmp/db/dense-aa.db; cp $N/dense.onnx $N/dense-aa.onnx
