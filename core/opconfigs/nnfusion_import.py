@@ -107,11 +107,12 @@ def _conv(node: Any, attrs: dict[str, Any], shapes: Shapes) -> str:
     if groups == 1 or not data or not filters or len(data) < 2:
         return ""
     padding_ok = depthwise_padding_ok(list(attrs.get("pads", [])), list(attrs.get("dilations", [])), filters[2:])
-    reason, compiles = grouped_conv_reason(groups, data[1], filters[0], padding_ok)
+    reason, compiles = grouped_conv_reason(groups, data[1], filters[0], padding_ok, list(attrs.get("dilations", [])))
     return "" if compiles else reason
 
 
-def grouped_conv_reason(groups: int, channels: int, filters: int, padding_ok: bool = True) -> tuple[str, bool]:
+def grouped_conv_reason(groups: int, channels: int, filters: int, padding_ok: bool = True,
+                        dilations: list[int] | tuple[int, ...] = ()) -> tuple[str, bool]:
     """Why a grouped convolution is never a kernel-DB lookup (what NNFusion does with it instead), and whether the
     compiler gets past it at all (frontend/onnx_import/op/conv.cpp). `padding_ok`: depthwise_padding_ok."""
     if groups != channels:
@@ -124,6 +125,10 @@ def grouped_conv_reason(groups: int, channels: int, filters: int, padding_ok: bo
     if not padding_ok:
         return ("depthwise convolution whose padding is neither SAME nor VALID: NNFusion's ONNX importer aborts on it "
                 "(DepthwiseConv2dNative takes those two only)", False)
+    if any(d != 1 for d in dilations):
+        return (f"depthwise convolution with dilation {list(dilations)}: NNFusion aborts importing it "
+                "(core/operators/generic_op/generic_op_define/DepthwiseConv2dNative.cpp: 'Not support other dilation "
+                "yet'; seen with the compiler), so the model does not compile", False)
     return (f"depthwise convolution (group={groups}): NNFusion runs it as DepthwiseConv2dNative and fetches that "
             "identifier (DepthwiseConv2dNative<input>;<filter as kh,kw,C,1>;<output><types>), not a grouped "
             "Convolution's: write it as a cudnn_depthwise_conv2d_op line, its filter [kh, kw, C, 1] (`kdb opconfig "

@@ -549,7 +549,8 @@ class _Extractor:
                    dilations: list[int], below: list[int], above: list[int], dtype: str) -> None:
         """NNFusion's DepthwiseConv2dNative (frontend/onnx_import/op/conv.cpp): pads that differ before and after
         become a Pad node, and the convolution pads nothing; the filter transposed to [kh, kw, C, 1]. Its identifier
-        has no stride, padding or dilation: the row kdb makes computes this node's."""
+        has no stride or padding: the row kdb makes computes this node's (a dilated one aborts the import: a
+        blocker, grouped_conv_reason)."""
         if above != below:
             xs, below = self._padded_first(i, xs, below, above, "depthwise convolution")
         params = {"input_shape": xs, "filter_shape": [*ws[2:], ws[0], 1], "output_shape": ys,
@@ -560,7 +561,7 @@ class _Extractor:
     def _grouped_conv(self, i: int, ws: list[int], groups: int, below: list[int], channels: int) -> tuple[str, bool]:
         attrs = _attrs(self.nodes[i])
         padding_ok = depthwise_padding_ok(list(attrs.get("pads", [])), list(attrs.get("dilations", [])), ws[2:])
-        return grouped_conv_reason(groups, channels, ws[0], padding_ok)
+        return grouped_conv_reason(groups, channels, ws[0], padding_ok, list(attrs.get("dilations", [])))
 
     def _fuse(self, i: int, out: list[int], dtype: str, has_bias: bool) -> tuple[str, list[int]]:
         """NNFusion's Conv+Add+Relu, then Conv+Relu pattern: the op type and the nodes it consumes."""

@@ -107,7 +107,8 @@ class OpConfig:
         below = list(p.get("padding_below_diff") or [])
         pads = below + list(p.get("padding_above_diff") or below)
         padding_ok = depthwise_padding_ok(pads, list(p.get("window_dilation_strides") or []), filt[2:])
-        return grouped_conv_reason(self.groups, data[1], filt[0], padding_ok)[0]
+        return grouped_conv_reason(self.groups, data[1], filt[0], padding_ok,
+                                   list(p.get("window_dilation_strides") or []))[0]
 
     @property
     def flops(self) -> int:
