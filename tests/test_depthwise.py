@@ -54,3 +54,23 @@ def test_a_dilated_depthwise_conv_is_a_blocker_as_the_compiler_aborts_on_it(tmp_
     said = " ".join(proc.stdout.split())
     assert proc.returncode == 1 and "node dw_dil (Conv): depthwise convolution with dilation [2, 2]" in said, said
     assert "Not support other dilation yet" in said
+
+
+def test_two_depthwise_ops_of_one_identifier_in_one_network_are_judged_each_against_the_row(tmp_path: Path):
+    """Coverage caches a lookup's row choice by identifier; what the row was made for is checked per op after it,
+    so of two ops of one identifier only the one whose stride the row does not compute is named."""
+    from core.db.kernel_db import KernelDB
+    from core.nnfusion.coverage import IN_DB, coverage
+    from core.opconfigs.onnx_extract import Extraction
+
+    made, other = parse_line(MADE), parse_line(OTHER)
+    ops, db = tmp_path / "ops.txt", tmp_path / "k.db"
+    ops.write_text(MADE + "\n")
+    env = {"KDB_STATE_DIR": str(tmp_path / "state"), "KDB_CONFIG": str(tmp_path / "settings.toml")}
+    assert run_kdb("codegen", str(ops), "--inject", "--db", str(db), "--arch", "sm_90", "--no-compile",
+                   env=env).returncode == 0
+    both = Extraction("op configs", 2, [made, other], {made.key: [("a",)], other.key: [("b",)]})
+    with KernelDB.open(db) as kernels:
+        entries = coverage(both, kernels, None, "NVIDIA H100 80GB HBM3")
+    assert [e.status for e in entries] == [IN_DB, IN_DB]
+    assert [any("WRONG NUMBERS" in r for r in e.reasons) for e in entries] == [False, True]

@@ -261,6 +261,8 @@ class _Model:
         if key not in self._choices:
             self._choices[key] = self._select(identifier, config)
         row, reasons, abort = self._choices[key]
+        if row is not None and row.rows:  # (after the cache: ops of one lookup may differ in what they need of its row)
+            reasons = (*self._made_for_another_op(config, row.key), *reasons)
         return row, reasons, abort or ""
 
     def _select(self, identifier: str, config: OpConfig) -> tuple[RowChoice | None, tuple[str, ...], str | None]:
@@ -282,7 +284,7 @@ class _Model:
                "does not compare profiles")
         profiles = [(r[1], *self._profile(r[5])) for r in external]
         time_us = profiles[0][1]
-        reasons = [*self._tag_mismatch(config, str(first[4])), *self._depthwise_mismatch(config, first[1])]
+        reasons = []
         if time_us is None:
             reasons.append(f"no profile for {self.product or 'the product name (not set)'}: BlockFusion schedules "
                            f"it as {DEFAULT_PROFILE_US:g} us")
@@ -336,6 +338,16 @@ class _Model:
             return None, 0
         return (times.get(self.product) if self.product else None), resource
 
+    def _made_for_another_op(self, config: OpConfig, key: str) -> tuple[str, ...]:
+        """What the chosen row says it computes that this op is not: the identifiers of a Dot (no transposes) and of a
+        depthwise convolution (shapes only) cannot tell such ops apart, so the compiler uses the row anyway."""
+        if config.op_type not in ("Dot", DEPTHWISE):
+            return ()
+        rows = self.db.find(key)
+        if not rows:
+            return ()
+        return (*self._tag_mismatch(config, rows[0].tags), *self._depthwise_mismatch(config, rows[0].attributes))
+
     @staticmethod
     def _tag_mismatch(config: OpConfig, tags: str) -> tuple[str, ...]:
         if config.op_type != "Dot":
@@ -349,14 +361,14 @@ class _Model:
                     "compiler uses the row anyway (kernel selection does not read Tags)",)
         return ()
 
-    def _depthwise_mismatch(self, config: OpConfig, key: str) -> tuple[str, ...]:
-        """A depthwise row's identifier is its shapes only: a row made for another stride, dilation or padding of
-        the same shapes (a 3x3 at SAME padding, dilation 1 or 2) is fetched all the same, and computes the wrong
+    @staticmethod
+    def _depthwise_mismatch(config: OpConfig, attributes: str) -> tuple[str, ...]:
+        """A depthwise row's identifier is its shapes only: a row made for another stride or padding of the same
+        shapes (a 3x3 at SAME padding on a 2x2 map, stride 2 or 3) is fetched all the same, and computes the wrong
         numbers for this node. The row's Attributes keep what it computes."""
         if config.op_type != DEPTHWISE:
             return ()
-        rows = self.db.find(key)
-        attrs = json.loads(rows[0].attributes or "{}") if rows else {}
+        attrs = json.loads(attributes or "{}")
         made = attrs.get("parameters", {}) if isinstance(attrs, dict) else {}
         names = ("window_movement_strides", "window_dilation_strides", "padding_below_diff")
         if not isinstance(made, dict) or all(made.get(n) == config.params.get(n) for n in names):
