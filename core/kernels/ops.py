@@ -64,7 +64,7 @@ SOFTMAX = "Softmax"
 SUM = "Sum"
 # A depthwise convolution (an ONNX Conv of group = channels, one filter each): its identifier is the input, the filter
 # as the importer transposes it ([kh, kw, C, 1]) and the output, with no stride, padding or dilation; kdb's row
-# computes its op config's, which the row's Attributes keep (core/opconfigs/opconfig.py says how the shapes bind them)
+# computes its op config's, which the row's Attributes keep (coverage names a row made for another: WRONG NUMBERS)
 DEPTHWISE = "DepthwiseConv2dNative"
 ROW_OP_TYPE: dict[str, str] = {BATCH_MATMUL: "Dot", SOFTMAX: "Dot", SUM: "Dot", DEPTHWISE: "Dot"}
 

@@ -93,9 +93,9 @@ class TuneJob:
 
         rev = revision(self.config.op_type)  # revision 1 keeps the dirs named before revisions existed
         name = f"{self.config.key}|{self.target}|{self.arch}" + (f"|r{rev}" if rev > 1 else "")
-        name += "" if refusal(self.config) else "|tensor-cores"  # another workload than the CUDA cores' definition
-        # (a half one's revision 2: operands read at clamped indices and selected, tensorcore._selected)
-        name += "|r2" if not refusal(self.config) and self.config.dtype == "half" else ""
+        if not refusal(self.config):  # another workload than the CUDA cores' definition
+            # (a half one's revision 2: operands read at clamped indices and selected, tensorcore._selected)
+            name += "|tensor-cores" + ("|r2" if self.config.dtype == "half" else "")
         digest = hashlib.sha1(name.encode()).hexdigest()[:12]
         return self.work_dir or root / f"{self.config.op_type.lower()}-{digest}"
 
