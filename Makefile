@@ -8,17 +8,23 @@ RUN_EXTRA := $(VENV)/.run-extra
 
 .PHONY: run test bench-smoke fuzz lint clean
 
+# A download cut off mid-wheel (CI once lost apache-tvm's 100 MB wheel at 45 MB, six resumes in a row) is tried
+# again from the start, three times in all, before the install fails.
+PIP_INSTALL = for attempt in 1 2 3; do $(BIN)/pip install -q --retries 10 --timeout 60 $(1) && exit 0; \
+	echo "pip install $(1) failed (attempt $$attempt of 3); trying again" >&2; sleep 20; done; exit 1
+CORE_EXTRAS := '.[tvm,dev]'
+
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[tvm,dev]'
+	$(call PIP_INSTALL,--upgrade pip)
+	$(call PIP_INSTALL,-e $(CORE_EXTRAS))
 	touch $(STAMP)
 
 # The `run` extra (cuDNN, cuBLAS, ONNX Runtime: about 1 GB of wheels) for the tests only: the network zoo compiles
 # NNFusion's generated code with the real library headers (tests/test_zoo.py), and `kdb nnfusion --run` builds and
 # links it (tests/test_nnfusion_run.py). `make run` does without.
 $(RUN_EXTRA): $(STAMP)
-	$(BIN)/pip install -q -e '.[run]'
+	$(call PIP_INSTALL,-e '.[run]')
 	touch $(RUN_EXTRA)
 
 run: $(STAMP)
