@@ -52,7 +52,13 @@ case "${1:-}" in
       grep FAILED $OUT/$b.log | head -5; cp /tmp/o/$b/*.json $OUT/ 2>/dev/null
     done
     T=70 run convnext
-    timeout 60 python3 bench/bench_default_schedules.py time "$PWD/.devrun/defaults" > $OUT/defaults.log 2>&1
+    # Session 23's defaults.so never loaded there (why was not recorded): say why, and build it there from the carried
+    # defaults.cu with the device's own nvcc when it does not load.
+    dd=$PWD/.devrun/defaults; ls -la $dd
+    python3 -c "import ctypes, sys; ctypes.CDLL(sys.argv[1])" $dd/defaults.so || { mkdir -p /tmp/defaults; cp $dd/cases.json \
+      $dd/defaults.cu /tmp/defaults/; nvcc -O3 -shared -Xcompiler -fPIC -cudart static -gencode arch=compute_90,code=sm_90 \
+      -o /tmp/defaults/defaults.so /tmp/defaults/defaults.cu && dd=/tmp/defaults; }
+    timeout 60 python3 bench/bench_default_schedules.py time "$dd" > $OUT/defaults.log 2>&1
     echo "== defaults: exit $?"; cat $OUT/defaults.log | tail -24
     python3 -c 'import sqlite3; sqlite3.connect("/tmp/db/empty.db").close()'
     cp /tmp/db/empty.db /tmp/db/dense-aa.db; cp $N/dense.onnx $N/dense-aa.onnx
