@@ -17,7 +17,7 @@ from textual.widgets import Input, Static
 from console.context import ConsoleContext
 from console.screens.opconfigs import OpConfigsScreen
 from console.widgets.dialogs import ConfirmDialog, PathDialog
-from console.widgets.opconfig_dialog import OpConfigDialog
+from console.widgets.opconfig_dialog import TEMPLATES, OpConfigDialog, check_line
 from console.widgets.opconfig_table import OpConfigTable
 from core.db.kernel_db import KernelDB
 from core.demo import TINY_NETWORK
@@ -207,7 +207,7 @@ async def test_import_an_onnx_model_lists_unmapped_nodes(tmp_path: Path):
         report = text(screen, "#import-report")
         assert "model dw_cat, 3 nodes -> 2 distinct op configs the compiler looks up (2 added)" in report
         assert "1 nodes unmapped" in report
-        assert "cat (Concat): NNFusion fetches its Concat identifier" in report
+        assert "cat (Concat): every axis before the joined one (axis 1) has size 1" in report
 
 
 @pytest.mark.parametrize("suffix", [".txt", ".toml", ".json"])
@@ -462,3 +462,11 @@ async def test_h_converts_the_model_to_fp16_as_kdb_model_fp16_does_and_lists_its
         assert [c.dtype for c in screen.configs] == ["float", "float", "half", "half"]
         assert next(reversed(screen.models)) == tmp_path / "dense-fp16.onnx"
     assert (tmp_path / "dense-fp16.onnx").read_bytes() == (tmp_path / "cli-fp16.onnx").read_bytes()
+
+
+def test_every_template_of_the_add_dialog_is_an_op_config_it_accepts():
+    """A template the dialog offers reads back as the op it is named after (Concat and Sum among them)."""
+    for name, line in TEMPLATES.items():
+        config, reason = check_line(line, {})
+        assert config is not None and reason == "", (name, reason)
+        assert name.split()[0] in config.op_type, (name, config.op_type)  # Depthwise in DepthwiseConv2dNative

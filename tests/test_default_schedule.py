@@ -69,6 +69,9 @@ CASES = {
     # NNFusion's Sum of a ReduceMean: a LayerNorm's row sums (few outputs, long rows), a batch's column sums
     "sum layer norm 1x64x256": "cudnn_reduce_sum_op_float|i+1_64_256|o+1_64",
     "sum over the batch 8x1000": "cudnn_reduce_sum_op_float|i+8_1000|o+1000",
+    # NNFusion's Concat where it copies (an axis of size > 1 before the joined one): each output from its input
+    "concat last axis 1x8x16 + 1x8x8": "concat_op_float|i+1_8_16|i+1_8_8|o+1_8_24",
+    "concat three on the middle axis of a batch": "concat_op_half|i+2_3_40|i+2_5_40|i+2_1_40|o+2_9_40",
 }
 # rows, and the threads each row's block has (whole warps; a long row's as a long reduction's)
 ROWS = {"softmax attention 1x2x8x8": (16, 32), "softmax attention 1x3x197x197": (591, THREADS),

@@ -60,3 +60,17 @@ def test_a_dot_of_any_left_rank_from_two_is_the_identifier_nnfusion_looks_up(a, 
 def test_a_dot_nnfusion_does_not_make_is_refused_naming_the_field(a, b, out, params, field, reason):
     with pytest.raises(InputError, match=rf"parameters\.{field}.*{reason}"):
         validate_item(dot_item(a, b, out, **params))
+
+
+def concat_item(inputs: list[list[int]], out: list[int]) -> dict:
+    return {"tvm_func_name": "k", "op_type": "Concat", "parameters": {"input_shapes": inputs, "output_shape": out},
+            "code": "__global__ void k() {}", "gridDim": [1], "blockDim": [1]}
+
+
+def test_a_concat_nnfusion_writes_in_place_is_taken_with_a_warning():
+    """Every axis before the joined one of size 1: NNFusion runs no kernel for it, and a row would make it copy."""
+    in_place = validate_item(concat_item([[1, 2, 4], [1, 3, 4]], [1, 5, 4]))
+    assert in_place.op.identifier == "Concat1,2,4;1,3,4;1,5,4floatfloatfloat"
+    assert [w for w in in_place.warnings if "in place" in w and "axis 1" in w]
+    copied = validate_item(concat_item([[2, 2, 4], [2, 3, 4]], [2, 5, 4]))
+    assert copied.warnings == ()

@@ -291,7 +291,7 @@ def test_pools(model_path):
     ]
     reasons = {u.node: u.reason for u in ext.unmapped}
     assert reasons["ceil"].startswith("ceil_mode=1 gives spatial [5, 5]")
-    assert reasons["cat"].startswith("NNFusion fetches its Concat identifier") and "no Concat rows yet" in reasons["cat"]
+    assert "in place into the output and runs no kernel" in reasons["cat"]  # a batch of 1 joined on axis 1
     # NNFusion's importer drops an AveragePool's pads: it pools 9x9 to 4x4 (ONNX: 5x5), which flows into a Flatten
     assert reasons["avg"].startswith("NNFusion pools it to spatial [4, 4] without padding, where ONNX gives [5, 5]")
     assert [n.node for n in ext.notes] == ["avg"] and ext.notes[0].text.startswith("wrong shape: ")
@@ -593,3 +593,21 @@ def test_a_graph_input_named_like_a_node_stays_apart_in_the_graph_model(model_pa
     ext = extract(model_path(unrolled_lstm(steps=1)))
     assert {"h0", "c0"} <= {n.name for n in ext.graph if n.kind == "elementwise"}
     assert [c.op_type for c in ext.looked_up()] == ["Dot"]
+
+
+def test_a_concat_is_served_where_nnfusion_copies_it_and_left_where_it_lays_the_inputs_out_in_place(model_path):
+    """A Concat on the last axis of [1, 8, *] is copied by a kernel: an op config. One on the channels of a batch of 1
+    (every axis before it of size 1) is laid out in place, no kernel runs (the compiler's code shows it eliminated),
+    and a row would make it copy: unmapped, saying so."""
+    g = GraphBuilder({"x": [1, 8, 16], "y": [1, 8, 8]})
+    last = g.node("Concat", [g.node("Relu", ["x"], "rx"), g.node("Sigmoid", ["y"], "sy")], "cat_last", axis=-1)
+    tanh = g.node("Tanh", [last], "t")
+    chan = g.node("Concat", [tanh, g.node("Relu", [tanh], "rt")], "cat_chan", axis=1)
+    path = model_path(g.model(g.node("Exp", [chan], "out")))
+    ext = extract(path)
+    (concat,) = [c for c in ext.configs if c.op_type == "Concat"]
+    assert format_line(concat) == "concat_op_float|i+1_8_16|i+1_8_8|o+1_8_24" and ext.nodes[concat.key] == [("cat_last",)]
+    assert concat in ext.looked_up()
+    (left,) = [u for u in ext.unmapped if u.op_type == "Concat"]
+    assert left.node == "cat_chan" and "axis 1" in left.reason and "in place" in left.reason
+    accounted(ext, path)

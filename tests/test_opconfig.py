@@ -151,3 +151,27 @@ def test_a_dilated_convolution_says_its_dilation():
     dilated = parse_line("cudnn_convolution_op_float|i+1_32_20_20|w+48_32_3_3|o+1_48_16_16|ws+1_1|wd+3_3|p+1_1")
     assert plain.describe() == "Convolution in 1x32x20x20 w 48x32x3x3 out 1x48x20x20 s1x1 p1x1"
     assert dilated.describe() == "Convolution in 1x32x20x20 w 48x32x3x3 out 1x48x16x16 s1x1 p1x1 d3x3"
+
+
+@pytest.mark.parametrize(("line", "said"), [
+    ("concat_op_float|i+1_8_16|i+1_8_8|o+1_8_24", "Concat 1x8x16 + 1x8x8 on axis 2"),
+    ("concat_op_half|i+2_3_4|i+2_5_4|i+2_1_4|o+2_9_4", "Concat 2x3x4 + 2x5x4 + 2x1x4 on axis 1 half"),
+    ("concat_op_float|i+2_2|i+2_2|o+4_2", "Concat 2x2 + 2x2 on axis 0"),
+    ("concat_op_float|i+2_2|i+2_2|o+2_4", "Concat 2x2 + 2x2 on axis 1"),
+    ("concat_op_float|i+1_8_16|i+1_8_8|o+1_8_25", "[1, 8, 25] is no concatenation of [[1, 8, 16], [1, 8, 8]]"),
+    ("concat_op_float|i+1_8_16|i+1_7_8|o+1_15_24", "is no concatenation of"),
+    ("concat_op_float|i+1_8|i+1_8_1|o+1_16", "is no concatenation of"),
+    ("concat_op_float|o+1_16", "missing: a Concat's inputs"),
+])
+def test_a_concat_is_read_with_the_axis_its_shapes_tell(line: str, said: str):
+    """NNFusion's Concat identifier is the inputs' shapes and the output's (Concat1,8,16;1,8,8;1,8,24floatfloatfloat),
+    no axis: the one axis the inputs' sizes add up on tells it, and shapes that no axis joins are refused."""
+    if " on axis " in said:
+        config = parse_line(line, "ops.txt:1")
+        assert config.describe() == said and format_line(config) == line and config.memory_bound
+        shapes = [f.partition("+")[2].replace("_", ",") for f in line.split("|")[1:]]
+        dtype = line.split("|")[0].rpartition("_op_")[2]
+        assert config.signature().identifier == f"Concat{';'.join(shapes)}{dtype * len(shapes)}"
+    else:
+        with pytest.raises(InputError, match=re.escape(said)):
+            parse_line(line, "ops.txt:1")

@@ -47,17 +47,19 @@ def batched_matmul(path: Path) -> Path:
     return write(g.model(g.node("MatMul", ["x", g.weight("w", [2, 16, 8])], "mm"), "bmm"), path)
 
 
-def probe_db(path: Path, op_type: str) -> Path:
+def probe_db(path: Path, op_type: str, identifier: str = IDENTIFIER, body: str = BODY,
+             params: str = "float* __restrict__ input0, float* __restrict__ input1, float* __restrict__ output0",
+             threads: int = 128) -> Path:
+    """A DB of one External row: `body` under `identifier` and OpType `op_type`."""
     KernelDB.open(path, create=True).close()
-    function = {"function_signature": 'extern "C" __launch_bounds__(128) __global__ void (float* __restrict__ input0, '
-                                      'float* __restrict__ input1, float* __restrict__ output0)',
-                "function_body": BODY, "block_function_body": BODY, "grid_dim": [1, 1, 1], "block_dim": [128, 1, 1],
+    function = {"function_signature": f'extern "C" __launch_bounds__({threads}) __global__ void ({params})',
+                "function_body": body, "block_function_body": body, "grid_dim": [1, 1, 1], "block_dim": [threads, 1, 1],
                 "shared_memory": {"symbol": [], "dtype": [], "size": []}, "num_syncthreads": 0}
     with sqlite3.connect(path) as db:
         db.execute("INSERT INTO KernelCache VALUES (?, ?, ?, ?, 'External', 'CUDA_GPU', ?, ?, ?)",
-                   ("probe", IDENTIFIER, op_type, json.dumps({}), json.dumps(function),
-                    "KernelEmitter,CudaEmitter,BlockCudaEmitter", json.dumps({"external_profile": {"time": "",
-                                                                                                    "resource": 128}})))
+                   ("probe", identifier, op_type, json.dumps({}), json.dumps(function),
+                    "KernelEmitter,CudaEmitter,BlockCudaEmitter",
+                    json.dumps({"external_profile": {"time": "", "resource": threads}})))
     return path
 
 
@@ -211,20 +213,98 @@ CONCAT_BODY = """
 
 def test_a_concat_row_under_op_type_dot_is_used_too(tmp_path: Path):
     """NNFusion fetches a Concat's identifier (DenseNet's `Concat1,128,56,56;1,32,56,56;1,160,56,56floatfloatfloat`)
-    and uses a row of it under OpType Dot, as a BatchMatMul's: what `kdb opconfig extract` says of a Concat."""
+    and uses a row of it under OpType Dot, as a BatchMatMul's. Where the inputs could be laid out in place in the
+    output (every axis before the joined one of size 1; not here, since they are the graph's inputs), the row makes it
+    copy them instead (test_an_in_place_concat_given_a_row_is_copied_by_it)."""
     g = GraphBuilder({"x": [1, 2, 4], "y": [1, 3, 4]})
     model = write(g.model(g.node("Concat", ["x", "y"], "cat", axis=1), "cat"), tmp_path / "cat.onnx")
-    db = tmp_path / "k.db"
-    KernelDB.open(db, create=True).close()
-    function = {"function_signature": 'extern "C" __launch_bounds__(32) __global__ void (float* __restrict__ input0, '
-                                      'float* __restrict__ input1, float* __restrict__ output0)',
-                "function_body": CONCAT_BODY, "block_function_body": CONCAT_BODY, "grid_dim": [1, 1, 1],
-                "block_dim": [32, 1, 1], "shared_memory": {"symbol": [], "dtype": [], "size": []}, "num_syncthreads": 0}
-    with sqlite3.connect(db) as conn:
-        conn.execute("INSERT INTO KernelCache VALUES (?, ?, ?, ?, 'External', 'CUDA_GPU', ?, ?, ?)",
-                     ("probe", CONCAT, "Dot", json.dumps({}), json.dumps(function),
-                      "KernelEmitter,CudaEmitter,BlockCudaEmitter",
-                      json.dumps({"external_profile": {"time": "", "resource": 32}})))
-    log, code = compile_model(model, db, tmp_path / "out")
+    log, code = compile_model(model, concat_probe_db(tmp_path / "k.db"), tmp_path / "out")
     assert f"Trying to fetch kernel {CONCAT} on DeviceType: CUDA_GPU" in log
     assert "kdb-probe-concat" in code
+
+
+def test_an_in_place_concat_given_a_row_is_copied_by_it(tmp_path: Path):
+    """Why kdb makes no row for a Concat whose axes before the joined one all have size 1: with the empty DB NNFusion
+    lays its inputs out in the output and launches nothing for it (inplace_tensor_analysis.cpp logs "inlace_concat:
+    1"); with a row of its identifier the row's kernel runs, a copy that was not there."""
+    g = GraphBuilder({"x": [1, 2, 4], "y": [1, 3, 4]})
+    cat = g.node("Concat", [g.node("Relu", ["x"], "rx"), g.node("Sigmoid", ["y"], "sy")], "cat", axis=1)
+    model = write(g.model(g.node("Tanh", [cat], "out"), "cat"), tmp_path / "cat.onnx")
+    empty = tmp_path / "empty.db"
+    KernelDB.open(empty, create=True).close()
+    log, code = compile_model(model, empty, tmp_path / "own")
+    assert "inlace_concat: 1" in log
+    assert "// eliminated: Concat_" in code
+    log, code = compile_model(model, concat_probe_db(tmp_path / "k.db"), tmp_path / "row")
+    assert "inlace_concat: 0" in log
+    launches = [line for line in code.splitlines() if "Concat_" in line and "_Call(dim3" in line]
+    assert "kdb-probe-concat" in code and launches and not any(line.startswith("//") for line in launches)
+
+
+def concat_probe_db(db: Path) -> Path:
+    return probe_db(db, "Dot", CONCAT, CONCAT_BODY, threads=32)
+
+
+GATHER = "GatherV210,4;1,3;1,3,4floatint64_tfloat"
+GATHER_BODY = """
+  int t = (int)threadIdx.x;
+  if (t < 12) { output0[t] = input0[input1[t / 4] * 4 + t % 4]; }  /* kdb-probe-gather */
+"""
+
+
+def test_a_gather_row_under_op_type_dot_is_used_though_kdb_makes_none(tmp_path: Path):
+    """An ONNX Gather (an embedding lookup) is NNFusion's GatherV2, fetched with its indices' type in the identifier
+    (int64_t): a row of it under OpType Dot is used, as a Concat's. kdb makes none, since an op config has one element
+    type for all its tensors, and extraction says so."""
+    from core.opconfigs.onnx_extract import extract
+
+    g = GraphBuilder({"x": [1, 3, 4]})
+    embedded = g.node("Gather", [g.weight("table", [10, 4]), g.constant("ids", [[1, 5, 2]])], "embed", axis=0)
+    model = write(g.model(g.node("Add", [embedded, "x"], "out"), "gather"), tmp_path / "gather.onnx")
+    db = probe_db(tmp_path / "k.db", "Dot", GATHER, GATHER_BODY,
+                  "float* __restrict__ input0, int64_t* __restrict__ input1, float* __restrict__ output0", 32)
+    log, code = compile_model(model, db, tmp_path / "out")
+    assert f"Trying to fetch kernel {GATHER} on DeviceType: CUDA_GPU" in log
+    assert "kdb-probe-gather" in code
+    (reason,) = [u.reason for u in extract(model).unmapped if u.op_type == "Gather"]
+    assert "would be used" in reason and "int64_t" in reason
+
+
+@pytest.mark.parametrize("half", [False, True], ids=["fp32", "fp16"])
+def test_kdb_serves_the_concats_nnfusion_copies_through_the_readme_commands(tmp_path: Path, half: bool):
+    """A Concat on the last axis of [1, 8, *] (NNFusion copies it with a kernel) is extracted, generated, injected under
+    OpType Dot with Concat's identifier, and run by the compiled code; one on the channels of a batch of 1 (laid out in
+    place, no kernel) gets no row and still runs none."""
+    pytest.importorskip("tvm")
+    from conftest import run_kdb
+
+    g = GraphBuilder({"x": [1, 8, 16], "y": [1, 8, 8]})
+    last = g.node("Concat", [g.node("Relu", ["x"], "rx"), g.node("Sigmoid", ["y"], "sy")], "cat_last", axis=-1)
+    tanh = g.node("Tanh", [last], "t")
+    chan = g.node("Concat", [tanh, g.node("Relu", [tanh], "rt")], "cat_chan", axis=1)
+    write(g.model(g.node("Exp", [chan], "out"), "cat"), tmp_path / "m.onnx")
+    env = {"KDB_STATE_DIR": str(tmp_path / "state"), "KDB_CONFIG": str(tmp_path / "settings.toml")}
+    model, dtype = ("m16.onnx", "half") if half else ("m.onnx", "float")
+    if half:
+        proc = run_kdb("model", "fp16", "m.onnx", model, cwd=tmp_path, env=env)
+        assert proc.returncode == 0, proc.stderr[-1500:]
+    steps = [("opconfig", "extract", model, "-o", "ops.txt"),
+             ("codegen", "ops.txt", "-o", "k.json", "--arch", "sm_90", "--db", "k.db"), ("inject", "k.json", "--db",
+                                                                                        "k.db")]
+    for step in steps:
+        proc = run_kdb(*step, cwd=tmp_path, env=env)
+        assert proc.returncode == 0, (step, proc.stdout[-1500:], proc.stderr[-1500:])
+    assert [line for line in (tmp_path / "ops.txt").read_text().splitlines() if line.startswith("concat")] == \
+        [f"concat_op_{dtype}|i+1_8_16|i+1_8_8|o+1_8_24"]
+    identifier = f"Concat1,8,16;1,8,8;1,8,24{dtype * 3}"
+    with sqlite3.connect(tmp_path / "k.db") as db:
+        assert dict(db.execute("SELECT Identifier, OpType FROM KernelCache WHERE Identifier LIKE 'Concat%'")) == \
+            {identifier: "Dot"}
+    proc = run_kdb("nnfusion", model, "--db", "k.db", "--nnfusion", str(COMPILER), "--json", cwd=tmp_path, env=env)
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 0 and report["ok"], (report["reason"], report.get("broken_promises"))
+    used = {e["identifier"] for e in report["coverage"] if e["row"] and e["row"]["key"] in
+            report["usage"]["db_rows_used"]}
+    assert identifier in used, used
+    nodes = {part["node"] for step in report["usage"]["steps"] for part in step["parts"]}
+    assert not any(n.startswith("cat_chan") for n in nodes), nodes  # laid out in place: no step runs it

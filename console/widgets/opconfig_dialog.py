@@ -31,6 +31,8 @@ TEMPLATES: dict[str, str] = {
     "Dot": "cublas_dot_op_float|a+1_512|b+512_1000|o+1_1000|ta+0|tb+0",
     "BatchMatMul": "cublas_batch_matmul_op_float|a+1_12_128_64|b+1_12_64_128|o+1_12_128_128",
     "Softmax": "cudnn_softmax_op_float|i+1_12_128_128|o+1_12_128_128",
+    "Sum": "cudnn_reduce_sum_op_float|i+1_128_768|o+1_128",
+    "Concat": "concat_op_float|i+1_8_16|i+1_8_8|o+1_8_24",
     "MaxPool": "cudnn_maxpool_op_float|i+1_64_112_112|o+1_64_56_56|win+3_3|ws+2_2|pb+1_1|pa+1_1",
     "AvgPool": "cudnn_avgpool_op_float|i+1_512_7_7|o+1_512_1_1|win+7_7|ws+7_7|pb+0_0|pa+0_0",
     "Relu": "elementwise_relu_op_float|i+1_64_56_56|o+1_64_56_56",
@@ -39,8 +41,8 @@ TEMPLATES: dict[str, str] = {
 DEFAULT_TEMPLATE = TEMPLATES["Convolution"]
 
 FIELDS_HINT = ("convolution i+ w+ o+ ws+ wd+ p+ [pa+ g+ fuse+relu|add_relu] · depthwise the same, w+ as kh_kw_C_1 · "
-               "dot a+ b+ o+ ta+ tb+ · batch matmul a+ b+ o+ · pools i+ o+ win+ ws+ pb+ pa+ · softmax (last axis) i+ "
-               "o+ · element-wise one i+ per input, o+ · shapes as 1_64_56_56")
+               "dot a+ b+ o+ ta+ tb+ · batch matmul a+ b+ o+ · pools i+ o+ win+ ws+ pb+ pa+ · softmax (last axis) and "
+               "sum i+ o+ · concat and element-wise one i+ per input, o+ · shapes as 1_64_56_56")
 
 
 def check_line(line: str, taken: Mapping[str, int]) -> tuple[OpConfig | None, str]:

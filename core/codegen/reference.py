@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from core.errors import InputError
-from core.kernels.ops import BATCH_MATMUL, CONV_FAMILY, DEPTHWISE, POOLS, SOFTMAX, SUM, sum_axes
+from core.kernels.ops import BATCH_MATMUL, CONCAT, CONV_FAMILY, DEPTHWISE, POOLS, SOFTMAX, SUM, concat_axis, sum_axes
 from core.opconfigs.opconfig import OpConfig, planar
 
 TOLERANCE = 1e-4  # the fp32 floor of tolerance(): relative error (max |a-b| / max |b|) allowed against fp64 numpy
@@ -185,6 +185,9 @@ def reference(config: OpConfig, arrays: list[np.ndarray]) -> np.ndarray:
     if op == SUM:
         (axes,) = sum_axes(p["input_shape"], p["output_shape"])
         return xs[0].reshape(p["input_shape"]).sum(axis=axes).reshape(p["output_shape"])
+    if op == CONCAT:
+        axis = concat_axis(p["input_shapes"], p["output_shape"])
+        return np.concatenate([x.reshape(s) for x, s in zip(xs, p["input_shapes"], strict=True)], axis=axis)
     if op == SOFTMAX:
         x = xs[0].reshape(p["input_shape"])
         e = np.exp(x - x.max(axis=-1, keepdims=True))

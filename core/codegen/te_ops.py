@@ -13,7 +13,18 @@ import functools
 from typing import Any
 
 from core.errors import InputError
-from core.kernels.ops import BATCH_MATMUL, CONV_FAMILY, DEPTHWISE, ELEMENTWISE_NO_ROW, POOLS, SOFTMAX, SUM, sum_axes
+from core.kernels.ops import (
+    BATCH_MATMUL,
+    CONCAT,
+    CONV_FAMILY,
+    DEPTHWISE,
+    ELEMENTWISE_NO_ROW,
+    POOLS,
+    SOFTMAX,
+    SUM,
+    concat_axis,
+    sum_axes,
+)
 from core.opconfigs.opconfig import OpConfig, planar
 
 # Bumped when an op's definition changes its TVM workload: a tuning work dir holds one workload's trials, so
@@ -92,7 +103,10 @@ def define(config: OpConfig) -> tuple[list[Any], Any]:
     else:
         shapes = p.get("input_shapes") or [p["input_shape"]]
         inputs = [te.placeholder(tuple(s), dtype, name=f"input{i}") for i, s in enumerate(shapes)]
-        out = _elementwise(op, inputs)
+        if op == CONCAT:  # validated: the shapes tell the axis
+            out = topi.concatenate(inputs, concat_axis(shapes, p["output_shape"]))
+        else:
+            out = _elementwise(op, inputs)
     output = out if out.op.name == "output0" else te.compute(out.shape, lambda *i: out(*i), name="output0")
     if [int(d) for d in output.shape] != want:
         raise InputError(f"TVM's {op} gives shape {[int(d) for d in output.shape]}, the op config says "

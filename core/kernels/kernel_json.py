@@ -26,6 +26,7 @@ from core.cuda.nvcc import MAX_THREADS_PER_BLOCK
 from core.errors import InputError
 from core.kernels.ops import (
     BATCH_MATMUL,
+    CONCAT,
     CONV_FAMILY,
     DEPTHWISE,
     ELEMENTWISE_ARITY,
@@ -34,6 +35,8 @@ from core.kernels.ops import (
     POOLS,
     SOFTMAX,
     SUM,
+    concat_axis,
+    concat_in_place,
     dtype_problem,
     sum_axes,
 )
@@ -267,6 +270,8 @@ def validate_item(item: Any) -> KernelSpec:
         op = _softmax(params, dtype)
     elif op_type == SUM:
         op = _sum(params, dtype)
+    elif op_type == CONCAT:
+        op = _concat(params, dtype, warnings)
     else:
         op = _elementwise(op_type, params, dtype)
     if tensor_math:
@@ -457,6 +462,29 @@ def _sum(params: dict[str, Any], dtype: str) -> OpSignature:
                     f"{' or '.join(str(list(w)) for w in ways)}: NNFusion's identifier (the shapes alone) cannot tell "
                     "them apart, so no row can serve one of them safely")
     return OpSignature(SUM, (data,), (out,), None, dtype)
+
+
+MAX_CONCAT_INPUTS = 128  # a kernel's parameters: 8 bytes a pointer, well inside CUDA's 4 KB of them
+
+
+def _concat(params: dict[str, Any], dtype: str, warnings: list[str]) -> OpSignature:
+    """NNFusion's Concat: its identifier is the shapes alone, so they must tell the joined axis (ops.concat_axis)."""
+    raw = params.get("input_shapes")
+    if not isinstance(raw, list) or not raw:
+        raise _fail("parameters.input_shapes", "missing: a Concat's inputs, one shape each")
+    if len(raw) > MAX_CONCAT_INPUTS:
+        raise _fail("parameters.input_shapes", f"{len(raw)} inputs, over kdb's cap of {MAX_CONCAT_INPUTS} for one "
+                    "kernel's parameters")
+    inputs = tuple(_shape({"input_shapes": s}, "input_shapes", min_rank=1) for s in raw)
+    out = _shape(params, "output_shape", min_rank=1)
+    axis = concat_axis(inputs, out)
+    if axis is None:
+        raise _fail("parameters.output_shape", f"{list(out)} is no concatenation of {[list(s) for s in inputs]} (the "
+                    "inputs agree with it on every axis but one, and add up to it on that one)")
+    if concat_in_place(inputs, axis):
+        warnings.append(f"every axis before axis {axis} has size 1: NNFusion writes these inputs in place into the "
+                        "output and runs no kernel, and a row makes it copy them (kernels/cuda_gpu/kernels/concat.cpp)")
+    return OpSignature(CONCAT, inputs, (out,), None, dtype)
 
 
 def _batched_rows_dot(a: Shape, b: Shape, out: Shape, ta: bool, tb: bool, dtype: str) -> OpSignature:

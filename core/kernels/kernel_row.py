@@ -137,13 +137,13 @@ def kernel_key(identifier: str, grid: tuple[int, ...], block: tuple[int, ...], b
     return "kdb:" + h.hexdigest()
 
 
-def map_parameters(op_type: str, params: tuple[Param, ...], dtype: str) -> list[str]:
+def map_parameters(op_type: str, params: tuple[Param, ...], dtype: str, inputs: int | None = None) -> list[str]:
     """The canonical tensor name (input0.., output0..) for each of the kernel's parameters.
 
     Parameters already named canonically keep their names (TVM writes `input0, input1, compute,
     input2` for conv+add+relu); the others take the op type's positional convention.
     """
-    order = parameter_order(op_type).kernel_order
+    order = parameter_order(op_type, inputs).kernel_order
     if len(params) != len(order):
         raise InputError(
             f"kernel has {len(params)} parameters, {op_type} needs {len(order)} "
@@ -226,7 +226,7 @@ def build_row(
             where="blockDim",
         )
     dtype = spec.op.dtype
-    canonical = map_parameters(spec.op.op_type, src.params, dtype)
+    canonical = map_parameters(spec.op.op_type, src.params, dtype, len(spec.op.inputs))
     inputs = sorted(n for n in canonical if n.startswith("input"))
     outputs = sorted(n for n in canonical if n.startswith("output"))
     block, body, block_body = spec.block, src.body, src.body_without_shared()

@@ -66,10 +66,14 @@ SUM = "Sum"
 # as the importer transposes it ([kh, kw, C, 1]) and the output, with no stride, padding or dilation; kdb's row
 # computes its op config's, which the row's Attributes keep (coverage names a row made for another: WRONG NUMBERS)
 DEPTHWISE = "DepthwiseConv2dNative"
-ROW_OP_TYPE: dict[str, str] = {BATCH_MATMUL: "Dot", SOFTMAX: "Dot", SUM: "Dot", DEPTHWISE: "Dot"}
+# A Concat: its identifier is the inputs' shapes and the output's, no axis; the one axis whose sizes add up tells it
+# (concat_axis). kdb serves only those NNFusion copies with a kernel: where every axis before the joined one has size
+# 1 it writes the inputs in place into the output and runs nothing (concat_in_place)
+CONCAT = "Concat"
+ROW_OP_TYPE: dict[str, str] = {BATCH_MATMUL: "Dot", SOFTMAX: "Dot", SUM: "Dot", DEPTHWISE: "Dot", CONCAT: "Dot"}
 
 # Op types the injection pipeline can turn into rows (Matched_Pattern has no kernel-JSON form).
-INJECTABLE_OP_TYPES: tuple[str, ...] = (*CONV_FAMILY, DEPTHWISE, "Dot", BATCH_MATMUL, *POOLS, SOFTMAX, SUM,
+INJECTABLE_OP_TYPES: tuple[str, ...] = (*CONV_FAMILY, DEPTHWISE, "Dot", BATCH_MATMUL, *POOLS, SOFTMAX, SUM, CONCAT,
                                         *ELEMENTWISE_ARITY)
 # Matrix products (the tensor cores' ops; a TF32 run's)
 MATRIX_OP_TYPES = (*CONV_FAMILY, "Dot", BATCH_MATMUL)
@@ -94,6 +98,30 @@ def sum_axes(input_shape: tuple[int, ...] | list[int],
 
     walk(0, 0, ())
     return sorted({axes for axes in found if len(axes) == len(input_shape) - len(output_shape) and axes})
+
+
+def concat_axis(input_shapes: list[list[int]] | tuple[tuple[int, ...], ...],
+                output_shape: list[int] | tuple[int, ...]) -> int | None:
+    """The axis a Concat of these inputs joins to give `output_shape`: the inputs agree with the output on every other
+    axis and their sizes on it add up to the output's. None where no axis does. One input is a copy: axis 0. Two
+    axes can never both do, since the inputs' sizes add up on one axis only where the others are equal."""
+    rank = len(output_shape)
+    if not input_shapes or any(len(s) != rank for s in input_shapes):
+        return None
+    if len(input_shapes) == 1:
+        return 0 if list(input_shapes[0]) == list(output_shape) else None
+    for axis in range(rank):
+        others = all(s[d] == output_shape[d] for s in input_shapes for d in range(rank) if d != axis)
+        if others and sum(s[axis] for s in input_shapes) == output_shape[axis]:
+            return axis
+    return None
+
+
+def concat_in_place(input_shapes: list[list[int]] | tuple[tuple[int, ...], ...], axis: int) -> bool:
+    """Whether NNFusion writes this Concat's inputs in place into its output instead of copying them: every axis
+    before the joined one has size 1, so each input is one contiguous piece of the output (its Concat emitter's
+    is_memcpy, kernels/cuda_gpu/kernels/concat.cpp; inplace_tensor_analysis.cpp then lays the inputs out there)."""
+    return all(s[d] == 1 for s in input_shapes for d in range(axis))
 
 
 def op_of_row(op_type_column: str, identifier: str) -> str:
@@ -154,15 +182,16 @@ class ParameterOrder:
         return (*inputs, *outputs)
 
 
-def parameter_order(op_type: str) -> ParameterOrder:
+def parameter_order(op_type: str, inputs: int | None = None) -> ParameterOrder:
+    """`inputs`: how many inputs the op has, for an op that takes any number (a Concat)."""
     if op_type == "Fused_Convolution_Add_Relu":
         return ParameterOrder(("input0", "input1", "output0", "input2"))
     if op_type in (*MATRIX_OP_TYPES, DEPTHWISE):
         return ParameterOrder(("input0", "input1", "output0"))
     if op_type in (*POOLS, SOFTMAX, SUM):
         return ParameterOrder(("input0", "output0"))
-    if op_type in ELEMENTWISE_ARITY:
-        n = ELEMENTWISE_ARITY[op_type]
+    if op_type in ELEMENTWISE_ARITY or (op_type == CONCAT and inputs):
+        n = ELEMENTWISE_ARITY.get(op_type) or inputs or 0
         return ParameterOrder((*(f"input{i}" for i in range(n)), "output0"))
     raise ValueError(f"no parameter convention for op type {op_type!r}")
 

@@ -17,7 +17,7 @@ import math
 from typing import Any
 
 from core.errors import InputError
-from core.kernels.ops import sum_axes
+from core.kernels.ops import concat_axis, sum_axes
 from core.opconfigs.onnx_extract import ONNX_ELEMENTWISE
 from core.opconfigs.opconfig import OpConfig
 
@@ -91,6 +91,10 @@ class _Builder:
         if op == "Sum":  # a ReduceMean (axes still an attribute at opset 17): its Divide runs with and without the row
             (axes,) = sum_axes(self.params["input_shape"], self.params["output_shape"])
             return self._node("ReduceMean", [self._input(self.params["input_shape"])], axes=list(axes), keepdims=0)
+        if op == "Concat":
+            shapes = self.params["input_shapes"]
+            axis = concat_axis(shapes, self.params["output_shape"])
+            return self._node("Concat", [self._input(s) for s in shapes], axis=axis)
         if op in ELEMENTWISE_ONNX:
             shapes = self.params["input_shapes"]
             return self._node(ELEMENTWISE_ONNX[op], [self._input(s) for s in shapes])

@@ -44,11 +44,13 @@ The mapping follows NNFusion's ONNX importer and its pattern-substitution pass:
   shape ("<node>/mean"); ReduceSum (axes as an attribute) -> a Sum ("<node>/sum"). A Sum whose shapes do not
   tell its axes apart ([4, 4] -> [4]) is unmapped: its identifier is the shapes alone. Comparisons, logical
   ops and Where are unmapped: no row can serve them.
+- Concat -> Concat (its axis told by the shapes) where NNFusion copies it with a kernel; one whose axes before the
+  joined one all have size 1 is laid out in place (no kernel runs), and is unmapped saying so.
 - Which element-wise ops the compiler looks up depends on -fkernel_fusion_level: its kernel fusion,
   replayed on a model of the compiler's graph (`graph`, core/opconfigs/fusion.py), puts most of them
   into kernels of its own. `configs` holds every op; `looked_up()` those the compiler fetches at the
   flags given to extract() once the DB holds them, which is what is written and generated.
-- Everything else (layout/shape ops, Softmax, BatchNormalization, ...) is unmapped with its reason,
+- Everything else (layout/shape ops, BatchNormalization, ...) is unmapped with its reason,
   as is any node whose shapes are unknown or dynamic, or whose element type is not float, half or
   double.
 
@@ -67,6 +69,7 @@ from typing import Any, NamedTuple, Protocol
 from core.errors import InputError
 from core.kernels.ops import (
     BATCH_MATMUL,
+    CONCAT,
     DEPTHWISE,
     ELEMENTWISE_ARITY,
     ELEMENTWISE_NO_ROW,
@@ -74,6 +77,8 @@ from core.kernels.ops import (
     SOFTMAX,
     SUM,
     UNSERVED_DTYPES,
+    concat_axis,
+    concat_in_place,
 )
 from core.opconfigs.fusion import (
     BROADCAST,
@@ -114,11 +119,10 @@ LAYOUT_OPS = frozenset([
 ])  # fmt: skip
 # Layout ops whose NNFusion node fetches its identifier all the same (its -min_log_level=0 log), and what kdb does
 UNSERVED_LOOKUPS = {
-    "Concat": ("NNFusion fetches its Concat identifier (the inputs' and the output's shapes) and would use a row of it "
-               "under OpType Dot (seen with the compiler: tests/test_row_op_type.py); kdb makes no Concat rows yet, so "
-               "NNFusion's own Concat kernel runs"),
-    "Gather": ("NNFusion imports it as GatherV2 and fetches that identifier (its -min_log_level=0 log); whether a "
-               "row of it would be used is not probed, and kdb makes no GatherV2 rows: NNFusion's own kernel runs"),
+    "Gather": ("NNFusion imports it as GatherV2 and fetches that identifier with its indices' type in it "
+               "(GatherV210,4;1,3;1,3,4floatint64_tfloat), and a row of it under OpType Dot would be used (seen with "
+               "the compiler: tests/test_row_op_type.py); kdb makes none, since an op config has one element type for "
+               "all its tensors and the indices are int64_t: NNFusion's own kernel runs"),
 }
 CONTROL_FLOW = frozenset(["If", "Loop", "Scan"])
 # Layout ops NNFusion turns into a non-transposing Reshape, which its element-wise fusion takes in.
@@ -429,6 +433,8 @@ class _Extractor:
             self._reduce_mean(i, node)
         elif op == "ReduceSum":
             self._reduce_sum(i, node)
+        elif op == "Concat":
+            self._concat(i, node)
         elif op in ONNX_NO_ROW:
             raise _NotMapped(f"NNFusion's {ONNX_NO_ROW[op]}: {ELEMENTWISE_NO_ROW[ONNX_NO_ROW[op]]}")
         elif op in UNSERVED_LOOKUPS:
@@ -773,6 +779,23 @@ class _Extractor:
             raise _NotMapped("not over the last axis: NNFusion aborts on it (op_define/softmax.cpp)")
         params = {"input_shape": shape, "output_shape": self.t.shape(y)}
         self._emit(OpConfig(SOFTMAX, params, 1, self.t.dtype([x, y]), source=self.names[i]), [i])
+
+    def _concat(self, i: int, node: Any) -> None:
+        """NNFusion's Concat (frontend/onnx_import/op/concat.hpp), fetched as Concat<inputs>;<output><types>: served
+        where NNFusion copies the inputs with a kernel; where it lays them out in place in the output, no kernel runs
+        and a row would only add a copy (seen with the compiler: tests/test_row_op_type.py)."""
+        xs, y = [x for x in node.input if x], node.output[0]
+        shapes, out = [self.t.shape(x) for x in xs], self.t.shape(y)
+        dtype = self.t.dtype([*xs, y])
+        axis = concat_axis(shapes, out)
+        if axis is not None and concat_in_place(shapes, axis):
+            raise _NotMapped(f"every axis before the joined one (axis {axis}) has size 1, so NNFusion writes the "
+                             "inputs in place into the output and runs no kernel for it (its Concat emitter's "
+                             "is_memcpy, kernels/cuda_gpu/kernels/concat.cpp; inplace_tensor_analysis.cpp), its own "
+                             "copy kernel only where an input is the graph's input or appears twice; a row would "
+                             "make it copy them, so kdb makes none")
+        self._emit(OpConfig(CONCAT, {"input_shapes": shapes, "output_shape": out}, 1, dtype, source=self.names[i]),
+                   [i])
 
     def _clip(self, i: int, node: Any) -> None:
         """NNFusion's Clip: Maximum(x, min) then Minimum(max, that), each bound a broadcast scalar."""

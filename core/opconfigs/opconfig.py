@@ -19,6 +19,8 @@ Line format (the Rammer artifact's, extended the same way for the other ops):
         NNFusion's DepthwiseConv2dNative (an ONNX Conv of group = channels): the filter as its importer transposes
         it, [kh, kw, C, 1]; the padding symmetric
     elementwise_relu_op_float|i+..|o+..                                 (one i+ per input)
+    concat_op_float|i+1_2_4|i+1_2_3|o+1_2_7
+        NNFusion's Concat (one i+ per input): the joined axis told by the shapes alone (the last one here)
 
 Every line keeps its own field order and prefix, so a file read and written back is byte for byte the
 same. Validation reuses the kernel-JSON checks (shape arithmetic, caps), so the two never disagree.
@@ -39,6 +41,7 @@ from core.errors import InputError
 from core.kernels.kernel_json import MAX_FILE_BYTES, validate_item
 from core.kernels.ops import (
     BATCH_MATMUL,
+    CONCAT,
     CONV_FAMILY,
     DEPTHWISE,
     ELEMENTWISE_ARITY,
@@ -46,6 +49,7 @@ from core.kernels.ops import (
     POOLS,
     SOFTMAX,
     SUM,
+    concat_axis,
     dtype_problem,
     sum_axes,
 )
@@ -147,7 +151,7 @@ class OpConfig:
     @property
     def memory_bound(self) -> bool:
         """Pools and element-wise ops do about one operation per byte: their speed is bytes moved, not FLOPs."""
-        return self.op_type in (*POOLS, SOFTMAX, SUM, DEPTHWISE) or self.op_type in ELEMENTWISE_ARITY
+        return self.op_type in (*POOLS, SOFTMAX, SUM, DEPTHWISE, CONCAT) or self.op_type in ELEMENTWISE_ARITY
 
     @property
     def bytes_moved(self) -> int:
@@ -200,6 +204,9 @@ class OpConfig:
             axes = sum_axes(p["input_shape"], p["output_shape"])
             over = f" over axis {_dims(axes[0])}" if len(axes) == 1 else ""
             return f"Sum {_dims(p['input_shape'])}{over}"
+        if self.op_type == CONCAT:
+            axis = concat_axis(p["input_shapes"], p["output_shape"])
+            return f"Concat {' + '.join(_dims(s) for s in p['input_shapes'])} on axis {axis}"
         if self.op_type in POOLS:
             return (f"{self.op_type} in {_dims(p['input_shape'])} out {_dims(p['output_shape'])} "
                     f"win {_dims(p['window_shape'])} s{_dims(p['window_stride'])}")
@@ -315,6 +322,10 @@ def parse_line(line: str, where: str = "") -> OpConfig:
     elif kind.endswith(("reduce_sum", "softmax")):
         op_type = SUM if kind.endswith("reduce_sum") else SOFTMAX
         params = {"input_shape": _shape(one("i"), where), "output_shape": _shape(one("o"), where)}
+    elif kind == "concat":
+        op_type = CONCAT
+        inputs = [_shape(v, where) for v in values.get("i", [])]
+        params = {"input_shapes": inputs, "output_shape": _shape(one("o"), where)}
     elif kind.startswith("elementwise_"):
         name = kind[len("elementwise_"):]
         op_type = next((op for op in ELEMENTWISE_ARITY if op.lower() == name), "")
@@ -324,7 +335,7 @@ def parse_line(line: str, where: str = "") -> OpConfig:
         params = {"input_shapes": inputs, "output_shape": _shape(one("o"), where)}
     else:
         raise InputError(f"prefix {prefix!r}: not a convolution, depthwise convolution, dot, batch matmul, pool, "
-                         "softmax, sum or element-wise op config", where=where)
+                         "softmax, sum, concat or element-wise op config", where=where)
     config = OpConfig(op_type, params, groups, dtype, (prefix, tuple(order)), where)
     validate(config) if groups == 1 else _validate_grouped(config)
     if format_line(config) != line:
@@ -383,7 +394,8 @@ def format_line(config: OpConfig) -> str:
         fields = {"i": dims(p["input_shape"]), "o": dims(p["output_shape"]), "win": dims(p["window_shape"]),
                   "ws": dims(p["window_stride"]), "pb": dims(p["padding_below"]), "pa": dims(p["padding_above"])}
     else:
-        prefix, default = f"elementwise_{op.lower()}_op_{config.dtype}", ()
+        kind = "concat" if op == CONCAT else f"elementwise_{op.lower()}"
+        prefix, default = f"{kind}_op_{config.dtype}", ()
         shapes = p.get("input_shapes") or [p["input_shape"]]
         parts = [f"i+{dims(s)}" for s in shapes] + [f"o+{dims(p['output_shape'])}"]
         return "|".join([_read_prefix(config) or prefix, *parts])
