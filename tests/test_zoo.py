@@ -78,6 +78,8 @@ MUST_RUN_FROM_DB = {
                     "BatchMatMul1,4,64,64;1,4,64,64;1,4,64,64floatfloatfloat",
                     "Dot1,64,256;256,1000;1,64,1000floatfloatfloat"),
     "alexnet": ("Dot1,9216;4096,9216;1,4096floatfloatfloat",),
+    "two_towers": ("Concat4,16,64;4,16,32;4,16,96floatfloatfloat", "Concat2,8,16,16;2,8,16,16;2,16,16,16floatfloatfloat",
+                   "Softmax4,16,10;4,16,10floatfloat"),
     # 1-D convs and pools are looked up 1-D; the global pool as the importer reshapes it, N,C,L,1 (op/pool.hpp)
     "tcn": ("Convolution1,32,256;64,32,1;1,64,256floatfloatfloatStrides{1}Strides{1}CoordinateDiff{0}",
             "MaxPool1,64,256;1,64,128floatfloatShape{2}Strides{2}Shape{0}Shape{0}",

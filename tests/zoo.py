@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable
 
 import numpy as np
-from onnx import ModelProto, numpy_helper
+from onnx import ModelProto, TensorProto, helper, numpy_helper
 from onnx_models import GraphBuilder, bottleneck_block, constant, node_outputs, scalar
 
 
@@ -470,11 +470,32 @@ def unet_decoder(cin: int = 256, skip: int = 128, size: int = 28, bilinear: bool
     y = g.node("Relu", [g.conv(y, mid, skip, 3, bias=True, name="conv2")], "relu2")
     return g.model(y, "unet_decoder_bilinear" if bilinear else "unet_decoder")
 
+def two_towers(users: int = 4, items: int = 16, user_features: int = 64, item_features: int = 32, classes: int = 10,
+               channels: int = 8, size: int = 16) -> ModelProto:
+    """Concats NNFusion copies with a kernel (kdb serves them), not the batch-1 channel joins it lays out in place: a
+    two-tower recommender's towers (a Dot and a Relu each) joined on the last axis of [4, 16, *], a Dot head and its
+    Softmax; beside it, an image batch of 2 whose encoder conv output is joined with the input on channels (a U-Net
+    skip at batch 2) before the decoder conv. Two outputs."""
+    g = GraphBuilder({"user": [users, items, user_features], "item": [users, items, item_features],
+                      "image": [2, channels, size, size]})
+    user = g.node("Relu", [g.node("MatMul", ["user", g.weight("wu", [user_features, user_features])], "tu")], "ru")
+    item = g.node("Relu", [g.node("MatMul", ["item", g.weight("wi", [item_features, item_features])], "ti")], "ri")
+    joined = g.node("Concat", [user, item], "join", axis=-1)
+    head = g.node("MatMul", [joined, g.weight("wo", [user_features + item_features, classes])], "head")
+    probs = g.node("Softmax", [head], "probs", axis=-1)
+    encoded = g.node("Relu", [g.conv("image", channels, channels, 3, name="enc")], "enc_relu")
+    skip = g.node("Concat", [encoded, "image"], "skip", axis=1)
+    decoded = g.node("Relu", [g.conv(skip, 2 * channels, channels, 3, name="dec")], "dec_relu")
+    model = g.model(probs, "two_towers")
+    model.graph.output.append(helper.make_tensor_value_info(decoded, TensorProto.FLOAT, None))
+    return model
+
+
 ZOO: dict[str, Callable[[], ModelProto]] = {
     "resnet50": resnet50, "mobilenet_v2": mobilenet_v2, "alexnet": alexnet, "bert_encoder": bert_encoder,
     "lstm": lstm, "resnext_blocks": resnext_blocks, "nasnet_cell": nasnet_cell, "inception": inception,
     "tcn": tcn, "gru": gru, "densenet_block": densenet_block, "se_block": se_block, "attention_bmm": attention_bmm,
     "convnext_block": convnext_block, "unet_decoder": unet_decoder,
     "unet_decoder_bilinear": lambda: unet_decoder(bilinear=True),
-    "attention_packed": lambda: attention_bmm(packed=True), "gpt_decoder": gpt_decoder,
+    "attention_packed": lambda: attention_bmm(packed=True), "gpt_decoder": gpt_decoder, "two_towers": two_towers,
 }
