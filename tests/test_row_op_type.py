@@ -82,35 +82,61 @@ def test_the_op_type_column_decides_and_the_identifier_matches(tmp_path: Path, o
         assert "cublasSgemmStridedBatched" in code
 
 
+def through_the_readme(tmp_path: Path, half: bool = False) -> tuple[str, dict[str, str], dict]:
+    """tmp_path/m.onnx (made fp16 first with `kdb model fp16` when `half`) through `kdb opconfig extract`, `codegen`
+    and `inject` into k.db, as the README has them: the model's file name, the commands' environment and what extract
+    said (--json)."""
+    from conftest import run_kdb
+
+    env = {"KDB_STATE_DIR": str(tmp_path / "state"), "KDB_CONFIG": str(tmp_path / "settings.toml")}
+    model = "m16.onnx" if half else "m.onnx"
+    if half:
+        proc = run_kdb("model", "fp16", "m.onnx", model, cwd=tmp_path, env=env)
+        assert proc.returncode == 0, proc.stderr[-1500:]
+    said: dict = {}
+    for step in (("opconfig", "extract", model, "-o", "ops.txt", "--json"),
+                 ("codegen", "ops.txt", "-o", "k.json", "--arch", "sm_90", "--db", "k.db"),
+                 ("inject", "k.json", "--db", "k.db")):
+        proc = run_kdb(*step, cwd=tmp_path, env=env)
+        assert proc.returncode == 0, (step, proc.stdout[-1500:], proc.stderr[-1500:])
+        said = said or json.loads(proc.stdout)
+    return model, env, said
+
+
+def compiled(tmp_path: Path, model: str, env: dict[str, str], db: str = "k.db") -> dict:
+    """`kdb nnfusion MODEL --json` with the real compiler: its report, which must be ok (promised == used)."""
+    from conftest import run_kdb
+
+    proc = run_kdb("nnfusion", model, "--db", db, "--nnfusion", str(COMPILER), "--json", cwd=tmp_path, env=env)
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 0 and report["ok"], (report["reason"], report.get("broken_promises"))
+    return report
+
+
+def used_identifiers(report: dict) -> set[str]:
+    """The identifiers of the rows the compiled code runs."""
+    return {e["identifier"] for e in report["coverage"] if e["row"] and e["row"]["key"] in
+            report["usage"]["db_rows_used"]}
+
+
 def test_kdb_serves_batch_matmuls_through_the_readme_commands(tmp_path: Path):
     """A 4-D attention product and one whose left operand is broadcast over the batch: extracted with the broadcast
     shapes the compiler looks up, generated, injected under OpType Dot, and run by the compiled code."""
     pytest.importorskip("tvm")
-    from conftest import run_kdb
 
     g = GraphBuilder({"q": [1, 2, 8, 16], "x": [8, 32]})
     scores = g.node("MatMul", ["q", g.weight("k", [1, 2, 16, 8])], "scores")
     shared = g.node("MatMul", ["x", g.weight("w", [2, 32, 8])], "shared")
     write(g.model(g.node("Add", [g.node("Reshape", [scores, g.constant("s", [2, 8, 8])], "flat"), shared], "sum"),
                   "bmm4"), tmp_path / "m.onnx")
-    env = {"KDB_STATE_DIR": str(tmp_path / "state"), "KDB_CONFIG": str(tmp_path / "settings.toml")}
-    steps = [("opconfig", "extract", "m.onnx", "-o", "ops.txt"), ("codegen", "ops.txt", "-o", "k.json", "--arch",
-                                                                  "sm_90", "--db", "k.db"),
-             ("inject", "k.json", "--db", "k.db")]
-    for step in steps:
-        proc = run_kdb(*step, cwd=tmp_path, env=env)
-        assert proc.returncode == 0, (step, proc.stdout[-1500:], proc.stderr[-1500:])
+    model, env, _ = through_the_readme(tmp_path)
     lines = (tmp_path / "ops.txt").read_text().splitlines()
     assert "cublas_batch_matmul_op_float|a+1_2_8_16|b+1_2_16_8|o+1_2_8_8" in lines
     assert "cublas_batch_matmul_op_float|a+2_8_32|b+2_32_8|o+2_8_8" in lines
     with sqlite3.connect(tmp_path / "k.db") as db:
         assert {r[0] for r in db.execute("SELECT OpType FROM KernelCache WHERE Identifier LIKE 'BatchMatMul%'")} \
             == {"Dot"}
-    proc = run_kdb("nnfusion", "m.onnx", "--db", "k.db", "--nnfusion", str(COMPILER), "--json", cwd=tmp_path, env=env)
-    report = json.loads(proc.stdout)
-    assert proc.returncode == 0 and report["ok"], (report["reason"], report.get("broken_promises"))
-    used = {e["identifier"] for e in report["coverage"] if e["row"] and e["row"]["key"] in
-            report["usage"]["db_rows_used"]}
+    used = used_identifiers(compiled(tmp_path, model, env))
     assert {"BatchMatMul1,2,8,16;1,2,16,8;1,2,8,8floatfloatfloat", "BatchMatMul2,8,32;2,32,8;2,8,8floatfloatfloat"} \
         <= used, used
 
@@ -121,7 +147,6 @@ def test_kdb_serves_last_axis_softmaxes_through_the_readme_commands(tmp_path: Pa
     Softmax's identifier, and run by the compiled code. With the empty DB the same nodes run NNFusion's own softmax
     (ONNX Runtime's warp softmax, launched from a host function): kdb nnfusion says so instead of skipping them."""
     pytest.importorskip("tvm")
-    from conftest import run_kdb
 
     g = GraphBuilder({"q": [1, 2, 8, 16]})
     scores = g.node("MatMul", ["q", g.weight("k", [1, 2, 16, 8])], "scores")
@@ -129,19 +154,8 @@ def test_kdb_serves_last_axis_softmaxes_through_the_readme_commands(tmp_path: Pa
     context = g.node("MatMul", [probs, g.weight("v", [1, 2, 8, 16])], "context")
     logits = g.node("Reshape", [context, g.constant("flat", [1, 256])], "logits")
     write(g.model(g.node("Softmax", [logits], "classes", axis=1), "attn"), tmp_path / "m.onnx")
-    env = {"KDB_STATE_DIR": str(tmp_path / "state"), "KDB_CONFIG": str(tmp_path / "settings.toml")}
-    model = "m.onnx"
-    if half:
-        proc = run_kdb("model", "fp16", "m.onnx", "m16.onnx", cwd=tmp_path, env=env)
-        assert proc.returncode == 0, proc.stderr[-1500:]
-        model = "m16.onnx"
+    model, env, _ = through_the_readme(tmp_path, half)
     dtype = "half" if half else "float"
-    steps = [("opconfig", "extract", model, "-o", "ops.txt"),
-             ("codegen", "ops.txt", "-o", "k.json", "--arch", "sm_90", "--db", "k.db"), ("inject", "k.json", "--db",
-                                                                                        "k.db")]
-    for step in steps:
-        proc = run_kdb(*step, cwd=tmp_path, env=env)
-        assert proc.returncode == 0, (step, proc.stdout[-1500:], proc.stderr[-1500:])
     lines = (tmp_path / "ops.txt").read_text().splitlines()
     assert {f"cudnn_softmax_op_{dtype}|i+1_2_8_8|o+1_2_8_8", f"cudnn_softmax_op_{dtype}|i+1_256|o+1_256"} <= set(lines)
     softmaxes = {f"Softmax1,2,8,8;1,2,8,8{dtype}{dtype}", f"Softmax1,256;1,256{dtype}{dtype}"}
@@ -149,17 +163,9 @@ def test_kdb_serves_last_axis_softmaxes_through_the_readme_commands(tmp_path: Pa
         rows = dict(db.execute("SELECT Identifier, OpType FROM KernelCache WHERE Identifier LIKE 'Softmax%'"))
     assert rows == dict.fromkeys(softmaxes, "Dot")
 
-    def compiled(db: str) -> dict:
-        proc = run_kdb("nnfusion", model, "--db", db, "--nnfusion", str(COMPILER), "--json", cwd=tmp_path, env=env)
-        report = json.loads(proc.stdout)
-        assert proc.returncode == 0 and report["ok"], (report["reason"], report.get("broken_promises"))
-        return report
-
-    report = compiled("k.db")
-    used = {e["identifier"] for e in report["coverage"] if e["row"] and e["row"]["key"] in
-            report["usage"]["db_rows_used"]}
+    used = used_identifiers(compiled(tmp_path, model, env))
     assert softmaxes <= used, used
-    empty = compiled("empty.db")["usage"]
+    empty = compiled(tmp_path, model, env, "empty.db")["usage"]
     runs = {part["node"]: part["runs"] for step in empty["steps"] for part in step["parts"]}
     assert runs["probs_out"] == runs["classes_out"] == "NNFusion's kernel", runs
 
@@ -169,7 +175,6 @@ def test_kdb_serves_sums_whose_shapes_tell_their_axes_through_the_readme_command
     (Sum1,64,256;1,64floatfloat) and runs a row of OpType Dot under it. A ReduceMean of [1, 8, 8] over its last axis
     gives [1, 8] -> from [1, 8, 8] by either of two axes: unmapped, its reason said, NNFusion's own kernel runs it."""
     pytest.importorskip("tvm")
-    from conftest import run_kdb
 
     g = GraphBuilder({"x": [1, 64, 256], "y": [8, 1000], "z": [1, 8, 8]})
     centred = g.node("Sub", ["x", g.node("ReduceMean", ["x"], "mean", axes=[-1], keepdims=1)], "centred")
@@ -183,22 +188,12 @@ def test_kdb_serves_sums_whose_shapes_tell_their_axes_through_the_readme_command
     model.graph.output.extend([helper.make_tensor_value_info(batch, TensorProto.FLOAT, [1000]),
                                helper.make_tensor_value_info(square, TensorProto.FLOAT, [1, 8])])
     write(model, tmp_path / "m.onnx")
-    env = {"KDB_STATE_DIR": str(tmp_path / "state"), "KDB_CONFIG": str(tmp_path / "settings.toml")}
-    for step in (("opconfig", "extract", "m.onnx", "-o", "ops.txt", "--json"),
-                 ("codegen", "ops.txt", "-o", "k.json", "--arch", "sm_90", "--db", "k.db"),
-                 ("inject", "k.json", "--db", "k.db")):
-        proc = run_kdb(*step, cwd=tmp_path, env=env)
-        assert proc.returncode == 0, (step, proc.stdout[-1500:], proc.stderr[-1500:])
-        if step[0] == "opconfig":
-            unmapped = {u["node"]: u["reason"] for u in json.loads(proc.stdout)["unmapped"]}
+    model, env, said = through_the_readme(tmp_path)
+    unmapped = {u["node"]: u["reason"] for u in said["unmapped"]}
     assert "cannot tell them apart" in unmapped["ambiguous/sum"], unmapped
     sums = {line for line in (tmp_path / "ops.txt").read_text().splitlines() if "reduce_sum" in line}
     assert sums == {"cudnn_reduce_sum_op_float|i+1_64_256|o+1_64", "cudnn_reduce_sum_op_float|i+8_1000|o+1000"}
-    proc = run_kdb("nnfusion", "m.onnx", "--db", "k.db", "--nnfusion", str(COMPILER), "--json", cwd=tmp_path, env=env)
-    report = json.loads(proc.stdout)
-    assert proc.returncode == 0 and report["ok"], (report["reason"], report.get("broken_promises"))
-    used = {e["identifier"] for e in report["coverage"] if e["row"] and e["row"]["key"] in
-            report["usage"]["db_rows_used"]}
+    used = used_identifiers(compiled(tmp_path, model, env))
     assert {"Sum1,64,256;1,64floatfloat", "Sum8,1000;1000floatfloat"} <= used, used
     with sqlite3.connect(tmp_path / "k.db") as db:
         assert {r[0] for r in db.execute("SELECT OpType FROM KernelCache WHERE Identifier LIKE 'Sum%'")} == {"Dot"}
@@ -276,35 +271,22 @@ def test_kdb_serves_the_concats_nnfusion_copies_through_the_readme_commands(tmp_
     OpType Dot with Concat's identifier, and run by the compiled code; one on the channels of a batch of 1 (laid out in
     place, no kernel) gets no row and still runs none."""
     pytest.importorskip("tvm")
-    from conftest import run_kdb
 
     g = GraphBuilder({"x": [1, 8, 16], "y": [1, 8, 8]})
     last = g.node("Concat", [g.node("Relu", ["x"], "rx"), g.node("Sigmoid", ["y"], "sy")], "cat_last", axis=-1)
     tanh = g.node("Tanh", [last], "t")
     chan = g.node("Concat", [tanh, g.node("Relu", [tanh], "rt")], "cat_chan", axis=1)
     write(g.model(g.node("Exp", [chan], "out"), "cat"), tmp_path / "m.onnx")
-    env = {"KDB_STATE_DIR": str(tmp_path / "state"), "KDB_CONFIG": str(tmp_path / "settings.toml")}
-    model, dtype = ("m16.onnx", "half") if half else ("m.onnx", "float")
-    if half:
-        proc = run_kdb("model", "fp16", "m.onnx", model, cwd=tmp_path, env=env)
-        assert proc.returncode == 0, proc.stderr[-1500:]
-    steps = [("opconfig", "extract", model, "-o", "ops.txt"),
-             ("codegen", "ops.txt", "-o", "k.json", "--arch", "sm_90", "--db", "k.db"), ("inject", "k.json", "--db",
-                                                                                        "k.db")]
-    for step in steps:
-        proc = run_kdb(*step, cwd=tmp_path, env=env)
-        assert proc.returncode == 0, (step, proc.stdout[-1500:], proc.stderr[-1500:])
+    model, env, _ = through_the_readme(tmp_path, half)
+    dtype = "half" if half else "float"
     assert [line for line in (tmp_path / "ops.txt").read_text().splitlines() if line.startswith("concat")] == \
         [f"concat_op_{dtype}|i+1_8_16|i+1_8_8|o+1_8_24"]
     identifier = f"Concat1,8,16;1,8,8;1,8,24{dtype * 3}"
     with sqlite3.connect(tmp_path / "k.db") as db:
         assert dict(db.execute("SELECT Identifier, OpType FROM KernelCache WHERE Identifier LIKE 'Concat%'")) == \
             {identifier: "Dot"}
-    proc = run_kdb("nnfusion", model, "--db", "k.db", "--nnfusion", str(COMPILER), "--json", cwd=tmp_path, env=env)
-    report = json.loads(proc.stdout)
-    assert proc.returncode == 0 and report["ok"], (report["reason"], report.get("broken_promises"))
-    used = {e["identifier"] for e in report["coverage"] if e["row"] and e["row"]["key"] in
-            report["usage"]["db_rows_used"]}
+    report = compiled(tmp_path, model, env)
+    used = used_identifiers(report)
     assert identifier in used, used
     nodes = {part["node"] for step in report["usage"]["steps"] for part in step["parts"]}
     assert not any(n.startswith("cat_chan") for n in nodes), nodes  # laid out in place: no step runs it
