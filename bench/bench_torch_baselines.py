@@ -1,11 +1,12 @@
-"""What a user runs instead, timed on the GPU: PyTorch's CUDA graph of ResNet-50 (torchvision, BN folded) and of two
-BERT-base encoder layers (torch.nn.TransformerEncoderLayer, seq 128), batch 1, in each precision a user runs:
+"""What a user runs instead, timed on the GPU: PyTorch's CUDA graph of ResNet-18, ResNet-50 and MobileNetV2
+(torchvision, BN folded) and of two and of twelve BERT-base encoder layers (torch.nn.TransformerEncoderLayer, seq 128),
+batch 1, in each precision a user runs:
 
 - fp16 (the model and its input made half);
 - fp32 as shipped (PyTorch's defaults: cuDNN convolutions in TF32, matmuls in fp32);
 - fp32 with TF32 off.
 
-    python3 bench/bench_torch_baselines.py --out DIR
+    python3 bench/bench_torch_baselines.py --out DIR [--nets resnet50 bert12 ...]
 
 Each figure is the median of 1000 replays of the captured graph, each between its own CUDA events (bench_network's
 cuda_event_median): the GPU's work for one batch, no Python. Prints a table, writes DIR/torch-baselines.json.
@@ -31,19 +32,43 @@ def bert_layers(torch, layers: int = 2):  # type: ignore[no-untyped-def]
     return torch.nn.TransformerEncoder(layer, num_layers=layers, enable_nested_tensor=False).eval()
 
 
+def torchvision_mobilenet_v2(torch):  # type: ignore[no-untyped-def]
+    """torchvision's MobileNetV2 (width 1.0), seeded random weights, eval mode, each BatchNorm folded into the conv
+    before it (tests/zoo.py's mobilenet_v2(max_repeats=4) is the same network as NNFusion imports it)."""
+    import torchvision
+    from torch.nn.utils.fusion import fuse_conv_bn_eval
+
+    torch.manual_seed(0)
+    model = torchvision.models.mobilenet_v2(weights=None).eval()
+    for m in model.modules():  # random init leaves BN's running stats at 0/1: folding would be the identity
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.1, 0.1)
+            m.running_var.uniform_(0.5, 1.5)
+    for seq in [m for m in model.modules() if isinstance(m, torch.nn.Sequential)]:
+        for i in range(len(seq) - 1):
+            if isinstance(seq[i], torch.nn.Conv2d) and isinstance(seq[i + 1], torch.nn.BatchNorm2d):
+                seq[i], seq[i + 1] = fuse_conv_bn_eval(seq[i], seq[i + 1]), torch.nn.Identity()
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules()), "a BatchNorm was not folded"
+    return model
+
+
 def main() -> None:
     import torch
     from bench_network import cuda_event_median, pytorch_step, torchvision_resnet
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, required=True)
-    args = ap.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
     nets = {"resnet18": (lambda: torchvision_resnet("resnet18"), (1, 3, 224, 224)),
             "resnet50": (lambda: torchvision_resnet("resnet50"), (1, 3, 224, 224)),
-            "bert2": (lambda: bert_layers(torch), (1, 128, 768))}
+            "mobilenet_v2": (lambda: torchvision_mobilenet_v2(torch), (1, 3, 224, 224)),
+            "bert2": (lambda: bert_layers(torch), (1, 128, 768)),
+            "bert12": (lambda: bert_layers(torch, 12), (1, 128, 768))}
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--nets", nargs="+", choices=list(nets), default=list(nets))
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
     results = []
-    for net, (make, shape) in nets.items():
+    for net in args.nets:
+        make, shape = nets[net]
         for precision in PRECISIONS:
             half = precision == "fp16"
             model = make().cuda()  # (bench_network's set-up turns TF32 off: the precision is set after it)
@@ -58,7 +83,7 @@ def main() -> None:
                 timing = cuda_event_median(torch, step)
             results.append({"network": net, "precision": precision, **timing,
                             "device": torch.cuda.get_device_name(0), "torch": torch.__version__})
-            print(f"{net:9} {precision:30} {timing['median_ms']:.4f} ms (p10 {timing['p10_ms']:.4f}, "
+            print(f"{net:12} {precision:30} {timing['median_ms']:.4f} ms (p10 {timing['p10_ms']:.4f}, "
                   f"p90 {timing['p90_ms']:.4f})", flush=True)
     (args.out / "torch-baselines.json").write_text(json.dumps(results, indent=1))
 

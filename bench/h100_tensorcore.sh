@@ -1,21 +1,63 @@
 #!/usr/bin/env bash
 # Issue 38 on one GPU: fp16 networks end to end with kdb's tensor-core rows, and what a user runs instead.
-#   call 1: bash bench/h100_tensorcore.sh baselines   (PyTorch: ResNet-50 and two BERT layers, fp16 / fp32 as shipped /
-#                                                      fp32 TF32 off; then BERT through the README's commands)
-#   call 2: bash bench/h100_tensorcore.sh resnet50
-#   call 3: bash bench/h100_tensorcore.sh tf32      (TF32 rows against PyTorch's TF32; the fp32 networks with them)
-#   call 4: NET=bert2 bash bench/h100_tensorcore.sh neverslower   (then NET=resnet50: op times propose, the network
-#                                                      decides; not yet run on a GPU)
-# Carry .device/n (.device/b's wheels less TVM's and the tuner's: pycuda and the core's; TVM is not needed: the DBs come made) and .netrun/carry (the
-# compiler, the DBs kdb codegen wrote on the CPU for each network's fp16 op configs, onnxconverter-common's wheel).
-# Each network is built here from tests/zoo.py (full ResNet-50: 3, 4, 6, 3 blocks), made fp16 with `kdb model fp16`,
-# run with the DB (`kdb nnfusion --run`: against ONNX Runtime, next to the empty DB), then each op timed alone
-# (--op-times), the rows the library beats left to it, and run again. $OUT: the logs and JSON.
+#   first, here on the CPU: bash bench/h100_tensorcore.sh prep   (each network's DB through the README's commands,
+#                                                      current code: fp16 and TF32 rows, into .netrun/carry)
+#   call 1: bash bench/h100_tensorcore.sh baselines   (PyTorch's CUDA graph: ResNet-18/50, MobileNetV2, BERT 2 and 12
+#                                                      layers, fp16 / fp32 as shipped / fp32 TF32 off; then fp16 BERT-2
+#                                                      through the README's commands)
+#   call 2: bash bench/h100_tensorcore.sh resnet50    (fp16)
+#   call 3: bash bench/h100_tensorcore.sh more        (fp16 BERT-12 with BERT-2's DB: the same ops; fp16 MobileNetV2)
+#   call 4: bash bench/h100_tensorcore.sh tf32        (TF32 rows against PyTorch's TF32; the fp32 networks with them)
+#   call 5: NET=bert2 bash bench/h100_tensorcore.sh neverslower   (then NET=resnet50: op times propose, the network
+#                                                      decides)
+# Carry .device/n (.device/b's wheels less TVM's and the tuner's: pycuda and the core's; TVM is not needed: the DBs
+# come made), .device/s23w (sqlmodel, sqlalchemy, pydantic for cp312: the state file's) and .netrun/carry (the
+# compiler, the DBs `prep` wrote, onnxconverter-common's wheel).
+# Each network is built here from tests/zoo.py (full ResNet-50: 3, 4, 6, 3 blocks; full MobileNetV2), made fp16 with
+# `kdb model fp16`, run with the DB (`kdb nnfusion --run`: against ONNX Runtime, next to the empty DB), then each op
+# timed alone (--op-times), the rows the library beats left to it, and run again. $OUT: the logs and JSON.
 set -uo pipefail
+models() {  # DIR: the networks as tests/zoo.py builds them
+  python3 - "$1" <<'PY'
+import sys; sys.path.insert(0, "tests")
+import onnx, zoo
+for name, model in (("resnet50", zoo.resnet50(blocks=(3, 4, 6, 3))), ("bert2", zoo.bert_encoder()),
+                    ("bert12", zoo.bert_encoder(layers=12)), ("mnv2", zoo.mobilenet_v2(max_repeats=4))):
+    model.ir_version = min(model.ir_version, 10)
+    onnx.save(model, f"{sys.argv[1]}/{name}.onnx")
+PY
+}
+if [ "${1:-}" = prep ]; then  # on the CPU: kdb's README commands, the DBs the device calls carry
+  cd "$(dirname "$0")/.." || exit 1
+  K=".venv/bin/python -m console.entry"; w=/tmp/tc-prep; mkdir -p $w
+  PATH=$PWD/.venv/bin:$PATH models $w
+  for net in resnet50 bert2 mnv2; do
+    for math in fp16 tf32; do
+      [ $net = mnv2 ] && [ $math = tf32 ] && continue
+      db=$net; [ $math = tf32 ] && db=$net-tf32
+      export KDB_STATE_DIR=$w/$db KDB_CONFIG=$w/$db/settings.toml
+      rm -rf $w/$db .netrun/carry/$db.db*; mkdir -p $w/$db
+      $K settings archs=sm_90 "nnfusion_path=${NNFUSION:-../shared/nnfusion/bin/nnfusion}" > /dev/null
+      model=$w/$net.onnx
+      if [ $math = fp16 ]; then $K model fp16 $model $w/${net}16.onnx > /dev/null; model=$w/${net}16.onnx; fi
+      $K opconfig extract $model -o $w/$db/ops.txt > $w/$db/extract.log 2>&1
+      start=$SECONDS
+      $K codegen $w/$db/ops.txt --math $([ $math = tf32 ] && echo tf32 || echo fp32) --inject \
+        --db .netrun/carry/$db.db > $w/$db/codegen.log 2>&1 || echo "$db: codegen exit $?"
+      echo "$db: $((SECONDS - start)) s, $(grep -c . $w/$db/ops.txt) op configs"; tail -1 $w/$db/codegen.log
+    done
+  done
+  # the TF32 rows of session 19's ops (bench/tensorcore-ops.txt in fp32): the default tiling and 3 sampled each
+  sed 's/_op_half|/_op_float|/' bench/tensorcore-ops.txt > $w/tf32-ops.txt
+  .venv/bin/python bench/bench_tensorcore.py sample $w/tf32-ops.txt .netrun/carry/tf32.json --per-op 3 --math tf32 \
+    > $w/tf32-sample.log 2>&1; echo "tf32 samples: exit $?"; tail -1 $w/tf32-sample.log
+  exit 0
+fi
 site=/tmp/kdb-device/site
 if [ ! -f /tmp/kdb-device/env.sh ]; then
   mkdir -p $site
-  python3 -m pip install -q --no-index --no-deps --no-compile --target $site .device/n/wheels/*.whl .netrun/carry/whl/*.whl || exit 3
+  python3 -m pip install -q --no-index --no-deps --no-compile --target $site .device/n/wheels/*.whl .device/s23w/*.whl \
+    .netrun/carry/whl/*.whl || exit 3
   echo "export PYTHONPATH=$site:\$PWD\${PYTHONPATH:+:\$PYTHONPATH}" > /tmp/kdb-device/env.sh
 fi
 # shellcheck disable=SC1091
@@ -24,13 +66,7 @@ export PYTHONUNBUFFERED=1
 nnf=$PWD/.netrun/carry/nnfusion/bin/nnfusion
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 mkdir -p /tmp/net
-python3 - <<'PY'
-import sys; sys.path.insert(0, "tests")
-import onnx, zoo
-for name, model in (("resnet50", zoo.resnet50(blocks=(3, 4, 6, 3))), ("bert2", zoo.bert_encoder())):
-    model.ir_version = min(model.ir_version, 10)
-    onnx.save(model, f"/tmp/net/{name}.onnx")
-PY
+[ -f /tmp/net/mnv2.onnx ] || models /tmp/net
 network() {  # NAME [DB [--fp16]]: the zoo run of one network with its DB from .netrun/carry, leave-to-library
   db=${2:-$1}
   timeout "${NET_TIMEOUT:-540}" python3 bench/bench_zoo_run.py --nnfusion "$nnf" --out /tmp/zoo-$db --jobs 1 \
@@ -45,6 +81,7 @@ case "${1:-}" in
     cat $OUT/torch.log | tail -8
     network bert2 bert2 --fp16 ;;
   resnet50) network resnet50 resnet50 --fp16 ;;
+  more) NET_TIMEOUT=300 network bert12 bert2 --fp16; NET_TIMEOUT=280 network mnv2 mnv2 --fp16 ;;
   tf32)  # TF32 rows (kdb codegen --math tf32) verified and timed against PyTorch's TF32 calls; the fp32 networks
     export KDB_STATE_DIR=/tmp/kdb-st
     timeout 200 python3 bench/bench_tensorcore.py rows .netrun/carry/tf32.json --out /tmp/o/tf32 > $OUT/tf32-rows.log 2>&1
@@ -64,5 +101,5 @@ case "${1:-}" in
     timeout 330 python3 -m console.entry nnfusion /tmp/net/${net}16.onnx "${common[@]}" --run --never-slower \
       /tmp/ns-$net.json --rounds 5 --iterations 300 --out /tmp/ns-$net-run > $OUT/ns-$net-run.log 2>&1
     echo "never-slower: exit $?"; tail -30 $OUT/ns-$net-run.log ;;
-  *) echo "usage: $0 baselines|resnet50|tf32|neverslower"; exit 2 ;;
+  *) echo "usage: $0 prep|baselines|resnet50|more|tf32|neverslower"; exit 2 ;;
 esac
