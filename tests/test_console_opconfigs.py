@@ -206,7 +206,7 @@ async def test_import_an_onnx_model_lists_unmapped_nodes(tmp_path: Path):
         assert screen.configs[1].source == "dw.onnx:relu1"
         report = text(screen, "#import-report")
         assert "model dw_cat, 3 nodes -> 2 distinct op configs the compiler looks up (2 added)" in report
-        assert "1 nodes unmapped" in report
+        assert "1 node unmapped" in report
         assert "cat (Concat): every axis before the joined one (axis 1) has size 1" in report
 
 

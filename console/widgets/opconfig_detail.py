@@ -68,7 +68,8 @@ class ImportReport(Static):
                     f"{extraction.kernel_fusion_level}, never looked up, not listed" if fused else "")]
         unmapped = extraction.unmapped
         if unmapped:
-            lines.append(f"[$warning]{len(unmapped)} nodes unmapped[/] (no kernel-DB op config):")
+            nodes = f"{len(unmapped)} node{'' if len(unmapped) == 1 else 's'}"
+            lines.append(f"[$warning]{nodes} unmapped[/] (no kernel-DB op config):")
             lines += [f"  {escape(u.node)} ({escape(u.op_type)}): {escape(u.reason)}" for u in unmapped[:LISTED]]
             lines += [f"  … and {len(unmapped) - LISTED} more"] if len(unmapped) > LISTED else []
         else:
