@@ -84,3 +84,35 @@ def test_calls_whose_tensors_cannot_be_read_keep_the_function_names():
     (use,) = analyse(parse_generated(unbound), []).steps
     assert [p.node for p in use.parts] == ["Relu_3", "a node sharing Relu_3's kernel", "Convolution_7",
                                            "a node sharing Convolution_7's kernel"]
+
+
+# kernel_entry as NNFusion writes it for Concat(constant, graph input) on axis 1 of a batch of 1 (seen with the
+# compiler: tests/test_row_op_type.py), and for a Concat it laid out in place (its first input at the output's address)
+SKIPPING = """
+Concat_3_0 = (float*)(group_0_CUDA_GPU0_allocator_memory_pool+0);
+Relu_2_0 = (float*)(group_0_CUDA_GPU0_allocator_memory_pool+64);
+Concat_5_0 = (float*)(group_0_CUDA_GPU0_allocator_memory_pool+64);
+Constant_0_0 = (float*)(group_persist_CUDA_GPU0_allocator_memory_pool+0);
+extern "C" int kernel_entry(float* Parameter_2_0, float** Result_6_0)
+{
+// name=cat_out
+// eliminated: Concat_float_float_float_cuda_Concat_3_Call(dim3(1, 1, 1), dim3(512, 1, 1), 0, 0, Constant_0_0, \
+Parameter_2_0, Concat_3_0);
+// name=laid_out
+// eliminated: Concat_float_float_float_cuda_Concat_5_Call(dim3(1, 1, 1), dim3(512, 1, 1), 0, 0, Relu_2_0, \
+Concat_3_0, Concat_5_0);
+return 0;
+}
+""".replace("\\\n", "")
+
+
+def test_a_concat_left_out_whose_output_is_not_its_first_input_is_named():
+    """NNFusion's ConcatKernel::is_eliminative compares pool offsets, not pools: the constant at offset 0 of the
+    persistent pool and the output at offset 0 of the work pool pass it, and nothing writes the output. A Concat
+    left out at its first input's own address (laid out in place) is fine."""
+    generated = parse_generated(SKIPPING)
+    (skipped,) = generated.skipped_copies()
+    assert (skipped.node, skipped.first_input, skipped.output) == ("cat_out", "Constant_0_0", "Concat_3_0")
+    assert skipped.output_at == ("group_0_CUDA_GPU0_allocator_memory_pool", 0)
+    assert "wrong numbers" in skipped.describe()
+    assert analyse(generated, []).skipped == [skipped]

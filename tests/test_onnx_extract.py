@@ -611,3 +611,19 @@ def test_a_concat_is_served_where_nnfusion_copies_it_and_left_where_it_lays_the_
     (left,) = [u for u in ext.unmapped if u.op_type == "Concat"]
     assert left.node == "cat_chan" and "axis 1" in left.reason and "in place" in left.reason
     accounted(ext, path)
+
+
+def test_a_concat_nnfusion_declines_to_lay_out_in_place_is_served(model_path):
+    """On axis 1 of a batch of 1, but with the graph's input among its inputs, or one input twice: NNFusion's in-place
+    analysis declines both (inplace_tensor_analysis.cpp), so its own kernel copies them; kdb serves them."""
+    from onnx import TensorProto, helper
+
+    g = GraphBuilder({"x": [1, 2, 4]})
+    relu = g.node("Relu", ["x"], "r")
+    with_input = g.node("Concat", [g.weight("w", [1, 3, 4]), "x"], "with_input", axis=1)
+    twice = g.node("Concat", [relu, relu], "twice", axis=1)
+    model = g.model(g.node("Tanh", [with_input], "t"))
+    model.graph.output.append(helper.make_tensor_value_info(twice, TensorProto.FLOAT, None))
+    ext = extract(model_path(model))
+    served = {n[0] for c in ext.configs if c.op_type == "Concat" for n in ext.nodes[c.key]}
+    assert served == {"with_input", "twice"}, ext.unmapped

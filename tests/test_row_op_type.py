@@ -290,3 +290,26 @@ def test_kdb_serves_the_concats_nnfusion_copies_through_the_readme_commands(tmp_
     assert identifier in used, used
     nodes = {part["node"] for step in report["usage"]["steps"] for part in step["parts"]}
     assert not any(n.startswith("cat_chan") for n in nodes), nodes  # laid out in place: no step runs it
+
+
+def test_nnfusion_skips_a_concat_of_a_constant_and_a_graph_input_and_kdb_says_so_and_serves_it(tmp_path: Path):
+    """Concat(a weight, the graph's input) on axis 1 of a batch of 1 (a learned token or a soft prompt before the input
+    sequence): the in-place analysis declines the graph input (inlace_concat: 0), yet NNFusion's ConcatKernel leaves
+    the Concat out, since the constant and the output both sit at offset 0 of their own pools; nothing writes the
+    output. `kdb nnfusion` with the empty DB names it and exits 1; extraction serves the Concat, and with its row the
+    compiled code copies it."""
+    g = GraphBuilder({"tokens": [1, 3, 4]})
+    joined = g.node("Concat", [g.weight("prompt", [1, 2, 4]), "tokens"], "prompted", axis=1)
+    write(g.model(g.node("Tanh", [joined], "out"), "prompt"), tmp_path / "m.onnx")
+    model, env, said = through_the_readme(tmp_path)
+    assert "concat_op_float|i+1_2_4|i+1_3_4|o+1_5_4" in (tmp_path / "ops.txt").read_text().splitlines(), said
+    from conftest import run_kdb
+
+    proc = run_kdb("nnfusion", model, "--db", "empty.db", "--nnfusion", str(COMPILER), "--json", cwd=tmp_path, env=env)
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 1 and not report["ok"], report["problems"]
+    (skipped,) = report["usage"]["skipped_copies"]
+    assert "Concat" in skipped and "wrong numbers" in skipped and any("wrong numbers" in p for p in report["problems"])
+    fixed = compiled(tmp_path, model, env)
+    assert fixed["usage"]["skipped_copies"] == []
+    assert "Concat1,2,4;1,3,4;1,5,4floatfloatfloat" in used_identifiers(fixed)

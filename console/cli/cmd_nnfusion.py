@@ -129,6 +129,8 @@ def main(args: argparse.Namespace) -> int:
         out.print(f"[red]cannot launch[/]: {line}", highlight=False)
     if failures:
         out.print(LAUNCH_ADVICE, highlight=False)
+    for copy in usage.skipped:
+        out.print(f"[red]wrong numbers[/]: {copy.describe()}", highlight=False)
     return 1 if report.problems() else 0
 
 

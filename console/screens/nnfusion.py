@@ -272,6 +272,7 @@ class CompileScreen(ModalScreen[None]):
             text.append(f"[dim]launch check ({launches.arch})[/] {escape(launches.summary())}")
         if note := standalone_note(self.made_standalone, self.undo_files):
             text.insert(0, f"[$success]{escape(note)}[/]")
+        text[:0] = [f"[$error]wrong numbers: {escape(copy.describe())}[/]" for copy in usage.skipped]
         if failures := report.launch_failures():
             text[:0] = [f"[$error]cannot launch: {escape(line)}[/]" for line in failures] + [
                 escape(LAUNCH_ADVICE) + " [b]f[/b] here makes them standalone and compiles again."]

@@ -91,7 +91,8 @@ class CompileReport:
 
     def problems(self) -> list[str]:
         """Why this is no clean result, each said whole; none when the compiler ran, its code runs exactly the rows
-        coverage promised, and every launch was checked and fits (the launch check skipped on request aside).
+        coverage promised, every launch was checked and fits (the launch check skipped on request aside), and it
+        skips no Concat whose output it needs (Usage.skipped).
         `kdb nnfusion`'s exit status follows it: a check that could not run is never a pass."""
         if not self.ok:
             return [f"NNFusion failed: {self.reason}"]
@@ -104,6 +105,7 @@ class CompileReport:
         elif self.launches is None and self.job.launch_check:
             found.append("the launch check did not run (cancelled)")
         found += [f"cannot launch: {line}" for line in self.launch_failures()]
+        found += [f"wrong numbers: {copy.describe()}" for copy in (self.usage.skipped if self.usage else [])]
         return found
 
     def promised(self) -> set[str]:

@@ -77,6 +77,30 @@ class Step:
     call_nodes: tuple[str, ...] = ()
     # the tensors each call reads and writes, as kernel_entry names them: (inputs, outputs); () where not said
     call_tensors: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = ()
+    skipped: str = ""  # an ELIMINATED step's function, as the comment names it
+    args: tuple[str, ...] = ()  # an ELIMINATED step's tensor arguments (its launch's left out)
+
+
+@dataclass(frozen=True)
+class SkippedCopy:
+    """A Concat NNFusion left out (`// eliminated:`) though its output is not its first input's memory: nothing writes
+    the output. Its ConcatKernel::is_eliminative (kernels/cuda_gpu/kernels/concat.cpp) compares the two tensors'
+    offsets in their memory pools and not the pools: a constant at offset 0 of the persistent pool and the output at
+    offset 0 of the work pool look alike to it."""
+
+    node: str
+    first_input: str
+    first_input_at: tuple[str, int]  # (pool, byte offset)
+    output: str
+    output_at: tuple[str, int]
+
+    def describe(self) -> str:
+        return (f"NNFusion skips node {self.node}'s Concat (`// eliminated`) though its output {self.output} "
+                f"({self.output_at[0]} + {self.output_at[1]}) is not its first input {self.first_input} "
+                f"({self.first_input_at[0]} + {self.first_input_at[1]}): nothing writes the output, and the network "
+                "computes wrong numbers (its ConcatKernel::is_eliminative compares pool offsets, not pools: "
+                "kernels/cuda_gpu/kernels/concat.cpp). A DB row of the Concat is run instead of skipped: `kdb "
+                "opconfig extract` makes one for a Concat NNFusion does not lay out in place")
 
 
 @dataclass
@@ -86,6 +110,20 @@ class Generated:
     normalized: dict[str, str] = field(default_factory=dict, repr=False)  # function -> body without whitespace
     # each tensor's shape, from NNFusion's comments ("- name: Relu_6_0 type: float shape: Shape{1, 16, 16, 16}")
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict, repr=False)
+    # each pooled tensor's (pool, byte offset): `Relu_2_0 = (float*)(group_0_CUDA_GPU0_allocator_memory_pool+64);`
+    addresses: dict[str, tuple[str, int]] = field(default_factory=dict, repr=False)
+
+    def skipped_copies(self) -> list[SkippedCopy]:
+        """The Concats left out whose output is not their first input's memory (SkippedCopy): both addresses known
+        and different."""
+        found = []
+        for step in self.steps:
+            if step.kind != ELIMINATED or not step.skipped.startswith("Concat_") or len(step.args) < 2:
+                continue
+            first, out = step.args[0], step.args[-1]
+            if first in self.addresses and out in self.addresses and self.addresses[first] != self.addresses[out]:
+                found.append(SkippedCopy(step.node, first, self.addresses[first], out, self.addresses[out]))
+        return found
 
     def library_calls(self) -> dict[str, int]:
         """cuDNN / cuBLAS statements in kernel_entry."""
@@ -149,6 +187,7 @@ def parse_generated(source: str) -> Generated:
     steps = [_step(m.group(1), m.group(2), functions) for m in _STEP.finditer(entry.body)] if entry else []
     generated = Generated(functions, steps)
     generated.shapes = {name: _shape(dims) for name, _, dims in _TENSOR.findall(source)}
+    generated.addresses = {name: (pool, int(offset)) for name, pool, offset in _ADDRESS.findall(source)}
     generated.normalized = {n: squash(f.body) for n, f in functions.items() if f.kind != "host" or n != "kernel_entry"}
     return generated
 
@@ -226,6 +265,7 @@ def _body_after(source: str, start: int) -> str | None:
 _NODE_NAME = re.compile(r"^// Node name:\s*(.*?)\s*$", re.MULTILINE)
 _TENSOR = re.compile(r"^//\s*- name: (\S+)\s+type: (\w+)\s+shape: Shape\{([\d, ]*)\}", re.MULTILINE)
 _DIM3 = re.compile(r"dim3\((\d+),\s*(\d+),\s*(\d+)\)")
+_ADDRESS = re.compile(r"^\s*(\w+) = \([\w ]+\*\)\((\w+)\+(\d+)\);", re.MULTILINE)
 _OWN_DIM3 = re.compile(r"const dim3 (blockDim|gridDim)\((\d+),\s*(\d+),\s*(\d+)\);")
 
 
@@ -268,7 +308,10 @@ def _call_launch(statement: str) -> tuple[Dims, Dims] | None:
 
 def _step(node: str, statement: str, functions: dict[str, Function]) -> Step:
     if statement.lstrip().startswith("//"):
-        return Step(node, "", ELIMINATED)
+        call = statement.split("eliminated:", 1)[-1].strip()
+        match = _CALLEE.match(call)
+        args = tuple(a for a in _top_level_args(call) if re.fullmatch(r"[A-Za-z_]\w*", a))  # (0s and dim3s left out)
+        return Step(node, "", ELIMINATED, skipped=match.group(1).removesuffix("_Call") if match else "", args=args)
     match = _CALLEE.match(statement)
     callee = match.group(1) if match else ""
     name = callee.removesuffix("_Call")

@@ -19,6 +19,7 @@ from core.nnfusion.generated import (
     Generated,
     RowFacts,
     RowUse,
+    SkippedCopy,
     Step,
     member_node,
     parse_generated,
@@ -60,6 +61,7 @@ class Usage:
     steps: list[StepUse]
     rows: list[RowUse]  # every kernel asked about, with the functions that hold it (none: not used)
     library_calls: dict[str, int] = field(default_factory=dict)
+    skipped: list[SkippedCopy] = field(default_factory=list)  # Concats left out whose output nothing writes
 
     def used_keys(self) -> set[str]:
         return {r.key for r in self.rows if r.functions}
@@ -100,7 +102,8 @@ class Usage:
                 "db_rows_not_used": sorted(r.key for r in self.rows if not r.functions),
                 "nodes_run_by": {runs: sum(p.runs == runs for p in parts)
                                  for runs in (DB_KERNEL, NNFUSION_KERNEL, "cuDNN", "cuBLAS")},
-                "blockfusion_groups": [[p.node for p in s.parts] for s in self.blockfusion_groups()]}
+                "blockfusion_groups": [[p.node for p in s.parts] for s in self.blockfusion_groups()],
+                "skipped_copies": [c.describe() for c in self.skipped]}
 
 
 def analyse(generated: Generated, rows: Iterable[KernelRow]) -> Usage:
@@ -124,7 +127,7 @@ def analyse(generated: Generated, rows: Iterable[KernelRow]) -> Usage:
             assert step.kind == KERNEL
             parts = (_part(step.node, step.function, by_function.get(step.function, ())),)
         steps.append(StepUse(step.node, step.kind, parts, step.function))
-    return Usage(steps, uses, generated.library_calls())
+    return Usage(steps, uses, generated.library_calls(), generated.skipped_copies())
 
 
 def _blockfusion_parts(generated: Generated, step: Step, by_function: dict[str, list[str]],

@@ -45,7 +45,8 @@ The mapping follows NNFusion's ONNX importer and its pattern-substitution pass:
   tell its axes apart ([4, 4] -> [4]) is unmapped: its identifier is the shapes alone. Comparisons, logical
   ops and Where are unmapped: no row can serve them.
 - Concat -> Concat (its axis told by the shapes) where NNFusion copies it with a kernel; one whose axes before the
-  joined one all have size 1 is laid out in place (no kernel runs), and is unmapped saying so.
+  joined one all have size 1 is laid out in place (no kernel runs), and is unmapped saying so, unless a graph input
+  or a repeated input makes NNFusion copy it after all.
 - Which element-wise ops the compiler looks up depends on -fkernel_fusion_level: its kernel fusion,
   replayed on a model of the compiler's graph (`graph`, core/opconfigs/fusion.py), puts most of them
   into kernels of its own. `configs` holds every op; `looked_up()` those the compiler fetches at the
@@ -395,6 +396,7 @@ class _Extractor:
                 if name:
                     self.users[name].append(i)
         self.graph_outputs = {o.name for o in graph.output}
+        self.graph_inputs = {t.name for t in graph.input} - set(self.t.initializers)  # NNFusion's Parameters
         self.second_input_convs = self._convs_feeding_a_second_input()
         self.done: set[int] = set()
         self.ops: list[tuple[OpConfig, tuple[str, ...]]] = []
@@ -783,17 +785,19 @@ class _Extractor:
     def _concat(self, i: int, node: Any) -> None:
         """NNFusion's Concat (frontend/onnx_import/op/concat.hpp), fetched as Concat<inputs>;<output><types>: served
         where NNFusion copies the inputs with a kernel; where it lays them out in place in the output, no kernel runs
-        and a row would only add a copy (seen with the compiler: tests/test_row_op_type.py)."""
+        and a row would only add a copy (seen with the compiler: tests/test_row_op_type.py). Its in-place analysis
+        declines a graph input, and an input given twice: NNFusion's own kernel copies those, and may be skipped
+        wrongly (generated.SkippedCopy), where a row is always run."""
         xs, y = [x for x in node.input if x], node.output[0]
         shapes, out = [self.t.shape(x) for x in xs], self.t.shape(y)
         dtype = self.t.dtype([*xs, y])
         axis = concat_axis(shapes, out)
-        if axis is not None and concat_in_place(shapes, axis):
+        declined = any(x in self.graph_inputs for x in xs) or len(set(xs)) < len(xs)
+        if axis is not None and concat_in_place(shapes, axis) and not declined:
             raise _NotMapped(f"every axis before the joined one (axis {axis}) has size 1, so NNFusion writes the "
                              "inputs in place into the output and runs no kernel for it (its Concat emitter's "
-                             "is_memcpy, kernels/cuda_gpu/kernels/concat.cpp; inplace_tensor_analysis.cpp), its own "
-                             "copy kernel only where an input is the graph's input or appears twice; a row would "
-                             "make it copy them, so kdb makes none")
+                             "is_memcpy, kernels/cuda_gpu/kernels/concat.cpp; inplace_tensor_analysis.cpp); a row "
+                             "would make it copy them, so kdb makes none")
         self._emit(OpConfig(CONCAT, {"input_shapes": shapes, "output_shape": out}, 1, dtype, source=self.names[i]),
                    [i])
 
