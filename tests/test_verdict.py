@@ -41,3 +41,18 @@ def test_the_spread_is_reported_per_contender():
     assert verdict.first.relative == pytest.approx((1.530 - 1.498) / 1.512)
     assert "rounds 1.4980-1.5300" in verdict.first.text()
     assert verdict.as_dict()["rounds_ms"]["second"] == A_AGAIN
+
+
+def test_a_network_right_with_the_db_and_wrong_with_the_empty_db_says_the_empty_db_is_wrong(tmp_path):
+    """NNFusion's own code can compute wrong numbers (a Concat it skips: core/nnfusion/generated.SkippedCopy): the run
+    stays OK on the DB's output and says the empty DB's is wrong, with its error."""
+    from core.gpu.network_run import NetworkRun, RunOptions, _judge
+    from core.nnfusion.compile_job import CompileJob
+
+    run = NetworkRun(CompileJob(tmp_path / "m.onnx", tmp_path / "k.db"), RunOptions(), tmp_path, max_error=1e-4)
+    rounds = [{"median_ms": 1.0}] * 3
+    for contender, error in ((run.with_db, 1e-6), (run.empty_db, 0.7)):
+        contender.error, contender.timing, contender.rounds = error, rounds[0], rounds
+    _judge(run)
+    assert run.findings == [] and any("with the empty DB the output is wrong" in n and "7.00e-01" in n
+                                      for n in run.notes), run.notes
