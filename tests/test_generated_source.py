@@ -101,6 +101,9 @@ Parameter_2_0, Concat_3_0);
 // name=laid_out
 // eliminated: Concat_float_float_float_cuda_Concat_5_Call(dim3(1, 1, 1), dim3(512, 1, 1), 0, 0, Relu_2_0, \
 Concat_3_0, Concat_5_0);
+// name=from_the_input
+// eliminated: Concat_float_float_float_cuda_Concat_7_Call(dim3(1, 1, 1), dim3(512, 1, 1), 0, 0, Parameter_2_0, \
+Relu_2_0, Concat_3_0);
 return 0;
 }
 """.replace("\\\n", "")
@@ -109,10 +112,14 @@ return 0;
 def test_a_concat_left_out_whose_output_is_not_its_first_input_is_named():
     """NNFusion's ConcatKernel::is_eliminative compares pool offsets, not pools: the constant at offset 0 of the
     persistent pool and the output at offset 0 of the work pool pass it, and nothing writes the output. A Concat
-    left out at its first input's own address (laid out in place) is fine."""
+    left out at its first input's own address (laid out in place) is fine; one whose first input is the caller's
+    buffer (a graph input) is not."""
     generated = parse_generated(SKIPPING)
-    (skipped,) = generated.skipped_copies()
+    skipped, from_the_input = generated.skipped_copies()
     assert (skipped.node, skipped.first_input, skipped.output) == ("cat_out", "Constant_0_0", "Concat_3_0")
     assert skipped.output_at == ("group_0_CUDA_GPU0_allocator_memory_pool", 0)
     assert "wrong numbers" in skipped.describe()
-    assert analyse(generated, []).skipped == [skipped]
+    # a first input that is kernel_entry's own (the caller's buffer) is in no pool: never the output's memory
+    assert (from_the_input.node, from_the_input.first_input_at) == ("from_the_input",
+                                                                    ("the caller's buffer Parameter_2_0", 0))
+    assert analyse(generated, []).skipped == [skipped, from_the_input]

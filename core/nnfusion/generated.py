@@ -90,14 +90,18 @@ class SkippedCopy:
 
     node: str
     first_input: str
-    first_input_at: tuple[str, int]  # (pool, byte offset)
+    first_input_at: tuple[str, int]  # (pool, byte offset); a kernel_entry input is the caller's buffer
     output: str
     output_at: tuple[str, int]
 
     def describe(self) -> str:
+        def at(address: tuple[str, int]) -> str:
+            pool, offset = address
+            return "the caller's buffer" if pool.startswith("the caller's") else f"{pool} + {offset}"
+
         return (f"NNFusion skips node {self.node}'s Concat (`// eliminated`) though its output {self.output} "
-                f"({self.output_at[0]} + {self.output_at[1]}) is not its first input {self.first_input} "
-                f"({self.first_input_at[0]} + {self.first_input_at[1]}): nothing writes the output, and the network "
+                f"({at(self.output_at)}) is not its first input {self.first_input} ({at(self.first_input_at)}): "
+                "nothing writes the output, and the network "
                 "computes wrong numbers (its ConcatKernel::is_eliminative compares pool offsets, not pools: "
                 "kernels/cuda_gpu/kernels/concat.cpp). A DB row of the Concat is run instead of skipped: `kdb "
                 "opconfig extract` makes one for a Concat NNFusion does not lay out in place")
@@ -116,13 +120,20 @@ class Generated:
     def skipped_copies(self) -> list[SkippedCopy]:
         """The Concats left out whose output is not their first input's memory (SkippedCopy): both addresses known
         and different."""
+        entry = self.functions.get("kernel_entry")
+        callers = set(entry.params) if entry else set()  # kernel_entry's inputs: the caller's buffers, in no pool
+
+        def where(tensor: str) -> tuple[str, int] | None:
+            return self.addresses.get(tensor) or (("the caller's buffer " + tensor, 0) if tensor in callers else None)
+
         found = []
         for step in self.steps:
             if step.kind != ELIMINATED or not step.skipped.startswith("Concat_") or len(step.args) < 2:
                 continue
             first, out = step.args[0], step.args[-1]
-            if first in self.addresses and out in self.addresses and self.addresses[first] != self.addresses[out]:
-                found.append(SkippedCopy(step.node, first, self.addresses[first], out, self.addresses[out]))
+            first_at, out_at = where(first), where(out)
+            if first_at is not None and out_at is not None and first_at != out_at:
+                found.append(SkippedCopy(step.node, first, first_at, out, out_at))
         return found
 
     def library_calls(self) -> dict[str, int]:
