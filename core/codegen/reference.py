@@ -9,7 +9,18 @@ from typing import Any
 import numpy as np
 
 from core.errors import InputError
-from core.kernels.ops import BATCH_MATMUL, CONCAT, CONV_FAMILY, DEPTHWISE, POOLS, SOFTMAX, SUM, concat_axis, sum_axes
+from core.kernels.ops import (
+    BATCH_MATMUL,
+    CONCAT,
+    CONV_FAMILY,
+    DEPTHWISE,
+    POOLS,
+    RESIZE,
+    SOFTMAX,
+    SUM,
+    concat_axis,
+    sum_axes,
+)
 from core.opconfigs.opconfig import OpConfig, planar
 
 TOLERANCE = 1e-4  # the fp32 floor of tolerance(): relative error (max |a-b| / max |b|) allowed against fp64 numpy
@@ -185,6 +196,8 @@ def reference(config: OpConfig, arrays: list[np.ndarray]) -> np.ndarray:
     if op == SUM:
         (axes,) = sum_axes(p["input_shape"], p["output_shape"])
         return xs[0].reshape(p["input_shape"]).sum(axis=axes).reshape(p["output_shape"])
+    if op == RESIZE:
+        return _resize(xs[0].reshape(p["input_shape"]), p)
     if op == CONCAT:
         axis = concat_axis(p["input_shapes"], p["output_shape"])
         return np.concatenate([x.reshape(s) for x, s in zip(xs, p["input_shapes"], strict=True)], axis=axis)
@@ -232,3 +245,38 @@ def check_on_cpu(config: OpConfig, mod: Any, shapes: list[tuple[int, ...]]) -> f
         raise InputError(f"TVM's result differs from numpy's by {err:.2e} (relative; the {config.dtype} limit for "
                          f"{reduction_length(config)} terms a sum is {limit:.2g})")
     return err
+
+
+def _resize(x: np.ndarray, p: dict[str, Any]) -> np.ndarray:
+    """ONNX's Resize (opset 11 on) of the last two axes, nearest or linear, by its spec's formulas: each output
+    coordinate mapped back by coordinate_transformation_mode (the scale output / input), then the nearest input
+    (nearest_mode) or the two around it, weighted; indices clamped inside the input."""
+    ctm, nearest = p["coordinate_transformation_mode"], p["mode"] == "nearest"
+
+    def original(size_in: int, size_out: int) -> np.ndarray:
+        x_out, scale = np.arange(size_out, dtype=np.float64), size_out / size_in
+        if ctm == "align_corners":
+            return x_out * (size_in - 1) / (size_out - 1) if size_out > 1 else np.zeros(size_out)
+        if ctm == "asymmetric":
+            return x_out / scale
+        if ctm == "pytorch_half_pixel" and size_out == 1:
+            return np.zeros(size_out)
+        return (x_out + 0.5) / scale - 0.5  # half_pixel, pytorch_half_pixel
+
+    def taps(size_in: int, size_out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For each output coordinate: two input indices and the second's weight."""
+        at = original(size_in, size_out)
+        if nearest:
+            mode, frac = p["nearest_mode"], at - np.floor(at)
+            index = {"floor": np.floor(at), "ceil": np.ceil(at),
+                     "round_prefer_floor": np.where(frac == 0.5, np.floor(at), np.round(at)),
+                     "round_prefer_ceil": np.where(frac == 0.5, np.ceil(at), np.round(at))}[mode]
+            index = np.clip(index, 0, size_in - 1).astype(int)
+            return index, index, np.zeros(size_out)
+        at = np.clip(at, 0, size_in - 1)
+        low = np.floor(at).astype(int)
+        return low, np.minimum(low + 1, size_in - 1), at - low
+
+    (h0, h1, wh), (w0, w1, ww) = (taps(x.shape[a], p["output_shape"][a]) for a in (2, 3))
+    rows = x[:, :, h0, :] * (1 - wh)[:, None] + x[:, :, h1, :] * wh[:, None]
+    return rows[:, :, :, w0] * (1 - ww) + rows[:, :, :, w1] * ww

@@ -20,6 +20,7 @@ from core.kernels.ops import (
     DEPTHWISE,
     ELEMENTWISE_NO_ROW,
     POOLS,
+    RESIZE,
     SOFTMAX,
     SUM,
     concat_axis,
@@ -100,6 +101,9 @@ def define(config: OpConfig) -> tuple[list[Any], Any]:
         total = topi.sum(te.compute(data.shape, lambda *i: data[i].astype("float32"), name="as_float"),
                          axis=list(axes), keepdims=False)
         inputs, out = [data], te.compute(total.shape, lambda *i: total[i].astype(dtype), name="output0")
+    elif op == RESIZE:  # input1, the scales NNFusion passes, is a parameter the kernel never reads
+        data = te.placeholder(tuple(p["input_shape"]), dtype, name="input0")
+        inputs, out = [data, te.placeholder((4,), dtype, name="input1")], _resize(data, p)
     else:
         shapes = p.get("input_shapes") or [p["input_shape"]]
         inputs = [te.placeholder(tuple(s), dtype, name=f"input{i}") for i, s in enumerate(shapes)]
@@ -141,6 +145,18 @@ def _softmax(data: Any) -> Any:
                          name="row_sum")
     return te.compute(data.shape, lambda *i: (te.exp(data[i].astype("float32") - row_max[i[:-1]])
                                               / row_sum[i[:-1]]).astype(data.dtype), name="output0")
+
+
+def _resize(data: Any, p: dict[str, Any]) -> Any:
+    """ONNX's Resize of the two spatial axes, as TVM's ONNX frontend computes it (topi.image.resize2d: the output size
+    given, so the scale is output / input, the op config's exactly: extraction takes no scale that truncates)."""
+    from tvm import topi
+
+    nearest = p["mode"] == "nearest"
+    return topi.image.resize2d(data, (0.0, 0.0, 0.0, 0.0), tuple(p["output_shape"][2:]), layout="NCHW",
+                               method="nearest_neighbor" if nearest else "linear",
+                               coordinate_transformation_mode=p["coordinate_transformation_mode"],
+                               rounding_method=p["nearest_mode"] if nearest else "")
 
 
 def _depthwise(data: Any, weight: Any, p: dict[str, Any]) -> Any:

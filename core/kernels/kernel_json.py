@@ -33,6 +33,10 @@ from core.kernels.ops import (
     INJECTABLE_OP_TYPES,
     MATRIX_OP_TYPES,
     POOLS,
+    RESIZE,
+    RESIZE_COORDINATES,
+    RESIZE_MODES,
+    RESIZE_ROUNDING,
     SOFTMAX,
     SUM,
     concat_axis,
@@ -272,6 +276,8 @@ def validate_item(item: Any) -> KernelSpec:
         op = _sum(params, dtype)
     elif op_type == CONCAT:
         op = _concat(params, dtype, warnings)
+    elif op_type == RESIZE:
+        op = _resize(params, dtype)
     else:
         op = _elementwise(op_type, params, dtype)
     if tensor_math:
@@ -485,6 +491,22 @@ def _concat(params: dict[str, Any], dtype: str, warnings: list[str]) -> OpSignat
         warnings.append(f"every axis before axis {axis} has size 1: NNFusion writes these inputs in place into the "
                         "output and runs no kernel, and a row makes it copy them (kernels/cuda_gpu/kernels/concat.cpp)")
     return OpSignature(CONCAT, inputs, (out,), None, dtype)
+
+
+def _resize(params: dict[str, Any], dtype: str) -> OpSignature:
+    """An ONNX Resize as NNFusion imports it: its input and the scales ([4], a constant) it is given, an NCHW output of
+    the same batch and channels; how it samples (mode, coordinate_transformation_mode, nearest_mode) as the model says,
+    which the identifier does not."""
+    data = _shape(params, "input_shape", rank=4)
+    out = _shape(params, "output_shape", rank=4)
+    if out[:2] != data[:2]:
+        raise _fail("parameters.output_shape", f"{list(out)} resizes the batch or the channels of {list(data)}: kdb "
+                    "generates Resizes of the spatial axes")
+    for key, allowed in (("mode", RESIZE_MODES), ("coordinate_transformation_mode", RESIZE_COORDINATES),
+                         ("nearest_mode", RESIZE_ROUNDING)):
+        if params.get(key) not in allowed:
+            raise _fail(f"parameters.{key}", f"{_brief(params.get(key))}: one of {', '.join(allowed)}")
+    return OpSignature(RESIZE, (data, (4,)), (out,), None, dtype)
 
 
 def _batched_rows_dot(a: Shape, b: Shape, out: Shape, ta: bool, tb: bool, dtype: str) -> OpSignature:

@@ -28,6 +28,7 @@ from core.kernels.ops import (
     PATTERN_DEVICE_TYPE,
     ROW_OP_TYPE,
     STANDALONE_SOURCE,
+    UNREAD_INPUTS,
     op_of_row,
     parameter_order,
     tags_for,
@@ -144,6 +145,9 @@ def map_parameters(op_type: str, params: tuple[Param, ...], dtype: str, inputs: 
     input2` for conv+add+relu); the others take the op type's positional convention.
     """
     order = parameter_order(op_type, inputs).kernel_order
+    unread = UNREAD_INPUTS.get(op_type, ())
+    if unread and len(params) == len(order) - len(unread):  # the kernel leaves out inputs it never reads
+        order = tuple(n for n in order if n not in unread)
     if len(params) != len(order):
         raise InputError(
             f"kernel has {len(params)} parameters, {op_type} needs {len(order)} "
@@ -227,7 +231,7 @@ def build_row(
         )
     dtype = spec.op.dtype
     canonical = map_parameters(spec.op.op_type, src.params, dtype, len(spec.op.inputs))
-    inputs = sorted(n for n in canonical if n.startswith("input"))
+    inputs = sorted({n for n in canonical if n.startswith("input")} | set(UNREAD_INPUTS.get(spec.op.op_type, ())))
     outputs = sorted(n for n in canonical if n.startswith("output"))
     block, body, block_body = spec.block, src.body, src.body_without_shared()
     padded = warp_padded_block(spec.block, barriers.count)

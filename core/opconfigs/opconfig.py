@@ -21,6 +21,9 @@ Line format (the Rammer artifact's, extended the same way for the other ops):
     elementwise_relu_op_float|i+..|o+..                                 (one i+ per input)
     concat_op_float|i+1_2_4|i+1_2_3|o+1_2_7
         NNFusion's Concat (one i+ per input): the joined axis told by the shapes alone (the last one here)
+    resize_op_float|i+1_256_28_28|o+1_256_56_56|mode+linear|ctm+align_corners|nm+floor
+        an ONNX Resize of the spatial axes (its scales a constant): mode, coordinate_transformation_mode and
+        nearest_mode as the model gives them
 
 Every line keeps its own field order and prefix, so a file read and written back is byte for byte the
 same. Validation reuses the kernel-JSON checks (shape arithmetic, caps), so the two never disagree.
@@ -47,6 +50,7 @@ from core.kernels.ops import (
     ELEMENTWISE_ARITY,
     MATRIX_OP_TYPES,
     POOLS,
+    RESIZE,
     SOFTMAX,
     SUM,
     concat_axis,
@@ -151,7 +155,7 @@ class OpConfig:
     @property
     def memory_bound(self) -> bool:
         """Pools and element-wise ops do about one operation per byte: their speed is bytes moved, not FLOPs."""
-        return self.op_type in (*POOLS, SOFTMAX, SUM, DEPTHWISE, CONCAT) or self.op_type in ELEMENTWISE_ARITY
+        return self.op_type in (*POOLS, SOFTMAX, SUM, DEPTHWISE, CONCAT, RESIZE) or self.op_type in ELEMENTWISE_ARITY
 
     @property
     def bytes_moved(self) -> int:
@@ -162,7 +166,7 @@ class OpConfig:
             shapes += [p["output_shape"]] if self.op_type == "Fused_Convolution_Add_Relu" else []
         elif self.op_type in ("Dot", BATCH_MATMUL):
             shapes = [p["arg0_shape"], p["arg1_shape"], p["out_shape"]]
-        elif self.op_type in (*POOLS, SOFTMAX, SUM):
+        elif self.op_type in (*POOLS, SOFTMAX, SUM, RESIZE):
             shapes = [p["input_shape"], p["output_shape"]]
         else:
             shapes = [*p["input_shapes"], p["output_shape"]]
@@ -204,6 +208,10 @@ class OpConfig:
             axes = sum_axes(p["input_shape"], p["output_shape"])
             over = f" over axis {_dims(axes[0])}" if len(axes) == 1 else ""
             return f"Sum {_dims(p['input_shape'])}{over}"
+        if self.op_type == RESIZE:
+            how = p["mode"] + ("" if p["mode"] == "linear" else f" {p['nearest_mode']}")
+            return (f"Resize {_dims(p['input_shape'])} -> {_dims(p['output_shape'][2:])} {how} "
+                    f"{p['coordinate_transformation_mode']}")
         if self.op_type == CONCAT:
             axis = concat_axis(p["input_shapes"], p["output_shape"])
             return f"Concat {' + '.join(_dims(s) for s in p['input_shapes'])} on axis {axis}"
@@ -322,6 +330,10 @@ def parse_line(line: str, where: str = "") -> OpConfig:
     elif kind.endswith(("reduce_sum", "softmax")):
         op_type = SUM if kind.endswith("reduce_sum") else SOFTMAX
         params = {"input_shape": _shape(one("i"), where), "output_shape": _shape(one("o"), where)}
+    elif kind == "resize":
+        op_type = RESIZE
+        params = {"input_shape": _shape(one("i"), where), "output_shape": _shape(one("o"), where), "mode": one("mode"),
+                  "coordinate_transformation_mode": one("ctm"), "nearest_mode": one("nm")}
     elif kind == "concat":
         op_type = CONCAT
         inputs = [_shape(v, where) for v in values.get("i", [])]
@@ -335,7 +347,7 @@ def parse_line(line: str, where: str = "") -> OpConfig:
         params = {"input_shapes": inputs, "output_shape": _shape(one("o"), where)}
     else:
         raise InputError(f"prefix {prefix!r}: not a convolution, depthwise convolution, dot, batch matmul, pool, "
-                         "softmax, sum, concat or element-wise op config", where=where)
+                         "softmax, sum, concat, resize or element-wise op config", where=where)
     config = OpConfig(op_type, params, groups, dtype, (prefix, tuple(order)), where)
     validate(config) if groups == 1 else _validate_grouped(config)
     if format_line(config) != line:
@@ -388,6 +400,10 @@ def format_line(config: OpConfig) -> str:
     elif op in (SOFTMAX, SUM):
         prefix = f"cudnn_{'softmax' if op == SOFTMAX else 'reduce_sum'}_op_{config.dtype}"
         default, fields = ("i", "o"), {"i": dims(p["input_shape"]), "o": dims(p["output_shape"])}
+    elif op == RESIZE:
+        prefix, default = f"resize_op_{config.dtype}", ("i", "o", "mode", "ctm", "nm")
+        fields = {"i": dims(p["input_shape"]), "o": dims(p["output_shape"]), "mode": p["mode"],
+                  "ctm": p["coordinate_transformation_mode"], "nm": p["nearest_mode"]}
     elif op in POOLS:
         prefix = f"cudnn_{'maxpool' if op == 'MaxPool' else 'avgpool'}_op_{config.dtype}"
         default = ("i", "o", "win", "ws", "pb", "pa")

@@ -1,0 +1,78 @@
+"""Resize rows (issue 39: every op NNFusion asks the DB for): NNFusion imports an ONNX Resize and has no CUDA kernel of
+its own for it, so a network with one compiles only with a row. kdb's kernel computes ONNX's Resize (the network's
+judge is ONNX Runtime), nearest or linear, every coordinate_transformation_mode but tf_crop_and_resize."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from core.codegen.reference import TOLERANCE, reference
+from core.errors import InputError
+from core.opconfigs.opconfig import format_line, parse_line
+
+CASES = [  # (mode, coordinate_transformation_mode, nearest_mode, input, output)
+    ("linear", "align_corners", "floor", (1, 4, 5, 6), (10, 12)),  # U-Net's bilinear Up (align_corners=True)
+    ("linear", "half_pixel", "floor", (1, 4, 5, 6), (10, 12)),
+    ("linear", "pytorch_half_pixel", "floor", (1, 4, 5, 6), (10, 18)),  # F.interpolate's default export
+    ("linear", "asymmetric", "floor", (1, 4, 5, 6), (10, 12)),
+    ("nearest", "asymmetric", "floor", (1, 4, 5, 6), (10, 12)),  # nn.Upsample(mode="nearest")'s export
+    ("nearest", "half_pixel", "round_prefer_floor", (1, 4, 5, 6), (15, 12)),  # ONNX's defaults
+    ("nearest", "align_corners", "round_prefer_ceil", (1, 4, 5, 6), (10, 12)),
+    ("linear", "half_pixel", "floor", (1, 4, 6, 6), (3, 3)),  # down
+]
+
+
+def line(mode: str, ctm: str, nm: str, shape: tuple[int, ...], out: tuple[int, int]) -> str:
+    return (f"resize_op_float|i+{'_'.join(map(str, shape))}|o+{shape[0]}_{shape[1]}_{out[0]}_{out[1]}|mode+{mode}|"
+            f"ctm+{ctm}|nm+{nm}")
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}-{c[2]}")
+def test_the_reference_is_onnx_runtimes_resize(case):
+    """kdb's numpy reference (core/codegen/reference.py) against ONNX Runtime's Resize of the same node (opset 13)."""
+    ort = pytest.importorskip("onnxruntime", reason="needs onnxruntime (the run extra) to compare with")
+    from onnx import TensorProto, helper, numpy_helper
+
+    mode, ctm, nm, shape, out = case
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    scales = np.array([1, 1, out[0] / shape[2], out[1] / shape[3]], np.float32)
+    node = helper.make_node("Resize", ["x", "roi", "scales"], ["y"], mode=mode, coordinate_transformation_mode=ctm,
+                            nearest_mode=nm)
+    graph = helper.make_graph([node], "resize", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.array([], np.float32), "roi"),
+                               numpy_helper.from_array(scales, "scales")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    (expected,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    got = reference(parse_line(line(*case), "case"), [x, scales])
+    assert got.shape == expected.shape and np.abs(got - expected).max() <= 1e-6
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}-{c[2]}")
+def test_the_kernel_computes_the_reference(case):
+    """kdb codegen's kernel (TVM's resize2d), run on this CPU, against the reference; its identifier as NNFusion
+    fetches it (the scales a [4] input: `Resize1,256,28,28;4;1,256,56,56floatfloatfloat` for U-Net's)."""
+    from core.codegen.generate import generate
+
+    config = parse_line(line(*case), "case")
+    assert format_line(config) == line(*case)
+    result = generate(config, "sm_90")
+    assert result.item is not None, result.error
+    assert result.max_rel_error is not None and result.max_rel_error <= TOLERANCE
+    shape, out = case[3], case[4]
+    assert config.signature().identifier == (f"Resize{','.join(map(str, shape))};4;{shape[0]},{shape[1]},{out[0]},"
+                                             f"{out[1]}floatfloatfloat")
+    assert "input1" not in result.item["code"]  # the scales, never read: TVM leaves them out (ops.UNREAD_INPUTS)
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("resize_op_float|i+1_4_5_6|o+1_4_10_12|mode+cubic|ctm+half_pixel|nm+floor", "parameters.mode"),
+    ("resize_op_float|i+1_4_5_6|o+1_4_10_12|mode+linear|ctm+tf_crop_and_resize|nm+floor",
+     "parameters.coordinate_transformation_mode"),
+    ("resize_op_float|i+1_4_5_6|o+1_8_10_12|mode+linear|ctm+half_pixel|nm+floor", "the batch or the channels"),
+    ("resize_op_float|i+4_5_6|o+4_10_12|mode+linear|ctm+half_pixel|nm+floor", "must have rank 4"),
+])
+def test_a_resize_kdb_does_not_generate_is_refused_naming_the_field(text: str, said: str):
+    with pytest.raises(InputError, match=said):
+        parse_line(text, "ops.txt:1")
