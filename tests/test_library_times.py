@@ -91,13 +91,15 @@ def test_a_batch_matmul_alone_is_a_matmul_of_two_activations(tmp_path: Path, dty
 
 @pytest.mark.parametrize("line", ["cudnn_softmax_op_float|i+1_4_64_64|o+1_4_64_64",
                                   "cudnn_reduce_sum_op_half|i+1_64_256|o+1_64", "cudnn_reduce_sum_op_float|i+2_3_4|o+3",
-                                  "concat_op_float|i+2_3_4|i+2_5_4|o+2_8_4", "concat_op_half|i+1_8_3|i+1_8_5|o+1_8_8"])
-def test_a_softmax_sum_or_concat_alone_is_read_back_as_the_same_op(tmp_path: Path, line: str):
+                                  "concat_op_float|i+2_3_4|i+2_5_4|o+2_8_4", "concat_op_half|i+1_8_3|i+1_8_5|o+1_8_8",
+                                  "resize_op_float|i+1_4_5_6|o+1_4_10_12|mode+linear|ctm+align_corners|nm+floor"])
+def test_a_softmax_sum_concat_or_resize_alone_is_read_back_as_the_same_op(tmp_path: Path, line: str):
     """A Softmax over the last axis; a Sum as a ReduceMean of its axes (the Divide by the count after it runs with and
-    without the row alike); a Concat of the axis its shapes tell."""
+    without the row alike); a Concat of the axis its shapes tell; a Resize with its sampling."""
     config = parse_line(line, "alone")
     found = extract(write(one_op_model(config), tmp_path / "alone.onnx")).looked_up()
     assert [c.signature().identifier for c in found if c.op_type == config.op_type] == [config.signature().identifier]
+    assert next(c for c in found if c.op_type == config.op_type).params == config.params
     assert {c.op_type for c in found} <= {config.op_type, "Divide"}
 
 

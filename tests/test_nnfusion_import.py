@@ -86,7 +86,10 @@ CASES: dict[str, tuple[Callable[[], ModelProto], Callable[[], ModelProto] | None
     "ConvTranspose": (lambda: one("ConvTranspose", extra=conv_weight, kernel_shape=[3, 3]), None),
     "LSTM": (lambda: one("LSTM", shape={"x": [3, 1, 4]}, hidden_size=8,
                          extra=lambda g: [g.weight("W", [1, 32, 4]), g.weight("R", [1, 32, 8])]), None),
-    "Resize": (lambda: one("Resize", extra=lambda g: ["", g.constant("scales", [1, 1, 2, 2], "float32")]), None),
+    # a Resize kdb makes a row for is no blocker (tests/test_resize.py); one by a scale that gives no whole size
+    # (8 x 1.3) has neither a row nor a kernel of NNFusion's own
+    "Resize by a scale kdb takes not": (
+        lambda: one("Resize", extra=lambda g: ["", g.constant("scales", [1, 1, 1.3, 1.3], "float32")]), None),
 }
 
 

@@ -76,3 +76,62 @@ def test_the_kernel_computes_the_reference(case):
 def test_a_resize_kdb_does_not_generate_is_refused_naming_the_field(text: str, said: str):
     with pytest.raises(InputError, match=said):
         parse_line(text, "ops.txt:1")
+
+
+def upsampling(scales: list[float], half: bool = False, **attrs: object):
+    """x [1, 4, 5, 6], a Resize by these scales (a constant), then a Relu."""
+    pytest.importorskip("onnx")
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from onnx_models import GraphBuilder
+
+    g = GraphBuilder({"x": [1, 4, 5, 6]})
+    roi = g.constant("roi", [], "float32")
+    up = g.node("Resize", ["x", roi, g.constant("scales", scales, "float32")], "up", **attrs)
+    return g.model(g.node("Relu", [up], "relu"), "up")
+
+
+def test_extraction_serves_a_resize_kdb_generates_and_blocks_one_it_does_not(tmp_path):
+    """A bilinear align_corners Resize by 2: an op config with its sampling, no blocker. By 1.3 (no whole size):
+    unmapped and a blocker, since NNFusion has no kernel of its own for it either."""
+    from onnx_models import write
+
+    from core.opconfigs.onnx_extract import extract
+
+    ext = extract(write(upsampling([1, 1, 2, 2], mode="linear", coordinate_transformation_mode="align_corners"),
+                        tmp_path / "up.onnx"))
+    assert [format_line(c) for c in ext.configs if c.op_type == "Resize"] == [
+        "resize_op_float|i+1_4_5_6|o+1_4_10_12|mode+linear|ctm+align_corners|nm+round_prefer_floor"]
+    assert ext.blockers == []
+    odd = extract(write(upsampling([1, 1, 1.3, 1.3]), tmp_path / "odd.onnx"))
+    assert not [c for c in odd.configs if c.op_type == "Resize"]
+    (blocker,) = odd.blockers
+    assert blocker.node == "up" and "no CUDA kernel" in blocker.reason and "whole sizes" in blocker.reason
+
+
+def test_coverage_says_the_compiler_aborts_without_the_row_and_wrong_numbers_with_one_of_another_mode(tmp_path):
+    from conftest import run_kdb
+
+    from core.db.kernel_db import KernelDB
+    from core.nnfusion.coverage import ABORTS, IN_DB, coverage
+    from core.opconfigs.onnx_extract import Extraction
+
+    made, other = (parse_line(line(*CASES[0]), "ops"), parse_line(line("nearest", "asymmetric", "floor",
+                                                                         (1, 4, 5, 6), (10, 12)), "ops"))
+    assert made.signature().identifier == other.signature().identifier  # the identifier has no mode
+    ops, db = tmp_path / "ops.txt", tmp_path / "k.db"
+    ops.write_text(line(*CASES[0]) + "\n")
+    env = {"KDB_STATE_DIR": str(tmp_path / "state"), "KDB_CONFIG": str(tmp_path / "settings.toml")}
+    KernelDB.open(db, create=True).close()
+    with KernelDB.open(db) as kernels:
+        (alone,) = coverage(Extraction("ops", 1, [made], {made.key: [("up",)]}), kernels)
+    assert alone.status == ABORTS and "no CUDA kernel of its own" in alone.reasons[0]
+    assert run_kdb("codegen", str(ops), "--inject", "--db", str(db), "--arch", "sm_90", "--no-compile",
+                   env=env).returncode == 0
+    with KernelDB.open(db) as kernels:
+        entries = coverage(Extraction("ops", 2, [made, other], {made.key: [("a",)], other.key: [("b",)]}), kernels)
+    assert [e.status for e in entries] == [IN_DB, IN_DB]
+    assert [any("WRONG NUMBERS" in r for r in e.reasons) for e in entries] == [False, True]
+    assert "the row computes mode linear, coordinates align_corners" in entries[1].reasons[0]

@@ -44,7 +44,7 @@ from core.kernels.ops import (
     dtype_problem,
     sum_axes,
 )
-from core.kernels.opsig import ConvParams, DotParams, OpSignature, PoolParams, Shape
+from core.kernels.opsig import ConvParams, DotParams, OpSignature, PoolParams, ResizeParams, Shape
 
 MAX_FILE_BYTES = 64 * 1024 * 1024
 MAX_CODE_CHARS = 4 * 1024 * 1024
@@ -506,7 +506,8 @@ def _resize(params: dict[str, Any], dtype: str) -> OpSignature:
                          ("nearest_mode", RESIZE_ROUNDING)):
         if params.get(key) not in allowed:
             raise _fail(f"parameters.{key}", f"{_brief(params.get(key))}: one of {', '.join(allowed)}")
-    return OpSignature(RESIZE, (data, (4,)), (out,), None, dtype)
+    sampling = ResizeParams(*(params[k] for k in ResizeParams.__slots__))
+    return OpSignature(RESIZE, (data, (4,)), (out,), sampling, dtype)
 
 
 def _batched_rows_dot(a: Shape, b: Shape, out: Shape, ta: bool, tb: bool, dtype: str) -> OpSignature:

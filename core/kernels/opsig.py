@@ -24,6 +24,7 @@ from core.kernels.ops import (
     DEPTHWISE,
     ELEMENTWISE_ARITY,
     POOLS,
+    RESIZE,
     ROW_OP_TYPE,
     SUPPORTED_OP_TYPES,
     dtype_problem,
@@ -54,7 +55,20 @@ class DotParams:
     transpose_b: bool = False
 
 
-Params = ConvParams | PoolParams | DotParams | None
+@dataclass(frozen=True, slots=True)
+class ResizeParams:
+    """How a Resize samples (ONNX's attributes): not in its identifier, kept in the row's Attributes."""
+
+    mode: str
+    coordinate_transformation_mode: str
+    nearest_mode: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"mode": self.mode, "coordinate_transformation_mode": self.coordinate_transformation_mode,
+                "nearest_mode": self.nearest_mode}
+
+
+Params = ConvParams | PoolParams | DotParams | ResizeParams | None
 
 
 def dot_mkn(a: Sequence[int], b: Sequence[int], transpose_a: bool = False,
@@ -110,6 +124,8 @@ class OpSignature:
             }
         elif isinstance(p, DotParams):
             attrs["parameters"] = {"transpose_A": p.transpose_a, "transpose_B": p.transpose_b}
+        elif isinstance(p, ResizeParams):
+            attrs["parameters"] = p.as_dict()
         if self.dtype != "float":
             attrs["dtype"] = self.dtype
         if self.math:
@@ -214,6 +230,8 @@ def signature_from_attributes(op_type: str, attrs: Any) -> OpSignature:
         )
     elif op_type == "Dot":
         params = DotParams(bool(raw.get("transpose_A", False)), bool(raw.get("transpose_B", False)))
+    elif op_type == RESIZE and all(isinstance(raw.get(k), str) for k in ResizeParams.__slots__):
+        params = ResizeParams(*(raw[k] for k in ResizeParams.__slots__))
     elif op_type in ELEMENTWISE_ARITY and len(inputs) != ELEMENTWISE_ARITY[op_type]:
         raise InputError(
             f"{op_type} takes {ELEMENTWISE_ARITY[op_type]} input(s), Attributes list {len(inputs)}",

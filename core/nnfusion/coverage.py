@@ -40,6 +40,7 @@ from core.kernels.ops import (
     MATRIX_OP_TYPES,
     PATTERN_DEVICE_TYPE,
     POOLS,
+    RESIZE,
     STANDALONE_SOURCE,
     SUPPORTED_OP_TYPES,
 )
@@ -126,6 +127,12 @@ def fallback_for(config: OpConfig) -> str:
 
 
 GROUPED_ABORT = "nothing: the compiler aborts at import"
+# What an op's identifier does not say and its row's Attributes keep (its shapes alone are the identifier)
+_UNSAID = {DEPTHWISE: (("window_movement_strides", "stride"), ("window_dilation_strides", "dilation"),
+                       ("padding_below_diff", "padding")),
+           RESIZE: (("mode", "mode"), ("coordinate_transformation_mode", "coordinates"), ("nearest_mode", "rounding"))}
+RESIZE_NEEDS_ROW = ("nothing: NNFusion has no CUDA kernel of its own for a Resize, and kernel selection aborts ('No "
+                    "valid kernel found') without a row of it (`kdb codegen` makes one)")
 
 
 def _depthwise(config: OpConfig) -> bool:
@@ -204,6 +211,8 @@ class _Model:
         status = NOT_USED if kernels or any("DeviceType" in r for r in reasons) else MISSING
         if config.op_type == DEPTHWISE and config.dtype == "half":  # NNFusion's own kernel would run: no valid CUDA
             status, reasons = DOES_NOT_BUILD, (HALF_DEPTHWISE, *reasons)
+        if config.op_type == RESIZE:  # NNFusion has no kernel of its own to run
+            status, reasons, fallback = ABORTS, (RESIZE_NEEDS_ROW, *reasons), RESIZE_NEEDS_ROW
         return CoverageEntry(config, count, identifier, kernels, status, fallback, fallback, None, (*extra, *reasons),
                              fused_away)
 
@@ -339,14 +348,15 @@ class _Model:
         return (times.get(self.product) if self.product else None), resource
 
     def _made_for_another_op(self, config: OpConfig, key: str) -> tuple[str, ...]:
-        """What the chosen row says it computes that this op is not: the identifiers of a Dot (no transposes) and of a
-        depthwise convolution (shapes only) cannot tell such ops apart, so the compiler uses the row anyway."""
-        if config.op_type not in ("Dot", DEPTHWISE):
+        """What the chosen row says it computes that this op is not: the identifiers of a Dot (no transposes), of a
+        depthwise convolution and of a Resize (shapes only) cannot tell such ops apart, so the compiler uses the row
+        anyway."""
+        if config.op_type not in ("Dot", *_UNSAID):
             return ()
         rows = self.db.find(key)
         if not rows:
             return ()
-        return (*self._tag_mismatch(config, rows[0].tags), *self._depthwise_mismatch(config, rows[0].attributes))
+        return (*self._tag_mismatch(config, rows[0].tags), *self._attributes_mismatch(config, rows[0].attributes))
 
     @staticmethod
     def _tag_mismatch(config: OpConfig, tags: str) -> tuple[str, ...]:
@@ -362,21 +372,18 @@ class _Model:
         return ()
 
     @staticmethod
-    def _depthwise_mismatch(config: OpConfig, attributes: str) -> tuple[str, ...]:
-        """A depthwise row's identifier is its shapes only: a row made for another stride or padding of the same
-        shapes (a 3x3 at SAME padding on a 2x2 map, stride 2 or 3) is fetched all the same, and computes the wrong
-        numbers for this node. The row's Attributes keep what it computes."""
-        if config.op_type != DEPTHWISE:
-            return ()
+    def _attributes_mismatch(config: OpConfig, attributes: str) -> tuple[str, ...]:
+        """A depthwise or Resize row's identifier is its shapes only: a row made for another stride or padding (a 3x3
+        at SAME padding on a 2x2 map, stride 2 or 3), or another mode, of the same shapes is fetched all the same, and
+        computes the wrong numbers for this node. The row's Attributes keep what it computes."""
+        unsaid = _UNSAID.get(config.op_type, ())
         attrs = json.loads(attributes or "{}")
         made = attrs.get("parameters", {}) if isinstance(attrs, dict) else {}
-        names = ("window_movement_strides", "window_dilation_strides", "padding_below_diff")
-        if not isinstance(made, dict) or all(made.get(n) == config.params.get(n) for n in names):
+        if not unsaid or not isinstance(made, dict) or all(made.get(n) == config.params.get(n) for n, _ in unsaid):
             return ()
-        return (f"WRONG NUMBERS: the row computes stride {made.get(names[0])}, dilation {made.get(names[1])}, "
-                f"padding {made.get(names[2])}; this node has {config.params.get(names[0])}, "
-                f"{config.params.get(names[1])}, {config.params.get(names[2])}. The compiler uses it anyway (a "
-                "depthwise identifier has the shapes only): generate this node's row in a DB of its own",)
+        return (f"WRONG NUMBERS: the row computes {', '.join(f'{label} {made.get(n)}' for n, label in unsaid)}; this "
+                f"node has {', '.join(f'{label} {config.params.get(n)}' for n, label in unsaid)}. The compiler uses "
+                "it anyway (the identifier has the shapes only): generate this node's row in a DB of its own",)
 
     def _why_no_rows(self, identifier: str, config: OpConfig) -> tuple[str, ...]:
         reasons = [f"{n} row(s) under DeviceType {d!r}: the compiler asks for {DEVICE_TYPE}"

@@ -246,13 +246,72 @@ def _no_cuda_kernel(node: Any, attrs: dict[str, Any], shapes: Shapes) -> str:
             "found')")
 
 
+def resize_unserved(node: Any, attrs: dict[str, Any], shapes: Shapes, scales: list[float] | None,
+                    float_data: bool) -> str:
+    """Why kdb makes no row for this ONNX Resize ('' when it makes one). NNFusion's importer (op/resize.cpp) passes
+    the input and its scales (input 2, a constant), and reads the mode only (nearest or linear): a row computes what
+    the model says (ops.RESIZE_*)."""
+    from core.kernels.ops import RESIZE_COORDINATES, RESIZE_MODES, RESIZE_ROUNDING
+
+    if len(node.input) < 3 or not node.input[2]:
+        return "no scales input (input 2): NNFusion's importer reads its scales there"
+    if len(node.input) > 3 and node.input[3]:
+        return "its output size given as sizes (int64): a row's tensors have one element type, and so does an op config"
+    if scales is None:
+        return "its scales are no constant (NNFusion takes only a constant)"
+    said = resize_attributes(attrs)
+    for key, allowed in (("mode", RESIZE_MODES), ("coordinate_transformation_mode", RESIZE_COORDINATES),
+                         ("nearest_mode", RESIZE_ROUNDING)):
+        if said[key] not in allowed:
+            return f"{key} {said[key]}: kdb's rows take {', '.join(allowed)}"
+    data, out = shapes.get(node.input[0]), shapes.get(node.output[0])
+    if data is None or out is None or len(data) != 4 or len(out) != 4 or len(scales) != 4:
+        return "not a 4-D input of known shape with 4 scales: kdb's rows resize NCHW tensors"
+    if scales[:2] != [1.0, 1.0] or any(d * s != o for d, s, o in zip(data[2:], scales[2:], out[2:], strict=True)):
+        return (f"scales {scales} on {data}: kdb's rows resize the spatial axes by scales that give whole sizes "
+                f"({out})")
+    if not float_data:
+        return ("not float: its scales stay float, a row's tensors have one element type, and so does an op config "
+                "(a half Resize would be Resize...halffloathalf)")
+    return ""
+
+
+def resize_attributes(attrs: dict[str, Any]) -> dict[str, str]:
+    """The op config's parameters of a Resize kdb serves (resize_unserved gave ''): ONNX's defaults where absent."""
+    def text(key: str, default: str) -> str:
+        value = attrs.get(key, default)
+        return value.decode() if isinstance(value, bytes) else str(value)
+
+    return {"mode": text("mode", "nearest"), "coordinate_transformation_mode": text("coordinate_transformation_mode",
+                                                                                    "half_pixel"),
+            "nearest_mode": text("nearest_mode", "round_prefer_floor")}
+
+
+def constant_values(graph: Any, name: str) -> list[float] | None:
+    """The values of a graph's initializer or Constant node output (None: neither)."""
+    from onnx import numpy_helper
+
+    for t in graph.initializer:
+        if t.name == name:
+            return [float(v) for v in numpy_helper.to_array(t).ravel()]
+    for n in graph.node:
+        if n.op_type == "Constant" and name in n.output:
+            value = next((a.t for a in n.attribute if a.name == "value"), None)
+            return None if value is None else [float(v) for v in numpy_helper.to_array(value).ravel()]
+    return None
+
+
+_NO_KERNEL_NO_ROW = ("NNFusion imports Resize but has no CUDA kernel for it: kernel selection aborts ('No valid kernel "
+                     "found') unless the DB has a row of it, and kdb makes none for this one: ")
+
 # Seen with the compiler (tests/test_nnfusion_import.py); each check says why the node cannot compile, '' when it can.
+# (A Resize's check needs the model's constants: import_faults makes it.)
 BLOCKERS: dict[str, Callable[[Any, dict[str, Any], Shapes], str]] = {
     "Flatten": _flatten, "Gemm": _gemm, "Unsqueeze": _unsqueeze, "Dropout": _dropout, "Conv": _conv,
     "AveragePool": _average_pool, "Pad": _pad, "Split": _split, "Softmax": _softmax,
     "GRU": _crashes("GRU: the importer aborts in its translator (a protobuf CHECK on the node's inputs)"),
     "Upsample": _crashes("Upsample: the importer crashes on it (segmentation fault); export Resize instead"),
-    "ConvTranspose": _no_cuda_kernel, "LSTM": _no_cuda_kernel, "Resize": _no_cuda_kernel,
+    "ConvTranspose": _no_cuda_kernel, "LSTM": _no_cuda_kernel,
 }
 
 
@@ -275,9 +334,18 @@ def import_faults(model: Any) -> tuple[list[Blocker], list[ShapeWarning]]:
     opsets.setdefault("", ANY_OPSET)
     shapes = _shapes(model)
     found = []
+    floats = _float_tensors(model)
     for i, node in enumerate(model.graph.node):
         name = node.name or f"{node.op_type}#{i}"
         reason = _blocker(node, opsets, shapes)
+        if not reason and node.op_type == "Resize" and node.domain in ("", "ai.onnx"):
+            scales = constant_values(model.graph, node.input[2]) if len(node.input) > 2 and node.input[2] else None
+            mode = resize_attributes(_attributes(node))["mode"]
+            why = resize_unserved(node, _attributes(node), shapes, scales, node.input[0] in floats)
+            reason = (_NO_KERNEL_NO_ROW + why if why else "") if mode in ("nearest", "linear") else (
+                f"Resize of mode {mode}: NNFusion's importer translates nearest and linear only, and makes no node of "
+                "it (op/resize.cpp returns none; seen with the compiler: it compiles, without the Resize): the "
+                "compiled network is not the model's")
         if reason:
             found.append(Blocker(name, node.op_type, reason))
     blocked = {b.node for b in found}
@@ -291,6 +359,15 @@ def import_faults(model: Any) -> tuple[list[Blocker], list[ShapeWarning]]:
         if said := softmax_axis_ignored(node, shapes, opsets[""]):
             warnings.append(ShapeWarning(name, said, "wrong numbers"))
     return sorted(found + pooled, key=lambda b: _order(model, b.node)), warnings
+
+
+def _float_tensors(model: Any) -> set[str]:
+    """The model's tensors declared or inferred float32."""
+    graph = model.graph
+    typed = [(t.name, t.data_type) for t in graph.initializer]
+    typed += [(vi.name, vi.type.tensor_type.elem_type) for vi in (*graph.input, *graph.value_info, *graph.output)
+              if vi.type.HasField("tensor_type")]
+    return {name for name, elem in typed if elem == 1}
 
 
 def _order(model: Any, name: str) -> int:

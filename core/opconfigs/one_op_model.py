@@ -91,6 +91,8 @@ class _Builder:
         if op == "Sum":  # a ReduceMean (axes still an attribute at opset 17): its Divide runs with and without the row
             (axes,) = sum_axes(self.params["input_shape"], self.params["output_shape"])
             return self._node("ReduceMean", [self._input(self.params["input_shape"])], axes=list(axes), keepdims=0)
+        if op == "Resize":
+            return self._resize()
         if op == "Concat":
             shapes = self.params["input_shapes"]
             axis = concat_axis(shapes, self.params["output_shape"])
@@ -114,6 +116,19 @@ class _Builder:
         values = self.rng.standard_normal(shape) * math.sqrt(2.0 / max(fan_in, 1))
         self.initializers.append(numpy_helper.from_array(values.astype(_NUMPY_TYPES[self.config.dtype]), name))
         return name
+
+    def _resize(self) -> str:
+        """A Resize of the op config's sampling, its roi empty and its scales (output / input) constants."""
+        import numpy as np
+        from onnx import numpy_helper
+
+        p = self.params
+        scales = [o / i for o, i in zip(p["output_shape"], p["input_shape"], strict=True)]
+        self.initializers += [numpy_helper.from_array(np.array([], np.float32), "roi"),
+                              numpy_helper.from_array(np.array(scales, np.float32), "scales")]
+        return self._node("Resize", [self._input(p["input_shape"]), "roi", "scales"], mode=p["mode"],
+                          coordinate_transformation_mode=p["coordinate_transformation_mode"],
+                          nearest_mode=p["nearest_mode"])
 
     def _node(self, op_type: str, inputs: list[str], **attrs: Any) -> str:
         from onnx import helper

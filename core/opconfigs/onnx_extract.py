@@ -75,6 +75,7 @@ from core.kernels.ops import (
     ELEMENTWISE_ARITY,
     ELEMENTWISE_NO_ROW,
     FUSED_OP_TYPES,
+    RESIZE,
     SOFTMAX,
     SUM,
     UNSERVED_DTYPES,
@@ -94,9 +95,12 @@ from core.opconfigs.fusion import (
 )
 from core.opconfigs.nnfusion_import import (
     Blocker,
+    constant_values,
     depthwise_padding_ok,
     grouped_conv_reason,
     import_faults,
+    resize_attributes,
+    resize_unserved,
     softmax_axis,
 )
 from core.opconfigs.opconfig import OpConfig, dedupe, validate
@@ -437,6 +441,8 @@ class _Extractor:
             self._reduce_sum(i, node)
         elif op == "Concat":
             self._concat(i, node)
+        elif op == "Resize":
+            self._resize(i, node)
         elif op in ONNX_NO_ROW:
             raise _NotMapped(f"NNFusion's {ONNX_NO_ROW[op]}: {ELEMENTWISE_NO_ROW[ONNX_NO_ROW[op]]}")
         elif op in UNSERVED_LOOKUPS:
@@ -800,6 +806,19 @@ class _Extractor:
                              "would make it copy them, so kdb makes none")
         self._emit(OpConfig(CONCAT, {"input_shapes": shapes, "output_shape": out}, 1, dtype, source=self.names[i]),
                    [i])
+
+    def _resize(self, i: int, node: Any) -> None:
+        """An ONNX Resize (frontend/onnx_import/op/resize.cpp: its input and scales): NNFusion has no CUDA kernel of
+        its own for it, so the network compiles only with its row; one kdb makes no row for is a blocker too
+        (nnfusion_import.resize_unserved says why)."""
+        x, y = node.input[0], node.output[0]
+        scales = constant_values(self.graph, node.input[2]) if len(node.input) > 2 and node.input[2] else None
+        shapes = {x: self.t.shape(x), y: self.t.shape(y)}
+        dtype = self.t.dtype([x, y])
+        if why := resize_unserved(node, _attrs(node), shapes, scales, dtype == "float"):
+            raise _NotMapped(why)
+        params = {"input_shape": shapes[x], "output_shape": shapes[y], **resize_attributes(_attrs(node))}
+        self._emit(OpConfig(RESIZE, params, 1, dtype, source=self.names[i]), [i])
 
     def _clip(self, i: int, node: Any) -> None:
         """NNFusion's Clip: Maximum(x, min) then Minimum(max, that), each bound a broadcast scalar."""
