@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
 # The compiler cannot take these whatever the DB holds (tests/test_zoo.py's COMPILER_FAULTS): not run.
-NOT_COMPILABLE = {"resnext_blocks", "nasnet_cell", "unet_decoder", "attention_packed"}
+NOT_COMPILABLE = {"resnext_blocks", "nasnet_cell", "attention_packed"}
 
 
 def kdb(work: Path, env: dict[str, str], log: Path, *args: str, timeout: float = 3600) -> subprocess.CompletedProcess:

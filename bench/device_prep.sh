@@ -13,12 +13,13 @@ import onnx, zoo
 for name, model in (("bert2", zoo.bert_encoder()), ("gpt", zoo.gpt_decoder()), ("vit", zoo.attention_bmm()),
                     ("gru", zoo.gru()), ("dense", zoo.densenet_block()), ("se", zoo.se_block()),
                     ("tcn", zoo.tcn()), ("mnv2", zoo.mobilenet_v2()), ("convnext", zoo.convnext_block()),
-                    ("towers", zoo.two_towers()), ("unetb", zoo.unet_decoder(bilinear=True))):
+                    ("towers", zoo.two_towers()), ("unetb", zoo.unet_decoder(bilinear=True)),
+                    ("unet", zoo.unet_decoder())):
     model.ir_version = min(model.ir_version, 10)
     onnx.save(model, f"/tmp/s23/onnx/{name}.onnx")
 PY
 for n in bert2 gpt; do $K model fp16 /tmp/s23/onnx/$n.onnx /tmp/s23/onnx/${n}16.onnx; done
-for n in ${NETS:-bert216 gpt16 gpt vit gru dense se tcn towers unetb}; do
+for n in ${NETS:-bert216 gpt16 gpt vit gru dense se tcn towers unetb unet}; do
   export KDB_STATE_DIR=/tmp/s23/$n KDB_CONFIG=/tmp/s23/$n/settings.toml
   rm -rf /tmp/s23/$n; mkdir -p /tmp/s23/$n; rm -f $D/$n.db*
   $K settings archs=sm_90 "nnfusion_path=${NNFUSION:-../shared/nnfusion/bin/nnfusion}" > /dev/null

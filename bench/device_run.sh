@@ -15,14 +15,15 @@ export PYTHONUNBUFFERED=1 KDB_STATE_DIR=/tmp/kdb-st
 nnf=$PWD/.netrun/carry/nnfusion/bin/nnfusion
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 D=.devrun/s23; N=/tmp/net; mkdir -p $N
-if [ ! -f $N/unetb.onnx ]; then
+if [ ! -f $N/unet.onnx ]; then
 python3 - <<'PY'
 import sys; sys.path.insert(0, "tests")
 import onnx, zoo
 for name, model in (("bert2", zoo.bert_encoder()), ("gpt", zoo.gpt_decoder()), ("vit", zoo.attention_bmm()),
                     ("gru", zoo.gru()), ("dense", zoo.densenet_block()), ("se", zoo.se_block()),
                     ("tcn", zoo.tcn()), ("mnv2", zoo.mobilenet_v2()), ("convnext", zoo.convnext_block()),
-                    ("towers", zoo.two_towers()), ("unetb", zoo.unet_decoder(bilinear=True))):
+                    ("towers", zoo.two_towers()), ("unetb", zoo.unet_decoder(bilinear=True)),
+                    ("unet", zoo.unet_decoder())):
     model.ir_version = min(model.ir_version, 10)
     onnx.save(model, f"/tmp/net/{name}.onnx")
 PY
@@ -72,6 +73,6 @@ case "${1:-}" in
       grep FAILED $OUT/$b.log | head -5; cp /tmp/o/$b/*.json $OUT/ 2>/dev/null
     done ;;
   b) for n in gpt16; do run $n; done; for n in ${NETS:-bert216 gru}; do never $n; done ;;
-  c) for n in unetb towers vit dense se tcn gpt; do run $n; done ;;  # unetb: Resize rows; towers: Concat rows
+  c) for n in unetb unet towers vit dense se tcn gpt; do run $n; done ;;  # Resize, ConvTranspose, Concat rows first
   *) echo "usage: $0 a|b"; exit 2 ;;
 esac

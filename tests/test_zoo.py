@@ -55,9 +55,6 @@ COMPILER_FAULTS = {
     # Add would pass, and the Concat after it abort).
     "nasnet_cell": (("b2_avg", "b3_avg_a", "b3_avg_b"),
                     "Auto-broadcast not possible for these input shapes: shape1=[1, 44, 26, 26] shape2=[1, 44, 28, 28]"),
-    # NNFusion imports ConvTranspose but has no CUDA kernel for it: kernel selection aborts on U-Net's transposed-conv
-    # upsampling. (Its Resize has none either: the bilinear decoder compiles with kdb's Resize row.)
-    "unet_decoder": (("up",), "No valid kernel found:up_out.conv(op type: ConvTranspose, dev type: CUDA_GPU)"),
     # The ViT block with torch's packed in-projection: a Split along axis -1, its sizes an input, and no split
     # attribute; onnx_import/op/split.cpp reads the axis' length at the raw axis -1 (std::out_of_range).
     "attention_packed": (("qkv",), "unknown attribute 'split'"),
@@ -77,7 +74,10 @@ MUST_RUN_FROM_DB = {
                     "BatchMatMul1,4,64,64;1,4,64,64;1,4,64,64floatfloatfloat",
                     "Dot1,64,256;256,1000;1,64,1000floatfloatfloat"),
     "alexnet": ("Dot1,9216;4096,9216;1,4096floatfloatfloat",),
-    # the bilinear Upsample (a Resize NNFusion has no kernel of its own for), and the skip join: the graph's input first
+    # the upsampling, a ConvTranspose or a Resize (NNFusion has no kernel of its own for either: without kdb's row the
+    # compile aborts, 'No valid kernel found'), and the skip join: the graph's input first
+    "unet_decoder": ("ConvTranspose1,256,28,28;256,128,2,2;1,128,56,56floatfloatfloat",
+                     "Concat1,128,56,56;1,128,56,56;1,256,56,56floatfloatfloat"),
     "unet_decoder_bilinear": ("Resize1,256,28,28;4;1,256,56,56floatfloatfloat",
                               "Concat1,128,56,56;1,256,56,56;1,384,56,56floatfloatfloat"),
     "two_towers": ("Concat4,16,64;4,16,32;4,16,96floatfloatfloat", "Concat2,8,16,16;2,8,16,16;2,16,16,16floatfloatfloat",

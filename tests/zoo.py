@@ -451,8 +451,8 @@ def unet_decoder(cin: int = 256, skip: int = 128, size: int = 28, bilinear: bool
     [skip, up] over channels, then DoubleConv: 3x3 conv, Relu, 3x3 conv, Relu. bilinear: `Up(bilinear=True)`
     instead: nn.Upsample(scale_factor=2, mode='bilinear', align_corners=True) as opset 17 writes it (Resize with an
     empty roi and scales [1, 1, 2, 2]), the 256 channels kept, DoubleConv through 192 (half its input) to 128.
-    NNFusion imports both ConvTranspose and Resize but has no CUDA kernel for either: the bilinear one compiles with
-    kdb's Resize row, the transposed-conv one not (tests/test_zoo.py's COMPILER_FAULTS)."""
+    NNFusion imports both ConvTranspose and Resize but has no CUDA kernel for either: each decoder compiles with
+    kdb's row of its upsampling only."""
     g = GraphBuilder({"x": [1, cin, size, size], "skip": [1, skip, 2 * size, 2 * size]})
     if bilinear:
         roi, scales = constant(g, "roi", [], dtype=np.float32), constant(g, "scales", [1.0, 1.0, 2.0, 2.0],

@@ -13,6 +13,7 @@ from core.kernels.ops import (
     BATCH_MATMUL,
     CONCAT,
     CONV_FAMILY,
+    CONV_TRANSPOSE,
     DEPTHWISE,
     POOLS,
     RESIZE,
@@ -198,6 +199,9 @@ def reference(config: OpConfig, arrays: list[np.ndarray]) -> np.ndarray:
         return xs[0].reshape(p["input_shape"]).sum(axis=axes).reshape(p["output_shape"])
     if op == RESIZE:
         return _resize(xs[0].reshape(p["input_shape"]), p)
+    if op == CONV_TRANSPOSE:
+        return _conv_transpose(xs[0].reshape(p["input_shape"]), xs[1].reshape(p["filter_shape"]),
+                               p["window_movement_strides"], p["padding_below_diff"], p["output_shape"])
     if op == CONCAT:
         axis = concat_axis(p["input_shapes"], p["output_shape"])
         return np.concatenate([x.reshape(s) for x, s in zip(xs, p["input_shapes"], strict=True)], axis=axis)
@@ -280,3 +284,17 @@ def _resize(x: np.ndarray, p: dict[str, Any]) -> np.ndarray:
     (h0, h1, wh), (w0, w1, ww) = (taps(x.shape[a], p["output_shape"][a]) for a in (2, 3))
     rows = x[:, :, h0, :] * (1 - wh)[:, None] + x[:, :, h1, :] * wh[:, None]
     return rows[:, :, :, w0] * (1 - ww) + rows[:, :, :, w1] * ww
+
+
+def _conv_transpose(x: np.ndarray, w: np.ndarray, strides: list[int], pads: list[int],
+                    out_shape: list[int]) -> np.ndarray:
+    """ONNX's ConvTranspose (group 1): each input pixel's channels, times the filter [Cin, Cout, kh, kw], added into
+    the window at stride times its position; the padding then cut from each side."""
+    n, _, h, wd = x.shape
+    _, cout, kh, kw = w.shape
+    (sh, sw), (ph, pw) = strides, pads
+    full = np.zeros((n, cout, (h - 1) * sh + kh, (wd - 1) * sw + kw))
+    for i in range(h):
+        for j in range(wd):
+            full[:, :, i * sh:i * sh + kh, j * sw:j * sw + kw] += np.einsum("nc,cokl->nokl", x[:, :, i, j], w)
+    return full[:, :, ph:ph + out_shape[2], pw:pw + out_shape[3]]

@@ -17,6 +17,7 @@ from core.kernels.ops import (
     BATCH_MATMUL,
     CONCAT,
     CONV_FAMILY,
+    CONV_TRANSPOSE,
     DEPTHWISE,
     ELEMENTWISE_NO_ROW,
     POOLS,
@@ -69,6 +70,12 @@ def define(config: OpConfig) -> tuple[list[Any], Any]:
             out = topi.add(out, bias)
         if op != "Convolution":
             out = topi.nn.relu(out) if dtype == "float32" else _in_float32(topi.nn.relu, [out])
+    elif op == CONV_TRANSPOSE:  # the filter [Cin, Cout, kh, kw] as ONNX (and topi) lay it out
+        data = te.placeholder(tuple(p["input_shape"]), dtype, name="input0")
+        weight = te.placeholder(tuple(p["filter_shape"]), dtype, name="input1")
+        pad = list(p["padding_below_diff"])
+        inputs = [data, weight]
+        out = topi.nn.conv2d_transpose_nchw(data, weight, list(p["window_movement_strides"]), pad + pad, dtype, (0, 0))
     elif op == DEPTHWISE:
         data = te.placeholder(tuple(p["input_shape"]), dtype, name="input0")
         weight = te.placeholder(tuple(p["filter_shape"]), dtype, name="input1")  # [kh, kw, C, 1]: NNFusion's

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.codegen.mma import FILL, K_STEP, TILE, WARP, ldmatrix_name, mma_name, operand_layout, tile_fragment
-from core.kernels.ops import BATCH_MATMUL, CONV_FAMILY, MATRIX_OP_TYPES
+from core.kernels.ops import BATCH_MATMUL, CONV_FAMILY, CONV_TRANSPOSE, MATRIX_OP_TYPES
 from core.opconfigs.opconfig import OpConfig, planar
 
 MIN_SIDE = 16  # an M or N below one fragment tile leaves most of each mma idle: the CUDA cores take such an op
@@ -89,6 +89,8 @@ def refusal(config: OpConfig) -> str:
         return "float op: the tensor cores take fp16 ops, and fp32 ops in TF32 when asked (--math tf32)"
     if config.dtype not in ("half", "float"):
         return f"{config.dtype} op: the tensor-core rows are fp16 (or TF32)"
+    if config.op_type == CONV_TRANSPOSE:
+        return "kdb's ConvTranspose kernels are TVM's direct ones (no implicit GEMM of it yet)"
     if config.op_type not in MATRIX_OP_TYPES:
         return f"{config.op_type} is no matrix product"
     if config.groups != 1:

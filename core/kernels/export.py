@@ -15,7 +15,7 @@ from typing import Any
 from core.cuda.warps import unpad_body
 from core.errors import InputError
 from core.kernels.kernel_row import KernelRow, distinct_kernels
-from core.kernels.ops import BATCH_MATMUL, CONV_FAMILY, DEPTHWISE, POOLS
+from core.kernels.ops import BATCH_MATMUL, CONV_FAMILY, CONV_TRANSPOSE, DEPTHWISE, POOLS, RESIZE
 
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9_]")
 
@@ -46,14 +46,14 @@ def row_to_item(row: KernelRow) -> dict[str, Any]:
     ins, outs = attrs.get("input_shape", []), attrs.get("output_shape", [])
     p = attrs.get("parameters", {}) or {}
     op = row.op
-    if op in (*CONV_FAMILY, DEPTHWISE):
+    if op in (*CONV_FAMILY, DEPTHWISE, CONV_TRANSPOSE):
         params: dict[str, Any] = {"input_shape": ins[0], "filter_shape": ins[1], "output_shape": outs[0], **p}
     elif op == "Dot":
         params = {"arg0_shape": ins[0], "arg1_shape": ins[1], "out_shape": outs[0],
                   "transpose_A": bool(p.get("transpose_A", False)), "transpose_B": bool(p.get("transpose_B", False))}
     elif op == BATCH_MATMUL:
         params = {"arg0_shape": ins[0], "arg1_shape": ins[1], "out_shape": outs[0]}
-    elif op in POOLS:
+    elif op in (*POOLS, RESIZE):  # (a Resize's second input is its scales: the identifier's, not a parameter)
         params = {"input_shape": ins[0], "output_shape": outs[0], **p}
     elif len(ins) == 1:
         params = {"input_shape": ins[0], "output_shape": outs[0]}

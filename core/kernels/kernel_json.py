@@ -28,6 +28,7 @@ from core.kernels.ops import (
     BATCH_MATMUL,
     CONCAT,
     CONV_FAMILY,
+    CONV_TRANSPOSE,
     DEPTHWISE,
     ELEMENTWISE_ARITY,
     INJECTABLE_OP_TYPES,
@@ -264,6 +265,8 @@ def validate_item(item: Any) -> KernelSpec:
         op = _conv(op_type, params, dtype)
     elif op_type == DEPTHWISE:
         op = _depthwise(params, dtype)
+    elif op_type == CONV_TRANSPOSE:
+        op = _conv_transpose(params, dtype)
     elif op_type in POOLS:
         op = _pool(op_type, params, dtype)
     elif op_type == "Dot":
@@ -491,6 +494,28 @@ def _concat(params: dict[str, Any], dtype: str, warnings: list[str]) -> OpSignat
         warnings.append(f"every axis before axis {axis} has size 1: NNFusion writes these inputs in place into the "
                         "output and runs no kernel, and a row makes it copy them (kernels/cuda_gpu/kernels/concat.cpp)")
     return OpSignature(CONCAT, inputs, (out,), None, dtype)
+
+
+def _conv_transpose(params: dict[str, Any], dtype: str) -> OpSignature:
+    """An ONNX ConvTranspose as NNFusion imports it (op/conv_trans.cpp: group 1; generic_op_define/ConvTranspose.cpp:
+    a square kernel): the filter [Cin, Cout, kh, kw] as ONNX lays it out, padding symmetric, no dilation (kdb's
+    kernel has none), each output side (in - 1) * stride + k - 2 * pad."""
+    data = _shape(params, "input_shape", rank=4)
+    filt = _shape(params, "filter_shape", rank=4)
+    out = _shape(params, "output_shape", rank=4)
+    conv = _conv_params(params, 2)
+    strides, dilations, pads = conv.strides, conv.dilations, conv.pad_below
+    if filt[0] != data[1]:
+        raise _fail("parameters.filter_shape", f"{list(filt)} takes {filt[0]} input channels, the input has {data[1]}")
+    if filt[2] != filt[3]:
+        raise _fail("parameters.filter_shape", f"a {filt[2]}x{filt[3]} kernel: NNFusion's ConvTranspose takes square "
+                    "kernels only (generic_op_define/ConvTranspose.cpp)")
+    if dilations != (1, 1):
+        raise _fail("parameters.window_dilation_strides", f"{list(dilations)}: kdb's ConvTranspose kernels dilate not")
+    want = (data[0], filt[1], *((i - 1) * s + filt[2] - 2 * p for i, s, p in zip(data[2:], strides, pads, strict=True)))
+    if out != want:
+        raise _fail("parameters.output_shape", f"{list(out)}, expected {list(want)}")
+    return OpSignature(CONV_TRANSPOSE, (data, filt), (out,), ConvParams(strides, dilations, pads), dtype)
 
 
 def _resize(params: dict[str, Any], dtype: str) -> OpSignature:

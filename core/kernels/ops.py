@@ -74,18 +74,22 @@ CONCAT = "Concat"
 # network with one compiles only with a row. The identifier is the input's shape, the scales' ([4]) and the output's:
 # no mode, which the row's Attributes keep (coverage names a row made for another: WRONG NUMBERS)
 RESIZE = "Resize"
+# An ONNX ConvTranspose (group 1, a square kernel: what NNFusion's importer takes), its bias an Add after: NNFusion
+# has no CUDA kernel of its own either. Its identifier is the input, the filter ([Cin, Cout, kh, kw], ONNX's) and the
+# output, no stride or padding, which the row's Attributes keep
+CONV_TRANSPOSE = "ConvTranspose"
 RESIZE_MODES = ("nearest", "linear")
 RESIZE_COORDINATES = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric")
 RESIZE_ROUNDING = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 ROW_OP_TYPE: dict[str, str] = {BATCH_MATMUL: "Dot", SOFTMAX: "Dot", SUM: "Dot", DEPTHWISE: "Dot", CONCAT: "Dot",
-                               RESIZE: "Dot"}
+                               RESIZE: "Dot", CONV_TRANSPOSE: "Dot"}
 # Inputs NNFusion passes that an op's kernel may leave out of its own parameters (TVM drops a tensor its computation
 # never reads: a Resize's scales); the row's signature lists them all the same
 UNREAD_INPUTS: dict[str, tuple[str, ...]] = {RESIZE: ("input1",)}
 
 # Op types the injection pipeline can turn into rows (Matched_Pattern has no kernel-JSON form).
-INJECTABLE_OP_TYPES: tuple[str, ...] = (*CONV_FAMILY, DEPTHWISE, "Dot", BATCH_MATMUL, *POOLS, SOFTMAX, SUM, CONCAT,
-                                        RESIZE, *ELEMENTWISE_ARITY)
+INJECTABLE_OP_TYPES: tuple[str, ...] = (*CONV_FAMILY, DEPTHWISE, CONV_TRANSPOSE, "Dot", BATCH_MATMUL, *POOLS, SOFTMAX,
+                                        SUM, CONCAT, RESIZE, *ELEMENTWISE_ARITY)
 # Matrix products (the tensor cores' ops; a TF32 run's)
 MATRIX_OP_TYPES = (*CONV_FAMILY, "Dot", BATCH_MATMUL)
 
@@ -197,7 +201,7 @@ def parameter_order(op_type: str, inputs: int | None = None) -> ParameterOrder:
     """`inputs`: how many inputs the op has, for an op that takes any number (a Concat)."""
     if op_type == "Fused_Convolution_Add_Relu":
         return ParameterOrder(("input0", "input1", "output0", "input2"))
-    if op_type in (*MATRIX_OP_TYPES, DEPTHWISE, RESIZE):  # (a Resize's input1: its scales, which it need not read)
+    if op_type in (*MATRIX_OP_TYPES, DEPTHWISE, CONV_TRANSPOSE, RESIZE):  # (a Resize's input1: its unread scales)
         return ParameterOrder(("input0", "input1", "output0"))
     if op_type in (*POOLS, SOFTMAX, SUM):
         return ParameterOrder(("input0", "output0"))

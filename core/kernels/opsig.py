@@ -21,6 +21,7 @@ from typing import Any
 from core.errors import InputError
 from core.kernels.ops import (
     CONV_FAMILY,
+    CONV_TRANSPOSE,
     DEPTHWISE,
     ELEMENTWISE_ARITY,
     POOLS,
@@ -210,7 +211,7 @@ def signature_from_attributes(op_type: str, attrs: Any) -> OpSignature:
     if not isinstance(raw, dict):
         raise InputError("parameters is not a JSON object", where="Attributes")
     params: Params = None
-    if op_type in (*CONV_FAMILY, DEPTHWISE):
+    if op_type in (*CONV_FAMILY, DEPTHWISE, CONV_TRANSPOSE):
         params = ConvParams(
             _int_tuple(raw, "window_movement_strides"),
             _int_tuple(raw, "window_dilation_strides"),

@@ -33,6 +33,7 @@ from core.kernels.ops import (
     BATCH_MATMUL,
     BLOCK_TAG,
     CONV_FAMILY,
+    CONV_TRANSPOSE,
     DEFAULT_PRODUCT,
     DEPTHWISE,
     DEVICE_TYPE,
@@ -130,9 +131,10 @@ GROUPED_ABORT = "nothing: the compiler aborts at import"
 # What an op's identifier does not say and its row's Attributes keep (its shapes alone are the identifier)
 _UNSAID = {DEPTHWISE: (("window_movement_strides", "stride"), ("window_dilation_strides", "dilation"),
                        ("padding_below_diff", "padding")),
-           RESIZE: (("mode", "mode"), ("coordinate_transformation_mode", "coordinates"), ("nearest_mode", "rounding"))}
-RESIZE_NEEDS_ROW = ("nothing: NNFusion has no CUDA kernel of its own for a Resize, and kernel selection aborts ('No "
-                    "valid kernel found') without a row of it (`kdb codegen` makes one)")
+           RESIZE: (("mode", "mode"), ("coordinate_transformation_mode", "coordinates"), ("nearest_mode", "rounding")),
+           CONV_TRANSPOSE: (("window_movement_strides", "stride"), ("padding_below_diff", "padding"))}
+NEEDS_ROW = ("nothing: NNFusion has no CUDA kernel of its own for a {}, and kernel selection aborts ('No valid kernel "
+             "found') without a row of it (`kdb codegen` makes one)")
 
 
 def _depthwise(config: OpConfig) -> bool:
@@ -211,8 +213,9 @@ class _Model:
         status = NOT_USED if kernels or any("DeviceType" in r for r in reasons) else MISSING
         if config.op_type == DEPTHWISE and config.dtype == "half":  # NNFusion's own kernel would run: no valid CUDA
             status, reasons = DOES_NOT_BUILD, (HALF_DEPTHWISE, *reasons)
-        if config.op_type == RESIZE:  # NNFusion has no kernel of its own to run
-            status, reasons, fallback = ABORTS, (RESIZE_NEEDS_ROW, *reasons), RESIZE_NEEDS_ROW
+        if config.op_type in (RESIZE, CONV_TRANSPOSE):  # NNFusion has no kernel of its own to run
+            needs = NEEDS_ROW.format(config.op_type)
+            status, reasons, fallback = ABORTS, (needs, *reasons), needs
         return CoverageEntry(config, count, identifier, kernels, status, fallback, fallback, None, (*extra, *reasons),
                              fused_away)
 

@@ -301,17 +301,40 @@ def constant_values(graph: Any, name: str) -> list[float] | None:
     return None
 
 
-_NO_KERNEL_NO_ROW = ("NNFusion imports Resize but has no CUDA kernel for it: kernel selection aborts ('No valid kernel "
+def conv_transpose_unserved(node: Any, attrs: dict[str, Any], shapes: Shapes) -> str:
+    """Why kdb makes no row for this ONNX ConvTranspose ('' when it makes one); NNFusion's importer takes group 1 and
+    its op a square kernel (op/conv_trans.cpp, generic_op_define/ConvTranspose.cpp), and its output shape leaves
+    output_padding out."""
+    data, filt, out = (shapes.get(t) for t in (node.input[0], node.input[1], node.output[0]))
+    if data is None or filt is None or out is None or len(data) != 4 or len(filt) != 4:
+        return "not a 2-D ConvTranspose of known shapes"
+    pads = list(attrs.get("pads", [0, 0, 0, 0]))
+    if int(attrs.get("group", 1)) != 1:
+        return f"group {attrs.get('group')}: NNFusion's importer takes group 1 only (a CHECK fails)"
+    if filt[2] != filt[3]:
+        return f"a {filt[2]}x{filt[3]} kernel: NNFusion's ConvTranspose takes square ones only (a CHECK fails)"
+    if any(v != 1 for v in attrs.get("dilations", [1, 1])):
+        return f"dilations {list(attrs['dilations'])}: kdb's ConvTranspose kernels dilate not"
+    if pads[:2] != pads[2:]:
+        return f"pads {pads}: kdb's ConvTranspose kernels pad each side alike"
+    if any(attrs.get("output_padding", [0, 0])) or "output_shape" in attrs or attrs.get("auto_pad", b"NOTSET") not in (
+            b"NOTSET", "NOTSET"):
+        return ("output_padding, output_shape or auto_pad: NNFusion's output shape is (in - 1) * stride + k - 2 * pad, "
+                "which they change")
+    return ""
+
+
+_NO_KERNEL_NO_ROW = ("NNFusion imports {} but has no CUDA kernel for it: kernel selection aborts ('No valid kernel "
                      "found') unless the DB has a row of it, and kdb makes none for this one: ")
 
 # Seen with the compiler (tests/test_nnfusion_import.py); each check says why the node cannot compile, '' when it can.
-# (A Resize's check needs the model's constants: import_faults makes it.)
+# (A Resize's and a ConvTranspose's checks ask whether kdb makes its row: import_faults makes them.)
 BLOCKERS: dict[str, Callable[[Any, dict[str, Any], Shapes], str]] = {
     "Flatten": _flatten, "Gemm": _gemm, "Unsqueeze": _unsqueeze, "Dropout": _dropout, "Conv": _conv,
     "AveragePool": _average_pool, "Pad": _pad, "Split": _split, "Softmax": _softmax,
     "GRU": _crashes("GRU: the importer aborts in its translator (a protobuf CHECK on the node's inputs)"),
     "Upsample": _crashes("Upsample: the importer crashes on it (segmentation fault); export Resize instead"),
-    "ConvTranspose": _no_cuda_kernel, "LSTM": _no_cuda_kernel,
+    "LSTM": _no_cuda_kernel,
 }
 
 
@@ -342,10 +365,13 @@ def import_faults(model: Any) -> tuple[list[Blocker], list[ShapeWarning]]:
             scales = constant_values(model.graph, node.input[2]) if len(node.input) > 2 and node.input[2] else None
             mode = resize_attributes(_attributes(node))["mode"]
             why = resize_unserved(node, _attributes(node), shapes, scales, node.input[0] in floats)
-            reason = (_NO_KERNEL_NO_ROW + why if why else "") if mode in ("nearest", "linear") else (
+            reason = (_NO_KERNEL_NO_ROW.format("Resize") + why if why else "") if mode in ("nearest", "linear") else (
                 f"Resize of mode {mode}: NNFusion's importer translates nearest and linear only, and makes no node of "
                 "it (op/resize.cpp returns none; seen with the compiler: it compiles, without the Resize): the "
                 "compiled network is not the model's")
+        if not reason and node.op_type == "ConvTranspose" and node.domain in ("", "ai.onnx"):
+            why = conv_transpose_unserved(node, _attributes(node), shapes)
+            reason = _NO_KERNEL_NO_ROW.format("ConvTranspose") + why if why else ""
         if reason:
             found.append(Blocker(name, node.op_type, reason))
     blocked = {b.node for b in found}

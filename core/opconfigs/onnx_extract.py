@@ -71,6 +71,7 @@ from core.errors import InputError
 from core.kernels.ops import (
     BATCH_MATMUL,
     CONCAT,
+    CONV_TRANSPOSE,
     DEPTHWISE,
     ELEMENTWISE_ARITY,
     ELEMENTWISE_NO_ROW,
@@ -96,6 +97,7 @@ from core.opconfigs.fusion import (
 from core.opconfigs.nnfusion_import import (
     Blocker,
     constant_values,
+    conv_transpose_unserved,
     depthwise_padding_ok,
     grouped_conv_reason,
     import_faults,
@@ -443,6 +445,8 @@ class _Extractor:
             self._concat(i, node)
         elif op == "Resize":
             self._resize(i, node)
+        elif op == "ConvTranspose":
+            self._conv_transpose(i, node)
         elif op in ONNX_NO_ROW:
             raise _NotMapped(f"NNFusion's {ONNX_NO_ROW[op]}: {ELEMENTWISE_NO_ROW[ONNX_NO_ROW[op]]}")
         elif op in UNSERVED_LOOKUPS:
@@ -807,6 +811,25 @@ class _Extractor:
         self._emit(OpConfig(CONCAT, {"input_shapes": shapes, "output_shape": out}, 1, dtype, source=self.names[i]),
                    [i])
 
+    def _conv_transpose(self, i: int, node: Any) -> None:
+        """An ONNX ConvTranspose (frontend/onnx_import/op/conv_trans.cpp): NNFusion has no CUDA kernel of its own for
+        it, so the network compiles only with its row; its bias is an Add after (attach_bias_gnode, "<node>/bias").
+        One kdb makes no row for is a blocker too (nnfusion_import.conv_transpose_unserved says why)."""
+        x, w, y = node.input[0], node.input[1], node.output[0]
+        bias = node.input[2] if len(node.input) > 2 else ""
+        shapes = {t: self.t.shape(t) for t in (x, w, y)}
+        dtype = self.t.dtype([x, w, bias, y])
+        attrs = _attrs(node)
+        if why := conv_transpose_unserved(node, attrs, shapes):
+            raise _NotMapped(why)
+        pads = list(attrs.get("pads", [0, 0, 0, 0]))[:2]
+        params = {"input_shape": shapes[x], "filter_shape": shapes[w], "output_shape": shapes[y],
+                  "window_movement_strides": list(attrs.get("strides", [1, 1])), "window_dilation_strides": [1, 1],
+                  "padding_below_diff": pads}
+        self._emit(OpConfig(CONV_TRANSPOSE, params, 1, dtype, source=self.names[i]), [i])
+        if bias:
+            self._emit_elementwise("Add", [shapes[y], shapes[y]], shapes[y], dtype, f"{self.names[i]}/bias")
+
     def _resize(self, i: int, node: Any) -> None:
         """An ONNX Resize (frontend/onnx_import/op/resize.cpp: its input and scales): NNFusion has no CUDA kernel of
         its own for it, so the network compiles only with its row; one kdb makes no row for is a blocker too
@@ -923,7 +946,7 @@ class _CompilerGraph:
             self._add(GraphNode(name, SOURCE), outs)
         elif op in ("Identity", "Dropout") and known:
             self.producer[outs[0]] = known[0]  # no node of its own in an inference graph
-        elif op == "Conv" and len(known) == len([t for t in node.input if t]) >= 2:
+        elif op in ("Conv", "ConvTranspose") and len(known) == len([t for t in node.input if t]) >= 2:
             self._conv(name, node, known, out_shape)
         elif op == "Gemm" and len(known) == len([t for t in node.input if t]) >= 2:
             self._gemm(name, node, known, out_shape)

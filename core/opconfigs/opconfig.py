@@ -15,6 +15,8 @@ Line format (the Rammer artifact's, extended the same way for the other ops):
         NNFusion's Softmax over the last axis (attention's scores, a classifier's logits)
     cudnn_reduce_sum_op_float|i+1_128_768|o+1_128
         NNFusion's Sum (a ReduceMean's, a LayerNorm's): the reduced axes dropped, told by the shapes alone
+    cudnn_conv_transpose_op_float|i+1_256_28_28|w+256_128_2_2|o+1_128_56_56|ws+2_2|wd+1_1|p+0_0
+        an ONNX ConvTranspose (group 1, square kernel; its bias an Add of its own): the filter as ONNX lays it out
     cudnn_depthwise_conv2d_op_float|i+1_32_56_56|w+3_3_32_1|o+1_32_56_56|ws+1_1|wd+1_1|p+1_1
         NNFusion's DepthwiseConv2dNative (an ONNX Conv of group = channels): the filter as its importer transposes
         it, [kh, kw, C, 1]; the padding symmetric
@@ -46,6 +48,7 @@ from core.kernels.ops import (
     BATCH_MATMUL,
     CONCAT,
     CONV_FAMILY,
+    CONV_TRANSPOSE,
     DEPTHWISE,
     ELEMENTWISE_ARITY,
     MATRIX_OP_TYPES,
@@ -125,6 +128,8 @@ class OpConfig:
         if self.op_type in CONV_FAMILY:
             out, filt = p["output_shape"], p["filter_shape"]
             return 2 * math.prod(out) * math.prod(filt[1:])
+        if self.op_type == CONV_TRANSPOSE:  # each input element spread over a window of every output channel
+            return 2 * math.prod(p["input_shape"]) * math.prod(p["filter_shape"][1:])
         if self.op_type == DEPTHWISE:  # each output its own channel's window
             return 2 * math.prod(p["output_shape"]) * math.prod(p["filter_shape"][:2])
         if self.op_type in ("Dot", BATCH_MATMUL):
@@ -161,7 +166,7 @@ class OpConfig:
     def bytes_moved(self) -> int:
         """Every input and output tensor read or written once: the least traffic a kernel for it can have."""
         p = self.params
-        if self.op_type in (*CONV_FAMILY, DEPTHWISE):
+        if self.op_type in (*CONV_FAMILY, DEPTHWISE, CONV_TRANSPOSE):
             shapes = [p["input_shape"], p["filter_shape"], p["output_shape"]]
             shapes += [p["output_shape"]] if self.op_type == "Fused_Convolution_Add_Relu" else []
         elif self.op_type in ("Dot", BATCH_MATMUL):
@@ -190,7 +195,7 @@ class OpConfig:
 
     def _shapes_text(self) -> str:
         p = self.params
-        if self.op_type in (*CONV_FAMILY, DEPTHWISE):
+        if self.op_type in (*CONV_FAMILY, DEPTHWISE, CONV_TRANSPOSE):
             dilation = p.get("window_dilation_strides") or []
             text = (f"{self.op_type} in {_dims(p['input_shape'])} w {_dims(p['filter_shape'])} "
                     f"out {_dims(p['output_shape'])} s{_dims(p['window_movement_strides'])} "
@@ -297,8 +302,8 @@ def parse_line(line: str, where: str = "") -> OpConfig:
 
     kind, dtype = _split_prefix(prefix, where)
     groups = 1
-    if kind.endswith("depthwise_conv2d"):
-        op_type = DEPTHWISE
+    if kind.endswith(("depthwise_conv2d", "conv_transpose")):
+        op_type = DEPTHWISE if kind.endswith("depthwise_conv2d") else CONV_TRANSPOSE
         params = {key: _shape(one(field), where) for field, key in _CONV_FIELDS}
     elif kind.endswith("convolution"):
         fuse = values.get("fuse", ["none"])[0]
@@ -380,8 +385,8 @@ def format_line(config: OpConfig) -> str:
     def dims(values: list[int]) -> str:
         return "_".join(str(v) for v in values)
 
-    if op in (*CONV_FAMILY, DEPTHWISE):
-        kind = "depthwise_conv2d" if op == DEPTHWISE else "convolution"
+    if op in (*CONV_FAMILY, DEPTHWISE, CONV_TRANSPOSE):
+        kind = {DEPTHWISE: "depthwise_conv2d", CONV_TRANSPOSE: "conv_transpose"}.get(op, "convolution")
         prefix, default = f"cudnn_{kind}_op_{config.dtype}", tuple(field for field, _ in _CONV_FIELDS)
         fields = {field: dims(p[key]) for field, key in _CONV_FIELDS}
         if "padding_above_diff" in p:
