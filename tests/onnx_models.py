@@ -214,3 +214,18 @@ def node_outputs(g: GraphBuilder, op_type: str, inputs: list[str], count: int, n
     outputs = [f"{name}_out{i}" for i in range(count)]
     g.nodes.append(helper.make_node(op_type, inputs, outputs, name=name, **attrs))
     return outputs
+
+
+def onnx_runtime_one_node(op_type: str, x: np.ndarray, constants: dict[str, np.ndarray], inputs: list[str],
+                          **attrs: Any) -> np.ndarray:
+    """ONNX Runtime's output (CPU, opset 13) of one node on x: `inputs` names its inputs in order ("x" and the
+    `constants`' names); what kdb's references are checked against (the network's judge on the GPU)."""
+    import onnxruntime
+
+    node = helper.make_node(op_type, inputs, ["y"], **attrs)
+    graph = helper.make_graph([node], op_type.lower(), [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(v, k) for k, v in constants.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x})[0]

@@ -27,19 +27,14 @@ def line(data, filt, stride, pad, out, dtype="float") -> str:
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"k{c[1][2]}s{c[2]}p{c[3]}")
 def test_the_reference_is_onnx_runtimes_conv_transpose(case):
-    ort = pytest.importorskip("onnxruntime", reason="needs onnxruntime (the run extra) to compare with")
-    from onnx import TensorProto, helper, numpy_helper
+    pytest.importorskip("onnxruntime", reason="needs onnxruntime (the run extra) to compare with")
+    from onnx_models import onnx_runtime_one_node
 
     data, filt, stride, pad, out = case
     rng = np.random.default_rng(0)
     x, w = rng.standard_normal(data).astype(np.float32), rng.standard_normal(filt).astype(np.float32)
-    node = helper.make_node("ConvTranspose", ["x", "w"], ["y"], kernel_shape=list(filt[2:]), strides=[stride] * 2,
-                            pads=[pad] * 4)
-    graph = helper.make_graph([node], "ct", [helper.make_tensor_value_info("x", TensorProto.FLOAT, data)],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                              [numpy_helper.from_array(w, "w")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    (expected,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    expected = onnx_runtime_one_node("ConvTranspose", x, {"w": w}, ["x", "w"], kernel_shape=list(filt[2:]),
+                                     strides=[stride] * 2, pads=[pad] * 4)
     got = reference(parse_line(line(*case), "case"), [x, w])
     assert got.shape == expected.shape == out and np.abs(got - expected).max() <= 1e-5 * np.abs(expected).max()
 

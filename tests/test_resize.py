@@ -31,20 +31,15 @@ def line(mode: str, ctm: str, nm: str, shape: tuple[int, ...], out: tuple[int, i
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}-{c[2]}")
 def test_the_reference_is_onnx_runtimes_resize(case):
     """kdb's numpy reference (core/codegen/reference.py) against ONNX Runtime's Resize of the same node (opset 13)."""
-    ort = pytest.importorskip("onnxruntime", reason="needs onnxruntime (the run extra) to compare with")
-    from onnx import TensorProto, helper, numpy_helper
+    pytest.importorskip("onnxruntime", reason="needs onnxruntime (the run extra) to compare with")
+    from onnx_models import onnx_runtime_one_node
 
     mode, ctm, nm, shape, out = case
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     scales = np.array([1, 1, out[0] / shape[2], out[1] / shape[3]], np.float32)
-    node = helper.make_node("Resize", ["x", "roi", "scales"], ["y"], mode=mode, coordinate_transformation_mode=ctm,
-                            nearest_mode=nm)
-    graph = helper.make_graph([node], "resize", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                              [numpy_helper.from_array(np.array([], np.float32), "roi"),
-                               numpy_helper.from_array(scales, "scales")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    (expected,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    expected = onnx_runtime_one_node("Resize", x, {"roi": np.array([], np.float32), "scales": scales},
+                                     ["x", "roi", "scales"], mode=mode, coordinate_transformation_mode=ctm,
+                                     nearest_mode=nm)
     got = reference(parse_line(line(*case), "case"), [x, scales])
     assert got.shape == expected.shape and np.abs(got - expected).max() <= 1e-6
 
