@@ -82,3 +82,16 @@ def test_extraction_makes_the_conv_transpose_and_its_bias_add_and_blocks_what_it
     assert [n for c in ext.configs if c.op_type == "Add" for n in ext.nodes[c.key]] == [("up/bias",)]
     (blocker,) = ext.blockers
     assert blocker.node == "padded_out" and "output_padding" in blocker.reason and "no CUDA kernel" in blocker.reason
+
+
+def test_a_half_conv_transpose_is_judged_by_the_terms_each_output_sums():
+    """U-Net's Up in half: 256 input channels, a 2x2 window at stride 2 (one tap an output): 256 terms a sum, so the
+    half bound is about sqrt(256) times an element-wise op's, and the kernel lands within it."""
+    from core.codegen.generate import generate
+    from core.codegen.reference import reduction_length, tolerance_for
+
+    config = parse_line(line((1, 256, 7, 7), (256, 8, 2, 2), 2, 0, (1, 8, 14, 14), "half"), "case")
+    assert reduction_length(config) == 256
+    result = generate(config, "sm_90")
+    assert result.item is not None, result.error
+    assert result.max_rel_error is not None and result.max_rel_error <= tolerance_for(config)

@@ -33,6 +33,8 @@ TEMPLATES: dict[str, str] = {
     "Softmax": "cudnn_softmax_op_float|i+1_12_128_128|o+1_12_128_128",
     "Sum": "cudnn_reduce_sum_op_float|i+1_128_768|o+1_128",
     "Concat": "concat_op_float|i+1_8_16|i+1_8_8|o+1_8_24",
+    "Resize": "resize_op_float|i+1_256_28_28|o+1_256_56_56|mode+linear|ctm+align_corners|nm+floor",
+    "ConvTranspose": "cudnn_conv_transpose_op_float|i+1_256_28_28|w+256_128_2_2|o+1_128_56_56|ws+2_2|wd+1_1|p+0_0",
     "MaxPool": "cudnn_maxpool_op_float|i+1_64_112_112|o+1_64_56_56|win+3_3|ws+2_2|pb+1_1|pa+1_1",
     "AvgPool": "cudnn_avgpool_op_float|i+1_512_7_7|o+1_512_1_1|win+7_7|ws+7_7|pb+0_0|pa+0_0",
     "Relu": "elementwise_relu_op_float|i+1_64_56_56|o+1_64_56_56",
@@ -42,7 +44,8 @@ DEFAULT_TEMPLATE = TEMPLATES["Convolution"]
 
 FIELDS_HINT = ("convolution i+ w+ o+ ws+ wd+ p+ [pa+ g+ fuse+relu|add_relu] · depthwise the same, w+ as kh_kw_C_1 · "
                "dot a+ b+ o+ ta+ tb+ · batch matmul a+ b+ o+ · pools i+ o+ win+ ws+ pb+ pa+ · softmax (last axis) and "
-               "sum i+ o+ · concat and element-wise one i+ per input, o+ · shapes as 1_64_56_56")
+               "sum i+ o+ · concat and element-wise one i+ per input, o+ · resize i+ o+ mode+ ctm+ nm+ · conv "
+               "transpose as a convolution, w+ as Cin_Cout_k_k · shapes as 1_64_56_56")
 
 
 def check_line(line: str, taken: Mapping[str, int]) -> tuple[OpConfig | None, str]:

@@ -50,6 +50,12 @@ def reduction_length(config: OpConfig) -> int:
         return p["input_shape"][-1]
     if config.op_type == SUM:
         return math.prod(p["input_shape"]) // max(1, math.prod(p["output_shape"]))
+    if config.op_type == CONV_TRANSPOSE:  # input channels x the window's taps that land on one output
+        _, _, kh, kw = p["filter_shape"]
+        sh, sw = p["window_movement_strides"]
+        return p["filter_shape"][0] * -(-kh // sh) * -(-kw // sw)
+    if config.op_type == RESIZE:  # a linear one weighs four inputs
+        return 4 if p["mode"] == "linear" else 1
     return 1
 
 
