@@ -197,15 +197,17 @@ async def test_import_an_onnx_model_lists_unmapped_nodes(tmp_path: Path):
 
     g = GraphBuilder({"x": [1, 32, 8, 8]})
     y = g.node("Relu", [g.conv("x", 32, 32, 3, group=32, name="dw")], "relu1")
-    model = write(g.model(g.node("Concat", [y, "x"], "cat", axis=1), "dw_cat"), tmp_path / "dw.onnx")
+    # joined on the channels of a batch of 1, both inputs computed: laid out in place by NNFusion, no row
+    cat = g.node("Concat", [y, g.node("Sigmoid", ["x"], "gate")], "cat", axis=1)
+    model = write(g.model(cat, "dw_cat"), tmp_path / "dw.onnx")
     app = make_app(tmp_path / "k.db")
     async with app.run_test(size=(160, 45)) as pilot:
         screen = await open_view(pilot)
-        await import_path(pilot, screen, model, 2)
-        assert [c.op_type for c in screen.configs] == ["DepthwiseConv2dNative", "Relu"]
+        await import_path(pilot, screen, model, 3)
+        assert [c.op_type for c in screen.configs] == ["DepthwiseConv2dNative", "Relu", "Sigmoid"]
         assert screen.configs[1].source == "dw.onnx:relu1"
         report = text(screen, "#import-report")
-        assert "model dw_cat, 3 nodes -> 2 distinct op configs the compiler looks up (2 added)" in report
+        assert "model dw_cat, 4 nodes -> 3 distinct op configs the compiler looks up (3 added)" in report
         assert "1 node unmapped" in report
         assert "cat (Concat): every axis before the joined one (axis 1) has size 1" in report
 
