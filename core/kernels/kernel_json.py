@@ -35,14 +35,13 @@ from core.kernels.ops import (
     MATRIX_OP_TYPES,
     POOLS,
     RESIZE,
-    RESIZE_COORDINATES,
-    RESIZE_MODES,
-    RESIZE_ROUNDING,
+    RESIZE_SAMPLING,
     SOFTMAX,
     SUM,
     concat_axis,
     concat_in_place,
     dtype_problem,
+    resize_sampling_problem,
     sum_axes,
 )
 from core.kernels.opsig import ConvParams, DotParams, OpSignature, PoolParams, ResizeParams, Shape
@@ -527,10 +526,8 @@ def _resize(params: dict[str, Any], dtype: str) -> OpSignature:
     if out[:2] != data[:2]:
         raise _fail("parameters.output_shape", f"{list(out)} resizes the batch or the channels of {list(data)}: kdb "
                     "generates Resizes of the spatial axes")
-    for key, allowed in (("mode", RESIZE_MODES), ("coordinate_transformation_mode", RESIZE_COORDINATES),
-                         ("nearest_mode", RESIZE_ROUNDING)):
-        if params.get(key) not in allowed:
-            raise _fail(f"parameters.{key}", f"{_brief(params.get(key))}: one of {', '.join(allowed)}")
+    if key := resize_sampling_problem(params):
+        raise _fail(f"parameters.{key}", f"{_brief(params.get(key))}: one of {', '.join(RESIZE_SAMPLING[key])}")
     sampling = ResizeParams(*(params[k] for k in ResizeParams.__slots__))
     return OpSignature(RESIZE, (data, (4,)), (out,), sampling, dtype)
 

@@ -78,9 +78,12 @@ RESIZE = "Resize"
 # has no CUDA kernel of its own either. Its identifier is the input, the filter ([Cin, Cout, kh, kw], ONNX's) and the
 # output, no stride or padding, which the row's Attributes keep
 CONV_TRANSPOSE = "ConvTranspose"
-RESIZE_MODES = ("nearest", "linear")
-RESIZE_COORDINATES = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric")
-RESIZE_ROUNDING = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+# How a Resize samples (ONNX's attributes) -> the values kdb's rows take
+RESIZE_SAMPLING: dict[str, tuple[str, ...]] = {
+    "mode": ("nearest", "linear"),
+    "coordinate_transformation_mode": ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric"),
+    "nearest_mode": ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil"),
+}
 ROW_OP_TYPE: dict[str, str] = {BATCH_MATMUL: "Dot", SOFTMAX: "Dot", SUM: "Dot", DEPTHWISE: "Dot", CONCAT: "Dot",
                                RESIZE: "Dot", CONV_TRANSPOSE: "Dot"}
 # Inputs NNFusion passes that an op's kernel may leave out of its own parameters (TVM drops a tensor its computation
@@ -137,6 +140,11 @@ def concat_in_place(input_shapes: list[list[int]] | tuple[tuple[int, ...], ...],
     before the joined one has size 1, so each input is one contiguous piece of the output (its Concat emitter's
     is_memcpy, kernels/cuda_gpu/kernels/concat.cpp; inplace_tensor_analysis.cpp then lays the inputs out there)."""
     return all(s[d] == 1 for s in input_shapes for d in range(axis))
+
+
+def resize_sampling_problem(sampling: dict[str, object]) -> str:
+    """The first of a Resize's sampling attributes whose value kdb's rows do not take ('' when all are taken)."""
+    return next((key for key, allowed in RESIZE_SAMPLING.items() if sampling.get(key) not in allowed), "")
 
 
 def op_of_row(op_type_column: str, identifier: str) -> str:
@@ -205,9 +213,11 @@ def parameter_order(op_type: str, inputs: int | None = None) -> ParameterOrder:
         return ParameterOrder(("input0", "input1", "output0"))
     if op_type in (*POOLS, SOFTMAX, SUM):
         return ParameterOrder(("input0", "output0"))
-    if op_type in ELEMENTWISE_ARITY or (op_type == CONCAT and inputs):
-        n = ELEMENTWISE_ARITY.get(op_type) or inputs or 0
+    if op_type in ELEMENTWISE_ARITY:
+        n = ELEMENTWISE_ARITY[op_type]
         return ParameterOrder((*(f"input{i}" for i in range(n)), "output0"))
+    if op_type == CONCAT and inputs:
+        return ParameterOrder((*(f"input{i}" for i in range(inputs)), "output0"))
     raise ValueError(f"no parameter convention for op type {op_type!r}")
 
 

@@ -251,7 +251,7 @@ def resize_unserved(node: Any, attrs: dict[str, Any], shapes: Shapes, scales: li
     """Why kdb makes no row for this ONNX Resize ('' when it makes one). NNFusion's importer (op/resize.cpp) passes
     the input and its scales (input 2, a constant), and reads the mode only (nearest or linear): a row computes what
     the model says (ops.RESIZE_*)."""
-    from core.kernels.ops import RESIZE_COORDINATES, RESIZE_MODES, RESIZE_ROUNDING
+    from core.kernels.ops import RESIZE_SAMPLING, resize_sampling_problem
 
     if len(node.input) < 3 or not node.input[2]:
         return "no scales input (input 2): NNFusion's importer reads its scales there"
@@ -260,10 +260,8 @@ def resize_unserved(node: Any, attrs: dict[str, Any], shapes: Shapes, scales: li
     if scales is None:
         return "its scales are no constant (NNFusion takes only a constant)"
     said = resize_attributes(attrs)
-    for key, allowed in (("mode", RESIZE_MODES), ("coordinate_transformation_mode", RESIZE_COORDINATES),
-                         ("nearest_mode", RESIZE_ROUNDING)):
-        if said[key] not in allowed:
-            return f"{key} {said[key]}: kdb's rows take {', '.join(allowed)}"
+    if key := resize_sampling_problem(said):
+        return f"{key} {said[key]}: kdb's rows take {', '.join(RESIZE_SAMPLING[key])}"
     data, out = shapes.get(node.input[0]), shapes.get(node.output[0])
     if data is None or out is None or len(data) != 4 or len(out) != 4 or len(scales) != 4:
         return "not a 4-D input of known shape with 4 scales: kdb's rows resize NCHW tensors"
@@ -327,14 +325,34 @@ def conv_transpose_unserved(node: Any, attrs: dict[str, Any], shapes: Shapes) ->
 _NO_KERNEL_NO_ROW = ("NNFusion imports {} but has no CUDA kernel for it: kernel selection aborts ('No valid kernel "
                      "found') unless the DB has a row of it, and kdb makes none for this one: ")
 
+
+def _conv_transpose(node: Any, attrs: dict[str, Any], shapes: Shapes) -> str:
+    why = conv_transpose_unserved(node, attrs, shapes)
+    return _NO_KERNEL_NO_ROW.format("ConvTranspose") + why if why else ""
+
+
+def _resize(node: Any, graph: Any, shapes: Shapes, floats: set[str]) -> str:
+    """A Resize's blocker ('' where kdb makes its row): its check reads the model's constants, so import_faults makes
+    it beside BLOCKERS' checks."""
+    attrs = _attributes(node)
+    mode = resize_attributes(attrs)["mode"]
+    if mode not in ("nearest", "linear"):
+        return (f"Resize of mode {mode}: NNFusion's importer translates nearest and linear only, and makes no node of "
+                "it (op/resize.cpp returns none; seen with the compiler: it compiles, without the Resize): the "
+                "compiled network is not the model's")
+    scales = constant_values(graph, node.input[2]) if len(node.input) > 2 and node.input[2] else None
+    why = resize_unserved(node, attrs, shapes, scales, node.input[0] in floats)
+    return _NO_KERNEL_NO_ROW.format("Resize") + why if why else ""
+
+
 # Seen with the compiler (tests/test_nnfusion_import.py); each check says why the node cannot compile, '' when it can.
-# (A Resize's and a ConvTranspose's checks ask whether kdb makes its row: import_faults makes them.)
+# (A Resize's check reads the model's constants: import_faults makes it, _resize.)
 BLOCKERS: dict[str, Callable[[Any, dict[str, Any], Shapes], str]] = {
     "Flatten": _flatten, "Gemm": _gemm, "Unsqueeze": _unsqueeze, "Dropout": _dropout, "Conv": _conv,
     "AveragePool": _average_pool, "Pad": _pad, "Split": _split, "Softmax": _softmax,
     "GRU": _crashes("GRU: the importer aborts in its translator (a protobuf CHECK on the node's inputs)"),
     "Upsample": _crashes("Upsample: the importer crashes on it (segmentation fault); export Resize instead"),
-    "LSTM": _no_cuda_kernel,
+    "LSTM": _no_cuda_kernel, "ConvTranspose": _conv_transpose,
 }
 
 
@@ -362,16 +380,7 @@ def import_faults(model: Any) -> tuple[list[Blocker], list[ShapeWarning]]:
         name = node.name or f"{node.op_type}#{i}"
         reason = _blocker(node, opsets, shapes)
         if not reason and node.op_type == "Resize" and node.domain in ("", "ai.onnx"):
-            scales = constant_values(model.graph, node.input[2]) if len(node.input) > 2 and node.input[2] else None
-            mode = resize_attributes(_attributes(node))["mode"]
-            why = resize_unserved(node, _attributes(node), shapes, scales, node.input[0] in floats)
-            reason = (_NO_KERNEL_NO_ROW.format("Resize") + why if why else "") if mode in ("nearest", "linear") else (
-                f"Resize of mode {mode}: NNFusion's importer translates nearest and linear only, and makes no node of "
-                "it (op/resize.cpp returns none; seen with the compiler: it compiles, without the Resize): the "
-                "compiled network is not the model's")
-        if not reason and node.op_type == "ConvTranspose" and node.domain in ("", "ai.onnx"):
-            why = conv_transpose_unserved(node, _attributes(node), shapes)
-            reason = _NO_KERNEL_NO_ROW.format("ConvTranspose") + why if why else ""
+            reason = _resize(node, model.graph, shapes, floats)
         if reason:
             found.append(Blocker(name, node.op_type, reason))
     blocked = {b.node for b in found}
