@@ -65,14 +65,14 @@ case "${1:-}" in
     python3 -c 'import sqlite3; sqlite3.connect("/tmp/db/empty.db").close()'
     cp /tmp/db/empty.db /tmp/db/dense-aa.db; cp $N/dense.onnx $N/dense-aa.onnx
     T=80 run dense-aa ;;  # A/A: the empty DB against the empty DB
-  d)  # the least: depthwise numbers against ONNX Runtime, BatchMatMul tensor-core rows, the gathered patches' speed
-    T=80 run mnv2
-    for b in bmm16 val; do
-      timeout 90 python3 bench/bench_tensorcore.py rows $D/$b.json --out /tmp/o/$b > $OUT/$b.log 2>&1
+  d|rows)  # the least: depthwise numbers against ONNX Runtime, BatchMatMul tensor-core rows, the gathered patches' speed
+    [ "$1" = d ] && T=80 run mnv2
+    for b in ${ROWS:-bmm16 val}; do
+      timeout 150 python3 bench/bench_tensorcore.py rows $D/$b.json --out /tmp/o/$b > $OUT/$b.log 2>&1
       echo "== $b rows: exit $?"; grep -v "^  FAILED" $OUT/$b.log | tail -40; grep -c FAILED $OUT/$b.log
       grep FAILED $OUT/$b.log | head -5; cp /tmp/o/$b/*.json $OUT/ 2>/dev/null
     done ;;
-  b) for n in gpt16; do run $n; done; for n in ${NETS:-bert216 gru}; do never $n; done ;;
-  c) for n in unetb unet towers vit dense se tcn gpt; do run $n; done ;;  # Resize, ConvTranspose, Concat rows first
-  *) echo "usage: $0 a|b"; exit 2 ;;
+  b) for n in ${NETS:-bert216 gru}; do never $n; done ;;
+  c) for n in ${NETS:-unetb unet towers vit dense se tcn gpt}; do run $n; done ;;  # Resize, ConvTranspose, Concat rows first
+  *) echo "usage: $0 a|b|c|d|rows (ROWS=, NETS= pick)"; exit 2 ;;
 esac
