@@ -6,18 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 K=".venv/bin/python -m console.entry"
 D=.devrun/s23
-mkdir -p /tmp/s23/onnx
-.venv/bin/python - <<'PY'
-import sys; sys.path.insert(0, "tests")
-import onnx, zoo
-for name, model in (("bert2", zoo.bert_encoder()), ("gpt", zoo.gpt_decoder()), ("vit", zoo.attention_bmm()),
-                    ("gru", zoo.gru()), ("dense", zoo.densenet_block()), ("se", zoo.se_block()),
-                    ("tcn", zoo.tcn()), ("mnv2", zoo.mobilenet_v2()), ("convnext", zoo.convnext_block()),
-                    ("towers", zoo.two_towers()), ("unetb", zoo.unet_decoder(bilinear=True)),
-                    ("unet", zoo.unet_decoder())):
-    model.ir_version = min(model.ir_version, 10)
-    onnx.save(model, f"/tmp/s23/onnx/{name}.onnx")
-PY
+.venv/bin/python bench/zoo_onnx.py /tmp/s23/onnx bert2 gpt vit gru dense se tcn mnv2 convnext towers unetb unet
 for n in bert2 gpt; do $K model fp16 /tmp/s23/onnx/$n.onnx /tmp/s23/onnx/${n}16.onnx; done
 for n in ${NETS:-bert216 gpt16 gpt vit gru dense se tcn towers unetb unet}; do
   export KDB_STATE_DIR=/tmp/s23/$n KDB_CONFIG=/tmp/s23/$n/settings.toml

@@ -3,30 +3,13 @@
 # wheels), .device/s23w (sqlmodel, sqlalchemy, pydantic for cp312: the state file's), .netrun/carry (the compiler,
 # onnxconverter-common) and .devrun. Call: bash bench/device_run.sh a|b|c|d (see the case below); $OUT gets the logs.
 set -uo pipefail
-site=/tmp/kdb-device/site
-if [ ! -f /tmp/kdb-device/env.sh ]; then
-  mkdir -p $site
-  python3 -m pip install -q --no-index --no-deps --no-compile --target $site .device/n/wheels/*.whl .device/s23w/*.whl \
-    .netrun/carry/whl/*.whl || exit 3
-  echo "export PYTHONPATH=$site:\$PWD\${PYTHONPATH:+:\$PYTHONPATH}" > /tmp/kdb-device/env.sh
-fi
-. /tmp/kdb-device/env.sh
-export PYTHONUNBUFFERED=1 KDB_STATE_DIR=/tmp/kdb-st
+. bench/device_env.sh
+export KDB_STATE_DIR=/tmp/kdb-st
 nnf=$PWD/.netrun/carry/nnfusion/bin/nnfusion
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 D=.devrun/s23; N=/tmp/net; mkdir -p $N
-if [ ! -f $N/unet.onnx ]; then
-python3 - <<'PY'
-import sys; sys.path.insert(0, "tests")
-import onnx, zoo
-for name, model in (("bert2", zoo.bert_encoder()), ("gpt", zoo.gpt_decoder()), ("vit", zoo.attention_bmm()),
-                    ("gru", zoo.gru()), ("dense", zoo.densenet_block()), ("se", zoo.se_block()),
-                    ("tcn", zoo.tcn()), ("mnv2", zoo.mobilenet_v2()), ("convnext", zoo.convnext_block()),
-                    ("towers", zoo.two_towers()), ("unetb", zoo.unet_decoder(bilinear=True)),
-                    ("unet", zoo.unet_decoder())):
-    model.ir_version = min(model.ir_version, 10)
-    onnx.save(model, f"/tmp/net/{name}.onnx")
-PY
+if [ ! -f $N/bert216.onnx ]; then
+  python3 bench/zoo_onnx.py $N bert2 gpt vit gru dense se tcn mnv2 convnext towers unetb unet || exit 3
   for n in bert2 gpt; do python3 -m console.entry model fp16 $N/$n.onnx $N/${n}16.onnx > /dev/null; done
 fi
 mkdir -p /tmp/db; for f in $D/*.db; do [ -f /tmp/db/$(basename $f) ] || cp $f /tmp/db/; done

@@ -17,20 +17,12 @@
 # `kdb model fp16`, run with the DB (`kdb nnfusion --run`: against ONNX Runtime, next to the empty DB), then each op
 # timed alone (--op-times), the rows the library beats left to it, and run again. $OUT: the logs and JSON.
 set -uo pipefail
-models() {  # DIR: the networks as tests/zoo.py builds them
-  python3 - "$1" <<'PY'
-import sys; sys.path.insert(0, "tests")
-import onnx, zoo
-for name, model in (("resnet50", zoo.resnet50(blocks=(3, 4, 6, 3))), ("bert2", zoo.bert_encoder()),
-                    ("bert12", zoo.bert_encoder(layers=12)), ("mnv2", zoo.mobilenet_v2(max_repeats=4))):
-    model.ir_version = min(model.ir_version, 10)
-    onnx.save(model, f"{sys.argv[1]}/{name}.onnx")
-PY
-}
+NETS="resnet50full bert2 bert12 mnv2full"  # (bench/zoo_onnx.py: full ResNet-50, full MobileNetV2)
+onnx_of() { case $1 in resnet50|mnv2) echo $1full ;; *) echo $1 ;; esac; }  # a DB's name -> its network's
 if [ "${1:-}" = prep ]; then  # on the CPU: kdb's README commands, the DBs the device calls carry
   cd "$(dirname "$0")/.." || exit 1
   K=".venv/bin/python -m console.entry"; w=/tmp/tc-prep; mkdir -p $w
-  PATH=$PWD/.venv/bin:$PATH models $w
+  .venv/bin/python bench/zoo_onnx.py $w $NETS || exit 3
   for net in resnet50 bert2 mnv2; do
     for math in fp16 tf32; do
       [ $net = mnv2 ] && [ $math = tf32 ] && continue
@@ -38,7 +30,7 @@ if [ "${1:-}" = prep ]; then  # on the CPU: kdb's README commands, the DBs the d
       export KDB_STATE_DIR=$w/$db KDB_CONFIG=$w/$db/settings.toml
       rm -rf $w/$db .netrun/carry/$db.db*; mkdir -p $w/$db
       $K settings archs=sm_90 "nnfusion_path=${NNFUSION:-../shared/nnfusion/bin/nnfusion}" > /dev/null
-      model=$w/$net.onnx
+      model=$w/$(onnx_of $net).onnx
       if [ $math = fp16 ]; then $K model fp16 $model $w/${net}16.onnx > /dev/null; model=$w/${net}16.onnx; fi
       $K opconfig extract $model -o $w/$db/ops.txt > $w/$db/extract.log 2>&1
       start=$SECONDS
@@ -53,22 +45,12 @@ if [ "${1:-}" = prep ]; then  # on the CPU: kdb's README commands, the DBs the d
     > $w/tf32-sample.log 2>&1; echo "tf32 samples: exit $?"; tail -1 $w/tf32-sample.log
   exit 0
 fi
-site=/tmp/kdb-device/site
-if [ ! -f /tmp/kdb-device/env.sh ]; then
-  mkdir -p $site
-  python3 -m pip install -q --no-index --no-deps --no-compile --target $site .device/n/wheels/*.whl .device/s23w/*.whl \
-    .netrun/carry/whl/*.whl || exit 3
-  echo "export PYTHONPATH=$site:\$PWD\${PYTHONPATH:+:\$PYTHONPATH}" > /tmp/kdb-device/env.sh
-fi
-# shellcheck disable=SC1091
-. /tmp/kdb-device/env.sh
-export PYTHONUNBUFFERED=1
+. bench/device_env.sh
 nnf=$PWD/.netrun/carry/nnfusion/bin/nnfusion
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-mkdir -p /tmp/net
-[ -f /tmp/net/mnv2.onnx ] || models /tmp/net
+python3 bench/zoo_onnx.py /tmp/net $NETS || exit 3
 network() {  # NAME [DB [--fp16]]: the zoo run of one network with its DB from .netrun/carry, leave-to-library
-  db=${2:-$1}
+  db=${2:-$1}; set -- "$(onnx_of "$1")" "${@:2}"
   timeout "${NET_TIMEOUT:-540}" python3 bench/bench_zoo_run.py --nnfusion "$nnf" --out /tmp/zoo-$db --jobs 1 \
     --product "$gpu" ${3:-} --leave-to-library --nets --model "$1" /tmp/net/$1.onnx .netrun/carry/$db.db \
     > $OUT/$db.out 2>&1
@@ -92,7 +74,7 @@ case "${1:-}" in
     network bert2 bert2-tf32 ;;
   neverslower)  # issue 39: each op timed alone proposes, the network decides (--run --never-slower); NET=bert2|resnet50
     net=${NET:-bert2}
-    python3 -m console.entry model fp16 /tmp/net/$net.onnx /tmp/net/${net}16.onnx > $OUT/ns-$net.log 2>&1
+    python3 -m console.entry model fp16 /tmp/net/$(onnx_of $net).onnx /tmp/net/${net}16.onnx > $OUT/ns-$net.log 2>&1
     cp .netrun/carry/$net.db /tmp/ns-$net.db
     common=(--db /tmp/ns-$net.db --nnfusion "$nnf" --product-name "$gpu")
     timeout 240 python3 -m console.entry nnfusion /tmp/net/${net}16.onnx "${common[@]}" --op-times /tmp/ns-$net.json \
