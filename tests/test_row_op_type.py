@@ -265,6 +265,35 @@ def test_a_gather_row_under_op_type_dot_is_used_though_kdb_makes_none(tmp_path: 
     assert "would be used" in reason and "int64_t" in reason
 
 
+@pytest.mark.parametrize("op, identifier, params", [
+    ("Pad", "Pad1,4,6,6;;1,4,8,8floatfloatfloat", "float* input0, float* input1, float* output0"),
+    ("Transpose", "Reshape1,4,8,8;1,8,8,4floatfloat", "float* input0, float* output0"),
+])
+def test_a_pad_or_transpose_row_under_op_type_dot_is_used_and_kdb_says_why_it_makes_none(
+        tmp_path: Path, op: str, identifier: str, params: str):
+    """NNFusion fetches a Pad (its pad value a second, scalar input) and a Transpose (a Reshape with an input order) by
+    their shapes alone, and a row of either under OpType Dot is used: for every node of those shapes, however padded or
+    ordered. Extraction says so, rather than "no kernel-DB op type"."""
+    import numpy as np
+
+    from core.opconfigs.onnx_extract import extract
+
+    g = GraphBuilder({"x": [1, 4, 6, 6] if op == "Pad" else [1, 4, 8, 8]})
+    if op == "Pad":
+        y = g.node("Pad", ["x", g.constant("pads", np.array([0, 0, 1, 1, 0, 0, 1, 1], dtype=np.int64))], "pad",
+                   mode="constant")  # (written out: without it the importer crashes)
+    else:
+        y = g.node("Transpose", ["x"], "tr", perm=[0, 2, 3, 1])
+    model = write(g.model(g.node("Exp", [y], "out"), op.lower()), tmp_path / "m.onnx")
+    body = "\n  output0[threadIdx.x] = 0.0f;  /* kdb-probe-layout */\n"
+    db = probe_db(tmp_path / "k.db", "Dot", identifier, body, params.replace("* ", "* __restrict__ "), 32)
+    log, code = compile_model(model, db, tmp_path / "out")
+    assert f"Trying to fetch kernel {identifier} on DeviceType: CUDA_GPU" in log
+    assert "kdb-probe-layout" in code
+    (reason,) = [u.reason for u in extract(model).unmapped if u.op_type == op]
+    assert "would be used" in reason and "generate_identifier" in reason
+
+
 @pytest.mark.parametrize("half", [False, True], ids=["fp32", "fp16"])
 def test_kdb_serves_the_concats_nnfusion_copies_through_the_readme_commands(tmp_path: Path, half: bool):
     """A Concat on the last axis of [1, 8, *] (NNFusion copies it with a kernel) is extracted, generated, injected under

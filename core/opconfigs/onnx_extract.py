@@ -130,6 +130,16 @@ UNSERVED_LOOKUPS = {
                "(GatherV210,4;1,3;1,3,4floatint64_tfloat), and a row of it under OpType Dot would be used (seen with "
                "the compiler: tests/test_row_op_type.py); kdb makes none, since an op config has one element type for "
                "all its tensors and the indices are int64_t: NNFusion's own kernel runs"),
+    "Pad": ("NNFusion fetches it as Pad<input>;<pad value>;<output> (Pad1,4,6,6;;1,4,8,8floatfloatfloat), and a row of "
+            "it under OpType Dot would be used (seen with the compiler: tests/test_row_op_type.py); kdb makes none: "
+            "the identifier has no paddings (kernel_emitter.cpp's generate_identifier adds attributes for Convolution, "
+            "AvgPool and MaxPool only), so one row would serve every Pad of those shapes, however padded: NNFusion's "
+            "own kernel runs"),
+    "Transpose": ("NNFusion imports it as a Reshape with an input order and fetches Reshape<input>;<output> "
+                  "(Reshape1,4,8,8;1,8,8,4floatfloat), and a row of it under OpType Dot would be used (seen with the "
+                  "compiler: tests/test_row_op_type.py); kdb makes none: the identifier has no order "
+                  "(kernel_emitter.cpp's generate_identifier), so one row would serve every transpose of those shapes "
+                  "([0, 2, 3, 1] and [0, 3, 2, 1] alike): NNFusion's own kernel runs"),
 }
 CONTROL_FLOW = frozenset(["If", "Loop", "Scan"])
 # Layout ops NNFusion turns into a non-transposing Reshape, which its element-wise fusion takes in.
