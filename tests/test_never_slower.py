@@ -49,6 +49,20 @@ def test_a_change_is_kept_only_when_the_network_is_faster_in_every_round():
     assert put_back == [Path("undo-b"), Path("undo-c")]  # d was never tried
 
 
+def test_a_network_only_the_db_compiles_is_judged_on_its_own_times():
+    """With the empty DB's compile aborting (a Resize: no kernel of NNFusion's own) each round has the DB's time
+    alone; the rounds are then those times, not ratios over an empty DB that never ran."""
+    from core.gpu.network_run import NetworkRun, RunOptions
+    from core.gpu.never_slower import _rounds
+    from core.nnfusion.compile_job import CompileJob
+
+    run = NetworkRun(CompileJob(Path("m.onnx"), Path("k.db")), RunOptions(), Path("w"))
+    run.with_db.rounds = [{"median_ms": t} for t in (0.5, 0.6)]
+    assert _rounds(run) == [0.5, 0.6]
+    run.empty_db.rounds = [{"median_ms": t} for t in (1.0, 2.0)]
+    assert _rounds(run) == [0.5, 0.3]
+
+
 def test_never_slower_asks_for_run(tmp_path: Path):
     proc = run_kdb("nnfusion", "m.onnx", "--never-slower", "t.json", cwd=tmp_path)
     assert proc.returncode == 2 and "--never-slower: only with --run" in proc.stderr, proc.stderr

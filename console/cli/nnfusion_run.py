@@ -104,6 +104,8 @@ def _line(contender: Contender) -> str:
     build = contender.build
     if build is not None and build.ok:
         return f"{name} built in {build.seconds:.1f} s: {build.harness}"
+    if not contender.problem and contender.compile is not None and contender.compile.ok:
+        return f"{name} compiled, not built"
     return f"{name} {contender.problem or 'not reached'}"
 
 

@@ -46,7 +46,7 @@ from core.gpu.harness_run import (
     fresh_empty_db,
     run_harness,
 )
-from core.kernels.ops import FUSED_OP_TYPES
+from core.kernels.ops import FUSED_OP_TYPES, ROW_ONLY_OP_TYPES
 from core.nnfusion.build import build_network
 from core.nnfusion.compile_job import CompileJob, compile_and_read, model_coverage
 from core.nnfusion.compiler import find_compiler
@@ -227,10 +227,12 @@ def measure_library_times(job: CompileJob, options: HarnessOptions | None = None
 
 def served_ops(extraction: Extraction, entries: list[CoverageEntry]) -> tuple[list[OpTiming], int]:
     """(one OpTiming per identifier the compiler looks up and the DB serves, in model order; how many op configs are
-    left: not served by the DB). A fused conv whose pattern is not substituted runs the plain Convolution row: that
-    op is the plain convolution."""
+    left: not served by the DB, or served by a row NNFusion has no kernel of its own to put in its place: a Resize's,
+    a ConvTranspose's, never left to the library). A fused conv whose pattern is not substituted runs the plain
+    Convolution row: that op is the plain convolution."""
     ops: dict[str, OpTiming] = {}
-    served = [e for e in entries if e.row is not None and e.runs.startswith(DB_KERNEL)]
+    served = [e for e in entries if e.row is not None and e.runs.startswith(DB_KERNEL)
+              and e.config.op_type not in ROW_ONLY_OP_TYPES]
     for entry in served:
         assert entry.row is not None
         config = replace(entry.config, op_type="Convolution") if entry.lookup else entry.config
@@ -249,6 +251,11 @@ def _measure(run: LibraryTimes, tools: RunTools, workers: int, say: Progress, ca
     say("ops", f"which ops of {run.job.model.name} the DB serves")
     extraction, entries = model_coverage(run.job)
     run.ops, run.others = served_ops(extraction, entries)
+    only_rows = sorted({e.config.op_type for e in entries if e.row is not None and e.runs.startswith(DB_KERNEL)
+                        and e.config.op_type in ROW_ONLY_OP_TYPES})
+    if only_rows:
+        run.notes.append(f"not timed: the {' and '.join(only_rows)} rows, since NNFusion has no kernel of its own to "
+                         "run in their place (without a row the compile aborts): there is no library to leave them to")
     if not run.ops:
         run.findings.append(f"the DB serves none of {run.job.model.name}'s ops: nothing to time")
         return

@@ -5,7 +5,9 @@ Steps: compile with the DB (making rows standalone where a BlockFusion kernel ca
 and with an empty DB; build both projects with nvcc (core/nnfusion/build.py) while ONNX Runtime computes the
 reference on the seeded input (core/nnfusion/reference.py); then, on a CUDA GPU, run both harnesses in interleaved
 rounds (each run its own process holding the GPU, which goes first swapping every round), timed the same way, and
-compare their outputs with the reference. Slower or faster is judged from the rounds (core/gpu/verdict.py).
+compare their outputs with the reference. Slower or faster is judged from the rounds (core/gpu/verdict.py). A network
+NNFusion compiles only with the DB (a Resize or a ConvTranspose: no kernel of its own, so the empty DB's compile
+aborts) is built, checked and timed alone, and said to have nothing to compare with.
 
 Status: 0 the network with the DB is right (error within the bound) and not slower than with the empty DB (faster,
 or within noise); 1 it is wrong or slower outside the noise, or it could not be compiled, built or run; 2 nothing
@@ -38,7 +40,7 @@ from core.gpu.harness_run import (
     fresh_empty_db,
     run_harness,
 )
-from core.gpu.verdict import SLOWER, Verdict, judge
+from core.gpu.verdict import SLOWER, Spread, Verdict, judge
 from core.nnfusion.build import RUN_EXTRA, CudaLibraries, Signature, build_network, read_signature
 from core.nnfusion.compile_job import CompileJob, compile_and_read, compile_fitting_launches
 from core.nnfusion.reference import (
@@ -216,10 +218,17 @@ def _measure(run: NetworkRun, tools: RunTools, state: StateDB | None, say: Progr
                                                  on_line=on_line, should_cancel=cancelled)
         if not contender.compile.ok:
             contender.problem = f"NNFusion failed: {contender.compile.reason}"
-            return _stop(run, contender, cancelled())
-    projects = [c.project() for c in (run.with_db, run.empty_db)]
+            if contender is run.with_db or cancelled():
+                return _stop(run, contender, cancelled())
+    # A network NNFusion compiles only with the DB (a Resize or a ConvTranspose: no kernel of its own) is still
+    # checked against ONNX Runtime and timed, alone: there is nothing to compare its time with
+    contenders = [c for c in (run.with_db, run.empty_db) if c.compile is not None and c.compile.ok]
+    if len(contenders) == 1:
+        run.notes.append(f"no comparison: with the empty DB {run.empty_db.problem}; the network with the DB is "
+                         "checked against ONNX Runtime and timed alone")
+    projects = [c.project() for c in contenders]
     signatures = [read_signature(p) for p in projects]
-    if signatures[0] != signatures[1]:
+    if any(s != signatures[0] for s in signatures):
         raise KdbError(f"the two compiles of {job.model} take different kernel_entry arguments")
     run.max_error = error_bound(options, signatures[0], tf32=runs_tf32_rows(run.with_db.compile, job.db))
     inputs_dir = run.workdir / "inputs"
@@ -240,8 +249,8 @@ def _measure(run: NetworkRun, tools: RunTools, state: StateDB | None, say: Progr
                                                               arrays, others)
             builds = {c.label: pool.submit(build_network, p, arch=run.arch, nvcc=nvcc, libraries=libraries,
                                            timeout_s=options.build_timeout_s, should_cancel=stop)
-                      for c, p in zip((run.with_db, run.empty_db), projects, strict=True)}
-            for contender in (run.with_db, run.empty_db):
+                      for c, p in zip(contenders, projects, strict=True)}
+            for contender in contenders:
                 contender.build = built = builds[contender.label].result()
                 say(f"build ({contender.label})", "done" if built.ok else built.error)
             run.reference = reference.result() if reference is not None else None
@@ -250,7 +259,7 @@ def _measure(run: NetworkRun, tools: RunTools, state: StateDB | None, say: Progr
         except BaseException:  # Ctrl-C or an error: the other builds' nvcc are stopped, not waited for
             interrupted.set()
             raise
-    for contender in (run.with_db, run.empty_db):
+    for contender in contenders:
         if contender.build is not None and not contender.build.ok:
             contender.problem = f"nvcc failed: {contender.build.error}"
             return _stop(run, contender, cancelled())
@@ -260,15 +269,14 @@ def _measure(run: NetworkRun, tools: RunTools, state: StateDB | None, say: Progr
         run.status = COULD_NOT_RUN
         return None
     for turn in range(options.rounds):  # one at a time, each holding the GPU; who goes first swaps every round
-        order = (run.empty_db, run.with_db) if turn % 2 == 0 else (run.with_db, run.empty_db)
-        for contender in order:
+        for contender in contenders[::-1] if turn % 2 == 0 else contenders:
             if cancelled():
                 return _stop(run, contender, True)
             say(f"round {turn + 1}/{options.rounds}", contender.label)
             _run_one(run, contender, inputs_dir, libraries, say, cancelled)
             if contender.problem:
                 return _stop(run, contender, cancelled())
-    for contender in (run.with_db, run.empty_db):
+    for contender in contenders:
         contender.timing = _over_rounds(contender.rounds)
     _judge(run)
     return None
@@ -299,12 +307,14 @@ def _run_one(run: NetworkRun, contender: Contender, inputs_dir: Path, libraries:
 
 def _judge(run: NetworkRun) -> None:
     db, empty = run.with_db, run.empty_db
-    assert db.error is not None and db.timing is not None and empty.timing is not None
+    assert db.error is not None and db.timing is not None
     bound = run.max_error
     assert bound is not None  # set with the signature, before any run
     wrong = not db.error <= bound  # a NaN error is wrong too
-    run.verdict = verdict = judge([r["median_ms"] for r in db.rounds], [r["median_ms"] for r in empty.rounds])
-    slower = verdict.verdict == SLOWER
+    verdict = None if empty.timing is None else judge([r["median_ms"] for r in db.rounds],
+                                                      [r["median_ms"] for r in empty.rounds])
+    run.verdict = verdict
+    slower = verdict is not None and verdict.verdict == SLOWER
     if wrong:
         run.findings.append(f"the output is wrong: max relative error {db.error:.2e} > {bound:g}")
         if empty.error is not None and not empty.error <= bound:
@@ -312,7 +322,10 @@ def _judge(run: NetworkRun) -> None:
     elif empty.error is not None and not empty.error <= bound:  # (NNFusion's own code can be wrong: SkippedCopy)
         run.notes.append(f"right with the DB; with the empty DB the output is wrong: max relative error "
                          f"{empty.error:.2e} > {bound:g}")
-    if slower:
+    if verdict is None:
+        run.notes.append(f"with the DB {Spread(tuple(r['median_ms'] for r in db.rounds)).text()}; no time of the "
+                         "empty DB's to compare with")
+    elif slower:
         run.findings.append(f"slower with the DB: {verdict.first.text()} against {verdict.second.text()} with the "
                             f"empty DB, every round of {len(db.rounds)} slower")
     else:

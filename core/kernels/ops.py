@@ -84,6 +84,8 @@ RESIZE_SAMPLING: dict[str, tuple[str, ...]] = {
     "coordinate_transformation_mode": ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric"),
     "nearest_mode": ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil"),
 }
+# Op types NNFusion has no CUDA kernel of its own for: only a DB row runs them (without one, kernel selection aborts)
+ROW_ONLY_OP_TYPES = (RESIZE, CONV_TRANSPOSE)
 ROW_OP_TYPE: dict[str, str] = {BATCH_MATMUL: "Dot", SOFTMAX: "Dot", SUM: "Dot", DEPTHWISE: "Dot", CONCAT: "Dot",
                                RESIZE: "Dot", CONV_TRANSPOSE: "Dot"}
 # Inputs NNFusion passes that an op's kernel may leave out of its own parameters (TVM drops a tensor its computation

@@ -42,6 +42,7 @@ from core.kernels.ops import (
     PATTERN_DEVICE_TYPE,
     POOLS,
     RESIZE,
+    ROW_ONLY_OP_TYPES,
     STANDALONE_SOURCE,
     SUPPORTED_OP_TYPES,
 )
@@ -213,7 +214,7 @@ class _Model:
         status = NOT_USED if kernels or any("DeviceType" in r for r in reasons) else MISSING
         if config.op_type == DEPTHWISE and config.dtype == "half":  # NNFusion's own kernel would run: no valid CUDA
             status, reasons = DOES_NOT_BUILD, (HALF_DEPTHWISE, *reasons)
-        if config.op_type in (RESIZE, CONV_TRANSPOSE):  # NNFusion has no kernel of its own to run
+        if config.op_type in ROW_ONLY_OP_TYPES:  # NNFusion has no kernel of its own to run
             needs = NEEDS_ROW.format(config.op_type)
             status, reasons, fallback = ABORTS, (needs, *reasons), needs
         return CoverageEntry(config, count, identifier, kernels, status, fallback, fallback, None, (*extra, *reasons),
