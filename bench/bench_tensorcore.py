@@ -35,7 +35,6 @@ def sample(ops: Path, out: Path, per_op: int, arch: str, math: str = "fp32") -> 
     from tvm.s_tir import meta_schedule as ms
 
     from core.codegen.generate import cuda_target, generate, on_tensor_cores, prim_func_module
-    from core.codegen.tensorcore import schedule
     from core.opconfigs.opconfig import read_opconfigs, with_math
     from core.tuning.space import tensor_core_space
 
@@ -71,48 +70,8 @@ def sample(ops: Path, out: Path, per_op: int, arch: str, math: str = "fp32") -> 
             items.append(generated.item)
             taken += 1
         print(f"  {taken} sampled tilings")
-        for tag, decisions in filling_tilings(config).items():  # candidates for the untuned rule (issue 38)
-            sch = s_tir.Schedule(mod)
-            schedule(sch, config, decisions)
-            generated = generate(config, arch, scheduled=sch.mod, check=False)
-            if generated.item is None:
-                print(f"  {tag} {decisions}: {generated.error[:200]}")
-                continue
-            generated.item["tvm_func_name"] = generated.item["tvm_func_name"].replace("_kernel0", f"_{tag}0_kernel0")
-            items.append(generated.item)
     out.write_text(json.dumps(items), encoding="utf-8")
     print(f"{len(items)} kernels -> {out}")
-
-
-def filling_tilings(config):  # type: ignore[no-untyped-def]
-    """Two candidates for the untuned tiling where the default leaves multiprocessors idle (a 3x3 convolution on a
-    7x7 map: 16 blocks for 132 SMs, 4.2x cuDNN in session 23): each warp's tile halved until the grid has a block for
-    every multiprocessor (or a warp holds one 16x16 tile), one warp a block along M and N; "fs" keeps the default's
-    k slices, "fw" none. Empty where the default already fills the GPU."""
-    from dataclasses import replace
-
-    from core.codegen.mma import K_STEP, TILE
-    from core.codegen.tensorcore import SMS, STATIC_SHARED, default_decisions, element_type, gemm_of, shared_bytes
-
-    d = default_decisions(config)
-    g = gemm_of(config)
-    mt, nt, kt = g.mp // TILE, g.np_ // TILE, g.kp // K_STEP[element_type(config)]
-    tm, tn = d.m[2], d.n[2]
-    if (mt // tm) * (nt // tn) * g.batch >= SMS:
-        return {}
-    while (mt // tm) * (nt // tn) * g.batch < SMS and (tm, tn) != (1, 1):
-        if tm >= tn and tm > 1:
-            tm = max(f for f in range(1, tm) if tm % f == 0 and mt % f == 0)
-        else:
-            tn = max(f for f in range(1, tn) if tn % f == 0 and nt % f == 0)
-    found = {}
-    for tag, slices in (("fs", d.slices), ("fw", 1)):
-        steps = kt // slices
-        chunk = max(c for c in (1, 2, 4) if steps % c == 0 and c <= 2)
-        candidate = replace(d, m=(mt // tm, 1, tm), n=(nt // tn, 1, tn), k=(steps // chunk, chunk), slices=slices)
-        if shared_bytes(config, candidate) <= STATIC_SHARED and candidate not in (d, *found.values()):
-            found[tag] = candidate
-    return found
 
 
 def space_name(design) -> str:  # type: ignore[no-untyped-def]
@@ -129,7 +88,7 @@ def table(db_path: Path, out: Path, label: str) -> None:
     by_op: dict[str, list[dict]] = {}
     for r in rows:
         by_op.setdefault(r["op"], []).append(r)
-    spaces = ("pw", "ps", "nw", "ns", "fs", "fw")  # the design spaces' samples, then filling_tilings'
+    spaces = ("pw", "ps", "nw", "ns")  # the design spaces' samples
     print(f"{'op':60} {'math':6} {'default':>8} " + " ".join(f"{x:>7}" for x in spaces)
           + f" {'fastest':>8} {'library':>8} {'fast/lib':>8} {'max err':>8}")
     ratios, default_ratios = [], []
