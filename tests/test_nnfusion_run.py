@@ -146,6 +146,20 @@ def test_a_reference_that_hardly_depends_on_the_input_is_said_to_test_little(tmp
 
 # -- kernel_entry's signature and the harness ----------------------------------------------------------
 
+def test_a_right_network_without_an_empty_db_time_is_not_called_not_slower():
+    """A network only the DB compiles (a Resize: session 25's U-Nets on the H100) was printed "right, and not slower
+    than with the empty DB", a comparison never made."""
+    from core.gpu.network_run import NetworkRun, RunOptions
+
+    run = NetworkRun(CompileJob(Path("m.onnx"), Path("k.db")), RunOptions(), Path("w"))
+    run.with_db.timing = {"median_ms": 0.9}
+    assert run.verdicts() == ["right (nothing to compare its time with: the empty DB's network does not compile)"]
+    run.empty_db.timing = {"median_ms": 1.0}
+    assert run.verdicts() == ["right, and not slower than with the empty DB"]
+    run.findings.append("slower with the DB")
+    assert run.verdicts() == ["slower with the DB"]
+
+
 def test_a_project_without_a_readable_signature_is_named_with_the_reason(tmp_path: Path):
     (tmp_path / "nnfusion_rt.h").write_text('extern "C" int kernel_entry(float* Parameter_0_0, float** Result_1_0);')
     with pytest.raises(InputError, match=r"para_info\.json"):

@@ -310,7 +310,7 @@ class CompileScreen(ModalScreen[None]):
         lines.append(f"[dim]work folder[/] {escape(str(run.workdir))}")
         summary.update("\n".join(lines) + ("\n" + self.report_summary if report is not None and report.ok else ""))
         style = "$success" if run.status == 0 else "$error" if run.status == 1 else "$warning"
-        verdict = "; ".join(run.findings) or "right, and not slower than with the empty DB"
+        verdict = "; ".join(run.verdicts())
         where = f" on {run.device}" if run.device else ""
         self.query_one("#compile-status", Static).update(f"[{style}]network{escape(where)}: {escape(verdict)}[/]")
         self.refresh_bindings()

@@ -113,13 +113,22 @@ class NetworkRun:
         a, b = self.with_db.timing, self.empty_db.timing
         return a["median_ms"] / b["median_ms"] if a and b and b["median_ms"] > 0 else None
 
+    def verdicts(self) -> list[str]:
+        """What the status is for, in words: the findings, else that the network is right and (where the empty DB
+        compiled too) not slower."""
+        if self.findings:
+            return self.findings
+        if self.empty_db.timing is None:
+            return ["right (nothing to compare its time with: the empty DB's network does not compile)"]
+        return ["right, and not slower than with the empty DB"]
+
     def event(self) -> ModelEvent:
         """This run as a step of the model's story (the console's Network view)."""
         with_db, empty = (c.timing["median_ms"] if c.timing else None for c in (self.with_db, self.empty_db))
         ratio = self.ratio
         said = (f"{with_db:.3f} ms with the DB, {empty:.3f} ms with the empty DB ({ratio:.2f}x)" if ratio is not None
                 else "not timed")
-        verdict = "; ".join(self.findings) or "right, and not slower than with the empty DB"
+        verdict = "; ".join(self.verdicts())
         where = f" on {self.device}" if self.device else ""
         from core.db.state_records import ModelEvent
 
