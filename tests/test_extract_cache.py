@@ -30,7 +30,7 @@ def extract(model: Path, flags=None) -> Extraction:
 def everything(e: Extraction) -> tuple:
     """Every field, the configs' uncompared ones (source, line format) and the fusion graph included."""
     return (e.model_name, e.node_count, [asdict(c) for c in e.configs], e.nodes, e.unmapped, e.notes, e.graph, e.outputs,
-            e.kernel_fusion_level, e.pattern_substitution, e.prepass)
+            e.kernel_fusion_level, e.pattern_substitution, e.prepass, e.blockers, e.miscompiles)
 
 
 def test_a_model_seen_before_gives_the_same_extraction(tmp_path: Path):

@@ -21,7 +21,7 @@ from core.nnfusion.coverage import (
     coverage,
     summarize,
 )
-from core.opconfigs.nnfusion_import import Blocker
+from core.opconfigs.nnfusion_import import Blocker, ShapeWarning
 from core.settings import load_settings
 
 STYLE = {IN_DB: "green", MISSING: "yellow", NOT_USED: "red", FUSED_AWAY: "dim", FALLS_BACK: "magenta",
@@ -50,14 +50,15 @@ def main(args: argparse.Namespace) -> int:
         entries = coverage(extraction, db, flags, product)
     summary = summarize(entries)
     unbuildable = [u for u in extraction.unmapped if not u.builds]  # NNFusion's own kernel for it is no valid CUDA
-    findings = bool(extraction.blockers or unbuildable) or any(
+    findings = bool(extraction.blockers or extraction.miscompiles or unbuildable) or any(
         e.status in (MISSING, NOT_USED, ABORTS, DOES_NOT_BUILD) for e in entries)
     if args.json:
         print_json({"model": extraction.model_name, "db": str(db.path), "db_created": created, "flags": flag_list,
                     "product_name": product, "prepass": extraction.prepass,
                     "summary": summary, "entries": [e.to_dict() for e in entries],
                     "unmapped": [u._asdict() for u in extraction.unmapped],
-                    "blockers": [b._asdict() for b in extraction.blockers]})
+                    "blockers": [b._asdict() for b in extraction.blockers],
+                    "miscompiles": [w._asdict() for w in extraction.miscompiles]})
         return 1 if findings else 0
     from rich.table import Table
 
@@ -89,8 +90,18 @@ def main(args: argparse.Namespace) -> int:
                   highlight=False)
     for u in unbuildable:
         out.print(f"[bold red]does not build[/]: node {u.node} ({u.op_type}): {u.reason}", highlight=False)
+    print_miscompiles(extraction.model_name, extraction.miscompiles)
     print_blockers(extraction.model_name, extraction.blockers)  # last: what must change before anything else
     return 1 if findings else 0
+
+
+def print_miscompiles(model: str, miscompiles: list[ShapeWarning]) -> None:
+    """Nodes NNFusion compiles into another network whatever the DB holds, each with what comes out wrong."""
+    if miscompiles:
+        out.print(f"[bold red]NNFusion compiles {escape(model)} into another network[/], whatever the DB holds "
+                  f"({len(miscompiles)} node{'s' * (len(miscompiles) != 1)}):", highlight=False)
+    for w in miscompiles:
+        out.print(f"  node {w.node}: {w.kind}: {w.text}", markup=False, highlight=False, soft_wrap=True)
 
 
 def print_blockers(model: str, blockers: list[Blocker]) -> None:

@@ -8,12 +8,12 @@ from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
 
-from console.cli.cmd_coverage import compiler_setup, print_blockers
+from console.cli.cmd_coverage import compiler_setup, print_blockers, print_miscompiles
 from console.cli.output import err, out, print_json, shorten
 from core.db.kernel_db import kernel_db_path
 from core.db.state import StateDB
 from core.errors import InputError
-from core.nnfusion.compile_job import Compiled, CompileJob, import_blockers, run_compile_job
+from core.nnfusion.compile_job import Compiled, CompileJob, known_faults, run_compile_job
 from core.nnfusion.launch_check import LAUNCH_ADVICE
 from core.nnfusion.usage import DB_KERNEL
 from core.settings import load_settings
@@ -48,7 +48,9 @@ def main(args: argparse.Namespace) -> int:
                                          if args.op_times is None or o not in OP_TIMES_OPTIONS]):
         also = " or --op-times" if all(o in OP_TIMES_OPTIONS for o in run_options) else ""
         raise InputError(f"{', '.join(run_options)}: only with --run{also}")
-    if not args.json and (blockers := import_blockers(job)):  # said before the compiler runs; it stays the judge
+    blockers, miscompiles = known_faults(job) if not args.json else ([], [])
+    print_miscompiles(job.model.name, miscompiles)
+    if blockers:  # said before the compiler runs; it stays the judge
         print_blockers(job.model.name, blockers)
         out.print("compiling anyway: your NNFusion has the last word", highlight=False)
     if args.op_times is not None:

@@ -39,7 +39,7 @@ OK_STYLE = {True: "green", False: "red"}
 class ModelStory:
     model: Path
     entries: list[CoverageEntry]
-    blockers: list[str]  # nodes NNFusion cannot compile, with why
+    faults: list[str]  # nodes NNFusion cannot compile, or compiles into another network, with why
     events: list[StoredModelEvent]  # newest first, the "opened" marks left out
     tuning: str  # what the best tuned kernels so far predict for the network (the Tuning view's prediction)
 
@@ -128,8 +128,10 @@ class NetworkScreen(KdbScreen):
                                                         kind="opened", ok=True, headline="opened in the console"))
             events = [e for e in state.model_events(model, self.context.db_path, HISTORY * 2) if e.kind != "opened"]
             recent = state.recent_models(RECENT)
-        blockers = [f"{b.node} ({b.op_type}): {b.reason}" for b in extraction.blockers]
-        self.post_message(self.Loaded(ModelStory(model, entries, blockers, events[:HISTORY],
+        faults = [f"NNFusion cannot compile node {b.node} ({b.op_type}): {b.reason}" for b in extraction.blockers]
+        faults += [f"NNFusion compiles node {w.node} into another network ({w.kind}): {w.text}"
+                   for w in extraction.miscompiles]
+        self.post_message(self.Loaded(ModelStory(model, entries, faults, events[:HISTORY],
                                                  self._tuning_prediction(model))))
         self.post_message(self.Recent(recent))
 
@@ -172,7 +174,7 @@ class NetworkScreen(KdbScreen):
         on_db = sum(e.count - e.fused_away for e in story.entries if e.row is not None and e.runs.startswith(DB_KERNEL))
         lines = [f"{len(story.entries)} distinct op(s); {on_db} node(s) run DB rows",
                  f"tuning (7) so far: {story.tuning or 'nothing recorded'}"]
-        lines += [f"NNFusion cannot compile node {b}" for b in story.blockers]
+        lines += story.faults
         self.query_one("#network-coverage", Static).update("\n".join(lines))
         history = self.query_one("#network-history", DataTable)
         history.clear()

@@ -27,7 +27,7 @@ from core.nnfusion.coverage import CoverageEntry, coverage
 from core.nnfusion.generated import KERNEL, Generated, parse_generated
 from core.nnfusion.launch_check import LaunchedKernel, LaunchReport, check_launches
 from core.nnfusion.usage import DB_KERNEL, NNFUSION_KERNEL, Usage, analyse, rows_looked_up
-from core.opconfigs.nnfusion_import import Blocker
+from core.opconfigs.nnfusion_import import Blocker, ShapeWarning
 from core.opconfigs.onnx_extract import Extraction
 from core.settings import Settings
 
@@ -79,6 +79,7 @@ class CompileReport:
     launches: LaunchReport | None = None  # None: not checked (turned off, or the compile failed)
     db_created: bool = False  # the DB was not there: an empty one was made (NNFusion's table)
     blockers: list[Blocker] = field(default_factory=list)  # nodes kdb knows NNFusion cannot compile
+    miscompiles: list[ShapeWarning] = field(default_factory=list)  # ... and nodes it compiles into another network
     prepass: dict[str, Any] = field(default_factory=dict)  # what NNFusion's ONNX Runtime pre-pass did to the model
     # Fitting the launches (compile_fitting_launches): the Keys it made standalone before this compile, and the undo
     # file each of its rounds wrote (`kdb db undo FILE --apply` puts a round's rows back).
@@ -106,6 +107,7 @@ class CompileReport:
             found.append("the launch check did not run (cancelled)")
         found += [f"cannot launch: {line}" for line in self.launch_failures()]
         found += [f"wrong numbers: {copy.describe()}" for copy in (self.usage.skipped if self.usage else [])]
+        found += [f"{w.kind}: node {w.node}: {w.text}" for w in self.miscompiles]  # the importer's, whatever the DB
         return found
 
     def promised(self) -> set[str]:
@@ -126,7 +128,8 @@ class CompileReport:
         return {"ok": not problems, "compiled": self.ok, "reason": self.reason, "decisive_lines": self.decisive,
                 "problems": problems,
                 "model": str(self.job.model), "db": str(self.job.db), "db_created": self.db_created,
-                "blockers": [b._asdict() for b in self.blockers], "prepass": self.prepass,
+                "blockers": [b._asdict() for b in self.blockers],
+                "miscompiles": [w._asdict() for w in self.miscompiles], "prepass": self.prepass,
                 "flags": list(self.job.flags),
                 "product_name": self.job.product_name,
                 "compile": None if r is None else {"command": r.command, "returncode": r.returncode,
@@ -206,7 +209,9 @@ def compile_and_read(job: CompileJob, *, state: StateDB | None = None,
             result = compile_model(job.model, job.db, job.workdir(), binary=binary, product_name=job.product_name,
                                    flags=job.flags, timeout_s=job.timeout_s, on_line=on_line,
                                    should_cancel=should_cancel, prepass=prepass)
-            report.entries, report.blockers, report.prepass, read = promise.result()  # an unreadable model raises
+            report.entries, extraction, read = promise.result()  # an unreadable model raises
+            report.blockers, report.miscompiles, report.prepass = (extraction.blockers, extraction.miscompiles,
+                                                                   extraction.prepass)
         report.result = result
         if not result.ok:
             report.reason = result.reason()
@@ -327,10 +332,12 @@ def _launch_check(job: CompileJob, source: str, generated: Generated, usage: Usa
     return report
 
 
-def import_blockers(job: CompileJob) -> list[Blocker]:
-    """The nodes of the job's model NNFusion cannot compile whatever the DB holds, known before it runs (the model's
-    extraction is kept: the compile's own coverage reads it again for nothing)."""
-    return extract_for_compiler(job.model, job.flags, binary=job.binary, nnfusion_path=job.nnfusion_path).blockers
+def known_faults(job: CompileJob) -> tuple[list[Blocker], list[ShapeWarning]]:
+    """The nodes of the job's model NNFusion cannot compile, and those it compiles into another network, whatever
+    the DB holds: known before it runs (the model's extraction is kept: the compile's own coverage reads it again for
+    nothing)."""
+    extraction = extract_for_compiler(job.model, job.flags, binary=job.binary, nnfusion_path=job.nnfusion_path)
+    return extraction.blockers, extraction.miscompiles
 
 
 def model_coverage(job: CompileJob, db: KernelDB | None = None) -> tuple[Extraction, list[CoverageEntry]]:
@@ -342,10 +349,10 @@ def model_coverage(job: CompileJob, db: KernelDB | None = None) -> tuple[Extract
         return extraction, coverage(extraction, reading, CompilerFlags.parse(job.flags), job.product_name)
 
 
-def _coverage(job: CompileJob, db: KernelDB) -> tuple[list[CoverageEntry], list[Blocker], dict[str, Any], float]:
+def _coverage(job: CompileJob, db: KernelDB) -> tuple[list[CoverageEntry], Extraction, float]:
     started = time.monotonic()
     extraction, entries = model_coverage(job, db)
-    return entries, extraction.blockers, extraction.prepass, time.monotonic() - started
+    return entries, extraction, time.monotonic() - started
 
 
 def _record_failure(state: StateDB, job: CompileJob, result: CompileResult, report: CompileReport) -> None:

@@ -24,13 +24,13 @@ from core.db.state import state_dir
 from core.kernels import ops, opsig
 from core.opconfigs import fusion, nnfusion_import, onnx_extract, opconfig, ort_prepass
 from core.opconfigs.fusion import GraphNode
-from core.opconfigs.nnfusion_import import Blocker
+from core.opconfigs.nnfusion_import import Blocker, ShapeWarning
 from core.opconfigs.onnx_extract import Extraction, LookupFlags, Note, Unmapped, extract
 from core.opconfigs.opconfig import OpConfig
 from core.opconfigs.ort_prepass import PrePass, note_text, run_prepass
 
-FORMAT_VERSION = b"6"  # 3: the nodes NNFusion cannot compile; 4: the compiler-graph model and the flags; 5: pre-pass;
-# 6: unmapped nodes whose NNFusion kernel does not build
+FORMAT_VERSION = b"7"  # 3: the nodes NNFusion cannot compile; 4: the compiler-graph model and the flags; 5: pre-pass;
+# 6: unmapped nodes whose NNFusion kernel does not build; 7: the nodes it compiles into another network
 
 
 def extract_cached(path: Path, flags: LookupFlags | None = None, *, prepass: PrePass) -> Extraction:
@@ -99,7 +99,7 @@ def _to_json(e: Extraction) -> dict[str, Any]:
             "blockers": [list(b) for b in e.blockers],
             "graph": [asdict(n) for n in e.graph], "outputs": list(e.outputs),
             "kernel_fusion_level": e.kernel_fusion_level, "pattern_substitution": e.pattern_substitution,
-            "prepass": e.prepass}
+            "prepass": e.prepass, "miscompiles": [list(w) for w in e.miscompiles]}
 
 
 def _from_json(d: dict[str, Any]) -> Extraction:
@@ -113,4 +113,5 @@ def _from_json(d: dict[str, Any]) -> Extraction:
                       [Unmapped(*u) for u in d["unmapped"]], [Note(*n) for n in d["notes"]],
                       [Blocker(*b) for b in d["blockers"]],
                       tuple(GraphNode(**{**n, "inputs": tuple(n["inputs"])}) for n in d["graph"]), tuple(d["outputs"]),
-                      d["kernel_fusion_level"], d["pattern_substitution"], dict(d["prepass"]))
+                      d["kernel_fusion_level"], d["pattern_substitution"], dict(d["prepass"]),
+                      [ShapeWarning(*w) for w in d["miscompiles"]])

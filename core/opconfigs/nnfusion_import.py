@@ -384,7 +384,7 @@ def import_faults(model: Any) -> tuple[list[Blocker], list[ShapeWarning]]:
         if reason:
             found.append(Blocker(name, node.op_type, reason))
     blocked = {b.node for b in found}
-    pooled, warnings = _AveragePoolShapes(model, shapes, opsets[""]).run(blocked)
+    pooled, warnings = _PoolShapes(model, shapes, opsets[""]).run(blocked)
     for i, node in enumerate(model.graph.node):
         name = node.name or f"{node.op_type}#{i}"
         if name in blocked:
@@ -437,11 +437,12 @@ def _broadcast(a: list[int], b: list[int]) -> list[int] | None:
     return [max(x, y) if 1 in (x, y) else x for x, y in zip(a, b, strict=True)]
 
 
-class _AveragePoolShapes:
+class _PoolShapes:
     """NNFusion's ONNX importer translates AveragePool with the first translator registered for it (ops_bridge.cpp
     registers two at version 1, and std::map::emplace keeps the first): TranslateAveragePoolOp reads kernel_shape and
-    strides only, so pads, auto_pad and ceil_mode are dropped and it pools without padding (a MaxPool's pads are
-    kept). Where that changes the pool's shape, the smaller tensor flows on: the compile aborts where it meets a
+    strides only, so pads, auto_pad and ceil_mode are dropped and it pools without padding. MaxPool's translator
+    (pool.hpp's TranslatePoolOp) keeps the pads and drops ceil_mode: its windows round down. Where that changes the
+    pool's shape, the smaller tensor flows on: the compile aborts where it meets a
     tensor of the model's shape (an element-wise op: 'Auto-broadcast not possible'; a Concat: its shape check), and
     goes through silently elsewhere, computing another network. Followed here through the ops whose shapes are plain
     to follow (element-wise, Concat); beyond them, and at the network's outputs, a warning says so."""
@@ -450,6 +451,7 @@ class _AveragePoolShapes:
         self.model, self.shapes, self.opset = model, shapes, opset
         self.wrong: dict[str, tuple[list[int], frozenset[str]]] = {}  # tensor -> NNFusion's shape, the pools behind it
         self.cause: dict[str, str] = {}  # pool -> what NNFusion makes of it
+        self.op_type: dict[str, str] = {}  # pool -> AveragePool or MaxPool
         self.blockers: dict[str, Blocker] = {}
         self.warnings: dict[str, ShapeWarning] = {}
 
@@ -458,7 +460,7 @@ class _AveragePoolShapes:
             name = node.name or f"{node.op_type}#{i}"
             if name in blocked or node.domain not in ("", "ai.onnx"):
                 continue
-            if node.op_type == "AveragePool":
+            if node.op_type in ("AveragePool", "MaxPool"):
                 self._pool(name, node)
             elif any(t in self.wrong for t in node.input):
                 self._follow(name, node)
@@ -481,18 +483,34 @@ class _AveragePoolShapes:
         data, onnx_out = self._shape(node.input[0]), self.shapes.get(node.output[0])
         if len(window) != 2 or len(strides) != 2 or data is None or len(data) != 4 or onnx_out is None:
             return
-        ours = [*data[:2], *((n - k) // s + 1 for n, k, s in zip(data[2:], window, strides, strict=True))]
         pads = list(attrs.get("pads", [0, 0, 0, 0]))
-        dropped = ", ".join(f"{k} {v}" for k, v in (("pads", pads), ("auto_pad", attrs.get("auto_pad", "NOTSET")),
-                                                     ("ceil_mode", attrs.get("ceil_mode", 0)))
-                            if v not in ([0, 0, 0, 0], "NOTSET", 0))
+        if node.op_type == "MaxPool":
+            if len(pads) != 4 or attrs.get("auto_pad", "NOTSET") != "NOTSET":
+                if node.input[0] in self.wrong:
+                    self._follow(name, node)
+                return
+            ours = [*data[:2], *((n + below + above - k) // s + 1 for n, k, s, below, above
+                                 in zip(data[2:], window, strides, pads[:2], pads[2:], strict=True))]
+            if not attrs.get("ceil_mode", 0):  # the model's own windows: only a wrong input makes it wrong
+                if node.input[0] in self.wrong and ours != onnx_out:
+                    self.wrong[node.output[0]] = (ours, self.wrong[node.input[0]][1])
+                return
+            cause = (f"NNFusion's importer drops MaxPool's ceil_mode 1 (pool.hpp's TranslatePoolOp: its windows round "
+                     f"down) and pools {data} to {ours} where ONNX gives {onnx_out}")
+        else:
+            ours = [*data[:2], *((n - k) // s + 1 for n, k, s in zip(data[2:], window, strides, strict=True))]
+            dropped = ", ".join(f"{k} {v}" for k, v in (("pads", pads),
+                                                         ("auto_pad", attrs.get("auto_pad", "NOTSET")),
+                                                         ("ceil_mode", attrs.get("ceil_mode", 0)))
+                                if v not in ([0, 0, 0, 0], "NOTSET", 0))
+            cause = (f"NNFusion's importer drops AveragePool's {dropped or 'padding'} (its first translator reads "
+                     f"kernel_shape and strides only) and pools {data} to {ours} where ONNX gives {onnx_out}")
         origins = self.wrong[node.input[0]][1] if node.input[0] in self.wrong else frozenset()
         if ours != onnx_out:
             self.wrong[node.output[0]] = (ours, origins | {name})
-            self.cause[name] = (f"NNFusion's importer drops AveragePool's {dropped or 'padding'} (its first "
-                                f"translator reads kernel_shape and strides only) and pools {data} to {ours} where "
-                                f"ONNX gives {onnx_out}")
-        elif any(pads[:2]):
+            self.cause[name] = cause
+            self.op_type[name] = node.op_type
+        elif node.op_type == "AveragePool" and any(pads[:2]):
             self.warnings[name] = ShapeWarning(name, f"NNFusion's importer drops AveragePool's pads {pads}: the "
                                                f"shape stays {ours}, but its windows start {pads[:2]} later than "
                                                "ONNX's, so the numbers differ")
@@ -538,7 +556,7 @@ class _AveragePoolShapes:
     def _abort(self, pools: frozenset[str], where: str) -> None:
         for pool in sorted(pools):
             if pool not in self.blockers:
-                self.blockers[pool] = Blocker(pool, "AveragePool", f"{self.cause[pool]}; {where}")
+                self.blockers[pool] = Blocker(pool, self.op_type[pool], f"{self.cause[pool]}; {where}")
 
     def _warn(self, pools: frozenset[str], what: str) -> None:
         for pool in sorted(pools):

@@ -96,6 +96,7 @@ from core.opconfigs.fusion import (
 )
 from core.opconfigs.nnfusion_import import (
     Blocker,
+    ShapeWarning,
     constant_values,
     conv_transpose_unserved,
     depthwise_padding_ok,
@@ -182,6 +183,8 @@ class Extraction:
     pattern_substitution: bool = True
     # What NNFusion's ONNX Runtime pre-pass did (core/opconfigs/ort_prepass.py; empty: extract() alone, not asked).
     prepass: dict[str, Any] = field(default_factory=dict)
+    # Nodes NNFusion compiles, whatever the DB holds, into a network that is not the model's: wrong shapes or numbers
+    miscompiles: list[ShapeWarning] = field(default_factory=list)
 
     def count(self, config: OpConfig) -> int:
         return len(self.nodes.get(config.key, ()))
@@ -270,7 +273,8 @@ def extract(path: Path | str, flags: LookupFlags | None = None) -> Extraction:
     blockers, wrong_shapes = import_faults(model)
     notes += [Note(w.node, f"{w.kind}: {w.text}") for w in wrong_shapes]
     return Extraction(graph.name or path.stem, len(graph.node), dedupe(c for c, _ in extractor.ops), dict(nodes),
-                      extractor.unmapped, notes, blockers, tuple(model_graph), tuple(outputs), level, substitution)
+                      extractor.unmapped, notes, blockers, tuple(model_graph), tuple(outputs), level, substitution,
+                      miscompiles=[*extractor.miscompiles, *wrong_shapes])
 
 
 def read_model(path: Path, *, external_data: bool = True) -> Any:
@@ -418,6 +422,7 @@ class _Extractor:
         self.ops: list[tuple[OpConfig, tuple[str, ...]]] = []
         self.unmapped: list[Unmapped] = []
         self.notes: list[Note] = []
+        self.miscompiles: list[ShapeWarning] = []  # nodes NNFusion compiles into another network
 
     def run(self) -> None:
         for i, node in enumerate(self.nodes):
@@ -571,6 +576,10 @@ class _Extractor:
                                f"input with a Pad node (no kernel-DB op type) and looks up a {what} of the "
                                "padded input without padding (its importer swaps the two halves of `pads`, so the "
                                "padded input is shifted against ONNX's)"))
+        self.miscompiles.append(ShapeWarning(
+            self.names[i], f"NNFusion's importer swaps the two halves of its pads (conv.cpp: padding_above takes the "
+            f"first): its Pad node pads {above} before and {below} after where ONNX pads {below} before and {above} "
+            "after, so the input is shifted and the output's numbers are not the model's", "wrong numbers"))
         return [*xs[:2], *(n + b + a for n, b, a in zip(xs[2:], below, above, strict=True))], [0] * len(below)
 
     def _depthwise(self, i: int, xs: list[int], ws: list[int], ys: list[int], strides: list[int],
