@@ -256,7 +256,8 @@ def resize_unserved(node: Any, attrs: dict[str, Any], shapes: Shapes, scales: li
     if len(node.input) < 3 or not node.input[2]:
         return "no scales input (input 2): NNFusion's importer reads its scales there"
     if len(node.input) > 3 and node.input[3]:
-        return "its output size given as sizes (int64): a row's tensors have one element type, and so does an op config"
+        return ("its output size given as sizes (int64): a row's tensors have one element type, and so does an op "
+                "config; export it with scales instead (torch: F.interpolate(x, scale_factor=2), not size=...)")
     if scales is None:
         return "its scales are no constant (NNFusion takes only a constant)"
     said = resize_attributes(attrs)
