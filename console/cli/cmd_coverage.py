@@ -97,17 +97,19 @@ def main(args: argparse.Namespace) -> int:
 
 def print_miscompiles(model: str, miscompiles: list[ShapeWarning]) -> None:
     """Nodes NNFusion compiles into another network whatever the DB holds, each with what comes out wrong."""
-    if miscompiles:
-        out.print(f"[bold red]NNFusion compiles {escape(model)} into another network[/], whatever the DB holds "
-                  f"({len(miscompiles)} node{'s' * (len(miscompiles) != 1)}):", highlight=False)
-    for w in miscompiles:
-        out.print(f"  node {w.node}: {w.kind}: {w.text}", markup=False, highlight=False, soft_wrap=True)
+    _print_nodes(f"NNFusion compiles {escape(model)} into another network",
+                 [f"node {w.node}: {w.kind}: {w.text}" for w in miscompiles])
 
 
 def print_blockers(model: str, blockers: list[Blocker]) -> None:
     """Nodes NNFusion cannot compile whatever the DB holds, each named with its op and why."""
-    if blockers:
-        out.print(f"[bold red]NNFusion cannot compile {escape(model)}[/], whatever the DB holds "
-                  f"({len(blockers)} node{'s' * (len(blockers) != 1)}):", highlight=False)
-    for b in blockers:
-        out.print(f"  node {b.node} ({b.op_type}): {b.reason}", markup=False, highlight=False, soft_wrap=True)
+    _print_nodes(f"NNFusion cannot compile {escape(model)}", [f"node {b.node} ({b.op_type}): {b.reason}"
+                                                               for b in blockers])
+
+
+def _print_nodes(heading: str, lines: list[str]) -> None:
+    if lines:
+        out.print(f"[bold red]{heading}[/], whatever the DB holds ({len(lines)} node{'s' * (len(lines) != 1)}):",
+                  highlight=False)
+    for line in lines:
+        out.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
