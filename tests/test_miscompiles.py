@@ -58,3 +58,17 @@ def test_coverage_and_the_compile_name_the_node_nnfusion_compiles_into_another_n
         assert "padding_below2 = 1" in code and "padding_below3 = 1" in code
     else:  # and the pool rounds down: 9 -> 4 where ONNX gives 5
         assert "NNFUSION_GRAPH_OUTPUT_SHAPE_0 {1, 4, 4, 4}" in code
+
+
+async def test_the_compile_dialog_says_so_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from console_helpers import app_with_compiler, compile_dialog
+    from test_nnfusion_run import empty_db
+    from textual.widgets import Static
+
+    monkeypatch.setenv("KDB_STATE_DIR", str(tmp_path / "state"))
+    model = tf_same(tmp_path / "m.onnx")
+    app = app_with_compiler(empty_db(tmp_path / "k.db"), COMPILER)
+    async with app.run_test(size=(160, 45)) as pilot:
+        dialog = await compile_dialog(pilot, app, model)
+        summary = str(dialog.query_one("#compile-summary", Static).render())
+        assert "wrong numbers: node c: NNFusion's importer swaps the two halves of its pads" in summary, summary
