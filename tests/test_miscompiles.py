@@ -72,3 +72,59 @@ async def test_the_compile_dialog_says_so_too(tmp_path: Path, monkeypatch: pytes
         dialog = await compile_dialog(pilot, app, model)
         summary = str(dialog.query_one("#compile-summary", Static).render())
         assert "wrong numbers: node c: NNFusion's importer swaps the two halves of its pads" in summary, summary
+
+
+def where_masked(path: Path) -> Path:
+    """A causal mask [32, 32] and a scalar fill broadcast over scores [1, 4, 32, 32], as a decoder writes it."""
+    import numpy as np
+
+    g = GraphBuilder({"x": [1, 4, 32, 32]})
+    mask = g.node("Greater", [g.constant("cols", np.arange(32).reshape(1, 32), np.float32),
+                              g.constant("rows", np.arange(32).reshape(32, 1), np.float32)], "causal")
+    y = g.node("Where", [mask, g.constant("fill", -1e4, np.float32), "x"], "masked")
+    return write(g.model(g.node("Relu", [y], "out"), "where"), path)
+
+
+def bool_mask(path: Path) -> Path:
+    import numpy as np
+
+    g = GraphBuilder({"x": [1, 4, 8, 8]})
+    y = g.node("Where", [g.constant("mask", np.tril(np.ones((1, 4, 8, 8))), bool), "x",
+                         g.constant("zero", np.zeros((1, 4, 8, 8)), np.float32)], "masked")
+    return write(g.model(g.node("Relu", [y], "out"), "boolmask"), path)
+
+
+def depthwise_1d(path: Path) -> Path:
+    g = GraphBuilder({"x": [1, 16, 32]})
+    y = g.node("Conv", ["x", g.weight("w", [16, 1, 3])], "dw", kernel_shape=[3], pads=[1, 1], group=16)
+    return write(g.model(g.node("Relu", [y], "out"), "dw1d"), path)
+
+
+def test_a_where_without_broadcast_is_named_and_the_compiler_reads_its_mask_at_the_outputs_index(tmp_path: Path):
+    """Held out in session 25 (a decoder's causal mask): NNFusion makes Where a Select of its inputs as they are."""
+    model = where_masked(tmp_path / "m.onnx")
+    env = {"KDB_STATE_DIR": str(tmp_path / "state"), "KDB_CONFIG": str(tmp_path / "settings.toml")}
+    proc, report = run_kdb_json("nnfusion", str(model), "--db", str(tmp_path / "k.db"), "--nnfusion", str(COMPILER),
+                                "--out", str(tmp_path / "out"), env=env)
+    assert proc.returncode == 1 and report["compiled"]
+    assert [(w["node"], w["kind"]) for w in report["miscompiles"]] == [("masked", "wrong numbers")]
+    code = (tmp_path / "out" / "nnfusion_rt" / "cuda_codegen" / "nnfusion_rt.cu").read_text()
+    assert "- name: Greater_8_0\ttype: char\tshape: Shape{32, 32}" in code  # the mask, 1,024 elements ...
+    assert "select(input0[blockIdx.x * 512 + threadIdx.x]" in code  # ... read at each of the output's 4,096
+    assert "Select_9_Call(dim3(8, 1, 1), dim3(512, 1, 1), 0, 0, Greater_8_0, Constant_2_0" in code
+
+
+@pytest.mark.parametrize("build, node, said, aborts", [
+    (bool_mask, "masked", "a bool initializer", "mask unsupported data type: 9"),
+    (depthwise_1d, "dw", "1-D depthwise convolution", "Input axis order is not a permutation"),
+])
+def test_an_import_the_compiler_aborts_on_is_named_before_it_runs(tmp_path: Path, build, node, said, aborts):
+    """Held out in session 25: a bool attention mask stored as an initializer, a Conformer's 1-D depthwise conv."""
+    model = build(tmp_path / "m.onnx")
+    env = {"KDB_STATE_DIR": str(tmp_path / "state"), "KDB_CONFIG": str(tmp_path / "settings.toml")}
+    proc = run_kdb("coverage", str(model), "--db", str(tmp_path / "k.db"), env=env)
+    assert proc.returncode == 1 and f"node {node} " in proc.stdout and said in proc.stdout, proc.stdout
+    proc, report = run_kdb_json("nnfusion", str(model), "--db", str(tmp_path / "k.db"), "--nnfusion", str(COMPILER),
+                                "--out", str(tmp_path / "out"), env=env)
+    assert not report["compiled"] and [b["node"] for b in report["blockers"]] == [node]
+    assert aborts in Path(report["compile"]["log"]).read_text()

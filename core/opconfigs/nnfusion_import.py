@@ -107,14 +107,21 @@ def _conv(node: Any, attrs: dict[str, Any], shapes: Shapes) -> str:
     if groups == 1 or not data or not filters or len(data) < 2:
         return ""
     padding_ok = depthwise_padding_ok(list(attrs.get("pads", [])), list(attrs.get("dilations", [])), filters[2:])
-    reason, compiles = grouped_conv_reason(groups, data[1], filters[0], padding_ok, list(attrs.get("dilations", [])))
+    reason, compiles = grouped_conv_reason(groups, data[1], filters[0], padding_ok, list(attrs.get("dilations", [])),
+                                           spatial=len(data) - 2)
     return "" if compiles else reason
 
 
 def grouped_conv_reason(groups: int, channels: int, filters: int, padding_ok: bool = True,
-                        dilations: list[int] | tuple[int, ...] = ()) -> tuple[str, bool]:
+                        dilations: list[int] | tuple[int, ...] = (), spatial: int = 2) -> tuple[str, bool]:
     """Why a grouped convolution is never a kernel-DB lookup (what NNFusion does with it instead), and whether the
-    compiler gets past it at all (frontend/onnx_import/op/conv.cpp). `padding_ok`: depthwise_padding_ok."""
+    compiler gets past it at all (frontend/onnx_import/op/conv.cpp). `padding_ok`: depthwise_padding_ok; `spatial`:
+    the input's spatial axes."""
+    if groups == channels and filters == groups and spatial != 2:
+        return (f"{spatial}-D depthwise convolution (group={groups}): NNFusion's importer makes every depthwise conv "
+                "a DepthwiseConv2dNative, whose filter Reshape takes 4-D only: it aborts ('Input axis order is not a "
+                f"permutation', axis order {{2, 3, 0, 1}} of the {spatial + 2}-D filter; seen with the compiler). "
+                "Write it as a 2-D conv (an Unsqueeze to [N, C, 1, L] and a 1 x k kernel)", False)
     if groups != channels:
         return (f"grouped convolution (group={groups}, not depthwise): NNFusion's ONNX importer aborts on it (its "
                 "CHECK 'n_filters_channels & groups == 0' in frontend/onnx_import/op/conv.cpp fails for every group "
@@ -235,6 +242,43 @@ def split_sizes_ignored(node: Any, shapes: Shapes) -> str:
         return ""
     return (f"Split into sizes {sizes}: NNFusion's importer ignores the sizes input (op/split.cpp) and cuts "
             f"{len(sizes)} equal parts: the compiled network is not the model's")
+
+
+def where_not_broadcast(node: Any, shapes: Shapes) -> str:
+    """A Where whose condition and values differ in shape: NNFusion's importer (op/where.cpp) makes a Select of the
+    three inputs as they are, with no broadcast, and its kernel reads each at the output's index: past the end of
+    the smaller ones ('' where the shapes are one, or not known)."""
+    if node.op_type != "Where" or len(node.input) != 3:
+        return ""
+    found = [shapes.get(t) for t in node.input]
+    if any(f is None for f in found) or len({tuple(f) for f in found if f is not None}) == 1:
+        return ""
+    return (f"Where of shapes {', '.join(str(f) for f in found)}: NNFusion's importer (op/where.cpp) makes a Select "
+            "of them without broadcasting, and its kernel reads each at the output's index, past the end of the "
+            "smaller ones: the numbers are not the model's. Expand the condition and values to one shape in the model")
+
+
+# Initializer types the importer reads (frontend/onnx_import/util/util.hpp's get_data: double, float, half, int32,
+# int64, uint64); any other aborts the import ('<name> unsupported data type: <type>')
+READABLE_INITIALIZERS = frozenset((1, 6, 7, 10, 11, 13))
+_TYPE_NAMES = {2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 9: "bool", 12: "uint32", 16: "bfloat16"}
+
+
+def unreadable_initializers(model: Any) -> list[Blocker]:
+    """A Blocker for each node fed an initializer of a type the importer cannot read (a bool attention mask), or for the
+    initializer itself where no node reads it."""
+    found = []
+    for tensor in model.graph.initializer:
+        if tensor.data_type in READABLE_INITIALIZERS:
+            continue
+        what = _TYPE_NAMES.get(tensor.data_type, f"type {tensor.data_type}")
+        reason = (f"its input {tensor.name} is a {what} initializer: NNFusion's importer reads initializers of double, "
+                  f"float, half, int32, int64 and uint64 only (util.hpp's get_data) and aborts ('{tensor.name} "
+                  f"unsupported data type: {tensor.data_type}'). Store it as int32 or float and Cast it in the model")
+        users = [(node.name or f"{node.op_type}#{i}", node.op_type) for i, node in enumerate(model.graph.node)
+                 if tensor.name in node.input]
+        found += [Blocker(name, op, reason) for name, op in users] or [Blocker(tensor.name, "initializer", reason)]
+    return found
 
 
 def _crashes(what: str) -> Callable[[Any, dict[str, Any], Shapes], str]:
@@ -384,6 +428,7 @@ def import_faults(model: Any) -> tuple[list[Blocker], list[ShapeWarning]]:
             reason = _resize(node, model.graph, shapes, floats)
         if reason:
             found.append(Blocker(name, node.op_type, reason))
+    found += [b for b in unreadable_initializers(model) if b.node not in {f.node for f in found}]
     blocked = {b.node for b in found}
     pooled, warnings = _PoolShapes(model, shapes, opsets[""]).run(blocked)
     for i, node in enumerate(model.graph.node):
@@ -393,6 +438,8 @@ def import_faults(model: Any) -> tuple[list[Blocker], list[ShapeWarning]]:
         if said := split_sizes_ignored(node, shapes):
             warnings.append(ShapeWarning(name, said))
         if said := softmax_axis_ignored(node, shapes, opsets[""]):
+            warnings.append(ShapeWarning(name, said, "wrong numbers"))
+        if said := where_not_broadcast(node, shapes):
             warnings.append(ShapeWarning(name, said, "wrong numbers"))
     return sorted(found + pooled, key=lambda b: _order(model, b.node)), warnings
 

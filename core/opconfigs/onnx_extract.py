@@ -598,7 +598,8 @@ class _Extractor:
     def _grouped_conv(self, i: int, ws: list[int], groups: int, below: list[int], channels: int) -> tuple[str, bool]:
         attrs = _attrs(self.nodes[i])
         padding_ok = depthwise_padding_ok(list(attrs.get("pads", [])), list(attrs.get("dilations", [])), ws[2:])
-        return grouped_conv_reason(groups, channels, ws[0], padding_ok, list(attrs.get("dilations", [])))
+        return grouped_conv_reason(groups, channels, ws[0], padding_ok, list(attrs.get("dilations", [])),
+                                   spatial=len(ws) - 2)
 
     def _fuse(self, i: int, out: list[int], dtype: str, has_bias: bool) -> tuple[str, list[int]]:
         """NNFusion's Conv+Add+Relu, then Conv+Relu pattern: the op type and the nodes it consumes."""
