@@ -37,6 +37,7 @@ def test_a_depthwise_row_made_for_another_stride_of_the_same_shapes_is_named_wro
         proc = run_kdb("coverage", str(model), "--db", str(db), env={**env, "COLUMNS": "250"})
         assert "in DB" in proc.stdout, proc.stdout[-2000:]
         assert ("WRONG NUMBERS" in proc.stdout) is wrong, proc.stdout[-2000:]
+        assert proc.returncode == (1 if wrong else 0)  # a network that computes wrong numbers is no pass
         assert ("the row computes stride [2, 2], dilation [1, 1], padding [1, 1]" in proc.stdout) is wrong
 
 

@@ -128,3 +128,25 @@ def test_an_import_the_compiler_aborts_on_is_named_before_it_runs(tmp_path: Path
                                 "--out", str(tmp_path / "out"), env=env)
     assert not report["compiled"] and [b["node"] for b in report["blockers"]] == [node]
     assert aborts in Path(report["compile"]["log"]).read_text()
+
+
+def test_two_resizes_of_one_shape_and_two_modes_share_one_row_and_one_computes_wrong_numbers(tmp_path: Path):
+    """Held out in session 25 (an HRNet's nearest and bilinear upsamplings of one shape): both rows go under one
+    identifier, NNFusion runs the first for both nodes, and coverage said WRONG NUMBERS yet exited 0, kdb nnfusion too."""
+    pytest.importorskip("tvm")
+    g = GraphBuilder({"x": [1, 4, 6, 6]})
+    scales = g.constant("scales", [1, 1, 2, 2], "float32")
+    ups = [g.node("Resize", ["x", g.constant("roi", [], "float32"), scales], f"up_{mode}", mode=mode)
+           for mode in ("nearest", "linear")]
+    model = write(g.model(g.node("Add", ups, "out"), "two"), tmp_path / "m.onnx")
+    env = {"KDB_STATE_DIR": str(tmp_path / "state"), "KDB_CONFIG": str(tmp_path / "settings.toml")}
+    db = str(tmp_path / "k.db")
+    assert run_kdb("opconfig", "extract", str(model), "-o", str(tmp_path / "ops.txt"), env=env).returncode == 0
+    assert run_kdb("codegen", str(tmp_path / "ops.txt"), "--inject", "--db", db, "--arch", "sm_90", "--no-compile",
+                   env=env).returncode == 0
+    proc = run_kdb("coverage", str(model), "--db", db, env={**env, "COLUMNS": "250"})
+    assert proc.returncode == 1 and "WRONG NUMBERS: the row computes mode nearest" in proc.stdout, proc.stdout[-3000:]
+    proc, report = run_kdb_json("nnfusion", str(model), "--db", db, "--nnfusion", str(COMPILER),
+                                "--out", str(tmp_path / "out"), env=env)
+    assert proc.returncode == 1 and report["compiled"]
+    assert any(p.startswith("wrong numbers: Resize") for p in report["problems"]), report["problems"]

@@ -51,7 +51,7 @@ def main(args: argparse.Namespace) -> int:
     summary = summarize(entries)
     unbuildable = [u for u in extraction.unmapped if not u.builds]  # NNFusion's own kernel for it is no valid CUDA
     findings = bool(extraction.blockers or extraction.miscompiles or unbuildable) or any(
-        e.status in (MISSING, NOT_USED, ABORTS, DOES_NOT_BUILD) for e in entries)
+        e.status in (MISSING, NOT_USED, ABORTS, DOES_NOT_BUILD) or e.wrong_numbers for e in entries)
     if args.json:
         print_json({"model": extraction.model_name, "db": str(db.path), "db_created": created, "flags": flag_list,
                     "product_name": product, "prepass": extraction.prepass,

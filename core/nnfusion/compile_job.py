@@ -108,6 +108,8 @@ class CompileReport:
         found += [f"cannot launch: {line}" for line in self.launch_failures()]
         found += [f"wrong numbers: {copy.describe()}" for copy in (self.usage.skipped if self.usage else [])]
         found += [f"{w.kind}: node {w.node}: {w.text}" for w in self.miscompiles]  # the importer's, whatever the DB
+        found += [f"wrong numbers: {e.config.describe()}: {said}" for e in self.entries for said in e.wrong_numbers
+                  if e.row is not None and e.row.key in (self.usage.used_keys() if self.usage else set())]
         return found
 
     def promised(self) -> set[str]:

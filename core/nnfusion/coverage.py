@@ -84,6 +84,9 @@ class RowChoice:
                 "interplay_key": self.interplay_key, "interplay_why": self.interplay_why}
 
 
+WRONG_NUMBERS = "WRONG NUMBERS"  # a reason that says the row the compiler takes computes another op
+
+
 @dataclass(frozen=True)
 class CoverageEntry:
     config: OpConfig
@@ -97,6 +100,11 @@ class CoverageEntry:
     reasons: tuple[str, ...] = ()  # why rows are not used, and what else to know
     fused_away: int = 0  # occurrences NNFusion fuses into its own element-wise kernel
     lookup: str | None = None  # the identifier really looked up, when not `identifier` (a conv left unfused)
+
+    @property
+    def wrong_numbers(self) -> list[str]:
+        """The reasons that say the row the compiler takes for this op computes another op."""
+        return [r for r in self.reasons if r.startswith(WRONG_NUMBERS)]
 
     @property
     def db_flops(self) -> int:
@@ -385,9 +393,11 @@ class _Model:
         made = attrs.get("parameters", {}) if isinstance(attrs, dict) else {}
         if not unsaid or not isinstance(made, dict) or all(made.get(n) == config.params.get(n) for n, _ in unsaid):
             return ()
-        return (f"WRONG NUMBERS: the row computes {', '.join(f'{label} {made.get(n)}' for n, label in unsaid)}; this "
-                f"node has {', '.join(f'{label} {config.params.get(n)}' for n, label in unsaid)}. The compiler uses "
-                "it anyway (the identifier has the shapes only): generate this node's row in a DB of its own",)
+        return (f"{WRONG_NUMBERS}: the row computes {', '.join(f'{label} {made.get(n)}' for n, label in unsaid)}; "
+                f"this node has {', '.join(f'{label} {config.params.get(n)}' for n, label in unsaid)}. The compiler "
+                "uses it anyway (the identifier has the shapes only, and one row serves every node of them): generate "
+                "this node's row in a DB of its own; where another node of the network needs the row as it is, one "
+                "of the two computes wrong numbers whatever the DB holds",)
 
     def _why_no_rows(self, identifier: str, config: OpConfig) -> tuple[str, ...]:
         reasons = [f"{n} row(s) under DeviceType {d!r}: the compiler asks for {DEVICE_TYPE}"
