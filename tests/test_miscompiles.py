@@ -150,3 +150,26 @@ def test_two_resizes_of_one_shape_and_two_modes_share_one_row_and_one_computes_w
                                 "--out", str(tmp_path / "out"), env=env)
     assert proc.returncode == 1 and report["compiled"]
     assert any(p.startswith("wrong numbers: Resize") for p in report["problems"]), report["problems"]
+
+
+def test_a_float_batch_norm_after_a_conv_is_said_to_be_folded_as_the_compiler_folds_it(tmp_path: Path):
+    """Held out in session 25: Conv -> BatchNormalization -> Relu in float. NNFusion folds the BN into the conv and looks
+    up a Conv+Add+Relu; extraction said "no kernel-DB op type", and the Relu's promised row went unused unexplained."""
+    import subprocess
+
+    import numpy as np
+
+    from core.opconfigs.onnx_extract import extract
+
+    g = GraphBuilder({"x": [1, 8, 8, 8]})
+    conv = g.node("Conv", ["x", g.weight("w", [8, 8, 3, 3])], "conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    bn = g.node("BatchNormalization", [conv, *(g.constant(n, np.full(8, v), np.float32) for n, v in
+                                               (("gamma", 1.5), ("beta", 0.1), ("mean", 0.2), ("var", 2.0)))], "bn")
+    model = write(g.model(g.node("Relu", [bn], "out"), "cbr"), tmp_path / "m.onnx")
+    (reason,) = [u.reason for u in extract(model).unmapped if u.node == "bn"]
+    assert reason.startswith("NNFusion folds it into the convolution conv (batchnorm_inference_folding_pass")
+    (tmp_path / "out").mkdir()
+    proc = subprocess.run([str(COMPILER), str(model), "-f", "onnx", f"-fkernel_cache_path={tmp_path / 'none.db'}",
+                           "-min_log_level=0"], cwd=tmp_path / "out", capture_output=True, text=True, timeout=300)
+    fetched = [line for line in (proc.stdout + proc.stderr).splitlines() if "Trying to fetch kernel Convolution" in line]
+    assert any("Relu" in line and "Add" in line for line in fetched), fetched

@@ -471,7 +471,7 @@ class _Extractor:
         elif op in CONTROL_FLOW:
             raise _NotMapped("control flow: its subgraphs are not analysed")
         elif op == "BatchNormalization":
-            raise _NotMapped("no kernel-DB op type (fold it into the convolution before export)")
+            raise _NotMapped(self._batch_norm_reason(node))
         elif op == "Softmax":
             self._softmax(i, node)
         else:
@@ -487,6 +487,18 @@ class _Extractor:
                 self.unmapped.append(Unmapped(self.names[m], self.nodes[m].op_type, f"invalid op config: {exc.reason}"))
             return
         self.ops.append((config, tuple(self.names[m] for m in members)))
+
+    def _batch_norm_reason(self, node: Any) -> str:
+        """NNFusion's batchnorm_inference_folding_pass folds a float BatchNormInference after a Convolution into its
+        weights and a bias (not a half one), and then looks up a Conv+Add(+Relu) that kdb does not extract yet."""
+        conv = next((j for j, n in enumerate(self.nodes) if node.input[0] in n.output and n.op_type == "Conv"), None)
+        constant = all(t in self.t.initializers for t in node.input[1:5])
+        if conv is None or not constant or DTYPES.get(self.t.elem_type(node.input[0])) not in ("float", "double"):
+            return "no kernel-DB op type (fold it into the convolution before export)"
+        return (f"NNFusion folds it into the convolution {self.names[conv]} (batchnorm_inference_folding_pass, float "
+                "only) and looks up that convolution with a bias (a Conv+Add, a Conv+Add+Relu where a Relu follows), "
+                "which kdb does not extract yet: the rows coverage promises for the convolution and the Relu after "
+                "it go unused. Fold it before export (torch.onnx.export in eval mode does)")
 
     def _sole_consumer(self, tensor: str, op_type: str) -> int | None:
         """The node of this op type that is the tensor's only out-edge, if it is one."""
