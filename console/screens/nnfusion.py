@@ -273,7 +273,7 @@ class CompileScreen(ModalScreen[None]):
         if note := standalone_note(self.made_standalone, self.undo_files):
             text.insert(0, f"[$success]{escape(note)}[/]")
         text[:0] = [f"[$error]wrong numbers: {escape(copy.describe())}[/]" for copy in usage.skipped]
-        text[:0] = [f"[$error]{escape(w.kind)}: node {escape(w.node)}: {escape(w.text)}[/]" for w in report.miscompiles]
+        text[:0] = [f"[$error]{escape(w.describe())}[/]" for w in report.miscompiles]
         if failures := report.launch_failures():
             text[:0] = [f"[$error]cannot launch: {escape(line)}[/]" for line in failures] + [
                 escape(LAUNCH_ADVICE) + " [b]f[/b] here makes them standalone and compiles again."]

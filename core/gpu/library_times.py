@@ -225,14 +225,15 @@ def measure_library_times(job: CompileJob, options: HarnessOptions | None = None
     return run
 
 
-def served_ops(extraction: Extraction, entries: list[CoverageEntry]) -> tuple[list[OpTiming], int]:
+def served_ops(extraction: Extraction, entries: list[CoverageEntry]) -> tuple[list[OpTiming], int, list[str]]:
     """(one OpTiming per identifier the compiler looks up and the DB serves, in model order; how many op configs are
-    left: not served by the DB, or served by a row NNFusion has no kernel of its own to put in its place: a Resize's,
-    a ConvTranspose's, never left to the library). A fused conv whose pattern is not substituted runs the plain
-    Convolution row: that op is the plain convolution."""
+    left: not served by the DB, or served by a row NNFusion has no kernel of its own to put in its place; the op types
+    of those: a Resize, a ConvTranspose, never left to the library). A fused conv whose pattern is not substituted runs
+    the plain Convolution row: that op is the plain convolution."""
     ops: dict[str, OpTiming] = {}
-    served = [e for e in entries if e.row is not None and e.runs.startswith(DB_KERNEL)
-              and e.config.op_type not in ROW_ONLY_OP_TYPES]
+    on_rows = [e for e in entries if e.row is not None and e.runs.startswith(DB_KERNEL)]
+    row_only = sorted({e.config.op_type for e in on_rows if e.config.op_type in ROW_ONLY_OP_TYPES})
+    served = [e for e in on_rows if e.config.op_type not in ROW_ONLY_OP_TYPES]
     for entry in served:
         assert entry.row is not None
         config = replace(entry.config, op_type="Convolution") if entry.lookup else entry.config
@@ -244,15 +245,13 @@ def served_ops(extraction: Extraction, entries: list[CoverageEntry]) -> tuple[li
         occurrences = extraction.nodes.get(entry.config.key, [])
         bias = config.op_type == FUSED_OP_TYPES[1] and bool(occurrences) and len(occurrences[0]) == 2
         ops[identifier] = OpTiming(identifier, config.op_type, entry.row.key, config.describe(), runs, config, bias)
-    return list(ops.values()), len(entries) - len(served)
+    return list(ops.values()), len(entries) - len(served), row_only
 
 
 def _measure(run: LibraryTimes, tools: RunTools, workers: int, say: Progress, cancelled: Callable[[], bool]) -> None:
     say("ops", f"which ops of {run.job.model.name} the DB serves")
     extraction, entries = model_coverage(run.job)
-    run.ops, run.others = served_ops(extraction, entries)
-    only_rows = sorted({e.config.op_type for e in entries if e.row is not None and e.runs.startswith(DB_KERNEL)
-                        and e.config.op_type in ROW_ONLY_OP_TYPES})
+    run.ops, run.others, only_rows = served_ops(extraction, entries)
     if only_rows:
         run.notes.append(f"not timed: the {' and '.join(only_rows)} rows, since NNFusion has no kernel of its own to "
                          "run in their place (without a row the compile aborts): there is no library to leave them to")

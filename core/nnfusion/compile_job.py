@@ -107,9 +107,10 @@ class CompileReport:
             found.append("the launch check did not run (cancelled)")
         found += [f"cannot launch: {line}" for line in self.launch_failures()]
         found += [f"wrong numbers: {copy.describe()}" for copy in (self.usage.skipped if self.usage else [])]
-        found += [f"{w.kind}: node {w.node}: {w.text}" for w in self.miscompiles]  # the importer's, whatever the DB
+        found += [w.describe() for w in self.miscompiles]  # the importer's, whatever the DB holds
+        used = self.usage.used_keys() if self.usage else set()
         found += [f"wrong numbers: {e.config.describe()}: {said}" for e in self.entries for said in e.wrong_numbers
-                  if e.row is not None and e.row.key in (self.usage.used_keys() if self.usage else set())]
+                  if e.row is not None and e.row.key in used]
         return found
 
     def promised(self) -> set[str]:

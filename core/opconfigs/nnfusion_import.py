@@ -408,6 +408,9 @@ class ShapeWarning(NamedTuple):
     text: str
     kind: str = "wrong shape"  # or "wrong numbers": the shapes hold, the math is another
 
+    def describe(self) -> str:
+        return f"{self.kind}: node {self.node}: {self.text}"
+
 
 def import_blockers(model: Any) -> list[Blocker]:
     """The nodes of an ONNX ModelProto NNFusion cannot compile, in graph order (names as extraction gives them)."""
@@ -428,7 +431,8 @@ def import_faults(model: Any) -> tuple[list[Blocker], list[ShapeWarning]]:
             reason = _resize(node, model.graph, shapes, floats)
         if reason:
             found.append(Blocker(name, node.op_type, reason))
-    found += [b for b in unreadable_initializers(model) if b.node not in {f.node for f in found}]
+    blocked = {b.node for b in found}
+    found += [b for b in unreadable_initializers(model) if b.node not in blocked]
     blocked = {b.node for b in found}
     pooled, warnings = _PoolShapes(model, shapes, opsets[""]).run(blocked)
     for i, node in enumerate(model.graph.node):
