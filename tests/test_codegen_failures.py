@@ -75,6 +75,19 @@ def test_other_errors_keep_their_last_lines_without_the_traceback():
     assert d.excerpt == "Check failed: fb->value != 0 (0 vs. 0) : Divide by zero" and d.script == ""
 
 
+def test_a_pass_error_is_said_by_its_message_not_by_the_ir_it_underlines():
+    """TVM 0.27's pass errors print the module after "Location (TVMScript):", underlined: the reason was the last
+    underline ("ValueError: ^^^^", a half global MaxPool's codegen failure in session 25's review)."""
+    d = diagnose(ValueError("No matched reducer for the identity and the combiner of the reduction block.\n\n"
+                            "Error in pass: _pipeline\nLocation (TVMScript):\nAccess path: <root>.functions\n"
+                            "Note: The underlined object is the nearest visible parent of this path.\n"
+                            "# from tvm.script import ir as I\n@I.ir_module\nclass Module:\n"
+                            "    x = T.max(a, b)\n    ^^^^^^^^^^^^^^^"))
+    assert d.reason == "ValueError: No matched reducer for the identity and the combiner of the reduction block."
+    assert "Error in pass: _pipeline" in d.excerpt and "^" not in d.excerpt
+    assert d.script.startswith("# from tvm.script") and d.marked == [4]
+
+
 def test_source_location_of_each_kind_of_source():
     assert source_location("/w/ops.txt:12") == ("/w/ops.txt", 12)
     assert source_location("ops.toml#3") == ("ops.toml", 3)

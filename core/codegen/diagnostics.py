@@ -14,7 +14,9 @@ MAX_EXCERPT_LINES = 12
 MAX_REASON = 500
 MAX_SCRIPT = 256 * 1024  # the IR kept with a failure record; bigger modules are cut at this size
 
-_IR_HEADER = "The IR with diagnostic is:"
+# A ScheduleError prints the IR after the first; a pass's error (TVM 0.27: "Error in pass: ...") after the second
+_IR_HEADERS = ("The IR with diagnostic is:", "Location (TVMScript):")
+_PASS = "Error in pass:"
 _UNDERLINE = re.compile(r"^\s*\^+\s*$")
 _PRIMITIVE = re.compile(r"in the schedule primitive '([\w-]+)'")
 _CONDITION = re.compile(r"condition #(\d+)")
@@ -37,7 +39,7 @@ def diagnose(exc: BaseException) -> TvmDiagnosis:
     message_at = next((i for i, line in enumerate(rest) if line.startswith("Error message:")), None)
     if message_at is None:  # no schedule diagnostic: the message is what follows the traceback frames
         excerpt = [line for line in rest if line.strip() and not _FRAME.match(line)][-MAX_EXCERPT_LINES:]
-        head = excerpt[-1].strip() if excerpt else ""
+        head = next((line.strip() for line in reversed(excerpt) if not line.startswith(_PASS)), "")
         reason = head if head.startswith(f"{kind}:") else f"{kind}: {head}" if head else kind
         return TvmDiagnosis(reason[:MAX_REASON], "\n".join(excerpt), script, marked)
     message = rest[message_at].removeprefix("Error message:").strip()
@@ -54,9 +56,10 @@ def diagnose(exc: BaseException) -> TvmDiagnosis:
 
 def _split_ir(lines: list[str]) -> tuple[str, list[int], list[str]]:
     """(IR, its underlined lines, the message without the IR)."""
-    if _IR_HEADER not in lines:
+    header = next((h for h in _IR_HEADERS if h in lines), None)
+    if header is None:
         return "", [], lines
-    start = lines.index(_IR_HEADER) + 1
+    start = lines.index(header) + 1
     end = next((i for i in range(start, len(lines)) if lines[i].startswith("Error message:")), len(lines))
     body = [line for line in lines[start:end] if not line.startswith(("Access path:", "Note: "))]
     while body and not body[0].strip():
