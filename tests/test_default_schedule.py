@@ -145,3 +145,17 @@ def test_a_half_softmax_sums_in_float_and_lands_within_the_half_bound():
 @pytest.mark.parametrize("length, threads", [(256, 32), (511, 32), (512, 64), (1023, 64), (1024, 128), (12544, 128)])
 def test_a_reductions_threads_are_whole_warps_each_summing_at_least_8_terms(length: int, threads: int):
     assert reduction_threads(length) == threads
+
+
+def test_a_half_global_max_pool_generates_with_a_thread_per_output():
+    """A max of halves is a reducer of our own (a Select), which TVM cannot lower across threads ("No matched reducer":
+    a PointNet's half global MaxPool failed its codegen in session 25's review); a float one keeps a block per output."""
+    line = "cudnn_maxpool_op_{}|i+1_128_1024_1|o+1_128_1_1|win+1024_1|ws+1_1|pb+0_0|pa+0_0"
+    from core.codegen.reference import tolerance_for
+
+    configs = [parse_line(line.format(t)) for t in ("half", "float")]
+    half, single = (generate(c, "sm_90") for c in configs)
+    assert half.item is not None, half.error
+    assert half.item["gridDim"] == [1, 1, 1] and half.item["blockDim"] == [128, 1, 1]
+    assert half.max_rel_error is not None and half.max_rel_error <= tolerance_for(configs[0])
+    assert single.item is not None and single.item["gridDim"] == [128, 1, 1]

@@ -66,7 +66,7 @@ def default_schedule(mod: Any, threads: int = THREADS, *, bind: bool = True) -> 
     spatial = [loop for loop, kind in kinds if kind == "S"] or [sch.add_unit_loop(red)]
     reduce = [loop for loop, kind in kinds if kind == "R"]
     sch.reorder(*spatial, *reduce)
-    if _few_long_reductions(sch, spatial, reduce):
+    if _few_long_reductions(sch, spatial, reduce) and _lowered_across_threads(sch, red):
         _block_per_output(sch, red, out, spatial, reduce, bind)
         return sch.mod
     thread_loop = _over_threads(sch, spatial, threads, bind)
@@ -86,6 +86,15 @@ def _extent(sch: Any, loops: list[Any]) -> int:
 def _few_long_reductions(sch: Any, spatial: list[Any], reduce: list[Any]) -> bool:
     return (_extent(sch, spatial) <= CROSS_THREAD_MAX_OUTPUTS
             and bool(reduce) and _extent(sch, reduce) >= CROSS_THREAD_MIN_REDUCTION)
+
+
+def _lowered_across_threads(sch: Any, block: Any) -> bool:
+    """Whether TVM can lower this block's reduction across threads: it knows sum, product, min and max, not a
+    reducer of our own (te_ops' max of halves, a Select: "No matched reducer", a half global MaxPool in session
+    25's review), which keeps the thread-per-output schedule."""
+    from tvm import tirx
+
+    return not isinstance(sch.get(block).body.value, tirx.Select)
 
 
 def reduction_threads(length: int) -> int:
