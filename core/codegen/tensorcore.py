@@ -138,8 +138,8 @@ def define(config: OpConfig) -> tuple[list[Any], Any]:
     if g.kind == "dot":
         a = te.placeholder((g.k, g.m) if g.trans_a else (g.m, g.k), f16, name="input0")
         b = te.placeholder((g.n, g.k) if g.trans_b else (g.k, g.n), f16, name="input1")
-        a_pad = _pad(a, (g.kp, g.mp) if g.trans_a else (g.mp, g.kp), "A_pad")
-        b_pad = _pad(b, (g.np_, g.kp) if g.trans_b else (g.kp, g.np_), "B_pad")
+        a_pad = _pad(a, (g.kp, g.mp) if g.trans_a else (g.mp, g.kp), "A_pad", k_axis=0 if g.trans_a else 1)
+        b_pad = _pad(b, (g.np_, g.kp) if g.trans_b else (g.kp, g.np_), "B_pad", k_axis=1 if g.trans_b else 0)
 
         def product(i: Any, j: Any) -> Any:
             x = a_pad[kk, i] if g.trans_a else a_pad[i, kk]
@@ -152,7 +152,7 @@ def define(config: OpConfig) -> tuple[list[Any], Any]:
     if g.kind == "bmm":  # the batch axes as one (the kernel's buffers are flat)
         a = te.placeholder((g.batch, g.m, g.k), f16, name="input0")
         b = te.placeholder((g.batch, g.k, g.n), f16, name="input1")
-        a_pad, b_pad = _pad(a, (g.mp, g.kp), "A_pad"), _pad(b, (g.kp, g.np_), "B_pad")
+        a_pad, b_pad = _pad(a, (g.mp, g.kp), "A_pad", k_axis=1), _pad(b, (g.kp, g.np_), "B_pad", k_axis=0)
         c = te.compute((g.batch, g.mp, g.np_),
                        lambda bi, i, j: te.sum(a_pad[bi, i, kk].astype(f32) * b_pad[bi, kk, j].astype(f32), axis=kk),
                        name="gemm")
@@ -224,17 +224,25 @@ def plain_patches(config: OpConfig) -> bool:
             and list(p.get("padding_above_diff", [0, 0])) == [0, 0])
 
 
-def _pad(tensor: Any, shape: tuple[int, int], name: str) -> Any:
-    """A matrix (or a batch of them: the leading axis kept) zero-padded to `shape`."""
+def _pad(tensor: Any, shape: tuple[int, int], name: str, k_axis: int) -> Any:
+    """A matrix (or a batch of them: the leading axis kept) padded to `shape`: with zeros along K (axis `k_axis` of
+    the two), which the sums run over. Along M or N, a padded row is a copy of the last one: it reaches only output
+    rows (columns) the output stage drops, so it needs no test, and a row of K stays one vector (ViT's 197 tokens:
+    16-byte copies)."""
     from tvm import te, tirx
 
     *batch, rows, cols = (int(d) for d in tensor.shape)
     if (rows, cols) == shape:
         return te.compute((*batch, *shape), lambda *at: tensor[at], name=name)
+    k_padded = (rows, cols)[k_axis] != shape[k_axis]
 
     def value(*at: Any) -> Any:
         *b, i, j = at
-        return _selected(tensor[(*b, tirx.min(i, rows - 1), tirx.min(j, cols - 1))], [i < rows, j < cols])
+        read = tensor[(*b, tirx.min(i, rows - 1) if rows != shape[0] else i,
+                       tirx.min(j, cols - 1) if cols != shape[1] else j)]
+        if not k_padded:
+            return read
+        return _selected(read, [i < rows] if k_axis == 0 else [j < cols])
 
     return te.compute((*batch, *shape), value, name=name)
 
@@ -273,16 +281,18 @@ class Decisions:
 
 def vector_widths(config: OpConfig, operand: str) -> list[int]:
     """Halves an operand's copy into shared memory may move at once. A vector stays inside one row of the operand as
-    it lies in memory, aligned: a row of K halves takes 8 only when K % 8 == 0. An operand the definition pads is
-    copied one half at a time (its bounds test is per element), and so are a convolution's patches unless they are
-    the input's own rows (a 1x1, stride-1, unpadded convolution)."""
+    it lies in memory, aligned: a row of K halves takes 8 only when K % 8 == 0. An operand padded along K or along
+    its rows is copied one half at a time (its bounds test or clamp is per element), and so are a convolution's
+    patches unless they are the input's own rows (a 1x1, stride-1, unpadded convolution)."""
     g = gemm_of(config)
     if g.kind == "conv" and operand == "B":
         row, padded_sizes = (g.n if plain_patches(config) else 1), ((g.k, g.kp), (g.n, g.np_))
-    elif operand == "A":
-        row, padded_sizes = (g.m if g.trans_a else g.k), ((g.m, g.mp), (g.k, g.kp))
+    elif g.kind == "conv":
+        row, padded_sizes = g.k, ((g.m, g.mp), (g.k, g.kp))
+    elif operand == "A":  # (padded along M only, its rows are whole: `_pad` clamps the row index)
+        row, padded_sizes = (g.m, ((g.m, g.mp), (g.k, g.kp))) if g.trans_a else (g.k, ((g.k, g.kp),))
     else:
-        row, padded_sizes = (g.k if g.trans_b else g.n), ((g.k, g.kp), (g.n, g.np_))
+        row, padded_sizes = (g.k, ((g.k, g.kp),)) if g.trans_b else (g.n, ((g.k, g.kp), (g.n, g.np_)))
     if any(size != padded_size for size, padded_size in padded_sizes):
         return [1]
     widths = (8, 2, 1) if element_type(config) == "float16" else (4, 2, 1)  # (4 halves: TVM's half4, not NNFusion's)
