@@ -3,6 +3,7 @@
     python3 bench/bench_tensorcore.py sample OPS.txt KERNELS.json --per-op 6    # on the CPU: default + sampled tilings
     python3 bench/bench_tensorcore.py rows KERNELS.json --out DIR               # on a GPU: inject, verify, time, table
     python3 bench/bench_tensorcore.py tune OPS.txt --trials 128 --out DIR       # on a GPU: tuned (kdb tune's engine)
+    python3 bench/bench_tensorcore.py table DIR/tune.db --out DIR                # on a GPU: the table of a cut-off run
 
 `sample` writes each op's default kernel (what `kdb codegen` generates) and kernels of random tilings of its
 tensor-core design space (what tuning tries), so one GPU run checks many schedules. `rows` and `tune` inject through
@@ -131,13 +132,13 @@ def inject(kernels: Path, db_path: Path) -> None:
         print(f"  FAILED #{f.index} {f.name}: {f.stage}: {f.reason[:300]}")
 
 
-def tune(ops: Path, out: Path, trials: int, db_path: Path) -> None:
+def tune(ops: Path, out: Path, trials: int, db_path: Path, workers: int) -> None:
     from core.inject.pipeline import InjectOptions
     from core.opconfigs.opconfig import read_opconfigs
     from core.tuning.job import TuneJob
     from core.tuning.queue import run_queue
 
-    jobs = [TuneJob(c, trials=trials, arch="sm_90", trials_per_batch=64, builder_workers=os.cpu_count())
+    jobs = [TuneJob(c, trials=trials, arch="sm_90", trials_per_batch=64, builder_workers=workers)
             for c in read_opconfigs(ops).configs]
     start = time.perf_counter()
     report = run_queue(jobs, db_path=db_path,
@@ -152,13 +153,14 @@ def tune(ops: Path, out: Path, trials: int, db_path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("part", choices=["sample", "rows", "tune"])
+    ap.add_argument("part", choices=["sample", "rows", "tune", "table"])
     ap.add_argument("input", type=Path)
     ap.add_argument("kernels", type=Path, nargs="?", help="sample: the kernel JSON to write")
     ap.add_argument("--per-op", type=int, default=6)
     ap.add_argument("--trials", type=int, default=128)
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--math", choices=["fp32", "tf32"], default="fp32", help="sample: fp32 ops in TF32")
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="tune: build workers")
     ap.add_argument("--out", type=Path, default=Path(tempfile.mkdtemp(prefix="kdb-tc-")))
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -166,11 +168,14 @@ def main() -> None:
     if args.part == "sample":
         sample(args.input, args.kernels or args.out / "kernels.json", args.per_op, args.arch, args.math)
         return
+    if args.part == "table":  # the rows a run cut off at its time limit left in its DB
+        table(args.input, args.out, "tune")
+        return
     db_path = args.out / f"{args.part}.db"
     if args.part == "rows":
         inject(args.input, db_path)
     else:
-        tune(args.input, args.out, args.trials, db_path)
+        tune(args.input, args.out, args.trials, db_path, args.workers)
     table(db_path, args.out, args.part)
 
 
