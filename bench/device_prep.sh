@@ -6,9 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 K=".venv/bin/python -m console.entry"
 D=.devrun/s23
-.venv/bin/python bench/zoo_onnx.py /tmp/s23/onnx bert2 gpt vit gru dense se tcn mnv2 convnext towers unetb unet
+.venv/bin/python bench/zoo_onnx.py /tmp/s23/onnx bert2 gpt vit gru dense se tcn mnv2 convnext towers unetb unet resbn
 for n in bert2 gpt; do $K model fp16 /tmp/s23/onnx/$n.onnx /tmp/s23/onnx/${n}16.onnx; done
-for n in ${NETS:-bert216 gpt16 gpt vit gru dense se tcn towers unetb unet}; do
+for n in ${NETS:-bert216 gpt16 gpt vit gru dense se tcn towers unetb unet resbn}; do
   export KDB_STATE_DIR=/tmp/s23/$n KDB_CONFIG=/tmp/s23/$n/settings.toml
   rm -rf /tmp/s23/$n; mkdir -p /tmp/s23/$n; rm -f $D/$n.db*
   $K settings archs=sm_90 "nnfusion_path=${NNFUSION:-../shared/nnfusion/bin/nnfusion}" > /dev/null

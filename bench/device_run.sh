@@ -9,7 +9,7 @@ nnf=$PWD/.netrun/carry/nnfusion/bin/nnfusion
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 D=.devrun/s23; N=/tmp/net; mkdir -p $N
 if [ ! -f $N/bert216.onnx ]; then
-  python3 bench/zoo_onnx.py $N bert2 gpt vit gru dense se tcn mnv2 convnext towers unetb unet || exit 3
+  python3 bench/zoo_onnx.py $N bert2 gpt vit gru dense se tcn mnv2 convnext towers unetb unet resbn || exit 3
   for n in bert2 gpt; do python3 -m console.entry model fp16 $N/$n.onnx $N/${n}16.onnx > /dev/null; done
 fi
 mkdir -p /tmp/db; for f in $D/*.db; do [ -f /tmp/db/$(basename $f) ] || cp $f /tmp/db/; done
@@ -56,6 +56,6 @@ case "${1:-}" in
       grep FAILED $OUT/$b.log | head -5; cp /tmp/o/$b/*.json $OUT/ 2>/dev/null
     done ;;
   b) for n in ${NETS:-bert216 gru}; do never $n; done ;;
-  c) for n in ${NETS:-unetb unet towers vit dense se tcn gpt}; do run $n; done ;;  # Resize, ConvTranspose, Concat rows first
+  c) for n in ${NETS:-unetb unet towers vit dense se tcn gpt resbn}; do run $n; done ;;  # Resize, ConvTranspose, Concat rows first
   *) echo "usage: $0 a|b|c|d|rows (ROWS=, NETS= pick)"; exit 2 ;;
 esac

@@ -2,8 +2,8 @@
 # Issue 38's tuned target on one GPU: tensor-core rows tuned by kdb's engine (MetaSchedule over the mma.sync design
 # space, <= 256 trials an op) against cuDNN/cuBLAS fp16, on the ops the untuned default loses most on
 # (bench/results/h100/session25/1-val-table.txt: BERT's Dots, the ViT Dot, ResNet-50's 3x3 convolutions).
-#   call 1: bash .device/a/stage1.sh                                     (carry .device/a: TVM's compiler library)
-#   call 2: bash .device/b/stage2.sh && bash bench/h100_tune.sh          (carry .device/b; ~560 s)
+#   calls 1, 2: bash bench/device_tvm.sh 1, then 2                       (carry .device/a1, then .device/a2)
+#   call 3: bash .device/b/stage2.sh && bash bench/h100_tune.sh          (carry .device/b; ~560 s)
 # Three processes, one op list each, their build workers sharing the 16 cores; each stops at LIMIT s and its table is
 # taken from the rows it injected by then. $OUT: each process's log, table and rows JSON, one tgz.
 set -uo pipefail

@@ -20,6 +20,7 @@ NETWORKS: dict[str, Callable[[], object]] = {
     "mnv2": zoo.mobilenet_v2, "mnv2full": lambda: zoo.mobilenet_v2(max_repeats=4),
     "resnet50full": lambda: zoo.resnet50(blocks=(3, 4, 6, 3)), "convnext": zoo.convnext_block,
     "towers": zoo.two_towers, "unetb": lambda: zoo.unet_decoder(bilinear=True), "unet": zoo.unet_decoder,
+    "resbn": zoo.resnet_unfolded_bn,
 }
 
 

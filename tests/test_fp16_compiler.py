@@ -105,7 +105,7 @@ HALF_DOTS = {False: ("Dot1,128,768;768,768;1,128,768halfhalfhalf", "Dot1,128,768
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["resnet50", "bert_encoder", "gpt_decoder"])
+@pytest.mark.parametrize("name", ["resnet50", "bert_encoder", "gpt_decoder", "resnet_unfolded_bn"])
 def test_the_fp16_network_compiles_with_the_half_kernels_kdb_made(tmp_path: Path, name: str):
     from test_zoo import DB, PRODUCT, kdb, said
     from test_zoo import nvcc_compiles as nvcc_compiles_with_libraries

@@ -152,24 +152,34 @@ def test_two_resizes_of_one_shape_and_two_modes_share_one_row_and_one_computes_w
     assert any(p.startswith("wrong numbers: Resize") for p in report["problems"]), report["problems"]
 
 
-def test_a_float_batch_norm_after_a_conv_is_said_to_be_folded_as_the_compiler_folds_it(tmp_path: Path):
+def test_a_float_batch_norm_after_a_conv_is_folded_as_the_compiler_folds_it(tmp_path: Path):
     """Held out in session 25: Conv -> BatchNormalization -> Relu in float. NNFusion folds the BN into the conv and looks
-    up a Conv+Add+Relu; extraction said "no kernel-DB op type", and the Relu's promised row went unused unexplained."""
+    up a Conv+Add+Relu; extraction said "no kernel-DB op type", and the Relu's promised row went unused. Now the
+    extraction folds it too, and promises the row the compiler fetches. A BN after a conv with a bias stays (the pass
+    falls back), and says why."""
     import subprocess
 
     import numpy as np
 
     from core.opconfigs.onnx_extract import extract
 
-    g = GraphBuilder({"x": [1, 8, 8, 8]})
-    conv = g.node("Conv", ["x", g.weight("w", [8, 8, 3, 3])], "conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1])
-    bn = g.node("BatchNormalization", [conv, *(g.constant(n, np.full(8, v), np.float32) for n, v in
-                                               (("gamma", 1.5), ("beta", 0.1), ("mean", 0.2), ("var", 2.0)))], "bn")
-    model = write(g.model(g.node("Relu", [bn], "out"), "cbr"), tmp_path / "m.onnx")
-    (reason,) = [u.reason for u in extract(model).unmapped if u.node == "bn"]
-    assert reason.startswith("NNFusion folds it into the convolution conv (batchnorm_inference_folding_pass")
+    def conv_bn_relu(bias: bool) -> Path:
+        g = GraphBuilder({"x": [1, 8, 8, 8]})
+        inputs = ["x", g.weight("w", [8, 8, 3, 3])] + ([g.weight("b", [8])] if bias else [])
+        conv = g.node("Conv", inputs, "conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+        bn = g.node("BatchNormalization", [conv, *(g.constant(n, np.full(8, v), np.float32) for n, v in
+                                                   (("gamma", 1.5), ("beta", 0.1), ("mean", 0.2), ("var", 2.0)))], "bn")
+        return write(g.model(g.node("Relu", [bn], "out"), "cbr"), tmp_path / f"m{int(bias)}.onnx")
+
+    model = conv_bn_relu(bias=False)
+    extraction = extract(model)
+    (config,) = extraction.configs
+    assert config.op_type == "Fused_Convolution_Add_Relu" and not extraction.unmapped
+    assert extraction.nodes[config.key] == [("conv", "bn", "out")]
     (tmp_path / "out").mkdir()
     proc = subprocess.run([str(COMPILER), str(model), "-f", "onnx", f"-fkernel_cache_path={tmp_path / 'none.db'}",
                            "-min_log_level=0"], cwd=tmp_path / "out", capture_output=True, text=True, timeout=300)
     fetched = [line for line in (proc.stdout + proc.stderr).splitlines() if "Trying to fetch kernel Convolution" in line]
-    assert any("Relu" in line and "Add" in line for line in fetched), fetched
+    assert any(config.signature().identifier in line for line in fetched), fetched
+    (reason,) = [u.reason for u in extract(conv_bn_relu(bias=True)).unmapped if u.node == "bn"]
+    assert "does not fold it into conv: the convolution has a bias" in reason

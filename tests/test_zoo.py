@@ -107,6 +107,14 @@ MUST_RUN_FROM_DB = {
     # depthwise convolutions: DepthwiseConv2dNative rows under OpType Dot, the filter as the importer transposes it
     "mobilenet_v2": ("DepthwiseConv2dNative1,144,56,56;3,3,144,1;1,144,28,28floatfloatfloat",
                      "DepthwiseConv2dNative1,960,7,7;3,3,960,1;1,960,7,7floatfloatfloat"),
+    # BNs NNFusion folds into their convs: Conv+Add+Relu where a Relu follows, a Conv and its bias Add before the
+    # residual Add
+    "resnet_unfolded_bn": (
+        "Convolution1,3,112,112;64,3,7,7;1,64,56,56floatfloatfloatStrides{2, 2}Strides{1, 1}CoordinateDiff{3, 3}"
+        "Add1,64,56,56;1,64,56,56;1,64,56,56floatfloatfloatRelu1,64,56,56;1,64,56,56floatfloat",
+        "Convolution1,64,28,28;64,64,3,3;1,64,28,28floatfloatfloatStrides{1, 1}Strides{1, 1}CoordinateDiff{1, 1}"
+        "Add1,64,28,28;1,64,28,28;1,64,28,28floatfloatfloatRelu1,64,28,28;1,64,28,28floatfloat",
+        "Convolution1,64,28,28;256,64,1,1;1,256,28,28floatfloatfloatStrides{1, 1}Strides{1, 1}CoordinateDiff{0, 0}"),
     "convnext_block": (
         "DepthwiseConv2dNative1,96,56,56;7,7,96,1;1,96,56,56floatfloatfloat",
         "Convolution1,96,56,56;384,96,1,1;1,384,56,56floatfloatfloatStrides{1, 1}Strides{1, 1}CoordinateDiff{0, 0}",

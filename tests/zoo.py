@@ -491,6 +491,35 @@ def two_towers(users: int = 4, items: int = 16, user_features: int = 64, item_fe
     return model
 
 
+def _conv_bn(g: GraphBuilder, x: str, cin: int, cout: int, k: int, name: str, stride: int = 1) -> str:
+    """A bias-free conv and its BatchNormalization, unfolded (scale near 1, running mean and variance of a trained
+    network's order)."""
+    y = g.conv(x, cin, cout, k, stride=stride, name=name)
+    params = [g.weight(f"{name}_bn_scale", [cout], mean=1.0), g.weight(f"{name}_bn_bias", [cout]),
+              g.weight(f"{name}_bn_mean", [cout]), g.weight(f"{name}_bn_var", [cout], mean=1.0)]
+    return g.node("BatchNormalization", [y, *params], f"{name}_bn", epsilon=1e-5, momentum=0.9)
+
+
+def resnet_unfolded_bn(size: int = 112) -> ModelProto:
+    """ResNet-50's stem, first stage (2 of its 3 bottlenecks) and the second stage's downsampling block with every
+    BatchNormalization left in the graph, as the ONNX Model Zoo's resnet50-v1 and torch.onnx's exports that keep the
+    BNs write them: Conv (no bias) -> BatchNormalization -> Relu, the third conv's BN before the residual Add, the
+    shortcut's conv -> BN. NNFusion folds each BN into its conv (a filter and a bias: Conv -> Add -> Relu), and kdb
+    extracts what it then looks up."""
+    g = GraphBuilder({"x": [1, 3, size, size]})
+    y = g.node("Relu", [_conv_bn(g, "x", 3, 64, 7, "stem", stride=2)], "stem_relu")
+    y = g.node("MaxPool", [y], "stem_pool", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    cin = 64
+    for p, width, stride in (("s1b0_", 64, 1), ("s1b1_", 64, 1), ("s2b0_", 128, 2)):
+        h = g.node("Relu", [_conv_bn(g, y, cin, width, 1, f"{p}conv1")], f"{p}relu1")
+        h = g.node("Relu", [_conv_bn(g, h, width, width, 3, f"{p}conv2", stride)], f"{p}relu2")
+        h = _conv_bn(g, h, width, 4 * width, 1, f"{p}conv3")
+        shortcut = y if stride == 1 and cin == 4 * width else _conv_bn(g, y, cin, 4 * width, 1, f"{p}down", stride)
+        y = g.node("Relu", [g.node("Add", [h, shortcut], f"{p}add")], f"{p}relu3")
+        cin = 4 * width
+    return g.model(_classifier(g, y, cin), "resnet_unfolded_bn")
+
+
 ZOO: dict[str, Callable[[], ModelProto]] = {
     "resnet50": resnet50, "mobilenet_v2": mobilenet_v2, "alexnet": alexnet, "bert_encoder": bert_encoder,
     "lstm": lstm, "resnext_blocks": resnext_blocks, "nasnet_cell": nasnet_cell, "inception": inception,
@@ -498,4 +527,5 @@ ZOO: dict[str, Callable[[], ModelProto]] = {
     "convnext_block": convnext_block, "unet_decoder": unet_decoder,
     "unet_decoder_bilinear": lambda: unet_decoder(bilinear=True),
     "attention_packed": lambda: attention_bmm(packed=True), "gpt_decoder": gpt_decoder, "two_towers": two_towers,
+    "resnet_unfolded_bn": resnet_unfolded_bn,
 }

@@ -417,6 +417,7 @@ class _Extractor:
                     self.users[name].append(i)
         self.graph_outputs = {o.name for o in graph.output}
         self.graph_inputs = {t.name for t in graph.input} - set(self.t.initializers)  # NNFusion's Parameters
+        self.folded = self._folded_batch_norms()
         self.second_input_convs = self._convs_feeding_a_second_input()
         self.done: set[int] = set()
         self.ops: list[tuple[OpConfig, tuple[str, ...]]] = []
@@ -471,7 +472,7 @@ class _Extractor:
         elif op in CONTROL_FLOW:
             raise _NotMapped("control flow: its subgraphs are not analysed")
         elif op == "BatchNormalization":
-            raise _NotMapped(self._batch_norm_reason(node))
+            raise _NotMapped(self._batch_norm_reason(i))
         elif op == "Softmax":
             self._softmax(i, node)
         else:
@@ -488,17 +489,45 @@ class _Extractor:
             return
         self.ops.append((config, tuple(self.names[m] for m in members)))
 
-    def _batch_norm_reason(self, node: Any) -> str:
-        """NNFusion's batchnorm_inference_folding_pass folds a float BatchNormInference after a Convolution into its
-        weights and a bias (not a half one), and then looks up a Conv+Add(+Relu) that kdb does not extract yet."""
+    def _folded_batch_norms(self) -> dict[int, int]:
+        """Conv -> BatchNormalization pairs NNFusion's batchnorm_inference_folding_pass folds (conv -> BN, by node
+        index): the BN goes into the filter and a bias, and the compiler then has a Conv -> Add(Broadcast(bias)), as
+        a Conv with a bias input imports, and looks up the same kernels (checked with the compiler)."""
+        folded = {}
+        for i, node in enumerate(self.nodes):
+            bn = self._only_user(node.output[0], "BatchNormalization") if node.op_type == "Conv" else None
+            if bn is not None and self._fold_blocker(i, bn) is None:
+                folded[i] = bn
+        return folded
+
+    def _fold_blocker(self, conv: int, bn: int) -> str | None:
+        """Why the folding pass leaves BN `bn` after conv `conv` (batchnorm_inference_folding_pass.cpp), or None."""
+        c, b = self.nodes[conv], self.nodes[bn]
+        if len(c.input) > 2 and c.input[2]:
+            return ("the convolution has a bias, which the pass finds behind a Broadcast, not a constant ('Convolution "
+                    "bias is not constant ... Fallback')")
+        if int(_attrs(c).get("group", 1)) != 1:
+            return "a grouped (depthwise) convolution is not the Convolution node the pass matches"
+        if DTYPES.get(self.t.elem_type(c.input[1])) not in ("float", "double"):
+            return "the pass folds float and double filters only"
+        if self._only_user(c.output[0], "BatchNormalization") != bn:
+            return "the convolution's output has other users"
+        if len(b.input) < 5 or not all(t in self.t.initializers for t in (c.input[1], *b.input[1:5])) \
+                or int(_attrs(b).get("training_mode", 0)) or len([o for o in b.output if o]) != 1:
+            return "the filter or the BN's scale, bias, mean or variance is not a constant (or the BN trains)"
+        return None
+
+    def _batch_norm_reason(self, i: int) -> str:
+        """Why a BatchNormalization stays a node of its own (NNFusion's BatchNormInference, with its own kernel)."""
+        node = self.nodes[i]
         conv = next((j for j, n in enumerate(self.nodes) if node.input[0] in n.output and n.op_type == "Conv"), None)
-        constant = all(t in self.t.initializers for t in node.input[1:5])
-        if conv is None or not constant or DTYPES.get(self.t.elem_type(node.input[0])) not in ("float", "double"):
-            return "no kernel-DB op type (fold it into the convolution before export)"
-        return (f"NNFusion folds it into the convolution {self.names[conv]} (batchnorm_inference_folding_pass, float "
-                "only) and looks up that convolution with a bias (a Conv+Add, a Conv+Add+Relu where a Relu follows), "
-                "which kdb does not extract yet: the rows coverage promises for the convolution and the Relu after "
-                "it go unused. Fold it before export (torch.onnx.export in eval mode does)")
+        if conv is None:
+            return ("no kernel-DB op type: NNFusion runs its own BatchNormInference (its folding pass folds a BN into "
+                    "the convolution before it only)")
+        if (blocker := self._fold_blocker(conv, i)) is None:  # (folded, but its conv is not mapped)
+            return f"NNFusion folds it into {self.names[conv]} (batchnorm_inference_folding_pass): see that node"
+        return (f"no kernel-DB op type: NNFusion runs its own BatchNormInference. Its batchnorm_inference_folding_pass "
+                f"does not fold it into {self.names[conv]}: {blocker}")
 
     def _sole_consumer(self, tensor: str, op_type: str) -> int | None:
         """The node of this op type that is the tensor's only out-edge, if it is one."""
@@ -515,7 +544,8 @@ class _Extractor:
         found: dict[str, str] = {}
         for node in self.nodes:
             biased = len(node.input) > 2 and bool(node.input[2])  # its chain is Conv -> Add(bias) -> ...
-            if node.op_type != "Conv" or biased or int(_attrs(node).get("group", 1)) != 1:
+            if node.op_type != "Conv" or biased or int(_attrs(node).get("group", 1)) != 1 \
+                    or self.nodes.index(node) in self.folded:
                 continue
             add = self._only_user(node.output[0], "Add")
             if add is None or self.nodes[add].input[1] != node.output[0] \
@@ -575,10 +605,19 @@ class _Extractor:
             "input_shape": xs, "filter_shape": ws, "output_shape": ys, "window_movement_strides": strides,
             "window_dilation_strides": dilations, "padding_below_diff": below,
         }
-        op_type, members = self._fuse(i, ys, dtype, bool(bias)) if self.substitution else ("Convolution", [i])
+        bn = self.folded.get(i)  # a BN folded into the filter and a bias: then as a Conv with a bias input
+        has_bias = bool(bias) or bn is not None
+        op_type, members = self._fuse(i, ys, dtype, has_bias) if self.substitution else ("Convolution", [i])
         self._emit(OpConfig(op_type, params, 1, dtype, source="+".join(self.names[m] for m in members)), members)
-        if bias and op_type == "Convolution":  # NNFusion's bias Add (after a Broadcast of the bias), not fused
-            self._emit_elementwise("Add", [ys, ys], ys, dtype, f"{self.names[i]}/bias")
+        if has_bias and op_type == "Convolution":  # NNFusion's bias Add (after a Broadcast of the bias), not fused
+            self._emit_elementwise("Add", [ys, ys], ys, dtype, self._bias_unit(i))
+            if bn is not None:
+                self.done.add(bn)
+
+    def _bias_unit(self, conv: int) -> str:
+        """The name of a conv's bias Add in the graph model: "<conv>/bias", or the folded BN's own."""
+        bn = self.folded.get(conv)
+        return self.names[bn] if bn is not None else f"{self.names[conv]}/bias"
 
     def _padded_first(self, i: int, xs: list[int], below: list[int], above: list[int],
                       what: str) -> tuple[list[int], list[int]]:
@@ -615,13 +654,15 @@ class _Extractor:
 
     def _fuse(self, i: int, out: list[int], dtype: str, has_bias: bool) -> tuple[str, list[int]]:
         """NNFusion's Conv+Add+Relu, then Conv+Relu pattern: the op type and the nodes it consumes."""
-        conv_out = self.nodes[i].output[0]
+        bn = self.folded.get(i)
+        conv_out = self.nodes[bn if bn is not None else i].output[0]
         relu = self._sole_consumer(conv_out, "Relu")
         if relu is not None and self._same(relu, out, dtype):
             # With a bias NNFusion's chain is already Convolution -> Add -> Relu.
             if has_bias and self._second_input_crash(i, self.names[relu], second=False):
                 return "Convolution", [i]
-            return ("Fused_Convolution_Add_Relu" if has_bias else "Fused_Convolution_Relu"), [i, relu]
+            return ("Fused_Convolution_Add_Relu" if has_bias else "Fused_Convolution_Relu"), [
+                i, *([bn] if bn is not None else []), relu]
         add = None if has_bias else self._sole_consumer(conv_out, "Add")
         if add is None or not self._same(add, out, dtype):
             return "Convolution", [i]
@@ -917,6 +958,7 @@ class _CompilerGraph:
 
     def __init__(self, ex: _Extractor) -> None:
         self.ex = ex
+        self.folded = {ex.names[bn] for bn in ex.folded.values()}
         self.nodes: list[GraphNode] = []
         self.producer: dict[str, str] = {}  # tensor -> graph node
         self.taken: set[str] = set()
@@ -980,6 +1022,8 @@ class _CompilerGraph:
             self.producer[outs[0]] = known[0]  # no node of its own in an inference graph
         elif op in ("Conv", "ConvTranspose") and len(known) == len([t for t in node.input if t]) >= 2:
             self._conv(name, node, known, out_shape)
+        elif op == "BatchNormalization" and name in self.folded and known:  # its folded bias, as a Conv's
+            self._bias(name, known[0], out_shape, outs)
         elif op == "Gemm" and len(known) == len([t for t in node.input if t]) >= 2:
             self._gemm(name, node, known, out_shape)
         elif op == "Clip" and known:
@@ -1021,11 +1065,17 @@ class _CompilerGraph:
             weight = self._add(GraphNode(f"{name}/filter", OTHER, inputs=(weight,)), [])
         conv = self._add(GraphNode(name, OTHER, self._size(out), (data, weight)), [])
         if len(known) > 2 and len(node.input) > 2 and node.input[2]:
-            rank = len(out) if out is not None else 0
-            bias = self._add(GraphNode(f"{name}/bias_broadcast", BROADCAST, self._size(out), (known[2],),
-                                       out is not None and broadcast_fusible(out, [0, *range(2, rank)])), [])
-            conv = self._add(GraphNode(f"{name}/bias", ELEMENTWISE, self._size(out), (conv, bias)), [])
+            conv = self._bias(f"{name}/bias", conv, out, [], known[2])
         self.producer[node.output[0]] = conv
+
+    def _bias(self, name: str, conv: str, out: list[int] | None, outs: list[str], value: str | None = None) -> str:
+        """A conv's bias: Add(conv, Broadcast(bias)) over the channel axis (the importer's for a bias input, the
+        folding pass's for a BN it folds, whose bias is a constant of its own)."""
+        rank = len(out) if out is not None else 0
+        value = value or self._add(GraphNode(f"{name}/bias_value", SOURCE), [])
+        bias = self._add(GraphNode(f"{name}/bias_broadcast", BROADCAST, self._size(out), (value,),
+                                   out is not None and broadcast_fusible(out, [0, *range(2, rank)])), [])
+        return self._add(GraphNode(name, ELEMENTWISE, self._size(out), (conv, bias)), outs)
 
     def _matmul(self, name: str, node: Any, known: list[str], out: list[int] | None) -> None:
         """A Dot when the right side is a matrix and the left has rank 2 or more; else NNFusion's BatchMatMul
