@@ -36,7 +36,40 @@ def ceil_pool(path: Path) -> Path:
     return write(g.model(g.node("Relu", [y], "out"), "ceil"), path)
 
 
-@pytest.mark.parametrize("build, node, kind", [(tf_same, "c", "wrong numbers"), (ceil_pool, "pool", "wrong shape")])
+def reduce_axes_input(path: Path) -> Path:
+    """Held out in session 26: ReduceMean of opset 18 takes its axes as an input, which NNFusion's importer never
+    reads: it reduces every axis."""
+    import numpy as np
+
+    g = GraphBuilder({"x": [1, 8, 16]})
+    y = g.node("ReduceMean", [g.node("Relu", ["x"], "relu"), g.constant("axes", [-1], np.int64)], "rm", keepdims=1)
+    return write(g.model(y, "rm", opset=18), path)
+
+
+def training_bn(path: Path) -> Path:
+    """Held out in session 26: a BN exported in training mode; NNFusion folds it with its running statistics."""
+    import numpy as np
+
+    g = GraphBuilder({"x": [1, 8, 8, 8]})
+    conv = g.node("Conv", ["x", g.weight("w", [8, 8, 3, 3])], "conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    bn = g.node("BatchNormalization", [conv, *(g.constant(n, np.full(8, v), np.float32) for n, v in
+                                               (("gamma", 1.5), ("beta", 0.1), ("mean", 0.2), ("var", 2.0)))], "bn",
+                training_mode=1)
+    return write(g.model(g.node("Relu", [bn], "out"), "bntrain", opset=15), path)
+
+
+# what kdb says of the compiler, in its own code
+IN_THE_CODE = {
+    "c": ("padding_below2 = 1", "padding_below3 = 1"),  # the Pad node pads before, where ONNX pads after
+    "pool": ("NNFUSION_GRAPH_OUTPUT_SHAPE_0 {1, 4, 4, 4}",),  # the pool rounds down: 9 -> 4 where ONNX gives 5
+    "rm": ("NNFUSION_GRAPH_OUTPUT_SHAPE_0 {1, 1, 1}",),  # every axis reduced, where ONNX gives [1, 8, 1]
+    "bn": ("Convolution", "Add_Relu"),  # folded (its running statistics), then Conv+Add+Relu
+}
+
+
+@pytest.mark.parametrize("build, node, kind", [(tf_same, "c", "wrong numbers"), (ceil_pool, "pool", "wrong shape"),
+                                               (reduce_axes_input, "rm", "wrong shape"),
+                                               (training_bn, "bn", "wrong numbers")])
 def test_coverage_and_the_compile_name_the_node_nnfusion_compiles_into_another_network(tmp_path: Path, build, node,
                                                                                         kind):
     model = build(tmp_path / "m.onnx")
@@ -54,10 +87,7 @@ def test_coverage_and_the_compile_name_the_node_nnfusion_compiles_into_another_n
     assert [(w["node"], w["kind"]) for w in report["miscompiles"]] == [(node, kind)]
     assert any(p.startswith(f"{kind}: node {node}: ") for p in report["problems"])
     code = (tmp_path / "out" / "nnfusion_rt" / "cuda_codegen" / "nnfusion_rt.cu").read_text()
-    if node == "c":  # what kdb says of the compiler, in its own code: the Pad node pads before, where ONNX pads after
-        assert "padding_below2 = 1" in code and "padding_below3 = 1" in code
-    else:  # and the pool rounds down: 9 -> 4 where ONNX gives 5
-        assert "NNFUSION_GRAPH_OUTPUT_SHAPE_0 {1, 4, 4, 4}" in code
+    assert all(said in code for said in IN_THE_CODE[node]), [said for said in IN_THE_CODE[node] if said not in code]
 
 
 async def test_the_compile_dialog_says_so_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -114,9 +144,16 @@ def test_a_where_without_broadcast_is_named_and_the_compiler_reads_its_mask_at_t
     assert "Select_9_Call(dim3(8, 1, 1), dim3(512, 1, 1), 0, 0, Greater_8_0, Constant_2_0" in code
 
 
+def conv_3d(path: Path) -> Path:
+    g = GraphBuilder({"x": [1, 4, 8, 16, 16]})
+    y = g.node("Conv", ["x", g.weight("w", [8, 4, 3, 3, 3])], "c3", kernel_shape=[3, 3, 3], pads=[1] * 6)
+    return write(g.model(g.node("Relu", [y], "out"), "conv3d"), path)
+
+
 @pytest.mark.parametrize("build, node, said, aborts", [
     (bool_mask, "masked", "a bool initializer", "mask unsupported data type: 9"),
     (depthwise_1d, "dw", "1-D depthwise convolution", "Input axis order is not a permutation"),
+    (conv_3d, "c3", "3-D Conv", "Convolution with dimensions of 5 not implemented yet"),  # (held out in session 26)
 ])
 def test_an_import_the_compiler_aborts_on_is_named_before_it_runs(tmp_path: Path, build, node, said, aborts):
     """Held out in session 25: a bool attention mask stored as an initializer, a Conformer's 1-D depthwise conv."""

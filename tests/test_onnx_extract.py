@@ -632,3 +632,14 @@ def test_a_concat_nnfusion_declines_to_lay_out_in_place_is_served(model_path):
     ext = extract(model_path(model))
     served = {n[0] for c in ext.configs if c.op_type == "Concat" for n in ext.nodes[c.key]}
     assert served == {"with_input", "twice"}, ext.unmapped
+
+
+def test_a_3d_pool_is_listed_with_its_reason_not_promised(tmp_path: Path):
+    """Held out in session 26: a 3-D MaxPool was extracted as an op config that codegen then refused, so coverage said
+    "missing: tune it" for a row kdb can never make. NNFusion runs it with its own kernel."""
+    g = GraphBuilder({"x": [1, 4, 8, 16, 16]})
+    y = g.node("MaxPool", ["x"], "pool3d", kernel_shape=[2, 2, 2], strides=[2, 2, 2])
+    extraction = extract(write(g.model(g.node("Relu", [y], "out"), "pool3d"), tmp_path / "m.onnx"))
+    assert [c.op_type for c in extraction.configs] == ["Relu"]
+    (reason,) = [u.reason for u in extraction.unmapped if u.node == "pool3d"]
+    assert reason.startswith("3-D pool: kdb generates 1-D and 2-D pools")

@@ -12,6 +12,7 @@ opsets moved into inputs, or assume inputs that are optional: those patterns abo
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -100,6 +101,9 @@ def _conv(node: Any, attrs: dict[str, Any], shapes: Shapes) -> str:
         return f"Conv with auto_pad {auto_pad}: the importer aborts ('auto_pad not supported'); write the pads out"
     groups = int(attrs.get("group", 1))
     data, filters = (shapes.get(t) for t in node.input[:2]) if len(node.input) > 1 else (None, None)
+    if (rank := len(data or filters or [])) > 4:
+        return (f"{rank - 2}-D Conv: the importer takes 1-D and 2-D convolutions only and aborts ('Convolution with "
+                f"dimensions of {rank} not implemented yet', op/conv.cpp)")
     if "kernel_shape" not in attrs and filters and len(filters) != 4:
         # conv.cpp: a missing kernel_shape is the filter's last two axes, and strides, dilations and pads follow it
         return (f"{len(filters) - 2}-D Conv without kernel_shape: the importer takes the filter's last two axes as "
@@ -445,7 +449,21 @@ def import_faults(model: Any) -> tuple[list[Blocker], list[ShapeWarning]]:
             warnings.append(ShapeWarning(name, said, "wrong numbers"))
         if said := where_not_broadcast(node, shapes):
             warnings.append(ShapeWarning(name, said, "wrong numbers"))
+        if reduce_axes_ignored(node, shapes.get(node.output[0]) if node.output else None):
+            warnings.append(ShapeWarning(name, f"{node.op_type}'s axes are an input, which NNFusion's importer does "
+                                         "not read (op/reduce.hpp reads the axes attribute): it reduces every axis"))
+        if node.op_type == "BatchNormalization" and _attributes(node).get("training_mode", 0):
+            warnings.append(ShapeWarning(name, "training_mode=1 normalises by the batch's own statistics; NNFusion's "
+                                         "BatchNormInference (folded into a conv or not) uses the running mean and "
+                                         "variance", "wrong numbers"))
     return sorted(found + pooled, key=lambda b: _order(model, b.node)), warnings
+
+
+def reduce_axes_ignored(node: Any, out: list[int] | None) -> bool:
+    """A ReduceSum or ReduceMean given its axes as an input, whose output is not of one element: the importer reduces
+    every axis instead (an output of one element is the same either way)."""
+    return (node.op_type in ("ReduceSum", "ReduceMean") and node.domain in ("", "ai.onnx") and len(node.input) > 1
+            and bool(node.input[1]) and "axes" not in _attributes(node) and (out is None or math.prod(out) != 1))
 
 
 def _float_tensors(model: Any) -> set[str]:

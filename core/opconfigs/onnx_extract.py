@@ -102,6 +102,7 @@ from core.opconfigs.nnfusion_import import (
     depthwise_padding_ok,
     grouped_conv_reason,
     import_faults,
+    reduce_axes_ignored,
     resize_attributes,
     resize_unserved,
     softmax_axis,
@@ -127,18 +128,18 @@ LAYOUT_OPS = frozenset([
 ])  # fmt: skip
 # Layout ops whose NNFusion node fetches its identifier all the same (its -min_log_level=0 log), and what kdb does
 UNSERVED_LOOKUPS = {
-    "Gather": ("NNFusion imports it as GatherV2 and fetches that identifier with its indices' type in it "
-               "(GatherV210,4;1,3;1,3,4floatint64_tfloat), and a row of it under OpType Dot would be used (seen with "
+    "Gather": ("NNFusion imports it as GatherV2 and fetches that identifier with its indices' type in it (for example "
+               "GatherV210,4;1,3;1,3,4floatint64_tfloat), and a row of it under OpType Dot would be used (seen with "
                "the compiler: tests/test_row_op_type.py); kdb makes none, since an op config has one element type for "
                "all its tensors and the indices are int64_t: NNFusion's own kernel runs"),
-    "Pad": ("NNFusion fetches it as Pad<input>;<pad value>;<output> (Pad1,4,6,6;;1,4,8,8floatfloatfloat), and a row of "
-            "it under OpType Dot would be used (seen with the compiler: tests/test_row_op_type.py); kdb makes none: "
-            "the identifier has no paddings (kernel_emitter.cpp's generate_identifier adds attributes for Convolution, "
-            "AvgPool and MaxPool only), so one row would serve every Pad of those shapes, however padded: NNFusion's "
-            "own kernel runs"),
-    "Transpose": ("NNFusion imports it as a Reshape with an input order and fetches Reshape<input>;<output> "
-                  "(Reshape1,4,8,8;1,8,8,4floatfloat), and a row of it under OpType Dot would be used (seen with the "
-                  "compiler: tests/test_row_op_type.py); kdb makes none: the identifier has no order "
+    "Pad": ("NNFusion fetches it as Pad<input>;<pad value>;<output> (for example Pad1,4,6,6;;1,4,8,8floatfloatfloat), "
+            "and a row of it under OpType Dot would be used (seen with the compiler: tests/test_row_op_type.py); kdb "
+            "makes none: the identifier has no paddings (kernel_emitter.cpp's generate_identifier adds attributes for "
+            "Convolution, AvgPool and MaxPool only), so one row would serve every Pad of those shapes, however padded: "
+            "NNFusion's own kernel runs"),
+    "Transpose": ("NNFusion imports it as a Reshape with an input order and fetches Reshape<input>;<output> (for "
+                  "example Reshape1,4,8,8;1,8,8,4floatfloat), and a row of it under OpType Dot would be used (seen "
+                  "with the compiler: tests/test_row_op_type.py); kdb makes none: the identifier has no order "
                   "(kernel_emitter.cpp's generate_identifier), so one row would serve every transpose of those shapes "
                   "([0, 2, 3, 1] and [0, 3, 2, 1] alike): NNFusion's own kernel runs"),
 }
@@ -512,10 +513,9 @@ class _Extractor:
             return "the pass folds float and double filters only"
         if self._only_user(c.output[0], "BatchNormalization") != bn:
             return "the convolution's output has other users"
-        if len(b.input) < 5 or not all(t in self.t.initializers for t in (c.input[1], *b.input[1:5])) \
-                or int(_attrs(b).get("training_mode", 0)) or len([o for o in b.output if o]) != 1:
-            return "the filter or the BN's scale, bias, mean or variance is not a constant (or the BN trains)"
-        return None
+        if len(b.input) < 5 or not all(t in self.t.initializers for t in (c.input[1], *b.input[1:5])):
+            return "the filter or the BN's scale, bias, mean or variance is not a constant"
+        return None  # (training_mode is not read: a training BN is folded with its running statistics)
 
     def _batch_norm_reason(self, i: int) -> str:
         """Why a BatchNormalization stays a node of its own (NNFusion's BatchNormInference, with its own kernel)."""
@@ -582,6 +582,8 @@ class _Extractor:
         spatial = len(xs) - 2
         if spatial < 1 or len(ws) != len(xs) or len(ys) != len(xs):
             raise _NotMapped(f"input {xs}, filter {ws}: not an N,C,spatial.. convolution")
+        if spatial > 2:
+            raise _NotMapped(f"{spatial}-D convolution: NNFusion's importer takes 1-D and 2-D ones only (a blocker)")
         attrs = _attrs(node)
         if attrs.get("auto_pad", "NOTSET") != "NOTSET":
             raise _NotMapped(f"auto_pad={attrs['auto_pad']}: NNFusion's ONNX importer aborts on it (a blocker): "
@@ -776,6 +778,9 @@ class _Extractor:
         strides = list(attrs.get("strides", [1] * spatial))
         if spatial < 1 or len(window) != spatial or len(strides) != spatial:
             raise _NotMapped(f"input {xs}, kernel_shape {window}: not an N,C,spatial.. pool")
+        if spatial > 2:
+            raise _NotMapped(f"{spatial}-D pool: kdb generates 1-D and 2-D pools; NNFusion's own (cuDNN) kernel runs "
+                             "it")
         if any(d != 1 for d in attrs.get("dilations", [])):
             raise _NotMapped(f"dilations {list(attrs['dilations'])}: NNFusion's pools have none")
         below, above = _pads(attrs, xs[2:], ys[2:], window, strides)
@@ -830,6 +835,7 @@ class _Extractor:
         """NNFusion's ReduceMean: a Sum (frontend/onnx_import/op/reduce.hpp), then a Divide by the count, both
         looked up with the reduced shape (a Reshape puts kept axes back after)."""
         x, y = node.input[0], node.output[0]
+        self._axes_attribute_only(node)
         reduced = sum_shape(self.t.shape(x), _attrs(node))
         dtype = self.t.dtype([x, y])
         self.done.add(i)
@@ -841,11 +847,15 @@ class _Extractor:
         """NNFusion's ReduceSum: a Sum of the `axes` attribute (every axis without it: the importer never reads the
         axes input of opset 13 on), a Reshape after where the axes are kept."""
         x, y = node.input[0], node.output[0]
-        if len(node.input) > 1 and node.input[1] and "axes" not in _attrs(node):
-            raise _NotMapped("ReduceSum with its axes as an input (opset 13 on): NNFusion's importer reads only the "
-                             "axes attribute and reduces every axis without it (op/reduce.hpp)")
+        self._axes_attribute_only(node)
         self.done.add(i)
         self._emit_sum(i, self.t.shape(x), sum_shape(self.t.shape(x), _attrs(node)), self.t.dtype([x, y]))
+
+    def _axes_attribute_only(self, node: Any) -> None:
+        if reduce_axes_ignored(node, self.t.known_shape(node.output[0])):
+            raise _NotMapped(f"{node.op_type} with its axes as an input (ReduceSum from opset 13, ReduceMean from 18): "
+                             "NNFusion's importer reads only the axes attribute and reduces every axis without it "
+                             "(op/reduce.hpp; a wrong-shape note says so)")
 
     def _emit_sum(self, i: int, shape: list[int], reduced: list[int] | None, dtype: str) -> None:
         """The Sum NNFusion adds for a ReduceMean or ReduceSum (named "<node>/sum" in the graph model)."""
