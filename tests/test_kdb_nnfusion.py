@@ -188,3 +188,31 @@ def test_rows_nnfusion_dedupes_into_one_blockfusion_function_are_each_used_by_th
     assert set(report["promised"]) == set(report["usage"]["db_rows_used"]) >= {k for k, _ in relus.values()}
     parts = [tuple(p["rows"]) for s in report["usage"]["steps"] for p in s["parts"] if p["node"].startswith("Relu")]
     assert sorted(parts) == sorted((k,) for k, _ in relus.values())  # each node its own row, not both the first
+
+
+def test_nodes_calling_one_deduped_kernel_are_each_given_the_row_of_their_own_launch(tmp_path: Path):
+    """Held out in session 26: standalone Relus of two sizes (there after a BatchNormInference, here around a pool).
+    Their rows have one body, and NNFusion emits one function it calls with each one's grid; the usage table gave
+    both nodes both rows. The launch tells them apart."""
+    pytest.importorskip("tvm")
+    from onnx_models import GraphBuilder
+
+    g = GraphBuilder({"x": [1, 32, 16, 16]})
+    y = g.node("MaxPool", [g.node("Relu", ["x"], "relu_a")], "pool", kernel_shape=[2, 2], strides=[2, 2])
+    write(g.model(g.node("Relu", [y], "relu_b"), "relus"), tmp_path / "relus.onnx")
+    assert run_kdb("settings", f"nnfusion_path={COMPILER}", cwd=tmp_path).returncode == 0
+    for step in (("opconfig", "extract", "relus.onnx", "-o", "ops.txt"),
+                 ("codegen", "ops.txt", "--inject", "--arch", "sm_90", "--db", "k.db", "--no-compile")):
+        proc = run_kdb(*step, cwd=tmp_path)
+        assert proc.returncode == 0, (step, proc.stderr[-1500:])
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "k.db") as db:
+        relus = {k: json.loads(f)["block_function_body"] for k, f in
+                 db.execute("SELECT Key, Function FROM KernelCache WHERE Identifier LIKE 'Relu%'")}
+    assert len(relus) == 2 and len(set(relus.values())) == 1  # one body
+    proc, report = run_kdb_json("nnfusion", "relus.onnx", "--db", "k.db", cwd=tmp_path, env=BARE_PATH)
+    assert report["ok"], report["problems"]
+    relu_steps = [s for s in report["usage"]["steps"] if s["function"].startswith("Relu")]
+    assert len(relu_steps) == 2 and len({s["function"] for s in relu_steps}) == 1, relu_steps  # one function
+    assert sorted(tuple(p["rows"]) for s in relu_steps for p in s["parts"]) == sorted((k,) for k in relus)

@@ -125,7 +125,7 @@ def analyse(generated: Generated, rows: Iterable[KernelRow]) -> Usage:
             parts = _blockfusion_parts(generated, step, by_function, facts)
         else:
             assert step.kind == KERNEL
-            parts = (_part(step.node, step.function, by_function.get(step.function, ())),)
+            parts = (_part(step.node, step.function, _launched(step, by_function.get(step.function, ()), facts)),)
         steps.append(StepUse(step.node, step.kind, parts, step.function))
     return Usage(steps, uses, generated.library_calls(), generated.skipped_copies())
 
@@ -152,6 +152,14 @@ def _call_node(block_function: str, earlier: tuple[str, ...]) -> str:
     not name the nodes that share the function (NNFusion emits one per kernel), so those are said to share it."""
     node = member_node(block_function)
     return node if block_function not in earlier else f"a node sharing {node}'s kernel"
+
+
+def _launched(step: Step, keys: Sequence[str], facts: dict[str, RowFacts]) -> Sequence[str]:
+    """Of the rows whose body the step's function holds, those launched as the step launches it: rows of one body
+    and two sizes (a Relu's) are one function NNFusion calls with each one's grid. Where the launch tells none apart,
+    all."""
+    own = [k for k in keys if step.launch is None or facts[k].launch in (None, step.launch)]
+    return own or keys
 
 
 def _part(node: str, function: str, keys: Sequence[str]) -> Part:
