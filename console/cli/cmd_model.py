@@ -1,4 +1,5 @@
-"""kdb model: convert an ONNX model (fp32 -> fp16, by onnxconverter-common's converter)."""
+"""kdb model: convert an ONNX model (fp32 -> fp16, by onnxconverter-common's converter; ops NNFusion cannot import
+written out as ONNX's own definitions of them)."""
 
 from __future__ import annotations
 
@@ -6,16 +7,20 @@ import argparse
 from pathlib import Path
 
 from console.cli.output import out, print_json
+from core.opconfigs.expand_functions import expand_functions
 from core.opconfigs.fp16_model import convert_to_fp16
 
 
 def main(args: argparse.Namespace) -> int:
-    done = convert_to_fp16(Path(args.source), Path(args.output), keep_io_types=args.keep_io_types)
+    if args.model_command == "expand":
+        done = expand_functions(Path(args.source), Path(args.output))
+        next_step = f"next: kdb coverage {done.output}   (then the README's steps with it)"
+    else:
+        done = convert_to_fp16(Path(args.source), Path(args.output), keep_io_types=args.keep_io_types)
+        next_step = f"next: kdb opconfig extract {done.output} -o ops.txt   (half op configs: cublas_dot_op_half|...)"
     if args.json:
         print_json(done.as_dict())
         return 0
-    for line in done.report_lines():
+    for line in [*done.report_lines(), next_step]:
         out.print(line, markup=False, highlight=False, soft_wrap=True)
-    out.print(f"next: kdb opconfig extract {done.output} -o ops.txt   (half op configs: cublas_dot_op_half|...)",
-              markup=False, highlight=False, soft_wrap=True)
     return 0

@@ -25,7 +25,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                                  "backup the kernel DB"),
     "settings": ("console.cli.cmd_settings", "show or change the GPU/SM settings"),
     "opconfig": ("console.cli.cmd_opconfig", "extract op configs from an ONNX model, or check op-config files"),
-    "model": ("console.cli.cmd_model", "convert an ONNX model: fp16 IN OUT (onnxconverter-common's converter)"),
+    "model": ("console.cli.cmd_model", "convert an ONNX model: fp16 IN OUT (onnxconverter-common's converter), "
+              "expand IN OUT (ops NNFusion cannot import, as ONNX defines them)"),
     "coverage": ("console.cli.cmd_coverage", "what NNFusion will run for each op of an ONNX model with this DB"),
     "nnfusion": ("console.cli.cmd_nnfusion", "compile a model with NNFusion and the DB; what its code really runs"),
     "autotvm": ("console.cli.cmd_autotvm", "summarise AutoTVM tuning logs"),
@@ -230,6 +231,11 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("output", metavar="OUT.onnx")
     q.add_argument("--keep-io-types", action="store_true", help="keep the graph's inputs and outputs float (Casts "
                    "at the edges); default: half, as NNFusion compiles them")
+    q.add_argument("--json", action="store_true")
+    q = msub.add_parser("expand", help="ops NNFusion cannot import (HardSwish, HardSigmoid, Mish, ...) written out as "
+                        "ONNX's own definition of them, which it imports")
+    q.add_argument("source", metavar="IN.onnx")
+    q.add_argument("output", metavar="OUT.onnx")
     q.add_argument("--json", action="store_true")
 
     p = sub.add_parser("coverage", help=COMMANDS["coverage"][1])

@@ -83,7 +83,7 @@ def convert_to_fp16(source: Path, output: Path, *, keep_io_types: bool = False) 
         raise InputError(f"onnxconverter-common could not convert it: {type(exc).__name__}: {exc}",
                          where=str(source)) from exc
     del said  # the converter warns per tensor; the values it clamps are counted below instead
-    _write_atomically(converted, output)
+    write_model(converted, output)
     initializers = Counter(t.data_type for t in converted.graph.initializer)
     return Fp16Conversion(source, output, len(converted.graph.node), _casts(converted) - casts_before,
                           initializers[FLOAT16], initializers[FLOAT], "float" if keep_io_types else "half", clamped,
@@ -134,7 +134,8 @@ def _casts(model: Any) -> int:
     return sum(1 for n in model.graph.node if n.op_type == "Cast")
 
 
-def _write_atomically(model: Any, output: Path) -> None:
+def write_model(model: Any, output: Path) -> None:
+    """`model` saved as `output`, whole or not at all (a temporary name renamed)."""
     import onnx
 
     try:

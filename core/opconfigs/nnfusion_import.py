@@ -466,6 +466,43 @@ def reduce_axes_ignored(node: Any, out: list[int] | None) -> bool:
             and bool(node.input[1]) and "axes" not in _attributes(node) and (out is None or math.prod(out) != 1))
 
 
+def importable(op_type: str) -> bool:
+    """Whether the importer has a translator for this default-domain op."""
+    return op_type in TRANSLATED[""]
+
+
+def function_ops(op_type: str, opset: int) -> list[str] | None:
+    """The ops ONNX's definition of `op_type` (at this opset) is made of, None where it has none (not a function, or
+    one whose body depends on its inputs' types)."""
+    from onnx import defs
+
+    try:
+        schema = defs.get_schema(op_type, min(opset, defs.onnx_opset_version()), "")
+    except Exception:  # onnx.defs.SchemaError: no such op at that opset
+        return None
+    if not schema.has_function:
+        return None
+    return [n.op_type for n in function_body(schema, opset).node]
+
+
+def function_body(schema: Any, opset: int) -> Any:
+    """The schema's function body for the model's opset (bodies are versioned by the opset their ops come from)."""
+    from onnx import FunctionProto
+
+    versions = [v for v in schema.function_opset_versions if v <= opset]
+    body = FunctionProto()
+    body.ParseFromString(schema.get_function_with_opset_version(max(versions)) if versions
+                         else schema.function_body.SerializeToString())
+    return body
+
+
+def _expandable(op_type: str, opset: int) -> str:
+    """What `kdb model expand` does with an op ONNX defines as a function (a hint for the blocker's reason)."""
+    ops = [op for op in function_ops(op_type, opset) or () if op not in ("Constant", "CastLike")]  # (initializers)
+    return (f"; `kdb model expand IN OUT` writes it as ONNX's own definition ({', '.join(dict.fromkeys(ops))})"
+            if ops else "")
+
+
 def _float_tensors(model: Any) -> set[str]:
     """The model's tensors declared or inferred float32."""
     graph = model.graph
@@ -645,6 +682,7 @@ def _blocker(node: Any, opsets: dict[str, int], shapes: Shapes) -> str:
             return ""
         at = f" at opset {opsets[domain]}" if first is not None else ""
         return (f"the importer has no translator for {node.op_type}{at} and NNFusion no generic op of that name: it "
-                f"aborts ('No infershape or Antares IR found for op type: {node.op_type}')")
+                f"aborts ('No infershape or Antares IR found for op type: {node.op_type}')"
+                + (_expandable(node.op_type, opsets[domain]) if domain == "" else ""))
     check = BLOCKERS.get(node.op_type) if domain == "" else None
     return check(node, _attributes(node), shapes) if check is not None else ""

@@ -1,0 +1,196 @@
+"""ONNX ops NNFusion's importer has no translator for, written out as ONNX's own definition of them, so that the
+compiler imports the model (`kdb model expand`).
+
+Many ONNX ops are functions: their schema carries a body of simpler ops (HardSwish is HardSigmoid then Mul; HardSigmoid
+is Mul, Add, Min and Max of constants; Mish is Softplus, Tanh and Mul). NNFusion's importer aborts on such an op when it
+has no translator of its own ('No infershape or Antares IR found for op type: HardSwish': a MobileNetV3). Each one is
+replaced by the body of its schema at the model's opset, its attributes (alpha, beta) put in, and again for an op of
+the body that is itself such a function; the body's constants, which it casts to the input's type (CastLike), become
+initializers of that type. A node whose definition needs an op NNFusion cannot import either is left as it is, with
+the reason. The numbers are ONNX's own definition's, and the file is written whole or not at all.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from core.errors import InputError
+from core.opconfigs.fp16_model import write_model
+from core.opconfigs.nnfusion_import import ANY_OPSET, function_body, function_ops, importable
+from core.opconfigs.onnx_extract import read_model
+
+FLOAT = 1  # ONNX TensorProto.FLOAT: a constant's type where its input's is not known
+
+
+@dataclass(frozen=True)
+class Expansion:
+    source: Path
+    output: Path
+    expanded: dict[str, int]  # op type -> nodes written out
+    nodes_added: int
+    left: tuple[tuple[str, str, str], ...] = ()  # (node, op type, why) of nodes left as they are
+
+    def report_lines(self) -> list[str]:
+        done = ", ".join(f"{count} {op}" for op, count in sorted(self.expanded.items())) or "nothing to expand"
+        lines = [f"written: {self.output} ({done}; {self.nodes_added} nodes in their place, ONNX's own definitions)"]
+        lines += [f"left as it is: node {node} ({op}): {why}" for node, op, why in self.left]
+        return lines
+
+    def as_dict(self) -> dict[str, object]:
+        return {"source": str(self.source), "output": str(self.output), "expanded": self.expanded,
+                "nodes_added": self.nodes_added,
+                "left": [{"node": n, "op_type": op, "reason": why} for n, op, why in self.left]}
+
+
+class _Unexpandable(Exception):
+    pass
+
+
+def expand_functions(source: Path, output: Path) -> Expansion:
+    """Write `source` with every node NNFusion cannot import and ONNX defines as a function written out as that
+    function's body; InputError naming the file when it cannot be read or written."""
+    import onnx
+
+    if output.resolve() == source.resolve():
+        raise InputError("the expanded model would overwrite the model it is made from: give another OUT path",
+                         where=str(output))
+    model = read_model(source)
+    opset = next((i.version for i in model.opset_import if i.domain in ("", "ai.onnx")), ANY_OPSET)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # shape inference fails on malformed models; the types it would give are then unknown
+        inferred = model
+    graph = inferred.graph
+    types = {t.name: t.data_type for t in graph.initializer}
+    types |= {v.name: v.type.tensor_type.elem_type for v in (*graph.input, *graph.value_info, *graph.output)
+              if v.type.HasField("tensor_type")}
+    writer = _Writer(opset, types, {n.name for n in model.graph.node} | _tensor_names(model))
+    nodes, expanded, left = [], Counter(), []
+    for node in model.graph.node:
+        if node.domain not in ("", "ai.onnx") or importable(node.op_type) or function_ops(node.op_type, opset) is None:
+            nodes.append(node)
+            continue
+        mark = len(writer.initializers)
+        try:
+            nodes += writer.expand(node)
+            expanded[node.op_type] += 1
+        except _Unexpandable as exc:
+            del writer.initializers[mark:]
+            nodes.append(node)
+            left.append((node.name or node.op_type, node.op_type, str(exc)))
+    added = len(nodes) - len(model.graph.node) + sum(expanded.values())
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    model.graph.initializer.extend(writer.initializers)
+    write_model(model, output)
+    return Expansion(source, output, dict(expanded), added, tuple(left))
+
+
+def _tensor_names(model: Any) -> set[str]:
+    graph = model.graph
+    return ({t.name for t in graph.initializer} | {v.name for v in (*graph.input, *graph.output)}
+            | {name for n in graph.node for name in (*n.input, *n.output)})
+
+
+@dataclass
+class _Writer:
+    opset: int
+    types: dict[str, int]  # tensor -> ONNX element type (the model's, as shape inference gives them)
+    taken: set[str]  # node and tensor names in use
+    initializers: list[Any] = field(default_factory=list)
+
+    def expand(self, node: Any, depth: int = 0) -> list[Any]:
+        """The nodes of `node`'s definition, with fresh names for its inner tensors."""
+        from onnx import defs, helper
+
+        if depth > 8:
+            raise _Unexpandable("its definition nests functions too deep")
+        schema = defs.get_schema(node.op_type, min(self.opset, defs.onnx_opset_version()), "")
+        body = function_body(schema, self.opset)
+        given = {a.name: a for a in node.attribute}
+        defaults = {name: a.default_value for name, a in schema.attributes.items() if a.default_value.name}
+        prefix = node.name or node.output[0]
+        names = dict(zip(body.input, node.input, strict=False)) | dict(zip(body.output, node.output, strict=False))
+        input_type = next((self.types[t] for t in node.input if t in self.types), FLOAT)
+        constants: dict[str, Any] = {}
+        out: list[Any] = []
+        for k, inner in enumerate(body.node):
+            for tensor in inner.output:
+                names.setdefault(tensor, self._fresh(f"{prefix}/{tensor}"))
+            attrs = [self._attribute(a, given, defaults) for a in inner.attribute]
+            if inner.op_type == "Constant":
+                constants[inner.output[0]] = _constant_value(attrs)
+                continue
+            if inner.op_type == "CastLike" and inner.input[0] in constants:
+                target = self.types.get(names.get(inner.input[1], ""), input_type)
+                self._initializer(names[inner.output[0]], constants[inner.input[0]], target)
+                continue
+            for tensor in inner.input:
+                if tensor in constants and tensor not in names:  # a constant used as it is, of its own type
+                    names[tensor] = self._fresh(f"{prefix}/{tensor}")
+                    self._initializer(names[tensor], constants[tensor], None)
+            made = helper.make_node(inner.op_type, [names.get(t, t) if t else "" for t in inner.input],
+                                    [names[t] for t in inner.output], name=self._fresh(f"{prefix}/{inner.op_type}_{k}"),
+                                    domain=inner.domain)
+            made.attribute.extend(attrs)
+            for tensor in made.output:
+                self.types.setdefault(tensor, input_type)
+            if inner.domain not in ("", "ai.onnx"):
+                raise _Unexpandable(f"its definition uses {inner.op_type} of the {inner.domain!r} domain")
+            if importable(inner.op_type):
+                out.append(made)
+            elif function_ops(inner.op_type, self.opset) is not None:
+                out += self.expand(made, depth + 1)
+            else:
+                raise _Unexpandable(f"its definition uses {inner.op_type}, which NNFusion's importer does not "
+                                    "import either")
+        return out
+
+    def _attribute(self, attribute: Any, given: dict[str, Any], defaults: dict[str, Any]) -> Any:
+        """A body node's attribute, with a reference to the function's own attribute (`@alpha`) filled in."""
+        from onnx import AttributeProto
+
+        if not attribute.ref_attr_name:
+            return attribute
+        source = given.get(attribute.ref_attr_name) or defaults.get(attribute.ref_attr_name)
+        if source is None:
+            raise _Unexpandable(f"its definition reads attribute {attribute.ref_attr_name}, which it lacks")
+        resolved = AttributeProto()
+        resolved.CopyFrom(source)
+        resolved.name = attribute.name
+        return resolved
+
+    def _initializer(self, name: str, value: Any, elem_type: int | None) -> None:
+        import numpy as np
+        from onnx import helper, numpy_helper
+
+        if elem_type is not None:
+            value = value.astype(helper.tensor_dtype_to_np_dtype(elem_type))
+        self.initializers.append(numpy_helper.from_array(np.asarray(value), name))
+        self.types[name] = elem_type or helper.np_dtype_to_tensor_dtype(np.asarray(value).dtype)
+
+    def _fresh(self, name: str) -> str:
+        fresh, k = name, 1
+        while fresh in self.taken:
+            fresh, k = f"{name}_{k}", k + 1
+        self.taken.add(fresh)
+        return fresh
+
+
+def _constant_value(attributes: list[Any]) -> Any:
+    """A Constant node's value, as a numpy array."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    (attribute,) = attributes
+    value = helper.get_attribute_value(attribute)
+    if attribute.name == "value":
+        return numpy_helper.to_array(value)
+    dtype = {"value_float": np.float32, "value_floats": np.float32, "value_int": np.int64,
+             "value_ints": np.int64}.get(attribute.name)
+    if dtype is None:
+        raise _Unexpandable(f"its definition has a Constant of {attribute.name}")
+    return np.asarray(value, dtype=dtype)

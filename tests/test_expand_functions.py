@@ -1,0 +1,104 @@
+"""`kdb model expand`: ops NNFusion's importer cannot import, written out as ONNX's own definition of them (held out
+in session 26: a MobileNetV3's HardSwish and HardSigmoid abort the compile)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from shared_data import shared_path
+
+pytest.importorskip("onnx")
+
+from conftest import run_kdb, run_kdb_json
+from onnx_models import GraphBuilder, write
+
+from core.errors import InputError
+from core.opconfigs.expand_functions import expand_functions
+from core.opconfigs.nnfusion_import import import_blockers
+
+COMPILER = Path(os.environ.get("KDB_TEST_NNFUSION", shared_path("nnfusion/bin/nnfusion")))
+
+
+def mobilenet_v3_block(path: Path, opset: int = 18) -> Path:
+    """MobileNetV3's inverted residual with squeeze-excitation: 1x1 expand + HardSwish, depthwise 3x3 + HardSwish, SE
+    (global pool, 1x1 + Relu, 1x1 + HardSigmoid of torch's alpha 1/6, Mul), 1x1 project; and a Mish and an Elu."""
+    g = GraphBuilder({"x": [1, 16, 14, 14]})
+    y = g.node("HardSwish", [g.conv("x", 16, 64, 1, name="expand")], "expand_hs")
+    y = g.node("HardSwish", [g.conv(y, 64, 64, 3, group=64, name="dw")], "dw_hs")
+    s = g.node("GlobalAveragePool", [y], "se_pool")
+    s = g.node("Relu", [g.conv(s, 64, 16, 1, bias=True, name="se_fc1")], "se_relu")
+    s = g.node("HardSigmoid", [g.conv(s, 16, 64, 1, bias=True, name="se_fc2")], "se_hsig", alpha=1 / 6, beta=0.5)
+    y = g.conv(g.node("Mul", [y, s], "se_scale"), 64, 16, 1, name="project")
+    y = g.node("Elu", [g.node("Mish", [y], "mish")], "elu", alpha=0.7)
+    return write(g.model(y, "mnv3_block", opset=opset), path)
+
+
+def outputs(model: Path, x: np.ndarray) -> np.ndarray:
+    ort = pytest.importorskip("onnxruntime")
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    return session.run(None, {session.get_inputs()[0].name: x})[0]
+
+
+def test_the_ops_nnfusion_cannot_import_are_written_as_onnx_defines_them_and_compute_the_same(tmp_path: Path):
+    model = mobilenet_v3_block(tmp_path / "m.onnx")
+    blocked = {b.node: b.reason for b in import_blockers(__import__("onnx").load(model))}
+    assert set(blocked) == {"expand_hs", "dw_hs", "se_hsig", "mish", "elu"}
+    assert blocked["dw_hs"].endswith("`kdb model expand IN OUT` writes it as ONNX's own definition (HardSigmoid, Mul)")
+    done = expand_functions(model, tmp_path / "x.onnx")
+    assert done.expanded == {"HardSwish": 2, "HardSigmoid": 1, "Mish": 1, "Elu": 1} and not done.left
+    import onnx
+
+    expanded = onnx.load(done.output)
+    assert import_blockers(expanded) == []
+    assert {n.op_type for n in expanded.graph.node} <= {"Conv", "GlobalAveragePool", "Relu", "Mul", "Add", "Min",
+                                                        "Max", "Exp", "Log", "Tanh", "Less", "Sub", "Where"}
+    x = np.random.default_rng(0).standard_normal((1, 16, 14, 14)).astype(np.float32)
+    np.testing.assert_allclose(outputs(done.output, x), outputs(model, x), rtol=1e-5, atol=1e-6)
+
+
+def test_a_half_model_gets_its_constants_in_half(tmp_path: Path):
+    pytest.importorskip("onnxconverter_common")
+    from core.opconfigs.fp16_model import convert_to_fp16
+
+    half = convert_to_fp16(mobilenet_v3_block(tmp_path / "m.onnx"), tmp_path / "m16.onnx").output
+    done = expand_functions(half, tmp_path / "x16.onnx")
+    import onnx
+
+    expanded = onnx.load(done.output)
+    added = [t for t in expanded.graph.initializer if t.name.startswith(("expand_hs/", "se_hsig/", "elu/"))]
+    assert added and {t.data_type for t in added} == {onnx.TensorProto.FLOAT16}
+    x = np.random.default_rng(0).standard_normal((1, 16, 14, 14)).astype(np.float16)
+    np.testing.assert_allclose(outputs(done.output, x).astype(np.float32), outputs(half, x).astype(np.float32),
+                               rtol=2e-2, atol=2e-2)
+
+
+def test_a_node_whose_definition_nnfusion_cannot_import_either_is_left_with_its_reason(tmp_path: Path):
+    g = GraphBuilder({"x": [1, 8]})
+    g.node("DynamicQuantizeLinear", ["x"], "dq")
+    model = g.model("dq_out", "dq")
+    del model.graph.node[0].output[1:]
+    model.graph.node[0].output.extend(["scale", "zero"])
+    done = expand_functions(write(model, tmp_path / "m.onnx"), tmp_path / "x.onnx")
+    assert done.expanded == {} and done.left[0][:2] == ("dq", "DynamicQuantizeLinear")
+    assert "which NNFusion's importer does not import either" in done.left[0][2]
+    with pytest.raises(InputError, match="would overwrite"):
+        expand_functions(tmp_path / "m.onnx", tmp_path / "m.onnx")
+
+
+@pytest.mark.skipif(not COMPILER.is_file(), reason=f"needs the NNFusion compiler at {COMPILER} (../shared/nnfusion, "
+                    "or KDB_TEST_NNFUSION): absent on a fresh clone")
+def test_the_expanded_network_goes_through_the_readme_with_every_promise_kept(tmp_path: Path):
+    pytest.importorskip("tvm")
+    mobilenet_v3_block(tmp_path / "m.onnx")
+    assert run_kdb("settings", f"nnfusion_path={COMPILER}", "archs=sm_90", cwd=tmp_path).returncode == 0
+    assert run_kdb("coverage", "m.onnx", "--db", "k.db", cwd=tmp_path).returncode == 1  # blocked, and says why
+    for step in (("model", "expand", "m.onnx", "x.onnx"), ("opconfig", "extract", "x.onnx", "-o", "ops.txt"),
+                 ("codegen", "ops.txt", "--inject", "--db", "k.db", "--no-compile")):
+        proc = run_kdb(*step, cwd=tmp_path)
+        assert proc.returncode == 0, (step, proc.stdout[-1500:], proc.stderr[-1500:])
+    proc, report = run_kdb_json("nnfusion", "x.onnx", "--db", "k.db", cwd=tmp_path)
+    assert proc.returncode == 0 and report["ok"], report["problems"]
+    assert set(report["promised"]) == set(report["usage"]["db_rows_used"]) != set()
