@@ -111,3 +111,31 @@ async def test_a_model_from_onnx_file_to_its_story_with_the_db(tmp_path: Path, m
         recent = again.screen.query_one("#network-recent", OptionList)
         await wait_until(pilot, lambda: recent.option_count == 1, "the model among the recent ones")
         assert recent.get_option_at_index(0).id == str(model.resolve())
+
+
+async def test_e_writes_out_the_ops_nnfusion_cannot_import_as_kdb_model_expand_does_and_opens_that_model(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """`e`: the open model with its HardSwish written out by the core conversion `kdb model expand` runs (the same
+    bytes), then opened: the Network view's story is the expanded model's."""
+    monkeypatch.setenv("KDB_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("KDB_CONFIG", str(tmp_path / "settings.toml"))
+    g = GraphBuilder({"x": [1, 8, 16, 16]})
+    model = write(g.model(g.node("HardSwish", [g.conv("x", 8, 16, 3, name="c1")], "hs"), "mnv3"),
+                  tmp_path / "mnv3.onnx")
+    assert run_kdb("model", "expand", str(model), str(tmp_path / "cli.onnx")).returncode == 0
+    app = FixedDeviceApp(ConsoleContext(db_path=tmp_path / "k.db", settings=Settings(workers=1),
+                                        device_summary="no CUDA device (test)"))
+    async with app.run_test(size=(200, 50)) as pilot:
+        await pilot.press("8")
+        await pilot.press("o")
+        await wait_until(pilot, lambda: isinstance(app.screen, PathDialog), "the model's dialog")
+        app.screen.query_one("#path", Input).value = str(model)
+        await pilot.press("enter")
+        screen = app.screen
+        await wait_until(pilot, lambda: getattr(screen, "model", None) == model, "the model")
+        await pilot.press("e")
+        await wait_until(pilot, lambda: isinstance(app.screen, PathDialog), "the output's dialog")
+        assert app.screen.query_one("#path", Input).value == str(tmp_path / "mnv3-expanded.onnx")
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: screen.model == tmp_path / "mnv3-expanded.onnx", "the expanded model opened")
+    assert (tmp_path / "mnv3-expanded.onnx").read_bytes() == (tmp_path / "cli.onnx").read_bytes()

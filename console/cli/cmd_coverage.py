@@ -68,7 +68,9 @@ def main(args: argparse.Namespace) -> int:
         f"{product or 'not set'}): {ops[IN_DB]} ops run DB kernels, {ops[MISSING]} missing, {ops[NOT_USED]} with "
         f"rows the compiler will not use, {ops[FUSED_AWAY]} fused away, {ops[FALLS_BACK]} fall back, "
         f"{ops[ABORTS]} abort without a row, {ops[DOES_NOT_BUILD]} do not build; DB kernels run "
-        f"{summary['db_flops_share']:.0%} of the FLOPs"), caption_justify="left")
+        f"{summary['db_flops_share']:.0%} of the FLOPs"
+        + (f" (once it compiles: {len(extraction.blockers)} node(s) below stop the compile first)"
+           if extraction.blockers else "")), caption_justify="left")
     for col in ("status", "op type", "description", "count", "runs", "row"):
         table.add_column(col, overflow="fold", justify="right" if col == "count" else "left")
     for e in entries:

@@ -25,7 +25,7 @@ from textual.widgets.option_list import Option
 
 from console.screens.base import KdbScreen
 from console.widgets.dialogs import PathDialog, dialog_default
-from console.widgets.fp16 import ask_fp16_output, convert_and_notify
+from console.widgets.model_convert import Conversion, ask_output, convert_and_notify
 from console.widgets.ratio_bar import ratio_bar
 from core.db.state import StateDB, StoredModelEvent
 from core.nnfusion.coverage import DB_KERNEL, CoverageEntry
@@ -56,7 +56,9 @@ class NetworkScreen(KdbScreen):
         Binding("o", "open_model", "Open model"),
         Binding("c", "compile", "Compile / run", tooltip="Compile with NNFusion; in the dialog r runs, t times each "
                 "op, n keeps only the rows that make the network faster"),
-        Binding("h", "convert_to_fp16", "fp16", tooltip="Convert the model to fp16 and open that one"),
+        Binding("h", "convert('fp16')", "fp16", tooltip="Convert the model to fp16 and open that one"),
+        Binding("e", "convert('expand')", "Expand", tooltip="Write out the ops NNFusion cannot import (HardSwish, ...) "
+                "as ONNX defines them, and open that model"),
         Binding("k", "open_row", "Open row", tooltip="The selected op's DB row in the Kernels view"),
         Binding("R", "reload", "Reload", show=False),
     ]
@@ -212,7 +214,7 @@ class NetworkScreen(KdbScreen):
             self.load(self.model)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action in ("compile", "convert_to_fp16", "reload", "open_row"):
+        if action in ("compile", "convert", "reload", "open_row"):
             return True if self.model is not None else None
         return True
 
@@ -232,12 +234,12 @@ class NetworkScreen(KdbScreen):
         if self.model is not None:
             self.app.push_screen(compile_screen(self.context, self.model), lambda _: self.action_reload())
 
-    def action_convert_to_fp16(self) -> None:
-        """`kdb model fp16`: the model written in fp16 (depthwise convs kept float), then opened here."""
+    def action_convert(self, kind: Conversion) -> None:
+        """`kdb model fp16` (depthwise convs kept float) or `kdb model expand`: the model written, then opened here."""
         model = self.model
         if model is not None:
-            ask_fp16_output(self.app, model, lambda output: self.convert(model, output))
+            ask_output(self.app, model, kind, lambda output: self.convert(model, output, kind))
 
     @work(thread=True, exit_on_error=False, group="network-convert")
-    def convert(self, model: Path, output: Path) -> None:
-        self.app.call_from_thread(self.open_model, convert_and_notify(self.app, model, output))
+    def convert(self, model: Path, output: Path, kind: Conversion) -> None:
+        self.app.call_from_thread(self.open_model, convert_and_notify(self.app, model, output, kind))

@@ -27,8 +27,8 @@ from textual.worker import Worker, WorkerState, get_current_worker
 from console.context import ConsoleContext
 from console.screens.base import KdbScreen
 from console.widgets.dialogs import ConfirmDialog, PathDialog, dialog_default
-from console.widgets.fp16 import ask_fp16_output, convert_and_notify
 from console.widgets.generate_panel import GeneratePanel
+from console.widgets.model_convert import Conversion, ask_output, convert_and_notify
 from console.widgets.opconfig_detail import ImportReport, OpConfigDetail
 from console.widgets.opconfig_dialog import DEFAULT_TEMPLATE, OpConfigDialog
 from console.widgets.opconfig_table import OpConfigTable, OpListStatus
@@ -63,7 +63,9 @@ class OpConfigsScreen(KdbScreen):
         Binding("c", "coverage", "Coverage"),
         Binding("g", "generate", "Generate", tooltip="Generate & inject"),
         Binding("n", "compile_with_nnfusion", "NNFusion", tooltip="Compile with NNFusion"),
-        Binding("h", "convert_to_fp16", "fp16", tooltip="Convert the model to fp16 and import it"),
+        Binding("h", "convert('fp16')", "fp16", tooltip="Convert the model to fp16 and import it"),
+        Binding("E", "convert('expand')", "Expand", show=False, tooltip="Write out the ops NNFusion cannot import "
+                "(HardSwish, ...) as ONNX defines them, and import that model"),
         Binding("escape", "cancel_run", "Cancel", tooltip="Cancel the run"),
         Binding("f", "show_failures", "Failures", tooltip="Show the failures of the last run"),
         Binding("D", "clear", "Clear the list", show=False),
@@ -187,7 +189,7 @@ class OpConfigsScreen(KdbScreen):
             return False if self.running else (True if self.configs else None)
         if action == "cancel_run":
             return self.running
-        if action in ("compile_with_nnfusion", "convert_to_fp16"):
+        if action in ("compile_with_nnfusion", "convert"):
             return True if self.models else None
         if action == "show_failures":
             return bool(self.result and self.result.failed)
@@ -331,15 +333,16 @@ class OpConfigsScreen(KdbScreen):
 
             self.app.push_screen(compile_screen(self.context, next(reversed(self.models))))
 
-    def action_convert_to_fp16(self) -> None:
-        """`kdb model fp16`: the newest imported model written in fp16 (depthwise convs kept float), then imported."""
+    def action_convert(self, kind: Conversion) -> None:
+        """`kdb model fp16` (depthwise convs kept float) or `kdb model expand`: the newest imported model written,
+        then imported."""
         if self.models:
             model = next(reversed(self.models))
-            ask_fp16_output(self.app, model, lambda output: self.convert_and_import(model, output))
+            ask_output(self.app, model, kind, lambda output: self.convert_and_import(model, output, kind))
 
     @work(thread=True, exit_on_error=False, group="import")
-    def convert_and_import(self, model: Path, output: Path) -> None:
-        self._read_and_post(convert_and_notify(self.app, model, output))
+    def convert_and_import(self, model: Path, output: Path, kind: Conversion) -> None:
+        self._read_and_post(convert_and_notify(self.app, model, output, kind))
 
     def on_op_configs_screen_covered(self, message: Covered) -> None:
         if message.generation != self.coverage_generation:
