@@ -122,6 +122,9 @@ def print_report(report: InjectReport, db_path: Path, *, notes: list[str] | None
     status = "cancelled" if report.cancelled else "done"
     out.print(f"[bold]{status}[/]: {report.injected} injected, {report.unchanged} unchanged, "
               f"[{'red' if report.failed else 'green'}]{report.failed} failed[/] -> {db_path}")
+    if not (report.injected or report.unchanged or report.failed or report.cancelled):
+        out.print("[yellow]the input holds no kernels: nothing was injected (was codegen's output empty? `kdb "
+                  "opconfig extract` lists why a model's ops give none)[/]")
     if report.replaced_rows:
         out.print(f"{report.replaced_rows} older rows replaced (backup: {report.backup})")
     for note in report.notes if notes is None else notes:
