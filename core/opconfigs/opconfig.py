@@ -235,7 +235,7 @@ class OpConfig:
 
 
 def _dims(values: Iterable[int]) -> str:
-    return "x".join(str(v) for v in values)
+    return "x".join(str(v) for v in values) or "scalar"
 
 
 def validate(config: OpConfig) -> OpSignature:
