@@ -216,3 +216,25 @@ def test_nodes_calling_one_deduped_kernel_are_each_given_the_row_of_their_own_la
     relu_steps = [s for s in report["usage"]["steps"] if s["function"].startswith("Relu")]
     assert len(relu_steps) == 2 and len({s["function"] for s in relu_steps}) == 1, relu_steps  # one function
     assert sorted(tuple(p["rows"]) for s in relu_steps for p in s["parts"]) == sorted((k,) for k in relus)
+
+
+def test_a_log_softmax_is_served_as_the_softmax_and_the_log_nnfusion_looks_up(tmp_path: Path):
+    """Held out in session 26 (a CRNN's per-step LogSoftmax): the importer writes it as its Softmax and a Log
+    (op/log_softmax.hpp), and looks both up; extraction said "no kernel-DB op type", and rows of them were used
+    unpromised."""
+    pytest.importorskip("tvm")
+    from onnx_models import GraphBuilder
+
+    g = GraphBuilder({"x": [1, 8, 37]})
+    write(g.model(g.node("LogSoftmax", [g.node("Relu", ["x"], "relu")], "lsm", axis=-1), "lsm", opset=13),
+          tmp_path / "lsm.onnx")
+    assert run_kdb("settings", f"nnfusion_path={COMPILER}", cwd=tmp_path).returncode == 0
+    for step in (("opconfig", "extract", "lsm.onnx", "-o", "ops.txt"),
+                 ("codegen", "ops.txt", "--inject", "--arch", "sm_90", "--db", "k.db", "--no-compile")):
+        proc = run_kdb(*step, cwd=tmp_path)
+        assert proc.returncode == 0, (step, proc.stderr[-1500:])
+    assert [line.split("|")[0] for line in (tmp_path / "ops.txt").read_text().split()] == [
+        "elementwise_relu_op_float", "cudnn_softmax_op_float", "elementwise_log_op_float"]
+    proc, report = run_kdb_json("nnfusion", "lsm.onnx", "--db", "k.db", cwd=tmp_path, env=BARE_PATH)
+    assert proc.returncode == 0 and report["ok"], report["problems"]
+    assert set(report["promised"]) == set(report["usage"]["db_rows_used"]) and len(report["promised"]) == 3

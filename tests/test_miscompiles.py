@@ -58,18 +58,30 @@ def training_bn(path: Path) -> Path:
     return write(g.model(g.node("Relu", [bn], "out"), "bntrain", opset=15), path)
 
 
+def squeeze_axes_input(path: Path) -> Path:
+    """Held out in session 26 (a CRNN's height squeezed away): opset 13's Squeeze takes its axes as an input, which the
+    importer never reads: it removes the batch axis too."""
+    import numpy as np
+
+    g = GraphBuilder({"x": [1, 8, 1, 16]})
+    y = g.node("Squeeze", [g.node("Relu", ["x"], "relu"), g.constant("axes", [2], np.int64)], "sq")
+    return write(g.model(y, "sq", opset=13), path)
+
+
 # what kdb says of the compiler, in its own code
 IN_THE_CODE = {
     "c": ("padding_below2 = 1", "padding_below3 = 1"),  # the Pad node pads before, where ONNX pads after
     "pool": ("NNFUSION_GRAPH_OUTPUT_SHAPE_0 {1, 4, 4, 4}",),  # the pool rounds down: 9 -> 4 where ONNX gives 5
     "rm": ("NNFUSION_GRAPH_OUTPUT_SHAPE_0 {1, 1, 1}",),  # every axis reduced, where ONNX gives [1, 8, 1]
     "bn": ("Convolution", "Add_Relu"),  # folded (its running statistics), then Conv+Add+Relu
+    "sq": ("NNFUSION_GRAPH_OUTPUT_SHAPE_0 {8, 16}",),  # the batch axis squeezed too, where ONNX gives [1, 8, 16]
 }
 
 
 @pytest.mark.parametrize("build, node, kind", [(tf_same, "c", "wrong numbers"), (ceil_pool, "pool", "wrong shape"),
                                                (reduce_axes_input, "rm", "wrong shape"),
-                                               (training_bn, "bn", "wrong numbers")])
+                                               (training_bn, "bn", "wrong numbers"),
+                                               (squeeze_axes_input, "sq", "wrong shape")])
 def test_coverage_and_the_compile_name_the_node_nnfusion_compiles_into_another_network(tmp_path: Path, build, node,
                                                                                         kind):
     model = build(tmp_path / "m.onnx")

@@ -125,7 +125,7 @@ def grouped_conv_reason(groups: int, channels: int, filters: int, padding_ok: bo
         return (f"{spatial}-D depthwise convolution (group={groups}): NNFusion's importer makes every depthwise conv "
                 "a DepthwiseConv2dNative, whose filter Reshape takes 4-D only: it aborts ('Input axis order is not a "
                 f"permutation', axis order {{2, 3, 0, 1}} of the {spatial + 2}-D filter; seen with the compiler). "
-                "Write it as a 2-D conv (an Unsqueeze to [N, C, 1, L] and a 1 x k kernel)", False)
+                "Write it as a 2-D conv (a Reshape to [N, C, 1, L] and a 1 x k kernel)", False)
     if groups != channels:
         return (f"grouped convolution (group={groups}, not depthwise): NNFusion's ONNX importer aborts on it (its "
                 "CHECK 'n_filters_channels & groups == 0' in frontend/onnx_import/op/conv.cpp fails for every group "
@@ -449,6 +449,8 @@ def import_faults(model: Any) -> tuple[list[Blocker], list[ShapeWarning]]:
             warnings.append(ShapeWarning(name, said, "wrong numbers"))
         if said := where_not_broadcast(node, shapes):
             warnings.append(ShapeWarning(name, said, "wrong numbers"))
+        if said := squeeze_axes_ignored(node, shapes):
+            warnings.append(ShapeWarning(name, said))
         if reduce_axes_ignored(node, shapes.get(node.output[0]) if node.output else None):
             warnings.append(ShapeWarning(name, f"{node.op_type}'s axes are an input, which NNFusion's importer does "
                                          "not read (op/reduce.hpp reads the axes attribute): it reduces every axis"))
@@ -457,6 +459,22 @@ def import_faults(model: Any) -> tuple[list[Blocker], list[ShapeWarning]]:
                                          "BatchNormInference (folded into a conv or not) uses the running mean and "
                                          "variance", "wrong numbers"))
     return sorted(found + pooled, key=lambda b: _order(model, b.node)), warnings
+
+
+def squeeze_axes_ignored(node: Any, shapes: Shapes) -> str:
+    """A Squeeze given its axes as an input (opset 13 on): the importer reads only the attribute and, without it,
+    removes every axis of size 1 (op/squeeze.cpp). Wrong where the input has another axis of size 1 (batch 1)."""
+    if node.op_type != "Squeeze" or len(node.input) < 2 or not node.input[1] or "axes" in _attributes(node):
+        return ""
+    given, out = shapes.get(node.input[0]), shapes.get(node.output[0]) if node.output else None
+    if given is None:
+        return ""
+    ours = [d for d in given if d != 1]
+    if ours == out:
+        return ""
+    return (f"Squeeze's axes are an input, which NNFusion's importer does not read (op/squeeze.cpp reads the axes "
+            f"attribute): it removes every axis of size 1, {given} -> {ours}, where ONNX gives {out} (what follows may "
+            "then abort); export at opset 11, or use a Reshape")
 
 
 def reduce_axes_ignored(node: Any, out: list[int] | None) -> bool:

@@ -476,6 +476,10 @@ class _Extractor:
             raise _NotMapped(self._batch_norm_reason(i))
         elif op == "Softmax":
             self._softmax(i, node)
+        elif op == "LogSoftmax":  # the importer's Softmax, then a Log (op/log_softmax.hpp)
+            self._softmax(i, node)
+            out = self.t.shape(node.output[0])
+            self._emit_elementwise("Log", [out], out, self.t.dtype([node.output[0]]), f"{self.names[i]}/log")
         else:
             raise _NotMapped("no kernel-DB op type")
 
@@ -863,6 +867,11 @@ class _Extractor:
         if reduced is None:
             self.unmapped.append(Unmapped(unit, "Sum", "its input's shape is unknown"))
             return
+        if not reduced:
+            self.unmapped.append(Unmapped(unit, "Sum", f"a Sum of every axis (to a scalar): NNFusion looks it up as "
+                                          f"Sum{','.join(map(str, shape))};{dtype}{dtype}, and kdb makes no row of a "
+                                          "rank-0 output"))
+            return
         self._emit_added(OpConfig(SUM, {"input_shape": shape, "output_shape": reduced}, 1, dtype, source=unit), unit)
 
     def _softmax(self, i: int, node: Any) -> None:
@@ -1034,6 +1043,9 @@ class _CompilerGraph:
             self._conv(name, node, known, out_shape)
         elif op == "BatchNormalization" and name in self.folded and known:  # its folded bias, as a Conv's
             self._bias(name, known[0], out_shape, outs)
+        elif op == "LogSoftmax" and known:  # the importer's Softmax, then a Log
+            softmax = self._add(GraphNode(f"{name}/softmax", OTHER, self._size(out_shape), (known[0],)), [])
+            self._add(GraphNode(f"{name}/log", ELEMENTWISE, self._size(out_shape), (softmax,)), outs)
         elif op == "Gemm" and len(known) == len([t for t in node.input if t]) >= 2:
             self._gemm(name, node, known, out_shape)
         elif op == "Clip" and known:
