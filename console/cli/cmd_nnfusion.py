@@ -122,7 +122,7 @@ def main(args: argparse.Namespace) -> int:
     if launches is not None and launches.error:
         out.print(f"[red]launch check could not run[/] ({launches.arch}): {launches.error}", highlight=False)
     elif launches is not None:
-        out.print(f"launch check ({launches.arch}): {launches.summary()}", highlight=False)
+        out.print(f"launch check ({launches.arch}): {report.launch_summary()}", highlight=False)
     else:
         out.print("launch check: skipped (--no-launch-check)", highlight=False)
     if note := report.standalone_note():

@@ -269,7 +269,7 @@ class CompileScreen(ModalScreen[None]):
         if launches is not None and launches.error:
             text.insert(0, f"[$error]launch check could not run ({launches.arch}): {escape(launches.error)}[/]")
         elif launches is not None:
-            text.append(f"[dim]launch check ({launches.arch})[/] {escape(launches.summary())}")
+            text.append(f"[dim]launch check ({launches.arch})[/] {escape(report.launch_summary())}")
         if note := standalone_note(self.made_standalone, self.undo_files):
             text.insert(0, f"[$success]{escape(note)}[/]")
         text[:0] = [f"[$error]wrong numbers: {escape(copy.describe())}[/]" for copy in usage.skipped]

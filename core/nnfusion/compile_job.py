@@ -171,6 +171,19 @@ class CompileReport:
         """What fitting the launches changed in the DB and how to put it back ("" when it changed nothing)."""
         return standalone_note(self.made_standalone, self.undo_files)
 
+    def launch_summary(self) -> str:
+        """The launch check in one line, and the kernel steps it could not see: NNFusion's library-backed functions
+        (its own softmax, called without a launch configuration) launch their kernels inside."""
+        if self.launches is None:
+            return ""
+        line = self.launches.summary()
+        steps = len(self.usage.kernel_launches()) if self.usage else 0
+        if not self.launches.error and steps > self.launches.launch_count:
+            unseen = steps - self.launches.launch_count
+            line += (f"; {unseen} step{'s' * (unseen != 1)} call NNFusion's library-backed functions, which launch "
+                     "their own kernels inside: not checked")
+        return line
+
     def launch_failures(self) -> list[str]:
         """Launches that cannot start on the GPU, each with its reason and the DB rows fused into it."""
         lines = []
