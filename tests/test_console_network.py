@@ -35,6 +35,16 @@ def _history(app: FixedDeviceApp) -> list[tuple[str, str]]:
     return [(str(table.get_row(k)[1]), str(table.get_row(k)[3])) for k in table.rows]
 
 
+async def open_in_network_view(pilot, app: FixedDeviceApp, model: Path):  # type: ignore[no-untyped-def]
+    """The Network view (8), the model opened with `o` as a user types its path; the view."""
+    await pilot.press("8")
+    await pilot.press("o")
+    await wait_until(pilot, lambda: isinstance(app.screen, PathDialog), "the model's dialog")
+    app.screen.query_one("#path", Input).value = str(model)
+    await pilot.press("enter")
+    return app.screen
+
+
 @needs_compiler
 async def test_a_model_from_onnx_file_to_its_story_with_the_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     from test_nnfusion_compiler import build_db
@@ -52,12 +62,7 @@ async def test_a_model_from_onnx_file_to_its_story_with_the_db(tmp_path: Path, m
 
     app = FixedDeviceApp(ConsoleContext(db_path=db, settings=settings, device_summary="no CUDA device (test)"))
     async with app.run_test(size=(200, 50)) as pilot:
-        await pilot.press("8")
-        await pilot.press("o")
-        await wait_until(pilot, lambda: isinstance(app.screen, PathDialog), "the model's dialog")
-        app.screen.query_one("#path", Input).value = str(model)
-        await pilot.press("enter")
-        screen = app.screen
+        screen = await open_in_network_view(pilot, app, model)
         ops = screen.query_one("#network-ops", DataTable)
         await wait_until(pilot, lambda: ops.row_count == len(coverage["entries"]), "the model's ops")
         shown = [(str(ops.get_row(k)[0]), str(ops.get_row(k)[2])) for k in ops.rows]
@@ -126,12 +131,7 @@ async def test_e_writes_out_the_ops_nnfusion_cannot_import_as_kdb_model_expand_d
     app = FixedDeviceApp(ConsoleContext(db_path=tmp_path / "k.db", settings=Settings(workers=1),
                                         device_summary="no CUDA device (test)"))
     async with app.run_test(size=(200, 50)) as pilot:
-        await pilot.press("8")
-        await pilot.press("o")
-        await wait_until(pilot, lambda: isinstance(app.screen, PathDialog), "the model's dialog")
-        app.screen.query_one("#path", Input).value = str(model)
-        await pilot.press("enter")
-        screen = app.screen
+        screen = await open_in_network_view(pilot, app, model)
         await wait_until(pilot, lambda: getattr(screen, "model", None) == model, "the model")
         await pilot.press("e")
         await wait_until(pilot, lambda: isinstance(app.screen, PathDialog), "the output's dialog")

@@ -88,6 +88,14 @@ def test_a_launch_check_that_cannot_run_fails_the_command_and_says_why(tmp_path:
     assert skipped.returncode == 0 and "launch check: skipped" in skipped.stdout, skipped.stdout
 
 
+def extract_and_generate(work: Path, model: str) -> None:
+    """The README's extract, then codegen --inject into k.db (no nvcc check), in `work`."""
+    for step in (("opconfig", "extract", model, "-o", "ops.txt"),
+                 ("codegen", "ops.txt", "--inject", "--arch", "sm_90", "--db", "k.db", "--no-compile")):
+        proc = run_kdb(*step, cwd=work)
+        assert proc.returncode == 0, (step, proc.stderr[-1500:])
+
+
 def test_launches_and_distinct_kernels_are_counted_as_what_they_are(tmp_path: Path):
     """An unrolled LSTM: 32 MatMuls of one shape run one DB row, fused by BlockFusion into a few kernels. The report
     said "N kernel launches" of kernel_entry's steps (library calls included) and then "all M kernel launches fit"
@@ -173,10 +181,7 @@ def test_rows_nnfusion_dedupes_into_one_blockfusion_function_are_each_used_by_th
     flat = [g.node("Reshape", [p, g.constant(f"shape_{k}", [1, 1024])], f"flat_{k}") for k, p in enumerate(pooled)]
     write(g.model(g.node("Sigmoid", [g.node("Add", flat, "sum")], "out"), "twins"), tmp_path / "twins.onnx")
     assert run_kdb("settings", f"nnfusion_path={COMPILER}", cwd=tmp_path).returncode == 0
-    for step in (("opconfig", "extract", "twins.onnx", "-o", "ops.txt"),
-                 ("codegen", "ops.txt", "--inject", "--arch", "sm_90", "--db", "k.db", "--no-compile")):
-        proc = run_kdb(*step, cwd=tmp_path)
-        assert proc.returncode == 0, (step, proc.stderr[-1500:])
+    extract_and_generate(tmp_path, "twins.onnx")
     import sqlite3
 
     with sqlite3.connect(tmp_path / "k.db") as db:
@@ -201,17 +206,14 @@ def test_nodes_calling_one_deduped_kernel_are_each_given_the_row_of_their_own_la
     y = g.node("MaxPool", [g.node("Relu", ["x"], "relu_a")], "pool", kernel_shape=[2, 2], strides=[2, 2])
     write(g.model(g.node("Relu", [y], "relu_b"), "relus"), tmp_path / "relus.onnx")
     assert run_kdb("settings", f"nnfusion_path={COMPILER}", cwd=tmp_path).returncode == 0
-    for step in (("opconfig", "extract", "relus.onnx", "-o", "ops.txt"),
-                 ("codegen", "ops.txt", "--inject", "--arch", "sm_90", "--db", "k.db", "--no-compile")):
-        proc = run_kdb(*step, cwd=tmp_path)
-        assert proc.returncode == 0, (step, proc.stderr[-1500:])
+    extract_and_generate(tmp_path, "relus.onnx")
     import sqlite3
 
     with sqlite3.connect(tmp_path / "k.db") as db:
         relus = {k: json.loads(f)["block_function_body"] for k, f in
                  db.execute("SELECT Key, Function FROM KernelCache WHERE Identifier LIKE 'Relu%'")}
     assert len(relus) == 2 and len(set(relus.values())) == 1  # one body
-    proc, report = run_kdb_json("nnfusion", "relus.onnx", "--db", "k.db", cwd=tmp_path, env=BARE_PATH)
+    _, report = run_kdb_json("nnfusion", "relus.onnx", "--db", "k.db", cwd=tmp_path, env=BARE_PATH)
     assert report["ok"], report["problems"]
     relu_steps = [s for s in report["usage"]["steps"] if s["function"].startswith("Relu")]
     assert len(relu_steps) == 2 and len({s["function"] for s in relu_steps}) == 1, relu_steps  # one function
@@ -229,10 +231,7 @@ def test_a_log_softmax_is_served_as_the_softmax_and_the_log_nnfusion_looks_up(tm
     write(g.model(g.node("LogSoftmax", [g.node("Relu", ["x"], "relu")], "lsm", axis=-1), "lsm", opset=13),
           tmp_path / "lsm.onnx")
     assert run_kdb("settings", f"nnfusion_path={COMPILER}", cwd=tmp_path).returncode == 0
-    for step in (("opconfig", "extract", "lsm.onnx", "-o", "ops.txt"),
-                 ("codegen", "ops.txt", "--inject", "--arch", "sm_90", "--db", "k.db", "--no-compile")):
-        proc = run_kdb(*step, cwd=tmp_path)
-        assert proc.returncode == 0, (step, proc.stderr[-1500:])
+    extract_and_generate(tmp_path, "lsm.onnx")
     assert [line.split("|")[0] for line in (tmp_path / "ops.txt").read_text().split()] == [
         "elementwise_relu_op_float", "cudnn_softmax_op_float", "elementwise_log_op_float"]
     proc, report = run_kdb_json("nnfusion", "lsm.onnx", "--db", "k.db", cwd=tmp_path, env=BARE_PATH)
