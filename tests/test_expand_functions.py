@@ -102,3 +102,23 @@ def test_the_expanded_network_goes_through_the_readme_with_every_promise_kept(tm
     proc, report = run_kdb_json("nnfusion", "x.onnx", "--db", "k.db", cwd=tmp_path)
     assert proc.returncode == 0 and report["ok"], report["problems"]
     assert set(report["promised"]) == set(report["usage"]["db_rows_used"]) != set()
+
+
+def test_an_inference_dropout_is_written_as_the_identity_it_is(tmp_path: Path):
+    """Held out in session 26: a Dropout with its ratio (0.2) and training_mode (false, a bool initializer) as inputs,
+    as opset 12 on exports it. The importer aborts on any ratio but an attribute of 0, and cannot read the bool; by
+    ONNX's definition the node outside training is its input."""
+    import onnx
+
+    g = GraphBuilder({"x": [1, 8, 4, 4]})
+    y = g.node("Dropout", [g.node("Relu", ["x"], "relu"), g.constant("ratio", 0.2, np.float32),
+                           g.constant("training", False, bool)], "drop")
+    model = write(g.model(g.node("Sigmoid", [y], "out"), "drop", opset=13), tmp_path / "m.onnx")
+    assert [b.node for b in import_blockers(onnx.load(model))] == ["drop"]
+    done = expand_functions(model, tmp_path / "x.onnx")
+    assert done.expanded == {"Dropout": 1}
+    expanded = onnx.load(done.output)
+    assert [n.op_type for n in expanded.graph.node] == ["Relu", "Identity", "Sigmoid"]
+    assert {t.name for t in expanded.graph.initializer} == set() and import_blockers(expanded) == []
+    x = np.random.default_rng(0).standard_normal((1, 8, 4, 4)).astype(np.float32)
+    np.testing.assert_array_equal(outputs(done.output, x), outputs(model, x))

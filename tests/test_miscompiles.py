@@ -68,6 +68,16 @@ def squeeze_axes_input(path: Path) -> Path:
     return write(g.model(y, "sq", opset=13), path)
 
 
+def reflect_pad(path: Path) -> Path:
+    """Held out in session 26: a reflection pad before a conv (opset 11 on: pads an input, mode the one attribute)."""
+    import numpy as np
+
+    g = GraphBuilder({"x": [1, 4, 8, 8]})
+    y = g.node("Pad", [g.node("Relu", ["x"], "relu"), g.constant("pads", [0, 0, 1, 1, 0, 0, 1, 1], np.int64)], "pad",
+               mode="reflect")
+    return write(g.model(g.node("Sigmoid", [y], "out"), "reflect"), path)
+
+
 # what kdb says of the compiler, in its own code
 IN_THE_CODE = {
     "c": ("padding_below2 = 1", "padding_below3 = 1"),  # the Pad node pads before, where ONNX pads after
@@ -75,13 +85,15 @@ IN_THE_CODE = {
     "rm": ("NNFUSION_GRAPH_OUTPUT_SHAPE_0 {1, 1, 1}",),  # every axis reduced, where ONNX gives [1, 8, 1]
     "bn": ("Convolution", "Add_Relu"),  # folded (its running statistics), then Conv+Add+Relu
     "sq": ("NNFUSION_GRAPH_OUTPUT_SHAPE_0 {8, 16}",),  # the batch axis squeezed too, where ONNX gives [1, 8, 16]
+    "pad": ("in_bounds) ? in[input_pixel] : *pad",),  # the pad value, a constant 0, wherever the input is not
 }
 
 
 @pytest.mark.parametrize("build, node, kind", [(tf_same, "c", "wrong numbers"), (ceil_pool, "pool", "wrong shape"),
                                                (reduce_axes_input, "rm", "wrong shape"),
                                                (training_bn, "bn", "wrong numbers"),
-                                               (squeeze_axes_input, "sq", "wrong shape")])
+                                               (squeeze_axes_input, "sq", "wrong shape"),
+                                               (reflect_pad, "pad", "wrong numbers")])
 def test_coverage_and_the_compile_name_the_node_nnfusion_compiles_into_another_network(tmp_path: Path, build, node,
                                                                                         kind):
     model = build(tmp_path / "m.onnx")
@@ -156,6 +168,15 @@ def test_a_where_without_broadcast_is_named_and_the_compiler_reads_its_mask_at_t
     assert "Select_9_Call(dim3(8, 1, 1), dim3(512, 1, 1), 0, 0, Greater_8_0, Constant_2_0" in code
 
 
+def resize_by_sizes(path: Path) -> Path:
+    import numpy as np
+
+    g = GraphBuilder({"x": [1, 4, 8, 8]})
+    y = g.node("Resize", [g.node("Relu", ["x"], "relu"), "", "", g.constant("sizes", [1, 4, 16, 16], np.int64)],
+               "resize", mode="nearest")
+    return write(g.model(g.node("Sigmoid", [y], "out"), "sizes", opset=13), path)
+
+
 def conv_3d(path: Path) -> Path:
     g = GraphBuilder({"x": [1, 4, 8, 16, 16]})
     y = g.node("Conv", ["x", g.weight("w", [8, 4, 3, 3, 3])], "c3", kernel_shape=[3, 3, 3], pads=[1] * 6)
@@ -166,6 +187,7 @@ def conv_3d(path: Path) -> Path:
     (bool_mask, "masked", "a bool initializer", "mask unsupported data type: 9"),
     (depthwise_1d, "dw", "1-D depthwise convolution", "Input axis order is not a permutation"),
     (conv_3d, "c3", "3-D Conv", "Convolution with dimensions of 5 not implemented yet"),  # (held out in session 26)
+    (resize_by_sizes, "resize", "Resize without scales", "convert node: resize"),  # (26: a segfault there)
 ])
 def test_an_import_the_compiler_aborts_on_is_named_before_it_runs(tmp_path: Path, build, node, said, aborts):
     """Held out in session 25: a bool attention mask stored as an initializer, a Conformer's 1-D depthwise conv."""

@@ -643,3 +643,14 @@ def test_a_3d_pool_is_listed_with_its_reason_not_promised(tmp_path: Path):
     assert [c.op_type for c in extraction.configs] == ["Relu"]
     (reason,) = [u.reason for u in extraction.unmapped if u.node == "pool3d"]
     assert reason.startswith("3-D pool: kdb generates 1-D and 2-D pools")
+
+
+def test_two_nodes_of_one_name_are_noted_since_onnx_runtime_refuses_the_model(tmp_path: Path):
+    """Held out in session 26: NNFusion compiles it, but ONNX Runtime (the reference of --run, the pre-pass) does not
+    load it, and nothing said so."""
+    g = GraphBuilder({"x": [1, 8]})
+    y = g.node("Relu", ["x"], "dup")
+    model = g.model(g.node("Sigmoid", [y], "other"), "dups")
+    model.graph.node[1].name = "dup"
+    notes = [n for n in extract(write(model, tmp_path / "m.onnx")).notes if n.node == "dup"]
+    assert notes and "ONNX Runtime refuses such a model" in notes[0].text

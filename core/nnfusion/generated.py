@@ -25,8 +25,11 @@ _STEP = re.compile(r"^\s*// name=(\S+)\s*\n(\s*//\s*eliminated:.*|[^\n]*)", re.M
 _CALLEE = re.compile(r"^\s*(\w+)\(")
 _LIBRARY_CALL = re.compile(r"\b(cudnn\w+|cublas\w+)\s*\(")
 # A host function that launches a kernel of NNFusion's own: its Softmax of rows up to 1024 elements calls ONNX
-# Runtime's warp softmax (kernels/cuda_gpu/kernels/softmax.cpp); longer rows go to cudnnSoftmaxForward
-_OWN_KERNEL_LAUNCH = re.compile(r"\bdispatch_softmax_forward\s*<")
+# Runtime's warp softmax (kernels/cuda_gpu/kernels/softmax.cpp; longer rows go to cudnnSoftmaxForward), its LayerNorm
+# HostApplyLayerNorm, its attention's softmaxes ComputeSoftmax*, a half scale nnfusionHalfScale (the launching
+# helpers of kernels/cuda_gpu/cuda_langunit.cpp)
+_OWN_KERNEL_LAUNCH = re.compile(
+    r"\b(?:dispatch_softmax_forward|HostApplyLayerNorm|ComputeSoftmax\w*)\s*<|\bnnfusionHalfScale\s*\(")
 _BLOCK_MEMBER = re.compile(r"_cuda_(\w+?)_block_kernel$")
 # A body this short can be anyone's (`output0[i] = input0[i];`): too little to tell a DB row by.
 MIN_BODY_CHARS = 24

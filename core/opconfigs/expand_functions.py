@@ -19,7 +19,7 @@ from typing import Any
 
 from core.errors import InputError
 from core.opconfigs.fp16_model import write_model
-from core.opconfigs.nnfusion_import import ANY_OPSET, function_body, function_ops, importable
+from core.opconfigs.nnfusion_import import ANY_OPSET, constant_values, function_body, function_ops, importable
 from core.opconfigs.onnx_extract import read_model
 
 FLOAT = 1  # ONNX TensorProto.FLOAT: a constant's type where its input's is not known
@@ -69,7 +69,12 @@ def expand_functions(source: Path, output: Path) -> Expansion:
               if v.type.HasField("tensor_type")}
     writer = _Writer(opset, types, {n.name for n in model.graph.node} | _tensor_names(model))
     nodes, expanded, left = [], Counter(), []
+    used = {name for n in model.graph.node for name in n.input} | {o.name for o in model.graph.output}
     for node in model.graph.node:
+        if _inference_dropout(node, model.graph, used):  # ONNX's Dropout outside training is its input
+            nodes.append(_identity(node))
+            expanded[node.op_type] += 1
+            continue
         if node.domain not in ("", "ai.onnx") or importable(node.op_type) or function_ops(node.op_type, opset) is None:
             nodes.append(node)
             continue
@@ -81,12 +86,43 @@ def expand_functions(source: Path, output: Path) -> Expansion:
             del writer.initializers[mark:]
             nodes.append(node)
             left.append((node.name or node.op_type, node.op_type, str(exc)))
-    added = len(nodes) - len(model.graph.node) + sum(expanded.values())
+    added = len(nodes) - len(model.graph.node) + sum(expanded.values())  # (a Dropout's Identity counts as one)
     del model.graph.node[:]
     model.graph.node.extend(nodes)
     model.graph.initializer.extend(writer.initializers)
+    _drop_orphans(model.graph, used)
     write_model(model, output)
     return Expansion(source, output, dict(expanded), added, tuple(left))
+
+
+def _inference_dropout(node: Any, graph: Any, used: set[str]) -> bool:
+    """A Dropout the importer aborts on (any ratio but an attribute of 0) that is not training (no training_mode input,
+    or a constant false one) and whose mask nothing reads: the identity, by ONNX's definition."""
+    mask_read = len(node.output) > 1 and node.output[1] in used
+    if node.op_type != "Dropout" or node.domain not in ("", "ai.onnx") or mask_read:
+        return False
+    attrs = {a.name: a for a in node.attribute}
+    if "ratio" in attrs and attrs["ratio"].f == 0:
+        return False  # the importer takes it as it is
+    training = node.input[2] if len(node.input) > 2 else ""
+    return not training or constant_values(graph, training) in ([0.0], [])
+
+
+def _drop_orphans(graph: Any, used_before: set[str]) -> None:
+    """Initializers only the replaced nodes read (a Dropout's ratio and training_mode: a bool one the importer cannot
+    read), with their graph inputs where an old model lists them there too."""
+    used = {name for n in graph.node for name in n.input} | {o.name for o in graph.output}
+    orphans = {t.name for t in graph.initializer if t.name in used_before and t.name not in used}
+    for field_ in (graph.initializer, graph.input):
+        kept = [t for t in field_ if t.name not in orphans]
+        del field_[:]
+        field_.extend(kept)
+
+
+def _identity(node: Any) -> Any:
+    from onnx import helper
+
+    return helper.make_node("Identity", [node.input[0]], [node.output[0]], name=node.name or None)
 
 
 def _tensor_names(model: Any) -> set[str]:

@@ -89,9 +89,13 @@ def _unsqueeze(node: Any, attrs: dict[str, Any], shapes: Shapes) -> str:
 
 def _dropout(node: Any, attrs: dict[str, Any], shapes: Shapes) -> str:
     ratio = attrs.get("ratio", 0.5)  # the importer's default when the attribute is absent (opset 12 on: always)
-    return "" if ratio == 0 else (f"Dropout with ratio {ratio:g}{' (no ratio attribute)' * ('ratio' not in attrs)}: "
-                                  "the importer aborts ('please set dropout ratio to 0'); export in inference mode, "
-                                  "which leaves Dropout out")
+    if ratio == 0:
+        return ""
+    given = (" (its ratio is an input, which the importer does not read)" if len(node.input) > 1 and node.input[1]
+             else " (no ratio attribute)" if "ratio" not in attrs else "")
+    return (f"Dropout with ratio {ratio:g}{given}: the importer aborts ('please set dropout ratio to 0'); `kdb model "
+            "expand IN OUT` writes an inference Dropout as the identity it is (or export in inference mode, which "
+            "leaves Dropout out)")
 
 
 def _conv(node: Any, attrs: dict[str, Any], shapes: Shapes) -> str:
@@ -389,7 +393,11 @@ def _resize(node: Any, graph: Any, shapes: Shapes, floats: set[str]) -> str:
         return (f"Resize of mode {mode}: NNFusion's importer translates nearest and linear only, and makes no node of "
                 "it (op/resize.cpp returns none; seen with the compiler: it compiles, without the Resize): the "
                 "compiled network is not the model's")
-    scales = constant_values(graph, node.input[2]) if len(node.input) > 2 and node.input[2] else None
+    if len(node.input) < 3 or not node.input[2]:
+        return ("Resize without scales (input 2; its size given as sizes): the importer reads its scales there and "
+                "crashes (segmentation fault while importing it, seen with the compiler); export it with scales "
+                "(torch: F.interpolate(x, scale_factor=2), not size=...)")
+    scales = constant_values(graph, node.input[2])
     why = resize_unserved(node, attrs, shapes, scales, node.input[0] in floats)
     return _NO_KERNEL_NO_ROW.format("Resize") + why if why else ""
 
@@ -451,6 +459,8 @@ def import_faults(model: Any) -> tuple[list[Blocker], list[ShapeWarning]]:
             warnings.append(ShapeWarning(name, said, "wrong numbers"))
         if said := squeeze_axes_ignored(node, shapes):
             warnings.append(ShapeWarning(name, said))
+        if said := pad_mode_ignored(node, model.graph):
+            warnings.append(ShapeWarning(name, said, "wrong numbers"))
         if reduce_axes_ignored(node, shapes.get(node.output[0]) if node.output else None):
             warnings.append(ShapeWarning(name, f"{node.op_type}'s axes are an input, which NNFusion's importer does "
                                          "not read (op/reduce.hpp reads the axes attribute): it reduces every axis"))
@@ -459,6 +469,23 @@ def import_faults(model: Any) -> tuple[list[Blocker], list[ShapeWarning]]:
                                          "BatchNormInference (folded into a conv or not) uses the running mean and "
                                          "variance", "wrong numbers"))
     return sorted(found + pooled, key=lambda b: _order(model, b.node)), warnings
+
+
+def pad_mode_ignored(node: Any, graph: Any) -> str:
+    """A Pad of opset 11 on (pads an input, mode its one attribute) that is not a zero pad: the importer reads only the
+    pads and pads with a constant 0 (op/pad.hpp), whatever the mode and the constant_value input."""
+    if node.op_type != "Pad" or node.domain not in ("", "ai.onnx") or len(node.attribute) != 1:
+        return ""
+    mode = _attributes(node).get("mode", b"constant")
+    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    if mode != "constant":
+        return (f"Pad in {mode} mode: NNFusion's importer reads only the pads and pads with zeros (op/pad.hpp), so the "
+                "border is not the model's")
+    value = constant_values(graph, node.input[2]) if len(node.input) > 2 and node.input[2] else [0.0]
+    if value is None or any(v != 0 for v in value):
+        return (f"Pad with the constant {value[0] if value else 'of a computed input'}: NNFusion's importer pads with "
+                "zeros (op/pad.hpp reads only the pads)")
+    return ""
 
 
 def squeeze_axes_ignored(node: Any, shapes: Shapes) -> str:

@@ -61,7 +61,7 @@ Needs the `onnx` package; it is imported when a model is read, so `core` imports
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -143,6 +143,7 @@ UNSERVED_LOOKUPS = {
                   "(kernel_emitter.cpp's generate_identifier), so one row would serve every transpose of those shapes "
                   "([0, 2, 3, 1] and [0, 3, 2, 1] alike): NNFusion's own kernel runs"),
 }
+OWN_KERNEL = "kdb generates no kernel of that op type"
 CONTROL_FLOW = frozenset(["If", "Loop", "Scan"])
 # Layout ops NNFusion turns into a non-transposing Reshape, which its element-wise fusion takes in.
 RESHAPES = frozenset(["Flatten", "Reshape", "Squeeze", "Unsqueeze"])
@@ -273,6 +274,11 @@ def extract(path: Path | str, flags: LookupFlags | None = None) -> Extraction:
                           "real compiler was checked against at levels 0 and 3 only"))
     blockers, wrong_shapes = import_faults(model)
     notes += [Note(w.node, f"{w.kind}: {w.text}") for w in wrong_shapes]
+    twice = sorted(name for name, count in Counter(n.name for n in graph.node if n.name).items() if count > 1)
+    if twice:
+        notes.append(Note(twice[0], f"node names used twice ({', '.join(twice[:5])}): ONNX Runtime refuses such a "
+                          "model ('two nodes with same node name'), and it computes `kdb nnfusion --run`'s reference "
+                          "and runs the compiler's pre-pass: give each node a name of its own"))
     return Extraction(graph.name or path.stem, len(graph.node), dedupe(c for c, _ in extractor.ops), dict(nodes),
                       extractor.unmapped, notes, blockers, tuple(model_graph), tuple(outputs), level, substitution,
                       miscompiles=[*extractor.miscompiles, *wrong_shapes])
@@ -474,6 +480,9 @@ class _Extractor:
             raise _NotMapped("control flow: its subgraphs are not analysed")
         elif op == "BatchNormalization":
             raise _NotMapped(self._batch_norm_reason(i))
+        elif op == "LayerNormalization":
+            raise _NotMapped(f"NNFusion looks it up as LayerNorm<input>;<scale>;<bias>;<output>;<mean>;<inv std dev> "
+                             f"({OWN_KERNEL})")
         elif op == "Softmax":
             self._softmax(i, node)
         elif op == "LogSoftmax":  # the importer's Softmax, then a Log (op/log_softmax.hpp)
@@ -526,12 +535,12 @@ class _Extractor:
         node = self.nodes[i]
         conv = next((j for j, n in enumerate(self.nodes) if node.input[0] in n.output and n.op_type == "Conv"), None)
         if conv is None:
-            return ("no kernel-DB op type: NNFusion runs its own BatchNormInference (its folding pass folds a BN into "
-                    "the convolution before it only)")
+            return ("no kernel-DB op type: NNFusion looks it up as BatchNormInference and runs its own (its folding "
+                    f"pass folds a BN into the convolution before it only; {OWN_KERNEL})")
         if (blocker := self._fold_blocker(conv, i)) is None:  # (folded, but its conv is not mapped)
             return f"NNFusion folds it into {self.names[conv]} (batchnorm_inference_folding_pass): see that node"
-        return (f"no kernel-DB op type: NNFusion runs its own BatchNormInference. Its batchnorm_inference_folding_pass "
-                f"does not fold it into {self.names[conv]}: {blocker}")
+        return (f"no kernel-DB op type: NNFusion looks it up as BatchNormInference and runs its own ({OWN_KERNEL}). "
+                f"Its batchnorm_inference_folding_pass does not fold it into {self.names[conv]}: {blocker}")
 
     def _sole_consumer(self, tensor: str, op_type: str) -> int | None:
         """The node of this op type that is the tensor's only out-edge, if it is one."""
