@@ -7,7 +7,9 @@ has no translator of its own ('No infershape or Antares IR found for op type: Ha
 replaced by the body of its schema at the model's opset, its attributes (alpha, beta) put in, and again for an op of
 the body that is itself such a function; the body's constants, which it casts to the input's type (CastLike), become
 initializers of that type. A node whose definition needs an op NNFusion cannot import either is left as it is, with
-the reason. The numbers are ONNX's own definition's, and the file is written whole or not at all.
+the reason. A Dropout the importer aborts on (its ratio an input, as opset 12 on exports it) that is not training is
+written as the Identity ONNX defines it to be then. The numbers are ONNX's own definition's, and the file is written
+whole or not at all.
 """
 
 from __future__ import annotations
