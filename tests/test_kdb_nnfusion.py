@@ -60,14 +60,14 @@ def test_the_readme_pipeline_on_a_new_db_with_a_relative_out_checks_every_launch
     unbounded = [k for k in check["kernels"] if k["launch_bounds"] is None]
     assert unbounded and all(k["registers"] for k in unbounded), "a BlockFusion kernel was compiled and measured"
     assert (check["launches"], check["distinct_kernels"]) == entry_launches(project)
-    usage = report["usage"]  # cuBLAS calls are steps, not kernel launches; NNFusion's softmax (a host function that
-    # launches ONNX Runtime's warp softmax) is one
+    usage = report["usage"]  # cuBLAS calls are steps, not kernel launches; NNFusion's softmax and layer norm (host
+    # functions that launch ONNX Runtime's warp softmax, HostApplyLayerNorm's kernel) are
     steps = parse_generated((project / "nnfusion_rt.cu").read_text()).steps
-    softmaxes = [s.function for s in steps if s.kind == "kernel" and s.launch is None]
-    assert softmaxes and all(f.startswith("Softmax") for f in softmaxes)
+    hosted = [s.function for s in steps if s.kind == "kernel" and s.launch is None]
+    assert {f.split("_")[0] for f in hosted} == {"Softmax", "LayerNorm"}, hosted
     launches, distinct = entry_launches(project)
-    assert (usage["kernel_launches"], usage["distinct_kernels"]) == (launches + len(softmaxes),
-                                                                     distinct + len(set(softmaxes)))
+    assert (usage["kernel_launches"], usage["distinct_kernels"]) == (launches + len(hosted),
+                                                                     distinct + len(set(hosted)))
     assert usage["library_calls"].get("cuBLAS", 0) >= 3 and len(usage["steps"]) > usage["kernel_launches"]
 
 
