@@ -21,7 +21,14 @@ from typing import Any
 
 from core.errors import InputError
 from core.opconfigs.fp16_model import write_model
-from core.opconfigs.nnfusion_import import ANY_OPSET, constant_values, function_body, function_ops, importable
+from core.opconfigs.nnfusion_import import (
+    ANY_OPSET,
+    constant_values,
+    function_body,
+    function_ops,
+    function_schema,
+    importable,
+)
 from core.opconfigs.onnx_extract import read_model
 
 FLOAT = 1  # ONNX TensorProto.FLOAT: a constant's type where its input's is not known
@@ -142,11 +149,12 @@ class _Writer:
 
     def expand(self, node: Any, depth: int = 0) -> list[Any]:
         """The nodes of `node`'s definition, with fresh names for its inner tensors."""
-        from onnx import defs, helper
+        from onnx import helper
 
         if depth > 8:
             raise _Unexpandable("its definition nests functions too deep")
-        schema = defs.get_schema(node.op_type, min(self.opset, defs.onnx_opset_version()), "")
+        schema = function_schema(node.op_type, self.opset)
+        assert schema is not None  # (callers expand only what function_ops found a body for)
         body = function_body(schema, self.opset)
         given = {a.name: a for a in node.attribute}
         defaults = {name: a.default_value for name, a in schema.attributes.items() if a.default_value.name}

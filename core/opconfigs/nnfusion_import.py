@@ -516,18 +516,22 @@ def importable(op_type: str) -> bool:
     return op_type in TRANSLATED[""]
 
 
-def function_ops(op_type: str, opset: int) -> list[str] | None:
-    """The ops ONNX's definition of `op_type` (at this opset) is made of, None where it has none (not a function, or
-    one whose body depends on its inputs' types)."""
+def function_schema(op_type: str, opset: int) -> Any | None:
+    """ONNX's schema of a default-domain op at this opset where it defines the op as a function (a body of other ops
+    that does not depend on its inputs' types), else None."""
     from onnx import defs
 
     try:
         schema = defs.get_schema(op_type, min(opset, defs.onnx_opset_version()), "")
     except Exception:  # onnx.defs.SchemaError: no such op at that opset
         return None
-    if not schema.has_function:
-        return None
-    return [n.op_type for n in function_body(schema, opset).node]
+    return schema if schema.has_function else None
+
+
+def function_ops(op_type: str, opset: int) -> list[str] | None:
+    """The ops ONNX's definition of `op_type` (at this opset) is made of, None where it is no function."""
+    schema = function_schema(op_type, opset)
+    return None if schema is None else [n.op_type for n in function_body(schema, opset).node]
 
 
 def function_body(schema: Any, opset: int) -> Any:

@@ -555,10 +555,9 @@ class _Extractor:
         """Conv -> Add -> Relu chains (single out-edges, as the compiler matches them) whose conv is the Add's second
         input: the conv's shapes (_conv_shapes) -> the Add's name."""
         found: dict[str, str] = {}
-        for node in self.nodes:
-            biased = len(node.input) > 2 and bool(node.input[2])  # its chain is Conv -> Add(bias) -> ...
-            if node.op_type != "Conv" or biased or int(_attrs(node).get("group", 1)) != 1 \
-                    or self.nodes.index(node) in self.folded:
+        for i, node in enumerate(self.nodes):
+            biased = (len(node.input) > 2 and bool(node.input[2])) or i in self.folded  # Conv -> Add(bias) -> ...
+            if node.op_type != "Conv" or biased or int(_attrs(node).get("group", 1)) != 1:
                 continue
             add = self._only_user(node.output[0], "Add")
             if add is None or self.nodes[add].input[1] != node.output[0] \
