@@ -271,3 +271,28 @@ def test_a_compiler_that_threw_is_reported_with_the_exceptions_message(tmp_path:
     result = CompileResult(["nnfusion"], tmp_path, -6, 0.4, log)
     message = "Auto-broadcast not possible for these input shapes: shape1=[1, 44, 26, 26] shape2=[1, 44, 28, 28]"
     assert any(message in line for line in result.decisive_lines()), result.decisive_lines()
+
+
+@pytest.mark.parametrize("log_text, cause", [
+    # held out in session 27: the headline was libstdc++'s line, not the message
+    ("[INFO] 2026-12-07T06:58:49z graph_convert.cpp 519\tconvert node: /Trilu\n"
+     "terminate called after throwing an instance of 'std::runtime_error'\n"
+     "  what():  No infershape or Antares IR found for op type: Trilu\n",
+     "No infershape or Antares IR found for op type: Trilu"),
+    # ... or the ONNX Runtime pre-pass's "ONNX model check passed!", read as a failed CHECK
+    ("[INFO] 2026-12-07T06:58:48z onnx.cpp 54\tOptimizing ONNX Graph with External Tool\n"
+     "ONNX model check passed!\nImporting ONNX model into ONNX Runtime...\n"
+     "[INFO] 2026-12-07T06:58:49z graph_convert.cpp 519\tconvert node: /Unsqueeze\n"
+     "[ERROR] 2026-12-07T06:58:49z errors.hpp 169\tCheck failed: 'it != std::end(m_attributes)' at node.cpp:106:\n"
+     "Node (/Unsqueeze): unknown attribute 'axes'\n"
+     "terminate called after throwing an instance of 'nnfusion::errors::CheckError'\n",
+     "Check failed: 'it != std::end(m_attributes)' at node.cpp:106: Node (/Unsqueeze): unknown attribute 'axes'"),
+])
+def test_a_failed_compiles_reason_is_the_compilers_message(tmp_path: Path, log_text: str, cause: str):
+    from core.nnfusion.compiler import CompileResult
+
+    log = tmp_path / "nnfusion.log"
+    log.write_text(log_text, encoding="utf-8")
+    reason = CompileResult(["nnfusion"], tmp_path, -6, 0.4, log).reason()
+    assert reason.startswith("nnfusion was killed by SIGABRT while importing ONNX node /") and reason.endswith(
+        f": {cause}"), reason

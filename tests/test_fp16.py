@@ -368,6 +368,29 @@ def test_kdb_model_fp16_converts_with_onnxconverter_common_and_extraction_then_w
     assert same.returncode == 2 and "would overwrite the fp32 one" in same.stderr and source.read_bytes() == before
 
 
+def test_kdb_model_fp16_takes_a_float_model_with_casts_to_half_and_to_float(tmp_path: Path):
+    """Held out in session 27: a float model with a rounding Cast pair (float -> half -> float) was refused as 'already
+    converted'; BERT's additive mask (an int mask Cast to float) came out with a float Cast into a half graph, which
+    ONNX Runtime and NNFusion refuse (exit 0 all the same)."""
+    pytest.importorskip("onnxconverter_common", reason="needs onnxconverter-common (the tvm extra)")
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper
+
+    g = GraphBuilder({"x": [1, 8]})
+    rounded = g.node("Cast", [g.node("Cast", ["x"], "to_half", to=TensorProto.FLOAT16)], "to_float",
+                     to=TensorProto.FLOAT)
+    mask = g.node("Cast", [g.constant("mask", [[1, 1, 1, 1, 1, 1, 0, 0]])], "mask_float", to=TensorProto.FLOAT)
+    y = g.node("Add", [rounded, g.node("Mul", [mask, g.constant("big", [-1e4], np.float32)], "scale")], "add")
+    source = write(g.model(y, "cast_pair"), tmp_path / "casts.onnx")
+    proc = run_kdb("model", "fp16", str(source), str(tmp_path / "casts16.onnx"))
+    assert proc.returncode == 0, proc.stderr
+    model = onnx.load(str(tmp_path / "casts16.onnx"))
+    onnx.checker.check_model(model, full_check=True)  # raises on the float Cast into the half Mul
+    mask_cast = next(n for n in model.graph.node if n.name == "mask_float")
+    assert helper.get_attribute_value(mask_cast.attribute[0]) == TensorProto.FLOAT16
+
+
 # -- tuning (the workload's element type) -----------------------------------------------------------------------
 
 def sampled_candidate(config: OpConfig, space, postprocs, seed: int):  # type: ignore[no-untyped-def]

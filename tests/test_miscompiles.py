@@ -168,13 +168,19 @@ def test_a_where_without_broadcast_is_named_and_the_compiler_reads_its_mask_at_t
     assert "Select_9_Call(dim3(8, 1, 1), dim3(512, 1, 1), 0, 0, Greater_8_0, Constant_2_0" in code
 
 
-def resize_by_sizes(path: Path) -> Path:
+def resize_by_sizes(path: Path, mode: str = "nearest") -> Path:
     import numpy as np
 
     g = GraphBuilder({"x": [1, 4, 8, 8]})
     y = g.node("Resize", [g.node("Relu", ["x"], "relu"), "", "", g.constant("sizes", [1, 4, 16, 16], np.int64)],
-               "resize", mode="nearest")
+               "resize", mode=mode)
     return write(g.model(g.node("Sigmoid", [y], "out"), "sizes", opset=13), path)
+
+
+def linear_resize_by_sizes(path: Path) -> Path:
+    """Held out in session 27 (DeepLabV3's pooling branch): a linear Resize by sizes imports (op/resize.cpp reads
+    the sizes then) and has no kernel; kdb said the import crashes, as a nearest one does."""
+    return resize_by_sizes(path, "linear")
 
 
 def conv_3d(path: Path) -> Path:
@@ -188,6 +194,7 @@ def conv_3d(path: Path) -> Path:
     (depthwise_1d, "dw", "1-D depthwise convolution", "Input axis order is not a permutation"),
     (conv_3d, "c3", "3-D Conv", "Convolution with dimensions of 5 not implemented yet"),  # (held out in session 26)
     (resize_by_sizes, "resize", "Resize without scales", "convert node: resize"),  # (26: a segfault there)
+    (linear_resize_by_sizes, "resize", "sized by sizes", "No valid kernel found"),
 ])
 def test_an_import_the_compiler_aborts_on_is_named_before_it_runs(tmp_path: Path, build, node, said, aborts):
     """Held out in session 25: a bool attention mask stored as an initializer, a Conformer's 1-D depthwise conv."""

@@ -13,7 +13,7 @@ from core.opconfigs.fp16_model import convert_to_fp16
 
 def main(args: argparse.Namespace) -> int:
     if args.model_command == "expand":
-        done = expand_functions(Path(args.source), Path(args.output))
+        done = expand_functions(Path(args.source), Path(args.output), dict(args.dim))
         next_step = f"next: kdb coverage {done.output}   (then the README's steps with it)"
     else:
         done = convert_to_fp16(Path(args.source), Path(args.output), keep_io_types=args.keep_io_types)

@@ -66,6 +66,13 @@ def _compiler_options(p: argparse.ArgumentParser) -> None:
                    help="-fproduct_name: the device name profiles are read for (default: the settings')")
 
 
+def _dim(text: str) -> tuple[str, int]:
+    name, _, size = text.partition("=")
+    if not name or not size.isdigit() or int(size) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give NAME=SIZE, a size of 1 or more (batch=1)")
+    return name, int(size)
+
+
 def _db_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--db", metavar="PATH",
                    help="kernel DB file (default: $KDB_DB or ~/.cache/nnfusion/kernel_cache.db)")
@@ -233,9 +240,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "at the edges); default: half, as NNFusion compiles them")
     q.add_argument("--json", action="store_true")
     q = msub.add_parser("expand", help="ops NNFusion cannot import (HardSwish, HardSigmoid, Mish, ...) written out as "
-                        "ONNX's own definition of them, which it imports")
+                        "ONNX's own definition of them, which it imports; and what its importer would take wrong "
+                        "(shape computations, negative axes and indices, DepthToSpace, ...) rewritten as it takes it")
     q.add_argument("source", metavar="IN.onnx")
     q.add_argument("output", metavar="OUT.onnx")
+    q.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE", type=_dim,
+                   help="the size of a named dynamic dimension (a torch export's dynamic_axes: batch=1); repeatable")
     q.add_argument("--json", action="store_true")
 
     p = sub.add_parser("coverage", help=COMMANDS["coverage"][1])

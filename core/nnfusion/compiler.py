@@ -35,8 +35,9 @@ _FLAG = re.compile(r"^--?f(\w+?)(?:=(.*))?$")
 _LOOKUP = re.compile(r"Trying to fetch kernel (.*) on DeviceType: (\S+)\s*$")
 _SUBSTITUTED = re.compile(r"Substitution applied: (.*?)\s*$")
 # `what():` (the message of the exception that ended it) has no word boundary after its parenthesis: outside \b..\b.
-_DECISIVE = re.compile(r"\b(ERROR|FATAL|Check failed|CHECK|Failure at|terminate called|Aborted|exception)\b|\bwhat\(\)",
-                       re.IGNORECASE)
+# (CHECK and Check failed in their case: the ONNX Runtime pre-pass prints "ONNX model check passed!")
+_DECISIVE = re.compile(r"(?i:\b(ERROR|FATAL|Failure at|terminate called|Aborted|exception)\b|\bwhat\(\))"
+                       r"|\b(Check failed|CHECK)\b")
 # Lines every run prints, failing or not: the optional onnxruntime pre-optimisation's traceback, and kernel
 # selection finding no kernel for graph inputs and outputs.
 _HARMLESS = re.compile(r"ort_run_frozen|onnxruntime|^Traceback \(most recent call last\)|Failed to optimize ONNX Graph "
@@ -147,7 +148,9 @@ class CompileResult:
         if self.returncode is not None and self.returncode != 0:
             how = (f"was killed by {_signal_name(-self.returncode)}" if self.returncode < 0
                    else f"exited with status {self.returncode}")
-            cause = next((line for line in self.decisive_lines(6) if not line.startswith("while importing")), "")
+            # the message, not libstdc++'s "terminate called after throwing ..." before it
+            found = [line for line in self.decisive_lines(6) if not line.startswith("while importing")]
+            cause = next((line for line in found if not line.startswith("terminate called")), found[0] if found else "")
             node = self.importing_node()
             where = f" while importing ONNX node {node or '(unnamed)'}" if node is not None else ""
             return f"nnfusion {how}{where}" + (f": {cause}" if cause else "")

@@ -21,6 +21,7 @@ from typing import Any
 
 from core.errors import InputError
 from core.opconfigs.fp16_model import write_model
+from core.opconfigs.import_rewrites import pin_dims, rewrite_for_import
 from core.opconfigs.nnfusion_import import (
     ANY_OPSET,
     constant_values,
@@ -41,16 +42,22 @@ class Expansion:
     expanded: dict[str, int]  # op type -> nodes written out
     nodes_added: int
     left: tuple[tuple[str, str, str], ...] = ()  # (node, op type, why) of nodes left as they are
+    rewritten: dict[str, int] = field(default_factory=dict)  # import_rewrites' kind -> nodes
+    pinned: int = 0  # dimensions given their size (--dim)
 
     def report_lines(self) -> list[str]:
-        done = ", ".join(f"{count} {op}" for op, count in sorted(self.expanded.items())) or "nothing to expand"
+        done = ", ".join(f"{count} {op}" for op, count in sorted(self.expanded.items())) or "no function to expand"
         lines = [f"written: {self.output} ({done}; {self.nodes_added} nodes in their place, ONNX's own definitions)"]
+        if self.pinned:
+            lines.append(f"pinned: {self.pinned} dimension(s) of the graph's inputs and outputs")
+        lines += [f"rewritten for NNFusion's importer: {count} x {kind}"
+                  for kind, count in sorted(self.rewritten.items())]
         lines += [f"left as it is: node {node} ({op}): {why}" for node, op, why in self.left]
         return lines
 
     def as_dict(self) -> dict[str, object]:
         return {"source": str(self.source), "output": str(self.output), "expanded": self.expanded,
-                "nodes_added": self.nodes_added,
+                "nodes_added": self.nodes_added, "rewritten": self.rewritten, "pinned": self.pinned,
                 "left": [{"node": n, "op_type": op, "reason": why} for n, op, why in self.left]}
 
 
@@ -58,15 +65,20 @@ class _Unexpandable(Exception):
     pass
 
 
-def expand_functions(source: Path, output: Path) -> Expansion:
+def expand_functions(source: Path, output: Path, dims: dict[str, int] | None = None) -> Expansion:
     """Write `source` with every node NNFusion cannot import and ONNX defines as a function written out as that
-    function's body; InputError naming the file when it cannot be read or written."""
+    function's body, after import_rewrites' rewrites (`dims`: sizes for named dynamic dimensions); InputError naming
+    the file when it cannot be read or written, or a dimension given is not the model's."""
     import onnx
 
     if output.resolve() == source.resolve():
         raise InputError("the expanded model would overwrite the model it is made from: give another OUT path",
                          where=str(output))
     model = read_model(source)
+    pinned = pin_dims(model, dims or {})
+    if dims and not pinned:
+        raise InputError(f"no input or output has a dimension named {', '.join(sorted(dims))}", where=str(source))
+    rewritten = rewrite_for_import(model)
     opset = next((i.version for i in model.opset_import if i.domain in ("", "ai.onnx")), ANY_OPSET)
     try:
         inferred = onnx.shape_inference.infer_shapes(model)
@@ -101,7 +113,7 @@ def expand_functions(source: Path, output: Path) -> Expansion:
     model.graph.initializer.extend(writer.initializers)
     _drop_orphans(model.graph, used)
     write_model(model, output)
-    return Expansion(source, output, dict(expanded), added, tuple(left))
+    return Expansion(source, output, dict(expanded), added, tuple(left), dict(rewritten), pinned)
 
 
 def _inference_dropout(node: Any, graph: Any, used: set[str]) -> bool:

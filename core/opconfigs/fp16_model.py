@@ -77,17 +77,46 @@ def convert_to_fp16(source: Path, output: Path, *, keep_io_types: bool = False) 
         with warnings.catch_warnings(record=True) as said:  # one warning per clamped value: counted, not printed
             warnings.simplefilter("always")
             kept = _name_depthwise_convs(model)
+            # check_fp16_ready off: a float model may hold a half tensor or two (a rounding Cast pair) and is still
+            # a float model to convert; one with no float tensor was refused above
             converted = float16.convert_float_to_float16(model, keep_io_types=keep_io_types,
-                                                         node_block_list=list(kept) or None)
+                                                         node_block_list=list(kept) or None, check_fp16_ready=False)
     except Exception as exc:  # the converter raises plain exceptions of its own for graphs it cannot handle
         raise InputError(f"onnxconverter-common could not convert it: {type(exc).__name__}: {exc}",
                          where=str(source)) from exc
     del said  # the converter warns per tensor; the values it clamps are counted below instead
+    _cast_to_declared_half(converted)
+    _check(converted, source)
     write_model(converted, output)
     initializers = Counter(t.data_type for t in converted.graph.initializer)
     return Fp16Conversion(source, output, len(converted.graph.node), _casts(converted) - casts_before,
                           initializers[FLOAT16], initializers[FLOAT], "float" if keep_io_types else "half", clamped,
                           kept)
+
+
+def _cast_to_declared_half(model: Any) -> None:
+    """The converter makes a Cast's output half (its value info) but leaves the Cast's `to` float where the model
+    casts to float itself (BERT's additive mask: the int mask Cast to float): such a Cast now casts to half, as the
+    graph around it declares (ONNX Runtime and NNFusion refuse the model otherwise)."""
+    graph = model.graph
+    declared = {v.name: v.type.tensor_type.elem_type for v in (*graph.value_info, *graph.output)
+                if v.type.HasField("tensor_type")}
+    for node in graph.node:
+        if node.op_type == "Cast" and declared.get(node.output[0]) == FLOAT16:
+            for a in node.attribute:
+                if a.name == "to" and a.i == FLOAT:
+                    a.i = FLOAT16
+
+
+def _check(model: Any, source: Path) -> None:
+    """ONNX's own checker, with its type inference: a converted model it refuses is never written."""
+    import onnx
+
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except Exception as exc:  # onnx's checker raises ValidationError and InferenceError, both with the node named
+        raise InputError(f"onnxconverter-common's fp16 model is no valid ONNX, so it is not written: {exc}",
+                         where=str(source)) from exc
 
 
 def _name_depthwise_convs(model: Any) -> tuple[str, ...]:

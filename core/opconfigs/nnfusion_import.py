@@ -16,6 +16,8 @@ import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from core.opconfigs import import_rules
+
 # domain -> ONNX op -> the first opset version NNFusion's importer has a translator for (ops_bridge.cpp)
 TRANSLATED: dict[str, dict[str, int]] = {
     "": {op: 1 for op in (
@@ -393,6 +395,10 @@ def _resize(node: Any, graph: Any, shapes: Shapes, floats: set[str]) -> str:
         return (f"Resize of mode {mode}: NNFusion's importer translates nearest and linear only, and makes no node of "
                 "it (op/resize.cpp returns none; seen with the compiler: it compiles, without the Resize): the "
                 "compiled network is not the model's")
+    if (len(node.input) < 3 or not node.input[2]) and mode == "linear":  # (op/resize.cpp reads the sizes then)
+        return _NO_KERNEL_NO_ROW.format("Resize") + ("it is sized by sizes, not scales (kdb makes rows of Resizes "
+                                                     "by scales); export it with scales (torch: F.interpolate(x, "
+                                                     "scale_factor=2), not size=...)")
     if len(node.input) < 3 or not node.input[2]:
         return ("Resize without scales (input 2; its size given as sizes): the importer reads its scales there and "
                 "crashes (segmentation fault while importing it, seen with the compiler); export it with scales "
@@ -407,7 +413,15 @@ def _resize(node: Any, graph: Any, shapes: Shapes, floats: set[str]) -> str:
 BLOCKERS: dict[str, Callable[[Any, dict[str, Any], Shapes], str]] = {
     "Flatten": _flatten, "Gemm": _gemm, "Unsqueeze": _unsqueeze, "Dropout": _dropout, "Conv": _conv,
     "AveragePool": _average_pool, "Pad": _pad, "Split": _split, "Softmax": _softmax,
-    "GRU": _crashes("GRU: the importer aborts in its translator (a protobuf CHECK on the node's inputs)"),
+    "GRU": lambda node, attrs, shapes: import_rules.gru_outputs(node),
+    "DepthToSpace": _crashes("DepthToSpace: NNFusion imports it as a generic op defined for Antares only "
+                             "(generic_op_define/DepthToSpace.cpp) and has no CUDA kernel for it: kernel selection "
+                             "aborts ('No valid kernel found'); `kdb model expand IN OUT` writes it as the Reshape, "
+                             "Transpose and Reshape ONNX defines it as"),
+    "CumSum": _crashes("CumSum: this NNFusion aborts importing it ('No infershape or Antares IR found for op type: "
+                       "CumSum', seen with the compiler)"),
+    "LayerNormalization": lambda node, attrs, shapes: import_rules.layer_norm_without_bias(node),
+    "Transpose": lambda node, attrs, shapes: import_rules.transpose_without_perm(node),
     "Upsample": _crashes("Upsample: the importer crashes on it (segmentation fault); export Resize instead"),
     "LSTM": _no_cuda_kernel, "ConvTranspose": _conv_transpose,
 }
@@ -445,6 +459,7 @@ def import_faults(model: Any) -> tuple[list[Blocker], list[ShapeWarning]]:
             found.append(Blocker(name, node.op_type, reason))
     blocked = {b.node for b in found}
     found += [b for b in unreadable_initializers(model) if b.node not in blocked]
+    found += [b for b in _value_and_arity_blockers(model, shapes) if b.node not in {f.node for f in found}]
     blocked = {b.node for b in found}
     pooled, warnings = _PoolShapes(model, shapes, opsets[""]).run(blocked)
     for i, node in enumerate(model.graph.node):
@@ -461,6 +476,12 @@ def import_faults(model: Any) -> tuple[list[Blocker], list[ShapeWarning]]:
             warnings.append(ShapeWarning(name, said))
         if said := pad_mode_ignored(node, model.graph):
             warnings.append(ShapeWarning(name, said, "wrong numbers"))
+        if said := (import_rules.min_max_arity(node)[1] or import_rules.min_broadcast(node, shapes)[1]):
+            warnings.append(ShapeWarning(name, said, "wrong numbers"))
+        if said := import_rules.flatten_axis_negative(node, shapes):
+            warnings.append(ShapeWarning(name, said))
+        if said := (import_rules.gather_negative_index(node, model.graph) or import_rules.gelu_approximation(node)):
+            warnings.append(ShapeWarning(name, said, "wrong numbers"))
         if reduce_axes_ignored(node, shapes.get(node.output[0]) if node.output else None):
             warnings.append(ShapeWarning(name, f"{node.op_type}'s axes are an input, which NNFusion's importer does "
                                          "not read (op/reduce.hpp reads the axes attribute): it reduces every axis"))
@@ -469,6 +490,27 @@ def import_faults(model: Any) -> tuple[list[Blocker], list[ShapeWarning]]:
                                          "BatchNormInference (folded into a conv or not) uses the running mean and "
                                          "variance", "wrong numbers"))
     return sorted(found + pooled, key=lambda b: _order(model, b.node)), warnings
+
+
+def _value_and_arity_blockers(model: Any, shapes: Shapes) -> list[Blocker]:
+    """Nodes whose shape-like input is computed in the graph, Mins and Maxes the importer cannot take, and the first
+    reader of each graph input of a dynamic size (import_rules)."""
+    graph, found = model.graph, []
+    constants = import_rules.constant_tensors(graph)
+    for i, node in enumerate(graph.node):
+        name = node.name or f"{node.op_type}#{i}"
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        reason = (import_rules.computed_value_input(node, constants) or import_rules.min_max_arity(node)[0]
+                  or import_rules.min_broadcast(node, shapes)[0] or import_rules.slice_negative_axis(node, graph))
+        if reason:
+            found.append(Blocker(name, node.op_type, reason))
+    for tensor, reason in import_rules.dynamic_inputs(graph):
+        reader = next(((n.name or f"{n.op_type}#{i}", n.op_type) for i, n in enumerate(graph.node)
+                       if tensor in n.input), None)
+        if reader is not None:
+            found.append(Blocker(*reader, reason))
+    return found
 
 
 def pad_mode_ignored(node: Any, graph: Any) -> str:
@@ -635,24 +677,43 @@ class _PoolShapes:
 
         attrs = {a.name: (v.decode() if isinstance(v, bytes) else v)
                  for a in node.attribute for v in [helper.get_attribute_value(a)]}
-        window, strides = list(attrs.get("kernel_shape", [])), list(attrs.get("strides", []))
+        window = list(attrs.get("kernel_shape", []))
+        strides = list(attrs.get("strides", [1] * len(window)))  # (an AveragePool without strides is a blocker)
         data, onnx_out = self._shape(node.input[0]), self.shapes.get(node.output[0])
         if len(window) != 2 or len(strides) != 2 or data is None or len(data) != 4 or onnx_out is None:
             return
         pads = list(attrs.get("pads", [0, 0, 0, 0]))
         if node.op_type == "MaxPool":
-            if len(pads) != 4 or attrs.get("auto_pad", "NOTSET") != "NOTSET":
+            auto_pad = attrs.get("auto_pad", "NOTSET")
+            if len(pads) != 4 or auto_pad not in ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER"):
                 if node.input[0] in self.wrong:
                     self._follow(name, node)
                 return
+            dropped = ["ceil_mode 1 (its windows round down)"] if attrs.get("ceil_mode", 0) else []
+            if any(d != 1 for d in attrs.get("dilations", [])):
+                dropped.append(f"dilations {list(attrs['dilations'])} (read, never passed on)")
+            if auto_pad.startswith("SAME"):  # the model's windows start where ONNX's SAME pads put them
+                below, above = import_rules.max_pool_auto_pads(window, auto_pad)
+                total = [max(0, (o - 1) * s + k - n) for n, o, k, s in zip(data[2:], onnx_out[2:], window, strides,
+                                                                            strict=True)]
+                onnx_below = [t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in total]
+                pads = [*below, *above]
+                if below != onnx_below:
+                    dropped.append(f"auto_pad {auto_pad}'s pads (util.cpp's get_auto_pads pads {below} before and "
+                                   f"{above} after from the window alone, ONNX {onnx_below} before)")
+            elif auto_pad == "VALID":
+                pads = [0, 0, 0, 0]
             ours = [*data[:2], *((n + below + above - k) // s + 1 for n, k, s, below, above
                                  in zip(data[2:], window, strides, pads[:2], pads[2:], strict=True))]
-            if not attrs.get("ceil_mode", 0):  # the model's own windows: only a wrong input makes it wrong
+            if not dropped:  # the model's own windows: only a wrong input makes it wrong
                 if node.input[0] in self.wrong and ours != onnx_out:
                     self.wrong[node.output[0]] = (ours, self.wrong[node.input[0]][1])
                 return
-            cause = (f"NNFusion's importer drops MaxPool's ceil_mode 1 (pool.hpp's TranslatePoolOp: its windows round "
-                     f"down) and pools {data} to {ours} where ONNX gives {onnx_out}")
+            cause = (f"NNFusion's importer drops MaxPool's {'; '.join(dropped)} (pool.hpp's TranslatePoolOp) and pools "
+                     f"{data} to {ours} where ONNX gives {onnx_out}")
+            if ours == onnx_out and any(not d.startswith("ceil_mode") for d in dropped):
+                self.warnings[name] = ShapeWarning(name, f"{cause}: the shape holds, but its windows are not the "
+                                                         "model's, so the numbers differ", "wrong numbers")
         else:
             ours = [*data[:2], *((n - k) // s + 1 for n, k, s in zip(data[2:], window, strides, strict=True))]
             dropped = ", ".join(f"{k} {v}" for k, v in (("pads", pads),

@@ -83,6 +83,7 @@ from core.kernels.ops import (
     concat_axis,
     concat_in_place,
 )
+from core.opconfigs import import_rules
 from core.opconfigs.fusion import (
     BROADCAST,
     ELEMENTWISE,
@@ -796,6 +797,9 @@ class _Extractor:
         if any(d != 1 for d in attrs.get("dilations", [])):
             raise _NotMapped(f"dilations {list(attrs['dilations'])}: NNFusion's pools have none")
         below, above = _pads(attrs, xs[2:], ys[2:], window, strides)
+        if op_type == "MaxPool" and attrs.get("auto_pad", "NOTSET").startswith("SAME"):
+            # the compiler looks it up with its own SAME pads, from the window alone (a wrong-numbers note says so)
+            below, above = import_rules.max_pool_auto_pads(window, attrs["auto_pad"])
         floor = [(n + b + a - w) // s + 1 for n, b, a, w, s in zip(xs[2:], below, above, window, strides, strict=True)]
         if op_type == "AvgPool":
             # NNFusion's importer drops an AveragePool's pads, auto_pad and ceil_mode (nnfusion_import.py)
@@ -805,8 +809,10 @@ class _Extractor:
                 raise _NotMapped(f"NNFusion pools it to spatial {ours} without padding, where ONNX gives {ys[2:]}: the "
                                  "compiler's network is not the model's (a blocker or a wrong-shape note says where)")
             below, above = [0] * spatial, [0] * spatial
-        elif attrs.get("ceil_mode", 0) and floor != ys[2:]:
-            raise _NotMapped(f"ceil_mode=1 gives spatial {ys[2:]}; NNFusion's pools round down ({floor})")
+        elif floor != ys[2:]:
+            given = "ceil_mode=1 gives" if attrs.get("ceil_mode", 0) else "ONNX gives"
+            raise _NotMapped(f"{given} spatial {ys[2:]}; NNFusion's pools round down, with their own SAME pads "
+                             f"({floor})")
         params = {"input_shape": xs, "output_shape": ys, "window_shape": window, "window_stride": strides,
                   "padding_below": below, "padding_above": above}
         self._emit(OpConfig(op_type, params, 1, dtype, source=self.names[i]), [i])

@@ -1,0 +1,350 @@
+"""Rewrites of an ONNX model into one NNFusion's importer takes and computes as ONNX does, where core/opconfigs/
+import_rules.py and nnfusion_import.py find it would not (`kdb model expand` runs them before it writes ONNX
+functions out). Each keeps ONNX's numbers: a dynamic dimension pinned to the size given, shape computations on
+static shapes folded into constants, negative axes and indices counted from 0, a Min or Max of other than two inputs
+written with two-input ones, a Min that broadcasts as numpy written as Max of negations, DepthToSpace as the
+Reshape, Transpose and Reshape ONNX defines it as, a LayerNormalization given its zero bias, a Transpose its default
+perm, a tanh Gelu its formula and a MaxPool's SAME padding ONNX's pads."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from core.opconfigs import import_rules
+
+HALF = 10  # ONNX TensorProto.FLOAT16
+FOLD_LIMIT = 4096  # elements: shape computations are small; a larger value is left to the compiler
+
+
+def pin_dims(model: Any, dims: dict[str, int]) -> int:
+    """Give each dimension named by a key of `dims` (a dim_param) its size, in the graph's inputs, outputs and value
+    infos; the count of dimensions pinned."""
+    graph, pinned = model.graph, 0
+    for vi in (*graph.input, *graph.output, *graph.value_info):
+        if not vi.type.HasField("tensor_type"):
+            continue
+        for d in vi.type.tensor_type.shape.dim:
+            if d.HasField("dim_param") and d.dim_param in dims:
+                size = dims[d.dim_param]
+                d.Clear()
+                d.dim_value = size
+                pinned += 1
+    return pinned
+
+
+def rewrite_for_import(model: Any) -> Counter[str]:
+    """Rewrite `model` in place (see the module's doc); what was done, counted by kind."""
+    import onnx
+
+    opsets = {("" if i.domain == "ai.onnx" else i.domain): i.version for i in model.opset_import}
+
+    done: Counter[str] = Counter()
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception:  # a model shape inference fails on keeps what needs no shapes only
+        inferred = model
+    shapes, values = _static_shapes(inferred.graph), _constants(model.graph, opsets)
+    done["shape computations folded"] = _fold_shape_computations(model.graph, shapes, values, opsets)
+    graph, nodes = model.graph, []
+    namer = _Namer({n.name for n in graph.node} | {t for n in graph.node for t in (*n.input, *n.output)}
+                   | {t.name for t in graph.initializer})
+    cx = _Context(shapes, values, _types(inferred.graph), namer)
+    for node in graph.node:
+        rewrite = _REWRITES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        made = rewrite(node, cx) if rewrite else None
+        if made is None:
+            nodes.append(node)
+            continue
+        kind, replacement, initializers = made
+        nodes += replacement
+        graph.initializer.extend(initializers)
+        done[kind] += 1
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return Counter({k: v for k, v in done.items() if v})
+
+
+@dataclass
+class _Context:
+    shapes: dict[str, list[int]]  # static shapes (shape inference's)
+    values: dict[str, Any]  # small constant values (numpy)
+    types: dict[str, int]  # ONNX element types
+    namer: _Namer
+
+
+class _Namer:
+    def __init__(self, taken: set[str]) -> None:
+        self.taken = taken
+
+    def __call__(self, name: str) -> str:
+        fresh, k = name, 1
+        while fresh in self.taken:
+            fresh, k = f"{name}_{k}", k + 1
+        self.taken.add(fresh)
+        return fresh
+
+
+Made = tuple[str, list[Any], list[Any]]  # (kind, nodes in the node's place, initializers added)
+
+
+def _static_shapes(graph: Any) -> dict[str, list[int]]:
+    shapes = {t.name: list(t.dims) for t in graph.initializer}
+    for vi in (*graph.input, *graph.value_info, *graph.output):
+        dims = vi.type.tensor_type.shape.dim if vi.type.HasField("tensor_type") else []
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape") and all(
+                d.HasField("dim_value") for d in dims):
+            shapes.setdefault(vi.name, [d.dim_value for d in dims])
+    return shapes
+
+
+def _types(graph: Any) -> dict[str, int]:
+    types = {t.name: t.data_type for t in graph.initializer}
+    return types | {v.name: v.type.tensor_type.elem_type for v in (*graph.input, *graph.value_info, *graph.output)
+                    if v.type.HasField("tensor_type")}
+
+
+def _constants(graph: Any, opsets: dict[str, int]) -> dict[str, Any]:
+    """Small constant values: initializers and Constant nodes of at most FOLD_LIMIT elements."""
+    from onnx import numpy_helper
+
+    values = {t.name: numpy_helper.to_array(t) for t in graph.initializer if math.prod(t.dims) <= FOLD_LIMIT}
+    for node in graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            try:
+                (value,) = _evaluate(node, {}, opsets)
+            except Exception:  # a Constant the reference cannot make (sparse): not a shape computation's
+                continue
+            if value.size <= FOLD_LIMIT:
+                values[node.output[0]] = value
+    return values
+
+
+def _fold_shape_computations(graph: Any, shapes: dict[str, list[int]], values: dict[str, Any],
+                             opsets: dict[str, int]) -> int:
+    """Evaluate what follows from Shape of statically shaped tensors and constants (a torch export's
+    `x.view(x.size(0), -1)`), and give each node that reads such a value an initializer instead; nodes left with
+    no reader go. The count of nodes folded."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    known, folded = dict(values), []
+    for node in graph.node:
+        if node.domain not in ("", "ai.onnx") or node.op_type == "Constant":
+            continue
+        if node.op_type == "Shape" and node.input[0] in shapes:
+            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            dims = shapes[node.input[0]]
+            known[node.output[0]] = np.array(dims[attrs.get("start", 0):attrs.get("end", len(dims))], np.int64)
+            folded.append(node)
+        elif folded and node.input and all(not t or t in known for t in node.input) and any(
+                t in {o for f in folded for o in f.output} for t in node.input):
+            try:
+                outs = _evaluate(node, {t: known[t] for t in node.input if t}, opsets)
+            except Exception:  # an op the reference does not evaluate: left to the compiler, with its blocker
+                continue
+            if any(np.asarray(o).size > FOLD_LIMIT for o in outs):
+                continue
+            known.update(zip(node.output, (np.asarray(o) for o in outs), strict=False))
+            folded.append(node)
+    made = {o for f in folded for o in f.output}
+    outputs = {o.name for o in graph.output}
+    read = {t for n in graph.node if n not in folded for t in n.input if t in made}
+    if not read:
+        return 0
+    graph.initializer.extend(numpy_helper.from_array(known[t], t) for t in sorted(read))
+    kept = [n for n in graph.node if n not in folded or any(o in outputs for o in n.output)]
+    count = len(graph.node) - len(kept)
+    del graph.node[:]
+    graph.node.extend(kept)
+    return count
+
+
+def _evaluate(node: Any, feeds: dict[str, Any], opsets: dict[str, int]) -> list[Any]:
+    """`node`'s outputs for these inputs, by ONNX's reference evaluator at the model's opsets (a bare node would be
+    evaluated at the newest: an opset-11 Unsqueeze's axes attribute is then refused)."""
+    from onnx import helper
+    from onnx.reference import ReferenceEvaluator
+
+    inputs = [helper.make_tensor_value_info(t, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+              for t, v in feeds.items()]
+    graph = helper.make_graph([node], "fold", inputs, [helper.make_empty_tensor_value_info(o) for o in node.output])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()])
+    return list(ReferenceEvaluator(model).run(None, feeds))
+
+
+def _attrs(node: Any) -> dict[str, Any]:
+    from onnx import helper
+
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _like(op_type: str, inputs: list[str], outputs: list[str], name: str, **attrs: Any) -> Any:
+    from onnx import helper
+
+    return helper.make_node(op_type, inputs, outputs, name=name, **attrs)
+
+
+def _flatten(node: Any, cx: _Context) -> Made | None:
+    axis, shape = _attrs(node).get("axis", 1), cx.shapes.get(node.input[0])
+    if axis >= 0 or shape is None:
+        return None
+    return "Flatten axes counted from 0", [_like("Flatten", list(node.input), list(node.output), node.name,
+                                                 axis=len(shape) + axis)], []
+
+
+def _min_max(node: Any, cx: _Context) -> Made | None:
+    inputs = [t for t in node.input if t]
+    base = node.name or node.output[0]
+    if len(inputs) == 1:
+        return (f"{node.op_type} of one input as Identity",
+                [_like("Identity", inputs, list(node.output), node.name)], [])
+    if len(inputs) > 2:
+        made, left = [], inputs[0]
+        for k, right in enumerate(inputs[1:], 1):
+            out = node.output[0] if k == len(inputs) - 1 else cx.namer(f"{base}/{node.op_type}_{k}")
+            made.append(_like(node.op_type, [left, right], [out], cx.namer(f"{base}/{node.op_type}_{k}")))
+            left = out
+        return f"{node.op_type} of {len(inputs)} inputs as two-input ones", made, []
+    if node.op_type == "Min" and any(import_rules.min_broadcast(node, cx.shapes)):
+        # Min(a, b) = -Max(-a, -b): Max broadcasts as numpy does
+        neg = [cx.namer(f"{base}/neg_{k}") for k in range(3)]
+        made = [_like("Neg", [inputs[0]], [neg[0]], cx.namer(f"{base}/Neg_a")),
+                _like("Neg", [inputs[1]], [neg[1]], cx.namer(f"{base}/Neg_b")),
+                _like("Max", neg[:2], [neg[2]], cx.namer(f"{base}/Max")),
+                _like("Neg", [neg[2]], list(node.output), node.name)]
+        return "Min broadcast as numpy (Max of negations)", made, []
+    return None
+
+
+def _gather(node: Any, cx: _Context) -> Made | None:
+    import numpy as np
+    from onnx import numpy_helper
+
+    indices, data = cx.values.get(node.input[1]), cx.shapes.get(node.input[0])
+    if indices is None or data is None or not (indices < 0).any():
+        return None
+    axis = _attrs(node).get("axis", 0) % len(data)
+    positive = np.where(indices < 0, indices + data[axis], indices).astype(indices.dtype)
+    name = cx.namer(f"{node.name or node.output[0]}/indices")
+    return ("Gather indices counted from 0", [_like("Gather", [node.input[0], name], list(node.output),
+                                                    node.name, axis=axis)], [numpy_helper.from_array(positive, name)])
+
+
+def _slice(node: Any, cx: _Context) -> Made | None:
+    from onnx import numpy_helper
+
+    if len(node.input) < 4 or not node.input[3] or node.input[3] not in cx.values:
+        return None
+    axes, data = cx.values[node.input[3]], cx.shapes.get(node.input[0])
+    if data is None or not (axes < 0).any():
+        return None
+    name = cx.namer(f"{node.name or node.output[0]}/axes")
+    inputs = list(node.input)
+    inputs[3] = name
+    return ("Slice axes counted from 0", [_like("Slice", inputs, list(node.output), node.name)],
+            [numpy_helper.from_array((axes % len(data)).astype(axes.dtype), name)])
+
+
+def _transpose(node: Any, cx: _Context) -> Made | None:
+    shape = cx.shapes.get(node.input[0])
+    if "perm" in _attrs(node) or shape is None:
+        return None
+    return ("Transpose perm written out", [_like("Transpose", list(node.input), list(node.output), node.name,
+                                                 perm=list(reversed(range(len(shape)))))], [])
+
+
+def _layer_norm(node: Any, cx: _Context) -> Made | None:
+    import numpy as np
+    from onnx import numpy_helper
+
+    if len(node.input) > 2 and node.input[2]:
+        return None
+    scale = cx.values.get(node.input[1]) if len(node.input) > 1 else None
+    scale_shape = cx.shapes.get(node.input[1]) if len(node.input) > 1 else None
+    if scale_shape is None:
+        return None
+    dtype = scale.dtype if scale is not None else np.float32
+    name = cx.namer(f"{node.name or node.output[0]}/bias")
+    made = _like("LayerNormalization", [node.input[0], node.input[1], name], list(node.output), node.name)
+    made.attribute.extend(node.attribute)
+    return "LayerNormalization given its zero bias", [made], [numpy_helper.from_array(np.zeros(scale_shape, dtype),
+                                                                                      name)]
+
+
+def _depth_to_space(node: Any, cx: _Context) -> Made | None:
+    import numpy as np
+    from onnx import numpy_helper
+
+    shape = cx.shapes.get(node.input[0])
+    if shape is None or len(shape) != 4:
+        return None
+    attrs = _attrs(node)
+    b, mode = attrs.get("blocksize", 1), attrs.get("mode", b"DCR")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    n, c, h, w = shape
+    base = node.name or node.output[0]
+    # ONNX's definition of DepthToSpace (its operator doc): DCR and CRD order the channels differently
+    first, perm = (([n, b, b, c // b**2, h, w], [0, 3, 4, 1, 5, 2]) if mode == "DCR"
+                   else ([n, c // b**2, b, b, h, w], [0, 1, 4, 2, 5, 3]))
+    shape_a, shape_b = cx.namer(f"{base}/shape_6d"), cx.namer(f"{base}/shape_4d")
+    mid, moved = cx.namer(f"{base}/blocks"), cx.namer(f"{base}/moved")
+    made = [_like("Reshape", [node.input[0], shape_a], [mid], cx.namer(f"{base}/Reshape_6d")),
+            _like("Transpose", [mid], [moved], cx.namer(f"{base}/Transpose"), perm=perm),
+            _like("Reshape", [moved, shape_b], list(node.output), node.name)]
+    inits = [numpy_helper.from_array(np.array(first, np.int64), shape_a),
+             numpy_helper.from_array(np.array([n, c // b**2, h * b, w * b], np.int64), shape_b)]
+    return "DepthToSpace as Reshape, Transpose, Reshape", made, inits
+
+
+def _gelu(node: Any, cx: _Context) -> Made | None:
+    import numpy as np
+    from onnx import numpy_helper
+
+    approximate = _attrs(node).get("approximate", b"none")
+    if (approximate.decode() if isinstance(approximate, bytes) else approximate) != "tanh":
+        return None
+    # ONNX's Gelu, approximate "tanh": 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
+    x, base = node.input[0], node.name or node.output[0]
+    dtype = np.float16 if cx.types.get(x) == HALF else np.float32
+    c = {k: cx.namer(f"{base}/{k}") for k in ("three", "k", "root", "half", "one")}
+    inits = [numpy_helper.from_array(np.array(v, dtype), c[k]) for k, v in
+             (("three", 3.0), ("k", 0.044715), ("root", math.sqrt(2 / math.pi)), ("half", 0.5), ("one", 1.0))]
+    t = {k: cx.namer(f"{base}/{k}") for k in ("cube", "scaled", "inner", "arg", "tanh", "plus", "halfx")}
+    made = [_like("Pow", [x, c["three"]], [t["cube"]], cx.namer(f"{base}/Pow")),
+            _like("Mul", [t["cube"], c["k"]], [t["scaled"]], cx.namer(f"{base}/Mul_k")),
+            _like("Add", [x, t["scaled"]], [t["inner"]], cx.namer(f"{base}/Add_inner")),
+            _like("Mul", [t["inner"], c["root"]], [t["arg"]], cx.namer(f"{base}/Mul_root")),
+            _like("Tanh", [t["arg"]], [t["tanh"]], cx.namer(f"{base}/Tanh")),
+            _like("Add", [t["tanh"], c["one"]], [t["plus"]], cx.namer(f"{base}/Add_one")),
+            _like("Mul", [x, c["half"]], [t["halfx"]], cx.namer(f"{base}/Mul_half")),
+            _like("Mul", [t["halfx"], t["plus"]], list(node.output), node.name)]
+    return "tanh Gelu written out", made, inits
+
+
+def _max_pool(node: Any, cx: _Context) -> Made | None:
+    attrs = _attrs(node)
+    auto_pad = attrs.get("auto_pad", b"NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    data, out = cx.shapes.get(node.input[0]), cx.shapes.get(node.output[0])
+    if not auto_pad.startswith("SAME") or data is None or out is None:
+        return None
+    window = list(attrs["kernel_shape"])
+    strides, dilations = list(attrs.get("strides", [1] * len(window))), list(attrs.get("dilations", [1] * len(window)))
+    total = [max(0, (o - 1) * s + d * (k - 1) + 1 - n)
+             for n, o, k, s, d in zip(data[2:], out[2:], window, strides, dilations, strict=True)]
+    small, big = [t // 2 for t in total], [t - t // 2 for t in total]
+    pads = [*small, *big] if auto_pad == "SAME_UPPER" else [*big, *small]
+    made = _like("MaxPool", list(node.input), list(node.output), node.name, pads=pads)
+    made.attribute.extend(a for a in node.attribute if a.name != "auto_pad")
+    return "MaxPool auto_pad written as ONNX's pads", [made], []
+
+
+_REWRITES: dict[str, Callable[[Any, _Context], Made | None]] = {
+    "MaxPool": _max_pool,
+    "Flatten": _flatten, "Min": _min_max, "Max": _min_max, "Gather": _gather, "Slice": _slice,
+    "Transpose": _transpose, "LayerNormalization": _layer_norm, "DepthToSpace": _depth_to_space, "Gelu": _gelu,
+}

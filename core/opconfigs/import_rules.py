@@ -1,0 +1,218 @@
+"""More of what NNFusion's ONNX importer does to a node, beside core/opconfigs/nnfusion_import.py's checks: the inputs
+it evaluates while importing, the element-wise ops it reads only two inputs of, the Flatten axis it compares unsigned,
+the pads it gives a MaxPool of auto_pad, and graph inputs of a dynamic size. Each rule cites the importer's source
+(microsoft/nnfusion main, frontend/onnx_import/); each was seen with the compiler in ../shared/nnfusion (the tests
+in tests/test_import_rules.py hold them against it). `kdb model expand` rewrites what these rules find where it can
+(core/opconfigs/import_rewrites.py)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+Shapes = dict[str, list[int]]
+
+# Inputs the importer needs the value of while it imports (GetValueFromNGraphOp): op type -> their indices. A value
+# computed in the graph is evaluated by compiling a CUDA program for compute_60 and running it on the GPU
+# (frontend/util/evaluator.hpp, engine/profiler/cuda_runtime.cpp).
+VALUE_INPUTS: dict[str, tuple[int, ...]] = {
+    "Reshape": (1,), "Expand": (1,), "ConstantOfShape": (0,), "Slice": (1, 2, 3, 4), "Range": (0, 1, 2),
+    "CumSum": (1,), "OneHot": (1, 2),
+}
+EXPAND_HINT = "`kdb model expand IN OUT` rewrites it"
+
+
+def constant_tensors(graph: Any) -> set[str]:
+    """The tensors the importer holds as constants: initializers and Constant nodes' outputs."""
+    return {t.name for t in graph.initializer} | {o for n in graph.node if n.op_type == "Constant" for o in n.output}
+
+
+def computed_value_input(node: Any, constants: set[str]) -> str:
+    """Why the import aborts on a node whose shape-like input is computed in the graph (a torch export's
+    `x.view(x.size(0), -1)`: Shape, Gather, Unsqueeze, Concat, then Reshape); "" when every such input is a constant."""
+    computed = [node.input[i] for i in VALUE_INPUTS.get(node.op_type, ())
+                if i < len(node.input) and node.input[i] and node.input[i] not in constants]
+    if not computed:
+        return ""
+    return (f"{node.op_type} whose input {computed[0]!r} is computed in the graph: the importer evaluates it while "
+            "importing, by building a CUDA program for compute_60 and running it on the GPU (frontend/util/"
+            "evaluator.hpp); CUDA 13's nvcc builds no compute_60, and without a GPU nothing runs, so the import "
+            "aborts (NNFusion's ONNX Runtime pre-pass folds it only where the python3 it runs has onnxruntime); "
+            f"{EXPAND_HINT}: it folds what depends on static shapes into a constant")
+
+
+def min_max_arity(node: Any) -> tuple[str, str]:
+    """(blocker, wrong numbers) of a Min or Max: the importer's binary translators read inputs 0 and 1 only
+    (op/binaryop.hpp), so one input aborts and a third is dropped."""
+    if node.op_type not in ("Min", "Max") or node.domain not in ("", "ai.onnx"):
+        return "", ""
+    inputs = [i for i in node.input if i]
+    if len(inputs) == 1:
+        return (f"{node.op_type} of one input: the importer reads inputs 0 and 1 (op/binaryop.hpp) and aborts; "
+                f"{EXPAND_HINT} as the Identity it is"), ""
+    if len(inputs) > 2:
+        return "", (f"{node.op_type} of {len(inputs)} inputs: the importer reads inputs 0 and 1 only (op/binaryop.hpp) "
+                    f"and drops the rest; {EXPAND_HINT} as a chain of two-input {node.op_type}s")
+    return "", ""
+
+
+def legacy_broadcast(left: list[int], right: list[int], axis: int = 0) -> tuple[bool, bool]:
+    """(imports, numpy's numbers) of NNFusion's legacy broadcast of `right` into `left` (util/broadcasting.cpp's
+    legacy_style_broadcast_for_binary_operation, which Min's translator uses): the right operand's trailing and then
+    leading ones are dropped, and what is left must match the left shape from `axis` + the leading ones on."""
+    if left == right:
+        return True, True
+    core = list(right)
+    while core and core[-1] == 1:
+        core.pop()
+    ones = next((k for k, d in enumerate(core) if d != 1), len(core))
+    core, start = core[ones:], axis + ones
+    if start + len(core) > len(left) or left[start:start + len(core)] != core:
+        return False, False
+    numpy_out = _numpy_broadcast(left, right)
+    # numpy aligns `right` to the last axis, the legacy rule at `axis`: the same wherever the ranks are equal
+    return True, numpy_out == left and (not core or len(right) + axis == len(left))
+
+
+def _numpy_broadcast(a: list[int], b: list[int]) -> list[int] | None:
+    rank = max(len(a), len(b))
+    a, b = [1] * (rank - len(a)) + a, [1] * (rank - len(b)) + b
+    if any(x != y and 1 not in (x, y) for x, y in zip(a, b, strict=True)):
+        return None
+    return [max(x, y) for x, y in zip(a, b, strict=True)]
+
+
+def min_broadcast(node: Any, shapes: Shapes) -> tuple[str, str]:
+    """(blocker, wrong numbers) of a two-input Min whose operands differ in shape: its translator broadcasts the old
+    way (TranslateLegacyBinaryOp, from axis 0), not as numpy (Max, Add and the rest broadcast as numpy)."""
+    inputs = [i for i in node.input if i]
+    if node.op_type != "Min" or node.domain not in ("", "ai.onnx") or len(inputs) != 2:
+        return "", ""
+    left, right = shapes.get(inputs[0]), shapes.get(inputs[1])
+    if left is None or right is None:
+        return "", ""
+    imports, same = legacy_broadcast(left, right)
+    why = (f"Min of {left} and {right}: its translator broadcasts the second operand the old way, from axis 0 "
+           "(op/binaryop.hpp's TranslateLegacyBinaryOp, util/broadcasting.cpp), not as numpy aligns it")
+    if not imports:
+        return f"{why}: the import aborts ('Broadcast argument shape ... incompatible'); {EXPAND_HINT} as Max", ""
+    return ("", "") if same else ("", f"{why}: the numbers are not ONNX's; {EXPAND_HINT} as Max")
+
+
+def flatten_axis_negative(node: Any, shapes: Shapes) -> str:
+    """A Flatten of a negative axis: op/flatten.hpp compares the unsigned index with it (`i < axis`), so every axis
+    goes into the first dimension: [N, 1] where ONNX gives another shape."""
+    if node.op_type != "Flatten" or node.domain not in ("", "ai.onnx"):
+        return ""
+    from onnx import helper
+
+    axis = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), 1)
+    shape = shapes.get(node.input[0]) if node.input else None
+    if axis >= 0 or shape is None:
+        return ""
+    onnx_out = [math.prod(shape[:axis]), math.prod(shape[axis:])]
+    ours = [math.prod(shape), 1]
+    if ours == onnx_out:
+        return ""
+    return (f"Flatten of axis {axis}: the importer compares it unsigned (op/flatten.hpp), so it flattens {shape} to "
+            f"{ours} where ONNX gives {onnx_out}: what follows aborts where the shapes meet, or computes another "
+            f"network; {EXPAND_HINT} (axis {len(shape) + axis})")
+
+
+def dynamic_inputs(graph: Any) -> list[tuple[str, str]]:
+    """(input, why) for each graph input with a dimension of no fixed size: the importer aborts on a dim_param it is
+    not given a value for ('unknown input dim_param', core/value_info.hpp; nnfusion's -params flag gives one)."""
+    constants = {t.name for t in graph.initializer}
+    found = []
+    for vi in graph.input:
+        if vi.name in constants or not vi.type.HasField("tensor_type"):
+            continue
+        dims = vi.type.tensor_type.shape.dim
+        named = [d.dim_param for d in dims if d.HasField("dim_param") and d.dim_param]
+        unknown = sum(1 for d in dims if not d.HasField("dim_param") and not d.HasField("dim_value"))
+        if named:
+            pins = " ".join(f"--dim {p}=N" for p in dict.fromkeys(named))
+            found.append((vi.name, f"graph input {vi.name!r} has dimensions of no fixed size ({', '.join(named)}): "
+                                   "the importer aborts ('unknown input dim_param'); `kdb model expand IN OUT "
+                                   f"{pins}` pins them"))
+        elif unknown:
+            found.append((vi.name, f"graph input {vi.name!r} has {unknown} dimension(s) of no size at all: the "
+                                   "importer cannot size it; export it with fixed sizes"))
+    return found
+
+
+def max_pool_auto_pads(window: list[int], auto_pad: str) -> tuple[list[int], list[int]]:
+    """The pads below and above NNFusion's importer gives a MaxPool of auto_pad SAME_UPPER or SAME_LOWER
+    (util/util.cpp's get_auto_pads): from the window alone, floor and ceil of (k - 1) / 2, whatever the strides
+    and the input's size (ONNX's SAME pads depend on both)."""
+    small, big = [(k - 1) // 2 for k in window], [k // 2 for k in window]
+    return (small, big) if auto_pad == "SAME_UPPER" else (big, small)
+
+
+def gather_negative_index(node: Any, graph: Any) -> str:
+    """A Gather of constant negative indices (a torch export's `x[:, -1]`): op/gather.cpp normalises a negative axis
+    but passes the indices as they are, and NNFusion's GatherV2 kernel reads them as unsigned: out of range, so
+    zeros where ONNX counts from the end."""
+    if node.op_type != "Gather" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+        return ""
+    from onnx import numpy_helper
+
+    value = next((numpy_helper.to_array(t) for t in graph.initializer if t.name == node.input[1]), None)
+    if value is None:
+        value = next((numpy_helper.to_array(a.t) for n in graph.node if n.op_type == "Constant"
+                      and node.input[1] in n.output for a in n.attribute if a.name == "value"), None)
+    if value is None or not (value < 0).any():
+        return ""
+    return (f"Gather of the negative index {int(value.min())}: NNFusion's GatherV2 kernel reads indices unsigned "
+            "(op/gather.cpp passes them as they are), so it gathers zeros where ONNX counts from the end; "
+            f"{EXPAND_HINT} (the index counted from 0)")
+
+
+def gelu_approximation(node: Any) -> str:
+    """A Gelu of approximate "tanh" (opset 20): the importer reads no attribute (TranslateUnaryOp<op::Gelu>) and its
+    kernel is the exact erf form (x * normcdf(x))."""
+    if node.op_type != "Gelu" or node.domain not in ("", "ai.onnx"):
+        return ""
+    from onnx import helper
+
+    approximate = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "approximate"), b"none")
+    if (approximate.decode() if isinstance(approximate, bytes) else approximate) != "tanh":
+        return ""
+    return ("Gelu of approximate \"tanh\": the importer reads no attribute (ops_bridge.cpp's TranslateUnaryOp) and "
+            f"NNFusion computes the exact erf Gelu, 6e-4 apart relative; {EXPAND_HINT} (ONNX's tanh formula)")
+
+
+def layer_norm_without_bias(node: Any) -> str:
+    if node.op_type != "LayerNormalization" or (len(node.input) > 2 and node.input[2]):
+        return ""
+    return ("LayerNormalization without its bias input (torch's LayerNorm(bias=False)): the importer hands the inputs "
+            "on as they are and NNFusion's LayerNorm checks three (generic_op_define/LayerNorm.cpp): it aborts; "
+            f"{EXPAND_HINT} (a zero bias)")
+
+
+def slice_negative_axis(node: Any, graph: Any) -> str:
+    if node.op_type != "Slice" or len(node.input) < 4 or not node.input[3]:
+        return ""
+    from onnx import numpy_helper
+
+    axes = next((numpy_helper.to_array(t) for t in graph.initializer if t.name == node.input[3]), None)
+    if axes is None or not (axes < 0).any():
+        return ""
+    return (f"Slice of the negative axis {int(axes.min())}: the importer takes it unsigned (op/slice.cpp's "
+            f"`size_t axis = axes.at(idx)`) and aborts (vector::_M_range_check); {EXPAND_HINT} (axes counted from 0)")
+
+
+def transpose_without_perm(node: Any) -> str:
+    if node.op_type != "Transpose" or any(a.name == "perm" for a in node.attribute):
+        return ""
+    return ("Transpose without its perm attribute: the importer reads perm with no default (op/transpose.cpp) and "
+            f"aborts ('unknown attribute'); {EXPAND_HINT} (the reversed axes, ONNX's default)")
+
+
+def gru_outputs(node: Any) -> str:
+    """A GRU of one output: op/gru.cpp returns both Y and Y_h (`node_proto.output(1)`), a protobuf CHECK without the
+    second; torch's export, which writes both, imports."""
+    if node.op_type != "GRU" or len(node.output) > 1:
+        return ""
+    return ("GRU of one output: the importer returns Y and Y_h and aborts reading a second output (a protobuf CHECK, "
+            "op/gru.cpp); export both outputs (torch's nn.GRU does)")

@@ -1,0 +1,197 @@
+"""The importer's rules of core/opconfigs/import_rules.py and their rewrites in `kdb model expand`
+(core/opconfigs/import_rewrites.py), each held against the real compiler: the node kdb names aborts the compile (a
+blocker) or compiles into another network (wrong numbers or shape), and the expanded model has nothing named, computes
+what the original computes in ONNX Runtime, and compiles. Held out in session 27: a torch `x.view(x.size(0), -1)` at
+opset 11, dynamic axes, Min of three inputs or of a [C, 1, 1] bound, `x[:, -1]`, a tanh Gelu, ESPCN's pixel shuffle,
+a bias-free LayerNorm, `x[..., 2:]` with a negative axis, a Transpose without perm, Flatten(-1), a dilated MaxPool
+and a tf2onnx MaxPool of SAME padding."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from shared_data import shared_path
+
+pytest.importorskip("onnx")
+
+from onnx import ModelProto, TensorProto, helper
+from onnx_models import GraphBuilder, write
+from test_nnfusion_import import nnfusion
+
+from core.opconfigs.expand_functions import expand_functions
+from core.opconfigs.nnfusion_import import import_faults
+from core.opconfigs.onnx_extract import read_model
+
+COMPILER = Path(os.environ.get("KDB_TEST_NNFUSION", shared_path("nnfusion/bin/nnfusion")))
+needs_compiler = pytest.mark.skipif(not COMPILER.is_file(), reason=f"needs the NNFusion compiler at {COMPILER} "
+                                    "(../shared/nnfusion, or KDB_TEST_NNFUSION): absent on a fresh clone")
+
+
+def _net(shape: list, build: Callable[[GraphBuilder], str], opset: int = 17) -> ModelProto:
+    g = GraphBuilder({"x": shape})
+    return g.model(g.node("Relu", [build(g)], "out"), "m", opset=opset)
+
+
+def computed_reshape() -> ModelProto:
+    def build(g: GraphBuilder) -> str:
+        y = g.node("Relu", ["x"], "relu")
+        batch = g.node("Gather", [g.node("Shape", [y], "shape"), g.constant("zero", 0)], "gather", axis=0)
+        size = g.node("Concat", [g.node("Unsqueeze", [batch], "unsqueeze", axes=[0]), g.constant("rest", [-1])],
+                      "concat", axis=0)
+        return g.node("Reshape", [y, size], "n")
+    return _net([1, 4, 8, 8], build, opset=11)
+
+
+def dynamic_batch() -> ModelProto:
+    model = _net([1, 4, 8, 8], lambda g: g.node("Sigmoid", ["x"], "n"))
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    return model
+
+
+def min_of_one() -> ModelProto:
+    return _net([1, 4, 8, 8], lambda g: g.node("Min", ["x"], "n"))
+
+
+def min_of_a_channel_bound() -> ModelProto:
+    return _net([1, 4, 8, 8], lambda g: g.node("Min", ["x", g.constant("cap", np.linspace(0, 1, 4).reshape(4, 1, 1),
+                                                                       np.float32)], "n"))
+
+
+def slice_negative_axis() -> ModelProto:
+    return _net([1, 4, 8, 8], lambda g: g.node("Slice", ["x", g.constant("s", [2]), g.constant("e", [8]),
+                                                         g.constant("a", [-1])], "n"))
+
+
+def transpose_without_perm() -> ModelProto:
+    return _net([1, 4, 8, 6], lambda g: g.node("Transpose", ["x"], "n"))
+
+
+def layer_norm_without_bias() -> ModelProto:
+    return _net([1, 8, 16], lambda g: g.node("LayerNormalization", ["x", g.weight("scale", [16], mean=1.0)], "n",
+                                             axis=-1, epsilon=1e-5))
+
+
+def depth_to_space(mode: str) -> Callable[[], ModelProto]:
+    return lambda: _net([1, 8, 4, 4], lambda g: g.node("DepthToSpace", ["x"], "n", blocksize=2, mode=mode), opset=13)
+
+
+def min_of_three() -> ModelProto:
+    return _net([1, 4, 8, 8], lambda g: g.node("Min", ["x", g.node("Tanh", ["x"], "t"), g.node("Neg", ["x"], "ng")],
+                                               "n"))
+
+
+def gather_last() -> ModelProto:
+    return _net([1, 8, 16], lambda g: g.node("Gather", [g.node("Tanh", ["x"], "t"), g.constant("last", -1)], "n",
+                                             axis=1))
+
+
+def gelu_tanh() -> ModelProto:
+    return _net([1, 8, 16], lambda g: g.node("Gelu", ["x"], "n", approximate="tanh"), opset=20)
+
+
+def flatten_last() -> ModelProto:
+    return _net([2, 4, 4, 4], lambda g: g.node("Flatten", ["x"], "n", axis=-1))
+
+
+def max_pool_same() -> ModelProto:
+    return _net([1, 4, 16, 16], lambda g: g.node("MaxPool", ["x"], "n", kernel_shape=[3, 3], strides=[2, 2],
+                                                 auto_pad="SAME_UPPER"))
+
+
+def max_pool_dilated() -> ModelProto:
+    return _net([1, 4, 8, 8], lambda g: g.node("MaxPool", ["x"], "n", kernel_shape=[2, 2], dilations=[2, 2]))
+
+
+# (the model, what kdb says of node n, a word of its reason); every one but the last has a rewrite
+CASES: dict[str, tuple[Callable[[], ModelProto], str, str]] = {
+    "a Reshape of a computed shape": (computed_reshape, "blocker", "compute_60"),
+    "a dynamic batch": (dynamic_batch, "blocker", "dim_param"),
+    "Min of one input": (min_of_one, "blocker", "reads inputs 0 and 1"),
+    "Min of a [C, 1, 1] bound": (min_of_a_channel_bound, "blocker", "the old way"),
+    "Slice of axis -1": (slice_negative_axis, "blocker", "unsigned"),
+    "Transpose without perm": (transpose_without_perm, "blocker", "perm"),
+    "LayerNormalization without bias": (layer_norm_without_bias, "blocker", "three"),
+    "DepthToSpace DCR": (depth_to_space("DCR"), "blocker", "No valid kernel"),
+    "DepthToSpace CRD": (depth_to_space("CRD"), "blocker", "No valid kernel"),
+    "Min of three inputs": (min_of_three, "wrong numbers", "drops the rest"),
+    "Gather of index -1": (gather_last, "wrong numbers", "unsigned"),
+    "tanh Gelu": (gelu_tanh, "wrong numbers", "erf"),
+    "Flatten of axis -1": (flatten_last, "wrong shape", "unsigned"),
+    "MaxPool of SAME_UPPER, stride 2": (max_pool_same, "wrong numbers", "get_auto_pads"),
+    "dilated MaxPool": (max_pool_dilated, "wrong shape", "dilations"),
+}
+NO_REWRITE = {"dilated MaxPool"}  # NNFusion's pools have no dilation
+
+
+def said(model: ModelProto) -> list[tuple[str, str, str]]:
+    """(node, kind, reason) of what kdb finds, on the model as extraction sees it (shapes inferred)."""
+    import onnx
+
+    blockers, warnings = import_faults(onnx.shape_inference.infer_shapes(model, data_prop=True))
+    return [(b.node, "blocker", b.reason) for b in blockers] + [(w.node, w.kind, w.text) for w in warnings]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_kdb_names_the_node_and_expand_rewrites_it_into_the_same_numbers(tmp_path: Path, case: str):
+    build, kind, word = CASES[case]
+    (found,) = said(build())
+    assert found[:2] == ("n", kind) and word in found[2], found
+    source = write(build(), tmp_path / "m.onnx")
+    dims = {"batch": 1} if case == "a dynamic batch" else None
+    expand_functions(source, tmp_path / "x.onnx", dims)
+    expanded = read_model(tmp_path / "x.onnx")
+    if case in NO_REWRITE:
+        assert said(expanded) == [found]
+        return
+    assert said(expanded) == []
+    ort = pytest.importorskip("onnxruntime")
+    dims_of_x = build().graph.input[0].type.tensor_type.shape.dim
+    x = np.random.default_rng(0).standard_normal([d.dim_value or 1 for d in dims_of_x]).astype(np.float32)
+    before, after = (ort.InferenceSession(str(p)).run(None, {"x": x})[0] for p in (source, tmp_path / "x.onnx"))
+    np.testing.assert_allclose(after, before, rtol=1e-6, atol=1e-6)
+
+
+@needs_compiler
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_real_compiler_does_what_kdb_says_and_takes_the_expanded_model(tmp_path: Path, case: str):
+    build, kind, _ = CASES[case]
+    compiled = nnfusion(build(), tmp_path / "as-is")
+    code = tmp_path / "as-is" / "nnfusion_rt" / "cuda_codegen" / "nnfusion_rt.cu"
+    if kind == "blocker":
+        assert compiled.returncode != 0 and not code.exists(), compiled.stdout[-2000:]
+    else:
+        assert compiled.returncode == 0 and code.is_file(), compiled.stdout[-2000:]
+    if case in NO_REWRITE:
+        return
+    source = write(build(), tmp_path / "m.onnx")
+    expand_functions(source, tmp_path / "x.onnx", {"batch": 1} if case == "a dynamic batch" else None)
+    fixed = nnfusion(read_model(tmp_path / "x.onnx"), tmp_path / "expanded")
+    assert fixed.returncode == 0, fixed.stdout[-3000:]
+
+
+def test_a_wrong_shape_shows_in_the_compiled_network():
+    """Flatten(-1) of [2, 4, 4, 4]: ONNX gives [32, 4]; the compiler's output is [128, 1] (held in its code)."""
+    (found,) = said(flatten_last())
+    assert "[128, 1] where ONNX gives [32, 4]" in found[2]
+
+
+@needs_compiler
+def test_the_compiled_flatten_has_the_shape_kdb_says(tmp_path: Path):
+    assert nnfusion(flatten_last(), tmp_path / "f").returncode == 0
+    code = (tmp_path / "f" / "nnfusion_rt" / "cuda_codegen" / "nnfusion_rt.cu").read_text()
+    assert "NNFUSION_GRAPH_OUTPUT_SHAPE_0 {128, 1}" in code
+
+
+def test_a_gru_of_both_outputs_is_no_blocker():
+    """op/gru.cpp returns Y and Y_h: one output aborts it (tests/test_nnfusion_import.py), both (torch's) import."""
+    g = GraphBuilder({"x": [3, 1, 4]})
+    w, r = g.weight("W", [1, 24, 4]), g.weight("R", [1, 24, 8])
+    g.nodes.append(helper.make_node("GRU", ["x", w, r], ["y", "y_h"], name="n", hidden_size=8))
+    graph = helper.make_graph(g.nodes, "gru", g.inputs, [helper.make_tensor_value_info("y_h", TensorProto.FLOAT, None)],
+                              g.initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    assert said(model) == []
