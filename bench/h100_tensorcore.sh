@@ -63,6 +63,7 @@ case "${1:-}" in
     cat $OUT/torch.log | tail -8
     network bert2 bert2 --fp16 ;;
   resnet50) network resnet50 resnet50 --fp16 ;;
+  mnv2) network mnv2 mnv2 --fp16 ;;  # (half of `more`, for a call with little device time left)
   more) NET_TIMEOUT=300 network bert12 bert2 --fp16; NET_TIMEOUT=280 network mnv2 mnv2 --fp16 ;;
   tf32)  # TF32 rows (kdb codegen --math tf32) verified and timed against PyTorch's TF32 calls; the fp32 networks
     export KDB_STATE_DIR=/tmp/kdb-st
@@ -83,5 +84,5 @@ case "${1:-}" in
     timeout 330 python3 -m console.entry nnfusion /tmp/net/${net}16.onnx "${common[@]}" --run --never-slower \
       /tmp/ns-$net.json --rounds 5 --iterations 300 --out /tmp/ns-$net-run > $OUT/ns-$net-run.log 2>&1
     echo "never-slower: exit $?"; tail -30 $OUT/ns-$net-run.log ;;
-  *) echo "usage: $0 prep|baselines|resnet50|more|tf32|neverslower"; exit 2 ;;
+  *) echo "usage: $0 prep|baselines|resnet50|mnv2|more|tf32|neverslower"; exit 2 ;;
 esac
