@@ -195,3 +195,27 @@ def test_a_gru_of_both_outputs_is_no_blocker():
                               g.initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     assert said(model) == []
+
+
+def test_the_readme_flow_of_a_torch_export_with_dynamic_axes(tmp_path: Path):
+    """coverage names the file (a torch export's graph is "main_graph") and the input, `kdb model expand --dim` pins
+    it, and a dimension the model lacks is named with the file."""
+    from conftest import run_kdb
+
+    model = dynamic_batch()
+    model.graph.name = "main_graph"
+    source = write(model, tmp_path / "export.onnx")
+    env = {"KDB_STATE_DIR": str(tmp_path / "state"), "KDB_CONFIG": str(tmp_path / "settings.toml")}
+    db = str(tmp_path / "k.db")
+    proc = run_kdb("coverage", str(source), "--db", db, env=env)
+    assert proc.returncode == 1 and "NNFusion cannot compile export.onnx" in proc.stdout, proc.stdout
+    assert "graph input 'x'" in proc.stdout and "--dim batch=N" in proc.stdout
+    done = run_kdb("model", "expand", str(source), str(tmp_path / "x.onnx"), "--dim", "batch=1", env=env)
+    assert done.returncode == 0 and "pinned: 1 dimension(s)" in done.stdout, done.stdout + done.stderr
+    after = run_kdb("coverage", str(tmp_path / "x.onnx"), "--db", db, env=env)
+    assert "cannot compile" not in after.stdout, after.stdout
+    wrong = run_kdb("model", "expand", str(source), str(tmp_path / "y.onnx"), "--dim", "seq=8", env=env)
+    assert wrong.returncode == 2 and "export.onnx" in wrong.stderr and "seq" in wrong.stderr
+    assert not (tmp_path / "y.onnx").exists()
+    bad = run_kdb("model", "expand", str(source), str(tmp_path / "y.onnx"), "--dim", "batch=0", env=env)
+    assert bad.returncode == 2 and "NAME=SIZE" in bad.stderr

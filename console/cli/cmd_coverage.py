@@ -53,7 +53,8 @@ def main(args: argparse.Namespace) -> int:
     findings = bool(extraction.blockers or extraction.miscompiles or unbuildable) or any(
         e.status in (MISSING, NOT_USED, ABORTS, DOES_NOT_BUILD) or e.wrong_numbers for e in entries)
     if args.json:
-        print_json({"model": extraction.model_name, "db": str(db.path), "db_created": created, "flags": flag_list,
+        print_json({"model": extraction.model_name, "file": str(Path(args.model)), "db": str(db.path),
+                    "db_created": created, "flags": flag_list,
                     "product_name": product, "prepass": extraction.prepass,
                     "summary": summary, "entries": [e.to_dict() for e in entries],
                     "unmapped": [u._asdict() for u in extraction.unmapped],
@@ -63,8 +64,9 @@ def main(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     ops = summary["ops"]
+    shown = Path(args.model).name  # the file the user named (a torch export's graph is "main_graph" in every one)
     table = Table(caption=(
-        f"{extraction.model_name} with {db.path} (flags: {' '.join(flag_list) or 'defaults'}; product "
+        f"{shown} with {db.path} (flags: {' '.join(flag_list) or 'defaults'}; product "
         f"{product or 'not set'}): {ops[IN_DB]} ops run DB kernels, {ops[MISSING]} missing, {ops[NOT_USED]} with "
         f"rows the compiler will not use, {ops[FUSED_AWAY]} fused away, {ops[FALLS_BACK]} fall back, "
         f"{ops[ABORTS]} abort without a row, {ops[DOES_NOT_BUILD]} do not build; DB kernels run "
@@ -92,8 +94,8 @@ def main(args: argparse.Namespace) -> int:
                   highlight=False)
     for u in unbuildable:
         out.print(f"[bold red]does not build[/]: node {u.node} ({u.op_type}): {u.reason}", highlight=False)
-    print_miscompiles(extraction.model_name, extraction.miscompiles)
-    print_blockers(extraction.model_name, extraction.blockers)  # last: what must change before anything else
+    print_miscompiles(shown, extraction.miscompiles)
+    print_blockers(shown, extraction.blockers)  # last: what must change before anything else
     return 1 if findings else 0
 
 
