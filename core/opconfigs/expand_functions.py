@@ -21,7 +21,7 @@ from typing import Any
 
 from core.errors import InputError
 from core.opconfigs.fp16_model import write_model
-from core.opconfigs.import_rewrites import pin_dims, rewrite_for_import
+from core.opconfigs.import_rewrites import fresh_name, pin_dims, rewrite_for_import
 from core.opconfigs.nnfusion_import import (
     ANY_OPSET,
     constant_values,
@@ -231,11 +231,7 @@ class _Writer:
         self.types[name] = elem_type or helper.np_dtype_to_tensor_dtype(np.asarray(value).dtype)
 
     def _fresh(self, name: str) -> str:
-        fresh, k = name, 1
-        while fresh in self.taken:
-            fresh, k = f"{name}_{k}", k + 1
-        self.taken.add(fresh)
-        return fresh
+        return fresh_name(self.taken, name)
 
 
 def _constant_value(attributes: list[Any]) -> Any:

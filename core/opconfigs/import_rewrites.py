@@ -76,16 +76,21 @@ class _Context:
     namer: _Namer
 
 
+def fresh_name(taken: set[str], name: str) -> str:
+    """`name`, or `name_1`, `name_2`, ...: the first not in `taken`, which it joins."""
+    fresh, k = name, 1
+    while fresh in taken:
+        fresh, k = f"{name}_{k}", k + 1
+    taken.add(fresh)
+    return fresh
+
+
 class _Namer:
     def __init__(self, taken: set[str]) -> None:
         self.taken = taken
 
     def __call__(self, name: str) -> str:
-        fresh, k = name, 1
-        while fresh in self.taken:
-            fresh, k = f"{name}_{k}", k + 1
-        self.taken.add(fresh)
-        return fresh
+        return fresh_name(self.taken, name)
 
 
 Made = tuple[str, list[Any], list[Any]]  # (kind, nodes in the node's place, initializers added)
@@ -131,32 +136,32 @@ def _fold_shape_computations(graph: Any, shapes: dict[str, list[int]], values: d
     import numpy as np
     from onnx import helper, numpy_helper
 
-    known, folded = dict(values), []
-    for node in graph.node:
-        if node.domain not in ("", "ai.onnx") or node.op_type == "Constant":
+    known, made, folded = dict(values), set(), set()  # values, the tensors folded, the indices of the nodes folded
+    outputs = {o.name for o in graph.output}  # (a graph output stays a node's)
+    for i, node in enumerate(graph.node):
+        if node.domain not in ("", "ai.onnx") or node.op_type == "Constant" or outputs.intersection(node.output):
             continue
         if node.op_type == "Shape" and node.input[0] in shapes:
             attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
             dims = shapes[node.input[0]]
-            known[node.output[0]] = np.array(dims[attrs.get("start", 0):attrs.get("end", len(dims))], np.int64)
-            folded.append(node)
-        elif folded and node.input and all(not t or t in known for t in node.input) and any(
-                t in {o for f in folded for o in f.output} for t in node.input):
+            outs = [np.array(dims[attrs.get("start", 0):attrs.get("end", len(dims))], np.int64)]
+        elif made.intersection(node.input) and all(not t or t in known for t in node.input):
             try:
-                outs = _evaluate(node, {t: known[t] for t in node.input if t}, opsets)
+                outs = [np.asarray(o) for o in _evaluate(node, {t: known[t] for t in node.input if t}, opsets)]
             except Exception:  # an op the reference does not evaluate: left to the compiler, with its blocker
                 continue
-            if any(np.asarray(o).size > FOLD_LIMIT for o in outs):
+            if any(o.size > FOLD_LIMIT for o in outs):
                 continue
-            known.update(zip(node.output, (np.asarray(o) for o in outs), strict=False))
-            folded.append(node)
-    made = {o for f in folded for o in f.output}
-    outputs = {o.name for o in graph.output}
-    read = {t for n in graph.node if n not in folded for t in n.input if t in made}
+        else:
+            continue
+        known.update(zip(node.output, outs, strict=False))
+        made.update(node.output)
+        folded.add(i)
+    read = {t for i, n in enumerate(graph.node) if i not in folded for t in n.input if t in made}
     if not read:
         return 0
     graph.initializer.extend(numpy_helper.from_array(known[t], t) for t in sorted(read))
-    kept = [n for n in graph.node if n not in folded or any(o in outputs for o in n.output)]
+    kept = [n for i, n in enumerate(graph.node) if i not in folded]
     count = len(graph.node) - len(kept)
     del graph.node[:]
     graph.node.extend(kept)
