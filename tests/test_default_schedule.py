@@ -12,7 +12,7 @@ pytest.importorskip("tvm")
 
 from core.codegen.generate import generate
 from core.codegen.reference import TOLERANCE
-from core.codegen.schedule import COLUMN_SPLIT, THREADS, reduction_threads
+from core.codegen.schedule import COLUMN_SPLIT, MAX_THREADS, THREADS, reduction_threads
 from core.opconfigs.opconfig import parse_line
 
 CONV = "cudnn_convolution_op_float"
@@ -56,6 +56,8 @@ CASES = {
     "tanh": "elementwise_tanh_op_float|i+2_300|o+2_300",
     # Few outputs, long reductions (issue 39: a global AvgPool over 112x112 ran 161x cuDNN's time): a block each
     "avgpool global 112x112": "cudnn_avgpool_op_float|i+1_32_112_112|o+1_32_1_1|win+112_112|ws+1_1|pb+0_0|pa+0_0",
+    # ... and a pool's short one over its innermost axis where a thread per output would give few blocks (ResNet's)
+    "avgpool global 7x7 2048 channels": "cudnn_avgpool_op_float|i+1_2048_7_7|o+1_2048_1_1|win+7_7|ws+1_1|pb+0_0|pa+0_0",
     "maxpool global 32x32": "cudnn_maxpool_op_float|i+1_64_32_32|o+1_64_1_1|win+32_32|ws+1_1|pb+0_0|pa+0_0",
     "dot gemv 1x768 by 768x3072": "cublas_dot_op_float|a+1_768|b+768_3072|o+1_3072|ta+0|tb+0",
     "dot gemv classifier 1x2048 by 1000x2048": "cublas_dot_op_float|a+1_2048|b+1000_2048|o+1_1000|ta+0|tb+1",
@@ -78,8 +80,12 @@ ROWS = {"softmax attention 1x2x8x8": (16, 32), "softmax attention 1x3x197x197": 
         "softmax classifier 2x1000": (2, reduction_threads(1000)), "softmax 1-D": (1, 32)}
 # The cases with at most CROSS_THREAD_MAX_OUTPUTS outputs and a reduction of CROSS_THREAD_MIN_REDUCTION or more
 BLOCK_PER_OUTPUT = {"dot fc batch 1", "11x11 s4 pre-padded", "11x11 s4 padded", "avgpool global 112x112",
+                    "avgpool global 7x7 2048 channels", "avgpool global 7x7 batch 4",
                     "maxpool global 32x32", "dot gemv 1x768 by 768x3072", "dot gemv classifier 1x2048 by 1000x2048",
                     "conv 1x1 small map add_relu", "sum layer norm 1x64x256"}
+# ... of fewer outputs than an H100's multiprocessors: blocks of up to MAX_THREADS (a global pool of 32 channels)
+WIDE = {"avgpool global 112x112": MAX_THREADS, "maxpool global 32x32": THREADS, "avgpool global 7x7 batch 4": 32,
+        "avgpool global 7x7 2048 channels": 32}
 # ... whose largest operand has an output axis innermost (x·B, B [K, N]): warps of 32 neighbouring outputs
 COLUMNS = {"dot gemv 1x768 by 768x3072", "dot gemv 1x3000 by 3000x700 (a partial column block)"}
 
@@ -104,7 +110,8 @@ def test_default_schedule_generates_one_kernel_whose_math_matches_numpy(name: st
         assert block == [32, COLUMN_SPLIT, 1] and grid == [math.ceil(output_elements(line) / 32), 1, 1]
         assert "threadIdx.y" in result.item["code"]
     elif name in BLOCK_PER_OUTPUT:  # a block per output; its whole warps share the reduction
-        assert grid[0] == output_elements(line) and block in ([32, 1, 1], [64, 1, 1], [THREADS, 1, 1])
+        assert grid[0] == output_elements(line) and block[1:] == [1, 1]
+        assert block[0] == WIDE.get(name, block[0]) and block[0] in (32, 64, THREADS, MAX_THREADS)
         assert "__shfl_down_sync" in result.item["code"]
     else:
         assert block == [THREADS, 1, 1]
@@ -142,9 +149,12 @@ def test_a_half_softmax_sums_in_float_and_lands_within_the_half_bound():
     assert "half* __restrict__ input0" in code and "float red_buf0" in code.replace("alignas(64) ", "")
 
 
-@pytest.mark.parametrize("length, threads", [(256, 32), (511, 32), (512, 64), (1023, 64), (1024, 128), (12544, 128)])
-def test_a_reductions_threads_are_whole_warps_each_summing_at_least_8_terms(length: int, threads: int):
-    assert reduction_threads(length) == threads
+@pytest.mark.parametrize("length, outputs, threads", [(256, 1000, 32), (511, 1000, 32), (512, 1000, 64),
+                                                      (1023, 1000, 64), (1024, 1000, 128), (12544, 1000, 128),
+                                                      (12544, 32, 1024), (4096, 64, 512), (49, 2048, 32)])
+def test_a_reductions_threads_are_whole_warps_each_summing_at_least_8_terms(length: int, outputs: int, threads: int):
+    """Up to THREADS; up to MAX_THREADS where the outputs, a block each, are fewer than an H100's multiprocessors."""
+    assert reduction_threads(length, outputs) == threads
 
 
 def test_a_half_global_max_pool_generates_with_a_thread_per_output():

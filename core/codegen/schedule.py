@@ -28,6 +28,13 @@ THREADS = 128
 # A reduction runs one output per block when it has at most this many outputs and a reduction this long or longer.
 CROSS_THREAD_MAX_OUTPUTS = 16384
 CROSS_THREAD_MIN_REDUCTION = 256
+# An H100's multiprocessors: fewer blocks than this leave some idle. Fewer outputs than this take blocks of up to
+# MAX_THREADS for their reductions; a pool's (or a sum's) short reduction over the innermost axis (a global pool of
+# 7x7) still takes a warp per output where a thread per output would give fewer blocks of THREADS than this (issue
+# 39, session 27 on an H100: a global AvgPool of 32x112x112 in blocks of 128 ran 5.31x PyTorch's mean, one of
+# 2048x7x7 by thread 3.66x)
+MULTIPROCESSORS = 132
+MAX_THREADS = 1024
 COLUMN_SPLIT = 8  # warps that split 32 neighbouring outputs' reductions (see _block_per_output)
 
 
@@ -66,7 +73,7 @@ def default_schedule(mod: Any, threads: int = THREADS, *, bind: bool = True) -> 
     spatial = [loop for loop, kind in kinds if kind == "S"] or [sch.add_unit_loop(red)]
     reduce = [loop for loop, kind in kinds if kind == "R"]
     sch.reorder(*spatial, *reduce)
-    if _few_long_reductions(sch, spatial, reduce) and _lowered_across_threads(sch, red):
+    if _few_long_reductions(sch, red, spatial, reduce) and _lowered_across_threads(sch, red):
         _block_per_output(sch, red, out, spatial, reduce, bind)
         return sch.mod
     thread_loop = _over_threads(sch, spatial, threads, bind)
@@ -83,9 +90,13 @@ def _extent(sch: Any, loops: list[Any]) -> int:
     return extent
 
 
-def _few_long_reductions(sch: Any, spatial: list[Any], reduce: list[Any]) -> bool:
-    return (_extent(sch, spatial) <= CROSS_THREAD_MAX_OUTPUTS
-            and bool(reduce) and _extent(sch, reduce) >= CROSS_THREAD_MIN_REDUCTION)
+def _few_long_reductions(sch: Any, red: Any, spatial: list[Any], reduce: list[Any]) -> bool:
+    outputs, length = _extent(sch, spatial), _extent(sch, reduce)
+    if not reduce or outputs > CROSS_THREAD_MAX_OUTPUTS:
+        return False
+    return length >= CROSS_THREAD_MIN_REDUCTION or (
+        length >= 32 and outputs < MULTIPROCESSORS * THREADS and len(sch.get(red).reads) == 1
+        and _innermost_axis_is_reduced(sch, red))  # (a pool or a sum: one input; dots and convs are left as they are)
 
 
 def _lowered_across_threads(sch: Any, block: Any) -> bool:
@@ -97,10 +108,12 @@ def _lowered_across_threads(sch: Any, block: Any) -> bool:
     return not isinstance(sch.get(block).body.value, tirx.Select)
 
 
-def reduction_threads(length: int) -> int:
-    """Threads that share one output's reduction of `length`: whole warps, each thread summing at least 8 terms."""
+def reduction_threads(length: int, outputs: int = MULTIPROCESSORS) -> int:
+    """Threads that share one output's reduction of `length`: whole warps, each thread summing at least 8 terms; up
+    to THREADS, or MAX_THREADS where the outputs (a block each) are fewer than the GPU's multiprocessors."""
+    limit = MAX_THREADS if outputs < MULTIPROCESSORS else THREADS
     threads = 32
-    while threads < THREADS and threads * 2 * 8 <= length:
+    while threads < limit and threads * 2 * 8 <= length:
         threads *= 2
     return threads
 
@@ -124,7 +137,7 @@ def _block_per_output(sch: Any, red: Any, out: Any, spatial: list[Any], reduce: 
         if not _same(sch, red, out):
             sch.reverse_compute_at(out, columns)
         return
-    _, lanes = sch.split(reduction, [None, reduction_threads(_extent(sch, [reduction]))])
+    _, lanes = sch.split(reduction, [None, reduction_threads(_extent(sch, [reduction]), _extent(sch, [outputs]))])
     if bind:
         sch.bind(outputs, "blockIdx.x")
         sch.bind(lanes, "threadIdx.x")
@@ -161,16 +174,30 @@ def _innermost_axis_is_spatial(sch: Any, block: Any) -> bool:
     """Whether the largest buffer the block reads has, as its innermost axis of more than one element, one that
     only output (data-parallel) block vars index."""
     from tvm import tirx
+
+    return _innermost_axis_only(sch, block, tirx.IterVar.DataPar)
+
+
+def _innermost_axis_is_reduced(sch: Any, block: Any) -> bool:
+    """... one that only reduction block vars index (a pool's window, x·Bᵀ's k; a conv's input row is indexed by
+    both, and is neither)."""
+    from tvm import tirx
+
+    return _innermost_axis_only(sch, block, tirx.IterVar.CommReduce)
+
+
+def _innermost_axis_only(sch: Any, block: Any, iter_type: Any) -> bool:
     from tvm.tirx.analysis import undefined_vars
 
     stmt = sch.get(block)
-    spatial = [iv.var for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
+    kind = [iv.var for iv in stmt.iter_vars if iv.iter_type == iter_type]
+    unit = [iv.var for iv in stmt.iter_vars if int(iv.dom.extent) == 1]  # (a global pool's output row and column)
     largest = max(stmt.reads, key=lambda r: _elements(r.source.shape))  # TVM 0.27: a region's buffer is .source
     for dim, axis in zip(reversed(list(largest.source.shape)), reversed(list(largest.region)), strict=True):
         if int(dim) == 1:
             continue
-        used = undefined_vars(axis.min)
-        return bool(used) and all(any(v.same_as(s) for s in spatial) for v in used)
+        used = [v for v in undefined_vars(axis.min) if not any(v.same_as(u) for u in unit)]
+        return bool(used) and all(any(v.same_as(k) for k in kind) for v in used)
     return False
 
 
