@@ -113,17 +113,23 @@ def nnfusion(model: ModelProto, work: Path) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=300)
 
 
+def compiled_code(proc: subprocess.CompletedProcess[str], work: Path, kind: str) -> Path:
+    """The project's nnfusion_rt.cu, once the compiler in `work` aborted at a blocker (writing none) or compiled."""
+    code = work / "nnfusion_rt" / "cuda_codegen" / "nnfusion_rt.cu"
+    if kind == "blocker":
+        assert proc.returncode != 0 and not code.exists(), proc.stdout[-2000:]
+    else:
+        assert proc.returncode == 0 and code.is_file(), proc.stdout[-3000:]
+    return code
+
+
 @needs_compiler
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_real_compiler_fails_where_kdb_says_and_compiles_the_written_out_form(tmp_path: Path, case: str):
     blocked, fixed = CASES[case]
-    failed = nnfusion(blocked(), tmp_path / "blocked")
-    assert failed.returncode != 0, failed.stdout[-2000:]
-    assert not (tmp_path / "blocked" / "nnfusion_rt" / "cuda_codegen" / "nnfusion_rt.cu").exists()
+    compiled_code(nnfusion(blocked(), tmp_path / "blocked"), tmp_path / "blocked", "blocker")
     if fixed is not None:
-        compiled = nnfusion(fixed(), tmp_path / "fixed")
-        assert compiled.returncode == 0, compiled.stdout[-3000:]
-        assert (tmp_path / "fixed" / "nnfusion_rt" / "cuda_codegen" / "nnfusion_rt.cu").is_file()
+        compiled_code(nnfusion(fixed(), tmp_path / "fixed"), tmp_path / "fixed", "compiles")
 
 
 def flatten_network(tmp_path: Path) -> Path:
@@ -247,12 +253,10 @@ def test_an_average_pool_nnfusion_pools_without_padding_is_named(case: str):
 def test_the_real_compiler_aborts_at_a_blocker_and_compiles_another_network_at_a_warning(tmp_path: Path, case: str):
     build, kind, shown = POOL_CASES[case]
     proc = nnfusion(build(), tmp_path / "c")
-    code = tmp_path / "c" / "nnfusion_rt" / "cuda_codegen" / "nnfusion_rt.cu"
+    code = compiled_code(proc, tmp_path / "c", kind)
     if kind == "blocker":
-        assert proc.returncode != 0 and not code.exists(), proc.stdout[-2000:]
         assert shown in proc.stdout + proc.stderr
     else:  # it compiles, its output of the shape NNFusion gives the pool (the last case: ONNX's, its windows shifted)
-        assert proc.returncode == 0, proc.stdout[-3000:]
         assert f"#define NNFUSION_GRAPH_OUTPUT_SHAPE_0 {shown}" in code.read_text()
 
 

@@ -21,10 +21,10 @@ from typing import Any
 
 from core.errors import InputError
 from core.opconfigs.fp16_model import write_model
-from core.opconfigs.import_rewrites import fresh_name, pin_dims, rewrite_for_import
+from core.opconfigs.import_rewrites import element_types, fresh_name, pin_dims, rewrite_for_import
+from core.opconfigs.import_rules import constant_values
 from core.opconfigs.nnfusion_import import (
     ANY_OPSET,
-    constant_values,
     function_body,
     function_ops,
     function_schema,
@@ -84,11 +84,7 @@ def expand_functions(source: Path, output: Path, dims: dict[str, int] | None = N
         inferred = onnx.shape_inference.infer_shapes(model)
     except Exception:  # shape inference fails on malformed models; the types it would give are then unknown
         inferred = model
-    graph = inferred.graph
-    types = {t.name: t.data_type for t in graph.initializer}
-    types |= {v.name: v.type.tensor_type.elem_type for v in (*graph.input, *graph.value_info, *graph.output)
-              if v.type.HasField("tensor_type")}
-    writer = _Writer(opset, types, {n.name for n in model.graph.node} | _tensor_names(model))
+    writer = _Writer(opset, element_types(inferred.graph), {n.name for n in model.graph.node} | _tensor_names(model))
     nodes, expanded, left = [], Counter(), []
     used = {name for n in model.graph.node for name in n.input} | {o.name for o in model.graph.output}
     for node in model.graph.node:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.opconfigs import import_rules
+from core.opconfigs.nnfusion_import import attributes, static_shapes
 
 HALF = 10  # ONNX TensorProto.FLOAT16
 FOLD_LIMIT = 4096  # elements: shape computations are small; a larger value is left to the compiler
@@ -47,12 +48,12 @@ def rewrite_for_import(model: Any) -> Counter[str]:
         inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
     except Exception:  # a model shape inference fails on keeps what needs no shapes only
         inferred = model
-    shapes, values = _static_shapes(inferred.graph), _constants(model.graph, opsets)
+    shapes, values = static_shapes(inferred.graph), _constants(model.graph, opsets)
     done["shape computations folded"] = _fold_shape_computations(model.graph, shapes, values, opsets)
     graph, nodes = model.graph, []
     namer = _Namer({n.name for n in graph.node} | {t for n in graph.node for t in (*n.input, *n.output)}
                    | {t.name for t in graph.initializer})
-    cx = _Context(shapes, values, _types(inferred.graph), namer)
+    cx = _Context(shapes, values, element_types(inferred.graph), namer)
     for node in graph.node:
         rewrite = _REWRITES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
         made = rewrite(node, cx) if rewrite else None
@@ -96,17 +97,8 @@ class _Namer:
 Made = tuple[str, list[Any], list[Any]]  # (kind, nodes in the node's place, initializers added)
 
 
-def _static_shapes(graph: Any) -> dict[str, list[int]]:
-    shapes = {t.name: list(t.dims) for t in graph.initializer}
-    for vi in (*graph.input, *graph.value_info, *graph.output):
-        dims = vi.type.tensor_type.shape.dim if vi.type.HasField("tensor_type") else []
-        if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape") and all(
-                d.HasField("dim_value") for d in dims):
-            shapes.setdefault(vi.name, [d.dim_value for d in dims])
-    return shapes
-
-
-def _types(graph: Any) -> dict[str, int]:
+def element_types(graph: Any) -> dict[str, int]:
+    """Each tensor's ONNX element type, as the graph declares it (all of them, after shape inference)."""
     types = {t.name: t.data_type for t in graph.initializer}
     return types | {v.name: v.type.tensor_type.elem_type for v in (*graph.input, *graph.value_info, *graph.output)
                     if v.type.HasField("tensor_type")}
@@ -181,12 +173,6 @@ def _evaluate(node: Any, feeds: dict[str, Any], opsets: dict[str, int]) -> list[
     return list(ReferenceEvaluator(model).run(None, feeds))
 
 
-def _attrs(node: Any) -> dict[str, Any]:
-    from onnx import helper
-
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
-
-
 def _like(op_type: str, inputs: list[str], outputs: list[str], name: str, **attrs: Any) -> Any:
     from onnx import helper
 
@@ -194,7 +180,7 @@ def _like(op_type: str, inputs: list[str], outputs: list[str], name: str, **attr
 
 
 def _flatten(node: Any, cx: _Context) -> Made | None:
-    axis, shape = _attrs(node).get("axis", 1), cx.shapes.get(node.input[0])
+    axis, shape = attributes(node).get("axis", 1), cx.shapes.get(node.input[0])
     if axis >= 0 or shape is None:
         return None
     return "Flatten axes counted from 0", [_like("Flatten", list(node.input), list(node.output), node.name,
@@ -232,7 +218,7 @@ def _gather(node: Any, cx: _Context) -> Made | None:
     indices, data = cx.values.get(node.input[1]), cx.shapes.get(node.input[0])
     if indices is None or data is None or not (indices < 0).any():
         return None
-    axis = _attrs(node).get("axis", 0) % len(data)
+    axis = attributes(node).get("axis", 0) % len(data)
     positive = np.where(indices < 0, indices + data[axis], indices).astype(indices.dtype)
     name = cx.namer(f"{node.name or node.output[0]}/indices")
     return ("Gather indices counted from 0", [_like("Gather", [node.input[0], name], list(node.output),
@@ -256,7 +242,7 @@ def _slice(node: Any, cx: _Context) -> Made | None:
 
 def _transpose(node: Any, cx: _Context) -> Made | None:
     shape = cx.shapes.get(node.input[0])
-    if "perm" in _attrs(node) or shape is None:
+    if "perm" in attributes(node) or shape is None:
         return None
     return ("Transpose perm written out", [_like("Transpose", list(node.input), list(node.output), node.name,
                                                  perm=list(reversed(range(len(shape)))))], [])
@@ -287,7 +273,7 @@ def _depth_to_space(node: Any, cx: _Context) -> Made | None:
     shape = cx.shapes.get(node.input[0])
     if shape is None or len(shape) != 4:
         return None
-    attrs = _attrs(node)
+    attrs = attributes(node)
     b, mode = attrs.get("blocksize", 1), attrs.get("mode", b"DCR")
     mode = mode.decode() if isinstance(mode, bytes) else mode
     n, c, h, w = shape
@@ -309,7 +295,7 @@ def _gelu(node: Any, cx: _Context) -> Made | None:
     import numpy as np
     from onnx import numpy_helper
 
-    approximate = _attrs(node).get("approximate", b"none")
+    approximate = attributes(node).get("approximate", b"none")
     if (approximate.decode() if isinstance(approximate, bytes) else approximate) != "tanh":
         return None
     # ONNX's Gelu, approximate "tanh": 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
@@ -331,7 +317,7 @@ def _gelu(node: Any, cx: _Context) -> Made | None:
 
 
 def _max_pool(node: Any, cx: _Context) -> Made | None:
-    attrs = _attrs(node)
+    attrs = attributes(node)
     auto_pad = attrs.get("auto_pad", b"NOTSET")
     auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
     data, out = cx.shapes.get(node.input[0]), cx.shapes.get(node.output[0])
@@ -339,10 +325,9 @@ def _max_pool(node: Any, cx: _Context) -> Made | None:
         return None
     window = list(attrs["kernel_shape"])
     strides, dilations = list(attrs.get("strides", [1] * len(window))), list(attrs.get("dilations", [1] * len(window)))
-    total = [max(0, (o - 1) * s + d * (k - 1) + 1 - n)
-             for n, o, k, s, d in zip(data[2:], out[2:], window, strides, dilations, strict=True)]
-    small, big = [t // 2 for t in total], [t - t // 2 for t in total]
-    pads = [*small, *big] if auto_pad == "SAME_UPPER" else [*big, *small]
+    dilated = [d * (k - 1) + 1 for k, d in zip(window, dilations, strict=True)]
+    below, above = import_rules.onnx_same_pads(data[2:], out[2:], dilated, strides, auto_pad)
+    pads = [*below, *above]
     made = _like("MaxPool", list(node.input), list(node.output), node.name, pads=pads)
     made.attribute.extend(a for a in node.attribute if a.name != "auto_pad")
     return "MaxPool auto_pad written as ONNX's pads", [made], []

@@ -22,6 +22,20 @@ VALUE_INPUTS: dict[str, tuple[int, ...]] = {
 EXPAND_HINT = "`kdb model expand IN OUT` rewrites it"
 
 
+def constant_values(graph: Any, name: str) -> list[float] | None:
+    """The values of a graph's initializer or Constant node output (None: neither)."""
+    from onnx import numpy_helper
+
+    for t in graph.initializer:
+        if t.name == name:
+            return [float(v) for v in numpy_helper.to_array(t).ravel()]
+    for n in graph.node:
+        if n.op_type == "Constant" and name in n.output:
+            value = next((a.t for a in n.attribute if a.name == "value"), None)
+            return None if value is None else [float(v) for v in numpy_helper.to_array(value).ravel()]
+    return None
+
+
 def constant_tensors(graph: Any) -> set[str]:
     """The tensors the importer holds as constants: initializers and Constant nodes' outputs."""
     return {t.name for t in graph.initializer} | {o for n in graph.node if n.op_type == "Constant" for o in n.output}
@@ -69,12 +83,13 @@ def legacy_broadcast(left: list[int], right: list[int], axis: int = 0) -> tuple[
     core, start = core[ones:], axis + ones
     if start + len(core) > len(left) or left[start:start + len(core)] != core:
         return False, False
-    numpy_out = _numpy_broadcast(left, right)
+    numpy_out = numpy_broadcast(left, right)
     # numpy aligns `right` to the last axis, the legacy rule at `axis`: the same wherever the ranks are equal
     return True, numpy_out == left and (not core or len(right) + axis == len(left))
 
 
-def _numpy_broadcast(a: list[int], b: list[int]) -> list[int] | None:
+def numpy_broadcast(a: list[int], b: list[int]) -> list[int] | None:
+    """numpy's broadcast of two shapes; None when they do not broadcast."""
     rank = max(len(a), len(b))
     a, b = [1] * (rank - len(a)) + a, [1] * (rank - len(b)) + b
     if any(x != y and 1 not in (x, y) for x, y in zip(a, b, strict=True)):
@@ -141,6 +156,15 @@ def dynamic_inputs(graph: Any) -> list[tuple[str, str]]:
     return found
 
 
+def onnx_same_pads(size: list[int], out: list[int], window: list[int], strides: list[int],
+                   auto_pad: str) -> tuple[list[int], list[int]]:
+    """The pads below and above ONNX gives a window of auto_pad SAME_UPPER or SAME_LOWER (the total a stride and the
+    input's size need, the odd one after or before); `window` dilated where the op dilates it."""
+    total = [max(0, (o - 1) * s + w - n) for n, o, w, s in zip(size, out, window, strides, strict=True)]
+    small, big = [t // 2 for t in total], [t - t // 2 for t in total]
+    return (small, big) if auto_pad == "SAME_UPPER" else (big, small)
+
+
 def max_pool_auto_pads(window: list[int], auto_pad: str) -> tuple[list[int], list[int]]:
     """The pads below and above NNFusion's importer gives a MaxPool of auto_pad SAME_UPPER or SAME_LOWER
     (util/util.cpp's get_auto_pads): from the window alone, floor and ceil of (k - 1) / 2, whatever the strides
@@ -155,15 +179,10 @@ def gather_negative_index(node: Any, graph: Any) -> str:
     zeros where ONNX counts from the end."""
     if node.op_type != "Gather" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
         return ""
-    from onnx import numpy_helper
-
-    value = next((numpy_helper.to_array(t) for t in graph.initializer if t.name == node.input[1]), None)
-    if value is None:
-        value = next((numpy_helper.to_array(a.t) for n in graph.node if n.op_type == "Constant"
-                      and node.input[1] in n.output for a in n.attribute if a.name == "value"), None)
-    if value is None or not (value < 0).any():
+    value = constant_values(graph, node.input[1])
+    if not value or min(value) >= 0:
         return ""
-    return (f"Gather of the negative index {int(value.min())}: NNFusion's GatherV2 kernel reads indices unsigned "
+    return (f"Gather of the negative index {int(min(value))}: NNFusion's GatherV2 kernel reads indices unsigned "
             "(op/gather.cpp passes them as they are), so it gathers zeros where ONNX counts from the end; "
             f"{EXPAND_HINT} (the index counted from 0)")
 
@@ -193,12 +212,10 @@ def layer_norm_without_bias(node: Any) -> str:
 def slice_negative_axis(node: Any, graph: Any) -> str:
     if node.op_type != "Slice" or len(node.input) < 4 or not node.input[3]:
         return ""
-    from onnx import numpy_helper
-
-    axes = next((numpy_helper.to_array(t) for t in graph.initializer if t.name == node.input[3]), None)
-    if axes is None or not (axes < 0).any():
+    axes = constant_values(graph, node.input[3])
+    if not axes or min(axes) >= 0:
         return ""
-    return (f"Slice of the negative axis {int(axes.min())}: the importer takes it unsigned (op/slice.cpp's "
+    return (f"Slice of the negative axis {int(min(axes))}: the importer takes it unsigned (op/slice.cpp's "
             f"`size_t axis = axes.at(idx)`) and aborts (vector::_M_range_check); {EXPAND_HINT} (axes counted from 0)")
 
 

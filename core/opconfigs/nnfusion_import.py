@@ -54,7 +54,7 @@ GENERIC_OPS = frozenset((
     "Square", "StopGradient", "StridedSliceGrad", "Subtract", "Sum", "Tan", "Tanh", "Tile", "Transpose",
     "UnsortedSegmentSum", "Where", "Zeros"))
 ANY_OPSET = 10**6  # a model importing no default-domain opset: the importer takes its own, the newest
-Shapes = dict[str, list[int]]  # tensor -> its static shape, as ONNX (shape inference) has it
+Shapes = import_rules.Shapes  # tensor -> its static shape, as ONNX (shape inference) has it
 
 
 class Blocker(NamedTuple):
@@ -65,7 +65,8 @@ class Blocker(NamedTuple):
     reason: str
 
 
-def _attributes(node: Any) -> dict[str, Any]:
+def attributes(node: Any) -> dict[str, Any]:
+    """A node's attributes by name, as onnx.helper gives their values (strings as bytes)."""
     from onnx import helper
 
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
@@ -231,7 +232,7 @@ def softmax_axis_ignored(node: Any, shapes: Shapes, opset: int) -> str:
     """A Softmax of opset < 13 without an axis attribute on an input of rank > 2: ONNX means axis 1, the axes from it
     on as one row; NNFusion's importer takes the last axis (another network, no abort). '' when they agree."""
     shape = shapes.get(node.input[0]) if node.op_type == "Softmax" and node.input else None
-    if shape is None or opset >= 13 or "axis" in _attributes(node) or len(shape) <= 2:
+    if shape is None or opset >= 13 or "axis" in attributes(node) or len(shape) <= 2:
         return ""
     return (f"Softmax of opset {opset} without an axis on a {shape} input: ONNX means axis 1 with every axis after it "
             "in one softmax, NNFusion's importer takes the last axis alone (op/softmax.cpp reads -1 when the "
@@ -241,10 +242,10 @@ def softmax_axis_ignored(node: Any, shapes: Shapes, opset: int) -> str:
 def split_sizes_ignored(node: Any, shapes: Shapes) -> str:
     """A Split whose parts are unequal by a sizes input (opset 13 on): the importer never reads it and cuts equal
     parts (another network, no abort); '' when it cuts what the model asks."""
-    if node.op_type != "Split" or len(node.input) < 2 or not node.input[1] or "split" in _attributes(node):
+    if node.op_type != "Split" or len(node.input) < 2 or not node.input[1] or "split" in attributes(node):
         return ""
     outs = [shapes.get(o) for o in node.output]
-    axis = int(_attributes(node).get("axis", 0))
+    axis = int(attributes(node).get("axis", 0))
     if not all(outs):
         return ""
     sizes = [o[axis] for o in outs]  # type: ignore[index]
@@ -340,20 +341,6 @@ def resize_attributes(attrs: dict[str, Any]) -> dict[str, str]:
             "nearest_mode": text("nearest_mode", "round_prefer_floor")}
 
 
-def constant_values(graph: Any, name: str) -> list[float] | None:
-    """The values of a graph's initializer or Constant node output (None: neither)."""
-    from onnx import numpy_helper
-
-    for t in graph.initializer:
-        if t.name == name:
-            return [float(v) for v in numpy_helper.to_array(t).ravel()]
-    for n in graph.node:
-        if n.op_type == "Constant" and name in n.output:
-            value = next((a.t for a in n.attribute if a.name == "value"), None)
-            return None if value is None else [float(v) for v in numpy_helper.to_array(value).ravel()]
-    return None
-
-
 def conv_transpose_unserved(node: Any, attrs: dict[str, Any], shapes: Shapes) -> str:
     """Why kdb makes no row for this ONNX ConvTranspose ('' when it makes one); NNFusion's importer takes group 1 and
     its op a square kernel (op/conv_trans.cpp, generic_op_define/ConvTranspose.cpp), and its output shape leaves
@@ -389,7 +376,7 @@ def _conv_transpose(node: Any, attrs: dict[str, Any], shapes: Shapes) -> str:
 def _resize(node: Any, graph: Any, shapes: Shapes, floats: set[str]) -> str:
     """A Resize's blocker ('' where kdb makes its row): its check reads the model's constants, so import_faults makes
     it beside BLOCKERS' checks."""
-    attrs = _attributes(node)
+    attrs = attributes(node)
     mode = resize_attributes(attrs)["mode"]
     if mode not in ("nearest", "linear"):
         return (f"Resize of mode {mode}: NNFusion's importer translates nearest and linear only, and makes no node of "
@@ -403,7 +390,7 @@ def _resize(node: Any, graph: Any, shapes: Shapes, floats: set[str]) -> str:
         return ("Resize without scales (input 2; its size given as sizes): the importer reads its scales there and "
                 "crashes (segmentation fault while importing it, seen with the compiler); export it with scales "
                 "(torch: F.interpolate(x, scale_factor=2), not size=...)")
-    scales = constant_values(graph, node.input[2])
+    scales = import_rules.constant_values(graph, node.input[2])
     why = resize_unserved(node, attrs, shapes, scales, node.input[0] in floats)
     return _NO_KERNEL_NO_ROW.format("Resize") + why if why else ""
 
@@ -447,7 +434,7 @@ def import_faults(model: Any) -> tuple[list[Blocker], list[ShapeWarning]]:
     """The nodes NNFusion cannot compile (graph order), and those it compiles into another network (wrong shapes)."""
     opsets = {("" if i.domain == "ai.onnx" else i.domain): i.version for i in model.opset_import}
     opsets.setdefault("", ANY_OPSET)
-    shapes = _shapes(model)
+    shapes = static_shapes(model.graph)
     found = []
     floats = _float_tensors(model)
     for i, node in enumerate(model.graph.node):
@@ -459,7 +446,8 @@ def import_faults(model: Any) -> tuple[list[Blocker], list[ShapeWarning]]:
             found.append(Blocker(name, node.op_type, reason))
     blocked = {b.node for b in found}
     found += [b for b in unreadable_initializers(model) if b.node not in blocked]
-    found += [b for b in _value_and_arity_blockers(model, shapes) if b.node not in {f.node for f in found}]
+    blocked = {b.node for b in found}
+    found += [b for b in _value_and_arity_blockers(model, shapes) if b.node not in blocked]
     blocked = {b.node for b in found}
     pooled, warnings = _PoolShapes(model, shapes, opsets[""]).run(blocked)
     for i, node in enumerate(model.graph.node):
@@ -485,7 +473,7 @@ def import_faults(model: Any) -> tuple[list[Blocker], list[ShapeWarning]]:
         if reduce_axes_ignored(node, shapes.get(node.output[0]) if node.output else None):
             warnings.append(ShapeWarning(name, f"{node.op_type}'s axes are an input, which NNFusion's importer does "
                                          "not read (op/reduce.hpp reads the axes attribute): it reduces every axis"))
-        if node.op_type == "BatchNormalization" and _attributes(node).get("training_mode", 0):
+        if node.op_type == "BatchNormalization" and attributes(node).get("training_mode", 0):
             warnings.append(ShapeWarning(name, "training_mode=1 normalises by the batch's own statistics; NNFusion's "
                                          "BatchNormInference (folded into a conv or not) uses the running mean and "
                                          "variance", "wrong numbers"))
@@ -518,12 +506,12 @@ def pad_mode_ignored(node: Any, graph: Any) -> str:
     pads and pads with a constant 0 (op/pad.hpp), whatever the mode and the constant_value input."""
     if node.op_type != "Pad" or node.domain not in ("", "ai.onnx") or len(node.attribute) != 1:
         return ""
-    mode = _attributes(node).get("mode", b"constant")
+    mode = attributes(node).get("mode", b"constant")
     mode = mode.decode() if isinstance(mode, bytes) else str(mode)
     if mode != "constant":
         return (f"Pad in {mode} mode: NNFusion's importer reads only the pads and pads with zeros (op/pad.hpp), so the "
                 "border is not the model's")
-    value = constant_values(graph, node.input[2]) if len(node.input) > 2 and node.input[2] else [0.0]
+    value = import_rules.constant_values(graph, node.input[2]) if len(node.input) > 2 and node.input[2] else [0.0]
     if value is None or any(v != 0 for v in value):
         return (f"Pad with the constant {value[0] if value else 'of a computed input'}: NNFusion's importer pads with "
                 "zeros (op/pad.hpp reads only the pads)")
@@ -533,7 +521,7 @@ def pad_mode_ignored(node: Any, graph: Any) -> str:
 def squeeze_axes_ignored(node: Any, shapes: Shapes) -> str:
     """A Squeeze given its axes as an input (opset 13 on): the importer reads only the attribute and, without it,
     removes every axis of size 1 (op/squeeze.cpp). Wrong where the input has another axis of size 1 (batch 1)."""
-    if node.op_type != "Squeeze" or len(node.input) < 2 or not node.input[1] or "axes" in _attributes(node):
+    if node.op_type != "Squeeze" or len(node.input) < 2 or not node.input[1] or "axes" in attributes(node):
         return ""
     given, out = shapes.get(node.input[0]), shapes.get(node.output[0]) if node.output else None
     if given is None:
@@ -550,7 +538,7 @@ def reduce_axes_ignored(node: Any, out: list[int] | None) -> bool:
     """A ReduceSum or ReduceMean given its axes as an input, whose output is not of one element: the importer reduces
     every axis instead (an output of one element is the same either way)."""
     return (node.op_type in ("ReduceSum", "ReduceMean") and node.domain in ("", "ai.onnx") and len(node.input) > 1
-            and bool(node.input[1]) and "axes" not in _attributes(node) and (out is None or math.prod(out) != 1))
+            and bool(node.input[1]) and "axes" not in attributes(node) and (out is None or math.prod(out) != 1))
 
 
 def importable(op_type: str) -> bool:
@@ -607,10 +595,9 @@ def _order(model: Any, name: str) -> int:
     return next((i for i, n in enumerate(model.graph.node) if (n.name or f"{n.op_type}#{i}") == name), 0)
 
 
-def _shapes(model: Any) -> Shapes:
-    """Static shapes of the model's tensors: declared, inferred (extraction gives a model ONNX's shape inference has
+def static_shapes(graph: Any) -> Shapes:
+    """Static shapes of a graph's tensors: declared, inferred (extraction gives a model ONNX's shape inference has
     been through) and of its initializers."""
-    graph = model.graph
     shapes: Shapes = {t.name: list(t.dims) for t in graph.initializer}
     for vi in (*graph.input, *graph.value_info, *graph.output):
         dims = vi.type.tensor_type.shape.dim if vi.type.HasField("tensor_type") else []
@@ -624,15 +611,6 @@ _SAME_SHAPE = frozenset(("Relu", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Abs",
                          "Cos", "Tan", "Asin", "Acos", "Atan", "Gelu", "LeakyRelu", "Identity", "Dropout", "Cast",
                          "Clip", "Softmax", "Not"))
 _BROADCASTING = frozenset(("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Equal", "Greater", "Less", "And", "Or"))
-
-
-def _broadcast(a: list[int], b: list[int]) -> list[int] | None:
-    """numpy's broadcast of two shapes; None when they do not broadcast."""
-    rank = max(len(a), len(b))
-    a, b = [1] * (rank - len(a)) + a, [1] * (rank - len(b)) + b
-    if any(x != y and 1 not in (x, y) for x, y in zip(a, b, strict=True)):
-        return None
-    return [max(x, y) if 1 in (x, y) else x for x, y in zip(a, b, strict=True)]
 
 
 class _PoolShapes:
@@ -694,9 +672,7 @@ class _PoolShapes:
                 dropped.append(f"dilations {list(attrs['dilations'])} (read, never passed on)")
             if auto_pad.startswith("SAME"):  # the model's windows start where ONNX's SAME pads put them
                 below, above = import_rules.max_pool_auto_pads(window, auto_pad)
-                total = [max(0, (o - 1) * s + k - n) for n, o, k, s in zip(data[2:], onnx_out[2:], window, strides,
-                                                                            strict=True)]
-                onnx_below = [t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in total]
+                onnx_below = import_rules.onnx_same_pads(data[2:], onnx_out[2:], window, strides, auto_pad)[0]
                 pads = [*below, *above]
                 if below != onnx_below:
                     dropped.append(f"auto_pad {auto_pad}'s pads (util.cpp's get_auto_pads pads {below} before and "
@@ -743,7 +719,7 @@ class _PoolShapes:
         elif node.op_type in _BROADCASTING and self.opset >= 7 and len(shapes) == 2 and None not in shapes:
             a, b = shapes
             assert a is not None and b is not None
-            out = _broadcast(a, b)
+            out = import_rules.numpy_broadcast(a, b)
             if out is None:
                 self._abort(pools, f"at node {name} ({node.op_type}) the compiler aborts: 'Auto-broadcast not "
                                    f"possible for these input shapes: shape1={a} shape2={b}'")
@@ -795,4 +771,4 @@ def _blocker(node: Any, opsets: dict[str, int], shapes: Shapes) -> str:
                 f"aborts ('No infershape or Antares IR found for op type: {node.op_type}')"
                 + (_expandable(node.op_type, opsets[domain]) if domain == "" else ""))
     check = BLOCKERS.get(node.op_type) if domain == "" else None
-    return check(node, _attributes(node), shapes) if check is not None else ""
+    return check(node, attributes(node), shapes) if check is not None else ""

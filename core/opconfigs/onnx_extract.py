@@ -98,7 +98,6 @@ from core.opconfigs.fusion import (
 from core.opconfigs.nnfusion_import import (
     Blocker,
     ShapeWarning,
-    constant_values,
     conv_transpose_unserved,
     depthwise_padding_ok,
     grouped_conv_reason,
@@ -390,10 +389,7 @@ def _pads(attrs: dict[str, Any], size: list[int], out: list[int], window: list[i
     auto_pad = attrs.get("auto_pad", "NOTSET")
     spatial = len(size)
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        total = [max(0, (o - 1) * s + w - i) for i, o, w, s in zip(size, out, window, strides, strict=True)]
-        small = [t // 2 for t in total]
-        big = [t - t // 2 for t in total]
-        return (small, big) if auto_pad == "SAME_UPPER" else (big, small)
+        return import_rules.onnx_same_pads(size, out, window, strides, auto_pad)
     if auto_pad == "VALID":
         return [0] * spatial, [0] * spatial
     pads = list(attrs.get("pads", [0] * 2 * spatial))
@@ -941,7 +937,8 @@ class _Extractor:
         its own for it, so the network compiles only with its row; one kdb makes no row for is a blocker too
         (nnfusion_import.resize_unserved says why)."""
         x, y = node.input[0], node.output[0]
-        scales = constant_values(self.graph, node.input[2]) if len(node.input) > 2 and node.input[2] else None
+        given = len(node.input) > 2 and node.input[2]
+        scales = import_rules.constant_values(self.graph, node.input[2]) if given else None
         shapes = {x: self.t.shape(x), y: self.t.shape(y)}
         dtype = self.t.dtype([x, y])
         if why := resize_unserved(node, _attrs(node), shapes, scales, dtype == "float"):
