@@ -148,6 +148,8 @@ def test_kdb_names_the_node_and_expand_rewrites_it_into_the_same_numbers(tmp_pat
         assert said(expanded) == [found]
         return
     assert said(expanded) == []
+    read = {t for n in expanded.graph.node for t in n.input}
+    assert [t.name for t in expanded.graph.initializer if t.name not in read] == []  # (what only the old nodes read)
     ort = pytest.importorskip("onnxruntime")
     dims_of_x = build().graph.input[0].type.tensor_type.shape.dim
     x = np.random.default_rng(0).standard_normal([d.dim_value or 1 for d in dims_of_x]).astype(np.float32)
