@@ -17,8 +17,8 @@ gunzip -c bench/results/h200/session14/3-tuned.db.gz >/tmp/s14.db
 mkdir -p /tmp/s14 && tar xzf bench/results/h200/session14/3-wait-ops-results.tgz -C /tmp/s14 net/ops.json
 models=()
 [ -f /tmp/kdb-run/resnet18/resnet18.onnx ] && models=(--model resnet18-tuned /tmp/kdb-run/resnet18/resnet18.onnx /tmp/s14.db)
-# LEAVE_TO_LIBRARY=1: each network's rows that lose to cuDNN/cuBLAS alone are set aside first (--op-times, then
-# `kdb db leave-to-library --apply`), as the README tells a user: the run then measures "never slower"
+# LEAVE_TO_LIBRARY=1: each network's rows that lose to cuDNN/cuBLAS alone are candidates (--op-times, then
+# `kdb nnfusion --run --never-slower`), as the README tells a user: the run then measures "never slower"
 timeout "${ZOO_TIMEOUT:-300}" python3 bench/bench_zoo_run.py --nnfusion "$nnf" --out /tmp/zoo --jobs "${ZOO_JOBS:-7}" \
   --product "$gpu" ${LEAVE_TO_LIBRARY:+--leave-to-library} "${models[@]}" >/tmp/zoo.out 2>&1
 echo "zoo exit $?"; cat /tmp/zoo.out

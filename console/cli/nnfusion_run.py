@@ -168,8 +168,9 @@ def _print_op_times(run: LibraryTimes) -> None:
     for note in run.notes:
         out.print(f"[yellow]note[/]: {note}", highlight=False)
     if run.written:
-        out.print(f"times written to {run.times_file}: `kdb db leave-to-library {run.times_file}` shows the ops whose "
-                  "row is slower, --apply sets their rows aside (undoable)", markup=False, highlight=False)
+        out.print(f"times written to {run.times_file}: `kdb nnfusion MODEL --run --never-slower {run.times_file}` "
+                  "sets aside the rows the network runs faster without (undoable); `kdb db leave-to-library "
+                  f"{run.times_file}` shows the slower ones op by op", markup=False, highlight=False)
     style = "green" if run.status == 0 else "red" if run.status == 1 else "yellow"
     for finding in run.findings or ["every op timed; no row slower than the library"]:
         out.print(f"[{style}]{finding}[/]", highlight=False)

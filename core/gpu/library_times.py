@@ -390,7 +390,8 @@ def _judge(run: LibraryTimes) -> None:
     untimed = [op for op in run.ops if not op.timed]
     if slower:
         run.findings.append(f"{len(slower)} of {len(timed)} op(s) ran slower with their row than with the library on "
-                            f"{run.device}: `kdb db leave-to-library TIMES.json` names them")
+                            f"{run.device}: `kdb nnfusion MODEL --run --never-slower TIMES.json` lets the network "
+                            "decide which to leave to the library")
     if untimed:
         run.findings.append(f"{len(untimed)} op(s) not timed: " + "; ".join(f"{op.op_type} {op.key}: {op.problem}"
                                                                             for op in untimed[:3])
