@@ -84,6 +84,12 @@ def cells(row: KernelSummary, marked: bool) -> list[object]:
 class KernelTable(DataTable[object]):
     """A DataTable that shows a page of KernelSummary rows keyed by Key."""
 
+    # The row the cursor was on when a reload left it out of the page, and the row the cursor fell back to: an edit
+    # rewrites a row at a new rowid, and a reload can run before the browse index has it. When a later page holds
+    # the row again and nobody moved the cursor off the fallback, the cursor goes back to it.
+    _lost_key: str | None = None
+    _fallback_key: str | None = None
+
     def on_mount(self) -> None:
         self.cursor_type = "row"
         self.zebra_stripes = True
@@ -97,11 +103,17 @@ class KernelTable(DataTable[object]):
         if current != wanted:
             # The cursor stays on its row: an edit rewrites a row at a new rowid, which can move it in the page
             keep, keep_key = self.cursor_row, self.current_key()
+            if self._lost_key is not None and keep_key == self._fallback_key:
+                keep_key = self._lost_key  # still lost, unless it is back in this page
+            self._lost_key = self._fallback_key = None
             self.clear()
             for r in rows:
                 self.add_row(*cells(r, r.key in marked), key=r.key)
             if rows:
-                self.move_cursor(row=wanted.index(keep_key) if keep_key in wanted else min(keep, len(rows) - 1))
+                found = keep_key in wanted
+                self.move_cursor(row=wanted.index(keep_key) if found else min(keep, len(rows) - 1))
+                if not found and keep_key is not None:
+                    self._lost_key, self._fallback_key = keep_key, self.current_key()
             return
         for r in rows:
             for (col, _, _, _), value in zip(COLUMNS, cells(r, r.key in marked), strict=True):
