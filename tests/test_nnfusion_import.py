@@ -16,8 +16,8 @@ from shared_data import shared_path
 pytest.importorskip("onnx")
 
 from conftest import run_kdb, run_kdb_json
-from onnx import ModelProto, helper
-from onnx_models import GraphBuilder, write
+from onnx import ModelProto, TensorProto, helper
+from onnx_models import IR_VERSION, GraphBuilder, write
 
 from core.opconfigs.nnfusion_import import Blocker, import_blockers, import_faults
 from core.opconfigs.onnx_extract import extract
@@ -34,6 +34,18 @@ def one(op: str, inputs: list[str] | None = None, opset: int = 17, shape: dict |
     g = GraphBuilder(shape or X)
     ins = ["x", *(extra(g) if extra else [])] if inputs is None else inputs
     return g.model(g.node(op, ins, "n", **attrs), op.lower(), opset=opset)
+
+
+def gru(x: list[int] | None = None, lengths: bool = False, **attrs: object) -> ModelProto:
+    """A GRU (hidden 8) of both outputs on x [3, 1, 4], as torch writes it (the importer returns Y and Y_h)."""
+    g = GraphBuilder({"x": x or [3, 1, 4]})
+    inputs = ["x", g.weight("W", [1, 24, 4]), g.weight("R", [1, 24, 8])]
+    if lengths:
+        inputs += [g.weight("B", [1, 48]), g.constant("lengths", [3], "int32")]
+    g.nodes.append(helper.make_node("GRU", inputs, ["y", "y_h"], name="n", hidden_size=8, **attrs))
+    graph = helper.make_graph(g.nodes, "gru", g.inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              g.initializers)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION)
 
 
 def conv_weight(g: GraphBuilder) -> list[str]:
@@ -87,6 +99,11 @@ CASES: dict[str, tuple[Callable[[], ModelProto], Callable[[], ModelProto] | None
     # CHECK of NNFusion's ConvTranspose
     "ConvTranspose, 3x1": (lambda: one("ConvTranspose", extra=lambda g: [g.weight("w", [4, 4, 3, 1])],
                                        kernel_shape=[3, 1]), None),
+    # op/gru.cpp's CHECKs: what it does not translate aborts the import
+    "GRU with clip": (lambda: gru(clip=2.0), gru),
+    "GRU with activations": (lambda: gru(activations=["Sigmoid", "Tanh"]), gru),
+    "GRU of layout 1": (lambda: gru(x=[1, 3, 4], layout=1), gru),
+    "GRU with sequence_lens": (lambda: gru(lengths=True), gru),
     "LSTM": (lambda: one("LSTM", shape={"x": [3, 1, 4]}, hidden_size=8,
                          extra=lambda g: [g.weight("W", [1, 32, 4]), g.weight("R", [1, 32, 8])]), None),
     # a Resize kdb makes a row for is no blocker (tests/test_resize.py); one by a scale that gives no whole size

@@ -87,6 +87,9 @@ MUST_RUN_FROM_DB = {
             "MaxPool1,64,256;1,64,128floatfloatShape{2}Strides{2}Shape{0}Shape{0}",
             "AvgPool1,64,128,1;1,64,1,1floatfloatShape{128, 1}Strides{1, 1}Shape{0, 0}Shape{0, 0}"),
     "gru": ("Dot1,128;768,128;1,768floatfloatfloat", "Dot1,256;768,256;1,768floatfloatfloat"),  # Gemm, transB
+    # nn.GRU's ONNX GRU nodes, unrolled by the importer: each step's Dots, the weights transposed first
+    "gru_layers": ("Dot1,64;64,256;1,256floatfloatfloat", "Dot1,128;128,256;1,256floatfloatfloat",
+                   "Dot1,256;256,128;1,128floatfloatfloat", "Dot1,128;128,128;1,128floatfloatfloat"),
     # the convs after each BatchNormalization + Relu (the Relu a lookup of its own), the transition's pool
     "densenet_block": (
         "Convolution1,128,56,56;32,128,3,3;1,32,56,56floatfloatfloatStrides{1, 1}Strides{1, 1}CoordinateDiff{1, 1}",

@@ -304,6 +304,26 @@ def gru(layers: int = 2, steps: int = 6, features: int = 128, hidden: int = 256)
     return g.model(seq[-1], "gru")
 
 
+def gru_layers(steps: int = 6, features: int = 64, hidden: int = 128) -> ModelProto:
+    """torch's nn.GRU(features, hidden, num_layers=2, bidirectional=True) as torch.onnx exports it: an ONNX GRU node a
+    layer (linear_before_reset=1, both directions, no sequence_lens, the initial state an input [2, 1, hidden]), its
+    output Y [steps, 2, 1, hidden] transposed and reshaped to [steps, 1, 2 hidden] for the next layer. NNFusion's
+    importer unrolls each node into Dots (op/gru.cpp), four a step and direction."""
+    g = GraphBuilder({"x": [steps, 1, features]} | {f"h0_l{i}": [2, 1, hidden] for i in range(2)})
+    y, width = "x", features
+    for layer in range(2):
+        p = f"l{layer}_"
+        w = g.weight(f"{p}W", [2, 3 * hidden, width], fan_in=width)
+        r = g.weight(f"{p}R", [2, 3 * hidden, hidden], fan_in=hidden)
+        b = g.weight(f"{p}B", [2, 6 * hidden])
+        ys = node_outputs(g, "GRU", [y, w, r, b, "", f"h0_l{layer}"], 2, f"{p}gru", hidden_size=hidden,
+                          direction="bidirectional", linear_before_reset=1)
+        y = g.node("Transpose", [ys[0]], f"{p}transpose", perm=[0, 2, 1, 3])
+        y = g.node("Reshape", [y, constant(g, f"{p}shape", [steps, 1, 2 * hidden])], f"{p}reshape")
+        width = 2 * hidden
+    return g.model(y, "gru_layers")
+
+
 def densenet_block(size: int = 56, cin: int = 64, layers: int = 3, growth: int = 32, bn_size: int = 4) -> ModelProto:
     """DenseNet-121's first dense block and transition (torchvision) at 56x56 from the 64-channel stem output, 3 of
     its 6 layers (the rest repeat the 3x3 conv's shape; each 1x1 conv's input width differs): per layer norm1 (a
@@ -527,5 +547,5 @@ ZOO: dict[str, Callable[[], ModelProto]] = {
     "convnext_block": convnext_block, "unet_decoder": unet_decoder,
     "unet_decoder_bilinear": lambda: unet_decoder(bilinear=True),
     "attention_packed": lambda: attention_bmm(packed=True), "gpt_decoder": gpt_decoder, "two_towers": two_towers,
-    "resnet_unfolded_bn": resnet_unfolded_bn,
+    "resnet_unfolded_bn": resnet_unfolded_bn, "gru_layers": gru_layers,
 }

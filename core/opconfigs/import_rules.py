@@ -226,10 +226,20 @@ def transpose_without_perm(node: Any) -> str:
             f"aborts ('unknown attribute'); {EXPAND_HINT} (the reversed axes, ONNX's default)")
 
 
-def gru_outputs(node: Any) -> str:
-    """A GRU of one output: op/gru.cpp returns both Y and Y_h (`node_proto.output(1)`), a protobuf CHECK without the
-    second; torch's export, which writes both, imports."""
-    if node.op_type != "GRU" or len(node.output) > 1:
+def gru(node: Any, attrs: dict[str, Any]) -> str:
+    """What op/gru.cpp does not translate: it returns both Y and Y_h (`node_proto.output(1)`, a protobuf CHECK
+    without the second: torch's export writes both) and CHECKs away sequence_lens, activations and their alpha and
+    beta, clip and layout 1."""
+    if node.op_type != "GRU":
         return ""
-    return ("GRU of one output: the importer returns Y and Y_h and aborts reading a second output (a protobuf CHECK, "
-            "op/gru.cpp); export both outputs (torch's nn.GRU does)")
+    if len(node.output) < 2:
+        return ("GRU of one output: the importer returns Y and Y_h and aborts reading a second output (a protobuf "
+                "CHECK, op/gru.cpp); export both outputs (torch's nn.GRU does)")
+    unsupported = [name for name in ("activations", "activation_alpha", "activation_beta") if attrs.get(name)]
+    unsupported += ["clip"] if attrs.get("clip", 0) else []
+    unsupported += ["layout 1"] if attrs.get("layout", 0) else []
+    unsupported += ["sequence_lens"] if len(node.input) > 4 and node.input[4] else []
+    if not unsupported:
+        return ""
+    return (f"GRU with {', '.join(unsupported)}: the importer CHECKs each away (op/gru.cpp: '... not supported') and "
+            "aborts; export without them (torch's nn.GRU writes none)")

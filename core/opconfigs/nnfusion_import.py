@@ -400,7 +400,7 @@ def _resize(node: Any, graph: Any, shapes: Shapes, floats: set[str]) -> str:
 BLOCKERS: dict[str, Callable[[Any, dict[str, Any], Shapes], str]] = {
     "Flatten": _flatten, "Gemm": _gemm, "Unsqueeze": _unsqueeze, "Dropout": _dropout, "Conv": _conv,
     "AveragePool": _average_pool, "Pad": _pad, "Split": _split, "Softmax": _softmax,
-    "GRU": lambda node, attrs, shapes: import_rules.gru_outputs(node),
+    "GRU": lambda node, attrs, shapes: import_rules.gru(node, attrs),
     "DepthToSpace": _crashes("DepthToSpace: NNFusion imports it as a generic op defined for Antares only "
                              "(generic_op_define/DepthToSpace.cpp) and has no CUDA kernel for it: kernel selection "
                              "aborts ('No valid kernel found'); `kdb model expand IN OUT` writes it as the Reshape, "

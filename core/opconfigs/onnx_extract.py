@@ -449,6 +449,8 @@ class _Extractor:
             self._gemm(i, node)
         elif op == "MatMul":
             self._matmul(i, node)
+        elif op == "GRU":
+            self._gru(i, node)
         elif op in ("MaxPool", "AveragePool"):
             self._pool(i, node)
         elif op in ("GlobalAveragePool", "GlobalMaxPool"):
@@ -771,6 +773,25 @@ class _Extractor:
         params = {"arg0_shape": a_shape, "arg1_shape": b_shape, "out_shape": self.t.shape(y),
                   "transpose_A": False, "transpose_B": False}
         self._emit(OpConfig("Dot", params, 1, dtype, source=self.names[i]), [i])
+
+    def _gru(self, i: int, node: Any) -> None:
+        """NNFusion's importer (op/gru.cpp, forwardGRU) unrolls a GRU into Dots, four each step of each direction:
+        the step's input by the z and r gates' input weights ([batch, input] x [input, 2h]), the state by theirs
+        ([batch, h] x [h, 2h]), the input by the candidate's ([input, h]) and the state, reset before or after, by its
+        recurrent weights ([h, h]); the weights are sliced and transposed by Reshapes first, so no Dot is transposed.
+        The rest (bias Adds, Sigmoid, Tanh, the blend) is element-wise: NNFusion's own fused kernels."""
+        x, w = node.input[0], node.input[1]
+        xs, ws = self.t.shape(x), self.t.shape(w)
+        if len(xs) != 3 or len(ws) != 3 or ws[1] % 3:
+            raise _NotMapped(f"input {xs}, W {ws}: not a [seq, batch, input] GRU with [directions, 3 * hidden, input] "
+                             "weights (layout 1 is not imported)")
+        (steps, batch, width), (directions, hidden) = xs, (ws[0], ws[1] // 3)
+        dtype = self.t.dtype([x, w])
+        for left, right in ((width, 2 * hidden), (hidden, 2 * hidden), (width, hidden), (hidden, hidden)):
+            params = {"arg0_shape": [batch, left], "arg1_shape": [left, right], "out_shape": [batch, right],
+                      "transpose_A": False, "transpose_B": False}
+            for _ in range(steps * directions):
+                self._emit(OpConfig("Dot", params, 1, dtype, source=self.names[i]), [i])
 
     # -- pools ----------------------------------------------------------------------------
 
