@@ -99,6 +99,17 @@ class KdbApp(App[int]):
         self.switch_mode("kernels")
         self.screen.show_rows_matching(text)  # type: ignore[attr-defined]
 
+    def list_model_ops(self, model: Path) -> None:
+        """Switch to the Op configs view with the op configs NNFusion looks up in `model` added to its list (as `i`
+        adds them): `g` there generates and injects their rows."""
+        self.switch_mode("opconfigs")
+        self.screen.import_file(model)  # type: ignore[attr-defined]
+
+    def tune_model(self, model: Path) -> None:
+        """Switch to the Tuning view with `model` taken as one network (as its `i` takes it): ctrl+r starts."""
+        self.switch_mode("tuning")
+        self.screen.import_file(model)  # type: ignore[attr-defined]
+
     def action_help(self) -> None:
         from console.screens.help import HelpScreen
 

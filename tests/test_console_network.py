@@ -139,3 +139,35 @@ async def test_e_writes_out_the_ops_nnfusion_cannot_import_as_kdb_model_expand_d
         await pilot.press("enter")
         await wait_until(pilot, lambda: screen.model == tmp_path / "mnv3-expanded.onnx", "the expanded model opened")
     assert (tmp_path / "mnv3-expanded.onnx").read_bytes() == (tmp_path / "cli.onnx").read_bytes()
+
+
+async def test_g_lists_the_models_op_configs_to_generate_and_t_takes_it_to_tuning_as_one_network(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """From the Network view on: `g` adds the op configs NNFusion looks up in the model to the Op configs view (as its
+    `i` does, ready for `g` there), `t` takes the model to the Tuning view as one network (as its `i` does)."""
+    from console.screens.opconfigs import OpConfigsScreen
+    from console.screens.tuning import TuningScreen
+
+    monkeypatch.setenv("KDB_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("KDB_CONFIG", str(tmp_path / "settings.toml"))
+    g = GraphBuilder({"x": [1, 8, 16, 16]})
+    y = g.node("Relu", [g.conv("x", 8, 16, 3, bias=True, name="c1")], "r1")
+    model = write(g.model(g.node("MaxPool", [y], "mp", kernel_shape=[2, 2], strides=[2, 2]), "net"),
+                  tmp_path / "net.onnx")
+    _, extracted = run_kdb_json("opconfig", "extract", str(model))
+    expected = {c["description"] for c in extracted["configs"]}
+    assert len(expected) >= 2, extracted
+    app = FixedDeviceApp(ConsoleContext(db_path=tmp_path / "k.db", settings=Settings(workers=1),
+                                        device_summary="no CUDA device (test)"))
+    async with app.run_test(size=(200, 50)) as pilot:
+        screen = await open_in_network_view(pilot, app, model)
+        await wait_until(pilot, lambda: getattr(screen, "model", None) == model, "the model")
+        await pilot.press("g")
+        await wait_until(pilot, lambda: isinstance(app.screen, OpConfigsScreen) and len(app.screen.configs) > 0,
+                         "the model's op configs listed")
+        assert {c.describe() for c in app.screen.configs} == expected
+        await pilot.press("8")
+        await pilot.press("t")
+        await wait_until(pilot, lambda: isinstance(app.screen, TuningScreen) and app.screen.board.network is not None,
+                         "the model taken as one network")
+        assert {c.describe() for c in app.screen.board.configs} == expected

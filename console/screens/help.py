@@ -77,7 +77,9 @@ servers and queue (refreshed every few seconds); its servers measure the trials 
 (coverage, as `kdb coverage` says it) and every step taken with it, newest first, from the console or a terminal:
 compiles (used == promised), runs against the empty DB, op times, never-slower steps. `c` opens the compile dialog
 (`r` runs the network, `t` times each op against the library, `n` keeps only the rows that make the network
-faster), `h` converts the model to fp16 and opens that one, `k` opens the selected op's row in the Kernels view.
+faster), `h` converts the model to fp16 and opens that one, `g` lists its op configs in the Op configs view
+(where `g` generates and injects their rows), `t` takes it to the Tuning view as one network (`ctrl+r` starts),
+`k` opens the selected op's row in the Kernels view.
 Each op's row against the library (the newest op times) is shown with a bar, the slowest first, and what the
 best tuned kernels so far predict for the network (the Tuning view's figure). Without a GPU it says what only a
 GPU can show.

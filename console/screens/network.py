@@ -4,7 +4,8 @@ What the model's ops run (coverage, as `kdb coverage` says it), and every step t
 face: compiles (used == promised), runs against the empty DB (the verdict), op times, never-slower steps; the core
 use cases record them in the state file (core/db/state.py's ModelEvent), so `kdb nnfusion` in a terminal shows up
 here too. c opens the compile dialog (r runs the network in it, t times each op, n keeps only the rows that make the
-network faster), h converts the model to fp16 and opens that one. Without a GPU, what only a GPU can show says so.
+network faster), h converts the model to fp16 and opens that one, g lists its op configs in the Op configs view (to
+generate their rows), t takes it to the Tuning view as one network. Without a GPU, what only a GPU can show says so.
 """
 
 from __future__ import annotations
@@ -59,6 +60,9 @@ class NetworkScreen(KdbScreen):
         Binding("h", "convert('fp16')", "fp16", tooltip="Convert the model to fp16 and open that one"),
         Binding("e", "convert('expand')", "Expand", tooltip="Write out the ops NNFusion cannot import (HardSwish, ...) "
                 "as ONNX defines them, and open that model"),
+        Binding("g", "list_ops", "Generate", tooltip="The model's op configs in the Op configs view (5), where g "
+                "generates and injects their rows"),
+        Binding("t", "tune", "Tune", tooltip="The model as one network in the Tuning view (7), where ctrl+r starts"),
         Binding("k", "open_row", "Open row", tooltip="The selected op's DB row in the Kernels view"),
         Binding("R", "reload", "Reload", show=False),
     ]
@@ -214,7 +218,7 @@ class NetworkScreen(KdbScreen):
             self.load(self.model)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action in ("compile", "convert", "reload", "open_row"):
+        if action in ("compile", "convert", "reload", "open_row", "list_ops", "tune"):
             return True if self.model is not None else None
         return True
 
@@ -227,6 +231,14 @@ class NetworkScreen(KdbScreen):
                 return
         self.notify("this op has no DB row: c compiles it with the library, or generate one in Op configs (5)",
                     timeout=4)
+
+    def action_list_ops(self) -> None:
+        if self.model is not None:
+            self.app.list_model_ops(self.model)  # type: ignore[attr-defined]
+
+    def action_tune(self) -> None:
+        if self.model is not None:
+            self.app.tune_model(self.model)  # type: ignore[attr-defined]
 
     def action_compile(self) -> None:
         from console.screens.nnfusion import compile_screen
