@@ -106,7 +106,45 @@ def max_pool_dilated() -> ModelProto:
     return _net([1, 4, 8, 8], lambda g: g.node("MaxPool", ["x"], "n", kernel_shape=[2, 2], dilations=[2, 2]))
 
 
-# (the model, what kdb says of node n, a word of its reason); every one but the last has a rewrite
+def unsqueeze_axes_input() -> ModelProto:
+    return _net([1, 4, 8], lambda g: g.node("Unsqueeze", ["x", g.constant("axes", [1])], "n"), opset=13)
+
+
+def squeeze_axes_input() -> ModelProto:
+    return _net([1, 1, 8, 8], lambda g: g.node("Squeeze", ["x", g.constant("axes", [1])], "n"), opset=13)
+
+
+def constant_value_float() -> ModelProto:
+    return _net([1, 4, 8], lambda g: g.node("Mul", ["x", g.node("Constant", [], "n", value_float=2.5)], "mul"))
+
+
+def constant_of_half() -> ModelProto:
+    """`kdb model fp16` of a torch export's `x * 0.5`: the Constant made half."""
+    def build(g: GraphBuilder) -> str:
+        half = g.node("Cast", ["x"], "to_half", to=TensorProto.FLOAT16)
+        value = helper.make_tensor("v", TensorProto.FLOAT16, [], np.array([0.5], np.float16).view(np.uint16))
+        y = g.node("Mul", [half, g.node("Constant", [], "n", value=value)], "mul")
+        return g.node("Cast", [y], "to_float", to=TensorProto.FLOAT)
+    return _net([1, 4, 8], build)
+
+
+def expand_of_constants() -> ModelProto:
+    """torch's `cls.expand(B, -1, -1)` as exported: the shape a Where of ConstantOfShapes and Constants only."""
+    def build(g: GraphBuilder) -> str:
+        def const(name: str, values: list[int]) -> str:
+            return g.node("Constant", [], name, value=helper.make_tensor(name, TensorProto.INT64, [len(values)],
+                                                                           values))
+        three = const("three", [3])
+        ones = g.node("ConstantOfShape", [three], "ones",
+                      value=helper.make_tensor("one", TensorProto.INT64, [1], [1]))
+        wanted = const("wanted", [2, -1, -1])
+        minus = g.node("Mul", [ones, const("minus_one", [-1])], "minus")
+        shape = g.node("Where", [g.node("Equal", [wanted, minus], "eq"), ones, wanted], "where")
+        return g.node("Expand", ["x", shape], "n")
+    return _net([1, 8, 16], build, opset=14)
+
+
+# (the model, what kdb says of node n, a word of its reason); every one but the last has a rewrite# (the model, what kdb says of node n, a word of its reason); every one but the last has a rewrite
 CASES: dict[str, tuple[Callable[[], ModelProto], str, str]] = {
     "a Reshape of a computed shape": (computed_reshape, "blocker", "compute_60"),
     "a dynamic batch": (dynamic_batch, "blocker", "dim_param"),
@@ -122,6 +160,11 @@ CASES: dict[str, tuple[Callable[[], ModelProto], str, str]] = {
     "tanh Gelu": (gelu_tanh, "wrong numbers", "erf"),
     "Flatten of axis -1": (flatten_last, "wrong shape", "unsigned"),
     "MaxPool of SAME_UPPER, stride 2": (max_pool_same, "wrong numbers", "get_auto_pads"),
+    "Unsqueeze of axes as an input": (unsqueeze_axes_input, "blocker", "axes"),
+    "Squeeze of axes as an input": (squeeze_axes_input, "wrong shape", "every axis of size 1"),
+    "Constant of value_float": (constant_value_float, "blocker", "value_float"),
+    "Constant of half": (constant_of_half, "blocker", "map::at"),
+    "Expand of a shape of constants": (expand_of_constants, "blocker", "compute_60"),
     "dilated MaxPool": (max_pool_dilated, "wrong shape", "dilations"),
 }
 NO_REWRITE = {"dilated MaxPool"}  # NNFusion's pools have no dilation

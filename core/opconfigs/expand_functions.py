@@ -21,7 +21,7 @@ from typing import Any
 
 from core.errors import InputError
 from core.opconfigs.fp16_model import write_model
-from core.opconfigs.import_rewrites import element_types, fresh_name, pin_dims, rewrite_for_import
+from core.opconfigs.import_rewrites import drop_orphans, element_types, fresh_name, pin_dims, reads, rewrite_for_import
 from core.opconfigs.import_rules import constant_values
 from core.opconfigs.nnfusion_import import (
     ANY_OPSET,
@@ -78,7 +78,7 @@ def expand_functions(source: Path, output: Path, dims: dict[str, int] | None = N
     pinned = pin_dims(model, dims or {})
     if dims and not pinned:
         raise InputError(f"no input or output has a dimension named {', '.join(sorted(dims))}", where=str(source))
-    read_before = _reads(model.graph)  # (an initializer only a folded shape computation read goes too)
+    read_before = reads(model.graph)  # (an initializer only a folded shape computation read goes too)
     rewritten = rewrite_for_import(model)
     opset = next((i.version for i in model.opset_import if i.domain in ("", "ai.onnx")), ANY_OPSET)
     try:
@@ -87,7 +87,7 @@ def expand_functions(source: Path, output: Path, dims: dict[str, int] | None = N
         inferred = model
     writer = _Writer(opset, element_types(inferred.graph), {n.name for n in model.graph.node} | _tensor_names(model))
     nodes, expanded, left = [], Counter(), []
-    used = _reads(model.graph)
+    used = reads(model.graph)
     for node in model.graph.node:
         if _inference_dropout(node, model.graph, used):  # ONNX's Dropout outside training is its input
             nodes.append(_identity(node))
@@ -108,7 +108,7 @@ def expand_functions(source: Path, output: Path, dims: dict[str, int] | None = N
     del model.graph.node[:]
     model.graph.node.extend(nodes)
     model.graph.initializer.extend(writer.initializers)
-    _drop_orphans(model.graph, read_before | used)
+    drop_orphans(model.graph, read_before | used)
     write_model(model, output)
     return Expansion(source, output, dict(expanded), added, tuple(left), dict(rewritten), pinned)
 
@@ -124,22 +124,6 @@ def _inference_dropout(node: Any, graph: Any, used: set[str]) -> bool:
         return False  # the importer takes it as it is
     training = node.input[2] if len(node.input) > 2 else ""
     return not training or constant_values(graph, training) in ([0.0], [])
-
-
-def _reads(graph: Any) -> set[str]:
-    """The tensors the graph's nodes read, and its outputs."""
-    return {name for n in graph.node for name in n.input} | {o.name for o in graph.output}
-
-
-def _drop_orphans(graph: Any, used_before: set[str]) -> None:
-    """Initializers only the replaced nodes read (a Dropout's ratio and training_mode: a bool one the importer cannot
-    read), with their graph inputs where an old model lists them there too."""
-    used = _reads(graph)
-    orphans = {t.name for t in graph.initializer if t.name in used_before and t.name not in used}
-    for field_ in (graph.initializer, graph.input):
-        kept = [t for t in field_ if t.name not in orphans]
-        del field_[:]
-        field_.extend(kept)
 
 
 def _identity(node: Any) -> Any:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import InputError, ToolError
+from core.opconfigs.import_rewrites import constants_for_import
 from core.opconfigs.onnx_extract import read_model
 
 FLOAT, FLOAT16 = 1, 10  # ONNX TensorProto element types
@@ -36,6 +37,8 @@ class Fp16Conversion:
     io_types: str  # "half" or "float" (keep_io_types)
     clamped: int = 0  # weight values the converter clamped to half's range (MIN_POSITIVE, MAX_FINITE)
     kept_float: tuple[str, ...] = ()  # nodes kept in float (depthwise convolutions: see the module's docstring)
+    # what was then written for NNFusion's importer (import_rewrites.constants_for_import), by kind
+    for_import: tuple[tuple[str, int], ...] = ()
 
     def report_lines(self) -> list[str]:
         """What was written and what was kept in float, as `kdb model fp16` and the console say it."""
@@ -49,13 +52,16 @@ class Fp16Conversion:
                          f"({', '.join(self.kept_float[:5])}{', ...' if len(self.kept_float) > 5 else ''}), with Casts "
                          "around them: NNFusion's own half depthwise kernel does not compile "
                          "(core/kernels/cuda_gpu/kernels/depthwise_conv2d.cpp writes `float *input = input0;`)")
+        if self.for_import:
+            lines.append("for NNFusion's importer: " + ", ".join(f"{n} x {kind}" for kind, n in self.for_import)
+                         + " (it makes no half Constant, and takes a Resize's scales only as a constant)")
         return lines
 
     def as_dict(self) -> dict[str, object]:
         return {"source": str(self.source), "output": str(self.output), "nodes": self.nodes,
                 "casts_added": self.casts_added, "half_initializers": self.half_initializers,
                 "float_initializers": self.float_initializers, "io_types": self.io_types, "clamped": self.clamped,
-                "kept_float": list(self.kept_float)}
+                "kept_float": list(self.kept_float), "for_import": dict(self.for_import)}
 
 
 def convert_to_fp16(source: Path, output: Path, *, keep_io_types: bool = False) -> Fp16Conversion:
@@ -86,12 +92,13 @@ def convert_to_fp16(source: Path, output: Path, *, keep_io_types: bool = False) 
                          where=str(source)) from exc
     del said  # the converter warns per tensor; the values it clamps are counted below instead
     _cast_to_declared_half(converted)
+    for_import = constants_for_import(converted)
     _check(converted, source)
     write_model(converted, output)
     initializers = Counter(t.data_type for t in converted.graph.initializer)
     return Fp16Conversion(source, output, len(converted.graph.node), _casts(converted) - casts_before,
                           initializers[FLOAT16], initializers[FLOAT], "float" if keep_io_types else "half", clamped,
-                          kept)
+                          kept, tuple(sorted(for_import.items())))
 
 
 def _cast_to_declared_half(model: Any) -> None:

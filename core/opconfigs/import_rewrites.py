@@ -19,6 +19,9 @@ from core.opconfigs.nnfusion_import import attributes, static_shapes
 
 HALF = 10  # ONNX TensorProto.FLOAT16
 FOLD_LIMIT = 4096  # elements: shape computations are small; a larger value is left to the compiler
+NOT_FOLDED = frozenset(["RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial"])  # other each run
+Made = tuple[str, list[Any], list[Any]]  # (kind, nodes in the node's place, initializers added)
+Rewrite = Callable[[Any, "_Context"], Made | None]
 
 
 def pin_dims(model: Any, dims: dict[str, int]) -> int:
@@ -37,25 +40,38 @@ def pin_dims(model: Any, dims: dict[str, int]) -> int:
     return pinned
 
 
-def rewrite_for_import(model: Any) -> Counter[str]:
+def constants_for_import(model: Any) -> Counter[str]:
+    """What `kdb model fp16` owes the importer after its conversion, in place: the Constants it made half as
+    initializers, and what is computed from constants alone folded (a Resize's scales it Casts back to float:
+    NNFusion takes only constant scales). What was done, counted by kind."""
+    return rewrite_for_import(model, {"Constant": _constant})
+
+
+def rewrite_for_import(model: Any, rewrites: dict[str, Rewrite] | None = None) -> Counter[str]:
     """Rewrite `model` in place (see the module's doc); what was done, counted by kind."""
     import onnx
 
     opsets = {("" if i.domain == "ai.onnx" else i.domain): i.version for i in model.opset_import}
 
     done: Counter[str] = Counter()
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
-    except Exception:  # a model shape inference fails on keeps what needs no shapes only
-        inferred = model
-    shapes, values = static_shapes(inferred.graph), _constants(model.graph, opsets)
-    done["shape computations folded"] = _fold_shape_computations(model.graph, shapes, values, opsets)
+    read_before = reads(model.graph)
+    while True:  # a folded computation gives later ones their static shapes (a GroupNorm's Reshapes, one by one)
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+        except Exception:  # a model shape inference fails on keeps what needs no shapes only
+            inferred = model
+        shapes, values = static_shapes(inferred.graph), _constants(model.graph, opsets)
+        folded = _fold_shape_computations(model.graph, shapes, values, opsets)
+        done["shape computations folded"] += folded
+        if not folded:
+            break
     graph, nodes = model.graph, []
     namer = _Namer({n.name for n in graph.node} | {t for n in graph.node for t in (*n.input, *n.output)}
                    | {t.name for t in graph.initializer})
-    cx = _Context(shapes, values, element_types(inferred.graph), namer)
+    cx = _Context(shapes, values, element_types(inferred.graph), namer, opsets)
     for node in graph.node:
-        rewrite = _REWRITES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        rewrite = (_REWRITES if rewrites is None else rewrites).get(node.op_type) \
+            if node.domain in ("", "ai.onnx") else None
         made = rewrite(node, cx) if rewrite else None
         if made is None:
             nodes.append(node)
@@ -66,6 +82,7 @@ def rewrite_for_import(model: Any) -> Counter[str]:
         done[kind] += 1
     del graph.node[:]
     graph.node.extend(nodes)
+    drop_orphans(graph, read_before)
     return Counter({k: v for k, v in done.items() if v})
 
 
@@ -75,6 +92,23 @@ class _Context:
     values: dict[str, Any]  # small constant values (numpy)
     types: dict[str, int]  # ONNX element types
     namer: _Namer
+    opsets: dict[str, int]
+
+
+def reads(graph: Any) -> set[str]:
+    """The tensors the graph's nodes read, and its outputs."""
+    return {name for n in graph.node for name in n.input} | {o.name for o in graph.output}
+
+
+def drop_orphans(graph: Any, used_before: set[str]) -> None:
+    """Initializers only replaced or folded nodes read (a Dropout's ratio and training_mode: a bool one the importer
+    cannot read; a folded computation's constants), with their graph inputs where an old model lists them there too."""
+    used = reads(graph)
+    orphans = {t.name for t in graph.initializer if t.name in used_before and t.name not in used}
+    for field_ in (graph.initializer, graph.input):
+        kept = [t for t in field_ if t.name not in orphans]
+        del field_[:]
+        field_.extend(kept)
 
 
 def fresh_name(taken: set[str], name: str) -> str:
@@ -94,7 +128,6 @@ class _Namer:
         return fresh_name(self.taken, name)
 
 
-Made = tuple[str, list[Any], list[Any]]  # (kind, nodes in the node's place, initializers added)
 
 
 def element_types(graph: Any) -> dict[str, int]:
@@ -122,9 +155,10 @@ def _constants(graph: Any, opsets: dict[str, int]) -> dict[str, Any]:
 
 def _fold_shape_computations(graph: Any, shapes: dict[str, list[int]], values: dict[str, Any],
                              opsets: dict[str, int]) -> int:
-    """Evaluate what follows from Shape of statically shaped tensors and constants (a torch export's
-    `x.view(x.size(0), -1)`), and give each node that reads such a value an initializer instead; nodes left with
-    no reader go. The count of nodes folded."""
+    """Evaluate what follows from Shape of statically shaped tensors and from constants alone (a torch export's
+    `x.view(x.size(0), -1)`, `cls.expand(B, -1, -1)`'s Where of ConstantOfShapes, a `head_dim ** -0.5` Pow, a Cast of
+    a constant), and give each node that reads such a value an initializer instead; nodes left with no reader go. The
+    count of nodes folded."""
     import numpy as np
     from onnx import helper, numpy_helper
 
@@ -137,7 +171,8 @@ def _fold_shape_computations(graph: Any, shapes: dict[str, list[int]], values: d
             attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
             dims = shapes[node.input[0]]
             outs = [np.array(dims[attrs.get("start", 0):attrs.get("end", len(dims))], np.int64)]
-        elif made.intersection(node.input) and all(not t or t in known for t in node.input):
+        elif ((made.intersection(node.input) or (node.input and node.op_type not in NOT_FOLDED))
+              and all(not t or t in known for t in node.input)):
             try:
                 outs = [np.asarray(o) for o in _evaluate(node, {t: known[t] for t in node.input if t}, opsets)]
             except Exception:  # an op the reference does not evaluate: left to the compiler, with its blocker
@@ -333,7 +368,36 @@ def _max_pool(node: Any, cx: _Context) -> Made | None:
     return "MaxPool auto_pad written as ONNX's pads", [made], []
 
 
-_REWRITES: dict[str, Callable[[Any, _Context], Made | None]] = {
+def _constant(node: Any, cx: _Context) -> Made | None:
+    """A Constant NNFusion's importer cannot make (a half one: `kdb model fp16`'s of a torch export's Constants;
+    a value_float ...): an initializer of its value, under its output's name."""
+    from onnx import numpy_helper
+
+    if not import_rules.constant(node, attributes(node)):
+        return None
+    try:
+        (value,) = _evaluate(node, {}, cx.opsets)
+    except Exception:  # a Constant the reference cannot make (sparse): left, with its blocker
+        return None
+    return "Constants written as initializers", [], [numpy_helper.from_array(value, node.output[0])]
+
+
+def _squeeze(node: Any, cx: _Context) -> Made | None:
+    """A Squeeze or Unsqueeze given its axes as an input (opset 13 on): a Reshape to its static output shape."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    out = cx.shapes.get(node.output[0])
+    if len(node.input) < 2 or not node.input[1] or "axes" in attributes(node) or out is None:
+        return None
+    name = cx.namer(f"{node.name or node.output[0]}/shape")
+    return (f"{node.op_type} of axes as an input written as a Reshape",
+            [_like("Reshape", [node.input[0], name], list(node.output), node.name)],
+            [numpy_helper.from_array(np.array(out, np.int64), name)])
+
+
+_REWRITES: dict[str, Rewrite] = {
+    "Constant": _constant, "Squeeze": _squeeze, "Unsqueeze": _squeeze,
     "MaxPool": _max_pool,
     "Flatten": _flatten, "Min": _min_max, "Max": _min_max, "Gather": _gather, "Slice": _slice,
     "Transpose": _transpose, "LayerNormalization": _layer_norm, "DepthToSpace": _depth_to_space, "Gelu": _gelu,

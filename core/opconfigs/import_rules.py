@@ -226,6 +226,30 @@ def transpose_without_perm(node: Any) -> str:
             f"aborts ('unknown attribute'); {EXPAND_HINT} (the reversed axes, ONNX's default)")
 
 
+CONSTANT_TYPES = {1: "float", 11: "double", 6: "int32", 7: "int64", 12: "uint32", 13: "uint64"}  # op/constant.hpp's
+
+
+def constant(node: Any, attrs: dict[str, Any]) -> str:
+    """A Constant the importer cannot make: op/constant.hpp reads the `value` attribute alone (a value_float,
+    value_ints ... Constant aborts, 'unknown attribute') and makes only the element types of its ONNX_CONST_MAP (a
+    half one, which `kdb model fp16` of a torch export's Constants gives, aborts in `map::at`)."""
+    if node.op_type != "Constant" or node.domain not in ("", "ai.onnx"):
+        return ""
+    value = attrs.get("value")
+    if value is None:
+        given = next(iter(attrs), "no attribute")
+        return (f"Constant given by {given}: the importer reads only its `value` tensor (op/constant.hpp) and aborts "
+                f"('unknown attribute'); {EXPAND_HINT} (an initializer of the same value)")
+    if value.data_type in CONSTANT_TYPES:
+        return ""
+    import onnx
+
+    name = onnx.TensorProto.DataType.Name(value.data_type).lower()
+    return (f"Constant of {name}: the importer makes Constants of {', '.join(CONSTANT_TYPES.values())} only "
+            f"(op/constant.hpp's ONNX_CONST_MAP) and aborts ('map::at'); {EXPAND_HINT} (an initializer of the same "
+            "value, which the importer takes in any type)")
+
+
 def gru(node: Any, attrs: dict[str, Any]) -> str:
     """What op/gru.cpp does not translate: it returns both Y and Y_h (`node_proto.output(1)`, a protobuf CHECK
     without the second: torch's export writes both) and CHECKs away sequence_lens, activations and their alpha and

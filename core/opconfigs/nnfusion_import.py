@@ -87,7 +87,8 @@ def _gemm(node: Any, attrs: dict[str, Any], shapes: Shapes) -> str:
 def _unsqueeze(node: Any, attrs: dict[str, Any], shapes: Shapes) -> str:
     return "" if "axes" in attrs else ("Unsqueeze without an axes attribute (opset 13 made axes an input): the "
                                        "importer reads only the attribute and aborts ('unknown attribute axes'); "
-                                       "export at opset 11, or use a Reshape")
+                                       f"{import_rules.EXPAND_HINT} (a Reshape to its output's shape), or export at "
+                                       "opset 11")
 
 
 def _dropout(node: Any, attrs: dict[str, Any], shapes: Shapes) -> str:
@@ -401,6 +402,7 @@ BLOCKERS: dict[str, Callable[[Any, dict[str, Any], Shapes], str]] = {
     "Flatten": _flatten, "Gemm": _gemm, "Unsqueeze": _unsqueeze, "Dropout": _dropout, "Conv": _conv,
     "AveragePool": _average_pool, "Pad": _pad, "Split": _split, "Softmax": _softmax,
     "GRU": lambda node, attrs, shapes: import_rules.gru(node, attrs),
+    "Constant": lambda node, attrs, shapes: import_rules.constant(node, attrs),
     "DepthToSpace": _crashes("DepthToSpace: NNFusion imports it as a generic op defined for Antares only "
                              "(generic_op_define/DepthToSpace.cpp) and has no CUDA kernel for it: kernel selection "
                              "aborts ('No valid kernel found'); `kdb model expand IN OUT` writes it as the Reshape, "
@@ -531,7 +533,7 @@ def squeeze_axes_ignored(node: Any, shapes: Shapes) -> str:
         return ""
     return (f"Squeeze's axes are an input, which NNFusion's importer does not read (op/squeeze.cpp reads the axes "
             f"attribute): it removes every axis of size 1, {given} -> {ours}, where ONNX gives {out} (what follows may "
-            "then abort); export at opset 11, or use a Reshape")
+            f"then abort); {import_rules.EXPAND_HINT} (a Reshape to ONNX's shape), or export at opset 11")
 
 
 def reduce_axes_ignored(node: Any, out: list[int] | None) -> bool:
