@@ -114,6 +114,12 @@ def squeeze_axes_input() -> ModelProto:
     return _net([1, 1, 8, 8], lambda g: g.node("Squeeze", ["x", g.constant("axes", [1])], "n"), opset=13)
 
 
+def slice_backwards() -> ModelProto:
+    """`x.flip(-1)[..., 1:]` as a Slice: step -1 from the end."""
+    return _net([1, 4, 8], lambda g: g.node("Slice", ["x", g.constant("s", [-2]), g.constant("e", [-9]),
+                                                      g.constant("a", [2]), g.constant("st", [-1])], "n"), opset=13)
+
+
 def constant_value_float() -> ModelProto:
     return _net([1, 4, 8], lambda g: g.node("Mul", ["x", g.node("Constant", [], "n", value_float=2.5)], "mul"))
 
@@ -162,6 +168,7 @@ CASES: dict[str, tuple[Callable[[], ModelProto], str, str]] = {
     "MaxPool of SAME_UPPER, stride 2": (max_pool_same, "wrong numbers", "get_auto_pads"),
     "Unsqueeze of axes as an input": (unsqueeze_axes_input, "blocker", "axes"),
     "Squeeze of axes as an input": (squeeze_axes_input, "wrong shape", "every axis of size 1"),
+    "Slice of step -1": (slice_backwards, "blocker", "m_lower_bounds"),
     "Constant of value_float": (constant_value_float, "blocker", "value_float"),
     "Constant of half": (constant_of_half, "blocker", "map::at"),
     "Expand of a shape of constants": (expand_of_constants, "blocker", "compute_60"),

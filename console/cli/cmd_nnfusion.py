@@ -87,8 +87,13 @@ def main(args: argparse.Namespace) -> int:
             out.print(f"  {line}", markup=False, highlight=False)
         out.print(f"log: {result.log_file if result else '-'} (recorded in `kdb failures`)", highlight=False)
         if report.blockers:
-            out.print("as kdb said before compiling: " + "; ".join(f"node {b.node} ({b.op_type})"
-                                                                   for b in report.blockers), highlight=False)
+            failed = result.importing_node() if result else None
+            said = "; ".join(f"node {b.node} ({b.op_type})" for b in report.blockers)
+            if failed is None or failed in {b.node for b in report.blockers}:
+                out.print(f"as kdb said before compiling: {said}", highlight=False)
+            else:  # kdb's rules missed this one: say so, beside what they did find
+                out.print(f"[yellow]kdb did not foresee this node[/] ({failed}); before compiling it named {said}",
+                          highlight=False)
         return 1
     from rich.table import Table
 

@@ -263,6 +263,9 @@ def _gather(node: Any, cx: _Context) -> Made | None:
 def _slice(node: Any, cx: _Context) -> Made | None:
     from onnx import numpy_helper
 
+    stepped = len(node.input) > 4 and node.input[4] and node.input[4] in cx.values
+    if stepped and (cx.values[node.input[4]] < 0).any():
+        return _slice_backwards(node, cx)
     if len(node.input) < 4 or not node.input[3] or node.input[3] not in cx.values:
         return None
     axes, data = cx.values[node.input[3]], cx.shapes.get(node.input[0])
@@ -273,6 +276,34 @@ def _slice(node: Any, cx: _Context) -> Made | None:
     inputs[3] = name
     return ("Slice axes counted from 0", [_like("Slice", inputs, list(node.output), node.name)],
             [numpy_helper.from_array((axes % len(data)).astype(axes.dtype), name)])
+
+
+def _slice_backwards(node: Any, cx: _Context) -> Made | None:
+    """A Slice of constant starts, ends, axes and steps, some negative, on a static shape: a Gather per axis of the
+    indices ONNX's Slice takes along it (its own semantics, by the reference evaluator on each axis' positions)."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    data = cx.shapes.get(node.input[0])
+    given = [cx.values.get(t) for t in node.input[1:5]]
+    if data is None or any(v is None for v in given[:2]) or (node.input[3] and given[2] is None):
+        return None
+    starts, ends, axes, steps = given[0], given[1], given[2] if node.input[3] else np.arange(len(given[0])), given[3]
+    made, initializers, last = [], [], node.input[0]
+    base = node.name or node.output[0]
+    for k, (start, end, axis, step) in enumerate(zip(starts, ends, axes, steps, strict=True)):
+        axis = int(axis) % len(data)
+        feeds = {"p": np.arange(data[axis], dtype=np.int64)}
+        slicing = _like("Slice", ["p", "s", "e", "a", "t"], ["q"], "positions")
+        consts = {n: np.array([v], np.int64) for n, v in zip("seat", (start, end, 0, step), strict=True)}
+        (indices,) = _evaluate(slicing, feeds | consts, cx.opsets)
+        name = cx.namer(f"{base}/indices_{k}")
+        out = node.output[0] if k == len(starts) - 1 else cx.namer(f"{base}/gathered_{k}")
+        made.append(_like("Gather", [last, name], [out], node.name if out == node.output[0] else cx.namer(
+            f"{base}/Gather_{k}"), axis=axis))
+        initializers.append(numpy_helper.from_array(np.asarray(indices, np.int64), name))
+        last = out
+    return "Slice of negative steps written as Gathers", made, initializers
 
 
 def _transpose(node: Any, cx: _Context) -> Made | None:

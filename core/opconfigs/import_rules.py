@@ -219,6 +219,19 @@ def slice_negative_axis(node: Any, graph: Any) -> str:
             f"`size_t axis = axes.at(idx)`) and aborts (vector::_M_range_check); {EXPAND_HINT} (axes counted from 0)")
 
 
+def slice_negative_step(node: Any, graph: Any) -> str:
+    """A Slice stepping backwards (torch's `x.flip`, a causal pad's reversed pads): op/slice.cpp makes the steps
+    Strides (unsigned) and bounds lower <= upper; the Slice op's validation aborts."""
+    if node.op_type != "Slice" or len(node.input) < 5 or not node.input[4]:
+        return ""
+    steps = constant_values(graph, node.input[4])
+    if not steps or min(steps) >= 0:
+        return ""
+    return (f"Slice of step {int(min(steps))}: the importer takes steps unsigned and bounds a slice lower to upper "
+            "(op/slice.cpp), and the Slice's validation aborts ('m_lower_bounds[i] <= m_upper_bounds[i]'); "
+            f"{EXPAND_HINT} (a Gather of the indices ONNX's Slice takes)")
+
+
 def transpose_without_perm(node: Any) -> str:
     if node.op_type != "Transpose" or any(a.name == "perm" for a in node.attribute):
         return ""

@@ -492,7 +492,8 @@ def _value_and_arity_blockers(model: Any, shapes: Shapes) -> list[Blocker]:
         if node.domain not in ("", "ai.onnx"):
             continue
         reason = (import_rules.computed_value_input(node, constants) or import_rules.min_max_arity(node)[0]
-                  or import_rules.min_broadcast(node, shapes)[0] or import_rules.slice_negative_axis(node, graph))
+                  or import_rules.min_broadcast(node, shapes)[0] or import_rules.slice_negative_axis(node, graph)
+                  or import_rules.slice_negative_step(node, graph))
         if reason:
             found.append(Blocker(name, node.op_type, reason))
     for tensor, reason in import_rules.dynamic_inputs(graph):
