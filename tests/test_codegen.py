@@ -126,6 +126,15 @@ def test_one_d_convolutions_and_pools_generate_as_height_one_2d_ops(dtype: str, 
     np.testing.assert_allclose(reference(conv, [x, w]).reshape(1, 32, 16), want, rtol=1e-12)
 
 
+@pytest.mark.parametrize("dtype", ["float", "half"])
+def test_a_scalar_op_generates_checked_against_numpy(dtype: str):
+    """torch's `head_dim ** -0.5` of a traced shape, exported: a Pow of two scalars, which NNFusion looks up
+    (`Power;;floatfloatfloat`); it failed at define (`KeyError: 'out_shape'`), then at schedule (no loop to fuse)."""
+    result = generate(parse_line(f"elementwise_power_op_{dtype}|i+|i+|o+", "scale.txt:1"), "sm_90")
+    assert result.item is not None, (result.stage, result.error)
+    assert result.max_rel_error is not None and result.item["parameters"]["output_shape"] == []
+
+
 def test_a_3d_convolution_or_pool_is_refused_by_name():
     for line in ("cudnn_convolution_op_half|i+1_4_8_8_8|w+8_4_3_3_3|o+1_8_6_6_6|ws+1_1_1|wd+1_1_1|p+0_0_0",
                  "cudnn_maxpool_op_float|i+1_4_8_8_8|o+1_4_4_4_4|win+2_2_2|ws+2_2_2|pb+0_0_0|pa+0_0_0"):

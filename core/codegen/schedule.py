@@ -57,8 +57,8 @@ def default_schedule(mod: Any, threads: int = THREADS, *, bind: bool = True) -> 
     for block in reversed(blocks):  # consumers first, so each producer inlines into what is left
         if not _same(sch, block, out) and not any(_same(sch, block, r) for r in reductions):
             sch.compute_inline(block)
-    if not reductions:
-        _over_threads(sch, list(sch.get_loops(out)), threads, bind)
+    if not reductions:  # (a scalar op has no loop: one of extent 1 to spread)
+        _over_threads(sch, list(sch.get_loops(out)) or [sch.add_unit_loop(out)], threads, bind)
         return sch.mod
     if len(reductions) > 1:
         _block_per_row(sch, out, reductions, bind)

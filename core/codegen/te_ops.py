@@ -218,7 +218,9 @@ def _pool(data: Any, p: dict[str, Any], op: str) -> Any:
 
 
 def _out_shape(config: OpConfig) -> list[int]:
-    return list(config.params.get("output_shape") or config.params["out_shape"])
+    """The output's shape ([] for a scalar: a Pow of two scalars, torch's `head_dim ** -0.5` of a traced shape)."""
+    params = config.params
+    return list(params["output_shape"] if "output_shape" in params else params["out_shape"])
 
 
 def _elementwise(op: str, inputs: list[Any]) -> Any:
