@@ -484,3 +484,31 @@ def test_a_half_op_config_tunes_a_float16_workload_in_a_work_dir_of_its_own(tmp_
                                         path_tuning_record=str(workload.with_name("database_tuning_record.json")))
     tuned = {r.workload.mod.script() for r in database.get_all_tuning_records()}
     assert tuned and all("float16" in script and "float32" not in script for script in tuned)  # a half Dot: no cast
+
+
+def test_kdb_model_fp16_gives_a_kept_float_depthwise_conv_its_own_copy_of_a_shared_bias(tmp_path: Path):
+    """Held out in session 28 (a ShuffleNetV2 export): torch aliases equal constants through Identity nodes (the
+    folded BNs' zero biases), so a depthwise conv kept in float and a converted conv read one tensor; the converter
+    made it half and the model was no valid ONNX (exit 2)."""
+    pytest.importorskip("onnxconverter_common", reason="needs onnxconverter-common (the tvm extra)")
+    ort = pytest.importorskip("onnxruntime")
+    import numpy as np
+    import onnx
+
+
+    g = GraphBuilder({"x": [1, 8, 8, 8]})
+    bias = g.constant("zero_bias", [0.01] * 8, np.float32)
+    aliased = g.node("Identity", [bias], "alias")
+    y = g.node("Conv", ["x", g.weight("dw", [8, 1, 3, 3], fan_in=9), bias], "dw_conv", group=8,
+               kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    y = g.node("Conv", [y, g.weight("pw", [8, 8, 1, 1], fan_in=8), aliased], "pw_conv", kernel_shape=[1, 1])
+    source = write(g.model(y, "shared_bias"), tmp_path / "shared.onnx")
+    proc = run_kdb("model", "fp16", str(source), str(tmp_path / "shared16.onnx"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "kept in float: 1 depthwise" in proc.stdout
+    model = onnx.load(str(tmp_path / "shared16.onnx"))
+    onnx.checker.check_model(model, full_check=True)
+    x = np.random.default_rng(0).standard_normal([1, 8, 8, 8]).astype(np.float32)
+    want = ort.InferenceSession(str(source)).run(None, {"x": x})[0]
+    got = ort.InferenceSession(str(tmp_path / "shared16.onnx")).run(None, {"x": x.astype(np.float16)})[0]
+    np.testing.assert_allclose(got.astype(np.float32), want, rtol=2e-2, atol=2e-2)

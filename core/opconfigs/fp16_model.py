@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import InputError, ToolError
-from core.opconfigs.import_rewrites import constants_for_import
+from core.opconfigs.import_rewrites import constants_for_import, fresh_name
 from core.opconfigs.onnx_extract import read_model
 
 FLOAT, FLOAT16 = 1, 10  # ONNX TensorProto element types
@@ -82,7 +82,9 @@ def convert_to_fp16(source: Path, output: Path, *, keep_io_types: bool = False) 
     try:
         with warnings.catch_warnings(record=True) as said:  # one warning per clamped value: counted, not printed
             warnings.simplefilter("always")
+            _initializers_of_identities(model)
             kept = _name_depthwise_convs(model)
+            _unshared(model, set(kept))
             # check_fp16_ready off: a float model may hold a half tensor or two (a rounding Cast pair) and is still
             # a float model to convert; one with no float tensor was refused above
             converted = float16.convert_float_to_float16(model, keep_io_types=keep_io_types,
@@ -124,6 +126,52 @@ def _check(model: Any, source: Path) -> None:
     except Exception as exc:  # onnx's checker raises ValidationError and InferenceError, both with the node named
         raise InputError(f"onnxconverter-common's fp16 model is no valid ONNX, so it is not written: {exc}",
                          where=str(source)) from exc
+
+
+def _initializers_of_identities(model: Any) -> None:
+    """An Identity of an initializer as an initializer of its own, under its output's name: torch's export aliases
+    equal constants so (a zero bias of several convolutions), and a kept-float depthwise convolution and a converted
+    one would then read one tensor (the converter makes it half: the model is no valid ONNX)."""
+    graph = model.graph
+    initializers = {t.name: t for t in graph.initializer}
+    outputs = {o.name for o in graph.output}
+    kept = []
+    for node in graph.node:
+        source = initializers.get(node.input[0]) if node.op_type == "Identity" and node.input else None
+        if source is None or node.output[0] in outputs:
+            kept.append(node)
+            continue
+        copy = type(source)()
+        copy.CopyFrom(source)
+        copy.name = node.output[0]
+        graph.initializer.append(copy)
+        initializers[copy.name] = copy
+    del graph.node[:]
+    graph.node.extend(kept)
+    read = {t for n in graph.node for t in n.input} | outputs
+    for field_ in (graph.initializer, graph.input):  # (an old model lists its initializers as inputs too)
+        left = [t for t in field_ if t.name in read or t.name not in initializers]
+        del field_[:]
+        field_.extend(left)
+
+
+def _unshared(model: Any, kept: set[str]) -> None:
+    """Each initializer a kept-float node shares with a converted one, copied for the kept node (see above)."""
+    graph = model.graph
+    initializers = {t.name: t for t in graph.initializer}
+    converted_reads = {t for n in graph.node if n.name not in kept for t in n.input}
+    taken = set(initializers) | {t for n in graph.node for t in (*n.input, *n.output)}
+    for node in graph.node:
+        if node.name not in kept:
+            continue
+        for k, name in enumerate(node.input):
+            if name in initializers and name in converted_reads:
+                copy = type(initializers[name])()
+                copy.CopyFrom(initializers[name])
+                copy.name = fresh_name(taken, f"{name}_float")
+                taken.add(copy.name)
+                graph.initializer.append(copy)
+                node.input[k] = copy.name
 
 
 def _name_depthwise_convs(model: Any) -> tuple[str, ...]:
