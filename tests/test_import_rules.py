@@ -120,6 +120,18 @@ def slice_backwards() -> ModelProto:
                                                       g.constant("a", [2]), g.constant("st", [-1])], "n"), opset=13)
 
 
+def instance_norm() -> ModelProto:
+    """torch's GroupNorm(2, 8) as exported: [N, G, -1], InstanceNormalization of unit scale, back, affine."""
+    def build(g: GraphBuilder) -> str:
+        y = g.node("Reshape", ["x", g.constant("groups", [1, 2, -1])], "to_groups")
+        y = g.node("InstanceNormalization", [y, g.constant("ones", [1.0, 1.0], np.float32),
+                                             g.constant("zeros", [0.0, 0.0], np.float32)], "n", epsilon=1e-5)
+        y = g.node("Reshape", [y, g.constant("back", [1, 8, 4, 4])], "to_channels")
+        return g.node("Add", [g.node("Mul", [y, g.weight("gamma", [8, 1, 1], mean=1.0)], "gamma_mul"),
+                              g.weight("beta", [8, 1, 1])], "affine")
+    return _net([1, 8, 4, 4], build, opset=13)
+
+
 def constant_value_float() -> ModelProto:
     return _net([1, 4, 8], lambda g: g.node("Mul", ["x", g.node("Constant", [], "n", value_float=2.5)], "mul"))
 
@@ -169,6 +181,7 @@ CASES: dict[str, tuple[Callable[[], ModelProto], str, str]] = {
     "Unsqueeze of axes as an input": (unsqueeze_axes_input, "blocker", "axes"),
     "Squeeze of axes as an input": (squeeze_axes_input, "wrong shape", "every axis of size 1"),
     "Slice of step -1": (slice_backwards, "blocker", "m_lower_bounds"),
+    "InstanceNormalization (a GroupNorm)": (instance_norm, "blocker", "No infershape"),
     "Constant of value_float": (constant_value_float, "blocker", "value_float"),
     "Constant of half": (constant_of_half, "blocker", "map::at"),
     "Expand of a shape of constants": (expand_of_constants, "blocker", "compute_60"),

@@ -427,7 +427,39 @@ def _squeeze(node: Any, cx: _Context) -> Made | None:
             [numpy_helper.from_array(np.array(out, np.int64), name)])
 
 
+def _instance_norm(node: Any, cx: _Context) -> Made | None:
+    """InstanceNormalization (torch's GroupNorm and InstanceNorm export it; the importer has no translator) as its
+    formula: (x - mean) / sqrt(var + epsilon) * scale + bias over the spatial axes, with ReduceMeans of an axes
+    attribute (opset < 18: from 18 on ReduceMean's axes are an input, which the importer does not read)."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    shape, scale, bias = cx.shapes.get(node.input[0]), cx.values.get(node.input[1]), cx.values.get(node.input[2])
+    if shape is None or len(shape) < 3 or cx.opsets.get("", 0) >= 18 or scale is None or bias is None:
+        return None
+    base = node.name or node.output[0]
+    t = {k: cx.namer(f"{base}/{k}") for k in ("mean", "centred", "square", "var", "eps", "padded", "std", "normed",
+                                              "scale", "scaled", "bias")}
+    axes, broadcast = list(range(2, len(shape))), [shape[1]] + [1] * (len(shape) - 2)
+    eps = float(attributes(node).get("epsilon", 1e-5))
+    made = [_like("ReduceMean", [node.input[0]], [t["mean"]], cx.namer(f"{base}/ReduceMean"), axes=axes),
+            _like("Sub", [node.input[0], t["mean"]], [t["centred"]], cx.namer(f"{base}/Sub")),
+            _like("Mul", [t["centred"], t["centred"]], [t["square"]], cx.namer(f"{base}/Square")),
+            _like("ReduceMean", [t["square"]], [t["var"]], cx.namer(f"{base}/ReduceMean_var"), axes=axes),
+            _like("Add", [t["var"], t["eps"]], [t["padded"]], cx.namer(f"{base}/AddEpsilon")),
+            _like("Sqrt", [t["padded"]], [t["std"]], cx.namer(f"{base}/Sqrt")),
+            _like("Div", [t["centred"], t["std"]], [t["normed"]], cx.namer(f"{base}/Div")),
+            _like("Mul", [t["normed"], t["scale"]], [t["scaled"]], cx.namer(f"{base}/Scale")),
+            _like("Add", [t["scaled"], t["bias"]], list(node.output), node.name)]
+    dtype = scale.dtype
+    initializers = [numpy_helper.from_array(np.array(eps, dtype), t["eps"]),
+                    numpy_helper.from_array(scale.reshape(broadcast).astype(dtype), t["scale"]),
+                    numpy_helper.from_array(bias.reshape(broadcast).astype(dtype), t["bias"])]
+    return "InstanceNormalization written as its formula", made, initializers
+
+
 _REWRITES: dict[str, Rewrite] = {
+    "InstanceNormalization": _instance_norm,
     "Constant": _constant, "Squeeze": _squeeze, "Unsqueeze": _squeeze,
     "MaxPool": _max_pool,
     "Flatten": _flatten, "Min": _min_max, "Max": _min_max, "Gather": _gather, "Slice": _slice,

@@ -578,6 +578,9 @@ def function_body(schema: Any, opset: int) -> Any:
     return body
 
 
+REWRITTEN = frozenset(["InstanceNormalization"])  # ops with no translator import_rewrites writes out
+
+
 def _expandable(op_type: str, opset: int) -> str:
     """What `kdb model expand` does with an op ONNX defines as a function (a hint for the blocker's reason)."""
     ops = [op for op in function_ops(op_type, opset) or () if op not in ("Constant", "CastLike")]  # (initializers)
@@ -772,6 +775,7 @@ def _blocker(node: Any, opsets: dict[str, int], shapes: Shapes) -> str:
         at = f" at opset {opsets[domain]}" if first is not None else ""
         return (f"the importer has no translator for {node.op_type}{at} and NNFusion no generic op of that name: it "
                 f"aborts ('No infershape or Antares IR found for op type: {node.op_type}')"
-                + (_expandable(node.op_type, opsets[domain]) if domain == "" else ""))
+                + (_expandable(node.op_type, opsets[domain]) if domain == "" else "")
+                + (f"; {import_rules.EXPAND_HINT} (its formula, below opset 18)" if node.op_type in REWRITTEN else ""))
     check = BLOCKERS.get(node.op_type) if domain == "" else None
     return check(node, attributes(node), shapes) if check is not None else ""
