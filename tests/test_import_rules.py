@@ -132,6 +132,13 @@ def instance_norm() -> ModelProto:
     return _net([1, 8, 4, 4], build, opset=13)
 
 
+def grouped_conv() -> ModelProto:
+    """ResNeXt's 3x3 of group 4 (not depthwise), with its bias."""
+    return _net([1, 8, 8, 8], lambda g: g.node("Conv", ["x", g.weight("w", [16, 2, 3, 3], fan_in=18),
+                                                      g.weight("b", [16])], "n", group=4, kernel_shape=[3, 3],
+                                               pads=[1, 1, 1, 1], strides=[2, 2]))
+
+
 def constant_value_float() -> ModelProto:
     return _net([1, 4, 8], lambda g: g.node("Mul", ["x", g.node("Constant", [], "n", value_float=2.5)], "mul"))
 
@@ -181,6 +188,7 @@ CASES: dict[str, tuple[Callable[[], ModelProto], str, str]] = {
     "Unsqueeze of axes as an input": (unsqueeze_axes_input, "blocker", "axes"),
     "Squeeze of axes as an input": (squeeze_axes_input, "wrong shape", "every axis of size 1"),
     "Slice of step -1": (slice_backwards, "blocker", "m_lower_bounds"),
+    "grouped conv": (grouped_conv, "blocker", "n_filters_channels & groups"),
     "InstanceNormalization (a GroupNorm)": (instance_norm, "blocker", "No infershape"),
     "Constant of value_float": (constant_value_float, "blocker", "value_float"),
     "Constant of half": (constant_of_half, "blocker", "map::at"),

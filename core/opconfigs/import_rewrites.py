@@ -68,7 +68,8 @@ def rewrite_for_import(model: Any, rewrites: dict[str, Rewrite] | None = None) -
     graph, nodes = model.graph, []
     namer = _Namer({n.name for n in graph.node} | {t for n in graph.node for t in (*n.input, *n.output)}
                    | {t.name for t in graph.initializer})
-    cx = _Context(shapes, values, element_types(inferred.graph), namer, opsets)
+    cx = _Context(shapes, values, {t.name: t for t in graph.initializer}, element_types(inferred.graph), namer,
+                  opsets)
     for node in graph.node:
         rewrite = (_REWRITES if rewrites is None else rewrites).get(node.op_type) \
             if node.domain in ("", "ai.onnx") else None
@@ -90,6 +91,7 @@ def rewrite_for_import(model: Any, rewrites: dict[str, Rewrite] | None = None) -
 class _Context:
     shapes: dict[str, list[int]]  # static shapes (shape inference's)
     values: dict[str, Any]  # small constant values (numpy)
+    initializers: dict[str, Any]  # by name (TensorProto): what a rewrite cuts, read when it does
     types: dict[str, int]  # ONNX element types
     namer: _Namer
     opsets: dict[str, int]
@@ -427,6 +429,45 @@ def _squeeze(node: Any, cx: _Context) -> Made | None:
             [numpy_helper.from_array(np.array(out, np.int64), name)])
 
 
+def _grouped_conv(node: Any, cx: _Context) -> Made | None:
+    """A grouped convolution that is not depthwise (ResNeXt's, RegNet's: the importer aborts on all of them) as one
+    convolution a group: the input's channels Sliced per group (constant bounds), the filter and bias cut into
+    initializers, the outputs Concatenated over channels. BlockFusion can run the groups' kernels side by side."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    attrs = attributes(node)
+    groups, shape = int(attrs.get("group", 1)), cx.shapes.get(node.input[0])
+    names = [node.input[1] if len(node.input) > 1 else "", node.input[2] if len(node.input) > 2 else ""]
+    if groups == 1 or shape is None or names[0] not in cx.initializers or (names[1] and names[1] not in
+                                                                         cx.initializers):
+        return None
+    weight = numpy_helper.to_array(cx.initializers[names[0]])
+    bias = numpy_helper.to_array(cx.initializers[names[1]]) if names[1] else None
+    channels, filters = shape[1], weight.shape[0]
+    if groups == channels or channels % groups or filters % groups:  # (depthwise: the importer takes it)
+        return None
+    base, each, per = node.name or node.output[0], channels // groups, filters // groups
+    made, initializers, outputs = [], [], []
+    kept = {k: v for k, v in attrs.items() if k != "group"}
+    for k in range(groups):
+        n = {w: cx.namer(f"{base}/{w}_{k}") for w in ("starts", "ends", "axes", "input", "weight", "bias", "output")}
+        initializers += [numpy_helper.from_array(np.array([k * each], np.int64), n["starts"]),
+                         numpy_helper.from_array(np.array([(k + 1) * each], np.int64), n["ends"]),
+                         numpy_helper.from_array(np.array([1], np.int64), n["axes"]),
+                         numpy_helper.from_array(weight[k * per:(k + 1) * per], n["weight"])]
+        made.append(_like("Slice", [node.input[0], n["starts"], n["ends"], n["axes"]], [n["input"]],
+                          cx.namer(f"{base}/Slice_{k}")))
+        inputs = [n["input"], n["weight"]]
+        if bias is not None:
+            initializers.append(numpy_helper.from_array(bias[k * per:(k + 1) * per], n["bias"]))
+            inputs.append(n["bias"])
+        made.append(_like("Conv", inputs, [n["output"]], cx.namer(f"{base}/Conv_{k}"), **kept))
+        outputs.append(n["output"])
+    made.append(_like("Concat", outputs, list(node.output), node.name, axis=1))
+    return "grouped convolution written as one a group", made, initializers
+
+
 def _instance_norm(node: Any, cx: _Context) -> Made | None:
     """InstanceNormalization (torch's GroupNorm and InstanceNorm export it; the importer has no translator) as its
     formula: (x - mean) / sqrt(var + epsilon) * scale + bias over the spatial axes, with ReduceMeans of an axes
@@ -459,7 +500,7 @@ def _instance_norm(node: Any, cx: _Context) -> Made | None:
 
 
 _REWRITES: dict[str, Rewrite] = {
-    "InstanceNormalization": _instance_norm,
+    "InstanceNormalization": _instance_norm, "Conv": _grouped_conv,
     "Constant": _constant, "Squeeze": _squeeze, "Unsqueeze": _squeeze,
     "MaxPool": _max_pool,
     "Flatten": _flatten, "Min": _min_max, "Max": _min_max, "Gather": _gather, "Slice": _slice,

@@ -137,7 +137,8 @@ def grouped_conv_reason(groups: int, channels: int, filters: int, padding_ok: bo
     if groups != channels:
         return (f"grouped convolution (group={groups}, not depthwise): NNFusion's ONNX importer aborts on it (its "
                 "CHECK 'n_filters_channels & groups == 0' in frontend/onnx_import/op/conv.cpp fails for every group "
-                "count: & binds after ==), so the model does not compile", False)
+                "count: & binds after ==), so the model does not compile; `kdb model expand IN OUT` rewrites it (one "
+                "convolution a group, Concatenated)", False)
     if filters != groups:
         return (f"depthwise convolution with {filters} filters for {groups} channels: NNFusion's ONNX importer aborts "
                 "on it (DepthwiseConv2dNative takes a depth multiplier of 1 only)", False)
