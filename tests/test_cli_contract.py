@@ -210,6 +210,14 @@ def test_bad_arguments_exit_2(world: World):
         assert proc.returncode == 2 and reason in proc.stderr, (argv, proc.stderr)
 
 
+def test_codegen_of_nothing_readable_writes_no_kernels_file(world: World):
+    """Held out in session 28: `kdb codegen missing.txt -o kernels.json` wrote `[]`, which `kdb inject` then took."""
+    out = world.tmp / "nothing.json"
+    proc = run_kdb("codegen", str(world.tmp / "missing.txt"), "-o", str(out))
+    assert proc.returncode == 1 and "cannot read" in proc.stderr and "nothing written" in proc.stderr, proc.stderr
+    assert not out.exists()
+
+
 def test_a_closed_pipe_ends_ls_quietly(world: World):
     """`kdb ls --all | head -1`: the reader goes away; no traceback, exit 0."""
     cmd = [sys.executable, "-m", "console.entry", "ls", "--all"]

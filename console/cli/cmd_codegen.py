@@ -39,7 +39,9 @@ def main(args: argparse.Namespace) -> int:
                          "extract` shows what it fuses away)")
     request = GenerateRequest.from_settings(configs, kernel_db_path(args.db), settings, arch=args.arch,
                                            compile=not args.no_compile, check=not args.no_check, inject=args.inject,
-                                           kernels_file=Path(args.output) if args.output else None, math=args.math)
+                                           # (no op config read: no empty kernels file for `kdb inject` to take)
+                                           kernels_file=Path(args.output) if args.output and configs else None,
+                                           math=args.math)
     with _Bars(enabled=err.is_terminal and not args.json, total=len(configs), inject=args.inject,
                lines=not args.json) as bars, \
             first_ctrl_c_cancels("the op in progress" if not args.inject else "the op or kernel in progress") as cancel:
@@ -52,7 +54,8 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         print_json(report.as_json() if args.inject else codegen.as_json())
     else:
-        where = args.output or ("the kernel DB" if args.inject else "stdout")
+        where = (str(request.kernels_file) if request.kernels_file else "nothing written" if args.output
+                 else "the kernel DB" if args.inject else "stdout")
         unreadable = f" ({len(errors)} op config(s) unreadable, skipped above)" if errors else ""
         cancelled = " (cancelled)" if codegen.cancelled else ""
         err.print(f"{len(codegen.items)} kernels generated for {request.arch}{cancelled} -> {escape(where)}; "
