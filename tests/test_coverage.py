@@ -287,6 +287,19 @@ def test_a_compiler_that_threw_is_reported_with_the_exceptions_message(tmp_path:
      "Node (/Unsqueeze): unknown attribute 'axes'\n"
      "terminate called after throwing an instance of 'nnfusion::errors::CheckError'\n",
      "Check failed: 'it != std::end(m_attributes)' at node.cpp:106: Node (/Unsqueeze): unknown attribute 'axes'"),
+    # held out in session 28: an [ERROR] the importer logged and went on from (a Split's attribute) is not the abort
+    ("[INFO] 2026-12-07T10:44:57z graph_convert.cpp 519\tconvert node: /blk/at/Split\n"
+     "[ERROR] 2026-12-07T10:44:57z errors.hpp 169\tCheck failed: 'it != std::end(m_attributes)' at node.cpp:106:\n"
+     "Node (/blk/at/Split): unknown attribute 'split'\n"
+     "[INFO] 2026-12-07T10:44:57z graph_convert.cpp 538\tnode /blk/at/Split, output /blk/at/Split_output_0\n"
+     "[INFO] 2026-12-07T10:44:57z graph_convert.cpp 519\tconvert node: /blk/at/Transpose_1\n"
+     "[ERROR] 2026-12-07T10:44:57z errors.hpp 169\tFailure at numpy_transpose.cpp:76:\n"
+     "The axes order [ 0, 1, 3, 2 ] is incompatible with the input shape [ 4, 100, 64 ] during numpy_transpose.\n"
+     "terminate called after throwing an instance of 'nnfusion::errors::CheckError'\n"
+     "  what():  Failure at numpy_transpose.cpp:76:\n"
+     "The axes order [ 0, 1, 3, 2 ] is incompatible with the input shape [ 4, 100, 64 ] during numpy_transpose.\n",
+     "Failure at numpy_transpose.cpp:76: The axes order [ 0, 1, 3, 2 ] is incompatible with the input shape "
+     "[ 4, 100, 64 ] during numpy_transpose."),
 ])
 def test_a_failed_compiles_reason_is_the_compilers_message(tmp_path: Path, log_text: str, cause: str):
     from core.nnfusion.compiler import CompileResult

@@ -148,9 +148,11 @@ class CompileResult:
         if self.returncode is not None and self.returncode != 0:
             how = (f"was killed by {_signal_name(-self.returncode)}" if self.returncode < 0
                    else f"exited with status {self.returncode}")
-            # the message, not libstdc++'s "terminate called after throwing ..." before it
+            # the last message before the abort (an [ERROR] the importer logged and went on from comes earlier), not
+            # libstdc++'s "terminate called after throwing ..." after it
             found = [line for line in self.decisive_lines(6) if not line.startswith("while importing")]
-            cause = next((line for line in found if not line.startswith("terminate called")), found[0] if found else "")
+            cause = next((line for line in reversed(found) if not line.startswith("terminate called")),
+                         found[0] if found else "")
             node = self.importing_node()
             where = f" while importing ONNX node {node or '(unnamed)'}" if node is not None else ""
             return f"nnfusion {how}{where}" + (f": {cause}" if cause else "")
