@@ -45,6 +45,18 @@ async def open_in_network_view(pilot, app: FixedDeviceApp, model: Path):  # type
     return app.screen
 
 
+def no_gpu_app(tmp_path: Path) -> FixedDeviceApp:
+    return FixedDeviceApp(ConsoleContext(db_path=tmp_path / "k.db", settings=Settings(workers=1),
+                                         device_summary="no CUDA device (test)"))
+
+
+async def opened(pilot, app: FixedDeviceApp, model: Path):  # type: ignore[no-untyped-def]
+    """The Network view with the model opened and loaded."""
+    screen = await open_in_network_view(pilot, app, model)
+    await wait_until(pilot, lambda: getattr(screen, "model", None) == model, "the model")
+    return screen
+
+
 @needs_compiler
 async def test_a_model_from_onnx_file_to_its_story_with_the_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     from test_nnfusion_compiler import build_db
@@ -128,11 +140,9 @@ async def test_e_writes_out_the_ops_nnfusion_cannot_import_as_kdb_model_expand_d
     model = write(g.model(g.node("HardSwish", [g.conv("x", 8, 16, 3, name="c1")], "hs"), "mnv3"),
                   tmp_path / "mnv3.onnx")
     assert run_kdb("model", "expand", str(model), str(tmp_path / "cli.onnx")).returncode == 0
-    app = FixedDeviceApp(ConsoleContext(db_path=tmp_path / "k.db", settings=Settings(workers=1),
-                                        device_summary="no CUDA device (test)"))
+    app = no_gpu_app(tmp_path)
     async with app.run_test(size=(200, 50)) as pilot:
-        screen = await open_in_network_view(pilot, app, model)
-        await wait_until(pilot, lambda: getattr(screen, "model", None) == model, "the model")
+        screen = await opened(pilot, app, model)
         await pilot.press("e")
         await wait_until(pilot, lambda: isinstance(app.screen, PathDialog), "the output's dialog")
         assert app.screen.query_one("#path", Input).value == str(tmp_path / "mnv3-expanded.onnx")
@@ -157,11 +167,9 @@ async def test_g_lists_the_models_op_configs_to_generate_and_t_takes_it_to_tunin
     _, extracted = run_kdb_json("opconfig", "extract", str(model))
     expected = {c["description"] for c in extracted["configs"]}
     assert len(expected) >= 2, extracted
-    app = FixedDeviceApp(ConsoleContext(db_path=tmp_path / "k.db", settings=Settings(workers=1),
-                                        device_summary="no CUDA device (test)"))
+    app = no_gpu_app(tmp_path)
     async with app.run_test(size=(200, 50)) as pilot:
-        screen = await open_in_network_view(pilot, app, model)
-        await wait_until(pilot, lambda: getattr(screen, "model", None) == model, "the model")
+        await opened(pilot, app, model)
         await pilot.press("g")
         await wait_until(pilot, lambda: isinstance(app.screen, OpConfigsScreen) and len(app.screen.configs) > 0,
                          "the model's op configs listed")

@@ -173,16 +173,22 @@ def max_pool_auto_pads(window: list[int], auto_pad: str) -> tuple[list[int], lis
     return (small, big) if auto_pad == "SAME_UPPER" else (big, small)
 
 
+def negative_input(node: Any, op_type: str, index: int, graph: Any) -> int | None:
+    """The least value of input `index` of an `op_type` node, where it is a constant with a negative value (indices,
+    axes or steps the importer reads unsigned); None otherwise."""
+    if node.op_type != op_type or len(node.input) <= index or not node.input[index]:
+        return None
+    value = constant_values(graph, node.input[index])
+    return int(min(value)) if value and min(value) < 0 else None
+
+
 def gather_negative_index(node: Any, graph: Any) -> str:
     """A Gather of constant negative indices (a torch export's `x[:, -1]`): op/gather.cpp normalises a negative axis
     but passes the indices as they are, and NNFusion's GatherV2 kernel reads them as unsigned: out of range, so
     zeros where ONNX counts from the end."""
-    if node.op_type != "Gather" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+    if node.domain not in ("", "ai.onnx") or (least := negative_input(node, "Gather", 1, graph)) is None:
         return ""
-    value = constant_values(graph, node.input[1])
-    if not value or min(value) >= 0:
-        return ""
-    return (f"Gather of the negative index {int(min(value))}: NNFusion's GatherV2 kernel reads indices unsigned "
+    return (f"Gather of the negative index {least}: NNFusion's GatherV2 kernel reads indices unsigned "
             "(op/gather.cpp passes them as they are), so it gathers zeros where ONNX counts from the end; "
             f"{EXPAND_HINT} (the index counted from 0)")
 
@@ -210,24 +216,18 @@ def layer_norm_without_bias(node: Any) -> str:
 
 
 def slice_negative_axis(node: Any, graph: Any) -> str:
-    if node.op_type != "Slice" or len(node.input) < 4 or not node.input[3]:
+    if (least := negative_input(node, "Slice", 3, graph)) is None:
         return ""
-    axes = constant_values(graph, node.input[3])
-    if not axes or min(axes) >= 0:
-        return ""
-    return (f"Slice of the negative axis {int(min(axes))}: the importer takes it unsigned (op/slice.cpp's "
+    return (f"Slice of the negative axis {least}: the importer takes it unsigned (op/slice.cpp's "
             f"`size_t axis = axes.at(idx)`) and aborts (vector::_M_range_check); {EXPAND_HINT} (axes counted from 0)")
 
 
 def slice_negative_step(node: Any, graph: Any) -> str:
     """A Slice stepping backwards (torch's `x.flip`, a causal pad's reversed pads): op/slice.cpp makes the steps
     Strides (unsigned) and bounds lower <= upper; the Slice op's validation aborts."""
-    if node.op_type != "Slice" or len(node.input) < 5 or not node.input[4]:
+    if (least := negative_input(node, "Slice", 4, graph)) is None:
         return ""
-    steps = constant_values(graph, node.input[4])
-    if not steps or min(steps) >= 0:
-        return ""
-    return (f"Slice of step {int(min(steps))}: the importer takes steps unsigned and bounds a slice lower to upper "
+    return (f"Slice of step {least}: the importer takes steps unsigned and bounds a slice lower to upper "
             "(op/slice.cpp), and the Slice's validation aborts ('m_lower_bounds[i] <= m_upper_bounds[i]'); "
             f"{EXPAND_HINT} (a Gather of the indices ONNX's Slice takes)")
 
