@@ -172,7 +172,7 @@ class CompileReport:
         return standalone_note(self.made_standalone, self.undo_files)
 
     def launch_summary(self) -> str:
-        """The launch check in one line, and the kernel steps it could not see: NNFusion's library-backed functions
+        """The launch check in one line, and the kernel steps it could not see: NNFusion's own functions
         (its own softmax, called without a launch configuration) launch their kernels inside."""
         if self.launches is None:
             return ""
@@ -180,8 +180,9 @@ class CompileReport:
         steps = len(self.usage.kernel_launches()) if self.usage else 0
         if not self.launches.error and steps > self.launches.launch_count:
             unseen = steps - self.launches.launch_count
-            line += (f"; {unseen} step{'s' * (unseen != 1)} call NNFusion's library-backed functions, which launch "
-                     "their own kernels inside: not checked")
+            line += (f"; {unseen} of the steps counted as kernel launches call a function of NNFusion's own (its "
+                     "LayerNorm, its Softmax) that launches its kernels inside, without a launch configuration to "
+                     "check: not checked (no cuBLAS or cuDNN call)")
         return line
 
     def launch_failures(self) -> list[str]:
