@@ -139,6 +139,13 @@ def grouped_conv() -> ModelProto:
                                                pads=[1, 1, 1, 1], strides=[2, 2]))
 
 
+def lstm() -> ModelProto:
+    """torch's nn.LSTM(4, 8, bidirectional=True) as exported (Y of [seq, 2, batch, 8]), over 3 steps."""
+    return _net([3, 1, 4], lambda g: g.node("LSTM", ["x", g.weight("W", [2, 32, 4], fan_in=4),
+                                                     g.weight("R", [2, 32, 8], fan_in=8), g.weight("B", [2, 64])],
+                                            "n", hidden_size=8, direction="bidirectional"))
+
+
 def constant_value_float() -> ModelProto:
     return _net([1, 4, 8], lambda g: g.node("Mul", ["x", g.node("Constant", [], "n", value_float=2.5)], "mul"))
 
@@ -189,6 +196,7 @@ CASES: dict[str, tuple[Callable[[], ModelProto], str, str]] = {
     "Squeeze of axes as an input": (squeeze_axes_input, "wrong shape", "every axis of size 1"),
     "Slice of step -1": (slice_backwards, "blocker", "m_lower_bounds"),
     "grouped conv": (grouped_conv, "blocker", "n_filters_channels & groups"),
+    "LSTM": (lstm, "blocker", "No valid kernel"),
     "InstanceNormalization (a GroupNorm)": (instance_norm, "blocker", "No infershape"),
     "Constant of value_float": (constant_value_float, "blocker", "value_float"),
     "Constant of half": (constant_of_half, "blocker", "map::at"),

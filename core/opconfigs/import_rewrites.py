@@ -468,6 +468,82 @@ def _grouped_conv(node: Any, cx: _Context) -> Made | None:
     return "grouped convolution written as one a group", made, initializers
 
 
+def _lstm(node: Any, cx: _Context) -> Made | None:
+    """An LSTM (NNFusion imports it but has no CUDA kernel for it) unrolled as ONNX defines it: each step of each
+    direction a MatMul of the step's input by W^T and of the state by R^T (the weights transposed into initializers),
+    the biases added, the gates (i, o, f, c) Sliced, C = f * C + i * tanh(c~), H = o * tanh(C); Y, Y_h and Y_c
+    Concatenated as the node gives them. Left alone: peepholes, sequence_lens, clip, other activations, layout 1,
+    input_forget (the importer has nothing of these to compare with)."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    attrs = attributes(node)
+    inputs = [*node.input, *[""] * (8 - len(node.input))]
+    x_shape = cx.shapes.get(inputs[0])
+    if (x_shape is None or len(x_shape) != 3 or inputs[1] not in cx.initializers or inputs[2] not in cx.initializers
+            or (inputs[3] and inputs[3] not in cx.initializers) or inputs[4] or inputs[7]
+            or any(attrs.get(k) for k in ("activations", "activation_alpha", "activation_beta", "clip", "layout",
+                                          "input_forget"))):
+        return None
+    steps, batch, _ = x_shape
+    w, r = (numpy_helper.to_array(cx.initializers[t]) for t in inputs[1:3])
+    directions, hidden = w.shape[0], w.shape[1] // 4
+    b = numpy_helper.to_array(cx.initializers[inputs[3]]) if inputs[3] else np.zeros((directions, 8 * hidden), w.dtype)
+    base = node.name or node.output[0]
+    made, inits = [], []
+
+    def name(what: str) -> str:
+        return cx.namer(f"{base}/{what}")
+
+    def const(what: str, value: Any) -> str:
+        inits.append(numpy_helper.from_array(np.asarray(value), t := name(what)))
+        return t
+
+    def op(op_type: str, ins: list[str], what: str, out: str | None = None, **kw: Any) -> str:
+        made.append(_like(op_type, ins, [out or (t := name(what))], name(f"{what}_node"), **kw))
+        return out or t
+
+    def sliced(tensor: str, start: int, end: int, axis: int, what: str) -> str:
+        return op("Slice", [tensor, const(f"{what}_s", [start]), const(f"{what}_e", [end]), const(f"{what}_a", [axis])],
+                  what)
+
+    def state(index: int, d: int, what: str) -> str:
+        if not inputs[index]:
+            return const(f"{what}0_d{d}", np.zeros((batch, hidden), w.dtype))
+        return op("Reshape", [sliced(inputs[index], d, d + 1, 0, f"{what}0_d{d}_slice"),
+                              const(f"{what}0_d{d}_shape", [batch, hidden])], f"{what}0_d{d}")
+
+    direction = attrs.get("direction", b"forward")
+    direction = direction.decode() if isinstance(direction, bytes) else direction
+    ys, hs, cs = [], [], []
+    for d in range(directions):
+        backwards = direction == "reverse" or (direction == "bidirectional" and d == 1)
+        wt, rt = const(f"W_d{d}", w[d].T.copy()), const(f"R_d{d}", r[d].T.copy())
+        bias = const(f"B_d{d}", b[d, :4 * hidden] + b[d, 4 * hidden:])
+        h, c, outs = state(5, d, "h"), state(6, d, "c"), {}
+        for t in (range(steps - 1, -1, -1) if backwards else range(steps)):
+            p = f"d{d}_t{t}"
+            x = op("Reshape", [sliced(inputs[0], t, t + 1, 0, f"x_{p}"), const(f"x_{p}_shape", [batch, x_shape[2]])],
+                   f"x_{p}_2d")
+            gates = op("Add", [op("Add", [op("MatMul", [x, wt], f"xw_{p}"), op("MatMul", [h, rt], f"hr_{p}")],
+                                  f"sum_{p}"), bias], f"gates_{p}")
+            i, o, f, g = (sliced(gates, k * hidden, (k + 1) * hidden, 1, f"{gate}_{p}")
+                          for k, gate in enumerate("iofc"))
+            i, o, f = (op("Sigmoid", [v], f"{gate}_act_{p}") for v, gate in ((i, "i"), (o, "o"), (f, "f")))
+            c = op("Add", [op("Mul", [f, c], f"fc_{p}"), op("Mul", [i, op("Tanh", [g], f"g_{p}")], f"ig_{p}")],
+                   f"c_{p}")
+            h = op("Mul", [o, op("Tanh", [c], f"tc_{p}")], f"h_{p}")
+            outs[t] = op("Reshape", [h, const(f"y_{p}_shape", [1, 1, batch, hidden])], f"y_{p}")
+        ys.append(op("Concat", [outs[t] for t in range(steps)], f"y_d{d}", axis=0) if steps > 1 else outs[0])
+        hs.append(op("Reshape", [h, const(f"h_d{d}_shape", [1, batch, hidden])], f"h_d{d}"))
+        cs.append(op("Reshape", [c, const(f"c_d{d}_shape", [1, batch, hidden])], f"c_d{d}"))
+    for out, parts, axis in zip(node.output, (ys, hs, cs), (1, 0, 0), strict=False):
+        if out:
+            op("Concat", parts, f"{out}_concat", out=out, axis=axis) if len(parts) > 1 else \
+                op("Identity", parts, f"{out}_identity", out=out)
+    return "LSTM unrolled as ONNX defines it", made, inits
+
+
 def _instance_norm(node: Any, cx: _Context) -> Made | None:
     """InstanceNormalization (torch's GroupNorm and InstanceNorm export it; the importer has no translator) as its
     formula: (x - mean) / sqrt(var + epsilon) * scale + bias over the spatial axes, with ReduceMeans of an axes
@@ -500,7 +576,7 @@ def _instance_norm(node: Any, cx: _Context) -> Made | None:
 
 
 _REWRITES: dict[str, Rewrite] = {
-    "InstanceNormalization": _instance_norm, "Conv": _grouped_conv,
+    "InstanceNormalization": _instance_norm, "Conv": _grouped_conv, "LSTM": _lstm,
     "Constant": _constant, "Squeeze": _squeeze, "Unsqueeze": _squeeze,
     "MaxPool": _max_pool,
     "Flatten": _flatten, "Min": _min_max, "Max": _min_max, "Gather": _gather, "Slice": _slice,

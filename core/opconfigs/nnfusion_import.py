@@ -413,7 +413,9 @@ BLOCKERS: dict[str, Callable[[Any, dict[str, Any], Shapes], str]] = {
     "LayerNormalization": lambda node, attrs, shapes: import_rules.layer_norm_without_bias(node),
     "Transpose": lambda node, attrs, shapes: import_rules.transpose_without_perm(node),
     "Upsample": _crashes("Upsample: the importer crashes on it (segmentation fault); export Resize instead"),
-    "LSTM": _no_cuda_kernel, "ConvTranspose": _conv_transpose,
+    "LSTM": lambda node, attrs, shapes: _no_cuda_kernel(node, attrs, shapes) + (
+        f"; {import_rules.EXPAND_HINT} (unrolled as ONNX defines it)"),
+    "ConvTranspose": _conv_transpose,
 }
 
 
