@@ -115,18 +115,15 @@ class CompileResult:
         """What says why a run failed: the node the importer was converting when it stopped, then the log's error
         messages (a check's text joined with the line it continues on; each once), else the log's end (not when
         the importer stopped without a message: its last lines are only progress)."""
-        text = self.log_file.read_text(encoding="utf-8", errors="replace") if self.log_file.exists() else ""
-        lines = [line.rstrip() for line in text.splitlines() if line.strip() and not _HARMLESS.search(line)]
-        messages: list[str] = []
-        for i, line in enumerate(lines):
-            if _DECISIVE.search(line):
-                follows = lines[i + 1] if i + 1 < len(lines) else ""
-                continued = bool(follows) and not _LOG_LINE.match(follows) and not _DECISIVE.search(follows)
-                messages.append(_PREFIX.sub("", line).strip() + (f" {follows.strip()}" if continued else ""))
-        messages = list(dict.fromkeys(messages))  # a failed check is logged, then printed again by terminate
+        lines = self._log_lines()
+        messages = _messages(lines)
         node = self.importing_node()
         head = [f"while importing ONNX node {node or '(unnamed)'}"] if node is not None else []
         return head + (messages[-limit:] if messages else [] if node is not None else lines[-limit:])
+
+    def _log_lines(self) -> list[str]:
+        text = self.log_file.read_text(encoding="utf-8", errors="replace") if self.log_file.exists() else ""
+        return [line.rstrip() for line in text.splitlines() if line.strip() and not _HARMLESS.search(line)]
 
     def importing_node(self) -> str | None:
         """The ONNX node the importer was converting when the run ended, when it ended there (None otherwise)."""
@@ -148,15 +145,31 @@ class CompileResult:
         if self.returncode is not None and self.returncode != 0:
             how = (f"was killed by {_signal_name(-self.returncode)}" if self.returncode < 0
                    else f"exited with status {self.returncode}")
-            # the last message before the abort (an [ERROR] the importer logged and went on from comes earlier), not
-            # libstdc++'s "terminate called after throwing ..." after it
-            found = [line for line in self.decisive_lines(6) if not line.startswith("while importing")]
-            cause = next((line for line in reversed(found) if not line.startswith("terminate called")),
-                         found[0] if found else "")
+            # the first message (a kernel selection's "No valid kernel found" comes before the check it then fails),
+            # where the importer stopped: since it began the node it stopped in (an [ERROR] it logged and went on
+            # from at an earlier node is not the cause); not libstdc++'s "terminate called after throwing ..."
             node = self.importing_node()
+            lines = self._log_lines()
+            if node is not None:
+                began = max((i for i, line in enumerate(lines) if _CONVERTING.search(line)), default=-1)
+                lines = lines[began + 1:]
+            found = _messages(lines)
+            cause = next((line for line in found if not line.startswith("terminate called")), found[0] if found else "")
             where = f" while importing ONNX node {node or '(unnamed)'}" if node is not None else ""
             return f"nnfusion {how}{where}" + (f": {cause}" if cause else "")
         return "" if self.project else "nnfusion exited 0 but wrote no nnfusion_rt/cuda_codegen/nnfusion_rt.cu"
+
+
+def _messages(lines: list[str]) -> list[str]:
+    """The log's error messages, in order: a check's text joined with the line it continues on; each once (a failed
+    check is logged, then printed again by terminate)."""
+    messages = []
+    for i, line in enumerate(lines):
+        if _DECISIVE.search(line):
+            follows = lines[i + 1] if i + 1 < len(lines) else ""
+            continued = bool(follows) and not _LOG_LINE.match(follows) and not _DECISIVE.search(follows)
+            messages.append(_PREFIX.sub("", line).strip() + (f" {follows.strip()}" if continued else ""))
+    return list(dict.fromkeys(messages))
 
 
 def _signal_name(number: int) -> str:
