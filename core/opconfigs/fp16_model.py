@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import InputError, ToolError
-from core.opconfigs.import_rewrites import constants_for_import, fresh_name
+from core.opconfigs.import_rewrites import constants_for_import, drop_orphans, fresh_name, reads
 from core.opconfigs.onnx_extract import read_model
 
 FLOAT, FLOAT16 = 1, 10  # ONNX TensorProto element types
@@ -135,24 +135,16 @@ def _initializers_of_identities(model: Any) -> None:
     graph = model.graph
     initializers = {t.name: t for t in graph.initializer}
     outputs = {o.name for o in graph.output}
-    kept = []
+    read_before, kept = reads(graph), []
     for node in graph.node:
         source = initializers.get(node.input[0]) if node.op_type == "Identity" and node.input else None
         if source is None or node.output[0] in outputs:
             kept.append(node)
             continue
-        copy = type(source)()
-        copy.CopyFrom(source)
-        copy.name = node.output[0]
-        graph.initializer.append(copy)
-        initializers[copy.name] = copy
+        graph.initializer.append(_copy(source, node.output[0]))
     del graph.node[:]
     graph.node.extend(kept)
-    read = {t for n in graph.node for t in n.input} | outputs
-    for field_ in (graph.initializer, graph.input):  # (an old model lists its initializers as inputs too)
-        left = [t for t in field_ if t.name in read or t.name not in initializers]
-        del field_[:]
-        field_.extend(left)
+    drop_orphans(graph, read_before)
 
 
 def _unshared(model: Any, kept: set[str]) -> None:
@@ -166,12 +158,16 @@ def _unshared(model: Any, kept: set[str]) -> None:
             continue
         for k, name in enumerate(node.input):
             if name in initializers and name in converted_reads:
-                copy = type(initializers[name])()
-                copy.CopyFrom(initializers[name])
-                copy.name = fresh_name(taken, f"{name}_float")
-                taken.add(copy.name)
-                graph.initializer.append(copy)
-                node.input[k] = copy.name
+                node.input[k] = fresh_name(taken, f"{name}_float")
+                taken.add(node.input[k])
+                graph.initializer.append(_copy(initializers[name], node.input[k]))
+
+
+def _copy(tensor: Any, name: str) -> Any:
+    copy = type(tensor)()
+    copy.CopyFrom(tensor)
+    copy.name = name
+    return copy
 
 
 def _name_depthwise_convs(model: Any) -> tuple[str, ...]:

@@ -173,8 +173,7 @@ def _fold_shape_computations(graph: Any, shapes: dict[str, list[int]], values: d
             attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
             dims = shapes[node.input[0]]
             outs = [np.array(dims[attrs.get("start", 0):attrs.get("end", len(dims))], np.int64)]
-        elif ((made.intersection(node.input) or (node.input and node.op_type not in NOT_FOLDED))
-              and all(not t or t in known for t in node.input)):
+        elif node.input and node.op_type not in NOT_FOLDED and all(not t or t in known for t in node.input):
             try:
                 outs = [np.asarray(o) for o in _evaluate(node, {t: known[t] for t in node.input if t}, opsets)]
             except Exception:  # an op the reference does not evaluate: left to the compiler, with its blocker

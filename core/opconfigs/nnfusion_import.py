@@ -137,7 +137,7 @@ def grouped_conv_reason(groups: int, channels: int, filters: int, padding_ok: bo
     if groups != channels:
         return (f"grouped convolution (group={groups}, not depthwise): NNFusion's ONNX importer aborts on it (its "
                 "CHECK 'n_filters_channels & groups == 0' in frontend/onnx_import/op/conv.cpp fails for every group "
-                "count: & binds after ==), so the model does not compile; `kdb model expand IN OUT` rewrites it (one "
+                f"count: & binds after ==), so the model does not compile; {import_rules.EXPAND_HINT} (one "
                 "convolution a group, Concatenated)", False)
     if filters != groups:
         return (f"depthwise convolution with {filters} filters for {groups} channels: NNFusion's ONNX importer aborts "
