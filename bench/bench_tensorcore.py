@@ -76,9 +76,11 @@ def sample(ops: Path, out: Path, per_op: int, arch: str, math: str = "fp32") -> 
 
 
 def space_name(design) -> str:  # type: ignore[no-untyped-def]
-    """'p' pipelined or 'n' not, then 's' sliced or 'w' whole k: which design space a sample came from."""
+    """'p2' or 'p3' pipelined (its shared buffers) or 'n' not, then 's' sliced or 'w' whole k: which design space a
+    sample came from."""
     trace = str(design.trace)
-    return ("p" if "software_pipeline_stage" in trace else "n") + ("s" if "rfactor" in trace.lower() else "w")
+    stages = re.search(r'"software_pipeline_stage", ann_val=\[0, 0, (\d+)\]', trace)
+    return (f"p{int(stages.group(1)) + 1}" if stages else "n") + ("s" if "rfactor" in trace.lower() else "w")
 
 
 def table(db_path: Path, out: Path, label: str) -> None:

@@ -118,7 +118,7 @@ def test_every_sampled_tiling_of_the_design_space_builds_into_a_row(tmp_path: Pa
     mod, _ = prim_func_module(config)
     context = ms.TuneContext(mod=mod, target=cuda_target("sm_90"), space_generator=cuda_space(config), task_name="t")
     designs = context.space_generator.generate_design_space(mod)
-    assert len(designs) == 4  # pipelined or not, k sliced across warps or not
+    assert len(designs) == 6  # two or three buffers or not pipelined, k sliced across warps or not
     items, tilings = [], set()
     for seed in range(1, 200):
         sch = s_tir.Schedule(mod, seed=seed)
@@ -257,6 +257,37 @@ def test_the_untuned_tiling_gives_every_multiprocessor_a_block_where_it_can(line
     assert blocks >= tensorcore.SMS or (d.m[2], d.n[2]) == (1, 1) or d.m[1] * d.n[1] > 1, (line, d)
     assert tensorcore.shared_bytes(config, d) <= tensorcore.STATIC_SHARED
     assert d.m[0] * d.m[1] * d.m[2] * tensorcore.TILE == g.mp and d.n[0] * d.n[1] * d.n[2] * tensorcore.TILE == g.np_
+
+
+@pytest.mark.parametrize("line", [BERT[2], RESNET50[1]])
+def test_a_three_stage_pipeline_keeps_two_rounds_in_flight_and_builds_into_a_row(tmp_path: Path, line: str):
+    """The third design space's pipeline (issue 38: BERT's long-k Dots over few blocks): three pairs of shared
+    buffers, the main loop waits until two rounds' copies are left in flight, and the last rounds' waits, counted by
+    their loop variable in TVM's pipeline, become immediates PTX takes (TVM refused to generate it otherwise)."""
+    from dataclasses import replace
+
+    import tvm.s_tir as s_tir
+
+    from core.codegen.generate import prim_func_module
+
+    config = parse_line(line)
+    mod, _ = prim_func_module(config)
+    items, shared, budget = [], [], []
+    for stages in (2, 3):
+        decisions = replace(tensorcore.default_decisions(config), stages=stages)
+        sch = s_tir.Schedule(mod)
+        tensorcore.schedule(sch, config, decisions)
+        generated = generate(config, "sm_90", scheduled=sch.mod, check=False)
+        assert generated.item is not None, generated.error
+        code = generated.item["code"]
+        assert_tensor_core_row(code)
+        assert f"cp.async.wait_group {stages - 1}" in code and "cp.async.wait_group 0" in code
+        shared.append(sum(int(n) for n in re.findall(r"__shared__[^;]*_pad_shared\w*\[(\d+)\]", code)))
+        items.append(generated.item)
+        budget.append(tensorcore.shared_bytes(config, decisions))
+    assert shared[1] * 2 == shared[0] * 3 and budget[1] - budget[0] == (shared[1] - shared[0]) * 2  # (halves)
+    rows, report = rows_of(items, tmp_path / "stages.db", compile=bool(find_nvcc("")))
+    assert report.failed == 0 and len(rows) == 2, [f.reason for f in report.failures]  # type: ignore[attr-defined]
 
 
 # -- what breaks a tensor-core row ------------------------------------------------------------------------------------

@@ -385,6 +385,26 @@ def _store_shared() -> tuple[Any, Any]:
     return desc, impl
 
 
+def _constant_async_waits(mod: Any) -> Any:
+    """A pipeline of three or more stages ends in a loop whose cp.async wait counts groups still in flight by its
+    loop variable ("1 - k"); PTX takes only an immediate, and that loop stays rolled (`#pragma unroll`, see below).
+    Such a count becomes 0, wait for every group: the same result, only the last rounds overlap less."""
+    import tvm_ffi
+    from tvm import tirx
+
+    def on_attr(node: Any, mutator: Any) -> Any:
+        body = mutator.mutate(node.body)
+        if node.attr_key == "async_wait_inflight_count" and not isinstance(node.value, tirx.IntImm):
+            return tirx.AttrStmt(node.node, node.attr_key, tirx.IntImm("int32", 0), body)
+        return node if body.same_as(node.body) else tirx.AttrStmt(node.node, node.attr_key, node.value, body)
+
+    waited = mod.clone()
+    for var, func in mod.functions.items():
+        if isinstance(func, tirx.PrimFunc):
+            waited.update_func(var, func.with_body(tvm_ffi.structural_mutate(func.body, [(tirx.AttrStmt, on_attr)])))
+    return waited
+
+
 @functools.cache
 def install_pipeline() -> str:
     """Register the tensor-core lowering as a named TVM pipeline (once per process); its name."""
@@ -404,7 +424,7 @@ def install_pipeline() -> str:
             config = {**ctx.config, "tirx.disable_cse_tir": True, "tirx.UnrollLoop": {"explicit_unroll": False},
                       "tirx.use_async_copy": True}
             with tvm.transform.PassContext(opt_level=ctx.opt_level, config=config):
-                return default(mod)
+                return _constant_async_waits(default(mod))
 
         def finalize() -> Any:
             @tvm.transform.module_pass(opt_level=0)

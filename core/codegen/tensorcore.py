@@ -277,7 +277,7 @@ class Decisions:
     k: tuple[int, int]
     vector_a: int
     vector_b: int
-    pipeline: bool = True
+    stages: int = 2  # shared buffers the rounds of k cycle through (1: not pipelined; 2: double; 3: triple)
     slices: int = 1  # warps a k round is split among (1: not sliced)
 
 
@@ -301,6 +301,7 @@ def vector_widths(config: OpConfig, operand: str) -> list[int]:
     return [w for w in widths if row % w == 0]
 
 
+STAGES = (2, 3, 1)  # the design spaces' pipelines: double and triple buffered (cp.async), and none
 SMS = 132  # an H100's (and H200's) multiprocessors: what the untuned tiling tries to keep busy
 STATIC_SHARED = 48 * 1024  # bytes a block may declare (NNFusion gives no dynamic shared memory)
 
@@ -353,7 +354,7 @@ def _first_tiling(config: OpConfig) -> Decisions:
         steps = kt // slices
         chunk = _largest_divisor(steps, 2)
         decisions = Decisions((mt // tm // wm, wm, tm), (nt // tn // wn, wn, tn), (steps // chunk, chunk),
-                              vector_widths(config, "A")[0], vector_widths(config, "B")[0], pipeline=True,
+                              vector_widths(config, "A")[0], vector_widths(config, "B")[0], stages=2,
                               slices=slices)
         if shared_bytes(config, decisions) <= STATIC_SHARED or (tm, slices) == (1, 1):
             return decisions
@@ -361,7 +362,7 @@ def _first_tiling(config: OpConfig) -> Decisions:
 
 
 def shared_bytes(config: OpConfig, d: Decisions) -> int:
-    """The static shared memory a tiling declares: A's and B's rounds (twice, pipelined; rows padded as
+    """The static shared memory a tiling declares: A's and B's rounds (once a pipeline stage; rows padded as
     SHARED_ALIGN pads them) and, sliced, each slice's fp32 sums of the block's tile."""
     g = gemm_of(config)
     dtype = element_type(config)
@@ -374,7 +375,7 @@ def shared_bytes(config: OpConfig, d: Decisions) -> int:
     a = (depth * padded_row(rows, "A", True)) if g.trans_a else rows * padded_row(depth, "A", False)
     b = (cols * padded_row(depth, "B", True)) if g.trans_b else depth * padded_row(cols, "B", False)
     sums = d.slices * rows * cols * 4 if d.slices > 1 else 0
-    return (a + b) * (2 if dtype == "float16" else 4) * (2 if d.pipeline else 1) + sums
+    return (a + b) * (2 if dtype == "float16" else 4) * d.stages + sums
 
 
 def _largest_divisor(n: int, cap: int) -> int:
@@ -382,30 +383,31 @@ def _largest_divisor(n: int, cap: int) -> int:
 
 
 def design_space(sch: Any, config: OpConfig) -> list[Any]:
-    """The op's design spaces: its schedule with the shared-memory stage pipelined (two buffers; cp.async where a
-    copy moves 4 or 16 bytes at a time) or not, and with k sliced across warps or not."""
+    """The op's design spaces: its schedule with the shared-memory stage pipelined (two or three buffers; cp.async
+    where a copy moves 4 or 16 bytes at a time) or not, and with k sliced across warps or not."""
     spaces = []
-    for pipeline in (True, False):
+    for stages in STAGES:
         for sliced in (False, True) if slice_counts(config) else (False,):
             each = sch.copy()
-            schedule(each, config, pipeline=pipeline, sliced=sliced)
+            schedule(each, config, stages=stages, sliced=sliced)
             spaces.append(each)
     return spaces
 
 
-def schedule(sch: Any, config: OpConfig, decisions: Decisions | None = None, *, pipeline: bool | None = None,
+def schedule(sch: Any, config: OpConfig, decisions: Decisions | None = None, *, stages: int | None = None,
              sliced: bool | None = None) -> None:
     """Schedule the op's GEMM (`sch` of define()'s function) for mma.sync; decisions sampled unless given.
 
-    Pipelined, each round of k copies the next chunk into a second pair of shared buffers (asynchronously where it
-    can: cp.async) while the warps multiply the current one. Sliced, the warps of a block split each round's k among
-    them (`rfactor`): a product of few tiles and a long k (BERT's Dots, a 3x3 convolution on a 7x7 map) gets more
-    warps at work, and the slices' sums meet in shared memory, where the output stage adds them."""
+    Pipelined, each round of k copies a chunk ahead into the next of `stages` pairs of shared buffers
+    (asynchronously where it can: cp.async) while the warps multiply the current one: with three, two rounds' loads
+    are in flight behind the mma (a long k over few blocks: BERT's Dots). Sliced, the warps of a block split each
+    round's k among them (`rfactor`): a product of few tiles and a long k (BERT's Dots, a 3x3 convolution on a 7x7
+    map) gets more warps at work, and the slices' sums meet in shared memory, where the output stage adds them."""
     from core.codegen import mma
 
     mma.register()
     d = decisions
-    pipeline = d.pipeline if pipeline is None and d is not None else bool(pipeline)
+    stages = d.stages if stages is None and d is not None else (stages or 1)
     sliced = d.slices > 1 if sliced is None and d is not None else bool(sliced)
     g = gemm_of(config)
     gemm, out = sch.get_sblock("gemm"), sch.get_sblock("output0")
@@ -483,8 +485,8 @@ def schedule(sch: Any, config: OpConfig, decisions: Decisions | None = None, *, 
         sch.tensorize(ri, ldmatrix_name(operand, transposed, dtype))
         _unroll(sch, ro, co)
 
-    if pipeline:
-        sch.annotate(ko, "software_pipeline_stage", [0, 0, 1])  # A's copy, B's copy, the k round's mma
+    if stages > 1:  # (A's copy, B's copy, the k round's mma: the mma `stages - 1` rounds behind)
+        sch.annotate(ko, "software_pipeline_stage", [0, 0, stages - 1])
         sch.annotate(ko, "software_pipeline_order", [0, 1, 2])
         sch.annotate(ko, "software_pipeline_async_stages", [0])
     if not sliced:  # (after the output stage is placed: its reads are then rewritten in the fragment layout)
