@@ -31,6 +31,7 @@ from core.nnfusion.build import (
     HARNESS_BAD_INPUT,
     HARNESS_NO_DEVICE,
     LIBRARY,
+    build_network,
     find_cuda_libraries,
     harness_source,
     read_signature,
@@ -202,6 +203,72 @@ def test_the_harness_calls_kernel_entry_with_every_input_and_output_and_compiles
     assert step.ok, step.output[-3000:]
 
 
+@needs_compiler
+def test_the_cuda_graph_harness_routes_the_projects_handles_and_builds_per_thread(tmp_path: Path):
+    """`--run --cuda-graph`: NNFusion's stream 0 and its handles' NULL stream are the legacy default stream, which
+    cannot be captured. Both programs are compiled with --default-stream per-thread, the harness sets each cuBLAS and
+    cuDNN handle the project declares to this thread's stream, captures kernel_entry and links against the
+    libraries; nvcc builds and links it."""
+    from core.nnfusion import cuda_graph
+
+    nvcc = nvcc_or_skip()
+    libraries = libraries_or_skip(nvcc)
+    project = generated_project(tmp_path)
+    handles = cuda_graph.library_handles(project)
+    assert handles == [("cudnnHandle_t", "cudnn_handle_0")]  # (a conv network: cuDNN's only)
+    build = build_network(project, arch="sm_90", nvcc=nvcc, libraries=libraries, cuda_graph=True)
+    assert build.ok, build.error
+    source = (project / "kdb_harness.cu").read_text()
+    for kind, name in handles:
+        setter = "cublasSetStream" if kind == "cublasHandle_t" else "cudnnSetStream"
+        assert f"extern {kind} {name};" in source and f"{setter}({name}, cudaStreamPerThread)" in source
+    assert "cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal)" in source
+    assert "time_graph(device.data(), warmup, iterations, argv + 3 + N_IN)" in source
+    for step in build.steps:
+        assert " --default-stream per-thread " in f" {' '.join(step.command)} ", step.what
+    plain = build_network(project, arch="sm_90", nvcc=nvcc, libraries=libraries)  # asked for nothing: as before
+    assert plain.ok and "time_graph" not in (project / "kdb_harness.cu").read_text()
+    assert all("per-thread" not in step.command for step in plain.steps)
+
+
+def test_the_graph_harness_sets_the_stream_of_every_handle_the_project_declares(tmp_path: Path):
+    from core.nnfusion.cuda_graph import graph_section, library_handles
+
+    (tmp_path / "nnfusion_rt.cu").write_text("cudnnHandle_t cudnn_handle_0;\ncublasHandle_t cublas_handle_0;\n"
+                                             "cublasHandle_t cublas_handle_1;\n  // cublasHandle_t unused;\n")
+    handles = library_handles(tmp_path)
+    assert handles == [("cudnnHandle_t", "cudnn_handle_0"), ("cublasHandle_t", "cublas_handle_0"),
+                       ("cublasHandle_t", "cublas_handle_1")]
+    section = graph_section(handles)
+    assert section.count("#include <cublas_v2.h>") == 1 and "#include <cudnn.h>" in section
+    for setter, name in (("cudnnSetStream", "cudnn_handle_0"), ("cublasSetStream", "cublas_handle_0"),
+                         ("cublasSetStream", "cublas_handle_1")):
+        assert f"{setter}({name}, cudaStreamPerThread)" in section
+    assert "#include" not in graph_section([]) and "SetStream" not in graph_section([])
+
+
+def test_the_graph_line_gives_the_times_or_says_why_there_are_none():
+    from core.gpu.network_run import _over_rounds
+    from core.nnfusion.cuda_graph import parse_graph
+
+    times = ('{"graph_median_ms": 0.081, "graph_p10_ms": 0.08, "graph_p90_ms": 0.09, "graph_min_ms": 0.079}\n'
+             '{"median_ms": 0.2}')
+    assert parse_graph(times) == ({"graph_median_ms": 0.081, "graph_p10_ms": 0.08, "graph_p90_ms": 0.09,
+                                   "graph_min_ms": 0.079}, "")
+    said = parse_graph('{"graph_problem": "kernel_entry could not be captured: cudaErrorStreamCaptureImplicit"}')
+    assert said == ({}, "not captured in a CUDA graph: kernel_entry could not be captured: "
+                        "cudaErrorStreamCaptureImplicit")
+    assert parse_graph('{"median_ms": 0.2}') == ({}, "the harness printed no graph line")
+    assert parse_graph('{"graph_median_ms": "x"}')[1].startswith("the harness's graph line is unreadable")
+    # rounds: a graph time only some rounds have is left out of the merge; the least of the minima
+    base = {"median_ms": 1.0, "p10_ms": 1.0, "p90_ms": 1.0, "min_ms": 0.9}
+    rounds = [{**base, "graph_median_ms": 0.5, "graph_min_ms": 0.4}, {**base, "graph_median_ms": 0.7,
+                                                                       "graph_min_ms": 0.3}, base]
+    assert "graph_median_ms" not in _over_rounds(rounds)
+    merged = _over_rounds(rounds[:2])
+    assert merged["graph_median_ms"] == 0.6 and merged["graph_min_ms"] == 0.3
+
+
 # -- the whole run on this CPU machine ------------------------------------------------------------------
 
 @needs_compiler
@@ -346,6 +413,10 @@ def test_the_run_options_are_refused_where_they_cannot_be_honoured(tmp_path: Pat
     assert proc.returncode == 2 and "--seed, --iterations: only with --run" in proc.stderr
     proc = run_kdb(*common, "--run", "--warmup", "-1", env=env)
     assert proc.returncode == 2 and "warm-up -1" in proc.stderr
+    proc = run_kdb(*common, "--cuda-graph", env=env)
+    assert proc.returncode == 2 and "--cuda-graph: only with --run" in proc.stderr
+    proc = run_kdb(*common, "--op-times", str(tmp_path / "t.json"), "--cuda-graph", env=env)
+    assert proc.returncode == 2 and "--cuda-graph: only with --run (each op alone" in proc.stderr
 
 
 @needs_compiler
@@ -404,3 +475,23 @@ def test_the_network_runs_right_and_timed_on_the_gpu(tmp_path: Path):
     assert run.status == (1 if run.verdict.verdict == "slower" else 0), run.findings
     outputs = db_run.build.project / "outputs"
     assert tensor_file(outputs, 0, db_run.build.signature.outputs[0]).stat().st_size == 4 * 16 * 8 * 8
+
+
+@pytest.mark.gpu
+@needs_compiler
+def test_the_network_captured_in_a_cuda_graph_is_right_and_timed_on_the_gpu(tmp_path: Path):
+    """`--run --cuda-graph` on a device machine: both networks captured, replayed, their graph's output checked as
+    the plain one is, and timed."""
+    libraries_or_skip(nvcc_or_skip())
+    onnxruntime_or_skip()
+    from core.gpu.network_run import RunOptions, run_network
+
+    model = two_in_two_out(tmp_path / "two.onnx")
+    job = CompileJob(model, empty_db(tmp_path / "k.db"), binary=str(COMPILER), out=tmp_path / "run")
+    run = run_network(job, RunOptions(warmup=10, iterations=100, rounds=2, cuda_graph=True))
+    assert run.device, run.no_device
+    for contender in (run.with_db, run.empty_db):
+        assert not contender.graph_problem, contender.graph_problem
+        assert contender.timing and contender.timing["graph_median_ms"] > 0
+        assert contender.graph_error is not None and contender.graph_error <= 1e-4
+    assert run.graph_ratio is not None and any("in a CUDA graph" in note for note in run.notes)

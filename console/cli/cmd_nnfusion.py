@@ -152,3 +152,5 @@ def _refuse_with_op_times(args: argparse.Namespace, run_options: list[str]) -> N
                          "its rows; the DB is never written)")
     if "--max-error" in run_options:
         raise InputError("--max-error: not with --op-times (it times the ops; no output is judged)")
+    if "--cuda-graph" in run_options:
+        raise InputError("--cuda-graph: only with --run (each op alone is timed as NNFusion calls it)")

@@ -20,8 +20,8 @@ from core.nnfusion.compile_job import CompileJob
 
 # The run's options on the command line, and RunOptions' fields they set (the parser leaves them None: unset).
 RUN_OPTIONS = {"--max-error": "max_error", "--seed": "seed", "--warmup": "warmup", "--iterations": "iterations",
-               "--rounds": "rounds"}
-# Those --op-times takes too (HarnessOptions' fields): it judges no output, so no --max-error.
+               "--rounds": "rounds", "--cuda-graph": "cuda_graph"}
+# Those --op-times takes too (HarnessOptions' fields): it judges no output, so no --max-error (nor --cuda-graph).
 OP_TIMES_OPTIONS = ("--seed", "--warmup", "--iterations")
 
 
@@ -74,6 +74,8 @@ def _print(run: NetworkRun) -> None:
         out.print(f"  {_line(contender)}", highlight=False)
     if run.ratio is not None:
         out.print(f"  ratio {run.ratio:.3f}x (with the DB / with the empty DB)", highlight=False)
+    if run.graph_ratio is not None:
+        out.print(f"  in a CUDA graph: ratio {run.graph_ratio:.3f}x", highlight=False)
     if run.reference is not None:
         out.print(f"error measured as {ERROR_FORMULA}, against {run.reference.runtime} on the same input; allowed "
                   f"{run.max_error:g}", highlight=False)
@@ -99,8 +101,9 @@ def _line(contender: Contender) -> str:
     if contender.timing is not None:
         t = contender.timing
         error = f"{contender.error:.2e}" if contender.error is not None else "-"
+        graph = f"; in a CUDA graph {t['graph_median_ms']:.4f} ms" if "graph_median_ms" in t else ""
         return (f"{name} {t['median_ms']:.4f} ms (p10 {t['p10_ms']:.4f}, p90 {t['p90_ms']:.4f}); max rel err "
-                f"{error}")
+                f"{error}{graph}")
     build = contender.build
     if build is not None and build.ok:
         return f"{name} built in {build.seconds:.1f} s: {build.harness}"

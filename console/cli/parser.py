@@ -299,6 +299,10 @@ def build_parser() -> argparse.ArgumentParser:
                      "each between its own CUDA events; the median counts (default 1000)")
     run.add_argument("--rounds", type=_positive, metavar="N", help="with --run: runs of each network, by turns; "
                      "slower or faster is said only when every round says so, else 'within noise' (default 5)")
+    run.add_argument("--cuda-graph", action="store_true", default=None, help="with --run: also time kernel_entry "
+                     "captured once in a CUDA graph and replayed, as PyTorch's CUDA-graph baseline runs (the CPU's "
+                     "cost of each launch gone); its output is checked too. Both projects are then compiled with "
+                     "--default-stream per-thread")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("autotvm", help=COMMANDS["autotvm"][1])

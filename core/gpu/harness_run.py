@@ -29,6 +29,7 @@ from core.nnfusion.build import (
     run_step,
 )
 from core.nnfusion.compile_job import CompileJob, CompileReport
+from core.nnfusion.cuda_graph import parse_graph
 from core.nnfusion.reference import DEFAULT_SEED, tensor_file
 
 NO_GPU = "no CUDA GPU: the network was built but not run"
@@ -45,6 +46,7 @@ class HarnessOptions:
     iterations: int = 1000
     build_timeout_s: float = 1800.0
     run_timeout_s: float = 600.0
+    cuda_graph: bool = False  # also time kernel_entry captured in a CUDA graph (core/nnfusion/cuda_graph.py)
 
     def __post_init__(self) -> None:
         if self.warmup < 0 or self.iterations < 1:
@@ -65,6 +67,8 @@ class Contender:
     error: float | None = None  # the largest relative error against the reference
     output_errors: list[float] = field(default_factory=list)
     problem: str = ""  # why it has no result
+    graph_error: float | None = None  # that of the CUDA graph's output (asked for: HarnessOptions.cuda_graph)
+    graph_problem: str = ""  # why the timing has no CUDA graph's times (when asked for)
 
     def as_dict(self) -> dict[str, Any]:
         return {"label": self.label, "problem": self.problem, "made_standalone": self.made_standalone,
@@ -72,7 +76,8 @@ class Contender:
                 "build": self.build.as_dict() if self.build else None,
                 "run": self.run.as_dict() if self.run else None,
                 "timing": self.timing, "round_medians_ms": [r["median_ms"] for r in self.rounds],
-                "max_rel_error": self.error, "output_errors": self.output_errors}
+                "max_rel_error": self.error, "output_errors": self.output_errors,
+                "graph_max_rel_error": self.graph_error, "graph_problem": self.graph_problem or None}
 
     def project(self) -> Path:
         """The generated project of a compile that is ok."""
@@ -146,3 +151,6 @@ def run_harness(contender: Contender, inputs_dir: Path, options: HarnessOptions,
         contender.problem = f"the network failed: {step.reason()}"
     else:
         contender.timing = parse_timing(step)
+        if options.cuda_graph:  # (its times join the timing; why there are none is said instead)
+            times, contender.graph_problem = parse_graph(step.output)
+            contender.timing.update(times)

@@ -43,6 +43,7 @@ from core.gpu.harness_run import (
 from core.gpu.verdict import SLOWER, Spread, Verdict, judge
 from core.nnfusion.build import RUN_EXTRA, CudaLibraries, Signature, build_network, read_signature
 from core.nnfusion.compile_job import CompileJob, compile_and_read, compile_fitting_launches
+from core.nnfusion.cuda_graph import GRAPH_KEYS, GRAPH_SUFFIX
 from core.nnfusion.reference import (
     Reference,
     largest_error,
@@ -113,6 +114,14 @@ class NetworkRun:
         a, b = self.with_db.timing, self.empty_db.timing
         return a["median_ms"] / b["median_ms"] if a and b and b["median_ms"] > 0 else None
 
+    @property
+    def graph_ratio(self) -> float | None:
+        """The same in a CUDA graph (RunOptions.cuda_graph), where both networks have its times."""
+        a, b = self.with_db.timing or {}, self.empty_db.timing or {}
+        if "graph_median_ms" in a and b.get("graph_median_ms", 0) > 0:
+            return a["graph_median_ms"] / b["graph_median_ms"]
+        return None
+
     def verdicts(self) -> list[str]:
         """What the status is for, in words: the findings, else that the network is right and (where the empty DB
         compiled too) not slower."""
@@ -152,7 +161,10 @@ class NetworkRun:
                 "fit_launches": self.options.fit_launches,
                 "median_ms": {c.label: c.timing["median_ms"] if c.timing else None
                               for c in (self.with_db, self.empty_db)},
-                "ratio": self.ratio, "seconds": round(self.seconds, 3),
+                "ratio": self.ratio, "seconds": round(self.seconds, 3), "cuda_graph": self.options.cuda_graph,
+                "graph_median_ms": {c.label: (c.timing or {}).get("graph_median_ms")
+                                    for c in (self.with_db, self.empty_db)} if self.options.cuda_graph else None,
+                "graph_ratio": self.graph_ratio,
                 "contenders": [self.with_db.as_dict(), self.empty_db.as_dict()]}
 
 
@@ -257,7 +269,8 @@ def _measure(run: NetworkRun, tools: RunTools, state: StateDB | None, say: Progr
             reference = None if no_reference else pool.submit(onnx_runtime_reference, job.model, signatures[0],
                                                               arrays, others)
             builds = {c.label: pool.submit(build_network, p, arch=run.arch, nvcc=nvcc, libraries=libraries,
-                                           timeout_s=options.build_timeout_s, should_cancel=stop)
+                                           timeout_s=options.build_timeout_s, should_cancel=stop,
+                                           cuda_graph=options.cuda_graph)
                       for c, p in zip(contenders, projects, strict=True)}
             for contender in contenders:
                 contender.build = built = builds[contender.label].result()
@@ -292,11 +305,14 @@ def _measure(run: NetworkRun, tools: RunTools, state: StateDB | None, say: Progr
 
 
 def _over_rounds(rounds: list[dict[str, float]]) -> dict[str, float]:
-    """A contender's timing over its rounds: the median of each statistic's round values (the least of the minima)."""
+    """A contender's timing over its rounds: the median of each statistic's round values (the least of the minima);
+    a statistic only some rounds have (a CUDA graph captured in some) is left out."""
     import statistics
 
-    merged = {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
-    merged["min_ms"] = min(r["min_ms"] for r in rounds)
+    merged = {key: statistics.median(r[key] for r in rounds) for key in rounds[0] if all(key in r for r in rounds)}
+    for key in ("min_ms", "graph_min_ms"):
+        if key in merged:
+            merged[key] = min(r[key] for r in rounds)
     return merged
 
 
@@ -312,6 +328,15 @@ def _run_one(run: NetworkRun, contender: Contender, inputs_dir: Path, libraries:
     assert build is not None and build.signature is not None and run.reference is not None
     contender.error, contender.output_errors = largest_error(read_outputs(build.signature, build.project / "outputs"),
                                                              run.reference.outputs)
+    if "graph_median_ms" in contender.timing:  # the graph's output judged as the plain one is, else no graph times
+        graph_error, _ = largest_error(read_outputs(build.signature, build.project / "outputs", GRAPH_SUFFIX),
+                                       run.reference.outputs)
+        contender.graph_error = graph_error
+        assert run.max_error is not None
+        if not graph_error <= run.max_error:
+            contender.graph_problem = f"the CUDA graph's output is wrong: max relative error {graph_error:.2e}"
+            for key in GRAPH_KEYS:
+                contender.timing.pop(key)
 
 
 def _judge(run: NetworkRun) -> None:
@@ -340,9 +365,23 @@ def _judge(run: NetworkRun) -> None:
     else:
         run.notes.append(f"{verdict.verdict} against the empty DB: ratio {verdict.ratio:.3f}x; with the DB "
                          f"{verdict.first.text()}, empty DB {verdict.second.text()}")
+    if run.options.cuda_graph:
+        run.notes.append(graph_note(run))
     if db.compile is not None:  # the compile's own problems (a launch check that could not run, too) ride along
         run.notes += db.compile.problems()
     run.status = FAILED if wrong or slower else OK
+
+
+def graph_note(run: NetworkRun) -> str:
+    """Both networks' times with kernel_entry captured in a CUDA graph, or why a network has none."""
+    said = []
+    for contender in (run.with_db, run.empty_db):
+        timing = contender.timing or {}
+        said.append(f"{contender.label} {timing['graph_median_ms']:.4f} ms" if "graph_median_ms" in timing else
+                    f"{contender.label} {contender.graph_problem or 'not timed'}")
+    ratio = f" ({run.graph_ratio:.3f}x)" if run.graph_ratio is not None else ""
+    return ("in a CUDA graph (kernel_entry captured once, then replayed; median of the rounds): " + ", ".join(said)
+            + ratio)
 
 
 def _stop(run: NetworkRun, contender: Contender, cancelled: bool) -> None:

@@ -127,9 +127,10 @@ def read_signature(project: Path) -> Signature:
     return Signature(tuple(tensors["input"]), tuple(tensors["output"]))
 
 
-def harness_source(signature: Signature) -> str:
+def harness_source(signature: Signature, graph: str = "") -> str:
     """The harness for one kernel_entry signature. argv: WARMUP ITERATIONS, then one file per input (read), then
-    one per output (written)."""
+    one per output (written). `graph`: cuda_graph.graph_section's code, which also times kernel_entry captured in a
+    CUDA graph."""
     n_in = len(signature.inputs)
     args = [f"({t.c_type}*)device[{i}]" for i, t in enumerate(signature.inputs)]
     for j, t in enumerate(signature.outputs):
@@ -140,7 +141,9 @@ def harness_source(signature: Signature) -> str:
         "SIZES": ", ".join(f"{t.elements}ull * sizeof({t.c_type})" for t in (*signature.inputs, *signature.outputs)),
         "BY_POINTER": ", ".join("true" if t.by_pointer else "false" for t in signature.outputs),
         "CALL": f"kernel_entry({', '.join(args)})", "BAD_INPUT": str(HARNESS_BAD_INPUT),
-        "NO_DEVICE": str(HARNESS_NO_DEVICE), "CUDA_ERROR": str(HARNESS_CUDA_ERROR),
+        "NO_DEVICE": str(HARNESS_NO_DEVICE), "CUDA_ERROR": str(HARNESS_CUDA_ERROR), "GRAPH": graph,
+        "GRAPH_CALL": "if (int bad = time_graph(device.data(), warmup, iterations, argv + 3 + N_IN)) return bad;"
+                      if graph else "",
     }
     return re.sub(r"@(\w+)@", lambda m: values[m.group(1)], _HARNESS)
 
@@ -152,6 +155,7 @@ _HARNESS = r"""// kdb's harness around NNFusion's kernel_entry (written by core/
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <string>
 #include <vector>
 #include <cuda_runtime.h>
 #include "nnfusion_rt.h"
@@ -178,7 +182,7 @@ static int checked_call(void** device, const char* what) {
     }
     return 0;
 }
-
+@GRAPH@
 static int run(int argc, char** argv) {
     if (argc != 3 + N_IN + N_OUT) {
         fprintf(stderr, "usage: %s WARMUP ITERATIONS INPUT... OUTPUT... (%d inputs, %d outputs)\n", argv[0], N_IN,
@@ -238,6 +242,7 @@ static int run(int argc, char** argv) {
         }
         fclose(f);
     }
+    @GRAPH_CALL@
     std::sort(ms.begin(), ms.end());
     printf("{\"median_ms\": %.6f, \"p10_ms\": %.6f, \"p90_ms\": %.6f, \"min_ms\": %.6f, \"warmup\": %d, "
            "\"iterations\": %d}\n", iterations % 2 ? ms[iterations / 2] : 0.5f * (ms[iterations / 2 - 1] +
@@ -428,25 +433,32 @@ class Build:
 
 
 def build_network(project: Path, *, arch: str, nvcc: str, libraries: CudaLibraries, timeout_s: float = 1800.0,
-                  should_cancel: Callable[[], bool] | None = None) -> Build:
-    """nnfusion_rt.cu -> libnnfusion_naive_rt.so, then kdb's harness linked with it, for one SM arch. A failing
-    step is reported (Build.error); a project that cannot be read raises InputError."""
+                  should_cancel: Callable[[], bool] | None = None, cuda_graph: bool = False) -> Build:
+    """nnfusion_rt.cu -> libnnfusion_naive_rt.so, then kdb's harness linked with it, for one SM arch; `cuda_graph`:
+    the harness also times kernel_entry captured in a CUDA graph (core/nnfusion/cuda_graph.py). A failing step is
+    reported (Build.error); a project that cannot be read raises InputError."""
+    from core.nnfusion import cuda_graph as graph
+
     project = project.resolve()
     build = Build(project, read_signature(project))
     assert build.signature is not None
-    (project / HARNESS_SOURCE).write_text(harness_source(build.signature), encoding="utf-8")
+    handles = graph.library_handles(project) if cuda_graph else []
+    (project / HARNESS_SOURCE).write_text(
+        harness_source(build.signature, graph.graph_section(handles) if cuda_graph else ""), encoding="utf-8")
     number = arch.removeprefix("sm_")
     common = ["-O2", f"-gencode=arch=compute_{number},code=sm_{number}", "--expt-relaxed-constexpr",
-              *(f"-I{d}" for d in libraries.include_dirs)]
+              *(graph.NVCC_FLAGS if cuda_graph else ()), *(f"-I{d}" for d in libraries.include_dirs)]
     # The libraries' folders are written into the programs (rpath): they run without LD_LIBRARY_PATH.
     rpath = ":".join(str(d) for d in libraries.lib_dirs)
+    # (the graph's harness sets the handles' stream itself: it links the libraries too)
+    harness_libraries = [*(f"-L{d}" for d in libraries.lib_dirs), *libraries.link] if handles else []
     commands = [
         ("nvcc nnfusion_rt.cu", [nvcc, *common, "-Xcompiler", "-fPIC", "-shared", "-cudart", "shared",
                                  "nnfusion_rt.cu", "-o", LIBRARY, *(f"-L{d}" for d in libraries.lib_dirs),
                                  *libraries.link, f"-Xlinker=-rpath={rpath}"]),
         (f"nvcc {HARNESS_SOURCE}", [nvcc, *common, "-std=c++17", HARNESS_SOURCE, "-o", HARNESS, "-L.",
-                                    f"-l:{LIBRARY}", "-cudart", "shared", f"-Xlinker=-rpath=$ORIGIN:{rpath}",
-                                    f"-Xlinker=-rpath-link={rpath}"]),
+                                    f"-l:{LIBRARY}", *harness_libraries, "-cudart", "shared",
+                                    f"-Xlinker=-rpath=$ORIGIN:{rpath}", f"-Xlinker=-rpath-link={rpath}"]),
     ]
     deadline = time.monotonic() + timeout_s
     for what, command in commands:

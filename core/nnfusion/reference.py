@@ -53,13 +53,15 @@ def make_inputs(signature: Signature, folder: Path, seed: int = DEFAULT_SEED) ->
     return arrays
 
 
-def read_outputs(signature: Signature, folder: Path) -> list[np.ndarray]:
-    """The outputs a run wrote to `folder`. InputError when one is missing or of the wrong size."""
+def read_outputs(signature: Signature, folder: Path, suffix: str = "") -> list[np.ndarray]:
+    """The outputs a run wrote to `folder` (`suffix`: those of its CUDA graph, cuda_graph.GRAPH_SUFFIX). InputError
+    when one is missing or of the wrong size."""
     import numpy as np
 
     arrays = []
     for i, tensor in enumerate(signature.outputs):
         path = tensor_file(folder, i, tensor)
+        path = path.with_name(path.name + suffix)
         try:
             array = np.fromfile(path, dtype=tensor.dtype)
         except OSError as exc:
