@@ -8,6 +8,8 @@
 #   call 2: bash bench/h100_tensorcore.sh resnet50    (fp16)
 #   call 3: bash bench/h100_tensorcore.sh more        (fp16 BERT-12 with BERT-2's DB: the same ops; fp16 MobileNetV2)
 #   call 4: bash bench/h100_tensorcore.sh tf32        (TF32 rows against PyTorch's TF32; the fp32 networks with them)
+#   call 6: bash bench/h100_tensorcore.sh graph       (fp16 BERT-2 and MobileNetV2 with --cuda-graph, PyTorch's fp16
+#                                                      CUDA graph of BERT-2/12 and MobileNetV2 in the same call)
 #   call 5: NET=bert2 bash bench/h100_tensorcore.sh neverslower   (then NET=resnet50: op times propose, the network
 #                                                      decides)
 # Carry .device/n (.device/b's wheels less TVM's and the tuner's: pycuda and the core's; TVM is not needed: the DBs
@@ -63,6 +65,18 @@ case "${1:-}" in
     cat $OUT/torch.log | tail -8
     network bert2 bert2 --fp16 ;;
   resnet50) network resnet50 resnet50 --fp16 ;;
+  graph)  # the fp16 networks with kernel_entry in a CUDA graph (--cuda-graph), PyTorch's fp16 CUDA graph in the call
+    timeout 150 python3 bench/bench_torch_baselines.py --out $OUT --nets ${TORCH_NETS:-bert2 bert12 mobilenet_v2} \
+      > $OUT/torch.log 2>&1; echo "torch: exit $?"; grep fp16 $OUT/torch.log
+    for db in ${GRAPH_NETS:-bert2 mnv2}; do
+      n=$(onnx_of $db)
+      python3 -m console.entry model fp16 /tmp/net/$n.onnx /tmp/net/${n}16.onnx > /dev/null
+      cp .netrun/carry/$db.db /tmp/g-$db.db
+      timeout ${NET_TIMEOUT:-200} python3 -m console.entry nnfusion /tmp/net/${n}16.onnx --db /tmp/g-$db.db \
+        --nnfusion "$nnf" --product-name "$gpu" --run --cuda-graph --rounds 3 --iterations 300 --out /tmp/g-$db \
+        > $OUT/graph-$db.log 2>&1
+      echo "== $db fp16 --cuda-graph: exit $?"; grep -v "^ *$" $OUT/graph-$db.log | tail -12
+    done ;;
   mnv2) network mnv2 mnv2 --fp16 ;;  # (half of `more`, for a call with little device time left)
   more) NET_TIMEOUT=300 network bert12 bert2 --fp16; NET_TIMEOUT=280 network mnv2 mnv2 --fp16 ;;
   tf32)  # TF32 rows (kdb codegen --math tf32) verified and timed against PyTorch's TF32 calls; the fp32 networks

@@ -133,6 +133,16 @@ def elementwise_chain(batch: int) -> GraphBuilder:
     return g.finish(g.node("Exp", [g.node("Tanh", [g.node("Sigmoid", ["x"], "s")], "t")], "e"))
 
 
+def leaky_relu(batch: int) -> GraphBuilder:
+    """StyleGAN's EqualLinear: MatMul, bias Add, LeakyRelu(0.2), times a scalar. NNFusion imports LeakyRelu as
+    Maximum(x, Multiply(x, Broadcast(alpha))) and fuses it with the scale; the bias Add joins its own reshape in the
+    wave before (kdb had LeakyRelu as one opaque node: it promised the Add's row, which never ran)."""
+    g = GraphBuilder({"x": [batch, 64]})
+    y = g.node("Add", [g.node("MatMul", ["x", g.weight("w", [64, 64])], "mm"), g.weight("b", [64])], "bias")
+    g.initializers.append(numpy_helper.from_array(np.array(1.4142135, dtype=np.float32), "gain"))
+    return g.finish(g.node("Mul", [g.node("LeakyRelu", [y], "act", alpha=0.2), "gain"], "scale"))
+
+
 def _finish(self: GraphBuilder, output: str) -> GraphBuilder:
     self.output = output
     return self
@@ -142,7 +152,7 @@ GraphBuilder.finish = _finish  # type: ignore[attr-defined]
 MODELS = {"conv_bias_relu": conv_bias_relu, "conv_residual": conv_residual, "branches": branches,
           "pools": pools, "gemms": gemms, "bert_dense": bert_dense, "lstm_step": lstm_step,
           "conv_bias_alone": lambda b: conv_bias_alone(b),
-          "projection_residual": lambda b: projection_residual(b)}  # defined below
+          "projection_residual": lambda b: projection_residual(b), "leaky_relu": leaky_relu}  # (some defined below)
 
 
 # -- the pipeline -------------------------------------------------------------------------------
@@ -413,7 +423,7 @@ def bert_layer(batch: int) -> GraphBuilder:
 LOOKUP_MODELS = {"conv_bias_relu": conv_bias_relu, "conv_bias_alone": conv_bias_alone,
                  "conv_residual": conv_residual, "projection_residual": projection_residual, "depthwise": depthwise,
                  "gemm_bias": gemm_bias, "elementwise_chain": elementwise_chain, "softmax_erf": softmax_erf,
-                 "bert_layer": bert_layer}
+                 "bert_layer": bert_layer, "leaky_relu": leaky_relu}
 
 
 def kernel_db_lookups(log: Path) -> set[str]:

@@ -91,6 +91,8 @@ CASES: dict[str, tuple[Callable[[], ModelProto], Callable[[], ModelProto] | None
                                            mode="constant")),
     "Pad with pads as an attribute": (lambda: one("Pad", opset=2, pads=[0, 0, 1, 1, 0, 0, 1, 1]), None),
     "an op without translator or generic op": (lambda: one("Elu"), lambda: one("Sign")),  # Sign: a generic op
+    # op/leaky_relu.hpp: Maximum(x, x * alpha), which is LeakyRelu only for alpha in [0, 1]; it checks that
+    "LeakyRelu with alpha above 1": (lambda: one("LeakyRelu", alpha=1.5), lambda: one("LeakyRelu", alpha=0.2)),
     "GRU": (lambda: one("GRU", shape={"x": [3, 1, 4]}, hidden_size=8,
                         extra=lambda g: [g.weight("W", [1, 24, 4]), g.weight("R", [1, 24, 8])]), None),
     "Upsample": (lambda: one("Upsample", opset=9, extra=lambda g: [g.constant("scales", [1, 1, 2, 2], "float32")]),

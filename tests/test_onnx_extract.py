@@ -313,7 +313,7 @@ def test_unmapped_reasons(model_path):
         g.node("MatMul", ["seq", g.weight("w", [2, 16, 8])], "batched"),
         g.node("Add", ["ids", "ids"], "int_add"),
         g.node("Max", ["x", "x", "x"], "max3"),
-        g.node("LeakyRelu", ["x"], "leaky"),
+        g.node("LeakyRelu", ["x"], "leaky", alpha=2.0),
     ]
     g.nodes.append(__import__("onnx").helper.make_node("Relu", ["x"], ["anon_out"]))  # a node without a name
     ext = extract(model_path(g.model(outs[0])))
@@ -322,7 +322,8 @@ def test_unmapped_reasons(model_path):
         ("dyn_relu", "Relu"): "dynamic shape: 'dyn' has dimension 'N'",
         ("int_add", "Add"): "element type INT64: op configs cover float, half and double",
         ("max3", "Max"): "3 inputs: NNFusion's Maximum takes 2",
-        ("leaky", "LeakyRelu"): "no kernel-DB op type",
+        ("leaky", "LeakyRelu"): "LeakyRelu with alpha 2: NNFusion's importer checks 0 <= alpha <= 1 and aborts "
+                                "(op/leaky_relu.hpp)",
     }
     # the broadcast operand is reshaped and broadcast first: the Multiply itself is a full-shape lookup
     assert [(c.op_type, c.params, ext.nodes[c.key]) for c in ext.configs] == [

@@ -411,6 +411,9 @@ BLOCKERS: dict[str, Callable[[Any, dict[str, Any], Shapes], str]] = {
     "CumSum": _crashes("CumSum: this NNFusion aborts importing it ('No infershape or Antares IR found for op type: "
                        "CumSum', seen with the compiler)"),
     "LayerNormalization": lambda node, attrs, shapes: import_rules.layer_norm_without_bias(node),
+    "LeakyRelu": lambda node, attrs, shapes: "" if 0 <= float(attrs.get("alpha", 0.01)) <= 1 else (
+        f"LeakyRelu with alpha {float(attrs['alpha']):g}: the importer checks 0 <= alpha <= 1 and aborts "
+        "(op/leaky_relu.hpp); write it as Max(x, x * alpha)"),
     "Transpose": lambda node, attrs, shapes: import_rules.transpose_without_perm(node),
     "Upsample": _crashes("Upsample: the importer crashes on it (segmentation fault); export Resize instead"),
     "LSTM": lambda node, attrs, shapes: _no_cuda_kernel(node, attrs, shapes) + (

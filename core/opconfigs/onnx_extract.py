@@ -459,6 +459,8 @@ class _Extractor:
             self._elementwise(i, node)
         elif op == "Clip":
             self._clip(i, node)
+        elif op == "LeakyRelu":
+            self._leaky_relu(i, node)
         elif op == "ReduceMean":
             self._reduce_mean(i, node)
         elif op == "ReduceSum":
@@ -976,6 +978,20 @@ class _Extractor:
         self._emit_elementwise("Maximum", [out, out], out, dtype, f"{self.names[i]}/max")
         self._emit_elementwise("Minimum", [out, out], out, dtype, self.names[i])
 
+    def _leaky_relu(self, i: int, node: Any) -> None:
+        """NNFusion's LeakyRelu (op/leaky_relu.hpp): Maximum(x, Multiply(x, alpha)), alpha a broadcast scalar; an
+        alpha outside [0, 1] fails the importer's check."""
+        alpha = float(_attrs(node).get("alpha", 0.01))
+        if not 0 <= alpha <= 1:
+            raise _NotMapped(f"LeakyRelu with alpha {alpha:g}: NNFusion's importer checks 0 <= alpha <= 1 and aborts "
+                             "(op/leaky_relu.hpp)")
+        x, y = node.input[0], node.output[0]
+        out = self.t.shape(y)
+        dtype = self.t.dtype([x, y])
+        self.done.add(i)
+        self._emit_elementwise("Multiply", [out, out], out, dtype, f"{self.names[i]}/scaled")
+        self._emit_elementwise("Maximum", [out, out], out, dtype, self.names[i])
+
 
 def batch_matmul_shapes(a: list[int], b: list[int]) -> tuple[list[int], list[int], list[int]]:
     """The shapes NNFusion's BatchMatMul of an ONNX MatMul has (frontend/onnx_import/op/matmul.cpp): each operand
@@ -1082,6 +1098,11 @@ class _CompilerGraph:
             self._gemm(name, node, known, out_shape)
         elif op == "Clip" and known:
             self._clip(name, node, out_shape, outs)
+        elif op == "LeakyRelu" and known:  # Maximum(x, Multiply(x, alpha)), alpha a scalar constant broadcast
+            alpha = self._broadcast_to(self._add(GraphNode(f"{name}/alpha_value", SOURCE), []), [], out_shape,
+                                       f"{name}/alpha")
+            scaled = self._add(GraphNode(f"{name}/scaled", ELEMENTWISE, self._size(out_shape), (known[0], alpha)), [])
+            self._add(GraphNode(name, ELEMENTWISE, self._size(out_shape), (known[0], scaled)), outs)
         elif op in ONNX_ELEMENTWISE and len(known) == len(node.input):
             operands = tuple(self._broadcast_to(src, ex.t.known_shape(t), out_shape, f"{name}/{k}")
                              for k, (src, t) in enumerate(zip(known, node.input, strict=True)))
