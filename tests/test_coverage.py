@@ -145,13 +145,21 @@ def test_an_unsupported_op_type_poisons_the_identifier(tmp_path: Path):
 
 
 def test_a_dot_row_with_other_tags_is_used_anyway_and_said(tmp_path: Path):
-    # Kernel selection does not read Tags: the compiler runs the row whatever its transA/transB say.
+    """Kernel selection does not read Tags: the compiler runs the row whatever its transA/transB say. Where they are
+    known (a row of kdb's, which always writes them, or one whose Tags name a transpose) that is wrong numbers: the
+    held-out GCN's X @ W and its Linear head, both 64x64, ran one row, exit 0."""
+    from dataclasses import replace
+
     model = write(mlp(), tmp_path / "mlp.onnx")
     gemm1 = extract(model).configs[0]  # transB
-    db = make_db(tmp_path / "k.db", [kernel_row(gemm1)])
+    db = make_db(tmp_path / "k.db", [kernel_row(gemm1)])  # another tool's row, no transposes in its Tags
     entry = entries_for(model, db)[0]
-    assert entry.status == IN_DB
+    assert entry.status == IN_DB and not entry.wrong_numbers
     assert any("Tags say no transpose" in r for r in entry.reasons)
+    ours = kernel_row(gemm1)
+    db = make_db(tmp_path / "kdb.db", [replace(ours, key="kdb:" + ours.key.removeprefix("test:"))])
+    entry = entries_for(model, db)[0]
+    assert entry.wrong_numbers and "Tags say no transpose, the op has ['transB']" in entry.wrong_numbers[0]
 
 
 def test_an_identifier_that_differs_is_pointed_at(tmp_path: Path):

@@ -333,6 +333,21 @@ def test_unmapped_reasons(model_path):
         ("Relu", {"input_shapes": [[4, 16]], "output_shape": [4, 16]}, [("Relu#7",)])]
 
 
+def test_dots_one_identifier_cannot_tell_apart_get_no_op_config(model_path):
+    """X @ W beside a Linear's x Wᵀ, both 64x64 (a held-out GCN): one identifier, so one row would serve both, wrong
+    for one. Neither is written; cuBLAS runs both. A Dot of other shapes is written as before."""
+    g = GraphBuilder({"x": [100, 64]})
+    y = g.node("Relu", [g.node("MatMul", ["x", g.weight("w", [64, 64])], "gcn")], "relu")
+    y = g.node("Gemm", [y, g.weight("wl", [64, 64]), g.weight("bl", [64])], "linear", transB=1)
+    y = g.node("MatMul", [y, g.weight("w2", [64, 32])], "out")
+    ext = extract(model_path(g.model(y)))
+    assert [c.describe() for c in ext.configs if c.op_type == "Dot"] == ["Dot 100x64 x 64x32"]
+    clash = {u.node: u.reason for u in ext.unmapped if u.op_type == "Dot"}
+    assert set(clash) == {"gcn", "linear"}
+    assert "with other transposes" in clash["gcn"] and "cuBLAS (which reads each node's transposes) runs both" in \
+        clash["linear"]
+
+
 @pytest.mark.parametrize("a, b, shapes", [
     ([2, 4, 16], [2, 16, 8], ([2, 4, 16], [2, 16, 8], [2, 4, 8])),
     ([1, 6, 197, 64], [1, 6, 64, 197], ([1, 6, 197, 64], [1, 6, 64, 197], [1, 6, 197, 197])),

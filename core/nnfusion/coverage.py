@@ -368,20 +368,28 @@ class _Model:
         rows = self.db.find(key)
         if not rows:
             return ()
-        return (*self._tag_mismatch(config, rows[0].tags), *self._attributes_mismatch(config, rows[0].attributes))
+        return (*self._tag_mismatch(config, rows[0].key, rows[0].tags),
+                *self._attributes_mismatch(config, rows[0].attributes))
 
     @staticmethod
-    def _tag_mismatch(config: OpConfig, tags: str) -> tuple[str, ...]:
+    def _tag_mismatch(config: OpConfig, key: str, tags: str) -> tuple[str, ...]:
+        """A Dot row made for other transposes. kdb writes every Dot row's transposes in its Tags (ops.tags_for): a
+        row of kdb's, or one whose Tags name a transpose, computes what they say; another tool's row may leave them
+        out."""
         if config.op_type != "Dot":
             return ()
         have = set(tags.split(","))
         want = {t for t, on in (("transA", config.params.get("transpose_A")),
                                 ("transB", config.params.get("transpose_B"))) if on}
         got = have & {"transA", "transB"}
-        if got != want:
-            return (f"the row's Tags say {sorted(got) or 'no transpose'}, the op has {sorted(want) or 'none'}: the "
-                    "compiler uses the row anyway (kernel selection does not read Tags)",)
-        return ()
+        if got == want:
+            return ()
+        said = f"the row's Tags say {sorted(got) or 'no transpose'}, the op has {sorted(want) or 'none'}"
+        if not (got or key.startswith("kdb:")):
+            return (f"{said}: the compiler uses the row anyway (kernel selection does not read Tags)",)
+        return (f"{WRONG_NUMBERS}: {said}, and the compiler uses it anyway (the Dot identifier has the shapes only; "
+                "kernel selection does not read Tags): generate this op's row in a DB of its own, or set the row "
+                "aside so that cuBLAS runs the op",)
 
     @staticmethod
     def _attributes_mismatch(config: OpConfig, attributes: str) -> tuple[str, ...]:

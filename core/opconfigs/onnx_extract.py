@@ -263,6 +263,8 @@ def extract(path: Path | str, flags: LookupFlags | None = None) -> Extraction:
     graph = model.graph
     extractor = _Extractor(graph, substitution)
     extractor.run()
+    extractor.ops, ambiguous = _one_row_serves_both(extractor.ops)
+    extractor.unmapped += ambiguous
     nodes: dict[str, list[tuple[str, ...]]] = defaultdict(list)
     for config, members in extractor.ops:
         nodes[config.key].append(members)
@@ -282,6 +284,32 @@ def extract(path: Path | str, flags: LookupFlags | None = None) -> Extraction:
     return Extraction(graph.name or path.stem, len(graph.node), dedupe(c for c, _ in extractor.ops), dict(nodes),
                       extractor.unmapped, notes, blockers, tuple(model_graph), tuple(outputs), level, substitution,
                       miscompiles=[*extractor.miscompiles, *wrong_shapes])
+
+
+def _one_row_serves_both(ops: list[tuple[OpConfig, tuple[str, ...]]]) -> tuple[list[tuple[OpConfig, tuple[str, ...]]],
+                                                                              list[Unmapped]]:
+    """Dots whose identifier another Dot of the model has with other transposes (X @ W beside a Linear's x Wᵀ, both
+    64x64): NNFusion's Dot identifier has the shapes only, so the one row it fetches serves both and computes the
+    wrong numbers for one of them. Neither gets an op config: cuBLAS, which reads each node's transposes, runs both."""
+    transposes: dict[str, set[tuple[bool, bool]]] = defaultdict(set)
+    for config, _ in ops:
+        if config.op_type == "Dot":
+            p = config.params
+            transposes[config.signature().identifier].add((bool(p.get("transpose_A")), bool(p.get("transpose_B"))))
+    clash = {identifier for identifier, kinds in transposes.items() if len(kinds) > 1}
+    if not clash:
+        return ops, []
+    kept, dropped = [], []
+    for config, members in ops:
+        identifier = config.signature().identifier if config.op_type == "Dot" else ""
+        if identifier not in clash:
+            kept.append((config, members))
+            continue
+        dropped.append(Unmapped(members[0], "Dot", (
+            f"another Dot of the model has its identifier ({identifier}) with other transposes: NNFusion's Dot "
+            "identifier has the shapes only, so one row would serve both and compute wrong numbers for one; no op "
+            "config is written, and cuBLAS (which reads each node's transposes) runs both")))
+    return kept, dropped
 
 
 def read_model(path: Path, *, external_data: bool = True) -> Any:
