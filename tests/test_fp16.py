@@ -394,6 +394,37 @@ def test_kdb_model_fp16_takes_a_float_model_with_casts_to_half_and_to_float(tmp_
                                   np.array([[-1e4] * 6 + [0, 0]], np.float16))
 
 
+def test_kdb_model_fp16_names_what_its_converter_keeps_in_float_and_counts_no_negative_casts(tmp_path: Path):
+    """Held out in session 29: onnxconverter-common's block list keeps Max, Min, Resize, ... in float between Casts
+    (a MobileNetV3's HardSwish written out: 14 float nodes), and the report named only the depthwise convolutions;
+    a scale computed from the input's shape (its Cast folded for the importer) gave "-1 Casts added"."""
+    pytest.importorskip("onnxconverter_common", reason="needs onnxconverter-common (the tvm extra)")
+    import json
+
+    import numpy as np
+    from onnx import TensorProto
+
+    def shape_scaled() -> tuple[GraphBuilder, str]:  # x / sqrt(its last dim), the dim Cast to float
+        g = GraphBuilder({"x": [1, 16, 64]})
+        width = g.node("Cast", [g.node("Gather", [g.node("Shape", ["x"], "shape"), g.constant("two", 2)], "dim",
+                                       axis=0)], "dim_float", to=TensorProto.FLOAT)
+        return g, g.node("Div", ["x", g.node("Sqrt", [width], "root")], "scaled")
+
+    g, scaled = shape_scaled()
+    shape_only = write(g.model(g.node("Relu", [scaled], "relu"), "shape_scale"), tmp_path / "shape.onnx")
+    proc = run_kdb("model", "fp16", str(shape_only), str(tmp_path / "shape16.onnx"), "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["casts_added"] == 0, proc.stdout + proc.stderr
+    g, scaled = shape_scaled()
+    y = g.node("Min", [g.node("Max", [scaled, g.constant("low", [0.0], np.float32)], "max"),
+                       g.constant("high", [6.0], np.float32)], "min")
+    source = write(g.model(y, "blocked"), tmp_path / "blocked.onnx")
+    proc = run_kdb("model", "fp16", str(source), str(tmp_path / "blocked16.onnx"), "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["blocked"] == {"Max": 1, "Min": 1}
+    said = run_kdb("model", "fp16", str(source), str(tmp_path / "again16.onnx")).stdout
+    assert "kept in float by onnxconverter-common's block list: 2 node(s) (Max x 1, Min x 1)" in " ".join(said.split())
+
+
 # -- tuning (the workload's element type) -----------------------------------------------------------------------
 
 def sampled_candidate(config: OpConfig, space, postprocs, seed: int):  # type: ignore[no-untyped-def]

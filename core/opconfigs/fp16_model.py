@@ -37,6 +37,8 @@ class Fp16Conversion:
     io_types: str  # "half" or "float" (keep_io_types)
     clamped: int = 0  # weight values the converter clamped to half's range (MIN_POSITIVE, MAX_FINITE)
     kept_float: tuple[str, ...] = ()  # nodes kept in float (depthwise convolutions: see the module's docstring)
+    # (op type, nodes) the converter's own block list keeps in float, between Casts (Max, Min, Resize, TopK, ...)
+    blocked: tuple[tuple[str, int], ...] = ()
     # what was then written for NNFusion's importer (import_rewrites.constants_for_import), by kind
     for_import: tuple[tuple[str, int], ...] = ()
 
@@ -52,6 +54,10 @@ class Fp16Conversion:
                          f"({', '.join(self.kept_float[:5])}{', ...' if len(self.kept_float) > 5 else ''}), with Casts "
                          "around them: NNFusion's own half depthwise kernel does not compile "
                          "(core/kernels/cuda_gpu/kernels/depthwise_conv2d.cpp writes `float *input = input0;`)")
+        if self.blocked:
+            lines.append(f"kept in float by onnxconverter-common's block list: {sum(n for _, n in self.blocked)} "
+                         f"node(s) ({', '.join(f'{op} x {n}' for op, n in self.blocked)}), with Casts around them: "
+                         "they compute in fp32, and NNFusion looks them up with float identifiers")
         if self.for_import:
             lines.append("for NNFusion's importer: " + ", ".join(f"{n} x {kind}" for kind, n in self.for_import)
                          + " (it makes no half Constant, and takes a Resize's scales only as a constant)")
@@ -61,7 +67,8 @@ class Fp16Conversion:
         return {"source": str(self.source), "output": str(self.output), "nodes": self.nodes,
                 "casts_added": self.casts_added, "half_initializers": self.half_initializers,
                 "float_initializers": self.float_initializers, "io_types": self.io_types, "clamped": self.clamped,
-                "kept_float": list(self.kept_float), "for_import": dict(self.for_import)}
+                "kept_float": list(self.kept_float), "blocked": dict(self.blocked),
+                "for_import": dict(self.for_import)}
 
 
 def convert_to_fp16(source: Path, output: Path, *, keep_io_types: bool = False) -> Fp16Conversion:
@@ -93,14 +100,33 @@ def convert_to_fp16(source: Path, output: Path, *, keep_io_types: bool = False) 
         raise InputError(f"onnxconverter-common could not convert it: {type(exc).__name__}: {exc}",
                          where=str(source)) from exc
     del said  # the converter warns per tensor; the values it clamps are counted below instead
+    # (counted before the import's folding, which may take out Casts of the model's own: "-4 Casts added")
+    casts_added = _casts(converted) - casts_before
+    blocked = _blocked_in_float(converted, float16.DEFAULT_OP_BLOCK_LIST)
     _cast_to_declared_half(converted)
     for_import = constants_for_import(converted)
     _check(converted, source)
     write_model(converted, output)
     initializers = Counter(t.data_type for t in converted.graph.initializer)
-    return Fp16Conversion(source, output, len(converted.graph.node), _casts(converted) - casts_before,
-                          initializers[FLOAT16], initializers[FLOAT], "float" if keep_io_types else "half", clamped,
-                          kept, tuple(sorted(for_import.items())))
+    return Fp16Conversion(source, output, len(converted.graph.node), casts_added, initializers[FLOAT16],
+                          initializers[FLOAT], "float" if keep_io_types else "half", clamped, kept,
+                          tuple(sorted(blocked.items())), tuple(sorted(for_import.items())))
+
+
+def _blocked_in_float(model: Any, block_list: Any) -> Counter[str]:
+    """Nodes of the converter's block list that compute on float tensors (not those of an int shape computation)."""
+    import onnx
+
+    graph = model.graph
+    typed = {v.name: v.type.tensor_type.elem_type for v in (*graph.value_info, *graph.output, *graph.input)
+             if v.type.HasField("tensor_type")}
+    typed.update((t.name, t.data_type) for t in graph.initializer)
+    if not graph.value_info:  # (the converter ran without shapes: learn the types once)
+        inferred = onnx.shape_inference.infer_shapes(model).graph
+        typed.update((v.name, v.type.tensor_type.elem_type) for v in inferred.value_info
+                     if v.type.HasField("tensor_type"))
+    return Counter(n.op_type for n in graph.node if n.op_type in block_list
+                   and any(typed.get(t) == FLOAT for t in (*n.input, *n.output) if t))
 
 
 def _cast_to_declared_half(model: Any) -> None:
