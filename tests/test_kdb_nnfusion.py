@@ -252,3 +252,17 @@ def test_the_launch_check_says_which_steps_it_could_not_see(tmp_path: Path):
     said = " ".join(proc.stdout.split())
     assert "all 1 kernel launch (1 distinct kernel) fit" in said, said
     assert "1 of the steps counted as kernel launches call a function of NNFusion's own" in said and "not checked (no cuBLAS or cuDNN call)" in said
+
+
+def test_a_broken_promise_names_the_op_each_row_was_promised_for():
+    """Held out in session 29: 'coverage and the compiler disagree on 1 row(s): kdb:b7e8…' sent the user to `kdb show`
+    to learn it was the bias Add."""
+    from core.nnfusion.compile_job import CompileJob, CompileReport
+    from core.nnfusion.coverage import CoverageEntry, RowChoice
+    from core.opconfigs.opconfig import parse_line
+
+    config = parse_line("elementwise_add_op_float|i+1_256|i+1_256|o+1_256")
+    entry = CoverageEntry(config, 1, config.signature().identifier, 1, "in DB", DB_KERNEL, "NNFusion's kernel",
+                          RowChoice("kdb:b7e8", 1, "the only External row", None))
+    report = CompileReport(CompileJob(Path("m.onnx"), Path("k.db")), entries=[entry])
+    assert report.row_names({"kdb:zz", "kdb:b7e8"}) == "kdb:b7e8 (Add 1x256), kdb:zz"

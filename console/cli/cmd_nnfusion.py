@@ -114,7 +114,7 @@ def main(args: argparse.Namespace) -> int:
     nodes = sum(1 for part in usage.parts() if part.rows)
     out.print(f"DB rows in the code: {len(used)} of the {len(promised)} coverage promised, run by {nodes} "
               f"node{'s' * (nodes != 1)}"
-              + (f"; promised but not in the code: {', '.join(sorted(promised - used))}" if promised - used else "")
+              + (f"; promised but not in the code: {report.row_names(promised - used)}" if promised - used else "")
               + (f"; in the code but not promised: {', '.join(sorted(used - promised))}" if used - promised else ""),
               highlight=False)
     if report.prepass.get("applied") or report.prepass.get("bypassed"):  # node names: the rewritten model's / why not

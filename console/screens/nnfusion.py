@@ -264,7 +264,7 @@ class CompileScreen(ModalScreen[None]):
                 f"[dim]project[/] {escape(str(result.project))}",
                 f"[dim]log[/] {escape(str(result.log_file))}"]
         if broken:
-            text.insert(0, f"[$error]coverage and the compiler disagree on: {escape(', '.join(sorted(broken)))}[/]")
+            text.insert(0, f"[$error]coverage and the compiler disagree on: {escape(report.row_names(broken))}[/]")
         launches = report.launches
         if launches is not None and launches.error:
             text.insert(0, f"[$error]launch check could not run ({launches.arch}): {escape(launches.error)}[/]")

@@ -12,7 +12,7 @@ import contextlib
 import json
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -100,7 +100,7 @@ class CompileReport:
         found = [f"kdb said NNFusion cannot compile node {b.node} ({b.op_type}), and this NNFusion did: {b.reason}"
                  for b in self.blockers]  # kdb's knowledge of the importer is wrong for this compiler
         if broken := self.broken_promises():
-            found.append(f"coverage and the compiler disagree on {len(broken)} row(s): {', '.join(sorted(broken))}")
+            found.append(f"coverage and the compiler disagree on {len(broken)} row(s): {self.row_names(broken)}")
         if self.launches is not None and self.launches.error:
             found.append(f"the launch check could not run: {self.launches.error}")
         elif self.launches is None and self.job.launch_check:
@@ -112,6 +112,11 @@ class CompileReport:
         found += [f"wrong numbers: {e.config.describe()}: {said}" for e in self.entries for said in e.wrong_numbers
                   if e.row is not None and e.row.key in used]
         return found
+
+    def row_names(self, keys: Iterable[str]) -> str:
+        """Rows as a user reads them: each Key with the op coverage chose it for (a Key alone says nothing)."""
+        ops = {e.row.key: e.config.describe() for e in self.entries if e.row is not None}
+        return ", ".join(f"{key} ({ops[key]})" if key in ops else key for key in sorted(keys))
 
     def promised(self) -> set[str]:
         """The rows coverage said the compiler would run: an op's own row, or the plain Convolution row a conv
