@@ -59,6 +59,21 @@ def test_the_ops_nnfusion_cannot_import_are_written_as_onnx_defines_them_and_com
     np.testing.assert_allclose(outputs(done.output, x), outputs(model, x), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("opset", [13, 17])
+def test_a_prelu_of_an_opset_before_its_definition_is_written_as_the_later_one(tmp_path: Path, opset: int):
+    """Held out in session 29: PRelu is a function only from opset 16 (PRelu-16 added bfloat16), so at opset 13 the
+    blocker had no fix and `kdb model expand` wrote the model unchanged, exit 0."""
+    g = GraphBuilder({"x": [1, 8, 6, 6]})
+    y = g.node("PRelu", [g.conv("x", 8, 8, 3, name="c"), g.weight("slope", [8, 1, 1], mean=0.25)], "act")
+    model = write(g.model(y, "prelu", opset=opset), tmp_path / "m.onnx")
+    (blocker,) = import_blockers(__import__("onnx").load(model))
+    assert blocker.reason.endswith("writes it as ONNX's own definition (Less, Mul, Where)")
+    done = expand_functions(model, tmp_path / "x.onnx")
+    assert done.expanded == {"PRelu": 1} and not done.left
+    x = np.random.default_rng(0).standard_normal((1, 8, 6, 6)).astype(np.float32)
+    np.testing.assert_allclose(outputs(done.output, x), outputs(model, x), rtol=1e-6, atol=1e-6)
+
+
 def test_a_half_model_gets_its_constants_in_half(tmp_path: Path):
     pytest.importorskip("onnxconverter_common")
     from core.opconfigs.fp16_model import convert_to_fp16

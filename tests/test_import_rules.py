@@ -132,6 +132,11 @@ def instance_norm() -> ModelProto:
     return _net([1, 8, 4, 4], build, opset=13)
 
 
+def reciprocal() -> ModelProto:
+    """1 / x as torch.reciprocal exports it (held out in session 29: no translator, no fix offered)."""
+    return _net([1, 8, 4, 4], lambda g: g.node("Reciprocal", [g.node("Sigmoid", ["x"], "positive")], "n"), opset=13)
+
+
 def grouped_conv() -> ModelProto:
     """ResNeXt's 3x3 of group 4 (not depthwise), with its bias."""
     return _net([1, 8, 8, 8], lambda g: g.node("Conv", ["x", g.weight("w", [16, 2, 3, 3], fan_in=18),
@@ -198,6 +203,7 @@ CASES: dict[str, tuple[Callable[[], ModelProto], str, str]] = {
     "grouped conv": (grouped_conv, "blocker", "n_filters_channels & groups"),
     "LSTM": (lstm, "blocker", "No valid kernel"),
     "InstanceNormalization (a GroupNorm)": (instance_norm, "blocker", "No infershape"),
+    "Reciprocal": (reciprocal, "blocker", "No infershape"),
     "Constant of value_float": (constant_value_float, "blocker", "value_float"),
     "Constant of half": (constant_of_half, "blocker", "map::at"),
     "Expand of a shape of constants": (expand_of_constants, "blocker", "compute_60"),

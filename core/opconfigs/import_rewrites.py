@@ -383,6 +383,18 @@ def _gelu(node: Any, cx: _Context) -> Made | None:
     return "tanh Gelu written out", made, inits
 
 
+def _reciprocal(node: Any, cx: _Context) -> Made | None:
+    """Reciprocal (the importer has no translator for it) as Div(1, x), the one of x's type."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    x, base = node.input[0], node.name or node.output[0]
+    one = cx.namer(f"{base}/one")
+    dtype = np.float16 if cx.types.get(x) == HALF else np.float32
+    made = [_like("Div", [one, x], list(node.output), node.name or cx.namer(f"{base}/Div"))]
+    return "Reciprocal written as Div(1, x)", made, [numpy_helper.from_array(np.array(1.0, dtype), one)]
+
+
 def _max_pool(node: Any, cx: _Context) -> Made | None:
     attrs = attributes(node)
     auto_pad = attrs.get("auto_pad", b"NOTSET")
@@ -580,4 +592,5 @@ _REWRITES: dict[str, Rewrite] = {
     "MaxPool": _max_pool,
     "Flatten": _flatten, "Min": _min_max, "Max": _min_max, "Gather": _gather, "Slice": _slice,
     "Transpose": _transpose, "LayerNormalization": _layer_norm, "DepthToSpace": _depth_to_space, "Gelu": _gelu,
+    "Reciprocal": _reciprocal,
 }

@@ -555,6 +555,11 @@ def importable(op_type: str) -> bool:
     return op_type in TRANSLATED[""]
 
 
+# Ops ONNX defines as a function only from a later opset, whose version there computes what the earlier one did (only
+# types were added: PRelu-16 adds bfloat16): a model of the earlier opset is written with the later definition.
+LATER_FUNCTION = {"PRelu": 16}
+
+
 def function_schema(op_type: str, opset: int) -> Any | None:
     """ONNX's schema of a default-domain op at this opset where it defines the op as a function (a body of other ops
     that does not depend on its inputs' types), else None."""
@@ -562,6 +567,8 @@ def function_schema(op_type: str, opset: int) -> Any | None:
 
     try:
         schema = defs.get_schema(op_type, min(opset, defs.onnx_opset_version()), "")
+        if not schema.has_function and op_type in LATER_FUNCTION and opset < LATER_FUNCTION[op_type]:
+            schema = defs.get_schema(op_type, LATER_FUNCTION[op_type], "")
     except Exception:  # onnx.defs.SchemaError: no such op at that opset
         return None
     return schema if schema.has_function else None
@@ -584,7 +591,8 @@ def function_body(schema: Any, opset: int) -> Any:
     return body
 
 
-REWRITTEN = frozenset(["InstanceNormalization"])  # ops with no translator import_rewrites writes out
+# ops with no translator import_rewrites writes out, and what it writes
+REWRITTEN = {"InstanceNormalization": "its formula, below opset 18", "Reciprocal": "Div(1, x)"}
 
 
 def _expandable(op_type: str, opset: int) -> str:
@@ -782,6 +790,6 @@ def _blocker(node: Any, opsets: dict[str, int], shapes: Shapes) -> str:
         return (f"the importer has no translator for {node.op_type}{at} and NNFusion no generic op of that name: it "
                 f"aborts ('No infershape or Antares IR found for op type: {node.op_type}')"
                 + (_expandable(node.op_type, opsets[domain]) if domain == "" else "")
-                + (f"; {import_rules.EXPAND_HINT} (its formula, below opset 18)" if node.op_type in REWRITTEN else ""))
+                + (f"; {import_rules.EXPAND_HINT} ({REWRITTEN[node.op_type]})" if node.op_type in REWRITTEN else ""))
     check = BLOCKERS.get(node.op_type) if domain == "" else None
     return check(node, attributes(node), shapes) if check is not None else ""
