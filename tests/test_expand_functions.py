@@ -74,6 +74,17 @@ def test_a_prelu_of_an_opset_before_its_definition_is_written_as_the_later_one(t
     np.testing.assert_allclose(outputs(done.output, x), outputs(model, x), rtol=1e-6, atol=1e-6)
 
 
+def test_expand_says_what_still_cannot_compile_and_exits_1(tmp_path: Path):
+    """Held out in session 29: a Celu (no translator, no function ONNX defines for every type) came back written
+    unchanged with exit 0 and 'next: kdb coverage'."""
+    g = GraphBuilder({"x": [1, 8]})
+    model = write(g.model(g.node("Celu", ["x"], "act", alpha=1.0), "celu", opset=13), tmp_path / "m.onnx")
+    proc = run_kdb("model", "expand", str(model), str(tmp_path / "x.onnx"))
+    assert proc.returncode == 1, proc.stderr
+    text = " ".join(proc.stdout.split())
+    assert "written unchanged" in text and "still cannot compile: node act (Celu)" in text
+
+
 def test_a_half_model_gets_its_constants_in_half(tmp_path: Path):
     pytest.importorskip("onnxconverter_common")
     from core.opconfigs.fp16_model import convert_to_fp16

@@ -12,15 +12,17 @@ from core.opconfigs.fp16_model import convert_to_fp16
 
 
 def main(args: argparse.Namespace) -> int:
+    status = 0
     if args.model_command == "expand":
-        done = expand_functions(Path(args.source), Path(args.output), dict(args.dim))
+        expansion = done = expand_functions(Path(args.source), Path(args.output), dict(args.dim))
         next_step = f"next: kdb coverage {done.output}   (then the README's steps with it)"
+        status = 1 if expansion.blocked else 0  # what NNFusion still cannot compile is a finding
     else:
         done = convert_to_fp16(Path(args.source), Path(args.output), keep_io_types=args.keep_io_types)
         next_step = f"next: kdb opconfig extract {done.output} -o ops.txt   (half op configs: cublas_dot_op_half|...)"
     if args.json:
         print_json(done.as_dict())
-        return 0
+        return status
     for line in [*done.report_lines(), next_step]:
         out.print(line, markup=False, highlight=False, soft_wrap=True)
-    return 0
+    return status

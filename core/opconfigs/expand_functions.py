@@ -28,6 +28,7 @@ from core.opconfigs.nnfusion_import import (
     function_body,
     function_ops,
     function_schema,
+    import_blockers,
     importable,
 )
 from core.opconfigs.onnx_extract import read_model
@@ -44,21 +45,26 @@ class Expansion:
     left: tuple[tuple[str, str, str], ...] = ()  # (node, op type, why) of nodes left as they are
     rewritten: dict[str, int] = field(default_factory=dict)  # import_rewrites' kind -> nodes
     pinned: int = 0  # dimensions given their size (--dim)
+    blocked: tuple[tuple[str, str, str], ...] = ()  # (node, op type, why) the written model still cannot compile
 
     def report_lines(self) -> list[str]:
         done = ", ".join(f"{count} {op}" for op, count in sorted(self.expanded.items())) or "no function to expand"
         lines = [f"written: {self.output} ({done}; {self.nodes_added} nodes in their place, ONNX's own definitions)"]
+        if not (self.expanded or self.rewritten or self.pinned):
+            lines[0] = f"written unchanged: {self.output} (nothing to expand or rewrite)"
         if self.pinned:
             lines.append(f"pinned: {self.pinned} dimension(s) of the graph's inputs and outputs")
         lines += [f"rewritten for NNFusion's importer: {count} x {kind}"
                   for kind, count in sorted(self.rewritten.items())]
         lines += [f"left as it is: node {node} ({op}): {why}" for node, op, why in self.left]
+        lines += [f"still cannot compile: node {node} ({op}): {why}" for node, op, why in self.blocked]
         return lines
 
     def as_dict(self) -> dict[str, object]:
         return {"source": str(self.source), "output": str(self.output), "expanded": self.expanded,
                 "nodes_added": self.nodes_added, "rewritten": self.rewritten, "pinned": self.pinned,
-                "left": [{"node": n, "op_type": op, "reason": why} for n, op, why in self.left]}
+                "left": [{"node": n, "op_type": op, "reason": why} for n, op, why in self.left],
+                "blocked": [{"node": n, "op_type": op, "reason": why} for n, op, why in self.blocked]}
 
 
 class _Unexpandable(Exception):
@@ -110,7 +116,8 @@ def expand_functions(source: Path, output: Path, dims: dict[str, int] | None = N
     model.graph.initializer.extend(writer.initializers)
     drop_orphans(model.graph, read_before | used)
     write_model(model, output)
-    return Expansion(source, output, dict(expanded), added, tuple(left), dict(rewritten), pinned)
+    blocked = tuple((b.node, b.op_type, b.reason) for b in import_blockers(model))
+    return Expansion(source, output, dict(expanded), added, tuple(left), dict(rewritten), pinned, blocked)
 
 
 def _inference_dropout(node: Any, graph: Any, used: set[str]) -> bool:
