@@ -208,6 +208,44 @@ def test_an_import_the_compiler_aborts_on_is_named_before_it_runs(tmp_path: Path
     assert aborts in Path(report["compile"]["log"]).read_text()
 
 
+def computed_sizes_resize(path: Path) -> Path:
+    """HRNet's F.interpolate(low, size=high.shape[-2:], mode="bilinear", align_corners=True) at opset 13 (held out in
+    session 29): its sizes computed from the other branch's shape."""
+    g = GraphBuilder({"x": [1, 4, 8, 8], "ref": [1, 4, 16, 16]})
+    hw = g.node("Slice", [g.node("Shape", ["ref"], "shape"), g.constant("start", [2]), g.constant("end", [4]),
+                          g.constant("axis", [0])], "hw")
+    sizes = g.node("Concat", [g.constant("nc", [1, 4]), hw], "sizes", axis=0)
+    y = g.node("Resize", [g.node("Relu", ["x"], "relu"), "", "", sizes], "resize", mode="linear",
+               coordinate_transformation_mode="align_corners")
+    return write(g.model(g.node("Add", [y, "ref"], "out"), "computed_sizes", opset=13), path)
+
+
+@pytest.mark.parametrize("build", [resize_by_sizes, linear_resize_by_sizes, computed_sizes_resize])
+def test_expand_gives_a_resize_by_sizes_its_scales_and_the_network_compiles_with_its_row(tmp_path: Path, build):
+    pytest.importorskip("tvm")
+    ort = pytest.importorskip("onnxruntime")
+    import numpy as np
+
+    model = build(tmp_path / "m.onnx")
+    env = {"KDB_STATE_DIR": str(tmp_path / "state"), "KDB_CONFIG": str(tmp_path / "settings.toml")}
+    proc = run_kdb("model", "expand", str(model), str(tmp_path / "x.onnx"), env=env)
+    assert proc.returncode == 0 and "Resize by sizes given its scales" in proc.stdout, proc.stdout + proc.stderr
+    feeds = {i.name: np.random.default_rng(0).standard_normal(i.shape).astype(np.float32)
+             for i in ort.InferenceSession(str(model)).get_inputs()}
+    before, after = (ort.InferenceSession(str(m)).run(None, feeds)[0] for m in (model, tmp_path / "x.onnx"))
+    np.testing.assert_allclose(after, before, rtol=1e-6, atol=1e-6)
+    db = str(tmp_path / "k.db")
+    assert run_kdb("opconfig", "extract", str(tmp_path / "x.onnx"), "-o", str(tmp_path / "ops.txt"),
+                   env=env).returncode == 0
+    assert "resize_op_float" in (tmp_path / "ops.txt").read_text()
+    assert run_kdb("codegen", str(tmp_path / "ops.txt"), "--inject", "--db", db, "--arch", "sm_90", "--no-compile",
+                   env=env).returncode == 0
+    proc, report = run_kdb_json("nnfusion", str(tmp_path / "x.onnx"), "--db", db, "--nnfusion", str(COMPILER),
+                                "--out", str(tmp_path / "out"), "--no-launch-check", env=env)
+    assert proc.returncode == 0 and report["ok"], report.get("problems") or report.get("reason")
+    assert set(report["promised"]) == set(report["usage"]["db_rows_used"])
+
+
 def test_two_resizes_of_one_shape_and_two_modes_share_one_row_and_one_computes_wrong_numbers(tmp_path: Path):
     """Held out in session 25 (an HRNet's nearest and bilinear upsamplings of one shape): both rows go under one
     identifier, NNFusion runs the first for both nodes, and coverage said WRONG NUMBERS yet exited 0, kdb nnfusion too."""

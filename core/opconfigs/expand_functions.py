@@ -116,6 +116,10 @@ def expand_functions(source: Path, output: Path, dims: dict[str, int] | None = N
     model.graph.initializer.extend(writer.initializers)
     drop_orphans(model.graph, read_before | used)
     write_model(model, output)
+    try:  # (as extraction sees the model: its shapes inferred)
+        model = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception:  # shape inference fails on malformed models; the blockers are then found without shapes
+        pass
     blocked = tuple((b.node, b.op_type, b.reason) for b in import_blockers(model))
     return Expansion(source, output, dict(expanded), added, tuple(left), dict(rewritten), pinned, blocked)
 

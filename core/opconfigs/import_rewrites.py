@@ -395,6 +395,27 @@ def _reciprocal(node: Any, cx: _Context) -> Made | None:
     return "Reciprocal written as Div(1, x)", made, [numpy_helper.from_array(np.array(1.0, dtype), one)]
 
 
+def _resize_by_sizes(node: Any, cx: _Context) -> Made | None:
+    """A Resize given constant `sizes` (F.interpolate(size=...) once its shape computation is folded) on a static
+    shape: the importer takes only constant scales (Resize.cpp). ONNX takes the scales of sizes as sizes / input
+    (float32); written so, where floor(input x scale) gives the sizes back."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    shape = cx.shapes.get(node.input[0])
+    sizes = cx.values.get(node.input[3]) if len(node.input) > 3 and node.input[3] else None
+    if shape is None or sizes is None or (len(node.input) > 2 and node.input[2]) or len(sizes) != len(shape):
+        return None
+    given = np.asarray(sizes, np.int64)
+    scales = given.astype(np.float32) / np.asarray(shape, np.float32)
+    if not np.array_equal(np.floor(np.asarray(shape, np.float32) * scales).astype(np.int64), given):
+        return None
+    name = cx.namer(f"{node.name or node.output[0]}/scales")
+    made = _like("Resize", [node.input[0], node.input[1], name], list(node.output), node.name)
+    made.attribute.extend(node.attribute)
+    return "Resize by sizes given its scales", [made], [numpy_helper.from_array(scales, name)]
+
+
 def _max_pool(node: Any, cx: _Context) -> Made | None:
     attrs = attributes(node)
     auto_pad = attrs.get("auto_pad", b"NOTSET")
@@ -592,5 +613,5 @@ _REWRITES: dict[str, Rewrite] = {
     "MaxPool": _max_pool,
     "Flatten": _flatten, "Min": _min_max, "Max": _min_max, "Gather": _gather, "Slice": _slice,
     "Transpose": _transpose, "LayerNormalization": _layer_norm, "DepthToSpace": _depth_to_space, "Gelu": _gelu,
-    "Reciprocal": _reciprocal,
+    "Reciprocal": _reciprocal, "Resize": _resize_by_sizes,
 }

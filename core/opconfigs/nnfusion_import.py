@@ -382,16 +382,19 @@ def _resize(node: Any, graph: Any, shapes: Shapes, floats: set[str]) -> str:
     mode = resize_attributes(attrs)["mode"]
     if mode not in ("nearest", "linear"):
         return (f"Resize of mode {mode}: NNFusion's importer translates nearest and linear only, and makes no node of "
-                "it (op/resize.cpp returns none; seen with the compiler: it compiles, without the Resize): the "
-                "compiled network is not the model's")
+                "it (op/resize.cpp returns none): the node reading its output aborts the import ('Input Ngraph op "
+                "not found', seen with the compiler), and where nothing reads it the compiled network lacks it")
+    by_sizes = ("; `kdb model expand IN OUT` gives it constant scales where its sizes are constant or computed from "
+                "static shapes (F.interpolate(x, size=y.shape[-2:])), else export it with scales (torch: "
+                "F.interpolate(x, scale_factor=2), not size=...)")
     if (len(node.input) < 3 or not node.input[2]) and mode == "linear":  # (op/resize.cpp reads the sizes then)
-        return _NO_KERNEL_NO_ROW.format("Resize") + ("it is sized by sizes, not scales (kdb makes rows of Resizes "
-                                                     "by scales); export it with scales (torch: F.interpolate(x, "
-                                                     "scale_factor=2), not size=...)")
+        return ("Resize sized by sizes, not scales: with constant sizes NNFusion imports it and has no kernel for it "
+                "(kernel selection aborts: 'No valid kernel found'; kdb makes rows of Resizes by scales), with "
+                "computed ones the importer aborts ('We only accept the Resize input \"scales\" as Constant')"
+                + by_sizes)
     if len(node.input) < 3 or not node.input[2]:
         return ("Resize without scales (input 2; its size given as sizes): the importer reads its scales there and "
-                "crashes (segmentation fault while importing it, seen with the compiler); export it with scales "
-                "(torch: F.interpolate(x, scale_factor=2), not size=...)")
+                "crashes (segmentation fault while importing it, seen with the compiler)" + by_sizes)
     scales = import_rules.constant_values(graph, node.input[2])
     why = resize_unserved(node, attrs, shapes, scales, node.input[0] in floats)
     return _NO_KERNEL_NO_ROW.format("Resize") + why if why else ""
