@@ -132,6 +132,13 @@ def instance_norm() -> ModelProto:
     return _net([1, 8, 4, 4], build, opset=13)
 
 
+def depthwise_1d() -> ModelProto:
+    """A Conformer's conv module: a depthwise Conv1d of kernel 7, SAME padding, with its bias (held out in session 29:
+    a blocker kdb named, told to write as a 2-D conv by hand)."""
+    return _net([1, 8, 20], lambda g: g.node("Conv", ["x", g.weight("w", [8, 1, 7], fan_in=7), g.weight("b", [8])],
+                                             "n", group=8, kernel_shape=[7], pads=[3, 3]))
+
+
 def reciprocal() -> ModelProto:
     """1 / x as torch.reciprocal exports it (held out in session 29: no translator, no fix offered)."""
     return _net([1, 8, 4, 4], lambda g: g.node("Reciprocal", [g.node("Sigmoid", ["x"], "positive")], "n"), opset=13)
@@ -204,6 +211,7 @@ CASES: dict[str, tuple[Callable[[], ModelProto], str, str]] = {
     "LSTM": (lstm, "blocker", "No valid kernel"),
     "InstanceNormalization (a GroupNorm)": (instance_norm, "blocker", "No infershape"),
     "Reciprocal": (reciprocal, "blocker", "No infershape"),
+    "1-D depthwise conv": (depthwise_1d, "blocker", "Input axis order is not a permutation"),
     "Constant of value_float": (constant_value_float, "blocker", "value_float"),
     "Constant of half": (constant_of_half, "blocker", "map::at"),
     "Expand of a shape of constants": (expand_of_constants, "blocker", "compute_60"),

@@ -461,6 +461,41 @@ def _squeeze(node: Any, cx: _Context) -> Made | None:
             [numpy_helper.from_array(np.array(out, np.int64), name)])
 
 
+def _conv(node: Any, cx: _Context) -> Made | None:
+    return _grouped_conv(node, cx) or _depthwise_1d(node, cx)
+
+
+def _depthwise_1d(node: Any, cx: _Context) -> Made | None:
+    """A 1-D depthwise convolution (a Conformer's conv module; the importer's DepthwiseConv2dNative takes 4-D only) as
+    the 2-D one it is: the input Reshaped to [N, C, 1, L], the filter [C, 1, 1, k], a 1 x k kernel, then back."""
+    from onnx import numpy_helper
+
+    attrs = attributes(node)
+    shape, out = cx.shapes.get(node.input[0]), cx.shapes.get(node.output[0])
+    weight = node.input[1] if len(node.input) > 1 else ""
+    bias = node.input[2] if len(node.input) > 2 and node.input[2] else ""
+    if shape is None or out is None or len(shape) != 3 or weight not in cx.initializers:
+        return None
+    w = numpy_helper.to_array(cx.initializers[weight])
+    if int(attrs.get("group", 1)) != shape[1] or w.shape[:2] != (shape[1], 1):  # (depthwise, one filter a channel)
+        return None
+    import numpy as np
+
+    base = node.name or node.output[0]
+    n = {k: cx.namer(f"{base}/{k}") for k in ("to_2d", "input_2d", "weight_2d", "output_2d", "to_1d")}
+    pads = list(attrs.get("pads", [0, 0]))
+    made_attrs = {"group": shape[1], "kernel_shape": [1, int(w.shape[2])], "pads": [0, pads[0], 0, pads[1]],
+                  "strides": [1, *attrs.get("strides", [1])], "dilations": [1, *attrs.get("dilations", [1])]}
+    made = [_like("Reshape", [node.input[0], n["to_2d"]], [n["input_2d"]], cx.namer(f"{base}/Reshape_2d")),
+            _like("Conv", [n["input_2d"], n["weight_2d"], *([bias] if bias else [])], [n["output_2d"]],
+                  cx.namer(f"{base}/Conv_2d"), **made_attrs),
+            _like("Reshape", [n["output_2d"], n["to_1d"]], list(node.output), node.name)]
+    initializers = [numpy_helper.from_array(np.array([shape[0], shape[1], 1, shape[2]], np.int64), n["to_2d"]),
+                    numpy_helper.from_array(w.reshape(w.shape[0], 1, 1, w.shape[2]), n["weight_2d"]),
+                    numpy_helper.from_array(np.array(out, np.int64), n["to_1d"])]
+    return "1-D depthwise convolution written as a 2-D one", made, initializers
+
+
 def _grouped_conv(node: Any, cx: _Context) -> Made | None:
     """A grouped convolution that is not depthwise (ResNeXt's, RegNet's: the importer aborts on all of them) as one
     convolution a group: the input's channels Sliced per group (constant bounds), the filter and bias cut into
@@ -608,7 +643,7 @@ def _instance_norm(node: Any, cx: _Context) -> Made | None:
 
 
 _REWRITES: dict[str, Rewrite] = {
-    "InstanceNormalization": _instance_norm, "Conv": _grouped_conv, "LSTM": _lstm,
+    "InstanceNormalization": _instance_norm, "Conv": _conv, "LSTM": _lstm,
     "Constant": _constant, "Squeeze": _squeeze, "Unsqueeze": _squeeze,
     "MaxPool": _max_pool,
     "Flatten": _flatten, "Min": _min_max, "Max": _min_max, "Gather": _gather, "Slice": _slice,

@@ -132,8 +132,9 @@ def grouped_conv_reason(groups: int, channels: int, filters: int, padding_ok: bo
     if groups == channels and filters == groups and spatial != 2:
         return (f"{spatial}-D depthwise convolution (group={groups}): NNFusion's importer makes every depthwise conv "
                 "a DepthwiseConv2dNative, whose filter Reshape takes 4-D only: it aborts ('Input axis order is not a "
-                f"permutation', axis order {{2, 3, 0, 1}} of the {spatial + 2}-D filter; seen with the compiler). "
-                "Write it as a 2-D conv (a Reshape to [N, C, 1, L] and a 1 x k kernel)", False)
+                f"permutation', axis order {{2, 3, 0, 1}} of the {spatial + 2}-D filter; seen with the compiler)"
+                + (f"; {import_rules.EXPAND_HINT} (as a 2-D conv: a Reshape to [N, C, 1, L] and a 1 x k kernel)"
+                   if spatial == 1 else ""), False)
     if groups != channels:
         return (f"grouped convolution (group={groups}, not depthwise): NNFusion's ONNX importer aborts on it (its "
                 "CHECK 'n_filters_channels & groups == 0' in frontend/onnx_import/op/conv.cpp fails for every group "
