@@ -201,10 +201,10 @@ def _rounds(run: NetworkRun) -> list[float]:
     """Each round's network time over the empty DB's of the same round: trials run minutes apart, and a host that
     drifts in between moves both contenders of a round alike (core/gpu/network_run.py interleaves them). A network
     NNFusion compiles only with the DB (no empty DB's time, in any trial): the DB's round medians themselves."""
+    key = run.judged_by  # (the CUDA graph's time where the run was asked for it)
     if not run.empty_db.rounds:
-        return [db["median_ms"] for db in run.with_db.rounds]
-    return [db["median_ms"] / empty["median_ms"]
-            for db, empty in zip(run.with_db.rounds, run.empty_db.rounds, strict=True)]
+        return [db[key] for db in run.with_db.rounds]
+    return [db[key] / empty[key] for db, empty in zip(run.with_db.rounds, run.empty_db.rounds, strict=True)]
 
 
 def _final(trials: list[Trial], baseline: NetworkRun) -> NetworkRun:
