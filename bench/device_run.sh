@@ -8,10 +8,12 @@ export KDB_STATE_DIR=/tmp/kdb-st
 nnf=$PWD/.netrun/carry/nnfusion/bin/nnfusion
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 D=.devrun/s23; N=/tmp/net; mkdir -p $N
-if [ ! -f $N/bert216.onnx ]; then
-  python3 bench/zoo_onnx.py $N bert2 gpt vit gru dense se tcn mnv2 convnext towers unetb unet resbn || exit 3
-  for n in bert2 gpt; do python3 -m console.entry model fp16 $N/$n.onnx $N/${n}16.onnx > /dev/null; done
-fi
+missing=()  # (each network made once; another script's calls may have made some in /tmp/net already)
+for n in bert2 gpt vit gru dense se tcn mnv2 convnext towers unetb unet resbn; do [ -f $N/$n.onnx ] || missing+=($n); done
+[ ${#missing[@]} = 0 ] || python3 bench/zoo_onnx.py $N "${missing[@]}" || exit 3
+for n in bert2 gpt; do
+  [ -f $N/${n}16.onnx ] || python3 -m console.entry model fp16 $N/$n.onnx $N/${n}16.onnx > /dev/null
+done
 mkdir -p /tmp/db; for f in $D/*.db; do [ -f /tmp/db/$(basename $f) ] || cp $f /tmp/db/; done
 run() {  # NET [extra...]: kdb nnfusion --run, rounds
   n=$1; shift
