@@ -14,9 +14,9 @@ from core.opconfigs.fp16_model import convert_to_fp16
 def main(args: argparse.Namespace) -> int:
     status = 0
     if args.model_command == "expand":
-        expansion = done = expand_functions(Path(args.source), Path(args.output), dict(args.dim))
+        expansion = expand_functions(Path(args.source), Path(args.output), dict(args.dim))
+        done, status = expansion, 1 if expansion.blocked else 0  # what NNFusion still cannot compile is a finding
         next_step = f"next: kdb coverage {done.output}   (then the README's steps with it)"
-        status = 1 if expansion.blocked else 0  # what NNFusion still cannot compile is a finding
     else:
         done = convert_to_fp16(Path(args.source), Path(args.output), keep_io_types=args.keep_io_types)
         next_step = f"next: kdb opconfig extract {done.output} -o ops.txt   (half op configs: cublas_dot_op_half|...)"

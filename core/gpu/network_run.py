@@ -355,6 +355,7 @@ def _judge(run: NetworkRun) -> None:
     assert bound is not None  # set with the signature, before any run
     wrong = not db.error <= bound  # a NaN error is wrong too
     key = run.judged_by
+    how = " in a CUDA graph" if key != "median_ms" else ""
     verdict = None if empty.timing is None else judge([r[key] for r in db.rounds], [r[key] for r in empty.rounds])
     run.verdict = verdict
     slower = verdict is not None and verdict.verdict == SLOWER
@@ -369,11 +370,11 @@ def _judge(run: NetworkRun) -> None:
         run.notes.append(f"with the DB {Spread(tuple(r[key] for r in db.rounds)).text()}; no time of the "
                          "empty DB's to compare with")
     elif slower:
-        run.findings.append(f"slower with the DB{' in a CUDA graph' * (key != 'median_ms')}: "
+        run.findings.append(f"slower with the DB{how}: "
                             f"{verdict.first.text()} against {verdict.second.text()} with the empty DB, every round "
                             f"of {len(db.rounds)} slower")
     else:
-        run.notes.append(f"{verdict.verdict} against the empty DB{' in a CUDA graph' * (key != 'median_ms')}: "
+        run.notes.append(f"{verdict.verdict} against the empty DB{how}: "
                          f"ratio {verdict.ratio:.3f}x; with the DB {verdict.first.text()}, empty DB "
                          f"{verdict.second.text()}")
     if run.options.cuda_graph:

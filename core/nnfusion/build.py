@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import InputError, ToolError
+from core.nnfusion import cuda_graph as graph_harness
 from core.processes import kill_group
 
 # How the `run` extra is installed in a checkout (the README's set-up: .venv from pyproject.toml)
@@ -437,25 +438,23 @@ def build_network(project: Path, *, arch: str, nvcc: str, libraries: CudaLibrari
     """nnfusion_rt.cu -> libnnfusion_naive_rt.so, then kdb's harness linked with it, for one SM arch; `cuda_graph`:
     the harness also times kernel_entry captured in a CUDA graph (core/nnfusion/cuda_graph.py). A failing step is
     reported (Build.error); a project that cannot be read raises InputError."""
-    from core.nnfusion import cuda_graph as graph
-
     project = project.resolve()
     build = Build(project, read_signature(project))
     assert build.signature is not None
-    handles = graph.library_handles(project) if cuda_graph else []
+    handles = graph_harness.library_handles(project) if cuda_graph else []
     (project / HARNESS_SOURCE).write_text(
-        harness_source(build.signature, graph.graph_section(handles) if cuda_graph else ""), encoding="utf-8")
+        harness_source(build.signature, graph_harness.graph_section(handles) if cuda_graph else ""), encoding="utf-8")
     number = arch.removeprefix("sm_")
     common = ["-O2", f"-gencode=arch=compute_{number},code=sm_{number}", "--expt-relaxed-constexpr",
-              *(graph.NVCC_FLAGS if cuda_graph else ()), *(f"-I{d}" for d in libraries.include_dirs)]
+              *(graph_harness.NVCC_FLAGS if cuda_graph else ()), *(f"-I{d}" for d in libraries.include_dirs)]
     # The libraries' folders are written into the programs (rpath): they run without LD_LIBRARY_PATH.
     rpath = ":".join(str(d) for d in libraries.lib_dirs)
+    linked = [*(f"-L{d}" for d in libraries.lib_dirs), *libraries.link]
     # (the graph's harness sets the handles' stream itself: it links the libraries too)
-    harness_libraries = [*(f"-L{d}" for d in libraries.lib_dirs), *libraries.link] if handles else []
+    harness_libraries = linked if handles else []
     commands = [
         ("nvcc nnfusion_rt.cu", [nvcc, *common, "-Xcompiler", "-fPIC", "-shared", "-cudart", "shared",
-                                 "nnfusion_rt.cu", "-o", LIBRARY, *(f"-L{d}" for d in libraries.lib_dirs),
-                                 *libraries.link, f"-Xlinker=-rpath={rpath}"]),
+                                 "nnfusion_rt.cu", "-o", LIBRARY, *linked, f"-Xlinker=-rpath={rpath}"]),
         (f"nvcc {HARNESS_SOURCE}", [nvcc, *common, "-std=c++17", HARNESS_SOURCE, "-o", HARNESS, "-L.",
                                     f"-l:{LIBRARY}", *harness_libraries, "-cudart", "shared",
                                     f"-Xlinker=-rpath=$ORIGIN:{rpath}", f"-Xlinker=-rpath-link={rpath}"]),

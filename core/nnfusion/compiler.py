@@ -115,22 +115,26 @@ class CompileResult:
         """What says why a run failed: the node the importer was converting when it stopped, then the log's error
         messages (a check's text joined with the line it continues on; each once), else the log's end (not when
         the importer stopped without a message: its last lines are only progress)."""
-        lines = self._log_lines()
+        raw = self._raw_log_lines()
+        lines, node = _kept(raw), self._importing(raw)
         messages = _messages(lines)
-        node = self.importing_node()
         head = [f"while importing ONNX node {node or '(unnamed)'}"] if node is not None else []
         return head + (messages[-limit:] if messages else [] if node is not None else lines[-limit:])
 
-    def _log_lines(self) -> list[str]:
-        text = self.log_file.read_text(encoding="utf-8", errors="replace") if self.log_file.exists() else ""
-        return [line.rstrip() for line in text.splitlines() if line.strip() and not _HARMLESS.search(line)]
+    def _raw_log_lines(self) -> list[str]:
+        """The log's lines, read once for each question asked of it."""
+        return self.log_file.read_text(encoding="utf-8", errors="replace").splitlines() if self.log_file.exists() \
+            else []
 
     def importing_node(self) -> str | None:
         """The ONNX node the importer was converting when the run ended, when it ended there (None otherwise)."""
-        if self.returncode == 0 or not self.log_file.exists():
+        return self._importing(self._raw_log_lines())
+
+    def _importing(self, raw: list[str]) -> str | None:
+        if self.returncode == 0 or not raw:
             return None
         node = None
-        for line in self.log_file.read_text(encoding="utf-8", errors="replace").splitlines():
+        for line in raw:
             if (m := _CONVERTING.search(line)) is not None:
                 node = m.group(1)
             elif "convert graph done" in line:
@@ -148,8 +152,8 @@ class CompileResult:
             # the first message (a kernel selection's "No valid kernel found" comes before the check it then fails),
             # where the importer stopped: since it began the node it stopped in (an [ERROR] it logged and went on
             # from at an earlier node is not the cause); not libstdc++'s "terminate called after throwing ..."
-            node = self.importing_node()
-            lines = self._log_lines()
+            raw = self._raw_log_lines()
+            node, lines = self._importing(raw), _kept(raw)
             if node is not None:
                 began = max((i for i, line in enumerate(lines) if _CONVERTING.search(line)), default=-1)
                 lines = lines[began + 1:]
@@ -158,6 +162,11 @@ class CompileResult:
             where = f" while importing ONNX node {node or '(unnamed)'}" if node is not None else ""
             return f"nnfusion {how}{where}" + (f": {cause}" if cause else "")
         return "" if self.project else "nnfusion exited 0 but wrote no nnfusion_rt/cuda_codegen/nnfusion_rt.cu"
+
+
+def _kept(raw: list[str]) -> list[str]:
+    """The log's lines that can say why a run failed: not blank, not what every run prints (_HARMLESS)."""
+    return [line.rstrip() for line in raw if line.strip() and not _HARMLESS.search(line)]
 
 
 def _messages(lines: list[str]) -> list[str]:

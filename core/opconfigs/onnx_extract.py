@@ -999,12 +999,17 @@ class _Extractor:
 
     def _clip(self, i: int, node: Any) -> None:
         """NNFusion's Clip: Maximum(x, min) then Minimum(max, that), each bound a broadcast scalar."""
+        self._two_elementwise(i, node, ("Maximum", "max"), "Minimum")
+
+    def _two_elementwise(self, i: int, node: Any, first: tuple[str, str], second: str) -> None:
+        """An ONNX node the importer writes as two element-wise nodes of its output's shape: `first` (op type, the
+        suffix of its unit's name), then `second`, which has the node's own name."""
         x, y = node.input[0], node.output[0]
         out = self.t.shape(y)
         dtype = self.t.dtype([x, y])
         self.done.add(i)
-        self._emit_elementwise("Maximum", [out, out], out, dtype, f"{self.names[i]}/max")
-        self._emit_elementwise("Minimum", [out, out], out, dtype, self.names[i])
+        self._emit_elementwise(first[0], [out, out], out, dtype, f"{self.names[i]}/{first[1]}")
+        self._emit_elementwise(second, [out, out], out, dtype, self.names[i])
 
     def _leaky_relu(self, i: int, node: Any) -> None:
         """NNFusion's LeakyRelu (op/leaky_relu.hpp): Maximum(x, Multiply(x, alpha)), alpha a broadcast scalar; an
@@ -1013,12 +1018,7 @@ class _Extractor:
         if not 0 <= alpha <= 1:
             raise _NotMapped(f"LeakyRelu with alpha {alpha:g}: NNFusion's importer checks 0 <= alpha <= 1 and aborts "
                              "(op/leaky_relu.hpp)")
-        x, y = node.input[0], node.output[0]
-        out = self.t.shape(y)
-        dtype = self.t.dtype([x, y])
-        self.done.add(i)
-        self._emit_elementwise("Multiply", [out, out], out, dtype, f"{self.names[i]}/scaled")
-        self._emit_elementwise("Maximum", [out, out], out, dtype, self.names[i])
+        self._two_elementwise(i, node, ("Multiply", "scaled"), "Maximum")
 
 
 def batch_matmul_shapes(a: list[int], b: list[int]) -> tuple[list[int], list[int], list[int]]:
