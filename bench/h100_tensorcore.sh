@@ -20,7 +20,8 @@
 # timed alone (--op-times), the rows the library beats left to it, and run again. $OUT: the logs and JSON.
 set -uo pipefail
 NETS="resnet50full bert2 bert12 mnv2full"  # (bench/zoo_onnx.py: full ResNet-50, full MobileNetV2)
-onnx_of() { case $1 in resnet50|mnv2) echo $1full ;; *) echo $1 ;; esac; }  # a DB's name -> its network's
+onnx_of() { local n=${1%-tuned}; n=${n%-tf32}; case $n in resnet50|mnv2) echo ${n}full ;; *) echo $n ;; esac; }  # a DB's name
+# (NAME-tuned, NAME-tf32: the same network, its DB with tuned or TF32 rows) -> its network's
 if [ "${1:-}" = prep ]; then  # on the CPU: kdb's README commands, the DBs the device calls carry
   cd "$(dirname "$0")/.." || exit 1
   K=".venv/bin/python -m console.entry"; w=/tmp/tc-prep; mkdir -p $w
@@ -67,15 +68,16 @@ case "${1:-}" in
   resnet50) network resnet50 resnet50 --fp16 ;;
   graph)  # the fp16 networks with kernel_entry in a CUDA graph (--cuda-graph), PyTorch's fp16 CUDA graph in the call
     timeout 150 python3 bench/bench_torch_baselines.py --out $OUT --nets ${TORCH_NETS:-bert2 bert12 mobilenet_v2} \
-      > $OUT/torch.log 2>&1; echo "torch: exit $?"; grep fp16 $OUT/torch.log
+      > $OUT/torch.log 2>&1; echo "torch: exit $?"; grep -E "fp16|fp32" $OUT/torch.log
     for db in ${GRAPH_NETS:-bert2 mnv2}; do
       n=$(onnx_of $db)
-      python3 -m console.entry model fp16 /tmp/net/$n.onnx /tmp/net/${n}16.onnx > /dev/null
+      m=/tmp/net/$n.onnx  # (a -tf32 DB's network stays fp32)
+      if [[ $db != *-tf32 ]]; then python3 -m console.entry model fp16 $m /tmp/net/${n}16.onnx > /dev/null; m=/tmp/net/${n}16.onnx; fi
       cp .netrun/carry/$db.db /tmp/g-$db.db
-      timeout ${NET_TIMEOUT:-200} python3 -m console.entry nnfusion /tmp/net/${n}16.onnx --db /tmp/g-$db.db \
+      timeout ${NET_TIMEOUT:-200} python3 -m console.entry nnfusion $m --db /tmp/g-$db.db \
         --nnfusion "$nnf" --product-name "$gpu" --run --cuda-graph --rounds 3 --iterations 300 --out /tmp/g-$db \
         > $OUT/graph-$db.log 2>&1
-      echo "== $db fp16 --cuda-graph: exit $?"; grep -v "^ *$" $OUT/graph-$db.log | tail -12
+      echo "== $db --cuda-graph: exit $?"; grep -v "^ *$" $OUT/graph-$db.log | tail -12
     done ;;
   mnv2) network mnv2 mnv2 --fp16 ;;  # (half of `more`, for a call with little device time left)
   more) NET_TIMEOUT=300 network bert12 bert2 --fp16; NET_TIMEOUT=280 network mnv2 mnv2 --fp16 ;;
@@ -87,7 +89,8 @@ case "${1:-}" in
     unset KDB_STATE_DIR
     network resnet50 resnet50-tf32
     network bert2 bert2-tf32 ;;
-  neverslower)  # issue 39: each op timed alone proposes, the network decides (--run --never-slower); NET=bert2|resnet50
+  neverslower)  # issue 39: each op timed alone proposes, the network decides (--run --never-slower); NET=bert2|resnet50;
+    # GRAPH=1: the network timed in a CUDA graph (--cuda-graph)
     net=${NET:-bert2}
     python3 -m console.entry model fp16 /tmp/net/$(onnx_of $net).onnx /tmp/net/${net}16.onnx > $OUT/ns-$net.log 2>&1
     cp .netrun/carry/$net.db /tmp/ns-$net.db
@@ -95,8 +98,8 @@ case "${1:-}" in
     timeout 240 python3 -m console.entry nnfusion /tmp/net/${net}16.onnx "${common[@]}" --op-times /tmp/ns-$net.json \
       --out /tmp/ns-$net-ops >> $OUT/ns-$net.log 2>&1; echo "op-times: exit $?"
     cp /tmp/ns-$net.json $OUT/ 2>/dev/null
-    timeout 330 python3 -m console.entry nnfusion /tmp/net/${net}16.onnx "${common[@]}" --run --never-slower \
-      /tmp/ns-$net.json --rounds 5 --iterations 300 --out /tmp/ns-$net-run > $OUT/ns-$net-run.log 2>&1
+    timeout ${NS_TIMEOUT:-330} python3 -m console.entry nnfusion /tmp/net/${net}16.onnx "${common[@]}" --run --never-slower \
+      /tmp/ns-$net.json ${GRAPH:+--cuda-graph} --rounds 5 --iterations 300 --out /tmp/ns-$net-run > $OUT/ns-$net-run.log 2>&1
     echo "never-slower: exit $?"; tail -30 $OUT/ns-$net-run.log ;;
   *) echo "usage: $0 prep|baselines|resnet50|mnv2|more|tf32|neverslower"; exit 2 ;;
 esac

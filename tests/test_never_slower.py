@@ -35,18 +35,43 @@ def test_a_change_is_kept_only_when_the_network_is_faster_in_every_round():
                 "b": [0.91, 0.89, 0.92, 0.95, 0.90],  # overlaps the new best (a's): put back
                 "c": None}  # not measured: put back, and the search stops
     put_back: list[Path] = []
+    story: list[str] = []  # what happened, in order: each trial must be heard before the next one starts
 
     def try_without(c: Candidate):
         name = c.identifiers[0]
+        story.append(f"try {name}")
         return measured[name], Path(f"undo-{name}"), "" if measured[name] else "no CUDA GPU", None
 
     pending = [Candidate((n,), (f"k{n}",), 1.0) for n in ("a", "b", "c", "d")]
-    trials = search(pending, best, try_without, put_back.append)
+    trials = search(pending, best, try_without, put_back.append, lambda t: story.append(t.line()))
+    assert [line.split(" ")[0] for line in story] == ["try", "kept", "try", "put", "try", "put"], story
+    assert story[1].startswith("kept     a (+1.0 us alone): faster in every round; over the empty DB 0.910x") \
+        and story[1].endswith("undo: kdb db undo undo-a --apply"), story[1]
+    assert story[5].endswith("no CUDA GPU; not measured"), story[5]
     assert [(t.candidate.identifiers[0], t.kept) for t in trials] == [("a", True), ("b", False), ("c", False)]
     assert trials[0].verdict.verdict == FASTER and trials[0].undo_file == Path("undo-a")
     assert trials[1].verdict.verdict == WITHIN_NOISE and trials[1].undo_file is None
     assert trials[2].verdict is None and trials[2].why == "no CUDA GPU"
     assert put_back == [Path("undo-b"), Path("undo-c")]  # d was never tried
+
+
+def test_in_a_log_the_run_says_each_stage_as_it_comes(capsys: pytest.CaptureFixture[str]):
+    """Not on a terminal (a script's log), a run prints a line to stderr each time it moves to another stage: a run
+    a timeout cuts off still says how far it got (session 30's never-slower run left an empty log)."""
+    import argparse
+
+    from console.cli.nnfusion_run import _progress
+
+    with _progress(argparse.Namespace(json=False), "running") as say:
+        assert say is not None
+        for stage, detail in [("compile (with-db)", "starting NNFusion"), ("compile (with-db)", "a log line"),
+                              ("round 1/3", "with-db"), ("never slower: decided", "put back X")]:
+            say(stage, detail)
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(" s ", 1)[1] for line in lines] == [
+        "compile (with-db): starting NNFusion", "round 1/3: with-db", "never slower: decided: put back X"], lines
+    with _progress(argparse.Namespace(json=True), "running") as say:
+        assert say is None  # --json: stdout is the report, stderr stays quiet
 
 
 def test_a_network_only_the_db_compiles_is_judged_on_its_own_times():

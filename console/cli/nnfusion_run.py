@@ -35,12 +35,25 @@ def _given(args: argparse.Namespace, flags: tuple[str, ...]) -> dict[str, Any]:
 
 @contextmanager
 def _progress(args: argparse.Namespace, what: str) -> Iterator[Callable[[str, str], None] | None]:
-    """A status line on a terminal (None elsewhere, and with --json)."""
-    if args.json or not err.is_terminal:
+    """A status line on a terminal; in a log, a line on stderr each time the work moves to another stage (a run cut
+    off by a script's timeout still says how far it got); none with --json."""
+    if args.json:
         yield None
         return
+    started = time.monotonic()
+    if not err.is_terminal:
+        last_stage = ""
+
+        def on_stage(stage: str, detail: str) -> None:
+            nonlocal last_stage
+            if stage != last_stage:  # (NNFusion's log lines come under one stage: the first is enough here)
+                last_stage = stage
+                err.print(f"{time.monotonic() - started:7.1f} s {stage}: {shorten(detail.strip(), 200)}",
+                          markup=False, highlight=False, soft_wrap=True)
+
+        yield on_stage
+        return
     with err.status(what) as status:
-        started = time.monotonic()
 
         def on_progress(stage: str, detail: str) -> None:
             status.update(f"{time.monotonic() - started:6.1f} s {stage}: {shorten(detail.strip(), 100)}")
@@ -125,13 +138,7 @@ def never_slower_command(args: argparse.Namespace, job: CompileJob, *, fit_launc
     if result.baseline is not None:
         _print(result.baseline)
     for trial in result.trials:
-        verdict = trial.verdict
-        said = (f"over the empty DB {verdict.first.median:.3f}x (rounds {verdict.first.low:.3f}-"
-                f"{verdict.first.high:.3f}) against the best so far {verdict.second.median:.3f}x"
-                if verdict else "not measured")
-        out.print(f"  {'kept' if trial.kept else 'put back':8s} {trial.candidate.describe()}: {trial.why}; {said}"
-                  + (f"; undo: kdb db undo {trial.undo_file} --apply" if trial.undo_file else ""),
-                  markup=False, highlight=False, soft_wrap=True)
+        out.print(f"  {trial.line()}", markup=False, highlight=False, soft_wrap=True)
     if result.final is not None and result.final is not result.baseline:
         out.print("the network as the DB now is:", highlight=False)
         _print(result.final)

@@ -59,6 +59,14 @@ class Trial:
     why: str = ""
     run: Any = field(default=None, repr=False)  # the network's run without the candidate (try_without's)
 
+    def line(self) -> str:
+        """What was decided, and on what figures: the report's line (and the progress's, as each trial ends)."""
+        said = (f"over the empty DB {self.verdict.first.median:.3f}x (rounds {self.verdict.first.low:.3f}-"
+                f"{self.verdict.first.high:.3f}) against the best so far {self.verdict.second.median:.3f}x"
+                if self.verdict else "not measured")
+        return (f"{'kept' if self.kept else 'put back':8s} {self.candidate.describe()}: {self.why}; {said}"
+                + (f"; undo: kdb db undo {self.undo_file} --apply" if self.undo_file else ""))
+
 
 @dataclass
 class NeverSlowerRun:
@@ -111,17 +119,19 @@ def candidates(slower: list[OpVerdict], usage: Usage | None) -> list[Candidate]:
 
 def search(pending: list[Candidate], best: list[float],
            try_without: Callable[[Candidate], tuple[list[float] | None, Path | None, str, Any]],
-           put_back: Callable[[Path], None]) -> list[Trial]:
+           put_back: Callable[[Path], None], on_trial: Callable[[Trial], None] | None = None) -> list[Trial]:
     """Greedy: each candidate set aside (try_without gives the network's round medians, or None and why not), kept
     when the network is faster than the best so far outside the noise, else put back. Stops at a trial that could
-    not be measured (its change put back)."""
-    trials = []
+    not be measured (its change put back). on_trial hears each trial as it is decided."""
+    trials: list[Trial] = []
+    heard = on_trial or (lambda trial: None)
     for candidate in pending:
         rounds, undo_file, why, run = try_without(candidate)
         if rounds is None:
             if undo_file is not None:
                 put_back(undo_file)
             trials.append(Trial(candidate, None, False, None, why, run))
+            heard(trials[-1])
             break
         verdict = judge(rounds, best)
         kept = verdict.verdict == FASTER
@@ -131,6 +141,7 @@ def search(pending: list[Candidate], best: list[float],
             put_back(undo_file)
         trials.append(Trial(candidate, verdict, kept, undo_file if kept else None,
                             "faster in every round" if kept else f"{verdict.verdict}: put back", run))
+        heard(trials[-1])
     return trials
 
 
@@ -164,7 +175,7 @@ def _decide(job: CompileJob, times_file: Path, options: RunOptions, margin_pct: 
     def try_without(candidate: Candidate) -> tuple[list[float] | None, Path | None, str, NetworkRun]:
         with KernelDB.open(job.db, write=True) as db:
             applied = apply_plan(db, delete_plan(db, list(candidate.keys)))
-        say("never slower", f"without {candidate.describe()}")
+        say("never slower: trying", f"without {candidate.describe()}")
         run = run_network(job, options, on_progress=on_progress, should_cancel=should_cancel)
         if run.status == COULD_NOT_RUN or not _right(run):
             return None, applied.undo_file, "; ".join(run.findings) or "not measured", run
@@ -175,12 +186,15 @@ def _decide(job: CompileJob, times_file: Path, options: RunOptions, margin_pct: 
             apply_plan(db, undo_plan(db, undo_file))
 
     pending = candidates(slower, last.with_db.compile.usage if last.with_db.compile else None)
-    result.trials = search(pending, _rounds(last), try_without, put_back)
+    def decided(trial: Trial) -> None:
+        say("never slower: decided", trial.line())
+
+    result.trials = search(pending, _rounds(last), try_without, put_back, decided)
     final = _final(result.trials, last)
     if final.verdict is not None and final.verdict.verdict == SLOWER:  # still slower than the empty DB
         usage = final.with_db.compile.usage if final.with_db.compile else None
         every = Candidate((EVERY_ROW,), tuple(sorted(usage.used_keys())) if usage else (), 0.0)
-        result.trials += search([every], _rounds(final), try_without, put_back)
+        result.trials += search([every], _rounds(final), try_without, put_back, decided)
         final = _final(result.trials, last)
     result.final = final
     measured = all(t.verdict is not None for t in result.trials)
