@@ -543,3 +543,8 @@ def test_kdb_model_fp16_gives_a_kept_float_depthwise_conv_its_own_copy_of_a_shar
     want = ort.InferenceSession(str(source)).run(None, {"x": x})[0]
     got = ort.InferenceSession(str(tmp_path / "shared16.onnx")).run(None, {"x": x.astype(np.float16)})[0]
     np.testing.assert_allclose(got.astype(np.float32), want, rtol=2e-2, atol=2e-2)
+    again = run_kdb("model", "fp16", str(tmp_path / "shared16.onnx"), str(tmp_path / "twice.onnx"))
+    # (converted twice, the float left around the depthwise conv gave the converter's "not topologically sorted")
+    assert again.returncode == 2 and "shared16.onnx: nothing to convert: the model is fp16 already" in again.stderr \
+        and "convert the fp32 model" in again.stderr, again.stderr
+    assert not (tmp_path / "twice.onnx").exists()

@@ -85,6 +85,9 @@ def convert_to_fp16(source: Path, output: Path, *, keep_io_types: bool = False) 
     if FLOAT not in elems:
         have = "already fp16" if FLOAT16 in elems else "no float tensors"
         raise InputError(f"nothing to convert: the model has {have}", where=str(source))
+    if made := _made_fp16(model):  # (its float parts are what a conversion kept in float: the converter fails on them)
+        raise InputError(f"nothing to convert: the model is fp16 already, with float parts between Casts ({made}); "
+                         "convert the fp32 model it was made from", where=str(source))
     casts_before, clamped = _casts(model), _clamped_values(model)
     try:
         with warnings.catch_warnings(record=True) as said:  # one warning per clamped value: counted, not printed
@@ -211,6 +214,19 @@ def _name_depthwise_convs(model: Any) -> tuple[str, ...]:
                 names.add(node.name)
             found.append(node.name)
     return tuple(found)
+
+
+def _made_fp16(model: Any) -> str:
+    """What says a model was converted already (half graph inputs or outputs, half weights, Casts into half), or "".
+    A float model with a rounding Cast pair has no half weights and no half inputs: it is still one to convert."""
+    graph = model.graph
+    weights = Counter(t.data_type for t in graph.initializer)
+    io_half = [v.name for v in (*graph.input, *graph.output) if v.type.tensor_type.elem_type == FLOAT16]
+    if not weights[FLOAT16] or not io_half:
+        return ""
+    casts = sum(n.op_type == "Cast" and any(a.name == "to" and a.i == FLOAT16 for a in n.attribute)
+                for n in graph.node)
+    return f"{weights[FLOAT16]} initializers in half, {weights[FLOAT]} in float, {casts} Casts into half"
 
 
 def _float_types(model: Any) -> set[int]:
