@@ -143,7 +143,8 @@ CASES: list[tuple[str, int, Callable[[World], list[str]]]] = [
     ("autotvm summary", 0, lambda w: ["autotvm", "summary", autotvm_log(w, bad_line=False)]),
     ("autotvm summary: a bad line", 1, lambda w: ["autotvm", "summary", autotvm_log(w, bad_line=True)]),
     ("codegen", 0, lambda w: ["codegen", tvm_opconfigs(w), "-o", str(w.tmp / "out.json")]),
-    ("codegen: an input it cannot read", 1, lambda w: ["codegen", str(w.tmp / "none.txt")]),  # reported, as a bad line
+    ("codegen: an input it cannot read", 1, lambda w: ["codegen", w.file("bad.txt", "not an op config\n")]),
+    ("codegen: no such file", 2, lambda w: ["codegen", str(w.tmp / "none.txt")]),  # as inject and coverage
     ("gpu devices", 1, lambda w: ["gpu", "devices"]),  # none on a CI machine: the GPU tests cover a real one
     ("gpu verify: no GPU", 2, lambda w: ["gpu", "verify", "--all"]),
     ("gpu profile: no GPU", 2, lambda w: ["gpu", "profile", "--all"]),
@@ -211,10 +212,15 @@ def test_bad_arguments_exit_2(world: World):
 
 
 def test_codegen_of_nothing_readable_writes_no_kernels_file(world: World):
-    """Held out in session 28: `kdb codegen missing.txt -o kernels.json` wrote `[]`, which `kdb inject` then took."""
+    """Held out in session 28: `kdb codegen missing.txt -o kernels.json` wrote `[]`, which `kdb inject` then took;
+    a missing file is now refused before anything runs (exit 2, as inject's), a file of bad lines reported (exit 1)."""
     out = world.tmp / "nothing.json"
-    proc = run_kdb("codegen", str(world.tmp / "missing.txt"), "-o", str(out))
-    assert proc.returncode == 1 and "cannot read" in proc.stderr and "nothing written" in proc.stderr, proc.stderr
+    proc = run_kdb("codegen", str(world.tmp / "missing.txt"), str(world.tmp), "-o", str(out))
+    assert proc.returncode == 2 and "no such file or directory: " in proc.stderr and "missing.txt" in proc.stderr \
+        and "nothing written" in proc.stderr and not proc.stdout.strip(), proc.stderr
+    assert not out.exists()
+    proc = run_kdb("codegen", world.file("bad.txt", "not an op config\n"), "-o", str(out))
+    assert proc.returncode == 1 and "nothing written" in proc.stderr, proc.stderr
     assert not out.exists()
 
 

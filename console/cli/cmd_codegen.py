@@ -31,6 +31,8 @@ from core.settings import load_settings
 def main(args: argparse.Namespace) -> int:
     if args.no_compile and not args.inject:
         raise InputError("--no-compile goes with --inject: generating alone runs no nvcc check")
+    if missing := [p for p in args.inputs if not Path(p).exists()]:  # (a mistyped path: as inject and coverage say)
+        raise InputError(f"no such file or directory: {', '.join(missing)}: nothing generated, nothing written")
     settings = load_settings()
     configs, errors = read_op_configs(args.inputs, lookup_flags(args)[1], model_prepass(args))
     if not configs and not errors:
