@@ -190,6 +190,9 @@ def test_cli_generates_every_good_line_and_reports_every_bad_one(tmp_path: Path)
     proc, listed = run_kdb_json("failures")
     assert proc.returncode == 1
     assert [(f["file"], f["index"], f["stage"]) for f in listed["failures"]] == [(str(ops), 3, "codegen")]
+    table = run_kdb("failures", cwd=tmp_path.parent, env={"COLUMNS": "200"}).stdout
+    # (the file's name alone cannot tell two models' ops.txt apart: its folder, relative to where kdb runs)
+    assert f"{tmp_path.name}/ops.txt" in table, table
 
     proc, report = run_kdb_json("codegen", str(ops), "-o", str(out))
     assert proc.returncode == 1 and report["generated"] == 2 and report["failed"] == 3

@@ -6,7 +6,7 @@ import argparse
 from contextlib import closing
 from pathlib import Path
 
-from console.cli.output import out, print_json, shorten
+from console.cli.output import out, print_json, shorten, shorten_path
 from core.db.kernel_db import kernel_db_path
 from core.db.state import StateDB
 from core.errors import KdbError
@@ -56,6 +56,6 @@ def _print(failures: list, db_path: Path) -> None:  # type: ignore[type-arg]
     for col in ("id", "file", "item", "kernel", "stage", "reason"):
         table.add_column(col, overflow="fold")
     for f in failures:
-        table.add_row(str(f.id), shorten(Path(f.file).name, 40), "-" if f.item_index is None else str(f.item_index),
+        table.add_row(str(f.id), shorten_path(f.file, 48), "-" if f.item_index is None else str(f.item_index),
                       shorten(f.name, 40), f.stage, f.reason)
     out.print(table)

@@ -85,3 +85,15 @@ def console_for(stream: TextIO) -> Console:
 
 def shorten(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def shorten_path(path: str, width: int) -> str:
+    """A file's path as a reader finds it: relative to the working folder when inside it, and cut from the left
+    (its name is the part that tells two files apart: ops.txt of two models)."""
+    import os
+
+    try:
+        shown = os.path.relpath(path) if not os.path.relpath(path).startswith("..") else path
+    except ValueError:  # (another drive)
+        shown = path
+    return shown if len(shown) <= width else "…" + shown[-(width - 1):]
