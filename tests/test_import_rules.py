@@ -188,7 +188,15 @@ def expand_of_constants() -> ModelProto:
     return _net([1, 8, 16], build, opset=14)
 
 
-# (the model, what kdb says of node n, a word of its reason); every one but the last has a rewrite# (the model, what kdb says of node n, a word of its reason); every one but the last has a rewrite
+def reduce_of_axes_input(op_type: str, axes: list[int], keepdims: int, opset: int) -> Callable[[], ModelProto]:
+    """torch's x.sum(-1) at opset 13 on, x.mean(1) at 18 on: the axes are an input the importer does not read."""
+    def model() -> ModelProto:
+        return _net([2, 8, 16], lambda g: g.node(op_type, ["x", g.constant("axes", axes)], "n", keepdims=keepdims),
+                    opset=opset)
+    return model
+
+
+# (the model, what kdb says of node n, a word of its reason); every one but the last has a rewrite
 CASES: dict[str, tuple[Callable[[], ModelProto], str, str]] = {
     "a Reshape of a computed shape": (computed_reshape, "blocker", "compute_60"),
     "a dynamic batch": (dynamic_batch, "blocker", "dim_param"),
@@ -215,6 +223,10 @@ CASES: dict[str, tuple[Callable[[], ModelProto], str, str]] = {
     "Constant of value_float": (constant_value_float, "blocker", "value_float"),
     "Constant of half": (constant_of_half, "blocker", "map::at"),
     "Expand of a shape of constants": (expand_of_constants, "blocker", "compute_60"),
+    "ReduceSum of axes as an input": (reduce_of_axes_input("ReduceSum", [-1], 1, 13), "wrong shape", "axes"),
+    "ReduceMean of axes as an input (opset 18)": (reduce_of_axes_input("ReduceMean", [1], 0, 18), "wrong shape",
+                                                  "axes"),
+    "ReduceSum of two axes (opset 18)": (reduce_of_axes_input("ReduceSum", [0, 2], 1, 18), "wrong shape", "axes"),
     "dilated MaxPool": (max_pool_dilated, "wrong shape", "dilations"),
 }
 NO_REWRITE = {"dilated MaxPool"}  # NNFusion's pools have no dilation

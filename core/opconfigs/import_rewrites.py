@@ -4,7 +4,8 @@ functions out). Each keeps ONNX's numbers: a dynamic dimension pinned to the siz
 static shapes folded into constants, negative axes and indices counted from 0, a Min or Max of other than two inputs
 written with two-input ones, a Min that broadcasts as numpy written as Max of negations, DepthToSpace as the
 Reshape, Transpose and Reshape ONNX defines it as, a LayerNormalization given its zero bias, a Transpose its default
-perm, a tanh Gelu its formula and a MaxPool's SAME padding ONNX's pads."""
+perm, a tanh Gelu its formula, a MaxPool's SAME padding ONNX's pads and a ReduceSum or ReduceMean of an axes input
+one the importer reads."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.opconfigs import import_rules
-from core.opconfigs.nnfusion_import import attributes, static_shapes
+from core.opconfigs.nnfusion_import import attributes, reduce_axes_ignored, static_shapes
 
 HALF = 10  # ONNX TensorProto.FLOAT16
 FOLD_LIMIT = 4096  # elements: shape computations are small; a larger value is left to the compiler
@@ -395,6 +396,49 @@ def _reciprocal(node: Any, cx: _Context) -> Made | None:
     return "Reciprocal written as Div(1, x)", made, [numpy_helper.from_array(np.array(1.0, dtype), one)]
 
 
+def _reduce_of_axes_input(node: Any, cx: _Context) -> Made | None:
+    """A ReduceSum (opset 13 on) or ReduceMean (18 on) given its axes as an input, which the importer does not read
+    (it reduces every axis). Below opset 18 as a ReduceMean of an axes attribute (times the count, for a sum); from
+    18 on no reduce takes the attribute, so as a MatMul of the reduced axes, moved last, by a column of ones (of
+    1/count, for a mean), then a Reshape to the output's shape."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    shape, out, axes = cx.shapes.get(node.input[0]), cx.shapes.get(node.output[0]), None
+    if len(node.input) > 1 and node.input[1]:
+        axes = cx.values.get(node.input[1])
+    if shape is None or out is None or axes is None or not np.size(axes) \
+            or not reduce_axes_ignored(node, out):
+        return None
+    rank, x, base = len(shape), node.input[0], node.name or node.output[0]
+    reduced = sorted({int(a) % rank for a in np.ravel(axes)})
+    count = math.prod(shape[a] for a in reduced)
+    dtype = np.float16 if cx.types.get(x) == HALF else np.float32
+    name = {k: cx.namer(f"{base}/{k}") for k in ("mean", "count", "moved", "rows", "rows_shape", "column", "sums",
+                                                 "shape")}
+    kind = f"{node.op_type} of axes as an input written with "
+    if cx.opsets.get("", 0) < 18:  # (only ReduceSum takes its axes as an input below 18)
+        keepdims = int(attributes(node).get("keepdims", 1))
+        made = [_like("ReduceMean", [x], [name["mean"]], cx.namer(f"{base}/ReduceMean"), axes=reduced,
+                      keepdims=keepdims),
+                _like("Mul", [name["mean"], name["count"]], list(node.output), node.name or cx.namer(f"{base}/Mul"))]
+        return kind + "an axes attribute", made, [numpy_helper.from_array(np.array(count, dtype), name["count"])]
+    kept = [a for a in range(rank) if a not in reduced]
+    made, moved = [], x
+    if kept + reduced != list(range(rank)):
+        made.append(_like("Transpose", [x], [name["moved"]], cx.namer(f"{base}/Transpose"), perm=kept + reduced))
+        moved = name["moved"]
+    weight = 1.0 if node.op_type == "ReduceSum" else 1.0 / count
+    made += [_like("Reshape", [moved, name["rows_shape"]], [name["rows"]], cx.namer(f"{base}/Rows")),
+             _like("MatMul", [name["rows"], name["column"]], [name["sums"]], cx.namer(f"{base}/MatMul")),
+             _like("Reshape", [name["sums"], name["shape"]], list(node.output), node.name or cx.namer(f"{base}/Out"))]
+    rows = math.prod(shape[a] for a in kept)
+    return kind + "a MatMul", made, [
+        numpy_helper.from_array(np.array([rows, count], np.int64), name["rows_shape"]),
+        numpy_helper.from_array(np.full((count, 1), weight, dtype), name["column"]),
+        numpy_helper.from_array(np.array(out, np.int64), name["shape"])]
+
+
 def _resize_by_sizes(node: Any, cx: _Context) -> Made | None:
     """A Resize given constant `sizes` (F.interpolate(size=...) once its shape computation is folded) on a static
     shape: the importer takes only constant scales (Resize.cpp). ONNX takes the scales of sizes as sizes / input
@@ -648,5 +692,6 @@ _REWRITES: dict[str, Rewrite] = {
     "MaxPool": _max_pool,
     "Flatten": _flatten, "Min": _min_max, "Max": _min_max, "Gather": _gather, "Slice": _slice,
     "Transpose": _transpose, "LayerNormalization": _layer_norm, "DepthToSpace": _depth_to_space, "Gelu": _gelu,
-    "Reciprocal": _reciprocal, "Resize": _resize_by_sizes,
+    "Reciprocal": _reciprocal, "Resize": _resize_by_sizes, "ReduceSum": _reduce_of_axes_input,
+    "ReduceMean": _reduce_of_axes_input,
 }
