@@ -484,7 +484,8 @@ def import_faults(model: Any) -> tuple[list[Blocker], list[ShapeWarning]]:
             warnings.append(ShapeWarning(name, said, "wrong numbers"))
         if reduce_axes_ignored(node, shapes.get(node.output[0]) if node.output else None):
             warnings.append(ShapeWarning(name, f"{node.op_type}'s axes are an input, which NNFusion's importer does "
-                                         "not read (op/reduce.hpp reads the axes attribute): it reduces every axis"))
+                                         "not read (op/reduce.hpp reads the axes attribute): it reduces every axis; "
+                                         f"{import_rules.EXPAND_HINT} where the axes are constant"))
         if node.op_type == "BatchNormalization" and attributes(node).get("training_mode", 0):
             warnings.append(ShapeWarning(name, "training_mode=1 normalises by the batch's own statistics; NNFusion's "
                                          "BatchNormInference (folded into a conv or not) uses the running mean and "
