@@ -625,9 +625,11 @@ def static_shapes(graph: Any) -> Shapes:
     been through) and of its initializers."""
     shapes: Shapes = {t.name: list(t.dims) for t in graph.initializer}
     for vi in (*graph.input, *graph.value_info, *graph.output):
-        dims = vi.type.tensor_type.shape.dim if vi.type.HasField("tensor_type") else []
-        if dims and all(d.HasField("dim_value") and d.dim_value > 0 for d in dims):
-            shapes.setdefault(vi.name, [d.dim_value for d in dims])
+        typed = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
+        if typed is None or not typed.HasField("shape"):  # (no shape known; a scalar's is known and empty)
+            continue
+        if all(d.HasField("dim_value") and d.dim_value > 0 for d in typed.shape.dim):
+            shapes.setdefault(vi.name, [d.dim_value for d in typed.shape.dim])
     return shapes
 
 
