@@ -2,7 +2,8 @@
 compiler imports the model (`kdb model expand`).
 
 Many ONNX ops are functions: their schema carries a body of simpler ops (HardSwish is HardSigmoid then Mul; HardSigmoid
-is Mul, Add, Min and Max of constants; Mish is Softplus, Tanh and Mul). NNFusion's importer aborts on such an op when it
+is Mul, Add, Min and Max of constants; Mish is Softplus, Tanh and Mul). Softplus is written in a form that does not
+overflow (ONNX's log(exp(x) + 1) is inf for a large x). NNFusion's importer aborts on such an op when it
 has no translator of its own ('No infershape or Antares IR found for op type: HardSwish': a MobileNetV3). Each one is
 replaced by the body of its schema at the model's opset, its attributes (alpha, beta) put in, and again for an op of
 the body that is itself such a function; the body's constants, which it casts to the input's type (CastLike), become
@@ -162,6 +163,8 @@ class _Writer:
 
         if depth > 8:
             raise _Unexpandable("its definition nests functions too deep")
+        if node.op_type == "Softplus":
+            return self._softplus(node)
         schema = function_schema(node.op_type, self.opset)
         assert schema is not None  # (callers expand only what function_ops found a body for)
         body = function_body(schema, self.opset)
@@ -203,6 +206,25 @@ class _Writer:
                 raise _Unexpandable(f"its definition uses {inner.op_type}, which NNFusion's importer does not "
                                     "import either")
         return out
+
+    def _softplus(self, node: Any) -> list[Any]:
+        """Softplus (Mish's too) as max(x, 0) + log(1 + exp(-|x|)): ONNX's body, log(exp(x) + 1), is inf where exp
+        overflows (x > 88 in float; in half, where NNFusion stores exp in a half, x > 11), while softplus(x) is x."""
+        import numpy as np
+        from onnx import helper
+
+        x, prefix = node.input[0], node.name or node.output[0]
+        dtype = self.types.get(x, FLOAT)
+        t = {k: self._fresh(f"{prefix}/{k}") for k in ("relu", "abs", "neg", "exp", "one", "sum", "log")}
+        self._initializer(t["one"], np.array(1.0), dtype)
+        steps = [("Relu", [x], "relu"), ("Abs", [x], "abs"), ("Neg", [t["abs"]], "neg"), ("Exp", [t["neg"]], "exp"),
+                 ("Add", [t["exp"], t["one"]], "sum"), ("Log", [t["sum"]], "log")]
+        made = [helper.make_node(op, ins, [t[out]], name=self._fresh(f"{prefix}/{op}")) for op, ins, out in steps]
+        made.append(helper.make_node("Add", [t["relu"], t["log"]], list(node.output),
+                                     name=self._fresh(f"{prefix}/Add")))
+        for tensor in (*t.values(), *node.output):
+            self.types.setdefault(tensor, dtype)
+        return made
 
     def _attribute(self, attribute: Any, given: dict[str, Any], defaults: dict[str, Any]) -> Any:
         """A body node's attribute, with a reference to the function's own attribute (`@alpha`) filled in."""
