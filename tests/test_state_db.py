@@ -117,3 +117,20 @@ def test_a_second_command_creating_the_state_file_waits_for_the_first(tmp_path: 
     assert not waiting.is_alive() and not errors, errors
     assert [r[0] for r in first.execute("SELECT sql FROM sqlite_master WHERE sql IS NOT NULL ORDER BY rowid")] \
         == FIRST_LAYOUT + MODEL_EVENT_LAYOUT  # the second added the table the first did not know
+
+
+def test_a_db_given_relative_is_one_db_per_folder(tmp_path: Path, monkeypatch):
+    """Held out in session 30: failures were keyed by --db as typed, so `--db fp32.db` listed six other folders'
+    fp32.db failures, and the absolute path of the DB showed none."""
+    state = StateDB(tmp_path / "state.db")
+    try:
+        for folder in ("a", "b"):
+            (tmp_path / folder).mkdir()
+            monkeypatch.chdir(tmp_path / folder)
+            state.record_failures([Failure(db_path="fp32.db", file=f"{folder}.txt", stage="codegen", reason="x")])
+        assert [f.file for f in state.failures(Path("fp32.db"))] == ["b.txt"]  # (in folder b)
+        assert [f.file for f in state.failures(tmp_path / "a" / "fp32.db")] == ["a.txt"]
+        monkeypatch.chdir(tmp_path / "a")
+        assert [f.file for f in state.failures(Path("./fp32.db"))] == ["a.txt"]
+    finally:
+        state.close()

@@ -31,6 +31,12 @@ S = TypeVar("S")  # a Stored* class (to a type checker: its schema class)
 MAX_KEPT_INPUT = 8 * 1024 * 1024  # larger inputs are kept by path only
 
 
+def db_key(db_path: Path | str) -> str:
+    """A kernel DB as the state file names it: its absolute path, so that `--db k.db` in two folders are two DBs
+    and the same file given relative or absolute is one."""
+    return str(Path(db_path).expanduser().absolute())
+
+
 def state_dir() -> Path:
     env = os.environ.get("KDB_STATE_DIR")
     if env:
@@ -136,7 +142,7 @@ class StateDB:
         from core.db.state_records import Run
 
         with self._transaction() as conn:
-            return self._insert(conn, Run(kind=kind, db_path=str(db_path), args=json.dumps(args)))
+            return self._insert(conn, Run(kind=kind, db_path=db_key(db_path), args=json.dumps(args)))
 
     def finish_run(self, run_id: int, *, injected: int, unchanged: int, failed: int, cancelled: bool) -> None:
         with self._transaction() as conn:
@@ -152,14 +158,15 @@ class StateDB:
                     f.input = None
                 # File names and reasons may carry undecodable bytes: store them escaped, never fail.
                 f.file, f.name, f.reason = printable(f.file), printable(f.name), printable(f.reason)
+                f.db_path = db_key(f.db_path)
                 f.detail = printable(f.detail)
                 f.id = self._insert(conn, f)
 
     def failures(self, db_path: Path | None = None, *, include_closed: bool = False) -> list[StoredFailure]:
         clauses, params = [], []
-        if db_path is not None:
-            clauses.append("db_path = ?")
-            params.append(str(db_path))
+        if db_path is not None:  # (as recorded before db_key: the path as typed)
+            clauses.append("db_path IN (?, ?)")
+            params += [db_key(db_path), str(db_path)]
         if not include_closed:
             clauses.append("NOT dismissed AND resolved_at IS NULL")
         where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
@@ -181,7 +188,8 @@ class StateDB:
     def retarget_failures(self, old_db: Path, new_db: Path) -> None:
         """Failures recorded against a DB file that has since been renamed follow it."""
         with self._transaction() as conn:
-            conn.execute("UPDATE failure SET db_path = ? WHERE db_path = ?", (str(new_db), str(old_db)))
+            conn.execute("UPDATE failure SET db_path = ? WHERE db_path IN (?, ?)",
+                         (db_key(new_db), db_key(old_db), str(old_db)))
 
     def runs(self, limit: int = 50) -> list[StoredRun]:
         return self._select(StoredRun, "run", "ORDER BY id DESC LIMIT ?", (limit,))
@@ -191,6 +199,7 @@ class StateDB:
     def record_model_event(self, event: ModelEvent) -> None:
         event.model, event.headline, event.detail = printable(event.model), printable(event.headline), \
             printable(event.detail)
+        event.db_path = db_key(event.db_path)
         with self._transaction() as conn:
             event.id = self._insert(conn, event)
 
@@ -198,8 +207,8 @@ class StateDB:
         """The model's events, newest first (with `db_path`: with that DB only)."""
         where, params = "WHERE model = ?", [str(model)]
         if db_path is not None:
-            where += " AND db_path = ?"
-            params.append(str(db_path))
+            where += " AND db_path IN (?, ?)"
+            params += [db_key(db_path), str(db_path)]
         return self._select(StoredModelEvent, "model_event", f"{where} ORDER BY id DESC LIMIT ?", (*params, limit))
 
     def recent_models(self, limit: int = 10) -> list[str]:
