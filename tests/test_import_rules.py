@@ -172,6 +172,17 @@ def constant_of_half() -> ModelProto:
     return _net([1, 4, 8], build)
 
 
+def constant_of_bool() -> ModelProto:
+    """A causal mask as a bool Constant (held out in session 30: expand made it a bool initializer, which the
+    importer cannot read either: 'unsupported data type: 9')."""
+    def build(g: GraphBuilder) -> str:
+        causal = np.broadcast_to(np.tril(np.ones((8, 8), bool)), (1, 4, 8, 8))
+        mask = helper.make_tensor("m", TensorProto.BOOL, [1, 4, 8, 8], causal.ravel().tolist())
+        fill = g.constant("fill", np.full((1, 4, 8, 8), -1e4), np.float32)  # (one shape: no broadcast)
+        return g.node("Where", [g.node("Constant", [], "n", value=mask), "x", fill], "where")
+    return _net([1, 4, 8, 8], build)
+
+
 def expand_of_constants() -> ModelProto:
     """torch's `cls.expand(B, -1, -1)` as exported: the shape a Where of ConstantOfShapes and Constants only."""
     def build(g: GraphBuilder) -> str:
@@ -223,6 +234,7 @@ CASES: dict[str, tuple[Callable[[], ModelProto], str, str]] = {
     "Constant of value_float": (constant_value_float, "blocker", "value_float"),
     "Constant of half": (constant_of_half, "blocker", "map::at"),
     "Expand of a shape of constants": (expand_of_constants, "blocker", "compute_60"),
+    "Constant of bool": (constant_of_bool, "blocker", "map::at"),
     "ReduceSum of axes as an input": (reduce_of_axes_input("ReduceSum", [-1], 1, 13), "wrong shape", "axes"),
     "ReduceMean of axes as an input (opset 18)": (reduce_of_axes_input("ReduceMean", [1], 0, 18), "wrong shape",
                                                   "axes"),
@@ -319,3 +331,24 @@ def test_the_readme_flow_of_a_torch_export_with_dynamic_axes(tmp_path: Path):
     assert not (tmp_path / "y.onnx").exists()
     bad = run_kdb("model", "expand", str(source), str(tmp_path / "y.onnx"), "--dim", "batch=0", env=env)
     assert bad.returncode == 2 and "NAME=SIZE" in bad.stderr
+
+
+@needs_compiler
+def test_a_mask_stored_as_int32_and_cast_stays_so_through_expand_and_fp16(tmp_path: Path):
+    """Held out in session 30: coverage's advice for a bool mask is an int32 one Cast in the model; `kdb model expand`
+    and `kdb model fp16` folded the Cast of the constant back into a bool initializer, and the compile aborted."""
+    from core.opconfigs.fp16_model import convert_to_fp16
+
+    def build(g: GraphBuilder) -> str:
+        stored = g.constant("m_i32", np.broadcast_to(np.tril(np.ones((8, 8))), (1, 4, 8, 8)), np.int32)
+        mask = g.node("Cast", [stored], "mask", to=TensorProto.BOOL)
+        return g.node("Where", [mask, "x", g.constant("fill", np.full((1, 4, 8, 8), -1e4), np.float32)], "where")
+    source = write(_net([1, 4, 8, 8], build), tmp_path / "m.onnx")
+    assert said(read_model(source)) == []
+    expand_functions(source, tmp_path / "x.onnx")
+    convert_to_fp16(source, tmp_path / "h.onnx")
+    for name in ("x", "h"):
+        model = read_model(tmp_path / f"{name}.onnx")
+        assert [t.name for t in model.graph.initializer if t.data_type == TensorProto.BOOL] == [], name
+        assert said(model) == []
+        compiled_code(nnfusion(model, tmp_path / f"{name}-out"), tmp_path / f"{name}-out", "compiles")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.opconfigs import import_rules
-from core.opconfigs.nnfusion_import import attributes, reduce_axes_ignored, static_shapes
+from core.opconfigs.nnfusion_import import READABLE_INITIALIZERS, attributes, reduce_axes_ignored, static_shapes
 
 HALF = 10  # ONNX TensorProto.FLOAT16
 FOLD_LIMIT = 4096  # elements: shape computations are small; a larger value is left to the compiler
@@ -156,6 +156,21 @@ def _constants(graph: Any, opsets: dict[str, int]) -> dict[str, Any]:
     return values
 
 
+def readable_initializer(value: Any, name: str, fresh: Callable[[str], str]) -> tuple[list[Any], list[Any]]:
+    """`value` as the initializer `name`, or, of a type the importer cannot read (a bool mask: it aborts 'unsupported
+    data type: 9'), as an int32 initializer and a Cast to the type: (nodes, initializers)."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    value = np.asarray(value)
+    elem = helper.np_dtype_to_tensor_dtype(value.dtype)
+    if elem in READABLE_INITIALIZERS:
+        return [], [numpy_helper.from_array(value, name)]
+    stored = fresh(f"{name}_int32")
+    return ([helper.make_node("Cast", [stored], [name], name=fresh(f"{name}/Cast"), to=elem)],
+            [numpy_helper.from_array(value.astype(np.int32), stored)])
+
+
 def _fold_shape_computations(graph: Any, shapes: dict[str, list[int]], values: dict[str, Any],
                              opsets: dict[str, int]) -> int:
     """Evaluate what follows from Shape of statically shaped tensors and from constants alone (a torch export's
@@ -163,13 +178,15 @@ def _fold_shape_computations(graph: Any, shapes: dict[str, list[int]], values: d
     a constant), and give each node that reads such a value an initializer instead; nodes left with no reader go. The
     count of nodes folded."""
     import numpy as np
-    from onnx import helper, numpy_helper
+    from onnx import helper
 
     known, made, folded = dict(values), set(), set()  # values, the tensors folded, the indices of the nodes folded
     outputs = {o.name for o in graph.output}  # (a graph output stays a node's)
     for i, node in enumerate(graph.node):
         if node.domain not in ("", "ai.onnx") or node.op_type == "Constant" or outputs.intersection(node.output):
             continue
+        if node.op_type == "Cast" and attributes(node).get("to") not in READABLE_INITIALIZERS:
+            continue  # (folded, it would be stored as it is: an int32 initializer and this Cast; a bool mask's)
         if node.op_type == "Shape" and node.input[0] in shapes:
             attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
             dims = shapes[node.input[0]]
@@ -189,8 +206,14 @@ def _fold_shape_computations(graph: Any, shapes: dict[str, list[int]], values: d
     read = {t for i, n in enumerate(graph.node) if i not in folded for t in n.input if t in made}
     if not read:
         return 0
-    graph.initializer.extend(numpy_helper.from_array(known[t], t) for t in sorted(read))
-    kept = [n for i, n in enumerate(graph.node) if i not in folded]
+    namer = _Namer({n.name for n in graph.node} | {t for n in graph.node for t in (*n.input, *n.output)}
+                   | {t.name for t in graph.initializer})
+    casts = []
+    for tensor in sorted(read):
+        nodes, initializers = readable_initializer(known[tensor], tensor, namer)
+        casts += nodes
+        graph.initializer.extend(initializers)
+    kept = casts + [n for i, n in enumerate(graph.node) if i not in folded]
     count = len(graph.node) - len(kept)
     del graph.node[:]
     graph.node.extend(kept)
@@ -480,7 +503,6 @@ def _max_pool(node: Any, cx: _Context) -> Made | None:
 def _constant(node: Any, cx: _Context) -> Made | None:
     """A Constant NNFusion's importer cannot make (a half one: `kdb model fp16`'s of a torch export's Constants;
     a value_float ...): an initializer of its value, under its output's name."""
-    from onnx import numpy_helper
 
     if not import_rules.constant(node, attributes(node)):
         return None
@@ -488,7 +510,8 @@ def _constant(node: Any, cx: _Context) -> Made | None:
         (value,) = _evaluate(node, {}, cx.opsets)
     except Exception:  # a Constant the reference cannot make (sparse): left, with its blocker
         return None
-    return "Constants written as initializers", [], [numpy_helper.from_array(value, node.output[0])]
+    nodes, initializers = readable_initializer(value, node.output[0], cx.namer)
+    return "Constants written as initializers", nodes, initializers
 
 
 def _squeeze(node: Any, cx: _Context) -> Made | None:
