@@ -871,6 +871,9 @@ class _Extractor:
         spatial = len(xs) - 2
         if spatial < 1:
             raise _NotMapped(f"input {xs} has no spatial axes")
+        if spatial > 2:  # (as _pool says of a 3-D pool: kdb would promise a row it cannot generate)
+            raise _NotMapped(f"{spatial}-D global pool: kdb generates 1-D and 2-D pools; NNFusion's own (cuDNN) "
+                             "kernel runs it")
         if spatial == 1:
             # NNFusion's importer reshapes a 3-D input of a global pool to N,C,L,1 and pools that (pool.hpp).
             xs, ys, spatial = [*xs, 1], [*ys, 1], 2
