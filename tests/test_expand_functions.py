@@ -109,6 +109,19 @@ def test_expand_says_what_still_cannot_compile_and_exits_1(tmp_path: Path):
     assert "written unchanged" in text and "still cannot compile: node act (Celu)" in text
 
 
+def test_expand_says_what_still_compiles_into_another_network_and_exits_1(tmp_path: Path):
+    """Held out in session 30 (SqueezeNet at 100x100): a MaxPool of ceil_mode 1, whose ceil_mode the importer drops,
+    came back 'written unchanged (nothing to expand or rewrite)' with exit 0, where coverage exits 1."""
+    g = GraphBuilder({"x": [1, 4, 24, 24]})
+    y = g.node("MaxPool", ["x"], "pool", kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)
+    model = write(g.model(g.node("Relu", [y], "out"), "ceil"), tmp_path / "m.onnx")
+    proc = run_kdb("model", "expand", str(model), str(tmp_path / "x.onnx"))
+    assert proc.returncode == 1, proc.stderr
+    text = " ".join(proc.stdout.split())
+    assert "still compiles into another network: node pool: wrong shape: NNFusion's importer drops MaxPool's " \
+        "ceil_mode" in text, text
+
+
 def test_a_half_model_gets_its_constants_in_half(tmp_path: Path):
     pytest.importorskip("onnxconverter_common")
     from core.opconfigs.fp16_model import convert_to_fp16

@@ -15,7 +15,8 @@ def main(args: argparse.Namespace) -> int:
     status = 0
     if args.model_command == "expand":
         expansion = expand_functions(Path(args.source), Path(args.output), dict(args.dim))
-        done, status = expansion, 1 if expansion.blocked else 0  # what NNFusion still cannot compile is a finding
+        # what NNFusion still cannot compile, or compiles into another network, is a finding
+        done, status = expansion, 1 if expansion.blocked or expansion.miscompiled else 0
         next_step = f"next: kdb coverage {done.output}   (then the README's steps with it)"
     else:
         done = convert_to_fp16(Path(args.source), Path(args.output), keep_io_types=args.keep_io_types)

@@ -29,7 +29,7 @@ from core.opconfigs.nnfusion_import import (
     function_body,
     function_ops,
     function_schema,
-    import_blockers,
+    import_faults,
     importable,
 )
 from core.opconfigs.onnx_extract import read_model
@@ -47,6 +47,7 @@ class Expansion:
     rewritten: dict[str, int] = field(default_factory=dict)  # import_rewrites' kind -> nodes
     pinned: int = 0  # dimensions given their size (--dim)
     blocked: tuple[tuple[str, str, str], ...] = ()  # (node, op type, why) the written model still cannot compile
+    miscompiled: tuple[tuple[str, str, str], ...] = ()  # (node, kind, why) it compiles into another network
 
     def report_lines(self) -> list[str]:
         done = ", ".join(f"{count} {op}" for op, count in sorted(self.expanded.items())) or "no function to expand"
@@ -59,13 +60,16 @@ class Expansion:
                   for kind, count in sorted(self.rewritten.items())]
         lines += [f"left as it is: node {node} ({op}): {why}" for node, op, why in self.left]
         lines += [f"still cannot compile: node {node} ({op}): {why}" for node, op, why in self.blocked]
+        lines += [f"still compiles into another network: node {node}: {kind}: {why}"
+                  for node, kind, why in self.miscompiled]
         return lines
 
     def as_dict(self) -> dict[str, object]:
         return {"source": str(self.source), "output": str(self.output), "expanded": self.expanded,
                 "nodes_added": self.nodes_added, "rewritten": self.rewritten, "pinned": self.pinned,
                 "left": [{"node": n, "op_type": op, "reason": why} for n, op, why in self.left],
-                "blocked": [{"node": n, "op_type": op, "reason": why} for n, op, why in self.blocked]}
+                "blocked": [{"node": n, "op_type": op, "reason": why} for n, op, why in self.blocked],
+                "miscompiled": [{"node": n, "kind": kind, "reason": why} for n, kind, why in self.miscompiled]}
 
 
 class _Unexpandable(Exception):
@@ -121,8 +125,10 @@ def expand_functions(source: Path, output: Path, dims: dict[str, int] | None = N
         model = onnx.shape_inference.infer_shapes(model, data_prop=True)
     except Exception:  # shape inference fails on malformed models; the blockers are then found without shapes
         pass
-    blocked = tuple((b.node, b.op_type, b.reason) for b in import_blockers(model))
-    return Expansion(source, output, dict(expanded), added, tuple(left), dict(rewritten), pinned, blocked)
+    blockers, warnings = import_faults(model)
+    blocked = tuple((b.node, b.op_type, b.reason) for b in blockers)
+    miscompiled = tuple((w.node, w.kind, w.text) for w in warnings)
+    return Expansion(source, output, dict(expanded), added, tuple(left), dict(rewritten), pinned, blocked, miscompiled)
 
 
 def _inference_dropout(node: Any, graph: Any, used: set[str]) -> bool:
