@@ -275,6 +275,10 @@ def test_two_resizes_of_one_shape_and_two_modes_share_one_row_and_one_computes_w
                                 "--out", str(tmp_path / "out"), env=env)
     assert proc.returncode == 1 and report["compiled"]
     assert any(p.startswith("wrong numbers: Resize") for p in report["problems"]), report["problems"]
+    # ... and without --json: held out in session 30, the text said nothing of why it exits 1
+    proc = run_kdb("nnfusion", str(model), "--db", db, "--nnfusion", str(COMPILER), "--out", str(tmp_path / "out2"),
+                   env={**env, "COLUMNS": "250"})
+    assert proc.returncode == 1 and "wrong numbers: Resize" in proc.stdout, proc.stdout[-3000:]
 
 
 def test_a_float_batch_norm_after_a_conv_is_folded_as_the_compiler_folds_it(tmp_path: Path):

@@ -136,9 +136,12 @@ def main(args: argparse.Namespace) -> int:
         out.print(f"[red]cannot launch[/]: {line}", highlight=False)
     if failures:
         out.print(LAUNCH_ADVICE, highlight=False)
-    for copy in usage.skipped:
-        out.print(f"[red]wrong numbers[/]: {copy.describe()}", highlight=False)
-    return 1 if report.problems() else 0
+    problems = report.problems()
+    shown = {f"cannot launch: {line}" for line in failures}
+    for problem in problems:  # each reason for the exit status (wrong numbers: a row's, a Concat's, the importer's)
+        if problem not in shown:
+            out.print(problem, style="red", markup=False, highlight=False)
+    return 1 if problems else 0
 
 
 
