@@ -139,6 +139,22 @@ def depthwise_1d() -> ModelProto:
                                              "n", group=8, kernel_shape=[7], pads=[3, 3]))
 
 
+def causal_depthwise_1d() -> ModelProto:
+    """A Mamba's causal depthwise Conv1d: padded k - 1 on both sides, then sliced (held out in session 30: after
+    expand made it 2-D, its padding, neither SAME nor VALID, still stopped the compile)."""
+    def build(g: GraphBuilder) -> str:
+        y = g.node("Conv", ["x", g.weight("w", [8, 1, 4], fan_in=4)], "n", group=8, kernel_shape=[4], pads=[3, 3])
+        return g.node("Slice", [y, g.constant("start", [0]), g.constant("end", [20]), g.constant("axis", [2])],
+                      "causal")
+    return _net([1, 8, 20], build)
+
+
+def depthwise_padded_2() -> ModelProto:
+    """A 3x3 depthwise conv padded 2 on every side: neither SAME (1) nor VALID."""
+    return _net([1, 8, 10, 10], lambda g: g.node("Conv", ["x", g.weight("w", [8, 1, 3, 3], fan_in=9)], "n", group=8,
+                                                 kernel_shape=[3, 3], pads=[2, 2, 2, 2]))
+
+
 def reciprocal() -> ModelProto:
     """1 / x as torch.reciprocal exports it (held out in session 29: no translator, no fix offered)."""
     return _net([1, 8, 4, 4], lambda g: g.node("Reciprocal", [g.node("Sigmoid", ["x"], "positive")], "n"), opset=13)
@@ -231,6 +247,8 @@ CASES: dict[str, tuple[Callable[[], ModelProto], str, str]] = {
     "InstanceNormalization (a GroupNorm)": (instance_norm, "blocker", "No infershape"),
     "Reciprocal": (reciprocal, "blocker", "No infershape"),
     "1-D depthwise conv": (depthwise_1d, "blocker", "Input axis order is not a permutation"),
+    "1-D causal depthwise conv": (causal_depthwise_1d, "blocker", "Input axis order is not a permutation"),
+    "depthwise conv padded neither SAME nor VALID": (depthwise_padded_2, "blocker", "neither SAME nor VALID"),
     "Constant of value_float": (constant_value_float, "blocker", "value_float"),
     "Constant of half": (constant_of_half, "blocker", "map::at"),
     "Expand of a shape of constants": (expand_of_constants, "blocker", "compute_60"),

@@ -16,7 +16,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.opconfigs import import_rules
-from core.opconfigs.nnfusion_import import READABLE_INITIALIZERS, attributes, reduce_axes_ignored, static_shapes
+from core.opconfigs.nnfusion_import import (
+    READABLE_INITIALIZERS,
+    attributes,
+    depthwise_padding_ok,
+    reduce_axes_ignored,
+    static_shapes,
+)
 
 HALF = 10  # ONNX TensorProto.FLOAT16
 FOLD_LIMIT = 4096  # elements: shape computations are small; a larger value is left to the compiler
@@ -529,7 +535,36 @@ def _squeeze(node: Any, cx: _Context) -> Made | None:
 
 
 def _conv(node: Any, cx: _Context) -> Made | None:
-    return _grouped_conv(node, cx) or _depthwise_1d(node, cx)
+    return _grouped_conv(node, cx) or _depthwise_1d(node, cx) or _depthwise_padding(node, cx)
+
+
+def _zero_pad(x: str, pads: list[int], base: str, cx: _Context) -> tuple[Any, Any, str]:
+    """A Pad of zeros (a conv's own padding) of x: (its node, its pads initializer, its output). One attribute, mode:
+    the importer's Pad of opset 11 on (op/pad.hpp) reads the pads input when the node has exactly one."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    padded, pads_name = cx.namer(f"{base}/padded"), cx.namer(f"{base}/pads")
+    return (_like("Pad", [x, pads_name], [padded], cx.namer(f"{base}/Pad"), mode="constant"),
+            numpy_helper.from_array(np.array(pads, np.int64), pads_name), padded)
+
+
+def _depthwise_padding(node: Any, cx: _Context) -> Made | None:
+    """A 2-D depthwise convolution padded alike before and after but neither SAME nor VALID (the importer aborts) as
+    a Pad of zeros and the VALID convolution."""
+    attrs = attributes(node)
+    shape, weight = cx.shapes.get(node.input[0]), cx.shapes.get(node.input[1]) if len(node.input) > 1 else None
+    if shape is None or weight is None or len(shape) != 4 or int(attrs.get("group", 1)) != shape[1] \
+            or weight[:2] != [shape[1], 1]:
+        return None
+    pads, dilations = list(attrs.get("pads", [0] * 4)), list(attrs.get("dilations", [1, 1]))
+    if depthwise_padding_ok(pads, dilations, weight[2:]):
+        return None
+    base = node.name or node.output[0]
+    pad, pads_init, padded = _zero_pad(node.input[0], [0, 0, pads[0], pads[1], 0, 0, pads[2], pads[3]], base, cx)
+    conv = _like("Conv", [padded, *node.input[1:]], list(node.output), node.name, pads=[0, 0, 0, 0])
+    conv.attribute.extend(a for a in node.attribute if a.name not in ("pads", "auto_pad"))
+    return "depthwise convolution's padding written as a Pad", [pad, conv], [pads_init]
 
 
 def _depthwise_1d(node: Any, cx: _Context) -> Made | None:
@@ -553,13 +588,17 @@ def _depthwise_1d(node: Any, cx: _Context) -> Made | None:
     pads = list(attrs.get("pads", [0, 0]))
     made_attrs = {"group": shape[1], "kernel_shape": [1, int(w.shape[2])], "pads": [0, pads[0], 0, pads[1]],
                   "strides": [1, *attrs.get("strides", [1])], "dilations": [1, *attrs.get("dilations", [1])]}
-    made = [_like("Reshape", [node.input[0], n["to_2d"]], [n["input_2d"]], cx.namer(f"{base}/Reshape_2d")),
-            _like("Conv", [n["input_2d"], n["weight_2d"], *([bias] if bias else [])], [n["output_2d"]],
+    made, conv_input, initializers = [], n["input_2d"], []
+    if not depthwise_padding_ok(made_attrs["pads"], made_attrs["dilations"], made_attrs["kernel_shape"]):
+        pad, pads_init, conv_input = _zero_pad(n["input_2d"], [0, 0, 0, pads[0], 0, 0, 0, pads[1]], base, cx)
+        made, initializers, made_attrs["pads"] = [pad], [pads_init], [0, 0, 0, 0]  # (a causal conv's k - 1 each side)
+    made = [_like("Reshape", [node.input[0], n["to_2d"]], [n["input_2d"]], cx.namer(f"{base}/Reshape_2d")), *made,
+            _like("Conv", [conv_input, n["weight_2d"], *([bias] if bias else [])], [n["output_2d"]],
                   cx.namer(f"{base}/Conv_2d"), **made_attrs),
             _like("Reshape", [n["output_2d"], n["to_1d"]], list(node.output), node.name)]
-    initializers = [numpy_helper.from_array(np.array([shape[0], shape[1], 1, shape[2]], np.int64), n["to_2d"]),
-                    numpy_helper.from_array(w.reshape(w.shape[0], 1, 1, w.shape[2]), n["weight_2d"]),
-                    numpy_helper.from_array(np.array(out, np.int64), n["to_1d"])]
+    initializers += [numpy_helper.from_array(np.array([shape[0], shape[1], 1, shape[2]], np.int64), n["to_2d"]),
+                     numpy_helper.from_array(w.reshape(w.shape[0], 1, 1, w.shape[2]), n["weight_2d"]),
+                     numpy_helper.from_array(np.array(out, np.int64), n["to_1d"])]
     return "1-D depthwise convolution written as a 2-D one", made, initializers
 
 

@@ -145,7 +145,8 @@ def grouped_conv_reason(groups: int, channels: int, filters: int, padding_ok: bo
                 "on it (DepthwiseConv2dNative takes a depth multiplier of 1 only)", False)
     if not padding_ok:
         return ("depthwise convolution whose padding is neither SAME nor VALID: NNFusion's ONNX importer aborts on it "
-                "(DepthwiseConv2dNative takes those two only)", False)
+                f"(DepthwiseConv2dNative takes those two only); {import_rules.EXPAND_HINT} (a Pad of zeros, then the "
+                "VALID convolution)", False)
     if any(d != 1 for d in dilations):
         return (f"depthwise convolution with dilation {list(dilations)}: NNFusion aborts importing it "
                 "(core/operators/generic_op/generic_op_define/DepthwiseConv2dNative.cpp: 'Not support other dilation "
