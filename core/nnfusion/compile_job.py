@@ -185,9 +185,11 @@ class CompileReport:
         steps = len(self.usage.kernel_launches()) if self.usage else 0
         if not self.launches.error and steps > self.launches.launch_count:
             unseen = steps - self.launches.launch_count
-            line += (f"; {unseen} of the steps counted as kernel launches call a function of NNFusion's own (its "
-                     "LayerNorm, its Softmax) that launches its kernels inside, without a launch configuration to "
-                     "check: not checked (no cuBLAS or cuDNN call)")
+            launched = {k.kernel for k in self.launches.kernels}
+            nodes = [s.node for s in self.usage.kernel_launches() if s.function not in launched] if self.usage else []
+            named = f" (nodes {', '.join(nodes[:4])}{', ...' if len(nodes) > 4 else ''})" if nodes else ""
+            line += (f"; {unseen} of the steps counted as kernel launches{named} call a function of NNFusion's own "
+                     "that launches its kernels inside, without a launch configuration to check: not checked")
         return line
 
     def launch_failures(self) -> list[str]:
