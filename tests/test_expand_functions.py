@@ -185,3 +185,16 @@ def test_an_inference_dropout_is_written_as_the_identity_it_is(tmp_path: Path):
     assert {t.name for t in expanded.graph.initializer} == set() and import_blockers(expanded) == []
     x = np.random.default_rng(0).standard_normal((1, 8, 4, 4)).astype(np.float32)
     np.testing.assert_array_equal(outputs(done.output, x), outputs(model, x))
+
+
+def test_extract_of_a_model_nnfusion_cannot_compile_names_the_file_and_exits_1(tmp_path: Path):
+    """Held out in session 30 (a fastText's EmbeddingBag, a Loop): `kdb opconfig extract` said 'NNFusion cannot
+    compile main_graph' (every torch export's graph name), wrote an empty file and exited 0."""
+    g = GraphBuilder({"x": [1, 8]})
+    built = g.model(g.node("Celu", ["x"], "act", alpha=1.0), "main_graph", opset=13)
+    model = write(built, tmp_path / "celu_net.onnx")
+    proc = run_kdb("opconfig", "extract", str(model), "-o", str(tmp_path / "ops.txt"), env={"COLUMNS": "200"})
+    text = " ".join(proc.stdout.split())
+    assert proc.returncode == 1, proc.stderr
+    assert f"NNFusion cannot compile {model}" in text and "main_graph" not in text, text
+    assert "(empty: no op config the compiler looks up)" in text

@@ -27,14 +27,16 @@ def _extract(args: argparse.Namespace) -> int:
                                       nnfusion_path=load_settings().nnfusion_path)  # as the Op configs view's import
     looked_up = extraction.looked_up()
     written = write_opconfigs(looked_up, Path(args.output)) if args.output else None
+    status = 1 if extraction.blockers else 0  # (a model NNFusion cannot compile is a finding, as coverage says)
     if args.json:
         print_json({**extraction.to_dict(), "compiler_flags": flag_list, "looked_up": len(looked_up),
                     "written": str(written) if written else None})
-        return 0
-    print_extraction(extraction)
+        return status
+    print_extraction(extraction, args.model)
     if written:
-        out.print(f"written: {written}", markup=False, highlight=False, soft_wrap=True)
-    return 0
+        out.print(f"written: {written}" + ("" if looked_up else " (empty: no op config the compiler looks up)"),
+                  markup=False, highlight=False, soft_wrap=True)
+    return status
 
 
 def _description(config: OpConfig) -> str:
@@ -42,7 +44,9 @@ def _description(config: OpConfig) -> str:
     return config.describe().removeprefix(config.op_type).strip()
 
 
-def print_extraction(extraction: Extraction) -> None:
+def print_extraction(extraction: Extraction, model: str) -> None:
+    """The extraction's tables, notes and blockers, the model named by its file (a torch export's graph is always
+    main_graph)."""
     from rich.markup import escape
     from rich.table import Table
 
@@ -52,7 +56,7 @@ def print_extraction(extraction: Extraction) -> None:
     fused = (f"; {len(extraction.configs) - len(looked_up)} more fused into NNFusion's own element-wise kernels at "
              f"-fkernel_fusion_level={extraction.kernel_fusion_level}, never looked up, not written"
              if len(looked_up) < len(extraction.configs) else "")
-    table = Table(caption=f"{extraction.model_name}: {extraction.node_count} nodes -> {len(looked_up)} distinct op "
+    table = Table(caption=f"{escape(model)}: {extraction.node_count} nodes -> {len(looked_up)} distinct op "
                   f"configs the compiler looks up ({ops - sum(away.values())} ops){fused}; "
                   f"{len(extraction.unmapped)} not mapped", caption_justify="left")
     for col in ("op type", "description", "count", "fused away", "nodes"):
@@ -74,7 +78,7 @@ def print_extraction(extraction: Extraction) -> None:
         out.print(f"note: {note.node}: {note.text}", markup=False, highlight=False, soft_wrap=True)
     from console.cli.cmd_coverage import print_blockers
 
-    print_blockers(extraction.model_name, extraction.blockers)
+    print_blockers(model, extraction.blockers)
 
 
 def _check(args: argparse.Namespace) -> int:
