@@ -120,6 +120,11 @@ def test_expand_says_what_still_compiles_into_another_network_and_exits_1(tmp_pa
     text = " ".join(proc.stdout.split())
     assert "still compiles into another network: node pool: wrong shape: NNFusion's importer drops MaxPool's " \
         "ceil_mode" in text, text
+    # coverage's summary says its rows count for shapes the compiled network does not have (it promised them all)
+    proc = run_kdb("coverage", str(model), "--db", str(tmp_path / "k.db"), env={"COLUMNS": "300"})
+    text = " ".join(proc.stdout.split())
+    assert proc.returncode == 1 and "(for the model's shapes: NNFusion compiles 1 node(s) below into other shapes" \
+        in text, text
 
 
 def test_a_half_model_gets_its_constants_in_half(tmp_path: Path):

@@ -72,7 +72,11 @@ def main(args: argparse.Namespace) -> int:
         f"{ops[ABORTS]} abort without a row, {ops[DOES_NOT_BUILD]} do not build; DB kernels run "
         f"{summary['db_flops_share']:.0%} of the FLOPs"
         + (f" (once it compiles: {len(extraction.blockers)} node(s) below stop the compile first)"
-           if extraction.blockers else "")), caption_justify="left")
+           if extraction.blockers else "")
+        + (f" (for the model's shapes: NNFusion compiles {len(wrong_shapes)} node(s) below into other shapes, and "
+           "the ops after them may look up other rows)" if (wrong_shapes := [w for w in extraction.miscompiles
+                                                                             if w.kind == "wrong shape"]) else "")),
+        caption_justify="left")
     for col in ("status", "op type", "description", "count", "runs", "row"):
         table.add_column(col, overflow="fold", justify="right" if col == "count" else "left")
     for e in entries:
