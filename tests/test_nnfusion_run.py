@@ -442,8 +442,11 @@ def test_the_run_options_are_refused_where_they_cannot_be_honoured(tmp_path: Pat
 
 
 @needs_compiler
+@pytest.mark.parametrize("graph", [False, True])
 async def test_r_in_the_compile_dialog_builds_the_networks_and_says_there_is_no_gpu(tmp_path: Path,
-                                                                                    monkeypatch: pytest.MonkeyPatch):
+                                                                                    monkeypatch: pytest.MonkeyPatch,
+                                                                                    graph: bool):
+    """r runs `kdb nnfusion --run`'s use case; after g, `--run --cuda-graph`'s (the console had no way to ask)."""
     libraries_or_skip(nvcc_or_skip())
     onnxruntime_or_skip()
     no_gpu_or_skip()
@@ -457,10 +460,13 @@ async def test_r_in_the_compile_dialog_builds_the_networks_and_says_there_is_no_
     app = app_with_compiler(empty_db(tmp_path / "user.db"), COMPILER)
     async with app.run_test(size=(160, 45)) as pilot:
         dialog = await compile_dialog(pilot, app, model)
+        if graph:
+            await pilot.press("g")
         await pilot.press("r")
         await wait_for(pilot, lambda: dialog.network_run is not None, timeout=300)
         run = dialog.network_run
         assert run.status == 2 and run.options.fit_launches and run.with_db.build and run.with_db.build.ok
+        assert run.options.cuda_graph is graph
         status = str(dialog.query_one("#compile-status", Static).render())
         assert "no CUDA GPU: the network was built but not run" in status, status
         summary = str(dialog.query_one("#compile-summary", Static).render())

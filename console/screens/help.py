@@ -55,6 +55,8 @@ falls back; from then on the check follows every change. `g` generates a kernel 
 injects them, with progress; `escape` cancels, `f` shows the failures (codegen and injection). `n` compiles
 the imported model with NNFusion and shows what each step of the generated code runs; when a BlockFusion
 kernel cannot launch, `f` there runs the rows fused into it standalone (never fused) and compiles again.
+There `r` runs the network on the GPU against the empty DB, `t` times each op with its row and with the library,
+`n` keeps only the rows that make the network faster, and `g` makes `r` and `n` time it in a CUDA graph.
 
 **AutoTVM logs**: `o` opens a tuning log. Each workload: its trials, successes, errors by kind and best
 time; the selected one's best-so-far curve (`l` switches log/linear scale) and best knob config. Lines

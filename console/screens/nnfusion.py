@@ -36,7 +36,7 @@ from textual.worker import Worker, WorkerState, get_current_worker
 from console.widgets.dialogs import PathDialog, dialog_default
 from console.widgets.ratio_bar import ratio_bar
 from core.gpu.library_times import LibraryTimes
-from core.gpu.network_run import ERROR_FORMULA, NetworkRun
+from core.gpu.network_run import ERROR_FORMULA, NetworkRun, RunOptions
 from core.gpu.never_slower import NeverSlowerRun, run_never_slower
 from core.nnfusion.compile_job import Compiled, CompileJob, CompileReport, standalone_note
 from core.nnfusion.launch_check import LAUNCH_ADVICE
@@ -79,6 +79,7 @@ class CompileScreen(ModalScreen[None]):
         Binding("r", "run_network", "Run on the GPU vs the empty DB"),
         Binding("n", "never_slower", "Never slower: the network decides (op times file)"),
         Binding("t", "op_times", "Time each op with its row and with the library (writes the op times file)"),
+        Binding("g", "cuda_graph", "r and n: time the network in a CUDA graph, or not"),
     ]
 
     @dataclass
@@ -105,6 +106,7 @@ class CompileScreen(ModalScreen[None]):
         self.undo_files: tuple[Path, ...] = ()  # one per round of fitting the launches, this screen's presses of f
         self.network_run: NetworkRun | None = None
         self.report_summary = ""  # the shown report's summary (markup), which a run's verdict goes above
+        self.cuda_graph = False  # r and n: the network timed (and judged) in a CUDA graph, as --cuda-graph does
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog dialog-wide", id="compile-dialog"):
@@ -160,28 +162,27 @@ class CompileScreen(ModalScreen[None]):
         return on_progress, lambda: cancel.is_set() or worker.is_cancelled
 
     @work(thread=True, exit_on_error=False, group="nnfusion", exclusive=True)
-    def run_network(self, job: CompileJob, cancel: threading.Event, fit_launches: bool) -> NetworkRun:
+    def run_network(self, job: CompileJob, cancel: threading.Event, options: RunOptions) -> NetworkRun:
         from core.db.state import StateDB
-        from core.gpu.network_run import RunOptions, run_network
+        from core.gpu.network_run import run_network
 
         on_progress, cancelled = self._run_hooks(cancel)
         state = StateDB()
         try:
-            return run_network(job, RunOptions(fit_launches=fit_launches), state=state, on_progress=on_progress,
-                               should_cancel=cancelled)
+            return run_network(job, options, state=state, on_progress=on_progress, should_cancel=cancelled)
         finally:
             state.close()
 
     @work(thread=True, exit_on_error=False, group="nnfusion", exclusive=True)
-    def run_never_slower(self, job: CompileJob, times: Path, cancel: threading.Event) -> NeverSlowerRun:
+    def run_never_slower(self, job: CompileJob, times: Path, cancel: threading.Event,
+                         options: RunOptions) -> NeverSlowerRun:
         """`kdb nnfusion --run --never-slower`'s core use case (core/gpu/never_slower.py), its progress posted."""
         from core.db.state import StateDB
-        from core.gpu.network_run import RunOptions
 
         on_progress, cancelled = self._run_hooks(cancel)
         with closing(StateDB()) as state:
-            return run_never_slower(job, times, RunOptions(fit_launches=RUN_FITS_LAUNCHES), on_progress=on_progress,
-                                    should_cancel=cancelled, state=state)
+            return run_never_slower(job, times, options, on_progress=on_progress, should_cancel=cancelled,
+                                    state=state)
 
     @work(thread=True, exit_on_error=False, group="nnfusion", exclusive=True)
     def run_op_times(self, job: CompileJob, times: Path, cancel: threading.Event) -> LibraryTimes:
@@ -296,14 +297,17 @@ class CompileScreen(ModalScreen[None]):
         lines = list(first)
         for contender in (run.with_db, run.empty_db):
             if contender.timing is not None:
+                graph = contender.timing.get("graph_median_ms")
                 lines.append(f"{contender.label}: {contender.timing['median_ms']:.4f} ms median, max rel err "
-                             f"{contender.error:.2e}")
+                             f"{contender.error:.2e}" + (f"; in a CUDA graph {graph:.4f} ms" if graph else ""))
             elif contender.build is not None and contender.build.ok:
                 lines.append(f"{contender.label}: built ({escape(str(contender.build.harness))})")
             elif contender.problem:
                 lines.append(f"{contender.label}: {escape(contender.problem)}")
         if run.ratio is not None:
             lines.append(f"ratio {run.ratio:.3f}x (with the DB / with the empty DB)")
+        if run.graph_ratio is not None:
+            lines.append(f"in a CUDA graph: ratio {run.graph_ratio:.3f}x")
         if run.reference is not None:
             lines.append(f"[dim]error: {escape(ERROR_FORMULA)}; reference {escape(run.reference.runtime)}; allowed "
                          f"{run.max_error:g}[/]")
@@ -360,7 +364,7 @@ class CompileScreen(ModalScreen[None]):
     def action_never_slower(self) -> None:
         self._with_times_file("The op times file (kdb nnfusion --op-times TIMES.json)",
                               "never slower: the network as the DB is, first…",
-                              lambda times: self.run_never_slower(self.job, times, self.cancel))
+                              lambda times: self.run_never_slower(self.job, times, self.cancel, self.run_options()))
 
     def _with_times_file(self, question: str, status: str, start: Callable[[Path], None]) -> None:
         """Ask for an op times file; once given, say `status` and start the run with it."""
@@ -381,7 +385,17 @@ class CompileScreen(ModalScreen[None]):
         self.report = None
         self.query_one("#compile-status", Static).update("running the network: starting…")
         self.refresh_bindings()
-        self.run_network(self.job, self.cancel, RUN_FITS_LAUNCHES)
+        self.run_network(self.job, self.cancel, self.run_options())
+
+    def run_options(self) -> RunOptions:
+        """r's and n's options: the launches fitted, as `kdb nnfusion --run` does, in a CUDA graph where g asked."""
+        return RunOptions(fit_launches=RUN_FITS_LAUNCHES, cuda_graph=self.cuda_graph)
+
+    def action_cuda_graph(self) -> None:
+        self.cuda_graph = not self.cuda_graph
+        self.notify("r and n time the network in a CUDA graph (--cuda-graph): kernel_entry captured once, then "
+                    "replayed, and judge it by that time" if self.cuda_graph else
+                    "r and n time kernel_entry as NNFusion calls it (no CUDA graph)")
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in ("run_network", "never_slower", "op_times"):  # offered whenever nothing runs
