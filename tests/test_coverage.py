@@ -317,3 +317,18 @@ def test_a_failed_compiles_reason_is_the_compilers_message(tmp_path: Path, log_t
     reason = CompileResult(["nnfusion"], tmp_path, -6, 0.4, log).reason()
     assert reason.startswith("nnfusion was killed by SIGABRT while importing ONNX node /") and reason.endswith(
         f": {cause}"), reason
+
+
+@pytest.mark.parametrize(("pads", "warned"), [([0, 0, 1, 1], True), ([1, 1, 1, 1], False), ([0, 0, 0, 0], False)])
+def test_a_max_pool_of_pads_that_differ_says_the_library_cannot_compute_it(tmp_path: Path, pads: list[int],
+                                                                            warned: bool):
+    """NNFusion's cuDNN MaxPool pads both sides by the pads below (max_pool.cpp): a pool padded only after (TF's
+    SAME at stride 2, `kdb model expand`'s rewrite of it) gets windows other than the output's without its row."""
+    g = GraphBuilder({"x": [1, 4, 8, 8]})
+    y = g.node("MaxPool", ["x"], "pool", kernel_shape=[3, 3], strides=[2, 2], pads=pads)
+    model = write(g.model(g.node("Relu", [y], "out"), "mp"), tmp_path / "m.onnx")
+    (pool,) = [e for e in entries_for(model, make_db(tmp_path / "k.db", [])) if e.config.op_type == "MaxPool"]
+    said = [r for r in pool.reasons if "pads both sides by the pads below" in r]
+    assert pool.status == MISSING and bool(said) is warned, pool.reasons
+    if warned:
+        assert "makes [3, 3] windows where the model's output has [4, 4]" in said[0]

@@ -146,6 +146,26 @@ NEEDS_ROW = ("nothing: NNFusion has no CUDA kernel of its own for a {}, and kern
              "found') without a row of it (`kdb codegen` makes one)")
 
 
+def _library_pool_shape(config: OpConfig) -> str:
+    """Why NNFusion's own MaxPool cannot compute this one ("" where it can): its cuDNN pool is given the pads below
+    alone, for both sides (kernels/cuda_gpu/kernels/max_pool.cpp), so pads that differ above make cuDNN's windows
+    other than the output's."""
+    p = config.params
+    if config.op_type != "MaxPool" or p.get("padding_below") == p.get("padding_above"):
+        return ""
+    try:
+        spatial = list(zip(p["input_shape"][2:], p["window_shape"], p["window_stride"], p["padding_below"],
+                           strict=True))
+        theirs = [(size + 2 * below - window) // stride + 1 for size, window, stride, below in spatial]
+    except (KeyError, TypeError, ValueError):
+        return ""
+    if theirs == list(p["output_shape"][2:]):
+        return ""
+    return (f"without its row, NNFusion's cuDNN pool pads both sides by the pads below {p['padding_below']} "
+            f"(max_pool.cpp) and makes {theirs} windows where the model's output has {p['output_shape'][2:]}: not the "
+            "model's numbers, or no run; its row computes it (`kdb codegen` makes one)")
+
+
 def _depthwise(config: OpConfig) -> bool:
     shape = config.params.get("input_shape")
     return isinstance(shape, list) and len(shape) > 1 and config.groups == shape[1]
@@ -225,6 +245,8 @@ class _Model:
         if config.op_type in ROW_ONLY_OP_TYPES:  # NNFusion has no kernel of its own to run
             needs = NEEDS_ROW.format(config.op_type)
             status, reasons, fallback = ABORTS, (needs, *reasons), needs
+        elif why := _library_pool_shape(config):
+            reasons = (why, *reasons)
         return CoverageEntry(config, count, identifier, kernels, status, fallback, fallback, None, (*extra, *reasons),
                              fused_away)
 
