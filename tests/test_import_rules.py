@@ -120,7 +120,7 @@ def slice_backwards() -> ModelProto:
                                                       g.constant("a", [2]), g.constant("st", [-1])], "n"), opset=13)
 
 
-def instance_norm() -> ModelProto:
+def instance_norm(opset: int = 13) -> ModelProto:
     """torch's GroupNorm(2, 8) as exported: [N, G, -1], InstanceNormalization of unit scale, back, affine."""
     def build(g: GraphBuilder) -> str:
         y = g.node("Reshape", ["x", g.constant("groups", [1, 2, -1])], "to_groups")
@@ -129,7 +129,7 @@ def instance_norm() -> ModelProto:
         y = g.node("Reshape", [y, g.constant("back", [1, 8, 4, 4])], "to_channels")
         return g.node("Add", [g.node("Mul", [y, g.weight("gamma", [8, 1, 1], mean=1.0)], "gamma_mul"),
                               g.weight("beta", [8, 1, 1])], "affine")
-    return _net([1, 8, 4, 4], build, opset=13)
+    return _net([1, 8, 4, 4], build, opset=opset)
 
 
 def depthwise_1d() -> ModelProto:
@@ -245,6 +245,8 @@ CASES: dict[str, tuple[Callable[[], ModelProto], str, str]] = {
     "grouped conv": (grouped_conv, "blocker", "n_filters_channels & groups"),
     "LSTM": (lstm, "blocker", "No valid kernel"),
     "InstanceNormalization (a GroupNorm)": (instance_norm, "blocker", "No infershape"),
+    "InstanceNormalization at opset 18 (a diffusion UNet's GroupNorm)": (lambda: instance_norm(18), "blocker",
+                                                                         "No infershape"),
     "Reciprocal": (reciprocal, "blocker", "No infershape"),
     "1-D depthwise conv": (depthwise_1d, "blocker", "Input axis order is not a permutation"),
     "1-D causal depthwise conv": (causal_depthwise_1d, "blocker", "Input axis order is not a permutation"),

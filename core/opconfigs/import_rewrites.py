@@ -427,11 +427,8 @@ def _reciprocal(node: Any, cx: _Context) -> Made | None:
 
 def _reduce_of_axes_input(node: Any, cx: _Context) -> Made | None:
     """A ReduceSum (opset 13 on) or ReduceMean (18 on) given its axes as an input, which the importer does not read
-    (it reduces every axis). Below opset 18 as a ReduceMean of an axes attribute (times the count, for a sum); from
-    18 on no reduce takes the attribute, so as a MatMul of the reduced axes, moved last, by a column of ones (of
-    1/count, for a mean), then a Reshape to the output's shape."""
+    (it reduces every axis): written as importable_reduce does."""
     import numpy as np
-    from onnx import numpy_helper
 
     shape, out, axes = cx.shapes.get(node.input[0]), cx.shapes.get(node.output[0]), None
     if len(node.input) > 1 and node.input[1]:
@@ -439,33 +436,49 @@ def _reduce_of_axes_input(node: Any, cx: _Context) -> Made | None:
     if shape is None or out is None or axes is None or not np.size(axes) \
             or not reduce_axes_ignored(node, out):
         return None
-    rank, x, base = len(shape), node.input[0], node.name or node.output[0]
-    reduced = sorted({int(a) % rank for a in np.ravel(axes)})
-    count = math.prod(shape[a] for a in reduced)
-    dtype = np.float16 if cx.types.get(x) == HALF else np.float32
+    reduced = sorted({int(a) % len(shape) for a in np.ravel(axes)})
+    base = node.name or node.output[0]
+    made, initializers, how = importable_reduce(node.input[0], reduced, shape, out, node.output[0], base, cx,
+                                                mean=node.op_type == "ReduceMean")
+    if node.name:
+        made[-1].name = node.name
+    return f"{node.op_type} of axes as an input written with {how}", made, initializers
+
+
+def importable_reduce(x: str, reduced: list[int], shape: list[int], out: list[int], output: str, base: str,
+                      cx: _Context, *, mean: bool, half: bool | None = None) -> tuple[list[Any], list[Any], str]:
+    """x's sum or mean over the axes `reduced`, into `output` of shape `out`, in ops the importer reads: below opset
+    18 a ReduceMean of an axes attribute (times the count, for a sum); from 18 on, where no reduce takes the attribute,
+    a MatMul of the reduced axes, moved last, by a column of ones (of 1/count, for a mean), then a Reshape to `out`.
+    (nodes, initializers, how); `half`: x's type where the model does not say it (a tensor a rewrite makes)."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    rank, count = len(shape), math.prod(shape[a] for a in reduced)
+    dtype = np.float16 if (cx.types.get(x) == HALF if half is None else half) else np.float32
     name = {k: cx.namer(f"{base}/{k}") for k in ("mean", "count", "moved", "rows", "rows_shape", "column", "sums",
                                                  "shape")}
-    kind = f"{node.op_type} of axes as an input written with "
-    if cx.opsets.get("", 0) < 18:  # (only ReduceSum takes its axes as an input below 18)
-        keepdims = int(attributes(node).get("keepdims", 1))
+    if cx.opsets.get("", 0) < 18:
+        keepdims = int(len(out) == rank)
+        if mean:
+            return [_like("ReduceMean", [x], [output], cx.namer(f"{base}/ReduceMean"), axes=reduced,
+                          keepdims=keepdims)], [], "an axes attribute"
         made = [_like("ReduceMean", [x], [name["mean"]], cx.namer(f"{base}/ReduceMean"), axes=reduced,
                       keepdims=keepdims),
-                _like("Mul", [name["mean"], name["count"]], list(node.output), node.name or cx.namer(f"{base}/Mul"))]
-        return kind + "an axes attribute", made, [numpy_helper.from_array(np.array(count, dtype), name["count"])]
+                _like("Mul", [name["mean"], name["count"]], [output], cx.namer(f"{base}/Mul"))]
+        return made, [numpy_helper.from_array(np.array(count, dtype), name["count"])], "an axes attribute"
     kept = [a for a in range(rank) if a not in reduced]
     made, moved = [], x
     if kept + reduced != list(range(rank)):
         made.append(_like("Transpose", [x], [name["moved"]], cx.namer(f"{base}/Transpose"), perm=kept + reduced))
         moved = name["moved"]
-    weight = 1.0 if node.op_type == "ReduceSum" else 1.0 / count
     made += [_like("Reshape", [moved, name["rows_shape"]], [name["rows"]], cx.namer(f"{base}/Rows")),
              _like("MatMul", [name["rows"], name["column"]], [name["sums"]], cx.namer(f"{base}/MatMul")),
-             _like("Reshape", [name["sums"], name["shape"]], list(node.output), node.name or cx.namer(f"{base}/Out"))]
+             _like("Reshape", [name["sums"], name["shape"]], [output], cx.namer(f"{base}/Out"))]
     rows = math.prod(shape[a] for a in kept)
-    return kind + "a MatMul", made, [
-        numpy_helper.from_array(np.array([rows, count], np.int64), name["rows_shape"]),
-        numpy_helper.from_array(np.full((count, 1), weight, dtype), name["column"]),
-        numpy_helper.from_array(np.array(out, np.int64), name["shape"])]
+    return made, [numpy_helper.from_array(np.array([rows, count], np.int64), name["rows_shape"]),
+                  numpy_helper.from_array(np.full((count, 1), 1.0 / count if mean else 1.0, dtype), name["column"]),
+                  numpy_helper.from_array(np.array(out, np.int64), name["shape"])], "a MatMul"
 
 
 def _resize_by_sizes(node: Any, cx: _Context) -> Made | None:
@@ -719,33 +732,38 @@ def _lstm(node: Any, cx: _Context) -> Made | None:
 
 def _instance_norm(node: Any, cx: _Context) -> Made | None:
     """InstanceNormalization (torch's GroupNorm and InstanceNorm export it; the importer has no translator) as its
-    formula: (x - mean) / sqrt(var + epsilon) * scale + bias over the spatial axes, with ReduceMeans of an axes
-    attribute (opset < 18: from 18 on ReduceMean's axes are an input, which the importer does not read)."""
+    formula: (x - mean) / sqrt(var + epsilon) * scale + bias over the spatial axes, each mean as importable_reduce
+    writes it (a ReduceMean of an axes attribute below opset 18, a MatMul from 18 on)."""
     import numpy as np
     from onnx import numpy_helper
 
     shape, scale, bias = cx.shapes.get(node.input[0]), cx.values.get(node.input[1]), cx.values.get(node.input[2])
-    if shape is None or len(shape) < 3 or cx.opsets.get("", 0) >= 18 or scale is None or bias is None:
+    if shape is None or len(shape) < 3 or scale is None or bias is None:
         return None
     base = node.name or node.output[0]
     t = {k: cx.namer(f"{base}/{k}") for k in ("mean", "centred", "square", "var", "eps", "padded", "std", "normed",
                                               "scale", "scaled", "bias")}
     axes, broadcast = list(range(2, len(shape))), [shape[1]] + [1] * (len(shape) - 2)
+    kept = [*shape[:2], *[1] * (len(shape) - 2)]
     eps = float(attributes(node).get("epsilon", 1e-5))
-    made = [_like("ReduceMean", [node.input[0]], [t["mean"]], cx.namer(f"{base}/ReduceMean"), axes=axes),
+    mean, mean_inits, how = importable_reduce(node.input[0], axes, shape, kept, t["mean"], f"{base}/mean", cx,
+                                              mean=True)
+    var, var_inits, _ = importable_reduce(t["square"], axes, shape, kept, t["var"], f"{base}/var", cx, mean=True,
+                                          half=cx.types.get(node.input[0]) == HALF)
+    made = [*mean,
             _like("Sub", [node.input[0], t["mean"]], [t["centred"]], cx.namer(f"{base}/Sub")),
             _like("Mul", [t["centred"], t["centred"]], [t["square"]], cx.namer(f"{base}/Square")),
-            _like("ReduceMean", [t["square"]], [t["var"]], cx.namer(f"{base}/ReduceMean_var"), axes=axes),
+            *var,
             _like("Add", [t["var"], t["eps"]], [t["padded"]], cx.namer(f"{base}/AddEpsilon")),
             _like("Sqrt", [t["padded"]], [t["std"]], cx.namer(f"{base}/Sqrt")),
             _like("Div", [t["centred"], t["std"]], [t["normed"]], cx.namer(f"{base}/Div")),
             _like("Mul", [t["normed"], t["scale"]], [t["scaled"]], cx.namer(f"{base}/Scale")),
             _like("Add", [t["scaled"], t["bias"]], list(node.output), node.name)]
     dtype = scale.dtype
-    initializers = [numpy_helper.from_array(np.array(eps, dtype), t["eps"]),
+    initializers = [*mean_inits, *var_inits, numpy_helper.from_array(np.array(eps, dtype), t["eps"]),
                     numpy_helper.from_array(scale.reshape(broadcast).astype(dtype), t["scale"]),
                     numpy_helper.from_array(bias.reshape(broadcast).astype(dtype), t["bias"])]
-    return "InstanceNormalization written as its formula", made, initializers
+    return f"InstanceNormalization written as its formula (its means with {how})", made, initializers
 
 
 _REWRITES: dict[str, Rewrite] = {
