@@ -171,8 +171,8 @@ def test_kdb_coverage_names_the_node_and_exits_1(tmp_path: Path):
     flat = " ".join(text.stdout.split())
     assert text.returncode == 1 and "NNFusion cannot compile flatten_net" in flat
     assert "node flatten (Flatten): Flatten without its axis attribute" in flat
-    extracted = run_kdb("opconfig", "extract", str(model))  # extraction says it too (exit 0: it extracted)
-    assert extracted.returncode == 0 and "node flatten (Flatten)" in " ".join(extracted.stdout.split())
+    extracted = run_kdb("opconfig", "extract", str(model))  # extraction says it too (exit 1 since session 30, as
+    assert extracted.returncode == 1 and "node flatten (Flatten)" in " ".join(extracted.stdout.split())  # coverage)
 
 
 @needs_compiler
