@@ -155,6 +155,19 @@ def depthwise_padded_2() -> ModelProto:
                                                  kernel_shape=[3, 3], pads=[2, 2, 2, 2]))
 
 
+def dilated_depthwise() -> ModelProto:
+    """A 3x3 depthwise conv of dilation 2, SAME padding (DeepLab's atrous separable convs)."""
+    return _net([1, 8, 12, 12], lambda g: g.node("Conv", ["x", g.weight("w", [8, 1, 3, 3], fan_in=9)], "n", group=8,
+                                                 kernel_shape=[3, 3], pads=[2, 2, 2, 2], dilations=[2, 2]))
+
+
+def dilated_depthwise_1d() -> ModelProto:
+    """Conv-TasNet's TCN: a depthwise Conv1d of dilation 4, 'same' padding (held out in session 30: coverage named only
+    its 1-D; after expand its dilation stopped the compile)."""
+    return _net([1, 8, 24], lambda g: g.node("Conv", ["x", g.weight("w", [8, 1, 3], fan_in=3), g.weight("b", [8])],
+                                             "n", group=8, kernel_shape=[3], pads=[4, 4], dilations=[4]))
+
+
 def reciprocal() -> ModelProto:
     """1 / x as torch.reciprocal exports it (held out in session 29: no translator, no fix offered)."""
     return _net([1, 8, 4, 4], lambda g: g.node("Reciprocal", [g.node("Sigmoid", ["x"], "positive")], "n"), opset=13)
@@ -251,6 +264,8 @@ CASES: dict[str, tuple[Callable[[], ModelProto], str, str]] = {
     "1-D depthwise conv": (depthwise_1d, "blocker", "Input axis order is not a permutation"),
     "1-D causal depthwise conv": (causal_depthwise_1d, "blocker", "Input axis order is not a permutation"),
     "depthwise conv padded neither SAME nor VALID": (depthwise_padded_2, "blocker", "neither SAME nor VALID"),
+    "dilated depthwise conv": (dilated_depthwise, "blocker", "Not support other dilation"),
+    "dilated 1-D depthwise conv (a TCN)": (dilated_depthwise_1d, "blocker", "Input axis order is not a permutation"),
     "Constant of value_float": (constant_value_float, "blocker", "value_float"),
     "Constant of half": (constant_of_half, "blocker", "map::at"),
     "Expand of a shape of constants": (expand_of_constants, "blocker", "compute_60"),

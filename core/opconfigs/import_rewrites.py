@@ -466,7 +466,8 @@ def importable_reduce(x: str, reduced: list[int], shape: list[int], out: list[in
         made = [_like("ReduceMean", [x], [name["mean"]], cx.namer(f"{base}/ReduceMean"), axes=reduced,
                       keepdims=keepdims),
                 _like("Mul", [name["mean"], name["count"]], [output], cx.namer(f"{base}/Mul"))]
-        return made, [numpy_helper.from_array(np.array(count, dtype), name["count"])], "an axes attribute"
+        return (made, [numpy_helper.from_array(np.array(count, dtype), name["count"])],
+                "a ReduceMean of an axes attribute, times the count")
     kept = [a for a in range(rank) if a not in reduced]
     made, moved = [], x
     if kept + reduced != list(range(rank)):
@@ -562,22 +563,56 @@ def _zero_pad(x: str, pads: list[int], base: str, cx: _Context) -> tuple[Any, An
             numpy_helper.from_array(np.array(pads, np.int64), pads_name), padded)
 
 
+def undilated(weight: Any, dilations: list[int]) -> Any:
+    """A depthwise filter [C, 1, kh, kw] of these dilations as the undilated one that computes the same: its taps
+    spread out, zeros between them (NNFusion's DepthwiseConv2dNative takes no dilation)."""
+    import numpy as np
+
+    if all(d == 1 for d in dilations):
+        return weight
+    taps = weight.shape[2:]
+    spread = np.zeros((*weight.shape[:2], *[d * (k - 1) + 1 for d, k in zip(dilations, taps, strict=True)]),
+                      weight.dtype)
+    spread[:, :, ::dilations[0], ::dilations[1]] = weight
+    return spread
+
+
 def _depthwise_padding(node: Any, cx: _Context) -> Made | None:
-    """A 2-D depthwise convolution padded alike before and after but neither SAME nor VALID (the importer aborts) as
-    a Pad of zeros and the VALID convolution."""
+    """A 2-D depthwise convolution the importer aborts on for its dilation (a TCN's) or for padding alike before and
+    after but neither SAME nor VALID: its filter undilated (zeros between the taps), its padding a Pad of zeros and
+    the VALID convolution."""
+    from onnx import numpy_helper
+
     attrs = attributes(node)
     shape, weight = cx.shapes.get(node.input[0]), cx.shapes.get(node.input[1]) if len(node.input) > 1 else None
     if shape is None or weight is None or len(shape) != 4 or int(attrs.get("group", 1)) != shape[1] \
             or weight[:2] != [shape[1], 1]:
         return None
     pads, dilations = list(attrs.get("pads", [0] * 4)), list(attrs.get("dilations", [1, 1]))
-    if depthwise_padding_ok(pads, dilations, weight[2:]):
+    dilated = any(d != 1 for d in dilations)
+    if dilated and node.input[1] not in cx.initializers:
+        return None
+    kernel = [d * (k - 1) + 1 for d, k in zip(dilations, weight[2:], strict=True)]
+    padded_ok = depthwise_padding_ok(pads, [1, 1], kernel)
+    if not dilated and padded_ok:
         return None
     base = node.name or node.output[0]
-    pad, pads_init, padded = _zero_pad(node.input[0], [0, 0, pads[0], pads[1], 0, 0, pads[2], pads[3]], base, cx)
-    conv = _like("Conv", [padded, *node.input[1:]], list(node.output), node.name, pads=[0, 0, 0, 0])
-    conv.attribute.extend(a for a in node.attribute if a.name not in ("pads", "auto_pad"))
-    return "depthwise convolution's padding written as a Pad", [pad, conv], [pads_init]
+    made, initializers, inputs = [], [], list(node.input)
+    if dilated:
+        inputs[1] = cx.namer(f"{base}/undilated")
+        spread = undilated(numpy_helper.to_array(cx.initializers[node.input[1]]), dilations)
+        initializers.append(numpy_helper.from_array(spread, inputs[1]))
+    if not padded_ok:
+        pad, pads_init, inputs[0] = _zero_pad(node.input[0], [0, 0, pads[0], pads[1], 0, 0, pads[2], pads[3]], base,
+                                              cx)
+        made, pads = [pad], [0, 0, 0, 0]
+        initializers.append(pads_init)
+    conv = _like("Conv", inputs, list(node.output), node.name, pads=pads, kernel_shape=kernel, dilations=[1, 1])
+    conv.attribute.extend(a for a in node.attribute if a.name not in ("pads", "auto_pad", "kernel_shape",
+                                                                      "dilations"))
+    what = " and ".join([*(["dilation as zeros between its taps"] if dilated else []),
+                         *(["padding as a Pad"] if not padded_ok else [])])
+    return f"depthwise convolution's {what}", [*made, conv], initializers
 
 
 def _depthwise_1d(node: Any, cx: _Context) -> Made | None:
@@ -599,8 +634,9 @@ def _depthwise_1d(node: Any, cx: _Context) -> Made | None:
     base = node.name or node.output[0]
     n = {k: cx.namer(f"{base}/{k}") for k in ("to_2d", "input_2d", "weight_2d", "output_2d", "to_1d")}
     pads = list(attrs.get("pads", [0, 0]))
+    w = undilated(w[:, :, None, :], [1, *attrs.get("dilations", [1])])[:, :, 0, :]  # (the importer takes no dilation)
     made_attrs = {"group": shape[1], "kernel_shape": [1, int(w.shape[2])], "pads": [0, pads[0], 0, pads[1]],
-                  "strides": [1, *attrs.get("strides", [1])], "dilations": [1, *attrs.get("dilations", [1])]}
+                  "strides": [1, *attrs.get("strides", [1])], "dilations": [1, 1]}
     made, conv_input, initializers = [], n["input_2d"], []
     if not depthwise_padding_ok(made_attrs["pads"], made_attrs["dilations"], made_attrs["kernel_shape"]):
         pad, pads_init, conv_input = _zero_pad(n["input_2d"], [0, 0, 0, pads[0], 0, 0, 0, pads[1]], base, cx)

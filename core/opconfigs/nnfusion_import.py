@@ -150,7 +150,8 @@ def grouped_conv_reason(groups: int, channels: int, filters: int, padding_ok: bo
     if any(d != 1 for d in dilations):
         return (f"depthwise convolution with dilation {list(dilations)}: NNFusion aborts importing it "
                 "(core/operators/generic_op/generic_op_define/DepthwiseConv2dNative.cpp: 'Not support other dilation "
-                "yet'; seen with the compiler), so the model does not compile", False)
+                f"yet'; seen with the compiler), so the model does not compile; {import_rules.EXPAND_HINT} (the filter "
+                "undilated: zeros between its taps)", False)
     return (f"depthwise convolution (group={groups}): NNFusion runs it as DepthwiseConv2dNative and fetches that "
             "identifier (DepthwiseConv2dNative<input>;<filter as kh,kw,C,1>;<output><types>), not a grouped "
             "Convolution's: write it as a cudnn_depthwise_conv2d_op line, its filter [kh, kw, C, 1] (`kdb opconfig "
