@@ -387,3 +387,25 @@ def test_a_mask_stored_as_int32_and_cast_stays_so_through_expand_and_fp16(tmp_pa
         assert [t.name for t in model.graph.initializer if t.data_type == TensorProto.BOOL] == [], name
         assert said(model) == []
         compiled_code(nnfusion(model, tmp_path / f"{name}-out"), tmp_path / f"{name}-out", "compiles")
+
+
+@pytest.mark.parametrize("opset", [13, 18])
+def test_a_half_group_norm_is_normalised_in_float(tmp_path: Path, opset: int):
+    """Held out in session 30 (Conv-TasNet's global layer norm in fp16): written in half, NNFusion's mean is a half
+    Sum, which overflows past 65504 over a long row (a GroupNorm(1, 512) over 200 steps gave zeros). The formula runs
+    in float between two Casts, as ONNX Runtime computes it."""
+    import onnx
+
+    from core.opconfigs.fp16_model import convert_to_fp16
+
+    source = write(instance_norm(opset), tmp_path / "m.onnx")
+    convert_to_fp16(source, tmp_path / "h.onnx")
+    expand_functions(tmp_path / "h.onnx", tmp_path / "x.onnx")
+    model = onnx.shape_inference.infer_shapes(read_model(tmp_path / "x.onnx"))
+    types = {v.name: v.type.tensor_type.elem_type for v in (*model.graph.value_info, *model.graph.input,
+                                                            *model.graph.output)}
+    types.update((t.name, t.data_type) for t in model.graph.initializer)
+    sums = [n for n in model.graph.node if n.op_type in ("ReduceMean", "MatMul")]
+    assert len(sums) == 2 and all(types[t] == TensorProto.FLOAT for n in sums for t in n.input), sums
+    assert said(model) == []
+    assert model.graph.output[0].type.tensor_type.elem_type == TensorProto.FLOAT16

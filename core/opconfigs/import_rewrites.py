@@ -769,7 +769,9 @@ def _lstm(node: Any, cx: _Context) -> Made | None:
 def _instance_norm(node: Any, cx: _Context) -> Made | None:
     """InstanceNormalization (torch's GroupNorm and InstanceNorm export it; the importer has no translator) as its
     formula: (x - mean) / sqrt(var + epsilon) * scale + bias over the spatial axes, each mean as importable_reduce
-    writes it (a ReduceMean of an axes attribute below opset 18, a MatMul from 18 on)."""
+    writes it (a ReduceMean of an axes attribute below opset 18, a MatMul from 18 on). A half one is computed in
+    float between two Casts: NNFusion's mean is a Sum, then a Divide, and a half Sum of a long row overflows (a
+    GroupNorm(1, 512) over 200 steps gave zeros)."""
     import numpy as np
     from onnx import numpy_helper
 
@@ -777,29 +779,33 @@ def _instance_norm(node: Any, cx: _Context) -> Made | None:
     if shape is None or len(shape) < 3 or scale is None or bias is None:
         return None
     base = node.name or node.output[0]
-    t = {k: cx.namer(f"{base}/{k}") for k in ("mean", "centred", "square", "var", "eps", "padded", "std", "normed",
-                                              "scale", "scaled", "bias")}
+    t = {k: cx.namer(f"{base}/{k}") for k in ("x", "mean", "centred", "square", "var", "eps", "padded", "std",
+                                              "normed", "scale", "scaled", "bias", "y")}
+    half = cx.types.get(node.input[0]) == HALF
+    x, y = (t["x"], t["y"]) if half else (node.input[0], node.output[0])
     axes, broadcast = list(range(2, len(shape))), [shape[1]] + [1] * (len(shape) - 2)
     kept = [*shape[:2], *[1] * (len(shape) - 2)]
     eps = float(attributes(node).get("epsilon", 1e-5))
-    mean, mean_inits, how = importable_reduce(node.input[0], axes, shape, kept, t["mean"], f"{base}/mean", cx,
-                                              mean=True)
+    mean, mean_inits, how = importable_reduce(x, axes, shape, kept, t["mean"], f"{base}/mean", cx, mean=True,
+                                              half=False)
     var, var_inits, _ = importable_reduce(t["square"], axes, shape, kept, t["var"], f"{base}/var", cx, mean=True,
-                                          half=cx.types.get(node.input[0]) == HALF)
-    made = [*mean,
-            _like("Sub", [node.input[0], t["mean"]], [t["centred"]], cx.namer(f"{base}/Sub")),
+                                          half=False)
+    made = [*([_like("Cast", [node.input[0]], [x], cx.namer(f"{base}/ToFloat"), to=1)] if half else []),
+            *mean,
+            _like("Sub", [x, t["mean"]], [t["centred"]], cx.namer(f"{base}/Sub")),
             _like("Mul", [t["centred"], t["centred"]], [t["square"]], cx.namer(f"{base}/Square")),
             *var,
             _like("Add", [t["var"], t["eps"]], [t["padded"]], cx.namer(f"{base}/AddEpsilon")),
             _like("Sqrt", [t["padded"]], [t["std"]], cx.namer(f"{base}/Sqrt")),
             _like("Div", [t["centred"], t["std"]], [t["normed"]], cx.namer(f"{base}/Div")),
             _like("Mul", [t["normed"], t["scale"]], [t["scaled"]], cx.namer(f"{base}/Scale")),
-            _like("Add", [t["scaled"], t["bias"]], list(node.output), node.name)]
-    dtype = scale.dtype
-    initializers = [*mean_inits, *var_inits, numpy_helper.from_array(np.array(eps, dtype), t["eps"]),
-                    numpy_helper.from_array(scale.reshape(broadcast).astype(dtype), t["scale"]),
-                    numpy_helper.from_array(bias.reshape(broadcast).astype(dtype), t["bias"])]
-    return f"InstanceNormalization written as its formula (its means with {how})", made, initializers
+            _like("Add", [t["scaled"], t["bias"]], [y], cx.namer(f"{base}/Bias") if half else node.name),
+            *([_like("Cast", [y], list(node.output), node.name, to=HALF)] if half else [])]
+    initializers = [*mean_inits, *var_inits, numpy_helper.from_array(np.array(eps, np.float32), t["eps"]),
+                    numpy_helper.from_array(scale.reshape(broadcast).astype(np.float32), t["scale"]),
+                    numpy_helper.from_array(bias.reshape(broadcast).astype(np.float32), t["bias"])]
+    in_float = " in float, between Casts" if half else ""
+    return f"InstanceNormalization written as its formula{in_float} (its means with {how})", made, initializers
 
 
 _REWRITES: dict[str, Rewrite] = {
