@@ -88,10 +88,45 @@ def rewrite_for_import(model: Any, rewrites: dict[str, Rewrite] | None = None) -
         nodes += replacement
         graph.initializer.extend(initializers)
         done[kind] += 1
+    casts = _readable_initializers(graph, namer)
+    if casts:
+        done["bool (or other unreadable) initializers stored as int32 and Cast"] += len(casts)
     del graph.node[:]
-    graph.node.extend(nodes)
+    graph.node.extend([*casts, *nodes])
+    _drop_dead_constants(graph)
     drop_orphans(graph, read_before)
     return Counter({k: v for k, v in done.items() if v})
+
+
+def _drop_dead_constants(graph: Any) -> None:
+    """Constant nodes a rewrite left with no reader (a Where's scalar fill, now a broadcast initializer): ONNX Runtime
+    warns of each."""
+    read = reads(graph) | {o.name for o in graph.output}
+    kept = [n for n in graph.node if n.op_type != "Constant" or any(o in read for o in n.output)]
+    if len(kept) < len(graph.node):
+        del graph.node[:]
+        graph.node.extend(kept)
+
+
+def _readable_initializers(graph: Any, namer: Callable[[str], str]) -> list[Any]:
+    """Each initializer of a type the importer cannot read (a bool causal mask, as torch exports it) that a node
+    reads, stored as readable_initializer stores it: the int32 initializer and the Casts to put first."""
+    from onnx import numpy_helper
+
+    readers: dict[str, set[str]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, set()).add(node.op_type)
+    casts = []
+    for tensor in list(graph.initializer):
+        # (a Dropout's training_mode: expand writes an inference Dropout as the Identity it is, reading its value)
+        if tensor.data_type in READABLE_INITIALIZERS or readers.get(tensor.name, {"Dropout"}) == {"Dropout"}:
+            continue
+        made, initializers = readable_initializer(numpy_helper.to_array(tensor), tensor.name, namer)
+        graph.initializer.remove(tensor)
+        graph.initializer.extend(initializers)
+        casts += made
+    return casts
 
 
 @dataclass
@@ -482,6 +517,55 @@ def importable_reduce(x: str, reduced: list[int], shape: list[int], out: list[in
                   numpy_helper.from_array(np.array(out, np.int64), name["shape"])], "a MatMul"
 
 
+WHERE_CONSTANT_LIMIT = 1 << 22  # elements: a constant broadcast to the output's shape up to this; past it, an Expand
+
+
+def _where(node: Any, cx: _Context) -> Made | None:
+    """A Where whose condition and values differ in shape (a causal mask [1, 1, T, T] and a scalar fill over scores
+    [B, H, T, T]): NNFusion's Select reads each at the output's index, past the end of the smaller ones. Each smaller
+    one is given the output's shape: a constant broadcast into an initializer of it, another an Expand to it."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    if len(node.input) != 3:
+        return None
+    out = cx.shapes.get(node.output[0])
+    shapes = [cx.shapes.get(t) for t in node.input]
+    if out is None or any(s is None for s in shapes) or all(s == out for s in shapes):
+        return None
+    base, inputs, made, initializers = node.name or node.output[0], list(node.input), [], []
+    for i, (tensor, shape) in enumerate(zip(node.input, shapes, strict=True)):
+        if shape == out:
+            continue
+        value = cx.values.get(tensor)
+        if value is None and tensor in cx.initializers:
+            value = numpy_helper.to_array(cx.initializers[tensor])
+        wide = cx.namer(f"{base}/{tensor}_wide")
+        if value is not None and math.prod(out) <= WHERE_CONSTANT_LIMIT:
+            nodes, tensors = readable_initializer(np.broadcast_to(value, out).copy(), wide, cx.namer)
+            made += nodes
+            initializers += tensors
+        else:
+            shape_name = cx.namer(f"{base}/{tensor}_shape")
+            made.append(_like("Expand", [tensor, shape_name], [wide], cx.namer(f"{base}/Expand_{i}")))
+            initializers.append(numpy_helper.from_array(np.array(out, np.int64), shape_name))
+        inputs[i] = wide
+    made.append(_like("Where", inputs, list(node.output), node.name))
+    return "Where's condition and values given the output's shape", made, initializers
+
+
+def _split(node: Any, cx: _Context) -> Made | None:
+    """A Split on a negative axis (torch's `x.split(d, -1)` at opset 13 on): the importer reads the axis' length at the
+    raw index and aborts; written counted from 0."""
+    axis, shape = int(attributes(node).get("axis", 0)), cx.shapes.get(node.input[0]) if node.input else None
+    if axis >= 0 or shape is None:
+        return None
+    made = _like("Split", list(node.input), list(node.output), node.name)
+    made.attribute.extend(a for a in node.attribute if a.name != "axis")
+    made.attribute.append(__import__("onnx").helper.make_attribute("axis", axis + len(shape)))
+    return "negative axes counted from 0", [made], []
+
+
 def _resize_by_sizes(node: Any, cx: _Context) -> Made | None:
     """A Resize given constant `sizes` (F.interpolate(size=...) once its shape computation is folded) on a static
     shape: the importer takes only constant scales (Resize.cpp). ONNX takes the scales of sizes as sizes / input
@@ -814,6 +898,7 @@ _REWRITES: dict[str, Rewrite] = {
     "MaxPool": _max_pool,
     "Flatten": _flatten, "Min": _min_max, "Max": _min_max, "Gather": _gather, "Slice": _slice,
     "Transpose": _transpose, "LayerNormalization": _layer_norm, "DepthToSpace": _depth_to_space, "Gelu": _gelu,
-    "Reciprocal": _reciprocal, "Resize": _resize_by_sizes, "ReduceSum": _reduce_of_axes_input,
+    "Reciprocal": _reciprocal, "Resize": _resize_by_sizes, "ReduceSum": _reduce_of_axes_input, "Split": _split,
+    "Where": _where,
     "ReduceMean": _reduce_of_axes_input,
 }

@@ -207,7 +207,7 @@ def _split(node: Any, attrs: dict[str, Any], shapes: Shapes) -> str:
     if axis < 0:
         write = f"axis={len(shape) + axis}" if shape else "the axis counted from 0"
         return (f"Split on axis {axis} without a split attribute: the importer reads the axis' length at index "
-                f"{axis} (vector::_M_range_check) and aborts; write {write}")
+                f"{axis} (vector::_M_range_check) and aborts; {import_rules.EXPAND_HINT} ({write})")
     if shape and axis < len(shape) and shape[axis] % parts:
         return (f"Split of {shape[axis]} into {parts} without a split attribute: the importer cuts equal parts only "
                 "and aborts (axis_length % num_splits == 0)")
@@ -271,7 +271,8 @@ def where_not_broadcast(node: Any, shapes: Shapes) -> str:
         return ""
     return (f"Where of shapes {', '.join(str(f) for f in found)}: NNFusion's importer (op/where.cpp) makes a Select "
             "of them without broadcasting, and its kernel reads each at the output's index, past the end of the "
-            "smaller ones: the numbers are not the model's. Expand the condition and values to one shape in the model")
+            f"smaller ones: the numbers are not the model's; {import_rules.EXPAND_HINT} (each given the output's "
+            "shape)")
 
 
 # Initializer types the importer reads (frontend/onnx_import/util/util.hpp's get_data: double, float, half, int32,
@@ -290,7 +291,8 @@ def unreadable_initializers(model: Any) -> list[Blocker]:
         what = _TYPE_NAMES.get(tensor.data_type, f"type {tensor.data_type}")
         reason = (f"its input {tensor.name} is a {what} initializer: NNFusion's importer reads initializers of double, "
                   f"float, half, int32, int64 and uint64 only (util.hpp's get_data) and aborts ('{tensor.name} "
-                  f"unsupported data type: {tensor.data_type}'). Store it as int32 or float and Cast it in the model")
+                  f"unsupported data type: {tensor.data_type}'); {import_rules.EXPAND_HINT} (stored as int32, "
+                  "and a Cast)")
         users = [(node.name or f"{node.op_type}#{i}", node.op_type) for i, node in enumerate(model.graph.node)
                  if tensor.name in node.input]
         found += [Blocker(name, op, reason) for name, op in users] or [Blocker(tensor.name, "initializer", reason)]
