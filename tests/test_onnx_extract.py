@@ -674,3 +674,24 @@ def test_two_nodes_of_one_name_are_noted_since_onnx_runtime_refuses_the_model(tm
     model.graph.node[1].name = "dup"
     notes = [n for n in extract(write(model, tmp_path / "m.onnx")).notes if n.node == "dup"]
     assert notes and "ONNX Runtime refuses such a model" in notes[0].text
+
+
+def test_a_model_whose_external_data_is_not_beside_it_is_named_with_the_file_it_misses(tmp_path: Path):
+    """Held out in session 30: torch's dynamo exporter writes the weights to MODEL.onnx.data; a model copied without
+    it went through extract and coverage (exit 0), then the compiler aborted ('path not exists'), and expand called it
+    'not an ONNX model'."""
+    import onnx
+    from conftest import run_kdb
+
+    g = GraphBuilder({"x": [1, 64]})
+    model = g.model(g.node("Gemm", ["x", g.weight("w", [64, 64]), g.weight("b", [64])], "fc", transB=1), "ext")
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location="m.onnx.data",
+              size_threshold=0)
+    assert extract(path).configs  # with its data beside it, read as any model
+    (tmp_path / "m.onnx.data").unlink()
+    for args in (["opconfig", "extract", str(path)], ["coverage", str(path), "--db", str(tmp_path / "k.db")],
+                 ["model", "expand", str(path), str(tmp_path / "x.onnx")]):
+        proc = run_kdb(*args)
+        assert proc.returncode == 2 and "its weights are in m.onnx.data (ONNX external data), which is not beside " \
+            "it" in " ".join(proc.stderr.split()), (args, proc.stderr)

@@ -319,14 +319,33 @@ def read_model(path: Path, *, external_data: bool = True) -> Any:
     except ImportError:
         raise InputError("reading ONNX models needs the onnx package (pip install onnx)", where=str(path)) from None
     try:
-        model = onnx.load(str(path), load_external_data=external_data)
+        model = onnx.load(str(path), load_external_data=False)
     except OSError as exc:
         raise InputError(f"cannot read: {exc.strerror or exc}", where=str(path)) from None
     except Exception as exc:  # protobuf's DecodeError and kin: the bytes are not a model
         raise InputError(f"not an ONNX model ({exc})", where=str(path)) from None
     if not model.HasField("graph") or model.ir_version == 0:
         raise InputError("not an ONNX model (no IR version or graph; empty or truncated file?)", where=str(path))
+    if missing := _missing_external_data(model, path.parent):  # (torch's dynamo exporter writes MODEL.onnx.data)
+        raise InputError(f"its weights are in {', '.join(missing)} (ONNX external data), which is not beside it: copy "
+                         "it with the model", where=str(path))
+    if external_data:
+        from onnx.external_data_helper import load_external_data_for_model
+
+        try:
+            load_external_data_for_model(model, str(path.parent))
+        except (OSError, ValueError) as exc:
+            raise InputError(f"cannot read its external data: {exc}", where=str(path)) from None
     return model
+
+
+def _missing_external_data(model: Any, folder: Path) -> list[str]:
+    """The external data files the model's initializers name that are not in `folder`."""
+    from onnx import TensorProto
+
+    names = {entry.value for t in model.graph.initializer if t.data_location == TensorProto.EXTERNAL
+             for entry in t.external_data if entry.key == "location"}
+    return sorted(name for name in names if not (folder / name).is_file())
 
 
 def _load(path: Path) -> Any:
