@@ -203,3 +203,14 @@ def test_extract_of_a_model_nnfusion_cannot_compile_names_the_file_and_exits_1(t
     assert proc.returncode == 1, proc.stderr
     assert f"NNFusion cannot compile {model}" in text and "main_graph" not in text, text
     assert "(empty: no op config the compiler looks up)" in text
+
+
+def test_a_model_only_rewritten_says_so_in_its_first_line(tmp_path: Path):
+    """Held out in session 30: 'written: x.onnx (no function to expand; 0 nodes in their place, ONNX's own
+    definitions)' opened the report of every model expand had only rewritten."""
+    g = GraphBuilder({"x": [1, 8]})
+    model = write(g.model(g.node("Reciprocal", [g.node("Sigmoid", ["x"], "s")], "r"), "rec", opset=13),
+                  tmp_path / "m.onnx")
+    lines = expand_functions(model, tmp_path / "x.onnx").report_lines()
+    assert lines[0] == f"written: {tmp_path / 'x.onnx'} (no function to expand; rewritten as below)", lines
+    assert lines[1] == "rewritten for NNFusion's importer: 1 x Reciprocal written as Div(1, x)", lines

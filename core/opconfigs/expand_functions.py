@@ -50,8 +50,9 @@ class Expansion:
     miscompiled: tuple[tuple[str, str, str], ...] = ()  # (node, kind, why) it compiles into another network
 
     def report_lines(self) -> list[str]:
-        done = ", ".join(f"{count} {op}" for op, count in sorted(self.expanded.items())) or "no function to expand"
-        lines = [f"written: {self.output} ({done}; {self.nodes_added} nodes in their place, ONNX's own definitions)"]
+        done = ", ".join(f"{count} {op}" for op, count in sorted(self.expanded.items()))
+        lines = [f"written: {self.output} ({done}; {self.nodes_added} nodes in their place, ONNX's own definitions)"
+                 if done else f"written: {self.output} (no function to expand; rewritten as below)"]
         if not (self.expanded or self.rewritten or self.pinned):
             lines[0] = f"written unchanged: {self.output} (nothing to expand or rewrite)"
         if self.pinned:
