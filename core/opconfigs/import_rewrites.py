@@ -4,8 +4,10 @@ functions out). Each keeps ONNX's numbers: a dynamic dimension pinned to the siz
 static shapes folded into constants, negative axes and indices counted from 0, a Min or Max of other than two inputs
 written with two-input ones, a Min that broadcasts as numpy written as Max of negations, DepthToSpace as the
 Reshape, Transpose and Reshape ONNX defines it as, a LayerNormalization given its zero bias, a Transpose its default
-perm, a tanh Gelu its formula, a MaxPool's SAME padding ONNX's pads and a ReduceSum or ReduceMean of an axes input
-one the importer reads."""
+perm, a tanh Gelu its formula, a MaxPool's SAME padding ONNX's pads, a ReduceSum or ReduceMean of an axes input
+one the importer reads, a Where's condition and values the output's shape, a Split's negative axis counted from 0, a
+depthwise conv's dilation and odd padding an undilated filter and a Pad, and a bool initializer (which the importer
+cannot read) an int32 one and a Cast."""
 
 from __future__ import annotations
 
@@ -560,9 +562,8 @@ def _split(node: Any, cx: _Context) -> Made | None:
     axis, shape = int(attributes(node).get("axis", 0)), cx.shapes.get(node.input[0]) if node.input else None
     if axis >= 0 or shape is None:
         return None
-    made = _like("Split", list(node.input), list(node.output), node.name)
+    made = _like("Split", list(node.input), list(node.output), node.name, axis=axis + len(shape))
     made.attribute.extend(a for a in node.attribute if a.name != "axis")
-    made.attribute.append(__import__("onnx").helper.make_attribute("axis", axis + len(shape)))
     return "negative axes counted from 0", [made], []
 
 
