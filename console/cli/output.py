@@ -93,7 +93,8 @@ def shorten_path(path: str, width: int) -> str:
     import os
 
     try:
-        shown = os.path.relpath(path) if not os.path.relpath(path).startswith("..") else path
+        relative = os.path.relpath(path)
     except ValueError:  # (another drive)
-        shown = path
+        relative = ".."
+    shown = path if relative.startswith("..") else relative
     return shown if len(shown) <= width else "…" + shown[-(width - 1):]

@@ -75,8 +75,7 @@ def rewrite_for_import(model: Any, rewrites: dict[str, Rewrite] | None = None) -
         if not folded:
             break
     graph, nodes = model.graph, []
-    namer = _Namer({n.name for n in graph.node} | {t for n in graph.node for t in (*n.input, *n.output)}
-                   | {t.name for t in graph.initializer})
+    namer = _Namer.of(graph)
     cx = _Context(shapes, values, {t.name: t for t in graph.initializer}, element_types(inferred.graph), namer,
                   opsets)
     for node in graph.node:
@@ -167,6 +166,12 @@ def fresh_name(taken: set[str], name: str) -> str:
 
 
 class _Namer:
+    @classmethod
+    def of(cls, graph: Any) -> _Namer:
+        """A namer of the names the graph's nodes, tensors and initializers already take."""
+        return cls({n.name for n in graph.node} | {t for n in graph.node for t in (*n.input, *n.output)}
+                   | {t.name for t in graph.initializer})
+
     def __init__(self, taken: set[str]) -> None:
         self.taken = taken
 
@@ -249,8 +254,7 @@ def _fold_shape_computations(graph: Any, shapes: dict[str, list[int]], values: d
     read = {t for i, n in enumerate(graph.node) if i not in folded for t in n.input if t in made}
     if not read:
         return 0
-    namer = _Namer({n.name for n in graph.node} | {t for n in graph.node for t in (*n.input, *n.output)}
-                   | {t.name for t in graph.initializer})
+    namer = _Namer.of(graph)
     casts = []
     for tensor in sorted(read):
         nodes, initializers = readable_initializer(known[tensor], tensor, namer)
