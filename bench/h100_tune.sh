@@ -11,13 +11,14 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1
 T=${TRIALS:-128}; LIMIT=${LIMIT:-400}  # (128: three ops a process fit one call)
 mkdir -p /tmp/tune
-# session 29: BERT's two large Dots at BERT_TRIALS with the three-stage pipeline in the space (256 trials left them at
-# 1.92x and 1.34x in session 28), and six of ResNet-50's 1x1 convolutions (never tuned on the tensor cores yet)
-grep -E 'a\+1_128_3072\||a\+1_128_768\|b\+768_3072' bench/tensorcore-ops.txt > /tmp/tune/bert.txt
-grep -E 'i\+1_1024_14_14\|w\+256_1024_1_1|i\+1_256_56_56\|w\+64_256_1_1|i\+1_512_28_28\|w\+128_512_1_1' \
-  bench/tensorcore-ops.txt > /tmp/tune/conv1.txt
-grep -E 'i\+1_2048_7_7\|w\+512_2048_1_1|i\+1_64_56_56\|w\+256_64_1_1|i\+1_256_14_14\|w\+1024_256_1_1' \
-  bench/tensorcore-ops.txt > /tmp/tune/conv2.txt
+# session 31: the ops still above 1.0x cuDNN/cuBLAS fp16 after 128 trials, resumed to 256 from their records (SEED,
+# a folder of work dirs per part, e.g. .device/seed/conv1/<op>-<hash>/: `kdb tune` goes on from a work dir's records)
+grep -E 'a\+1_128_768\|b\+768_768\||i\+1_512_7_7\|w\+512_512_3_3' bench/tensorcore-ops.txt > /tmp/tune/bert.txt
+grep -E 'i\+1_256_14_14\|w\+256_256_3_3|i\+1_64_56_56\|w\+256_64_1_1' bench/tensorcore-ops.txt > /tmp/tune/conv1.txt
+grep -E 'i\+1_256_28_28\|w\+256_256_3_3' bench/tensorcore-ops.txt > /tmp/tune/conv2.txt
+for part in bert conv1 conv2; do
+  [[ -d ${SEED:-/nonexistent}/$part ]] && mkdir -p /tmp/tune/$part/state/tuning && cp -r $SEED/$part/. /tmp/tune/$part/state/tuning/
+done
 wc -l /tmp/tune/*.txt
 for part in bert conv1 conv2; do  # each: tune until LIMIT, then (cut off) the table of the rows it injected
   ( export KDB_STATE_DIR=/tmp/tune/$part/state
