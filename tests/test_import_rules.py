@@ -262,6 +262,26 @@ def reduce_of_axes_input(op_type: str, axes: list[int], keepdims: int, opset: in
     return model
 
 
+def reduce_l2(keepdims: int, opset: int) -> Callable[[], ModelProto]:
+    """torch.norm(x, dim=-1) (keepdims 0: the importer sums x, not its squares); at opset 18 the axes are an input."""
+    def model() -> ModelProto:
+        if opset >= 18:
+            return _net([2, 8, 16], lambda g: g.node("ReduceL2", ["x", g.constant("axes", [-1])], "n",
+                                                     keepdims=keepdims), opset=opset)
+        return _net([2, 8, 16], lambda g: g.node("ReduceL2", ["x"], "n", axes=[-1], keepdims=keepdims), opset=opset)
+    return model
+
+
+def reduce_extreme(op_type: str, opset: int, keepdims: int) -> Callable[[], ModelProto]:
+    """torch.amax(x, 1) / CBAM's max over channels: the importer has no translator for ReduceMax or ReduceMin."""
+    def model() -> ModelProto:
+        if opset >= 18:
+            return _net([1, 8, 6, 6], lambda g: g.node(op_type, ["x", g.constant("axes", [1])], "n", keepdims=keepdims),
+                        opset=opset)
+        return _net([1, 8, 6, 6], lambda g: g.node(op_type, ["x"], "n", axes=[1], keepdims=keepdims), opset=opset)
+    return model
+
+
 # (the model, what kdb says of node n, a word of its reason); every one but the last has a rewrite
 CASES: dict[str, tuple[Callable[[], ModelProto], str, str]] = {
     "a Reshape of a computed shape": (computed_reshape, "blocker", "compute_60"),
@@ -300,6 +320,10 @@ CASES: dict[str, tuple[Callable[[], ModelProto], str, str]] = {
     "ReduceMean of axes as an input (opset 18)": (reduce_of_axes_input("ReduceMean", [1], 0, 18), "wrong shape",
                                                   "axes"),
     "ReduceSum of two axes (opset 18)": (reduce_of_axes_input("ReduceSum", [0, 2], 1, 18), "wrong shape", "axes"),
+    "ReduceL2 of keepdims 0 (torch.norm)": (reduce_l2(0, 13), "wrong numbers", "not its squares"),
+    "ReduceL2 of axes as an input (opset 18)": (reduce_l2(1, 18), "wrong shape", "axes"),
+    "ReduceMax over channels (CBAM)": (reduce_extreme("ReduceMax", 13, 1), "blocker", "MaxPool"),
+    "ReduceMin of axes as an input (opset 18)": (reduce_extreme("ReduceMin", 18, 0), "blocker", "negated"),
     "Where of a causal mask and a scalar fill": (where_broadcast, "wrong numbers", "without broadcasting"),
     "a bool mask initializer": (bool_mask_initializer, "blocker", "unsupported data type"),
     "Split on axis -1": (split_last_axis, "blocker", "_M_range_check"),
@@ -360,6 +384,13 @@ def test_a_wrong_shape_shows_in_the_compiled_network():
 def test_the_compiled_flatten_has_the_shape_kdb_says(tmp_path: Path):
     code = compiled_code(nnfusion(flatten_last(), tmp_path / "f"), tmp_path / "f", "wrong shape")
     assert "NNFUSION_GRAPH_OUTPUT_SHAPE_0 {128, 1}" in code.read_text()
+
+
+@needs_compiler
+def test_the_compiled_reduce_l2_of_keepdims_0_sums_its_input_unsquared(tmp_path: Path):
+    """What kdb says of torch.norm(x, dim=-1), seen in the compiled code: no Square runs, the Sum reads the input."""
+    code = compiled_code(nnfusion(reduce_l2(0, 13)(), tmp_path / "l2"), tmp_path / "l2", "wrong numbers").read_text()
+    assert "Sum_" in code and "Square" not in code
 
 
 def test_a_gru_of_both_outputs_is_no_blocker():

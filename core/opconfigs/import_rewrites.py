@@ -486,6 +486,73 @@ def _reduce_of_axes_input(node: Any, cx: _Context) -> Made | None:
     return f"{node.op_type} of axes as an input written with {how}", made, initializers
 
 
+def _reduce_l2(node: Any, cx: _Context) -> Made | None:
+    """A ReduceL2 the importer computes wrong (keepdims 0: it sums the input, not its squares; axes as an input: it
+    reduces every axis) as its formula: the square root of a sum of squares, the sum as importable_reduce writes it."""
+    import numpy as np
+
+    shape, out = cx.shapes.get(node.input[0]), cx.shapes.get(node.output[0])
+    attrs = attributes(node)
+    if len(node.input) > 1 and node.input[1]:
+        axes = cx.values.get(node.input[1])
+    else:
+        axes = attrs.get("axes", list(range(len(shape))) if shape is not None else None)
+    if shape is None or out is None or axes is None or not np.size(axes) \
+            or not (import_rules.reduce_l2_unsquared(node) or reduce_axes_ignored(node, out)):
+        return None
+    reduced = sorted({int(a) % len(shape) for a in np.ravel(axes)})
+    base = node.name or node.output[0]
+    square, total = cx.namer(f"{base}/square"), cx.namer(f"{base}/sum")
+    made, initializers, how = importable_reduce(square, reduced, shape, out, total, f"{base}/sum", cx, mean=False,
+                                                half=cx.types.get(node.input[0]) == HALF)
+    made = [_like("Mul", [node.input[0], node.input[0]], [square], cx.namer(f"{base}/Square")), *made,
+            _like("Sqrt", [total], list(node.output), node.name or cx.namer(f"{base}/Sqrt"))]
+    return f"ReduceL2 written as the square root of a sum of squares (the sum with {how})", made, initializers
+
+
+def _reduce_extreme(node: Any, cx: _Context) -> Made | None:
+    """A ReduceMax or ReduceMin (torch's amax, CBAM's max over channels), which the importer has no translator for, as
+    a MaxPool: the reduced axes moved last and flattened into one row a window wide, [1, 1, rows, count] pooled by a
+    [1, count] window, then reshaped to the output's shape; a minimum is the negated maximum of the negated input."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    shape, out = cx.shapes.get(node.input[0]), cx.shapes.get(node.output[0])
+    if shape is None or out is None or not shape:
+        return None
+    if len(node.input) > 1 and node.input[1]:
+        axes = cx.values.get(node.input[1])
+        if axes is None or not np.size(axes):  # (unknown, or empty: noop_with_empty_axes decides)
+            return None
+    else:
+        axes = attributes(node).get("axes", range(len(shape)))
+    rank, reduced = len(shape), sorted({int(a) % len(shape) for a in np.ravel(list(axes))})
+    kept = [a for a in range(rank) if a not in reduced]
+    rows, count = math.prod(shape[a] for a in kept), math.prod(shape[a] for a in reduced)
+    base = node.name or node.output[0]
+    name = {k: cx.namer(f"{base}/{k}") for k in ("negated", "moved", "rows", "rows_shape", "pooled", "shape", "max")}
+    minimum = node.op_type == "ReduceMin"
+    made, data = [], node.input[0]
+    if minimum:
+        made.append(_like("Neg", [data], [name["negated"]], cx.namer(f"{base}/Neg")))
+        data = name["negated"]
+    if kept + reduced != list(range(rank)):
+        made.append(_like("Transpose", [data], [name["moved"]], cx.namer(f"{base}/Transpose"), perm=kept + reduced))
+        data = name["moved"]
+    result = name["max"] if minimum else node.output[0]
+    made += [_like("Reshape", [data, name["rows_shape"]], [name["rows"]], cx.namer(f"{base}/Rows")),
+             _like("MaxPool", [name["rows"]], [name["pooled"]], cx.namer(f"{base}/MaxPool"), kernel_shape=[1, count],
+                   strides=[1, count]),
+             _like("Reshape", [name["pooled"], name["shape"]], [result],
+                   cx.namer(f"{base}/Out") if minimum else node.name or cx.namer(f"{base}/Out"))]
+    if minimum:
+        made.append(_like("Neg", [result], list(node.output), node.name or cx.namer(f"{base}/Min")))
+    how = " of the negated input, negated" if minimum else ""
+    shapes = [numpy_helper.from_array(np.array([1, 1, rows, count], np.int64), name["rows_shape"]),
+              numpy_helper.from_array(np.array(out, np.int64), name["shape"])]
+    return f"{node.op_type} written as a MaxPool of the reduced axes{how}", made, shapes
+
+
 def importable_reduce(x: str, reduced: list[int], shape: list[int], out: list[int], output: str, base: str,
                       cx: _Context, *, mean: bool, half: bool | None = None) -> tuple[list[Any], list[Any], str]:
     """x's sum or mean over the axes `reduced`, into `output` of shape `out`, in ops the importer reads: below opset
@@ -905,5 +972,6 @@ _REWRITES: dict[str, Rewrite] = {
     "Transpose": _transpose, "LayerNormalization": _layer_norm, "DepthToSpace": _depth_to_space, "Gelu": _gelu,
     "Reciprocal": _reciprocal, "Resize": _resize_by_sizes, "ReduceSum": _reduce_of_axes_input, "Split": _split,
     "Where": _where,
-    "ReduceMean": _reduce_of_axes_input,
+    "ReduceMean": _reduce_of_axes_input, "ReduceL2": _reduce_l2, "ReduceMax": _reduce_extreme,
+    "ReduceMin": _reduce_extreme,
 }

@@ -207,6 +207,17 @@ def gelu_approximation(node: Any) -> str:
             f"NNFusion computes the exact erf Gelu, 6e-4 apart relative; {EXPAND_HINT} (ONNX's tanh formula)")
 
 
+def reduce_l2_unsquared(node: Any) -> str:
+    """A ReduceL2 of keepdims 0: the importer's Sum reads the input, not the Square it made (op/reducel2.hpp), so the
+    network computes sqrt(sum(x)) (torch.norm(x, dim=d), F.normalize's norm keeps its dims and is right)."""
+    if node.op_type != "ReduceL2" or node.domain not in ("", "ai.onnx"):
+        return ""
+    if next((a.i for a in node.attribute if a.name == "keepdims"), 1):
+        return ""
+    return ("ReduceL2 of keepdims 0: NNFusion's importer sums the input, not its squares (op/reducel2.hpp: the Sum "
+            f"reads input_index), so it computes sqrt(sum(x)); {EXPAND_HINT} (a sum of squares, then a Sqrt)")
+
+
 def layer_norm_without_bias(node: Any) -> str:
     if node.op_type != "LayerNormalization" or (len(node.input) > 2 and node.input[2]):
         return ""

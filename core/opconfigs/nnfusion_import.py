@@ -484,11 +484,13 @@ def import_faults(model: Any) -> tuple[list[Blocker], list[ShapeWarning]]:
             warnings.append(ShapeWarning(name, said, "wrong numbers"))
         if said := import_rules.flatten_axis_negative(node, shapes):
             warnings.append(ShapeWarning(name, said))
-        if said := (import_rules.gather_negative_index(node, model.graph) or import_rules.gelu_approximation(node)):
+        if said := (import_rules.gather_negative_index(node, model.graph) or import_rules.gelu_approximation(node)
+                    or import_rules.reduce_l2_unsquared(node)):
             warnings.append(ShapeWarning(name, said, "wrong numbers"))
         if reduce_axes_ignored(node, shapes.get(node.output[0]) if node.output else None):
+            source = "op/reducel2.hpp" if node.op_type == "ReduceL2" else "op/reduce.hpp"
             warnings.append(ShapeWarning(name, f"{node.op_type}'s axes are an input, which NNFusion's importer does "
-                                         "not read (op/reduce.hpp reads the axes attribute): it reduces every axis; "
+                                         f"not read ({source} reads the axes attribute): it reduces every axis; "
                                          f"{import_rules.EXPAND_HINT} where the axes are constant"))
         if node.op_type == "BatchNormalization" and attributes(node).get("training_mode", 0):
             warnings.append(ShapeWarning(name, "training_mode=1 normalises by the batch's own statistics; NNFusion's "
@@ -553,10 +555,11 @@ def squeeze_axes_ignored(node: Any, shapes: Shapes) -> str:
 
 
 def reduce_axes_ignored(node: Any, out: list[int] | None) -> bool:
-    """A ReduceSum or ReduceMean given its axes as an input, whose output is not of one element: the importer reduces
-    every axis instead (an output of one element is the same either way)."""
-    return (node.op_type in ("ReduceSum", "ReduceMean") and node.domain in ("", "ai.onnx") and len(node.input) > 1
-            and bool(node.input[1]) and "axes" not in attributes(node) and (out is None or math.prod(out) != 1))
+    """A ReduceSum, ReduceMean or ReduceL2 given its axes as an input, whose output is not of one element: the importer
+    reduces every axis instead (an output of one element is the same either way)."""
+    return (node.op_type in ("ReduceSum", "ReduceMean", "ReduceL2") and node.domain in ("", "ai.onnx")
+            and len(node.input) > 1 and bool(node.input[1]) and "axes" not in attributes(node)
+            and (out is None or math.prod(out) != 1))
 
 
 def importable(op_type: str) -> bool:
@@ -601,7 +604,8 @@ def function_body(schema: Any, opset: int) -> Any:
 
 
 # ops with no translator import_rewrites writes out, and what it writes
-REWRITTEN = {"InstanceNormalization": "its formula, below opset 18", "Reciprocal": "Div(1, x)"}
+REWRITTEN = {"InstanceNormalization": "its formula", "Reciprocal": "Div(1, x)",
+             "ReduceMax": "a MaxPool of the reduced axes", "ReduceMin": "a MaxPool of the negated input, negated"}
 
 
 def _expandable(op_type: str, opset: int) -> str:

@@ -512,6 +512,8 @@ class _Extractor:
             self._reduce_mean(i, node)
         elif op == "ReduceSum":
             self._reduce_sum(i, node)
+        elif op == "ReduceL2":
+            self._reduce_l2(i, node)
         elif op == "Concat":
             self._concat(i, node)
         elif op == "Resize":
@@ -938,6 +940,22 @@ class _Extractor:
         self.done.add(i)
         self._emit_sum(i, self.t.shape(x), sum_shape(self.t.shape(x), _attrs(node)), self.t.dtype([x, y]))
 
+    def _reduce_l2(self, i: int, node: Any) -> None:
+        """NNFusion's ReduceL2 (op/reducel2.hpp): a Square, a Sum of it and a Sqrt, all looked up (the Sqrt fuses with
+        the element-wise op after it); keepdims is a Reshape after. Of keepdims 0 the importer sums the input instead
+        (a wrong-numbers note says so), and none of it is served."""
+        x, y = node.input[0], node.output[0]
+        if said := import_rules.reduce_l2_unsquared(node):
+            raise _NotMapped(said)
+        self._axes_attribute_only(node)
+        shape, dtype = self.t.shape(x), self.t.dtype([x, y])
+        reduced = sum_shape(shape, _attrs(node))
+        self.done.add(i)
+        self._emit_elementwise("Square", [shape], shape, dtype, f"{self.names[i]}/square")
+        self._emit_sum(i, shape, reduced, dtype)
+        if reduced:
+            self._emit_elementwise("Sqrt", [reduced], reduced, dtype, f"{self.names[i]}/sqrt")
+
     def _axes_attribute_only(self, node: Any) -> None:
         if reduce_axes_ignored(node, self.t.known_shape(node.output[0])):
             raise _NotMapped(f"{node.op_type} with its axes as an input (ReduceSum from opset 13, ReduceMean from 18): "
@@ -1161,6 +1179,8 @@ class _CompilerGraph:
             self._matmul(name, node, known, out_shape)
         elif op in ("ReduceMean", "ReduceSum") and known:
             self._reduction(name, node, known[0], out_shape, mean=op == "ReduceMean")
+        elif op == "ReduceL2" and known:
+            self._reduce_l2(name, node, known[0], out_shape)
         elif op in RESHAPES and known:
             self._add(GraphNode(name, RESHAPE, self._size(out_shape), (known[0],)), outs)
         else:  # one node of no interest to kernel fusion (Softmax among them: the pass keeps it out by name)
@@ -1231,6 +1251,20 @@ class _CompilerGraph:
             self._add(GraphNode(name, RESHAPE, self._size(out), (last,)), [node.output[0]])
         else:
             self.producer[node.output[0]] = last
+
+    def _reduce_l2(self, name: str, node: Any, data: str, out: list[int] | None) -> None:
+        """Square, Sum, Sqrt and, keeping the reduced axes, a Reshape (op/reducel2.hpp). Of keepdims 0 the Sum reads
+        the input, and the Square is left unread."""
+        shape = self.ex.t.known_shape(node.input[0])
+        reduced = sum_shape(shape, _attrs(node))
+        square = self._add(GraphNode(f"{name}/square", ELEMENTWISE, self._size(shape), (data,)), [])
+        keep = _attrs(node).get("keepdims", 1)
+        total = self._add(GraphNode(f"{name}/sum", OTHER, self._size(reduced), (square if keep else data,)), [])
+        root = self._add(GraphNode(f"{name}/sqrt", ELEMENTWISE, self._size(reduced), (total,)), [])
+        if keep:
+            self._add(GraphNode(name, RESHAPE, self._size(out), (root,)), [node.output[0]])
+        else:
+            self.producer[node.output[0]] = root
 
     def _gemm(self, name: str, node: Any, known: list[str], out: list[int] | None) -> None:
         attrs = _attrs(node)
