@@ -425,30 +425,43 @@ def test_kdb_model_fp16_names_what_its_converter_keeps_in_float_and_counts_no_ne
     assert "kept in float by onnxconverter-common's block list: 2 node(s) (Max x 1, Min x 1)" in " ".join(said.split())
 
 
-def test_kdb_model_fp16_keeps_means_in_float_so_a_mean_of_squares_cannot_overflow(tmp_path: Path):
+def test_kdb_model_fp16_writes_half_means_as_matmuls_so_a_mean_of_squares_cannot_overflow(tmp_path: Path):
     """NNFusion computes a ReduceMean as a Sum, then a Divide, and its half Sum adds in half: an RMSNorm's mean of
     squares over 768 values of RMS 20 is 307,200 before the Divide, past half's 65,504 (inf). The converted model
-    keeps each mean in float, between Casts."""
+    computes each half mean as a MatMul by a column of 1/768, whose running sums never pass the largest input; ONNX
+    Runtime gives the fp32 model's numbers for it."""
     pytest.importorskip("onnxconverter_common", reason="needs onnxconverter-common (the tvm extra)")
     import json
 
     import numpy as np
     import onnx
+    from onnx import numpy_helper
 
-    g = GraphBuilder({"x": [1, 4, 768]})  # RMSNorm as torch exports it: x / sqrt(mean(x * x) + eps)
-    squares = g.node("Mul", ["x", "x"], "square")
-    mean = g.node("ReduceMean", [squares], None, axes=[-1], keepdims=1)  # (unnamed: the block list goes by name)
-    root = g.node("Sqrt", [g.node("Add", [mean, g.constant("eps", [1e-6], np.float32)], "padded")], "root")
-    source = write(g.model(g.node("Div", ["x", root], "normed"), "rms", opset=13), tmp_path / "rms.onnx")
-    proc = run_kdb("model", "fp16", str(source), str(tmp_path / "rms16.onnx"), "--json")
-    assert proc.returncode == 0, proc.stderr
-    assert len(json.loads(proc.stdout)["kept_means"]) == 1
-    converted = onnx.shape_inference.infer_shapes(onnx.load(tmp_path / "rms16.onnx")).graph
-    types = {v.name: v.type.tensor_type.elem_type for v in (*converted.value_info, *converted.input)}
-    [reduce] = [n for n in converted.node if n.op_type == "ReduceMean"]
-    assert types[reduce.input[0]] == onnx.TensorProto.FLOAT  # the sum NNFusion makes of it adds in float
+    for opset in (13, 18):  # (an axes attribute; an axes input)
+        g = GraphBuilder({"x": [1, 4, 768]})  # RMSNorm as torch exports it: x / sqrt(mean(x * x) + eps)
+        squares = g.node("Mul", ["x", "x"], "square")
+        if opset < 18:
+            mean = g.node("ReduceMean", [squares], "mean", axes=[-1], keepdims=1)
+        else:
+            mean = g.node("ReduceMean", [squares, g.constant("axes", [-1])], "mean", keepdims=1)
+        root = g.node("Sqrt", [g.node("Add", [mean, g.constant("eps", [1e-6], np.float32)], "padded")], "root")
+        source = write(g.model(g.node("Div", ["x", root], "normed"), "rms", opset=opset), tmp_path / f"rms{opset}.onnx")
+        out = tmp_path / f"rms{opset}_16.onnx"
+        proc = run_kdb("model", "fp16", str(source), str(out), "--json")
+        assert proc.returncode == 0, proc.stderr
+        kinds = json.loads(proc.stdout)["for_import"]
+        assert [n for kind, n in kinds.items() if kind.startswith("half ReduceMean")] == [1], kinds
+        converted = onnx.load(out)
+        assert [n.op_type for n in converted.graph.node].count("ReduceMean") == 0
+        [column] = [numpy_helper.to_array(t) for t in converted.graph.initializer if list(t.dims) == [768, 1]]
+        assert column.dtype == np.float16 and np.all(column == np.float16(1 / 768))
+        ort = pytest.importorskip("onnxruntime")
+        x = np.random.default_rng(0).standard_normal([1, 4, 768]).astype(np.float32) * 20
+        want = ort.InferenceSession(str(source)).run(None, {"x": x})[0]
+        got = ort.InferenceSession(str(out)).run(None, {"x": x.astype(np.float16)})[0]
+        assert np.isfinite(got).all() and np.abs(got - want).max() < 1e-2, np.abs(got - want).max()
     said = run_kdb("model", "fp16", str(source), str(tmp_path / "again16.onnx")).stdout
-    assert "kept in float: 1 mean(s)" in " ".join(said.split())
+    assert "half ReduceMean written as a MatMul" in " ".join(said.split())
 
 
 # -- tuning (the workload's element type) -----------------------------------------------------------------------

@@ -3,11 +3,8 @@
 The converter makes every float tensor half: initializers, inputs and outputs (unless asked to keep the graph's inputs
 and outputs float, with Casts at the edges), and puts Casts around the ops it keeps in float (its block list). Depthwise
 convolutions go on that list: NNFusion's own half depthwise kernel is no valid CUDA (HALF_DEPTHWISE), so a network
-with one in half compiles and then never builds; in float, between Casts, it builds and runs. So do means
-(ReduceMean): NNFusion computes one as a Sum, then a Divide, and its half Sum adds in half (reduce.hpp's row reduction,
-`half val`): a LayerNorm's or RMSNorm's mean of squares over 768 values passes half's 65504 at an RMS of 9.2, and a
-long half running sum stops growing (at 2048 a step of 1 rounds away). In float the sum and the mean are exact enough,
-and the mean fits in half wherever its inputs do. NNFusion
+with one in half compiles and then never builds; in float, between Casts, it builds and runs. Half means (ReduceMean)
+are then written as MatMuls for the importer (import_rewrites._half_mean: NNFusion's half Sum overflows). NNFusion
 then compiles the model in half and looks every op up with `half` identifiers (docs/NNFUSION-RULES.md, "Half rows").
 The file is written whole or not at all (a temporary name renamed), and never over the model it reads.
 """
@@ -42,7 +39,6 @@ class Fp16Conversion:
     io_types: str  # "half" or "float" (keep_io_types)
     clamped: int = 0  # weight values the converter clamped to half's range (MIN_POSITIVE, MAX_FINITE)
     kept_float: tuple[str, ...] = ()  # nodes kept in float (depthwise convolutions: see the module's docstring)
-    kept_means: tuple[str, ...] = ()  # ReduceMeans kept in float (see the module's docstring)
     # (op type, nodes) the converter's own block list keeps in float, between Casts (Max, Min, Resize, TopK, ...)
     blocked: tuple[tuple[str, int], ...] = ()
     # what was then written for NNFusion's importer (import_rewrites.constants_for_import), by kind
@@ -60,25 +56,21 @@ class Fp16Conversion:
                          f"({', '.join(self.kept_float[:5])}{', ...' if len(self.kept_float) > 5 else ''}), with Casts "
                          "around them: NNFusion's own half depthwise kernel does not compile "
                          "(core/kernels/cuda_gpu/kernels/depthwise_conv2d.cpp writes `float *input = input0;`)")
-        if self.kept_means:
-            lines.append(f"kept in float: {len(self.kept_means)} mean(s) (ReduceMean: "
-                         f"{', '.join(self.kept_means[:5])}{', ...' if len(self.kept_means) > 5 else ''}), with Casts "
-                         "around them: NNFusion's half mean is a Sum that adds in half (core/kernels/cuda_gpu/kernels/"
-                         "reduce.hpp), which overflows past 65504 (a LayerNorm's or RMSNorm's mean of squares)")
         if self.blocked:
             lines.append(f"kept in float by onnxconverter-common's block list: {sum(n for _, n in self.blocked)} "
                          f"node(s) ({', '.join(f'{op} x {n}' for op, n in self.blocked)}), with Casts around them: "
                          "they compute in fp32, and NNFusion looks them up with float identifiers")
         if self.for_import:
             lines.append("for NNFusion's importer: " + ", ".join(f"{n} x {kind}" for kind, n in self.for_import)
-                         + " (it makes no half Constant, and takes a Resize's scales only as a constant)")
+                         + " (it makes no half Constant, takes a Resize's scales only as a constant, and sums a half "
+                         "mean in half)")
         return lines
 
     def as_dict(self) -> dict[str, object]:
         return {"source": str(self.source), "output": str(self.output), "nodes": self.nodes,
                 "casts_added": self.casts_added, "half_initializers": self.half_initializers,
                 "float_initializers": self.float_initializers, "io_types": self.io_types, "clamped": self.clamped,
-                "kept_float": list(self.kept_float), "kept_means": list(self.kept_means), "blocked": dict(self.blocked),
+                "kept_float": list(self.kept_float), "blocked": dict(self.blocked),
                 "for_import": dict(self.for_import)}
 
 
@@ -104,12 +96,12 @@ def convert_to_fp16(source: Path, output: Path, *, keep_io_types: bool = False) 
         with warnings.catch_warnings(record=True) as said:  # one warning per clamped value: counted, not printed
             warnings.simplefilter("always")
             _initializers_of_identities(model)
-            kept, means = _name_depthwise_convs(model), _name_nodes(model, _is_mean, "mean")
-            _unshared(model, {*kept, *means})
+            kept = _name_depthwise_convs(model)
+            _unshared(model, set(kept))
             # check_fp16_ready off: a float model may hold a half tensor or two (a rounding Cast pair) and is still
             # a float model to convert; one with no float tensor was refused above
             converted = float16.convert_float_to_float16(model, keep_io_types=keep_io_types,
-                                                         node_block_list=[*kept, *means] or None,
+                                                         node_block_list=list(kept) or None,
                                                          check_fp16_ready=False)
     except Exception as exc:  # the converter raises plain exceptions of its own for graphs it cannot handle
         raise InputError(f"onnxconverter-common could not convert it: {type(exc).__name__}: {exc}",
@@ -124,7 +116,7 @@ def convert_to_fp16(source: Path, output: Path, *, keep_io_types: bool = False) 
     write_model(converted, output)
     initializers = Counter(t.data_type for t in converted.graph.initializer)
     return Fp16Conversion(source, output, len(converted.graph.node), casts_added, initializers[FLOAT16],
-                          initializers[FLOAT], "float" if keep_io_types else "half", clamped, kept, means,
+                          initializers[FLOAT], "float" if keep_io_types else "half", clamped, kept,
                           tuple(sorted(blocked.items())), tuple(sorted(for_import.items())))
 
 
@@ -221,10 +213,6 @@ def _name_depthwise_convs(model: Any) -> tuple[str, ...]:
         return group > 1 and weight is not None and len(weight) > 1 and weight[1] == 1
 
     return _name_nodes(model, depthwise, "depthwise")
-
-
-def _is_mean(node: Any) -> bool:
-    return node.op_type == "ReduceMean"
 
 
 def _name_nodes(model: Any, wanted: Callable[[Any], bool], prefix: str) -> tuple[str, ...]:

@@ -51,9 +51,34 @@ def pin_dims(model: Any, dims: dict[str, int]) -> int:
 
 def constants_for_import(model: Any) -> Counter[str]:
     """What `kdb model fp16` owes the importer after its conversion, in place: the Constants it made half as
-    initializers, and what is computed from constants alone folded (a Resize's scales it Casts back to float:
-    NNFusion takes only constant scales). What was done, counted by kind."""
-    return rewrite_for_import(model, {"Constant": _constant})
+    initializers, what is computed from constants alone folded (a Resize's scales it Casts back to float: NNFusion
+    takes only constant scales), and half means as MatMuls (_half_mean). What was done, counted by kind."""
+    return rewrite_for_import(model, {"Constant": _constant, "ReduceMean": _half_mean})
+
+
+def _half_mean(node: Any, cx: _Context) -> Made | None:
+    """A half ReduceMean as a MatMul by a column of 1/count. The importer makes a ReduceMean a Sum, then a Divide,
+    and NNFusion's half Sum adds in half (reduce.hpp: `half val`): a LayerNorm's or RMSNorm's mean of squares over 768
+    values passes 65,504 at an RMS of 9.2 (inf). The MatMul's running sums are of x / count, never past the largest
+    |x|; it replaces the Sum and the Divide (no kernel more, where Casts to float and back added two unfused ones)."""
+    import numpy as np
+
+    shape, out = cx.shapes.get(node.input[0]), cx.shapes.get(node.output[0])
+    if cx.types.get(node.input[0]) != HALF or shape is None or out is None or not shape:
+        return None
+    if len(node.input) > 1 and node.input[1]:
+        axes = cx.values.get(node.input[1])
+        if axes is None or not np.size(axes):
+            return None
+    else:
+        axes = attributes(node).get("axes", range(len(shape)))
+    reduced = sorted({int(a) % len(shape) for a in np.ravel(list(axes))})
+    base = node.name or node.output[0]
+    made, initializers, _ = importable_reduce(node.input[0], reduced, shape, out, node.output[0], base, cx, mean=True,
+                                              half=True)
+    if node.name:
+        made[-1].name = node.name
+    return "half ReduceMean written as a MatMul by a column of 1/count", made, initializers
 
 
 def rewrite_for_import(model: Any, rewrites: dict[str, Rewrite] | None = None) -> Counter[str]:
@@ -557,7 +582,8 @@ def importable_reduce(x: str, reduced: list[int], shape: list[int], out: list[in
                       cx: _Context, *, mean: bool, half: bool | None = None) -> tuple[list[Any], list[Any], str]:
     """x's sum or mean over the axes `reduced`, into `output` of shape `out`, in ops the importer reads: below opset
     18 a ReduceMean of an axes attribute (times the count, for a sum); from 18 on, where no reduce takes the attribute,
-    a MatMul of the reduced axes, moved last, by a column of ones (of 1/count, for a mean), then a Reshape to `out`.
+    and for a half x at any opset, a MatMul of the reduced axes, moved last, by a column of ones (of 1/count, for a
+    mean), then a Reshape to `out`.
     (nodes, initializers, how); `half`: x's type where the model does not say it (a tensor a rewrite makes)."""
     import numpy as np
     from onnx import numpy_helper
@@ -566,7 +592,7 @@ def importable_reduce(x: str, reduced: list[int], shape: list[int], out: list[in
     dtype = np.float16 if (cx.types.get(x) == HALF if half is None else half) else np.float32
     name = {k: cx.namer(f"{base}/{k}") for k in ("mean", "count", "moved", "rows", "rows_shape", "column", "sums",
                                                  "shape")}
-    if cx.opsets.get("", 0) < 18:
+    if cx.opsets.get("", 0) < 18 and dtype != np.float16:  # (a half one: a MatMul at any opset, see _half_mean)
         keepdims = int(len(out) == rank)
         if mean:
             return [_like("ReduceMean", [x], [output], cx.namer(f"{base}/ReduceMean"), axes=reduced,

@@ -1181,6 +1181,8 @@ class _CompilerGraph:
             self._reduction(name, node, known[0], out_shape, mean=op == "ReduceMean")
         elif op == "ReduceL2" and known:
             self._reduce_l2(name, node, known[0], out_shape)
+        elif op == "Expand" and known and out_shape is not None:  # numpy_broadcast of the input (op/expand.cpp)
+            self.producer[outs[0]] = self._broadcast_to(known[0], ex.t.known_shape(node.input[0]), out_shape, name)
         elif op in RESHAPES and known:
             self._add(GraphNode(name, RESHAPE, self._size(out_shape), (known[0],)), outs)
         else:  # one node of no interest to kernel fusion (Softmax among them: the pass keeps it out by name)
