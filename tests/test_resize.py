@@ -130,3 +130,25 @@ def test_coverage_says_the_compiler_aborts_without_the_row_and_wrong_numbers_wit
     assert [e.status for e in entries] == [IN_DB, IN_DB]
     assert [any("WRONG NUMBERS" in r for r in e.reasons) for e in entries] == [False, True]
     assert "the row computes mode linear, coordinates align_corners" in entries[1].reasons[0]
+
+
+def test_two_resizes_of_one_identifier_and_two_modes_are_named_before_any_row_exists(tmp_path):
+    """Held out in session 31 (an HRNet block: a nearest and a bilinear upsampling of one size): NNFusion fetches both
+    by one identifier and runs one row for both, so one computes wrong numbers whatever the DB holds. Extraction said
+    nothing, and coverage only after `kdb codegen`; both now name the two nodes (a wrong-numbers note)."""
+    from onnx_models import GraphBuilder, write
+
+    from core.opconfigs.onnx_extract import extract
+
+    g = GraphBuilder({"x": [1, 4, 5, 6]})
+    roi, scales = g.constant("roi", [], "float32"), g.constant("scales", [1, 1, 2, 2], "float32")
+    near = g.node("Resize", ["x", roi, scales], "near", mode="nearest")
+    smooth = g.node("Resize", ["x", roi, scales], "smooth", mode="linear")
+    ext = extract(write(g.model(g.node("Add", [near, smooth], "sum"), "two_modes"), tmp_path / "m.onnx"))
+    said = {w.node: w for w in ext.miscompiles}
+    assert set(said) == {"near", "smooth"} and said["near"].kind == "wrong numbers"
+    assert "Resize1,4,5,6;4;1,4,10,12floatfloatfloat" in said["near"].text and "nearest" in said["near"].text
+    one = GraphBuilder({"x": [1, 4, 5, 6]})
+    roi, scales = one.constant("roi", [], "float32"), one.constant("scales", [1, 1, 2, 2], "float32")
+    ups = [one.node("Resize", ["x", roi, scales], name, mode="nearest") for name in ("a", "b")]  # alike: one row
+    assert extract(write(one.model(one.node("Add", ups, "sum"), "alike"), tmp_path / "alike.onnx")).miscompiles == []

@@ -330,7 +330,10 @@ class Injector:
                 f"{len(self.report.shadowed)} injected kernel(s) come after an earlier row of their op, and NNFusion "
                 f"takes an op's first row (e.g. {first} before {key}): each op's rows are kept fastest-first, so the "
                 "earlier row was timed faster, or neither was timed (`kdb gpu profile` times them, `kdb db fastest` "
-                "then keeps the faster one alone); `--replace` keeps the new one alone")
+                "then keeps the faster one alone); `kdb inject FILE --replace` keeps the new one alone. Where the "
+                "two compute different ops of one identifier (a Resize's mode, a depthwise convolution's stride: "
+                "their Attributes differ), no choice serves both nodes: `kdb coverage` names the one left with wrong "
+                "numbers")
 
     def _note_standalone(self) -> None:
         """Say which new rows went in standalone: their op's rows run on their own launch (`kdb db standalone`)."""

@@ -29,8 +29,8 @@ from core.opconfigs.nnfusion_import import (
     function_body,
     function_ops,
     function_schema,
-    import_faults,
     importable,
+    inferred_faults,
 )
 from core.opconfigs.onnx_extract import read_model
 
@@ -122,11 +122,7 @@ def expand_functions(source: Path, output: Path, dims: dict[str, int] | None = N
     model.graph.initializer.extend(writer.initializers)
     drop_orphans(model.graph, read_before | used)
     write_model(model, output)
-    try:  # (as extraction sees the model: its shapes inferred)
-        model = onnx.shape_inference.infer_shapes(model, data_prop=True)
-    except Exception:  # shape inference fails on malformed models; the blockers are then found without shapes
-        pass
-    blockers, warnings = import_faults(model)
+    blockers, warnings = inferred_faults(model)
     blocked = tuple((b.node, b.op_type, b.reason) for b in blockers)
     miscompiled = tuple((w.node, w.kind, w.text) for w in warnings)
     return Expansion(source, output, dict(expanded), added, tuple(left), dict(rewritten), pinned, blocked, miscompiled)

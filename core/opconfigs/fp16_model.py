@@ -22,6 +22,7 @@ from typing import Any
 
 from core.errors import InputError, ToolError
 from core.opconfigs.import_rewrites import constants_for_import, drop_orphans, fresh_name, reads
+from core.opconfigs.nnfusion_import import inferred_faults
 from core.opconfigs.onnx_extract import read_model
 
 FLOAT, FLOAT16 = 1, 10  # ONNX TensorProto element types
@@ -43,6 +44,7 @@ class Fp16Conversion:
     blocked: tuple[tuple[str, int], ...] = ()
     # what was then written for NNFusion's importer (import_rewrites.constants_for_import), by kind
     for_import: tuple[tuple[str, int], ...] = ()
+    faults: int = 0  # nodes of the written model NNFusion cannot compile or compiles into another network
 
     def report_lines(self) -> list[str]:
         """What was written and what was kept in float, as `kdb model fp16` and the console say it."""
@@ -71,7 +73,7 @@ class Fp16Conversion:
                 "casts_added": self.casts_added, "half_initializers": self.half_initializers,
                 "float_initializers": self.float_initializers, "io_types": self.io_types, "clamped": self.clamped,
                 "kept_float": list(self.kept_float), "blocked": dict(self.blocked),
-                "for_import": dict(self.for_import)}
+                "for_import": dict(self.for_import), "faults": self.faults}
 
 
 def convert_to_fp16(source: Path, output: Path, *, keep_io_types: bool = False) -> Fp16Conversion:
@@ -114,10 +116,12 @@ def convert_to_fp16(source: Path, output: Path, *, keep_io_types: bool = False) 
     for_import = constants_for_import(converted)
     _check(converted, source)
     write_model(converted, output)
+    blockers, shape_warnings = inferred_faults(converted)
     initializers = Counter(t.data_type for t in converted.graph.initializer)
     return Fp16Conversion(source, output, len(converted.graph.node), casts_added, initializers[FLOAT16],
                           initializers[FLOAT], "float" if keep_io_types else "half", clamped, kept,
-                          tuple(sorted(blocked.items())), tuple(sorted(for_import.items())))
+                          tuple(sorted(blocked.items())), tuple(sorted(for_import.items())),
+                          len({f.node for f in (*blockers, *shape_warnings)}))
 
 
 def _blocked_in_float(model: Any, block_list: Any) -> Counter[str]:

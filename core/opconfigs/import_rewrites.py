@@ -53,7 +53,22 @@ def constants_for_import(model: Any) -> Counter[str]:
     """What `kdb model fp16` owes the importer after its conversion, in place: the Constants it made half as
     initializers, what is computed from constants alone folded (a Resize's scales it Casts back to float: NNFusion
     takes only constant scales), and half means as MatMuls (_half_mean). What was done, counted by kind."""
-    return rewrite_for_import(model, {"Constant": _constant, "ReduceMean": _half_mean})
+    return rewrite_for_import(model, {"Constant": _constant, "ReduceMean": _half_mean, "ReduceL2": _half_l2,
+                                      "LayerNormalization": _half_layer_norm})
+
+
+def _reduced_axes(node: Any, shape: list[int], cx: _Context) -> list[int] | None:
+    """The axes a reduction node reduces (its axes input where constant, else its attribute, else every axis); None
+    where unknown or empty (noop_with_empty_axes decides)."""
+    import numpy as np
+
+    if len(node.input) > 1 and node.input[1]:
+        axes = cx.values.get(node.input[1])
+        if axes is None or not np.size(axes):
+            return None
+    else:
+        axes = attributes(node).get("axes", range(len(shape)))
+    return sorted({int(a) % len(shape) for a in np.ravel(list(axes))})
 
 
 def _half_mean(node: Any, cx: _Context) -> Made | None:
@@ -61,24 +76,83 @@ def _half_mean(node: Any, cx: _Context) -> Made | None:
     and NNFusion's half Sum adds in half (reduce.hpp: `half val`): a LayerNorm's or RMSNorm's mean of squares over 768
     values passes 65,504 at an RMS of 9.2 (inf). The MatMul's running sums are of x / count, never past the largest
     |x|; it replaces the Sum and the Divide (no kernel more, where Casts to float and back added two unfused ones)."""
-    import numpy as np
 
     shape, out = cx.shapes.get(node.input[0]), cx.shapes.get(node.output[0])
     if cx.types.get(node.input[0]) != HALF or shape is None or out is None or not shape:
         return None
-    if len(node.input) > 1 and node.input[1]:
-        axes = cx.values.get(node.input[1])
-        if axes is None or not np.size(axes):
-            return None
-    else:
-        axes = attributes(node).get("axes", range(len(shape)))
-    reduced = sorted({int(a) % len(shape) for a in np.ravel(list(axes))})
+    if (reduced := _reduced_axes(node, shape, cx)) is None:
+        return None
     base = node.name or node.output[0]
     made, initializers, _ = importable_reduce(node.input[0], reduced, shape, out, node.output[0], base, cx, mean=True,
                                               half=True)
     if node.name:
         made[-1].name = node.name
     return "half ReduceMean written as a MatMul by a column of 1/count", made, initializers
+
+
+def _half_l2(node: Any, cx: _Context) -> Made | None:
+    """A half ReduceL2 (F.normalize's norm) as sqrt(count) * sqrt(mean(x * x)), the mean as _half_mean writes it:
+    NNFusion's Square then half Sum overflows once the norm passes 256, where the mean of squares holds until an
+    element does."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    shape, out = cx.shapes.get(node.input[0]), cx.shapes.get(node.output[0])
+    if cx.types.get(node.input[0]) != HALF or shape is None or out is None or not shape:
+        return None
+    if (reduced := _reduced_axes(node, shape, cx)) is None:
+        return None
+    base = node.name or node.output[0]
+    t = {k: cx.namer(f"{base}/{k}") for k in ("square", "mean", "root", "scale")}
+    made, initializers, _ = importable_reduce(t["square"], reduced, shape, out, t["mean"], f"{base}/mean", cx,
+                                              mean=True, half=True)
+    count = math.prod(shape[a] for a in reduced)
+    made = [_like("Mul", [node.input[0], node.input[0]], [t["square"]], cx.namer(f"{base}/Square")), *made,
+            _like("Sqrt", [t["mean"]], [t["root"]], cx.namer(f"{base}/Sqrt")),
+            _like("Mul", [t["root"], t["scale"]], list(node.output), node.name or cx.namer(f"{base}/Scale"))]
+    initializers.append(numpy_helper.from_array(np.array(math.sqrt(count), np.float16), t["scale"]))
+    return "half ReduceL2 written as sqrt(count) times the root of a mean of squares", made, initializers
+
+
+HALF_TINY = 2.0 ** -24  # half's smallest positive value: an epsilon below it would round to 0
+
+
+def _half_layer_norm(node: Any, cx: _Context) -> Made | None:
+    """A half LayerNormalization as its formula, each mean as _half_mean writes it: NNFusion's LayerNorm kernel keeps
+    its Welford sums in half (cuda_langunit.cpp's cuWelfordOnlineSum), its M2 the variance times the row's length,
+    which passes 65,504 over 768 values of variance 85. Only its first output (the other two are training's)."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    shape = cx.shapes.get(node.input[0])
+    if cx.types.get(node.input[0]) != HALF or shape is None or not shape or any(node.output[1:]) \
+            or len(node.input) < 2:
+        return None
+    attrs = attributes(node)
+    axis = int(attrs.get("axis", -1)) % len(shape)
+    reduced, kept = list(range(axis, len(shape))), [*shape[:axis], *[1] * (len(shape) - axis)]
+    base = node.name or node.output[0]
+    t = {k: cx.namer(f"{base}/{k}") for k in ("mean", "centred", "square", "var", "eps", "padded", "std", "normed",
+                                              "scaled")}
+    mean, mean_inits, _ = importable_reduce(node.input[0], reduced, shape, kept, t["mean"], f"{base}/mean", cx,
+                                            mean=True, half=True)
+    var, var_inits, _ = importable_reduce(t["square"], reduced, shape, kept, t["var"], f"{base}/var", cx, mean=True,
+                                          half=True)
+    biased = len(node.input) > 2 and bool(node.input[2])
+    made = [*mean,
+            _like("Sub", [node.input[0], t["mean"]], [t["centred"]], cx.namer(f"{base}/Sub")),
+            _like("Mul", [t["centred"], t["centred"]], [t["square"]], cx.namer(f"{base}/Square")),
+            *var,
+            _like("Add", [t["var"], t["eps"]], [t["padded"]], cx.namer(f"{base}/AddEpsilon")),
+            _like("Sqrt", [t["padded"]], [t["std"]], cx.namer(f"{base}/Sqrt")),
+            _like("Div", [t["centred"], t["std"]], [t["normed"]], cx.namer(f"{base}/Div")),
+            _like("Mul", [t["normed"], node.input[1]], [t["scaled"] if biased else node.output[0]],
+                  cx.namer(f"{base}/Scale") if biased else node.name or cx.namer(f"{base}/Scale"))]
+    if biased:
+        made.append(_like("Add", [t["scaled"], node.input[2]], [node.output[0]], node.name or cx.namer(f"{base}/Bias")))
+    eps = max(float(attrs.get("epsilon", 1e-5)), HALF_TINY)
+    return ("half LayerNormalization written as its formula, its means MatMuls", made,
+            [*mean_inits, *var_inits, numpy_helper.from_array(np.array(eps, np.float16), t["eps"])])
 
 
 def rewrite_for_import(model: Any, rewrites: dict[str, Rewrite] | None = None) -> Counter[str]:

@@ -446,6 +446,18 @@ def import_blockers(model: Any) -> list[Blocker]:
     return import_faults(model)[0]
 
 
+def inferred_faults(model: Any) -> tuple[list[Blocker], list[ShapeWarning]]:
+    """import_faults of `model` as extraction sees it: its shapes inferred (in a copy; without shapes where inference
+    fails on it)."""
+    import onnx
+
+    try:
+        model = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception:  # shape inference fails on malformed models; the faults are then found without shapes
+        pass
+    return import_faults(model)
+
+
 def import_faults(model: Any) -> tuple[list[Blocker], list[ShapeWarning]]:
     """The nodes NNFusion cannot compile (graph order), and those it compiles into another network (wrong shapes)."""
     opsets = {("" if i.domain == "ai.onnx" else i.domain): i.version for i in model.opset_import}

@@ -269,7 +269,8 @@ def extract(path: Path | str, flags: LookupFlags | None = None) -> Extraction:
     for config, members in extractor.ops:
         nodes[config.key].append(members)
     model_graph, outputs = _CompilerGraph(extractor).build()
-    notes = list(extractor.notes)
+    shared = _one_identifier_two_ops(extractor.ops)
+    notes = [*extractor.notes, *(Note(w.node, f"{w.kind}: {w.text}") for w in shared)]
     if level in (1, 2):
         notes.append(Note("(model)", f"-fkernel_fusion_level={level} groups element-wise nodes by the compiler's "
                           "schedule, connected or not; kdb replays that schedule on its model of the graph, which the "
@@ -283,7 +284,7 @@ def extract(path: Path | str, flags: LookupFlags | None = None) -> Extraction:
                           "and runs the compiler's pre-pass: give each node a name of its own"))
     return Extraction(graph.name or path.stem, len(graph.node), dedupe(c for c, _ in extractor.ops), dict(nodes),
                       extractor.unmapped, notes, blockers, tuple(model_graph), tuple(outputs), level, substitution,
-                      miscompiles=[*extractor.miscompiles, *wrong_shapes])
+                      miscompiles=[*extractor.miscompiles, *wrong_shapes, *shared])
 
 
 def _one_row_serves_both(ops: list[tuple[OpConfig, tuple[str, ...]]]) -> tuple[list[tuple[OpConfig, tuple[str, ...]]],
@@ -310,6 +311,32 @@ def _one_row_serves_both(ops: list[tuple[OpConfig, tuple[str, ...]]]) -> tuple[l
             "identifier has the shapes only, so one row would serve both and compute wrong numbers for one; no op "
             "config is written, and cuBLAS (which reads each node's transposes) runs both")))
     return kept, dropped
+
+
+# Ops whose identifier has their shapes only, which NNFusion runs from one row whatever else the node says (stride,
+# padding, mode): the row computes what its op config said (the row's Attributes keep it)
+SHAPES_ONLY_IDENTIFIERS = (DEPTHWISE, RESIZE, CONV_TRANSPOSE)
+
+
+def _one_identifier_two_ops(ops: list[tuple[OpConfig, tuple[str, ...]]]) -> list[ShapeWarning]:
+    """Nodes of the model that fetch one identifier but compute differently (an HRNet's nearest and bilinear
+    upsamplings of one size, depthwise convolutions of one shape and two strides): one row serves them all, so every
+    one but the row's own computes wrong numbers, whatever the DB holds (coverage then names the row WRONG NUMBERS)."""
+    by_identifier: dict[str, dict[str, tuple[OpConfig, list[str]]]] = defaultdict(dict)
+    for config, members in ops:
+        if config.op_type in SHAPES_ONLY_IDENTIFIERS:
+            entry = by_identifier[config.signature().identifier].setdefault(config.key, (config, []))
+            entry[1].append(members[0])
+    found = []
+    for identifier, kinds in by_identifier.items():
+        if len(kinds) < 2:
+            continue
+        said = "; ".join(f"{', '.join(nodes)}: {config.describe()}" for config, nodes in kinds.values())
+        for _, nodes in kinds.values():
+            found += [ShapeWarning(node, f"nodes that compute differently fetch one identifier ({identifier}: the "
+                                   f"shapes only) and NNFusion runs one row for all of them, so all but one compute "
+                                   f"wrong numbers whatever the DB holds ({said})", "wrong numbers") for node in nodes]
+    return found
 
 
 def read_model(path: Path, *, external_data: bool = True) -> Any:
