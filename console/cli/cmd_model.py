@@ -23,8 +23,7 @@ def main(args: argparse.Namespace) -> int:
         next_step = f"next: kdb opconfig extract {done.output} -o ops.txt   (half op configs: cublas_dot_op_half|...)"
         if done.faults:  # (what NNFusion cannot compile as written: expand rewrites what it can)
             expanded = done.output.with_name(f"{done.output.stem}x{done.output.suffix}")
-            next_step = (f"next: kdb model expand {done.output} {expanded}   ({done.faults} node(s) NNFusion cannot "
-                         "compile as written, or compiles into another network: `kdb coverage` names them)")
+            next_step = f"next: kdb model expand {done.output} {expanded}   (then the README's steps with it)"
     if args.json:
         print_json(done.as_dict())
         return status

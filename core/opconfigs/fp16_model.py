@@ -66,6 +66,9 @@ class Fp16Conversion:
             lines.append("for NNFusion's importer: " + ", ".join(f"{n} x {kind}" for kind, n in self.for_import)
                          + " (it makes no half Constant, takes a Resize's scales only as a constant, and sums a half "
                          "mean in half)")
+        if self.faults:
+            lines.append(f"still to expand: {self.faults} node(s) NNFusion cannot compile as written, or compiles into "
+                         "another network (`kdb model expand` rewrites what it can; `kdb coverage` names them)")
         return lines
 
     def as_dict(self) -> dict[str, object]:

@@ -35,9 +35,11 @@ Rewrite = Callable[[Any, "_Context"], Made | None]
 
 def pin_dims(model: Any, dims: dict[str, int]) -> int:
     """Give each dimension named by a key of `dims` (a dim_param) its size, in the graph's inputs, outputs and value
-    infos; the count of dimensions pinned."""
+    infos; the count of the graph's input and output dimensions pinned (value infos, which an fp16 conversion adds by
+    the dozen, are pinned too and not counted)."""
     graph, pinned = model.graph, 0
-    for vi in (*graph.input, *graph.output, *graph.value_info):
+    edges = len(graph.input) + len(graph.output)
+    for k, vi in enumerate((*graph.input, *graph.output, *graph.value_info)):
         if not vi.type.HasField("tensor_type"):
             continue
         for d in vi.type.tensor_type.shape.dim:
@@ -45,7 +47,7 @@ def pin_dims(model: Any, dims: dict[str, int]) -> int:
                 size = dims[d.dim_param]
                 d.Clear()
                 d.dim_value = size
-                pinned += 1
+                pinned += k < edges
     return pinned
 
 
@@ -71,17 +73,23 @@ def _reduced_axes(node: Any, shape: list[int], cx: _Context) -> list[int] | None
     return sorted({int(a) % len(shape) for a in np.ravel(list(axes))})
 
 
+def _half_reduction(node: Any, cx: _Context) -> tuple[list[int], list[int], list[int]] | None:
+    """(input shape, output shape, reduced axes) of a reduction of a half tensor, where all are known; else None."""
+    shape, out = cx.shapes.get(node.input[0]), cx.shapes.get(node.output[0])
+    if cx.types.get(node.input[0]) != HALF or shape is None or out is None or not shape:
+        return None
+    reduced = _reduced_axes(node, shape, cx)
+    return None if reduced is None else (shape, out, reduced)
+
+
 def _half_mean(node: Any, cx: _Context) -> Made | None:
     """A half ReduceMean as a MatMul by a column of 1/count. The importer makes a ReduceMean a Sum, then a Divide,
     and NNFusion's half Sum adds in half (reduce.hpp: `half val`): a LayerNorm's or RMSNorm's mean of squares over 768
     values passes 65,504 at an RMS of 9.2 (inf). The MatMul's running sums are of x / count, never past the largest
     |x|; it replaces the Sum and the Divide (no kernel more, where Casts to float and back added two unfused ones)."""
-
-    shape, out = cx.shapes.get(node.input[0]), cx.shapes.get(node.output[0])
-    if cx.types.get(node.input[0]) != HALF or shape is None or out is None or not shape:
+    if (known := _half_reduction(node, cx)) is None:
         return None
-    if (reduced := _reduced_axes(node, shape, cx)) is None:
-        return None
+    shape, out, reduced = known
     base = node.name or node.output[0]
     made, initializers, _ = importable_reduce(node.input[0], reduced, shape, out, node.output[0], base, cx, mean=True,
                                               half=True)
@@ -97,11 +105,9 @@ def _half_l2(node: Any, cx: _Context) -> Made | None:
     import numpy as np
     from onnx import numpy_helper
 
-    shape, out = cx.shapes.get(node.input[0]), cx.shapes.get(node.output[0])
-    if cx.types.get(node.input[0]) != HALF or shape is None or out is None or not shape:
+    if (known := _half_reduction(node, cx)) is None:
         return None
-    if (reduced := _reduced_axes(node, shape, cx)) is None:
-        return None
+    shape, out, reduced = known
     base = node.name or node.output[0]
     t = {k: cx.namer(f"{base}/{k}") for k in ("square", "mean", "root", "scale")}
     made, initializers, _ = importable_reduce(t["square"], reduced, shape, out, t["mean"], f"{base}/mean", cx,
@@ -617,15 +623,9 @@ def _reduce_extreme(node: Any, cx: _Context) -> Made | None:
     from onnx import numpy_helper
 
     shape, out = cx.shapes.get(node.input[0]), cx.shapes.get(node.output[0])
-    if shape is None or out is None or not shape:
+    if shape is None or out is None or not shape or (reduced := _reduced_axes(node, shape, cx)) is None:
         return None
-    if len(node.input) > 1 and node.input[1]:
-        axes = cx.values.get(node.input[1])
-        if axes is None or not np.size(axes):  # (unknown, or empty: noop_with_empty_axes decides)
-            return None
-    else:
-        axes = attributes(node).get("axes", range(len(shape)))
-    rank, reduced = len(shape), sorted({int(a) % len(shape) for a in np.ravel(list(axes))})
+    rank = len(shape)
     kept = [a for a in range(rank) if a not in reduced]
     rows, count = math.prod(shape[a] for a in kept), math.prod(shape[a] for a in reduced)
     base = node.name or node.output[0]
