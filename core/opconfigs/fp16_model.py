@@ -64,8 +64,8 @@ class Fp16Conversion:
                          "they compute in fp32, and NNFusion looks them up with float identifiers")
         if self.for_import:
             lines.append("for NNFusion's importer: " + ", ".join(f"{n} x {kind}" for kind, n in self.for_import)
-                         + " (it makes no half Constant, takes a Resize's scales only as a constant, and sums a half "
-                         "mean in half)")
+                         + " (what its importer cannot take, or NNFusion computes wrong, in half: a half Constant, "
+                         "a Resize's scales computed, a mean summed in half; docs/NNFUSION-RULES.md)")
         if self.faults:
             lines.append(f"still to expand: {self.faults} node(s) NNFusion cannot compile as written, or compiles into "
                          "another network (`kdb model expand` rewrites what it can; `kdb coverage` names them)")
@@ -106,8 +106,7 @@ def convert_to_fp16(source: Path, output: Path, *, keep_io_types: bool = False) 
             # check_fp16_ready off: a float model may hold a half tensor or two (a rounding Cast pair) and is still
             # a float model to convert; one with no float tensor was refused above
             converted = float16.convert_float_to_float16(model, keep_io_types=keep_io_types,
-                                                         node_block_list=list(kept) or None,
-                                                         check_fp16_ready=False)
+                                                         node_block_list=list(kept) or None, check_fp16_ready=False)
     except Exception as exc:  # the converter raises plain exceptions of its own for graphs it cannot handle
         raise InputError(f"onnxconverter-common could not convert it: {type(exc).__name__}: {exc}",
                          where=str(source)) from exc

@@ -332,10 +332,13 @@ def _one_identifier_two_ops(ops: list[tuple[OpConfig, tuple[str, ...]]]) -> list
         if len(kinds) < 2:
             continue
         said = "; ".join(f"{', '.join(nodes)}: {config.describe()}" for config, nodes in kinds.values())
+        # (a depthwise convolution without a row runs NNFusion's own kernel, which reads each node's stride and pads)
+        cure = ("; with no row of it NNFusion's own kernel runs each right (`d` in the Kernels view deletes a row)"
+                if next(iter(kinds.values()))[0].op_type == DEPTHWISE else ", whatever the DB holds")
         for _, nodes in kinds.values():
             found += [ShapeWarning(node, f"nodes that compute differently fetch one identifier ({identifier}: the "
                                    f"shapes only) and NNFusion runs one row for all of them, so all but one compute "
-                                   f"wrong numbers whatever the DB holds ({said})", "wrong numbers") for node in nodes]
+                                   f"wrong numbers{cure} ({said})", "wrong numbers") for node in nodes]
     return found
 
 
