@@ -466,8 +466,9 @@ def test_kdb_model_fp16_writes_half_means_as_matmuls_so_a_mean_of_squares_cannot
 
 def test_kdb_model_fp16_writes_half_layer_norms_and_l2_norms_so_they_cannot_overflow(tmp_path: Path):
     """Held out in session 31: NNFusion's half LayerNorm kernel keeps its Welford sums in half (M2 = 768 x the
-    variance: inf past a variance of 85) and a half ReduceL2 is a Square and a half Sum (inf past a norm of 256). Both
-    are written with means as MatMuls; at a standard deviation of 30 ONNX Runtime gives the fp32 model's numbers."""
+    variance: inf past a variance of 85) and a half ReduceL2 is a Square and a half Sum (inf past a norm of 256). The
+    LayerNorm is written as its formula in float between Casts (in half its squares pass 65,504 256 from the mean),
+    the L2 norm with a half MatMul mean; at a standard deviation of 30 ONNX Runtime gives the fp32 model's numbers."""
     pytest.importorskip("onnxconverter_common", reason="needs onnxconverter-common (the tvm extra)")
     import json
 
@@ -483,8 +484,11 @@ def test_kdb_model_fp16_writes_half_layer_norms_and_l2_norms_so_they_cannot_over
     assert proc.returncode == 0, proc.stderr
     kinds = json.loads(proc.stdout)["for_import"]
     assert {k.split(" written")[0] for k in kinds} >= {"half LayerNormalization", "half ReduceL2"}, kinds
-    ops = {n.op_type for n in onnx.load(tmp_path / "h.onnx").graph.node}
-    assert not ops & {"LayerNormalization", "ReduceL2", "ReduceMean"}, ops
+    written = onnx.shape_inference.infer_shapes(onnx.load(tmp_path / "h.onnx")).graph
+    assert not {n.op_type for n in written.node} & {"LayerNormalization", "ReduceL2"}
+    types = {v.name: v.type.tensor_type.elem_type for v in (*written.value_info, *written.input)}
+    means = [n for n in written.node if n.op_type == "ReduceMean"]  # (the LayerNorm's, in float: a MatMul in half)
+    assert len(means) == 2 and all(types[n.input[0]] == onnx.TensorProto.FLOAT for n in means), means
     ort = pytest.importorskip("onnxruntime")
     x = np.random.default_rng(0).standard_normal([1, 16, 768]).astype(np.float32) * 30
     want = ort.InferenceSession(str(source)).run(None, {"x": x})[0]

@@ -393,6 +393,25 @@ def test_the_compiled_reduce_l2_of_keepdims_0_sums_its_input_unsquared(tmp_path:
     assert "Sum_" in code and "Square" not in code
 
 
+def expand_to_own_shape() -> ModelProto:
+    """F.normalize's `expand_as` as torch exports it: Expand(norm, Shape(x)), the Shape of a tensor of static shape."""
+    def build(g: GraphBuilder) -> str:
+        norm = g.node("ReduceMean", ["x"], "norm", axes=[-1], keepdims=1)
+        return g.node("Div", ["x", g.node("Expand", [norm, g.node("Shape", ["x"], "shape")], "wide")], "n")
+    return _net([1, 16, 64], build, opset=13)
+
+
+def test_a_shape_is_a_constant_to_the_importer():
+    """Held out in session 31: op/shape.cpp makes a Shape a Constant of its input's static shape, so an Expand of it
+    imports (the real compiler: below); kdb called it a value computed in the graph, and exited 1."""
+    assert said(expand_to_own_shape()) == []
+
+
+@needs_compiler
+def test_the_compiler_takes_an_expand_of_a_shape(tmp_path: Path):
+    compiled_code(nnfusion(expand_to_own_shape(), tmp_path / "e"), tmp_path / "e", "compiles")
+
+
 def test_a_gru_of_both_outputs_is_no_blocker():
     """op/gru.cpp returns Y and Y_h: one output aborts it (tests/test_nnfusion_import.py), both (torch's) import."""
     g = GraphBuilder({"x": [3, 1, 4]})

@@ -267,7 +267,9 @@ def _clamped_values(model: Any) -> int:
     for tensor in model.graph.initializer:
         if tensor.data_type == FLOAT:
             magnitude = np.abs(numpy_helper.to_array(tensor))
-            count += int(((magnitude > 0) & (magnitude < MIN_POSITIVE)).sum() + (magnitude > MAX_FINITE).sum())
+            # (an infinity, a mask's fill, stays one: the converter clamps finite values only)
+            count += int(((magnitude > 0) & (magnitude < MIN_POSITIVE)).sum()
+                         + ((magnitude > MAX_FINITE) & np.isfinite(magnitude)).sum())
     return count
 
 

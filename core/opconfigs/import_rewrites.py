@@ -99,66 +99,74 @@ def _half_mean(node: Any, cx: _Context) -> Made | None:
 
 
 def _half_l2(node: Any, cx: _Context) -> Made | None:
-    """A half ReduceL2 (F.normalize's norm) as sqrt(count) * sqrt(mean(x * x)), the mean as _half_mean writes it:
-    NNFusion's Square then half Sum overflows once the norm passes 256, where the mean of squares holds until an
-    element does."""
+    """A half ReduceL2 (F.normalize's norm), written as _l2_of_mean writes it: NNFusion's Square then half Sum
+    overflows once the norm passes 256, where the mean of squares holds until an element does."""
+    if (known := _half_reduction(node, cx)) is None:
+        return None
+    return _l2_of_mean(node, cx, *known, half=True)
+
+
+def _l2_of_mean(node: Any, cx: _Context, shape: list[int], out: list[int], reduced: list[int], *, half: bool) -> Made:
+    """A ReduceL2 as sqrt(count) * sqrt(mean(x * x)), the mean as importable_reduce writes it (a MatMul in half): the
+    sum of squares itself would pass half's 65,504 once the norm passes 256, in a model made fp16 after this too."""
     import numpy as np
     from onnx import numpy_helper
 
-    if (known := _half_reduction(node, cx)) is None:
-        return None
-    shape, out, reduced = known
     base = node.name or node.output[0]
     t = {k: cx.namer(f"{base}/{k}") for k in ("square", "mean", "root", "scale")}
-    made, initializers, _ = importable_reduce(t["square"], reduced, shape, out, t["mean"], f"{base}/mean", cx,
-                                              mean=True, half=True)
+    made, initializers, how = importable_reduce(t["square"], reduced, shape, out, t["mean"], f"{base}/mean", cx,
+                                                mean=True, half=half)
     count = math.prod(shape[a] for a in reduced)
     made = [_like("Mul", [node.input[0], node.input[0]], [t["square"]], cx.namer(f"{base}/Square")), *made,
             _like("Sqrt", [t["mean"]], [t["root"]], cx.namer(f"{base}/Sqrt")),
             _like("Mul", [t["root"], t["scale"]], list(node.output), node.name or cx.namer(f"{base}/Scale"))]
-    initializers.append(numpy_helper.from_array(np.array(math.sqrt(count), np.float16), t["scale"]))
-    return "half ReduceL2 written as sqrt(count) times the root of a mean of squares", made, initializers
-
-
-HALF_TINY = 2.0 ** -24  # half's smallest positive value: an epsilon below it would round to 0
+    initializers.append(numpy_helper.from_array(np.array(math.sqrt(count), np.float16 if half else np.float32),
+                                                t["scale"]))
+    return (f"{'half ' if half else ''}ReduceL2 written as sqrt(count) times the root of a mean of squares (the mean "
+            f"with {how})", made, initializers)
 
 
 def _half_layer_norm(node: Any, cx: _Context) -> Made | None:
-    """A half LayerNormalization as its formula, each mean as _half_mean writes it: NNFusion's LayerNorm kernel keeps
-    its Welford sums in half (cuda_langunit.cpp's cuWelfordOnlineSum), its M2 the variance times the row's length,
-    which passes 65,504 over 768 values of variance 85. Only its first output (the other two are training's)."""
+    """A half LayerNormalization as its formula in float, between two Casts, as PyTorch computes a half LayerNorm:
+    NNFusion's LayerNorm kernel keeps its Welford sums in half (cuda_langunit.cpp's cuWelfordOnlineSum), its M2 the
+    variance times the row's length, which passes 65,504 over 768 values of variance 85; and in half a square passes it
+    once a value is 256 from the mean (a residual stream's outliers). Its scale and bias must be initializers (read
+    back in float); only its first output (the other two are training's)."""
     import numpy as np
     from onnx import numpy_helper
 
     shape = cx.shapes.get(node.input[0])
+    params = [cx.initializers.get(name) for name in node.input[1:3] if name]
     if cx.types.get(node.input[0]) != HALF or shape is None or not shape or any(node.output[1:]) \
-            or len(node.input) < 2:
+            or len(node.input) < 2 or any(p is None for p in params):
         return None
     attrs = attributes(node)
     axis = int(attrs.get("axis", -1)) % len(shape)
     reduced, kept = list(range(axis, len(shape))), [*shape[:axis], *[1] * (len(shape) - axis)]
     base = node.name or node.output[0]
-    t = {k: cx.namer(f"{base}/{k}") for k in ("mean", "centred", "square", "var", "eps", "padded", "std", "normed",
-                                              "scaled")}
-    mean, mean_inits, _ = importable_reduce(node.input[0], reduced, shape, kept, t["mean"], f"{base}/mean", cx,
-                                            mean=True, half=True)
+    t = {k: cx.namer(f"{base}/{k}") for k in ("x", "mean", "centred", "square", "var", "eps", "padded", "std",
+                                              "normed", "scale", "scaled", "bias", "y")}
+    mean, mean_inits, how = importable_reduce(t["x"], reduced, shape, kept, t["mean"], f"{base}/mean", cx, mean=True,
+                                              half=False)
     var, var_inits, _ = importable_reduce(t["square"], reduced, shape, kept, t["var"], f"{base}/var", cx, mean=True,
-                                          half=True)
-    biased = len(node.input) > 2 and bool(node.input[2])
-    made = [*mean,
-            _like("Sub", [node.input[0], t["mean"]], [t["centred"]], cx.namer(f"{base}/Sub")),
+                                          half=False)
+    biased = len(params) > 1
+    made = [_like("Cast", [node.input[0]], [t["x"]], cx.namer(f"{base}/ToFloat"), to=1),
+            *mean,
+            _like("Sub", [t["x"], t["mean"]], [t["centred"]], cx.namer(f"{base}/Sub")),
             _like("Mul", [t["centred"], t["centred"]], [t["square"]], cx.namer(f"{base}/Square")),
             *var,
             _like("Add", [t["var"], t["eps"]], [t["padded"]], cx.namer(f"{base}/AddEpsilon")),
             _like("Sqrt", [t["padded"]], [t["std"]], cx.namer(f"{base}/Sqrt")),
             _like("Div", [t["centred"], t["std"]], [t["normed"]], cx.namer(f"{base}/Div")),
-            _like("Mul", [t["normed"], node.input[1]], [t["scaled"] if biased else node.output[0]],
-                  cx.namer(f"{base}/Scale") if biased else node.name or cx.namer(f"{base}/Scale"))]
-    if biased:
-        made.append(_like("Add", [t["scaled"], node.input[2]], [node.output[0]], node.name or cx.namer(f"{base}/Bias")))
-    eps = max(float(attrs.get("epsilon", 1e-5)), HALF_TINY)
-    return ("half LayerNormalization written as its formula, its means MatMuls", made,
-            [*mean_inits, *var_inits, numpy_helper.from_array(np.array(eps, np.float16), t["eps"])])
+            _like("Mul", [t["normed"], t["scale"]], [t["scaled"] if biased else t["y"]], cx.namer(f"{base}/Scale")),
+            *([_like("Add", [t["scaled"], t["bias"]], [t["y"]], cx.namer(f"{base}/Bias"))] if biased else []),
+            _like("Cast", [t["y"]], [node.output[0]], node.name or cx.namer(f"{base}/ToHalf"), to=HALF)]
+    floats = [numpy_helper.from_array(numpy_helper.to_array(p).astype(np.float32), t[k])
+              for p, k in zip(params, ("scale", "bias"), strict=False)]
+    eps = numpy_helper.from_array(np.array(float(attrs.get("epsilon", 1e-5)), np.float32), t["eps"])
+    return (f"half LayerNormalization written as its formula in float, between two Casts (its means with {how})",
+            made, [*mean_inits, *var_inits, eps, *floats])
 
 
 def rewrite_for_import(model: Any, rewrites: dict[str, Rewrite] | None = None) -> Counter[str]:
@@ -593,26 +601,12 @@ def _reduce_of_axes_input(node: Any, cx: _Context) -> Made | None:
 
 def _reduce_l2(node: Any, cx: _Context) -> Made | None:
     """A ReduceL2 the importer computes wrong (keepdims 0: it sums the input, not its squares; axes as an input: it
-    reduces every axis) as its formula: the square root of a sum of squares, the sum as importable_reduce writes it."""
-    import numpy as np
-
+    reduces every axis) as its formula, written as _l2_of_mean writes it."""
     shape, out = cx.shapes.get(node.input[0]), cx.shapes.get(node.output[0])
-    attrs = attributes(node)
-    if len(node.input) > 1 and node.input[1]:
-        axes = cx.values.get(node.input[1])
-    else:
-        axes = attrs.get("axes", list(range(len(shape))) if shape is not None else None)
-    if shape is None or out is None or axes is None or not np.size(axes) \
+    if shape is None or out is None or not shape or (reduced := _reduced_axes(node, shape, cx)) is None \
             or not (import_rules.reduce_l2_unsquared(node) or reduce_axes_ignored(node, out)):
         return None
-    reduced = sorted({int(a) % len(shape) for a in np.ravel(axes)})
-    base = node.name or node.output[0]
-    square, total = cx.namer(f"{base}/square"), cx.namer(f"{base}/sum")
-    made, initializers, how = importable_reduce(square, reduced, shape, out, total, f"{base}/sum", cx, mean=False,
-                                                half=cx.types.get(node.input[0]) == HALF)
-    made = [_like("Mul", [node.input[0], node.input[0]], [square], cx.namer(f"{base}/Square")), *made,
-            _like("Sqrt", [total], list(node.output), node.name or cx.namer(f"{base}/Sqrt"))]
-    return f"ReduceL2 written as the square root of a sum of squares (the sum with {how})", made, initializers
+    return _l2_of_mean(node, cx, shape, out, reduced, half=cx.types.get(node.input[0]) == HALF)
 
 
 def _reduce_extreme(node: Any, cx: _Context) -> Made | None:

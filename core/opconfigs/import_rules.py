@@ -37,8 +37,13 @@ def constant_values(graph: Any, name: str) -> list[float] | None:
 
 
 def constant_tensors(graph: Any) -> set[str]:
-    """The tensors the importer holds as constants: initializers and Constant nodes' outputs."""
-    return {t.name for t in graph.initializer} | {o for n in graph.node if n.op_type == "Constant" for o in n.output}
+    """The tensors the importer holds as constants: initializers, Constant nodes' outputs, and Shape nodes' outputs
+    (op/shape.cpp makes a Constant of the input's static shape; it reads no start or end, so a Shape that has them
+    is left out)."""
+    shapes = {o for n in graph.node if n.op_type == "Shape" and not any(a.name in ("start", "end") for a in n.attribute)
+              for o in n.output}
+    return {t.name for t in graph.initializer} | {o for n in graph.node if n.op_type == "Constant" for o in n.output} \
+        | shapes
 
 
 def computed_value_input(node: Any, constants: set[str]) -> str:
