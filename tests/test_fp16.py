@@ -510,6 +510,23 @@ def test_kdb_model_fp16_names_expand_as_the_next_step_where_nnfusion_cannot_comp
     assert json.loads(proc.stdout)["faults"] == 1
 
 
+def test_kdb_model_fp16_counts_the_values_it_clamps_and_not_a_masks_infinities(tmp_path: Path):
+    """Held out in session 31: GPT-2's causal mask (-inf where masked) was reported as 1,024 values clamped to 1e4; the
+    converter clamps finite values only, and the mask stays -inf."""
+    pytest.importorskip("onnxconverter_common", reason="needs onnxconverter-common (the tvm extra)")
+    import json
+
+    import numpy as np
+
+    g = GraphBuilder({"x": [1, 8, 8]})
+    mask = np.triu(np.full((1, 8, 8), -np.inf, np.float32), 1)
+    big = g.constant("big", np.full((1, 8, 8), 3e4), np.float32)  # 64 values over 1e4: clamped
+    y = g.node("Add", [g.node("Add", ["x", g.constant("mask", mask, np.float32)], "masked"), big], "y")
+    source = write(g.model(y, "masked"), tmp_path / "m.onnx")
+    proc = run_kdb("model", "fp16", str(source), str(tmp_path / "h.onnx"), "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["clamped"] == 64, proc.stdout + proc.stderr
+
+
 # -- tuning (the workload's element type) -----------------------------------------------------------------------
 
 def sampled_candidate(config: OpConfig, space, postprocs, seed: int):  # type: ignore[no-untyped-def]
