@@ -145,6 +145,10 @@ def test_two_resizes_of_one_identifier_and_two_modes_are_named_before_any_row_ex
     near = g.node("Resize", ["x", roi, scales], "near", mode="nearest")
     smooth = g.node("Resize", ["x", roi, scales], "smooth", mode="linear")
     ext = extract(write(g.model(g.node("Add", [near, smooth], "sum"), "two_modes"), tmp_path / "m.onnx"))
+    from core.opconfigs.expand_functions import expand_functions
+
+    expanded = expand_functions(tmp_path / "m.onnx", tmp_path / "x.onnx")  # (its exit 1 says so too)
+    assert {node for node, kind, _ in expanded.miscompiled if kind == "wrong numbers"} == {"near", "smooth"}
     said = {w.node: w for w in ext.miscompiles}
     assert set(said) == {"near", "smooth"} and said["near"].kind == "wrong numbers"
     assert "Resize1,4,5,6;4;1,4,10,12floatfloatfloat" in said["near"].text and "nearest" in said["near"].text

@@ -32,7 +32,7 @@ from core.opconfigs.nnfusion_import import (
     importable,
     inferred_faults,
 )
-from core.opconfigs.onnx_extract import read_model
+from core.opconfigs.onnx_extract import identifier_clashes, read_model
 
 FLOAT = 1  # ONNX TensorProto.FLOAT: a constant's type where its input's is not known
 
@@ -124,7 +124,7 @@ def expand_functions(source: Path, output: Path, dims: dict[str, int] | None = N
     write_model(model, output)
     blockers, warnings = inferred_faults(model)
     blocked = tuple((b.node, b.op_type, b.reason) for b in blockers)
-    miscompiled = tuple((w.node, w.kind, w.text) for w in warnings)
+    miscompiled = tuple((w.node, w.kind, w.text) for w in (*warnings, *identifier_clashes(output)))
     return Expansion(source, output, dict(expanded), added, tuple(left), dict(rewritten), pinned, blocked, miscompiled)
 
 

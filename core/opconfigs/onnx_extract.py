@@ -318,6 +318,14 @@ def _one_row_serves_both(ops: list[tuple[OpConfig, tuple[str, ...]]]) -> tuple[l
 SHAPES_ONLY_IDENTIFIERS = (DEPTHWISE, RESIZE, CONV_TRANSPOSE)
 
 
+def identifier_clashes(path: Path) -> list[ShapeWarning]:
+    """The nodes of the model at `path` that fetch one identifier but compute differently (_one_identifier_two_ops):
+    what `kdb model expand` says of the model it wrote, as extraction would."""
+    extractor = _Extractor(_load(path).graph)
+    extractor.run()
+    return _one_identifier_two_ops(extractor.ops)
+
+
 def _one_identifier_two_ops(ops: list[tuple[OpConfig, tuple[str, ...]]]) -> list[ShapeWarning]:
     """Nodes of the model that fetch one identifier but compute differently (an HRNet's nearest and bilinear
     upsamplings of one size, depthwise convolutions of one shape and two strides): one row serves them all, so every
