@@ -29,8 +29,9 @@ from core.opconfigs.nnfusion_import import (
     function_body,
     function_ops,
     function_schema,
+    import_faults,
     importable,
-    inferred_faults,
+    with_shapes,
 )
 from core.opconfigs.onnx_extract import identifier_clashes, read_model
 
@@ -122,9 +123,10 @@ def expand_functions(source: Path, output: Path, dims: dict[str, int] | None = N
     model.graph.initializer.extend(writer.initializers)
     drop_orphans(model.graph, read_before | used)
     write_model(model, output)
-    blockers, warnings = inferred_faults(model)
+    shaped = with_shapes(model)
+    blockers, warnings = import_faults(shaped)
     blocked = tuple((b.node, b.op_type, b.reason) for b in blockers)
-    miscompiled = tuple((w.node, w.kind, w.text) for w in (*warnings, *identifier_clashes(output)))
+    miscompiled = tuple((w.node, w.kind, w.text) for w in (*warnings, *identifier_clashes(shaped)))
     return Expansion(source, output, dict(expanded), added, tuple(left), dict(rewritten), pinned, blocked, miscompiled)
 
 

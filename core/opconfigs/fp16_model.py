@@ -15,7 +15,6 @@ import os
 import tempfile
 import warnings
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -210,26 +209,17 @@ def _copy(tensor: Any, name: str) -> Any:
 
 
 def _name_depthwise_convs(model: Any) -> tuple[str, ...]:
-    """The names of the model's depthwise convolutions (group > 1, one input channel a filter)."""
+    """The names of the model's depthwise convolutions (group > 1, one input channel a filter), naming any unnamed one
+    (the converter's block list goes by name)."""
     filters = {t.name: list(t.dims) for t in model.graph.initializer}
-
-    def depthwise(node: Any) -> bool:
-        group = next((a.i for a in node.attribute if a.name == "group"), 1)
-        weight = filters.get(node.input[1]) if node.op_type == "Conv" and len(node.input) > 1 else None
-        return group > 1 and weight is not None and len(weight) > 1 and weight[1] == 1
-
-    return _name_nodes(model, depthwise, "depthwise")
-
-
-def _name_nodes(model: Any, wanted: Callable[[Any], bool], prefix: str) -> tuple[str, ...]:
-    """The names of the nodes `wanted` picks, naming any unnamed one `<prefix>_<k>` (the converter's block list goes
-    by name)."""
     names = {n.name for n in model.graph.node}
     found = []
     for i, node in enumerate(model.graph.node):
-        if wanted(node):
+        group = next((a.i for a in node.attribute if a.name == "group"), 1)
+        weight = filters.get(node.input[1]) if node.op_type == "Conv" and len(node.input) > 1 else None
+        if group > 1 and weight is not None and len(weight) > 1 and weight[1] == 1:
             if not node.name:
-                node.name = next(n for k in range(i, i + len(names) + 1) if (n := f"{prefix}_{k}") not in names)
+                node.name = next(n for k in range(i, i + len(names) + 1) if (n := f"depthwise_{k}") not in names)
                 names.add(node.name)
             found.append(node.name)
     return tuple(found)

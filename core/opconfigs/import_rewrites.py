@@ -127,11 +127,11 @@ def _l2_of_mean(node: Any, cx: _Context, shape: list[int], out: list[int], reduc
 
 
 def _half_layer_norm(node: Any, cx: _Context) -> Made | None:
-    """A half LayerNormalization as its formula in float, between two Casts, as PyTorch computes a half LayerNorm:
-    NNFusion's LayerNorm kernel keeps its Welford sums in half (cuda_langunit.cpp's cuWelfordOnlineSum), its M2 the
-    variance times the row's length, which passes 65,504 over 768 values of variance 85; and in half a square passes it
-    once a value is 256 from the mean (a residual stream's outliers). Its scale and bias must be initializers (read
-    back in float); only its first output (the other two are training's)."""
+    """A half LayerNormalization as its formula in float, between two Casts (_normalised), as PyTorch computes a half
+    LayerNorm: NNFusion's LayerNorm kernel keeps its Welford sums in half (cuda_langunit.cpp's cuWelfordOnlineSum),
+    its M2 the variance times the row's length, which passes 65,504 over 768 values of variance 85; and in half a
+    square passes it once a value is 256 from the mean (a residual stream's outliers). Its scale and bias must be
+    initializers (read back in float); only its first output (the other two are training's)."""
     import numpy as np
     from onnx import numpy_helper
 
@@ -140,33 +140,52 @@ def _half_layer_norm(node: Any, cx: _Context) -> Made | None:
     if cx.types.get(node.input[0]) != HALF or shape is None or not shape or any(node.output[1:]) \
             or len(node.input) < 2 or any(p is None for p in params):
         return None
-    attrs = attributes(node)
-    axis = int(attrs.get("axis", -1)) % len(shape)
+    axis = int(attributes(node).get("axis", -1)) % len(shape)
     reduced, kept = list(range(axis, len(shape))), [*shape[:axis], *[1] * (len(shape) - axis)]
+    scale, *bias = (numpy_helper.to_array(p).astype(np.float32) for p in params)
+    made, initializers, how = _normalised(node, cx, shape, reduced, kept, scale, bias[0] if bias else None,
+                                          node.name or cx.namer(f"{node.name or node.output[0]}/ToHalf"))
+    return (f"half LayerNormalization written as its formula in float, between two Casts (its means with {how})",
+            made, initializers)
+
+
+def _normalised(node: Any, cx: _Context, shape: list[int], reduced: list[int], kept: list[int], scale: Any,
+                bias: Any | None, name: str) -> tuple[list[Any], list[Any], str]:
+    """The node's input normalised over the axes `reduced` (`kept`: its statistics' shape), times `scale` plus `bias`
+    (float32 arrays that broadcast against it; no bias: None): (x - mean) / sqrt(var + epsilon) * scale + bias, each
+    mean as importable_reduce writes it in float. A half input is computed in float between two Casts (NNFusion's
+    half mean and LayerNorm overflow: _half_mean, _half_layer_norm). The last node is named `name`.
+    (nodes, initializers, how the means are written)."""
+    import numpy as np
+    from onnx import numpy_helper
+
     base = node.name or node.output[0]
     t = {k: cx.namer(f"{base}/{k}") for k in ("x", "mean", "centred", "square", "var", "eps", "padded", "std",
                                               "normed", "scale", "scaled", "bias", "y")}
-    mean, mean_inits, how = importable_reduce(t["x"], reduced, shape, kept, t["mean"], f"{base}/mean", cx, mean=True,
+    half = cx.types.get(node.input[0]) == HALF
+    x, y = (t["x"], t["y"]) if half else (node.input[0], node.output[0])
+    mean, mean_inits, how = importable_reduce(x, reduced, shape, kept, t["mean"], f"{base}/mean", cx, mean=True,
                                               half=False)
     var, var_inits, _ = importable_reduce(t["square"], reduced, shape, kept, t["var"], f"{base}/var", cx, mean=True,
                                           half=False)
-    biased = len(params) > 1
-    made = [_like("Cast", [node.input[0]], [t["x"]], cx.namer(f"{base}/ToFloat"), to=1),
+    scaled_name = name if not half and bias is None else cx.namer(f"{base}/Scale")
+    made = [*([_like("Cast", [node.input[0]], [x], cx.namer(f"{base}/ToFloat"), to=1)] if half else []),
             *mean,
-            _like("Sub", [t["x"], t["mean"]], [t["centred"]], cx.namer(f"{base}/Sub")),
+            _like("Sub", [x, t["mean"]], [t["centred"]], cx.namer(f"{base}/Sub")),
             _like("Mul", [t["centred"], t["centred"]], [t["square"]], cx.namer(f"{base}/Square")),
             *var,
             _like("Add", [t["var"], t["eps"]], [t["padded"]], cx.namer(f"{base}/AddEpsilon")),
             _like("Sqrt", [t["padded"]], [t["std"]], cx.namer(f"{base}/Sqrt")),
             _like("Div", [t["centred"], t["std"]], [t["normed"]], cx.namer(f"{base}/Div")),
-            _like("Mul", [t["normed"], t["scale"]], [t["scaled"] if biased else t["y"]], cx.namer(f"{base}/Scale")),
-            *([_like("Add", [t["scaled"], t["bias"]], [t["y"]], cx.namer(f"{base}/Bias"))] if biased else []),
-            _like("Cast", [t["y"]], [node.output[0]], node.name or cx.namer(f"{base}/ToHalf"), to=HALF)]
-    floats = [numpy_helper.from_array(numpy_helper.to_array(p).astype(np.float32), t[k])
-              for p, k in zip(params, ("scale", "bias"), strict=False)]
-    eps = numpy_helper.from_array(np.array(float(attrs.get("epsilon", 1e-5)), np.float32), t["eps"])
-    return (f"half LayerNormalization written as its formula in float, between two Casts (its means with {how})",
-            made, [*mean_inits, *var_inits, eps, *floats])
+            _like("Mul", [t["normed"], t["scale"]], [t["scaled"] if bias is not None else y], scaled_name),
+            *([_like("Add", [t["scaled"], t["bias"]], [y], cx.namer(f"{base}/Bias") if half else name)]
+              if bias is not None else []),
+            *([_like("Cast", [y], list(node.output), name, to=HALF)] if half else [])]
+    eps = float(attributes(node).get("epsilon", 1e-5))
+    initializers = [*mean_inits, *var_inits, numpy_helper.from_array(np.array(eps, np.float32), t["eps"]),
+                    numpy_helper.from_array(scale, t["scale"]),
+                    *([numpy_helper.from_array(bias, t["bias"])] if bias is not None else [])]
+    return made, initializers, how
 
 
 def rewrite_for_import(model: Any, rewrites: dict[str, Rewrite] | None = None) -> Counter[str]:
@@ -1018,43 +1037,19 @@ def _lstm(node: Any, cx: _Context) -> Made | None:
 
 def _instance_norm(node: Any, cx: _Context) -> Made | None:
     """InstanceNormalization (torch's GroupNorm and InstanceNorm export it; the importer has no translator) as its
-    formula: (x - mean) / sqrt(var + epsilon) * scale + bias over the spatial axes, each mean as importable_reduce
-    writes it (a ReduceMean of an axes attribute below opset 18, a MatMul from 18 on). A half one is computed in
-    float between two Casts: NNFusion's mean is a Sum, then a Divide, and a half Sum of a long row overflows (a
-    GroupNorm(1, 512) over 200 steps gave zeros)."""
+    formula over the spatial axes (_normalised), each mean as importable_reduce writes it (a ReduceMean of an axes
+    attribute below opset 18, a MatMul from 18 on). A half one is computed in float between two Casts: NNFusion's mean
+    is a Sum, then a Divide, and a half Sum of a long row overflows (a GroupNorm(1, 512) over 200 steps gave zeros)."""
     import numpy as np
-    from onnx import numpy_helper
 
     shape, scale, bias = cx.shapes.get(node.input[0]), cx.values.get(node.input[1]), cx.values.get(node.input[2])
     if shape is None or len(shape) < 3 or scale is None or bias is None:
         return None
-    base = node.name or node.output[0]
-    t = {k: cx.namer(f"{base}/{k}") for k in ("x", "mean", "centred", "square", "var", "eps", "padded", "std",
-                                              "normed", "scale", "scaled", "bias", "y")}
-    half = cx.types.get(node.input[0]) == HALF
-    x, y = (t["x"], t["y"]) if half else (node.input[0], node.output[0])
     axes, broadcast = list(range(2, len(shape))), [shape[1]] + [1] * (len(shape) - 2)
     kept = [*shape[:2], *[1] * (len(shape) - 2)]
-    eps = float(attributes(node).get("epsilon", 1e-5))
-    mean, mean_inits, how = importable_reduce(x, axes, shape, kept, t["mean"], f"{base}/mean", cx, mean=True,
-                                              half=False)
-    var, var_inits, _ = importable_reduce(t["square"], axes, shape, kept, t["var"], f"{base}/var", cx, mean=True,
-                                          half=False)
-    made = [*([_like("Cast", [node.input[0]], [x], cx.namer(f"{base}/ToFloat"), to=1)] if half else []),
-            *mean,
-            _like("Sub", [x, t["mean"]], [t["centred"]], cx.namer(f"{base}/Sub")),
-            _like("Mul", [t["centred"], t["centred"]], [t["square"]], cx.namer(f"{base}/Square")),
-            *var,
-            _like("Add", [t["var"], t["eps"]], [t["padded"]], cx.namer(f"{base}/AddEpsilon")),
-            _like("Sqrt", [t["padded"]], [t["std"]], cx.namer(f"{base}/Sqrt")),
-            _like("Div", [t["centred"], t["std"]], [t["normed"]], cx.namer(f"{base}/Div")),
-            _like("Mul", [t["normed"], t["scale"]], [t["scaled"]], cx.namer(f"{base}/Scale")),
-            _like("Add", [t["scaled"], t["bias"]], [y], cx.namer(f"{base}/Bias") if half else node.name),
-            *([_like("Cast", [y], list(node.output), node.name, to=HALF)] if half else [])]
-    initializers = [*mean_inits, *var_inits, numpy_helper.from_array(np.array(eps, np.float32), t["eps"]),
-                    numpy_helper.from_array(scale.reshape(broadcast).astype(np.float32), t["scale"]),
-                    numpy_helper.from_array(bias.reshape(broadcast).astype(np.float32), t["bias"])]
-    in_float = " in float, between Casts" if half else ""
+    made, initializers, how = _normalised(node, cx, shape, axes, kept, scale.reshape(broadcast).astype(np.float32),
+                                          bias.reshape(broadcast).astype(np.float32), node.name)
+    in_float = " in float, between Casts" if cx.types.get(node.input[0]) == HALF else ""
     return f"InstanceNormalization written as its formula{in_float} (its means with {how})", made, initializers
 
 

@@ -446,16 +446,20 @@ def import_blockers(model: Any) -> list[Blocker]:
     return import_faults(model)[0]
 
 
-def inferred_faults(model: Any) -> tuple[list[Blocker], list[ShapeWarning]]:
-    """import_faults of `model` as extraction sees it: its shapes inferred (in a copy; without shapes where inference
-    fails on it)."""
+def with_shapes(model: Any) -> Any:
+    """`model` as extraction sees it: a copy with its shapes inferred (the model itself where inference fails on it:
+    what needs no shapes is still found)."""
     import onnx
 
     try:
-        model = onnx.shape_inference.infer_shapes(model, data_prop=True)
-    except Exception:  # shape inference fails on malformed models; the faults are then found without shapes
-        pass
-    return import_faults(model)
+        return onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception:  # shape inference fails on malformed models
+        return model
+
+
+def inferred_faults(model: Any) -> tuple[list[Blocker], list[ShapeWarning]]:
+    """import_faults of `model` as extraction sees it (with_shapes)."""
+    return import_faults(with_shapes(model))
 
 
 def import_faults(model: Any) -> tuple[list[Blocker], list[ShapeWarning]]:

@@ -318,10 +318,10 @@ def _one_row_serves_both(ops: list[tuple[OpConfig, tuple[str, ...]]]) -> tuple[l
 SHAPES_ONLY_IDENTIFIERS = (DEPTHWISE, RESIZE, CONV_TRANSPOSE)
 
 
-def identifier_clashes(path: Path) -> list[ShapeWarning]:
-    """The nodes of the model at `path` that fetch one identifier but compute differently (_one_identifier_two_ops):
-    what `kdb model expand` says of the model it wrote, as extraction would."""
-    extractor = _Extractor(_load(path).graph)
+def identifier_clashes(model: Any) -> list[ShapeWarning]:
+    """The nodes of `model` (its shapes inferred) that fetch one identifier but compute differently
+    (_one_identifier_two_ops): what `kdb model expand` says of the model it wrote, as extraction would."""
+    extractor = _Extractor(model.graph)
     extractor.run()
     return _one_identifier_two_ops(extractor.ops)
 
