@@ -199,6 +199,18 @@ def reciprocal() -> ModelProto:
     return _net([1, 8, 4, 4], lambda g: g.node("Reciprocal", [g.node("Sigmoid", ["x"], "positive")], "n"), opset=13)
 
 
+def conv_auto_pad(auto_pad: str, group: int = 1, kernel: int = 3, stride: int = 1,
+                  kernel_shape: bool = True) -> Callable[[], ModelProto]:
+    """torch's `padding="same"` as it exports it (auto_pad SAME_UPPER, ConvMixer's 7x7 depthwise convs; held out in
+    session 31: the importer aborts on any auto_pad)."""
+    def model() -> ModelProto:
+        size = [kernel, kernel] if kernel_shape else None
+        return _net([1, 8, 10, 10], lambda g: g.node(
+            "Conv", ["x", g.weight("w", [8, 8 // group, kernel, kernel], fan_in=8 // group * kernel * kernel)], "n",
+            group=group, auto_pad=auto_pad, strides=[stride, stride], **({"kernel_shape": size} if size else {})))
+    return model
+
+
 def grouped_conv() -> ModelProto:
     """ResNeXt's 3x3 of group 4 (not depthwise), with its bias."""
     return _net([1, 8, 8, 8], lambda g: g.node("Conv", ["x", g.weight("w", [16, 2, 3, 3], fan_in=18),
@@ -328,6 +340,14 @@ CASES: dict[str, tuple[Callable[[], ModelProto], str, str]] = {
     "a bool mask initializer": (bool_mask_initializer, "blocker", "unsupported data type"),
     "Split on axis -1": (split_last_axis, "blocker", "_M_range_check"),
     "dilated MaxPool": (max_pool_dilated, "wrong shape", "dilations"),
+    "Conv of SAME_UPPER (torch's padding='same')": (conv_auto_pad("SAME_UPPER"), "blocker", "auto_pad"),
+    "Conv of SAME_LOWER, stride 2, no kernel_shape": (conv_auto_pad("SAME_LOWER", stride=2, kernel=4,
+                                                                    kernel_shape=False), "blocker", "auto_pad"),
+    "Conv of VALID": (conv_auto_pad("VALID"), "blocker", "auto_pad"),
+    "7x7 depthwise Conv of SAME_UPPER (ConvMixer)": (conv_auto_pad("SAME_UPPER", group=8, kernel=7), "blocker",
+                                                     "auto_pad"),
+    "4x4 depthwise Conv of SAME_UPPER (unequal pads)": (conv_auto_pad("SAME_UPPER", group=8, kernel=4), "blocker",
+                                                        "auto_pad"),
 }
 NO_REWRITE = {"dilated MaxPool"}  # NNFusion's pools have no dilation
 

@@ -772,21 +772,31 @@ def _resize_by_sizes(node: Any, cx: _Context) -> Made | None:
     return "Resize by sizes given its scales", [made], [numpy_helper.from_array(scales, name)]
 
 
-def _max_pool(node: Any, cx: _Context) -> Made | None:
+def _auto_pad_written(node: Any, cx: _Context, window: list[int] | None, kinds: tuple[str, ...]) -> Any | None:
+    """`node` (a Conv or MaxPool) with its auto_pad of `kinds` written as the pads ONNX gives it, or None where it has
+    none or its shapes are unknown. `window`: the kernel's size (a Conv's may come from its filter's shape)."""
     attrs = attributes(node)
     auto_pad = attrs.get("auto_pad", b"NOTSET")
     auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
     data, out = cx.shapes.get(node.input[0]), cx.shapes.get(node.output[0])
-    if not auto_pad.startswith("SAME") or data is None or out is None:
+    if auto_pad not in kinds or data is None or out is None or window is None:
         return None
-    window = list(attrs["kernel_shape"])
-    strides, dilations = list(attrs.get("strides", [1] * len(window))), list(attrs.get("dilations", [1] * len(window)))
-    dilated = [d * (k - 1) + 1 for k, d in zip(window, dilations, strict=True)]
-    below, above = import_rules.onnx_same_pads(data[2:], out[2:], dilated, strides, auto_pad)
-    pads = [*below, *above]
-    made = _like("MaxPool", list(node.input), list(node.output), node.name, pads=pads)
-    made.attribute.extend(a for a in node.attribute if a.name != "auto_pad")
-    return "MaxPool auto_pad written as ONNX's pads", [made], []
+    if auto_pad == "VALID":
+        pads = [0] * 2 * len(window)
+    else:
+        strides = list(attrs.get("strides", [1] * len(window)))
+        dilations = list(attrs.get("dilations", [1] * len(window)))
+        dilated = [d * (k - 1) + 1 for k, d in zip(window, dilations, strict=True)]
+        below, above = import_rules.onnx_same_pads(data[2:], out[2:], dilated, strides, auto_pad)
+        pads = [*below, *above]
+    made = _like(node.op_type, list(node.input), list(node.output), node.name, pads=pads)
+    made.attribute.extend(a for a in node.attribute if a.name not in ("auto_pad", "pads"))
+    return made
+
+
+def _max_pool(node: Any, cx: _Context) -> Made | None:
+    made = _auto_pad_written(node, cx, list(attributes(node)["kernel_shape"]), ("SAME_UPPER", "SAME_LOWER"))
+    return None if made is None else ("MaxPool auto_pad written as ONNX's pads", [made], [])
 
 
 def _constant(node: Any, cx: _Context) -> Made | None:
@@ -818,7 +828,17 @@ def _squeeze(node: Any, cx: _Context) -> Made | None:
 
 
 def _conv(node: Any, cx: _Context) -> Made | None:
-    return _grouped_conv(node, cx) or _depthwise_1d(node, cx) or _depthwise_padding(node, cx)
+    """A Conv's auto_pad (torch's `padding="same"`; the importer aborts on any) written as its pads, then the rewrites
+    of the convolutions the importer cannot take as they are."""
+    filters = cx.shapes.get(node.input[1]) if len(node.input) > 1 else None
+    window = list(attributes(node).get("kernel_shape", filters[2:] if filters else [])) or None
+    written = _auto_pad_written(node, cx, window, ("SAME_UPPER", "SAME_LOWER", "VALID"))
+    conv = written or node
+    made = _grouped_conv(conv, cx) or _depthwise_1d(conv, cx) or _depthwise_padding(conv, cx)
+    if written is None or made is None:
+        return made if written is None else ("Conv auto_pad written as ONNX's pads", [written], [])
+    kind, nodes, initializers = made
+    return f"Conv auto_pad written as ONNX's pads, then its {kind}", nodes, initializers
 
 
 def _zero_pad(x: str, pads: list[int], base: str, cx: _Context) -> tuple[Any, Any, str]:

@@ -106,7 +106,8 @@ def _conv(node: Any, attrs: dict[str, Any], shapes: Shapes) -> str:
     auto_pad = attrs.get("auto_pad", b"NOTSET")
     auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad)
     if auto_pad != "NOTSET":
-        return f"Conv with auto_pad {auto_pad}: the importer aborts ('auto_pad not supported'); write the pads out"
+        return f"Conv with auto_pad {auto_pad}: the importer aborts ('auto_pad not supported'); `kdb model expand IN " \
+               "OUT` writes it as pads"
     groups = int(attrs.get("group", 1))
     data, filters = (shapes.get(t) for t in node.input[:2]) if len(node.input) > 1 else (None, None)
     if (rank := len(data or filters or [])) > 4:

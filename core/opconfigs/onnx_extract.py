@@ -687,7 +687,7 @@ class _Extractor:
         attrs = _attrs(node)
         if attrs.get("auto_pad", "NOTSET") != "NOTSET":
             raise _NotMapped(f"auto_pad={attrs['auto_pad']}: NNFusion's ONNX importer aborts on it (a blocker): "
-                             "nothing is looked up")
+                             "nothing is looked up; `kdb model expand IN OUT` writes it as pads")
         strides = list(attrs.get("strides", [1] * spatial))
         dilations = list(attrs.get("dilations", [1] * spatial))
         window = [d * (k - 1) + 1 for k, d in zip(ws[2:], dilations, strict=True)]
