@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -346,32 +349,24 @@ def test_nvrtc_gets_the_standard_asm_spelling(monkeypatch: pytest.MonkeyPatch):
     assert seen == ['extern "C" __global__ void k() {}']  # nothing added to a program without inline PTX
 
 
-def test_a_tuned_half_record_becomes_a_kernel(tmp_path: Path):
-    """The harvest of a tuning run: the fastest record of the work dir, replayed, generated and compiled on its own as
-    NNFusion holds it. Every half kernel failed that compile ('incomplete type "void"': no cuda_fp16.h), so no fp16
-    tuning on the H100 gave a row."""
-    if not find_nvcc(""):
-        pytest.skip("needs nvcc (the harvest compiles each kernel on its own)")
+def _tensor_core_work_dir(config: Any, work: Path) -> None:
+    """A tuning work dir of two valid tensor-core candidates of `config`, recorded as tuning records them (the
+    postprocessors passed), at 20 and 10 us."""
     import tvm.s_tir as s_tir
     from tvm.s_tir import meta_schedule as ms
 
     from core.codegen.generate import cuda_target, prim_func_module
-    from core.tuning.harvest import best_kernels
-    from core.tuning.job import TuneJob
     from core.tuning.records import RECORDS, WORKLOADS
     from core.tuning.space import cuda_space
 
-    config = parse_line(BERT[1])
-    job = TuneJob(config, trials=2)
     mod, _ = prim_func_module(config)
     context = ms.TuneContext(mod=mod, target=cuda_target("sm_90"), space_generator=cuda_space(config), task_name="t")
     design = context.space_generator.generate_design_space(mod)[0]
-    work = tmp_path / "work"
     work.mkdir()
     database = ms.database.JSONDatabase(path_workload=str(work / WORKLOADS), path_tuning_record=str(work / RECORDS))
     workload = database.commit_workload(mod)
-    committed, seed = [], 0
-    while len(committed) < 2:  # two valid candidates, as tuning records them (the postprocessors passed)
+    committed, seed = 0, 0
+    while committed < 2:
         seed += 1
         sch = s_tir.Schedule(mod, seed=seed)
         design.trace.apply_to_schedule(sch, remove_postproc=True, decision_provider=lambda *_: None)
@@ -379,11 +374,42 @@ def test_a_tuned_half_record_becomes_a_kernel(tmp_path: Path):
             seconds = 2e-5 if not committed else 1e-5
             database.commit_tuning_record(ms.database.TuningRecord(sch.trace, workload, [seconds],
                                                                    cuda_target("sm_90")))
-            committed.append(seed)
-    result = best_kernels(job, work, check=False)
+            committed += 1
+
+
+def test_a_tuned_half_record_becomes_a_kernel(tmp_path: Path):
+    """The harvest of a tuning run: the fastest record of the work dir, replayed, generated and compiled on its own as
+    NNFusion holds it. Every half kernel failed that compile ('incomplete type "void"': no cuda_fp16.h), so no fp16
+    tuning on the H100 gave a row."""
+    if not find_nvcc(""):
+        pytest.skip("needs nvcc (the harvest compiles each kernel on its own)")
+    from core.tuning.harvest import best_kernels
+    from core.tuning.job import TuneJob
+
+    config = parse_line(BERT[1])
+    _tensor_core_work_dir(config, tmp_path / "work")
+    result = best_kernels(TuneJob(config, trials=2), tmp_path / "work", check=False)
     assert set(result.kernels) == {"best"}, result.errors
     assert result.best_seconds == 1e-5
     assert_tensor_core_row(result.kernels["best"]["code"])
+
+
+@pytest.mark.parametrize("reader, expected", [("database", "2"), ("model", "(2, 0)")])
+def test_a_tensor_core_work_dir_reopens_in_a_fresh_process(tmp_path: Path, reader: str, expected: str):
+    """`kdb tune` resuming a tensor-core op (session 32, on the H100: every resumed op failed at once with "TensorIntrin
+    'kdb_mma_store_f32_shared' is not registered"): TVM reads each record's trace as it opens the work dir, and those
+    traces name kdb's intrinsics, registered only once a schedule was built. A fresh process opens it, as a resumed
+    run (its database) and the cost model's reading of it (no record it cannot rebuild) do."""
+    _tensor_core_work_dir(parse_line(BERT[1]), tmp_path / "work")
+    opened = subprocess.run(
+        [sys.executable, "-c", "import sys; from pathlib import Path; "
+         "from core.tuning.records import open_database; from core.tuning.costmodel import recorded_trials; "
+         "from core.codegen.generate import cuda_target; work = Path(sys.argv[1]); "
+         "trials = recorded_trials(work, cuda_target('sm_90')) if sys.argv[2] == 'model' else None; "
+         "print(len(open_database(work)) if trials is None else (trials.count, trials.bad))", str(tmp_path / "work"),
+         reader], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], timeout=600)
+    assert opened.returncode == 0, opened.stderr[-2000:]
+    assert opened.stdout.strip() == expected
 
 
 # -- TF32: fp32 Dots and convolutions on the tensor cores, asked for ----------------------------------------------------

@@ -187,6 +187,9 @@ def recorded_trials(work_dir: Path, target: Any, lines: list[str] | None = None,
     is not rebuilt: its candidate is None and its features come from there."""
     from tvm.s_tir import meta_schedule as ms
 
+    from core.codegen import mma
+
+    mma.register()  # (a tensor-core record's trace names kdb's intrinsics: TVM reads it only once they exist)
     if lines is None:
         lines = _lines(work_dir / RECORDS)
     stored = stored or {}

@@ -13,7 +13,7 @@ from typing import Any
 
 from core.errors import InputError
 from core.tuning.job import TuneJob, TuneResult
-from core.tuning.records import FAILED_SECONDS, RECORDS, WORKLOADS
+from core.tuning.records import FAILED_SECONDS, open_database
 
 ScoredRecord = tuple[float, int, Any, int]  # (mean seconds, resource, scheduled module, threads per block)
 
@@ -22,7 +22,6 @@ def scored_records(job: TuneJob, work_dir: Path, top_k: int = 16) -> list[Scored
     """(mean seconds, resource, scheduled module, threads per block) of the job's `top_k` fastest successful
     records: what best_kernels and runner_up_kernels choose from (reading them applies each record's trace)."""
     import tvm
-    from tvm.s_tir import meta_schedule as ms
 
     from core.codegen.generate import prim_func_module
     from core.codegen.schedule import launch_dims
@@ -31,8 +30,7 @@ def scored_records(job: TuneJob, work_dir: Path, top_k: int = 16) -> list[Scored
     if job.target != "cuda":
         raise InputError("kernels for the kernel DB come from CUDA tuning (target cuda)")
     mod, _ = prim_func_module(job.config)
-    database = ms.database.JSONDatabase(path_workload=str(work_dir / WORKLOADS),
-                                        path_tuning_record=str(work_dir / RECORDS))
+    database = open_database(work_dir)
     scored = []
     for record in database.get_top_k(database.commit_workload(mod), top_k):
         secs = [float(s) for s in record.run_secs or []]

@@ -8,10 +8,22 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 RECORDS = "database_tuning_record.json"
 WORKLOADS = "database_workload.json"
 FAILED_SECONDS = 1e9  # what MetaSchedule stores for a failed run (seen: 1e10)
+
+
+def open_database(work_dir: Path) -> Any:
+    """The work dir's MetaSchedule JSONDatabase. Its records' traces tensorize with kdb's mma intrinsics, and TVM
+    reads every trace as it opens the files: they are registered first, or a tensor-core op cannot resume."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from core.codegen import mma
+
+    mma.register()
+    return ms.database.JSONDatabase(path_workload=str(work_dir / WORKLOADS), path_tuning_record=str(work_dir / RECORDS))
 
 
 def repair_work_dir(work_dir: Path) -> int:

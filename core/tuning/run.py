@@ -19,7 +19,7 @@ from typing import Any
 from core.errors import InputError, ToolError
 from core.tuning.costmodel import op_family, search_strategy
 from core.tuning.job import PHASES, PhaseEvent, TrialEvent, TuneJob, TuneResult
-from core.tuning.records import RECORDS, WORKLOADS, recorded_runs, repair_work_dir
+from core.tuning.records import open_database, recorded_runs, repair_work_dir
 
 
 def target_for(job: TuneJob) -> Any:
@@ -100,8 +100,7 @@ def _tune(job: TuneJob, work_dir: Path, history: list[float | None], result: Tun
 
     remaining = job.trials - len(history)
     overlap = pipeline.overlaps(job)
-    database = ms.database.JSONDatabase(path_workload=str(work_dir / WORKLOADS),
-                                        path_tuning_record=str(work_dir / RECORDS))
+    database = open_database(work_dir)
     stream = pipeline.MeasureStream(
         job, pool=pools.build_pool(pipeline.build_workers(job, overlap), job.builder_timeout_s),
         runner=pipeline.measuring_runner(job, pools), overlap=overlap, database=database, start=start,
