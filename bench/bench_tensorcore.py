@@ -86,6 +86,9 @@ def space_name(design) -> str:  # type: ignore[no-untyped-def]
 def table(db_path: Path, out: Path, label: str) -> None:
     from bench_gpu import ceilings, geomean, rows_report
 
+    if not db_path.exists():  # (every op failed before injecting a row: the log above says why)
+        print(f"no rows: {db_path} was never written")
+        return
     ceil = ceilings()
     rows = rows_report(db_path, ceil, source=label)
     by_op: dict[str, list[dict]] = {}
