@@ -132,6 +132,17 @@ def test_coverage_says_the_compiler_aborts_without_the_row_and_wrong_numbers_wit
     assert "the row computes mode linear, coordinates align_corners" in entries[1].reasons[0]
 
 
+def two_modes(path, nearest: dict | None = None):
+    """An HRNet block's fuse: a nearest and a bilinear upsampling of one input, by 2 (one identifier), added."""
+    from onnx_models import GraphBuilder, write
+
+    g = GraphBuilder({"x": [1, 4, 5, 6]})
+    roi, scales = g.constant("roi", [], "float32"), g.constant("scales", [1, 1, 2, 2], "float32")
+    near = g.node("Resize", ["x", roi, scales], "near", mode="nearest", **(nearest or {}))
+    smooth = g.node("Resize", ["x", roi, scales], "smooth", mode="linear")
+    return write(g.model(g.node("Add", [near, smooth], "sum"), "two_modes"), path)
+
+
 def test_two_resizes_of_one_identifier_and_two_modes_are_named_before_any_row_exists(tmp_path):
     """Held out in session 31 (an HRNet block: a nearest and a bilinear upsampling of one size): NNFusion fetches both
     by one identifier and runs one row for both, so one computes wrong numbers whatever the DB holds. Extraction said
@@ -140,15 +151,7 @@ def test_two_resizes_of_one_identifier_and_two_modes_are_named_before_any_row_ex
 
     from core.opconfigs.onnx_extract import extract
 
-    g = GraphBuilder({"x": [1, 4, 5, 6]})
-    roi, scales = g.constant("roi", [], "float32"), g.constant("scales", [1, 1, 2, 2], "float32")
-    near = g.node("Resize", ["x", roi, scales], "near", mode="nearest")
-    smooth = g.node("Resize", ["x", roi, scales], "smooth", mode="linear")
-    ext = extract(write(g.model(g.node("Add", [near, smooth], "sum"), "two_modes"), tmp_path / "m.onnx"))
-    from core.opconfigs.expand_functions import expand_functions
-
-    expanded = expand_functions(tmp_path / "m.onnx", tmp_path / "x.onnx")  # (its exit 1 says so too)
-    assert {node for node, kind, _ in expanded.miscompiled if kind == "wrong numbers"} == {"near", "smooth"}
+    ext = extract(two_modes(tmp_path / "m.onnx"))
     said = {w.node: w for w in ext.miscompiles}
     assert set(said) == {"near", "smooth"} and said["near"].kind == "wrong numbers"
     assert "Resize1,4,5,6;4;1,4,10,12floatfloatfloat" in said["near"].text and "nearest" in said["near"].text
@@ -156,3 +159,58 @@ def test_two_resizes_of_one_identifier_and_two_modes_are_named_before_any_row_ex
     roi, scales = one.constant("roi", [], "float32"), one.constant("scales", [1, 1, 2, 2], "float32")
     ups = [one.node("Resize", ["x", roi, scales], name, mode="nearest") for name in ("a", "b")]  # alike: one row
     assert extract(write(one.model(one.node("Add", ups, "sum"), "alike"), tmp_path / "alike.onnx")).miscompiles == []
+
+
+NEAREST_KINDS = {  # (the nearest Resize's attributes, whether it is a repeat of each pixel)
+    "ONNX's defaults (half_pixel, round_prefer_floor)": ({}, True),
+    "torch's nn.Upsample (asymmetric, floor)": ({"coordinate_transformation_mode": "asymmetric",
+                                                 "nearest_mode": "floor"}, True),
+    "asymmetric, round_prefer_floor (not a repeat)": ({"coordinate_transformation_mode": "asymmetric"}, False),
+}
+
+
+@pytest.mark.parametrize("kind", list(NEAREST_KINDS))
+def test_expand_writes_the_nearest_one_of_a_clash_as_a_repeat(tmp_path, kind):
+    """The cure of that clash: `kdb model expand` writes the nearest upsampling as the repeat of each pixel it is
+    (Reshape, Expand, Reshape: NNFusion's broadcast, no row), so the bilinear one keeps the identifier; where it is
+    not a repeat, both stay named (exit 1)."""
+    from core.opconfigs.expand_functions import expand_functions
+
+    attrs, repeat = NEAREST_KINDS[kind]
+    expanded = expand_functions(two_modes(tmp_path / "m.onnx", attrs), tmp_path / "x.onnx")
+    named = {node for node, kind, _ in expanded.miscompiled if kind == "wrong numbers"}
+    assert named == (set() if repeat else {"near", "smooth"})
+    assert sum(n for k, n in expanded.rewritten.items() if "repeat" in k) == (1 if repeat else 0)
+    ort = pytest.importorskip("onnxruntime")
+    x = np.random.default_rng(0).standard_normal([1, 4, 5, 6]).astype(np.float32)
+    before, after = (ort.InferenceSession(str(p)).run(None, {"x": x})[0] for p in (tmp_path / "m.onnx",
+                                                                                      tmp_path / "x.onnx"))
+    np.testing.assert_array_equal(after, before)
+
+
+def test_the_compiler_runs_the_repeat_and_the_bilinear_row(tmp_path):
+    """The expanded fuse through the README's commands: one Resize row (the bilinear), used as promised."""
+    import json
+
+    from conftest import run_kdb
+    from shared_data import shared_path
+
+    compiler = shared_path("nnfusion/bin/nnfusion")
+    if not compiler.is_file():
+        pytest.skip(f"needs the NNFusion compiler at {compiler} (../shared/nnfusion): absent on a fresh clone")
+    from core.opconfigs.expand_functions import expand_functions
+
+    expand_functions(two_modes(tmp_path / "m.onnx"), tmp_path / "x.onnx")
+    env = {"KDB_STATE_DIR": str(tmp_path / "state"), "KDB_CONFIG": str(tmp_path / "settings.toml")}
+    db = str(tmp_path / "k.db")
+    for args in (("opconfig", "extract", str(tmp_path / "x.onnx"), "-o", str(tmp_path / "ops.txt")),
+                 ("codegen", str(tmp_path / "ops.txt"), "--inject", "--db", db, "--arch", "sm_90", "--no-compile")):
+        done = run_kdb(*args, env=env)
+        assert done.returncode == 0, done.stdout + done.stderr
+    assert [ln.split("|")[0] for ln in (tmp_path / "ops.txt").read_text().split() if "resize" in ln] == [
+        "resize_op_float"]
+    compiled = run_kdb("nnfusion", str(tmp_path / "x.onnx"), "--db", db, "--nnfusion", str(compiler), "--json",
+                       env=env)
+    report = json.loads(compiled.stdout)
+    assert compiled.returncode == 0, report["reason"]
+    assert report["promised"] and set(report["promised"]) == set(report["usage"]["db_rows_used"])

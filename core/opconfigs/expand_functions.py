@@ -22,7 +22,15 @@ from typing import Any
 
 from core.errors import InputError
 from core.opconfigs.fp16_model import write_model
-from core.opconfigs.import_rewrites import drop_orphans, element_types, fresh_name, pin_dims, reads, rewrite_for_import
+from core.opconfigs.import_rewrites import (
+    drop_orphans,
+    element_types,
+    fresh_name,
+    nearest_as_repeats,
+    pin_dims,
+    reads,
+    rewrite_for_import,
+)
 from core.opconfigs.import_rules import constant_values
 from core.opconfigs.nnfusion_import import (
     ANY_OPSET,
@@ -122,6 +130,9 @@ def expand_functions(source: Path, output: Path, dims: dict[str, int] | None = N
     model.graph.node.extend(nodes)
     model.graph.initializer.extend(writer.initializers)
     drop_orphans(model.graph, read_before | used)
+    clashing = {w.node for w in identifier_clashes(with_shapes(model))}
+    if repeats := nearest_as_repeats(model, clashing) if clashing else 0:
+        rewritten["nearest upsampling sharing a Resize identifier written as a repeat"] = repeats
     write_model(model, output)
     shaped = with_shapes(model)
     blockers, warnings = import_faults(shaped)

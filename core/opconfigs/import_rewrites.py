@@ -20,10 +20,12 @@ from typing import Any
 from core.opconfigs import import_rules
 from core.opconfigs.nnfusion_import import (
     READABLE_INITIALIZERS,
+    Shapes,
     attributes,
     depthwise_padding_ok,
     reduce_axes_ignored,
     static_shapes,
+    with_shapes,
 )
 
 HALF = 10  # ONNX TensorProto.FLOAT16
@@ -229,6 +231,63 @@ def rewrite_for_import(model: Any, rewrites: dict[str, Rewrite] | None = None) -
     _drop_dead_constants(graph)
     drop_orphans(graph, read_before)
     return Counter({k: v for k, v in done.items() if v})
+
+
+def nearest_as_repeats(model: Any, names: set[str]) -> int:
+    """Rewrite in place each Resize of `names` (nodes sharing a Resize identifier with another mode: NNFusion runs one
+    row for all of them) that is a nearest upsampling by whole factors as the repeat it is: a Reshape to
+    [N, C, H, 1, W, 1], an Expand to [N, C, H, s, W, s], a Reshape to the output (no DB row, NNFusion's broadcast).
+    Such a Resize picks input floor(i / s) wherever half_pixel (or pytorch_half_pixel) rounding puts i, and with
+    asymmetric coordinates where it rounds down (torch's nn.Upsample). The count of rewrites."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    opsets = {("" if i.domain == "ai.onnx" else i.domain): i.version for i in model.opset_import}
+    shapes, values = static_shapes(with_shapes(model).graph), _constants(model.graph, opsets)
+    namer, nodes, initializers = _Namer.of(model.graph), [], []
+    for node in model.graph.node:
+        factors = _nearest_factors(node, shapes, values) if node.name in names else None
+        if factors is None:
+            nodes.append(node)
+            continue
+        n, c, h, w = shapes[node.input[0]]
+        base = node.name or node.output[0]
+        steps = {"split": [n, c, h, 1, w, 1], "wide": [n, c, h, factors[0], w, factors[1]],
+                 "out": [n, c, h * factors[0], w * factors[1]]}
+        t = {k: namer(f"{base}/{k}") for k in (*steps, "split_x", "wide_x")}
+        initializers += [numpy_helper.from_array(np.array(v, np.int64), t[k]) for k, v in steps.items()]
+        nodes += [_like("Reshape", [node.input[0], t["split"]], [t["split_x"]], namer(f"{base}/Split")),
+                  _like("Expand", [t["split_x"], t["wide"]], [t["wide_x"]], namer(f"{base}/Repeat")),
+                  _like("Reshape", [t["wide_x"], t["out"]], list(node.output), node.name)]
+    done = len(nodes) - len(model.graph.node)
+    if done:
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+        model.graph.initializer.extend(initializers)
+    return done // 2
+
+
+def _nearest_factors(node: Any, shapes: Shapes, values: dict[str, Any]) -> tuple[int, int] | None:
+    """A Resize's whole upsampling factors (height, width) where it is a repeat of each pixel (nearest_as_repeats)."""
+    if node.op_type != "Resize" or node.domain not in ("", "ai.onnx"):
+        return None
+    attrs = {k: v.decode() if isinstance(v, bytes) else v for k, v in attributes(node).items()}
+    coordinates = attrs.get("coordinate_transformation_mode", "half_pixel")
+    rounding = attrs.get("nearest_mode", "round_prefer_floor")
+    if attrs.get("mode", "nearest") != "nearest" or not (
+            coordinates in ("half_pixel", "pytorch_half_pixel") or (coordinates, rounding) == ("asymmetric", "floor")):
+        return None
+    shape, out = shapes.get(node.input[0]), shapes.get(node.output[0])
+    if shape is None or out is None or len(shape) != 4 or list(out[:2]) != list(shape[:2]) or 0 in shape:
+        return None
+    given = values.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+    scales = [float(v) for v in given] if given is not None and len(given) == 4 else [o / i for o, i in
+                                                                                      zip(out, shape, strict=True)]
+    factors = [o // i for o, i in zip(out[2:], shape[2:], strict=True)]
+    if scales[:2] != [1.0, 1.0] or [o % i for o, i in zip(out[2:], shape[2:], strict=True)] != [0, 0] \
+            or scales[2:] != [float(f) for f in factors]:
+        return None
+    return factors[0], factors[1]
 
 
 def _drop_dead_constants(graph: Any) -> None:

@@ -341,8 +341,11 @@ def _one_identifier_two_ops(ops: list[tuple[OpConfig, tuple[str, ...]]]) -> list
             continue
         said = "; ".join(f"{', '.join(nodes)}: {config.describe()}" for config, nodes in kinds.values())
         # (a depthwise convolution without a row runs NNFusion's own kernel, which reads each node's stride and pads)
+        op_type = next(iter(kinds.values()))[0].op_type
         cure = ("; with no row of it NNFusion's own kernel runs each right (`d` in the Kernels view deletes a row)"
-                if next(iter(kinds.values()))[0].op_type == DEPTHWISE else ", whatever the DB holds")
+                if op_type == DEPTHWISE else
+                ", whatever the DB holds (`kdb model expand IN OUT` writes a nearest upsampling by whole factors as "
+                "the repeat it is)" if op_type == "Resize" else ", whatever the DB holds")
         for _, nodes in kinds.values():
             found += [ShapeWarning(node, f"nodes that compute differently fetch one identifier ({identifier}: the "
                                    f"shapes only) and NNFusion runs one row for all of them, so all but one compute "
