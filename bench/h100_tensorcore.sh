@@ -71,9 +71,16 @@ case "${1:-}" in
       > $OUT/torch.log 2>&1; echo "torch: exit $?"; grep -E "fp16|fp32" $OUT/torch.log
     for db in ${GRAPH_NETS:-bert2 mnv2}; do
       n=$(onnx_of $db)
+      cp .netrun/carry/$db.db /tmp/g-$db.db
+      # TUNED=/tmp/tune (h100_tune.sh's work dirs, on this warm machine): each op's newest best kernel into a -tuned DB
+      # of its kind (Dots: BERT's; convolutions: ResNet-50's), replacing the row of its key
+      for k in $( [[ $db == *-tuned && -d ${TUNED:-/nonexistent} ]] && ls -d $TUNED/*/state/tuning/*/ ); do
+        case "$(basename $k)" in dot-*) [[ $db == bert* ]] ;; *) [[ $db == resnet50* ]] ;; esac || continue
+        j=$(ls -t $k/kernels-*.json 2>/dev/null | head -1); [ -n "$j" ] || continue
+        python3 -m console.entry inject "$j" --replace --db /tmp/g-$db.db 2>&1 | tail -1 | sed "s|^|  $db <- $(basename $k): |"
+      done
       m=/tmp/net/$n.onnx  # (a -tf32 DB's network stays fp32)
       if [[ $db != *-tf32 ]]; then python3 -m console.entry model fp16 $m /tmp/net/${n}16.onnx > /dev/null; m=/tmp/net/${n}16.onnx; fi
-      cp .netrun/carry/$db.db /tmp/g-$db.db
       timeout ${NET_TIMEOUT:-200} python3 -m console.entry nnfusion $m --db /tmp/g-$db.db \
         --nnfusion "$nnf" --product-name "$gpu" --run --cuda-graph --rounds 3 --iterations 300 --out /tmp/g-$db \
         > $OUT/graph-$db.log 2>&1
