@@ -24,7 +24,7 @@ from test_nnfusion_import import compiled_code, nnfusion
 
 from core.opconfigs.expand_functions import expand_functions
 from core.opconfigs.nnfusion_import import import_faults
-from core.opconfigs.onnx_extract import read_model
+from core.opconfigs.onnx_extract import extraction_miscompiles, read_model
 
 COMPILER = Path(os.environ.get("KDB_TEST_NNFUSION", shared_path("nnfusion/bin/nnfusion")))
 needs_compiler = pytest.mark.skipif(not COMPILER.is_file(), reason=f"needs the NNFusion compiler at {COMPILER} "
@@ -199,15 +199,17 @@ def reciprocal() -> ModelProto:
     return _net([1, 8, 4, 4], lambda g: g.node("Reciprocal", [g.node("Sigmoid", ["x"], "positive")], "n"), opset=13)
 
 
-def conv_auto_pad(auto_pad: str, group: int = 1, kernel: int = 3, stride: int = 1,
-                  kernel_shape: bool = True) -> Callable[[], ModelProto]:
+def conv_auto_pad(auto_pad: str, group: int = 1, kernel: int = 3, stride: int = 1, kernel_shape: bool = True,
+                  spatial: int = 2, pads: list[int] | None = None) -> Callable[[], ModelProto]:
     """torch's `padding="same"` as it exports it (auto_pad SAME_UPPER, ConvMixer's 7x7 depthwise convs; held out in
-    session 31: the importer aborts on any auto_pad)."""
+    session 31: the importer aborts on any auto_pad); `pads`: given instead (TensorFlow's exports write an even
+    kernel's SAME so, one more after than before)."""
     def model() -> ModelProto:
-        size = [kernel, kernel] if kernel_shape else None
-        return _net([1, 8, 10, 10], lambda g: g.node(
-            "Conv", ["x", g.weight("w", [8, 8 // group, kernel, kernel], fan_in=8 // group * kernel * kernel)], "n",
-            group=group, auto_pad=auto_pad, strides=[stride, stride], **({"kernel_shape": size} if size else {})))
+        size = [kernel] * spatial if kernel_shape else None
+        padding = {"pads": pads} if pads else {"auto_pad": auto_pad}
+        return _net([1, 8, *[10] * spatial], lambda g: g.node(
+            "Conv", ["x", g.weight("w", [8, 8 // group, *[kernel] * spatial], fan_in=8 // group * kernel ** spatial)],
+            "n", group=group, strides=[stride] * spatial, **padding, **({"kernel_shape": size} if size else {})))
     return model
 
 
@@ -348,6 +350,14 @@ CASES: dict[str, tuple[Callable[[], ModelProto], str, str]] = {
                                                      "auto_pad"),
     "4x4 depthwise Conv of SAME_UPPER (unequal pads)": (conv_auto_pad("SAME_UPPER", group=8, kernel=4), "blocker",
                                                         "auto_pad"),
+    "4x4 Conv of SAME_UPPER (unequal pads)": (conv_auto_pad("SAME_UPPER", kernel=4), "blocker", "auto_pad"),
+    "1-D depthwise Conv of SAME_LOWER, kernel 4": (conv_auto_pad("SAME_LOWER", group=8, kernel=4, spatial=1),
+                                                   "blocker", "auto_pad"),
+    "4x4 Conv padded 1 before, 2 after": (conv_auto_pad("", kernel=4, pads=[1, 1, 2, 2]), "wrong numbers",
+                                          "swaps the two halves"),
+    "3x3 depthwise Conv padded 0 before, 1 after, stride 2": (conv_auto_pad("", group=8, stride=2,
+                                                                            pads=[0, 0, 1, 1]),
+                                                              "wrong numbers", "swaps the two halves"),
 }
 NO_REWRITE = {"dilated MaxPool"}  # NNFusion's pools have no dilation
 
@@ -356,8 +366,10 @@ def said(model: ModelProto) -> list[tuple[str, str, str]]:
     """(node, kind, reason) of what kdb finds, on the model as extraction sees it (shapes inferred)."""
     import onnx
 
-    blockers, warnings = import_faults(onnx.shape_inference.infer_shapes(model, data_prop=True))
-    return [(b.node, "blocker", b.reason) for b in blockers] + [(w.node, w.kind, w.text) for w in warnings]
+    shaped = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    blockers, warnings = import_faults(shaped)
+    return [(b.node, "blocker", b.reason) for b in blockers] + [(w.node, w.kind, w.text) for w in
+                                                                (*warnings, *extraction_miscompiles(shaped))]
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -41,7 +41,7 @@ from core.opconfigs.nnfusion_import import (
     importable,
     with_shapes,
 )
-from core.opconfigs.onnx_extract import identifier_clashes, read_model
+from core.opconfigs.onnx_extract import extraction_miscompiles, identifier_clashes, read_model
 
 FLOAT = 1  # ONNX TensorProto.FLOAT: a constant's type where its input's is not known
 
@@ -137,7 +137,7 @@ def expand_functions(source: Path, output: Path, dims: dict[str, int] | None = N
     shaped = with_shapes(model)
     blockers, warnings = import_faults(shaped)
     blocked = tuple((b.node, b.op_type, b.reason) for b in blockers)
-    miscompiled = tuple((w.node, w.kind, w.text) for w in (*warnings, *identifier_clashes(shaped)))
+    miscompiled = tuple((w.node, w.kind, w.text) for w in (*warnings, *extraction_miscompiles(shaped)))
     return Expansion(source, output, dict(expanded), added, tuple(left), dict(rewritten), pinned, blocked, miscompiled)
 
 

@@ -887,17 +887,39 @@ def _squeeze(node: Any, cx: _Context) -> Made | None:
 
 
 def _conv(node: Any, cx: _Context) -> Made | None:
-    """A Conv's auto_pad (torch's `padding="same"`; the importer aborts on any) written as its pads, then the rewrites
-    of the convolutions the importer cannot take as they are."""
+    """A Conv's auto_pad (torch's `padding="same"`; the importer aborts on any) written as its pads, pads that differ
+    before and after as a Pad node, then the rewrites of the convolutions the importer cannot take as they are."""
     filters = cx.shapes.get(node.input[1]) if len(node.input) > 1 else None
     window = list(attributes(node).get("kernel_shape", filters[2:] if filters else [])) or None
-    written = _auto_pad_written(node, cx, window, ("SAME_UPPER", "SAME_LOWER", "VALID"))
-    conv = written or node
+    conv, kinds, first, initializers = node, [], [], []
+    if (written := _auto_pad_written(node, cx, window, ("SAME_UPPER", "SAME_LOWER", "VALID"))) is not None:
+        conv, kinds = written, ["auto_pad written as ONNX's pads"]
+    if (apart := _pads_apart(conv, cx)) is not None:
+        pad, pads_init, conv = apart
+        first, initializers, kinds = [pad], [pads_init], [*kinds, "pads that differ before and after as a Pad"]
     made = _grouped_conv(conv, cx) or _depthwise_1d(conv, cx) or _depthwise_padding(conv, cx)
-    if written is None or made is None:
-        return made if written is None else ("Conv auto_pad written as ONNX's pads", [written], [])
-    kind, nodes, initializers = made
-    return f"Conv auto_pad written as ONNX's pads, then its {kind}", nodes, initializers
+    if not kinds:
+        return made
+    kind, nodes, more = made or ("", [conv], [])
+    return "Conv " + ", then ".join([*kinds, *([kind] if kind else [])]), [*first, *nodes], [*initializers, *more]
+
+
+def _pads_apart(node: Any, cx: _Context) -> tuple[Any, Any, Any] | None:
+    """A Conv whose pads differ before and after (an even kernel's SAME; TensorFlow's exports), as a Pad of zeros and
+    the Conv without padding: (the Pad, its pads initializer, the Conv). The importer would pad with a Pad node of its
+    own, the two halves swapped (conv.cpp: padding_above takes the first): the input shifted, wrong numbers."""
+    pads = [int(p) for p in attributes(node).get("pads", [])]
+    shape, half = cx.shapes.get(node.input[0]), len(pads) // 2
+    if not pads or pads[:half] == pads[half:] or shape is None or len(shape) != 2 + half:
+        return None
+    base = node.name or node.output[0]
+    pad, pads_init, padded = _zero_pad(node.input[0], [0, 0, *pads[:half], 0, 0, *pads[half:]], base, cx)
+    cx.shapes[padded] = [*shape[:2], *(n + b + a for n, b, a in zip(shape[2:], pads[:half], pads[half:], strict=True))]
+    if node.input[0] in cx.types:
+        cx.types[padded] = cx.types[node.input[0]]
+    conv = _like("Conv", [padded, *node.input[1:]], list(node.output), node.name, pads=[0] * len(pads))
+    conv.attribute.extend(a for a in node.attribute if a.name not in ("pads", "auto_pad"))
+    return pad, pads_init, conv
 
 
 def _zero_pad(x: str, pads: list[int], base: str, cx: _Context) -> tuple[Any, Any, str]:

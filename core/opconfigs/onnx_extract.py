@@ -326,6 +326,14 @@ def identifier_clashes(model: Any) -> list[ShapeWarning]:
     return _one_identifier_two_ops(extractor.ops)
 
 
+def extraction_miscompiles(model: Any) -> list[ShapeWarning]:
+    """The nodes of `model` (its shapes inferred) extraction finds NNFusion compiles into another network (a conv's
+    pads the importer swaps; identifier_clashes): what `kdb model expand` says of the model it wrote."""
+    extractor = _Extractor(model.graph)
+    extractor.run()
+    return [*extractor.miscompiles, *_one_identifier_two_ops(extractor.ops)]
+
+
 def _one_identifier_two_ops(ops: list[tuple[OpConfig, tuple[str, ...]]]) -> list[ShapeWarning]:
     """Nodes of the model that fetch one identifier but compute differently (an HRNet's nearest and bilinear
     upsamplings of one size, depthwise convolutions of one shape and two strides): one row serves them all, so every
