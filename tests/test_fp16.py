@@ -425,11 +425,11 @@ def test_kdb_model_fp16_names_what_its_converter_keeps_in_float_and_counts_no_ne
     assert "kept in float by onnxconverter-common's block list: 2 node(s) (Max x 1, Min x 1)" in " ".join(said.split())
 
 
-def test_kdb_model_fp16_writes_half_means_as_matmuls_so_a_mean_of_squares_cannot_overflow(tmp_path: Path):
-    """NNFusion computes a ReduceMean as a Sum, then a Divide, and its half Sum adds in half: an RMSNorm's mean of
-    squares over 768 values of RMS 20 is 307,200 before the Divide, past half's 65,504 (inf). The converted model
-    computes each half mean as a MatMul by a column of 1/768, whose running sums never pass the largest input; ONNX
-    Runtime gives the fp32 model's numbers for it."""
+def test_kdb_model_fp16_writes_half_means_as_matmuls_so_a_long_mean_cannot_overflow(tmp_path: Path):
+    """NNFusion computes a ReduceMean as a Sum, then a Divide, and its half Sum adds in half: a mean over 768 values of
+    100 is 76,800 before the Divide, past half's 65,504 (inf). The converted model computes each half mean as a MatMul
+    by a column of 1/768, whose running sums never pass the largest input; ONNX Runtime gives the fp32 model's
+    numbers for it."""
     pytest.importorskip("onnxconverter_common", reason="needs onnxconverter-common (the tvm extra)")
     import json
 
@@ -438,15 +438,14 @@ def test_kdb_model_fp16_writes_half_means_as_matmuls_so_a_mean_of_squares_cannot
     from onnx import numpy_helper
 
     for opset in (13, 18):  # (an axes attribute; an axes input)
-        g = GraphBuilder({"x": [1, 4, 768]})  # RMSNorm as torch exports it: x / sqrt(mean(x * x) + eps)
-        squares = g.node("Mul", ["x", "x"], "square")
+        g = GraphBuilder({"x": [1, 4, 768]})  # a LayerNorm's centring: x - mean(x)
         if opset < 18:
-            mean = g.node("ReduceMean", [squares], "mean", axes=[-1], keepdims=1)
+            mean = g.node("ReduceMean", ["x"], "mean", axes=[-1], keepdims=1)
         else:
-            mean = g.node("ReduceMean", [squares, g.constant("axes", [-1])], "mean", keepdims=1)
-        root = g.node("Sqrt", [g.node("Add", [mean, g.constant("eps", [1e-6], np.float32)], "padded")], "root")
-        source = write(g.model(g.node("Div", ["x", root], "normed"), "rms", opset=opset), tmp_path / f"rms{opset}.onnx")
-        out = tmp_path / f"rms{opset}_16.onnx"
+            mean = g.node("ReduceMean", ["x", g.constant("axes", [-1])], "mean", keepdims=1)
+        source = write(g.model(g.node("Sub", ["x", mean], "centred"), "centre", opset=opset),
+                       tmp_path / f"c{opset}.onnx")
+        out = tmp_path / f"c{opset}_16.onnx"
         proc = run_kdb("model", "fp16", str(source), str(out), "--json")
         assert proc.returncode == 0, proc.stderr
         kinds = json.loads(proc.stdout)["for_import"]
@@ -456,12 +455,69 @@ def test_kdb_model_fp16_writes_half_means_as_matmuls_so_a_mean_of_squares_cannot
         [column] = [numpy_helper.to_array(t) for t in converted.graph.initializer if list(t.dims) == [768, 1]]
         assert column.dtype == np.float16 and np.all(column == np.float16(1 / 768))
         ort = pytest.importorskip("onnxruntime")
-        x = np.random.default_rng(0).standard_normal([1, 4, 768]).astype(np.float32) * 20
+        x = 100 + np.random.default_rng(0).standard_normal([1, 4, 768]).astype(np.float32)
         want = ort.InferenceSession(str(source)).run(None, {"x": x})[0]
         got = ort.InferenceSession(str(out)).run(None, {"x": x.astype(np.float16)})[0]
-        assert np.isfinite(got).all() and np.abs(got - want).max() < 1e-2, np.abs(got - want).max()
+        assert np.isfinite(got).all() and np.abs(got - want).max() < 0.1, np.abs(got - want).max()
     said = run_kdb("model", "fp16", str(source), str(tmp_path / "again16.onnx")).stdout
     assert "half ReduceMean written as a MatMul" in " ".join(said.split())
+
+
+def rms_norm(g: GraphBuilder, x: str) -> str:
+    """RMSNorm as torch exports it: x / sqrt(mean(x * x) + eps)."""
+    import numpy as np
+
+    mean = g.node("ReduceMean", [g.node("Mul", [x, x], "square")], "mean", axes=[-1], keepdims=1)
+    root = g.node("Sqrt", [g.node("Add", [mean, g.constant("eps", [1e-6], np.float32)], "padded")], "root")
+    return g.node("Div", [x, root], "normed")
+
+
+def layer_norm_13(g: GraphBuilder, x: str) -> str:
+    """LayerNorm as torch exports it at opset 13 (no LayerNormalization op): (x - mean) / sqrt(mean((x - mean)^2))."""
+    import numpy as np
+
+    centred = g.node("Sub", [x, g.node("ReduceMean", [x], "ln_mean", axes=[-1], keepdims=1)], "ln_centred")
+    square = g.node("Pow", [centred, g.constant("two", [2.0], np.float32)], "ln_pow")
+    var = g.node("ReduceMean", [square], "ln_var", axes=[-1], keepdims=1)
+    root = g.node("Sqrt", [g.node("Add", [var, g.constant("ln_eps", [1e-5], np.float32)], "ln_padded")], "ln_root")
+    return g.node("Div", [centred, root], "ln_normed")
+
+
+@pytest.mark.parametrize("norm", ["RMSNorm", "opset-13 LayerNorm", "GroupNorm, expanded first"])
+def test_kdb_model_fp16_keeps_a_norms_square_in_float_so_it_cannot_overflow(tmp_path: Path, norm: str):
+    """Held out in session 32 (a wav2vec2 feature extractor: GroupNorm expanded, then fp16): in half a square passes
+    65,504 once a value is 256 from the mean, and the whole norm is 0. ONNX Runtime computes those nodes in float and
+    showed nothing; onnx's reference computes each in its own type, as NNFusion does. The square, its mean, the epsilon
+    and the root stay float between Casts: at 300 times the scale the numbers are the fp32 model's."""
+    pytest.importorskip("onnxconverter_common", reason="needs onnxconverter-common (the tvm extra)")
+    import json
+
+    import numpy as np
+    import onnx
+    from onnx.reference import ReferenceEvaluator
+
+    g = GraphBuilder({"x": [1, 8, 64]})
+    if norm == "GroupNorm, expanded first":
+        y = g.node("InstanceNormalization", ["x", g.weight("s", [8]), g.weight("b", [8])], "gn", epsilon=1e-5)
+    else:
+        y = (rms_norm if norm == "RMSNorm" else layer_norm_13)(g, "x")
+    source = write(g.model(y, "norm", opset=13), tmp_path / "m.onnx")
+    if norm == "GroupNorm, expanded first":
+        assert run_kdb("model", "expand", str(source), str(tmp_path / "x.onnx")).returncode == 0
+        source = tmp_path / "x.onnx"
+    proc = run_kdb("model", "fp16", str(source), str(tmp_path / "h.onnx"), "--json")
+    assert proc.returncode == 0, proc.stderr
+    (square,) = json.loads(proc.stdout)["statistics_float"]
+    assert "norm statistic" in run_kdb("model", "fp16", str(source), str(tmp_path / "again.onnx")).stdout
+    written = onnx.shape_inference.infer_shapes(onnx.load(tmp_path / "h.onnx")).graph
+    types = {v.name: v.type.tensor_type.elem_type for v in (*written.value_info, *written.input, *written.output)}
+    (node,) = [n for n in written.node if n.name == square]
+    assert node.op_type in ("Mul", "Pow") and types[node.output[0]] == onnx.TensorProto.FLOAT
+    x = np.random.default_rng(0).standard_normal([1, 8, 64]).astype(np.float32) * 300
+    want = ReferenceEvaluator(str(source)).run(None, {"x": x})[0]
+    with np.errstate(all="ignore"):
+        got = ReferenceEvaluator(str(tmp_path / "h.onnx")).run(None, {"x": x.astype(np.float16)})[0]
+    assert np.isfinite(got).all() and np.abs(got.astype(np.float32) - want).max() < 1e-2, np.abs(got - want).max()
 
 
 def test_kdb_model_fp16_writes_half_layer_norms_and_l2_norms_so_they_cannot_overflow(tmp_path: Path):

@@ -39,6 +39,8 @@ class Fp16Conversion:
     io_types: str  # "half" or "float" (keep_io_types)
     clamped: int = 0  # weight values the converter clamped to half's range (MIN_POSITIVE, MAX_FINITE)
     kept_float: tuple[str, ...] = ()  # nodes kept in float (depthwise convolutions: see the module's docstring)
+    # the first node (a square) of each norm statistic kept in float: square, mean, epsilon, square root
+    statistics_float: tuple[str, ...] = ()
     # (op type, nodes) the converter's own block list keeps in float, between Casts (Max, Min, Resize, TopK, ...)
     blocked: tuple[tuple[str, int], ...] = ()
     # what was then written for NNFusion's importer (import_rewrites.constants_for_import), by kind
@@ -57,6 +59,11 @@ class Fp16Conversion:
                          f"({', '.join(self.kept_float[:5])}{', ...' if len(self.kept_float) > 5 else ''}), with Casts "
                          "around them: NNFusion's own half depthwise kernel does not compile "
                          "(core/kernels/cuda_gpu/kernels/depthwise_conv2d.cpp writes `float *input = input0;`)")
+        if self.statistics_float:
+            lines.append(f"kept in float: {len(self.statistics_float)} norm statistic(s) (a square, its mean and what "
+                         f"follows to the square root: {', '.join(self.statistics_float[:3])}"
+                         f"{', ...' if len(self.statistics_float) > 3 else ''}), with Casts around them: in half a "
+                         "square is inf once a value is 256 from the mean")
         if self.blocked:
             lines.append(f"kept in float by onnxconverter-common's block list: {sum(n for _, n in self.blocked)} "
                          f"node(s) ({', '.join(f'{op} x {n}' for op, n in self.blocked)}), with Casts around them: "
@@ -74,7 +81,8 @@ class Fp16Conversion:
         return {"source": str(self.source), "output": str(self.output), "nodes": self.nodes,
                 "casts_added": self.casts_added, "half_initializers": self.half_initializers,
                 "float_initializers": self.float_initializers, "io_types": self.io_types, "clamped": self.clamped,
-                "kept_float": list(self.kept_float), "blocked": dict(self.blocked),
+                "kept_float": list(self.kept_float), "statistics_float": list(self.statistics_float),
+                "blocked": dict(self.blocked),
                 "for_import": dict(self.for_import), "faults": self.faults}
 
 
@@ -101,11 +109,13 @@ def convert_to_fp16(source: Path, output: Path, *, keep_io_types: bool = False) 
             warnings.simplefilter("always")
             _initializers_of_identities(model)
             kept = _name_depthwise_convs(model)
-            _unshared(model, set(kept))
+            statistics = _name_square_statistics(model)
+            in_float = [*kept, *(name for chain in statistics for name in chain)]
+            _unshared(model, set(in_float))
             # check_fp16_ready off: a float model may hold a half tensor or two (a rounding Cast pair) and is still
             # a float model to convert; one with no float tensor was refused above
             converted = float16.convert_float_to_float16(model, keep_io_types=keep_io_types,
-                                                         node_block_list=list(kept) or None, check_fp16_ready=False)
+                                                         node_block_list=in_float or None, check_fp16_ready=False)
     except Exception as exc:  # the converter raises plain exceptions of its own for graphs it cannot handle
         raise InputError(f"onnxconverter-common could not convert it: {type(exc).__name__}: {exc}",
                          where=str(source)) from exc
@@ -121,7 +131,8 @@ def convert_to_fp16(source: Path, output: Path, *, keep_io_types: bool = False) 
     initializers = Counter(t.data_type for t in converted.graph.initializer)
     return Fp16Conversion(source, output, len(converted.graph.node), casts_added, initializers[FLOAT16],
                           initializers[FLOAT], "float" if keep_io_types else "half", clamped, kept,
-                          tuple(sorted(blocked.items())), tuple(sorted(for_import.items())),
+                          tuple(chain[0] for chain in statistics), tuple(sorted(blocked.items())),
+                          tuple(sorted(for_import.items())),
                           len({f.node for f in (*blockers, *shape_warnings)}))
 
 
@@ -208,21 +219,79 @@ def _copy(tensor: Any, name: str) -> Any:
     return copy
 
 
+def _named(node: Any, names: set[str], prefix: str) -> str:
+    """The node's name, naming it (prefix_k, unused) where it has none: the converter's block list goes by name."""
+    if not node.name:
+        node.name = fresh_name(names, prefix)
+    return node.name
+
+
 def _name_depthwise_convs(model: Any) -> tuple[str, ...]:
-    """The names of the model's depthwise convolutions (group > 1, one input channel a filter), naming any unnamed one
-    (the converter's block list goes by name)."""
+    """The names of the model's depthwise convolutions (group > 1, one input channel a filter), naming any unnamed
+    one."""
     filters = {t.name: list(t.dims) for t in model.graph.initializer}
     names = {n.name for n in model.graph.node}
     found = []
-    for i, node in enumerate(model.graph.node):
+    for node in model.graph.node:
         group = next((a.i for a in node.attribute if a.name == "group"), 1)
         weight = filters.get(node.input[1]) if node.op_type == "Conv" and len(node.input) > 1 else None
         if group > 1 and weight is not None and len(weight) > 1 and weight[1] == 1:
-            if not node.name:
-                node.name = next(n for k in range(i, i + len(names) + 1) if (n := f"depthwise_{k}") not in names)
-                names.add(node.name)
-            found.append(node.name)
+            found.append(_named(node, names, "depthwise"))
     return tuple(found)
+
+
+MEANS = {"ReduceMean", "ReduceSum", "MatMul"}  # (a MatMul by a constant column: `kdb model expand`'s mean)
+AFTER_MEAN = ("Add", "Sqrt", "Reciprocal")  # + epsilon, its root, its inverse: each optional, in this order
+
+
+def _name_square_statistics(model: Any) -> list[tuple[str, ...]]:
+    """The norm statistics of the model, each named node by node: a square (Mul(x, x), Pow(x, 2)) read only by a mean,
+    then whatever of + constant, Sqrt and Reciprocal follows, each read by the next alone. In half a square passes
+    65,504 once a value is 256 from the mean (an opset-13 LayerNorm's Pow(x - mean, 2), an RMSNorm's x * x, the
+    GroupNorm `kdb model expand` writes: ONNX Runtime computes them in float, NNFusion in half); kept in float,
+    between Casts, the root that comes out fits half whenever x does."""
+    graph = model.graph
+    constants = {t.name: t for t in graph.initializer} | {n.output[0]: n for n in graph.node if n.op_type == "Constant"}
+    readers: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for name in dict.fromkeys(node.input):
+            readers.setdefault(name, []).append(node)
+    outputs = {o.name for o in graph.output}
+
+    def only_reader(node: Any) -> Any | None:
+        found = readers.get(node.output[0], [])
+        return found[0] if len(found) == 1 and node.output[0] not in outputs else None
+
+    names, chains = {n.name for n in graph.node}, []
+    for node in graph.node:
+        mean = only_reader(node) if _is_square(node, constants) else None
+        if mean is None or mean.op_type not in MEANS or mean.input[0] != node.output[0] or (
+                mean.op_type == "MatMul" and mean.input[1] not in constants):
+            continue
+        chain, last = [node, mean], mean
+        for op_type in AFTER_MEAN:
+            after = only_reader(last)
+            if after is not None and after.op_type == op_type and (
+                    op_type != "Add" or any(t in constants for t in after.input)):
+                chain.append(after)
+                last = after
+        chains.append(tuple(_named(n, names, f"statistic_{n.op_type}") for n in chain))
+    return chains
+
+
+def _is_square(node: Any, constants: dict[str, Any]) -> bool:
+    """Mul(x, x), or Pow(x, 2) of a constant 2."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    if node.op_type == "Mul" and len(node.input) == 2:
+        return node.input[0] == node.input[1]
+    if node.op_type != "Pow" or len(node.input) != 2 or node.input[1] not in constants:
+        return False
+    exponent = constants[node.input[1]]
+    if not hasattr(exponent, "dims"):  # a Constant node: its value attribute
+        exponent = next((a.t for a in exponent.attribute if a.name == "value"), None)
+    return exponent is not None and np.array_equal(np.ravel(numpy_helper.to_array(exponent)), [2])
 
 
 def _made_fp16(model: Any) -> str:
