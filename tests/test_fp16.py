@@ -568,19 +568,30 @@ def test_kdb_model_fp16_names_expand_as_the_next_step_where_nnfusion_cannot_comp
 
 def test_kdb_model_fp16_counts_the_values_it_clamps_and_not_a_masks_infinities(tmp_path: Path):
     """Held out in session 31: GPT-2's causal mask (-inf where masked) was reported as 1,024 values clamped to 1e4; the
-    converter clamps finite values only, and the mask stays -inf."""
+    converter clamps finite values only, and the mask stays -inf. Held out in session 32: the converter's own bound,
+    1e4, turned x + 30,000 into x + 10,000 (half holds 30,000) and said nothing of a Constant node's -9e15."""
     pytest.importorskip("onnxconverter_common", reason="needs onnxconverter-common (the tvm extra)")
     import json
 
     import numpy as np
+    from onnx import helper, numpy_helper
 
     g = GraphBuilder({"x": [1, 8, 8]})
     mask = np.triu(np.full((1, 8, 8), -np.inf, np.float32), 1)
-    big = g.constant("big", np.full((1, 8, 8), 3e4), np.float32)  # 64 values over 1e4: clamped
-    y = g.node("Add", [g.node("Add", ["x", g.constant("mask", mask, np.float32)], "masked"), big], "y")
-    source = write(g.model(y, "masked"), tmp_path / "m.onnx")
+    held = g.constant("held", np.full((1, 8, 8), 3e4), np.float32)  # half holds it: kept
+    big = g.constant("big", np.full((1, 8, 8), 1e5), np.float32)  # 64 values past half's 65,504: clamped
+    g.nodes.append(helper.make_node("Constant", [], ["fill"], name="fill",
+                                    value=numpy_helper.from_array(np.array([-9e15], np.float32))))  # clamped: 1
+    y = g.node("Add", [g.node("Add", [g.node("Add", ["x", g.constant("mask", mask, np.float32)], "masked"), held],
+                               "held_in"), big], "big_in")
+    source = write(g.model(g.node("Add", [y, "fill"], "y"), "masked"), tmp_path / "m.onnx")
     proc = run_kdb("model", "fp16", str(source), str(tmp_path / "h.onnx"), "--json")
-    assert proc.returncode == 0 and json.loads(proc.stdout)["clamped"] == 64, proc.stdout + proc.stderr
+    assert proc.returncode == 0 and json.loads(proc.stdout)["clamped"] == 65, proc.stdout + proc.stderr
+    import onnx
+
+    values = {t.name: numpy_helper.to_array(t) for t in onnx.load(tmp_path / "h.onnx").graph.initializer}
+    held_value, big_value = (next(v for k, v in values.items() if k.startswith(name)) for name in ("held", "big"))
+    assert held_value.dtype == np.float16 and np.all(held_value == np.float16(3e4)) and np.all(big_value == 65504)
 
 
 # -- tuning (the workload's element type) -----------------------------------------------------------------------

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import InputError
-from core.opconfigs.fp16_model import write_model
 from core.opconfigs.import_rewrites import (
     drop_orphans,
     element_types,
@@ -41,7 +40,7 @@ from core.opconfigs.nnfusion_import import (
     importable,
     with_shapes,
 )
-from core.opconfigs.onnx_extract import extraction_miscompiles, identifier_clashes, read_model
+from core.opconfigs.onnx_extract import extraction_miscompiles, identifier_clashes, read_model, write_model
 
 FLOAT = 1  # ONNX TensorProto.FLOAT: a constant's type where its input's is not known
 

@@ -11,8 +11,6 @@ The file is written whole or not at all (a temporary name renamed), and never ov
 
 from __future__ import annotations
 
-import os
-import tempfile
 import warnings
 from collections import Counter
 from dataclasses import dataclass
@@ -22,7 +20,7 @@ from typing import Any
 from core.errors import InputError, ToolError
 from core.opconfigs.import_rewrites import constants_for_import, drop_orphans, fresh_name, reads
 from core.opconfigs.nnfusion_import import inferred_faults
-from core.opconfigs.onnx_extract import read_model
+from core.opconfigs.onnx_extract import read_model, write_model
 
 FLOAT, FLOAT16 = 1, 10  # ONNX TensorProto element types
 _INSTALL = "pip install -e '.[tvm]' (onnxconverter-common)"
@@ -37,7 +35,7 @@ class Fp16Conversion:
     half_initializers: int
     float_initializers: int  # left float by the converter (weights of ops it keeps in float)
     io_types: str  # "half" or "float" (keep_io_types)
-    clamped: int = 0  # weight values the converter clamped to half's range (MIN_POSITIVE, MAX_FINITE)
+    clamped: int = 0  # weight and Constant values clamped to half's range (MIN_POSITIVE, MAX_FINITE)
     kept_float: tuple[str, ...] = ()  # nodes kept in float (depthwise convolutions: see the module's docstring)
     # the first node (a square) of each norm statistic kept in float: square, mean, epsilon, square root
     statistics_float: tuple[str, ...] = ()
@@ -50,8 +48,8 @@ class Fp16Conversion:
     def report_lines(self) -> list[str]:
         """What was written and what was kept in float, as `kdb model fp16` and the console say it."""
         kept = f", {self.float_initializers} left float" if self.float_initializers else ""
-        kept += (f"; {self.clamped:,} weight values clamped to half's range (onnxconverter-common: 0 < |x| < 1e-7 to "
-                 "1e-7, |x| > 1e4 to 1e4)" if self.clamped else "")
+        kept += (f"; {self.clamped:,} weight and Constant values clamped to half's range (|x| > 65,504 to 65,504; "
+                 "0 < |x| < 1e-7 to 1e-7)" if self.clamped else "")
         lines = [f"written: {self.output} (fp16: {self.half_initializers} initializers in half{kept}; {self.nodes} "
                  f"nodes, {self.casts_added} Casts added; inputs and outputs {self.io_types})"]
         if self.kept_float:
@@ -115,7 +113,8 @@ def convert_to_fp16(source: Path, output: Path, *, keep_io_types: bool = False) 
             # check_fp16_ready off: a float model may hold a half tensor or two (a rounding Cast pair) and is still
             # a float model to convert; one with no float tensor was refused above
             converted = float16.convert_float_to_float16(model, keep_io_types=keep_io_types,
-                                                         node_block_list=in_float or None, check_fp16_ready=False)
+                                                         node_block_list=in_float or None, check_fp16_ready=False,
+                                                         min_positive_val=MIN_POSITIVE, max_finite_val=MAX_FINITE)
     except Exception as exc:  # the converter raises plain exceptions of its own for graphs it cannot handle
         raise InputError(f"onnxconverter-common could not convert it: {type(exc).__name__}: {exc}",
                          where=str(source)) from exc
@@ -314,16 +313,18 @@ def _float_types(model: Any) -> set[int]:
 
 
 # onnxconverter-common's defaults: a weight of smaller magnitude (not 0) or of larger becomes the bound.
-MIN_POSITIVE, MAX_FINITE = 1e-7, 1e4
+MIN_POSITIVE, MAX_FINITE = 1e-7, 65504.0  # (the converter's own default bound, 1e4, changed values half holds)
 
 
 def _clamped_values(model: Any) -> int:
-    """How many float weights the converter will clamp to half's range (its bounds above)."""
+    """How many float values of initializers and Constant nodes the converter will clamp (its bounds above)."""
     import numpy as np
     from onnx import numpy_helper
 
+    tensors = [*model.graph.initializer, *(a.t for n in model.graph.node if n.op_type == "Constant"
+                                          for a in n.attribute if a.name == "value")]
     count = 0
-    for tensor in model.graph.initializer:
+    for tensor in tensors:
         if tensor.data_type == FLOAT:
             magnitude = np.abs(numpy_helper.to_array(tensor))
             # (an infinity, a mask's fill, stays one: the converter clamps finite values only)
@@ -334,25 +335,3 @@ def _clamped_values(model: Any) -> int:
 
 def _casts(model: Any) -> int:
     return sum(1 for n in model.graph.node if n.op_type == "Cast")
-
-
-def write_model(model: Any, output: Path) -> None:
-    """`model` saved as `output`, whole or not at all (a temporary name renamed)."""
-    import onnx
-
-    try:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", dir=output.parent)
-        os.close(fd)
-        try:
-            onnx.save(model, tmp)
-            # mkstemp makes the file 0600; the model gets the mode any new file of the user's gets (umask)
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)
-            os.replace(tmp, output)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-    except OSError as exc:
-        raise InputError(f"cannot write: {exc.strerror or exc}", where=str(output)) from None

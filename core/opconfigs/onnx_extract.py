@@ -61,6 +61,8 @@ Needs the `onnx` package; it is imported when a model is read, so `core` imports
 from __future__ import annotations
 
 import math
+import os
+import tempfile
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
@@ -359,6 +361,28 @@ def _one_identifier_two_ops(ops: list[tuple[OpConfig, tuple[str, ...]]]) -> list
                                    f"shapes only) and NNFusion runs one row for all of them, so all but one compute "
                                    f"wrong numbers{cure} ({said})", "wrong numbers") for node in nodes]
     return found
+
+
+def write_model(model: Any, output: Path) -> None:
+    """`model` saved as `output`, whole or not at all (a temporary name renamed)."""
+    import onnx
+
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", dir=output.parent)
+        os.close(fd)
+        try:
+            onnx.save(model, tmp)
+            # mkstemp makes the file 0600; the model gets the mode any new file of the user's gets (umask)
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)
+            os.replace(tmp, output)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    except OSError as exc:
+        raise InputError(f"cannot write: {exc.strerror or exc}", where=str(output)) from None
 
 
 def read_model(path: Path, *, external_data: bool = True) -> Any:
