@@ -563,7 +563,26 @@ def test_kdb_model_fp16_names_expand_as_the_next_step_where_nnfusion_cannot_comp
     said = run_kdb("model", "fp16", str(source), str(tmp_path / "h.onnx")).stdout
     assert f"next: kdb model expand {tmp_path / 'h.onnx'} {tmp_path / 'hx.onnx'}" in " ".join(said.split()), said
     proc = run_kdb("model", "fp16", str(source), str(tmp_path / "h2.onnx"), "--json")
-    assert json.loads(proc.stdout)["faults"] == 1
+    assert proc.returncode == 0 and json.loads(proc.stdout)["faults"] == 1
+    assert json.loads(proc.stdout)["left_by_expand"] == []
+
+
+def test_kdb_model_fp16_exits_1_naming_what_expand_cannot_mend_and_sends_the_user_to_coverage(tmp_path: Path):
+    """Held out in session 32 (CLIP's ArgMax pooling): fp16 exited 0 and sent the user to `kdb model expand`, which
+    wrote the model unchanged and exited 1 on the same node."""
+    pytest.importorskip("onnxconverter_common", reason="needs onnxconverter-common (the tvm extra)")
+    import json
+
+    g = GraphBuilder({"x": [1, 8, 6]})
+    picked = g.node("ArgMax", [g.node("Relu", ["x"], "act")], "pick", axis=-1, keepdims=1)
+    source = write(g.model(g.node("Cast", [picked], "as_float", to=1), "argmax"), tmp_path / "m.onnx")
+    proc = run_kdb("model", "fp16", str(source), str(tmp_path / "h.onnx"))
+    said = " ".join(proc.stdout.split())
+    assert proc.returncode == 1, said
+    assert "`kdb model expand` leaves 1 so: pick" in said and "model expand" not in said.split("next:")[1]
+    assert f"next: kdb coverage {tmp_path / 'h.onnx'}" in said
+    done = json.loads(run_kdb("model", "fp16", str(source), str(tmp_path / "h2.onnx"), "--json").stdout)
+    assert done["faults"] == 1 and done["left_by_expand"] == ["pick"]
 
 
 def test_kdb_model_fp16_counts_the_values_it_clamps_and_not_a_masks_infinities(tmp_path: Path):

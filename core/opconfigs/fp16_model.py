@@ -11,6 +11,7 @@ The file is written whole or not at all (a temporary name renamed), and never ov
 
 from __future__ import annotations
 
+import tempfile
 import warnings
 from collections import Counter
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import InputError, ToolError
+from core.opconfigs.expand_functions import expand_functions
 from core.opconfigs.import_rewrites import constants_for_import, drop_orphans, fresh_name, reads
 from core.opconfigs.nnfusion_import import inferred_faults
 from core.opconfigs.onnx_extract import read_model, write_model
@@ -44,6 +46,8 @@ class Fp16Conversion:
     # what was then written for NNFusion's importer (import_rewrites.constants_for_import), by kind
     for_import: tuple[tuple[str, int], ...] = ()
     faults: int = 0  # nodes of the written model NNFusion cannot compile or compiles into another network
+    # nodes `kdb model expand` would leave so (a trial expansion of the written model): the faults it cannot mend
+    left_by_expand: tuple[str, ...] = ()
 
     def report_lines(self) -> list[str]:
         """What was written and what was kept in float, as `kdb model fp16` and the console say it."""
@@ -70,10 +74,20 @@ class Fp16Conversion:
             lines.append("for NNFusion's importer: " + ", ".join(f"{n} x {kind}" for kind, n in self.for_import)
                          + " (what its importer cannot take, or NNFusion computes wrong, in half: a half Constant, "
                          "a Resize's scales computed, a mean summed in half; docs/NNFUSION-RULES.md)")
-        if self.faults:
+        if self.faults and not self.left_by_expand:
             lines.append(f"still to expand: {self.faults} node(s) NNFusion cannot compile as written, or compiles into "
-                         "another network (`kdb model expand` rewrites what it can; `kdb coverage` names them)")
+                         "another network; `kdb model expand` rewrites them (`kdb coverage` names them)")
+        elif self.left_by_expand:
+            left = self.left_by_expand
+            lines.append(f"NNFusion cannot compile {self.faults} node(s) as written, or compiles them into another "
+                         f"network, and `kdb model expand` leaves {len(left)} so: {', '.join(left[:5])}"
+                         f"{', ...' if len(left) > 5 else ''} (`kdb coverage` says why)")
         return lines
+
+    @property
+    def expand_helps(self) -> bool:
+        """Whether `kdb model expand` of the written model mends some of its faults: the next step then."""
+        return self.faults > len(self.left_by_expand)
 
     def as_dict(self) -> dict[str, object]:
         return {"source": str(self.source), "output": str(self.output), "nodes": self.nodes,
@@ -81,7 +95,8 @@ class Fp16Conversion:
                 "float_initializers": self.float_initializers, "io_types": self.io_types, "clamped": self.clamped,
                 "kept_float": list(self.kept_float), "statistics_float": list(self.statistics_float),
                 "blocked": dict(self.blocked),
-                "for_import": dict(self.for_import), "faults": self.faults}
+                "for_import": dict(self.for_import), "faults": self.faults,
+                "left_by_expand": list(self.left_by_expand)}
 
 
 def convert_to_fp16(source: Path, output: Path, *, keep_io_types: bool = False) -> Fp16Conversion:
@@ -127,12 +142,21 @@ def convert_to_fp16(source: Path, output: Path, *, keep_io_types: bool = False) 
     _check(converted, source)
     write_model(converted, output)
     blockers, shape_warnings = inferred_faults(converted)
+    faults = len({f.node for f in (*blockers, *shape_warnings)})
     initializers = Counter(t.data_type for t in converted.graph.initializer)
     return Fp16Conversion(source, output, len(converted.graph.node), casts_added, initializers[FLOAT16],
                           initializers[FLOAT], "float" if keep_io_types else "half", clamped, kept,
                           tuple(chain[0] for chain in statistics), tuple(sorted(blocked.items())),
                           tuple(sorted(for_import.items())),
-                          len({f.node for f in (*blockers, *shape_warnings)}))
+                          faults, _left_after_expand(output) if faults else ())
+
+
+def _left_after_expand(path: Path) -> tuple[str, ...]:
+    """The nodes `kdb model expand` of the model at `path` leaves NNFusion unable to compile, or compiling into another
+    network (expanded into a temporary folder, then dropped)."""
+    with tempfile.TemporaryDirectory() as folder:
+        expansion = expand_functions(path, Path(folder) / path.name)
+    return tuple(dict.fromkeys([*(n for n, _, _ in expansion.blocked), *(n for n, _, _ in expansion.miscompiled)]))
 
 
 def _blocked_in_float(model: Any, block_list: Any) -> Counter[str]:
