@@ -279,6 +279,18 @@ def test_the_real_compiler_aborts_at_a_blocker_and_compiles_another_network_at_a
         assert f"#define NNFUSION_GRAPH_OUTPUT_SHAPE_0 {shown}" in code.read_text()
 
 
+@needs_compiler
+def test_kdb_nnfusion_says_it_foresaw_an_abort_at_the_node_a_pools_shape_meets(tmp_path: Path):
+    """Held out in session 32 (a PoolFormer block): kdb named the padded pool and the Sub where the compile aborts,
+    the compiler aborted at that Sub, and kdb said it "did not foresee this node"."""
+    model = tmp_path / "pool.onnx"
+    write(POOL_CASES["then an Add of the input"][0](), model)
+    text = run_kdb("nnfusion", str(model), "--db", str(tmp_path / "k.db"), "--nnfusion", str(COMPILER))
+    flat = " ".join(text.stdout.split())
+    assert text.returncode == 1 and "as kdb said before compiling: node n (AveragePool)" in flat, flat
+    assert "did not foresee" not in flat
+
+
 def test_an_average_pool_whose_dropped_padding_changes_nothing_is_looked_up_without_it(tmp_path: Path):
     """Padding above only, where the shape does not change: NNFusion's windows are ONNX's; the op config is the
     unpadded pool the compiler looks up."""

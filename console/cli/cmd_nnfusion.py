@@ -89,7 +89,7 @@ def main(args: argparse.Namespace) -> int:
         if report.blockers:
             failed = result.importing_node() if result else None
             said = "; ".join(f"node {b.node} ({b.op_type})" for b in report.blockers)
-            if failed is None or failed in {b.node for b in report.blockers}:
+            if failed is None or failed in {n for b in report.blockers for n in (b.node, b.aborts_at)}:
                 out.print(f"as kdb said before compiling: {said}", highlight=False)
             else:  # kdb's rules missed this one: say so, beside what they did find
                 out.print(f"[yellow]kdb did not foresee this node[/] ({failed}); before compiling it named {said}",

@@ -63,6 +63,7 @@ class Blocker(NamedTuple):
     node: str
     op_type: str
     reason: str
+    aborts_at: str = ""  # the node the compile stops at, where another (a pool whose shape meets the model's there)
 
 
 def attributes(node: Any) -> dict[str, Any]:
@@ -773,7 +774,7 @@ class _PoolShapes:
             assert a is not None and b is not None
             out = import_rules.numpy_broadcast(a, b)
             if out is None:
-                self._abort(pools, f"at node {name} ({node.op_type}) the compiler aborts: 'Auto-broadcast not "
+                self._abort(pools, name, f"at node {name} ({node.op_type}) the compiler aborts: 'Auto-broadcast not "
                                    f"possible for these input shapes: shape1={a} shape2={b}'")
                 return
         elif node.op_type == "Concat" and None not in shapes:
@@ -785,7 +786,7 @@ class _PoolShapes:
             if any(len(s) != len(known[0]) or [d for k, d in enumerate(s) if k != axis]
                    != [d for k, d in enumerate(known[0]) if k != axis] for s in known):
                 distinct = list(dict.fromkeys(map(tuple, known)))
-                self._abort(pools, f"at node {name} (Concat) the compiler aborts: its inputs of shapes "
+                self._abort(pools, name, f"at node {name} (Concat) the compiler aborts: its inputs of shapes "
                                    f"{', '.join(str(list(d)) for d in distinct)} differ off the axis {axis} (Concat's "
                                    "shape check, concat.cpp)")
                 return
@@ -798,10 +799,10 @@ class _PoolShapes:
         if out is not None and out != onnx_out and node.output:
             self.wrong[node.output[0]] = (out, pools)
 
-    def _abort(self, pools: frozenset[str], where: str) -> None:
+    def _abort(self, pools: frozenset[str], at: str, where: str) -> None:
         for pool in sorted(pools):
             if pool not in self.blockers:
-                self.blockers[pool] = Blocker(pool, self.op_type[pool], f"{self.cause[pool]}; {where}")
+                self.blockers[pool] = Blocker(pool, self.op_type[pool], f"{self.cause[pool]}; {where}", at)
 
     def _warn(self, pools: frozenset[str], what: str) -> None:
         for pool in sorted(pools):
