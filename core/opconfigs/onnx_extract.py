@@ -1072,8 +1072,9 @@ class _Extractor:
         if axis is not None and concat_in_place(shapes, axis) and not declined:
             raise _NotMapped(f"every axis before the joined one (axis {axis}) has size 1, so NNFusion writes the "
                              "inputs in place into the output and runs no kernel for it (its Concat emitter's "
-                             "is_memcpy, kernels/cuda_gpu/kernels/concat.cpp; inplace_tensor_analysis.cpp); a row "
-                             "would make it copy them, so kdb makes none")
+                             "is_memcpy, kernels/cuda_gpu/kernels/concat.cpp; inplace_tensor_analysis.cpp), unless "
+                             "an input is already in place in another Concat: its own kernel copies that one; a row "
+                             "would make every Concat of its identifier copy, so kdb makes none")
         self._emit(OpConfig(CONCAT, {"input_shapes": shapes, "output_shape": out}, 1, dtype, source=self.names[i]),
                    [i])
 
