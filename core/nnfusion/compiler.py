@@ -116,7 +116,8 @@ class CompileResult:
         messages (a check's text joined with the line it continues on; each once), else the log's end (not when
         the importer stopped without a message: its last lines are only progress)."""
         raw = self._raw_log_lines()
-        lines, node = _kept(raw), self._importing(raw)
+        node = self._importing(raw)
+        lines = _since_node_began(_kept(raw)) if node is not None else _kept(raw)
         messages = _messages(lines)
         head = [f"while importing ONNX node {node or '(unnamed)'}"] if node is not None else []
         return head + (messages[-limit:] if messages else [] if node is not None else lines[-limit:])
@@ -150,14 +151,10 @@ class CompileResult:
             how = (f"was killed by {_signal_name(-self.returncode)}" if self.returncode < 0
                    else f"exited with status {self.returncode}")
             # the first message (a kernel selection's "No valid kernel found" comes before the check it then fails),
-            # where the importer stopped: since it began the node it stopped in (an [ERROR] it logged and went on
-            # from at an earlier node is not the cause); not libstdc++'s "terminate called after throwing ..."
+            # where the importer stopped; not libstdc++'s "terminate called after throwing ..."
             raw = self._raw_log_lines()
-            node, lines = self._importing(raw), _kept(raw)
-            if node is not None:
-                began = max((i for i, line in enumerate(lines) if _CONVERTING.search(line)), default=-1)
-                lines = lines[began + 1:]
-            found = _messages(lines)
+            node = self._importing(raw)
+            found = _messages(_since_node_began(_kept(raw)) if node is not None else _kept(raw))
             cause = next((line for line in found if not line.startswith("terminate called")), found[0] if found else "")
             where = f" while importing ONNX node {node or '(unnamed)'}" if node is not None else ""
             return f"nnfusion {how}{where}" + (f": {cause}" if cause else "")
@@ -167,6 +164,13 @@ class CompileResult:
 def _kept(raw: list[str]) -> list[str]:
     """The log's lines that can say why a run failed: not blank, not what every run prints (_HARMLESS)."""
     return [line.rstrip() for line in raw if line.strip() and not _HARMLESS.search(line)]
+
+
+def _since_node_began(lines: list[str]) -> list[str]:
+    """The lines after the importer began its last node: where it stopped (an [ERROR] it logged and went on from at
+    an earlier node, a Split's unread attribute, is not the cause)."""
+    began = max((i for i, line in enumerate(lines) if _CONVERTING.search(line)), default=-1)
+    return lines[began + 1:]
 
 
 def _messages(lines: list[str]) -> list[str]:
