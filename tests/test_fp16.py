@@ -564,7 +564,7 @@ def test_kdb_model_fp16_names_expand_as_the_next_step_where_nnfusion_cannot_comp
     assert f"next: kdb model expand {tmp_path / 'h.onnx'} {tmp_path / 'hx.onnx'}" in " ".join(said.split()), said
     proc = run_kdb("model", "fp16", str(source), str(tmp_path / "h2.onnx"), "--json")
     assert proc.returncode == 0 and json.loads(proc.stdout)["faults"] == 1
-    assert json.loads(proc.stdout)["left_by_expand"] == []
+    assert json.loads(proc.stdout)["left_by_expand"] == [] and json.loads(proc.stdout)["mended_by_expand"] == 1
 
 
 def test_kdb_model_fp16_exits_1_naming_what_expand_cannot_mend_and_sends_the_user_to_coverage(tmp_path: Path):
@@ -582,7 +582,7 @@ def test_kdb_model_fp16_exits_1_naming_what_expand_cannot_mend_and_sends_the_use
     assert "`kdb model expand` leaves 1 so: pick" in said and "model expand" not in said.split("next:")[1]
     assert f"next: kdb coverage {tmp_path / 'h.onnx'}" in said
     done = json.loads(run_kdb("model", "fp16", str(source), str(tmp_path / "h2.onnx"), "--json").stdout)
-    assert done["faults"] == 1 and done["left_by_expand"] == ["pick"]
+    assert done["faults"] == 1 and done["left_by_expand"] == ["pick"] and done["mended_by_expand"] == 0
 
 
 def test_kdb_model_fp16_counts_the_values_it_clamps_and_not_a_masks_infinities(tmp_path: Path):

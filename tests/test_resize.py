@@ -188,6 +188,20 @@ def test_expand_writes_the_nearest_one_of_a_clash_as_a_repeat(tmp_path, kind):
     np.testing.assert_array_equal(after, before)
 
 
+def test_kdb_model_fp16_sends_a_clash_expand_mends_to_expand(tmp_path):
+    """Held out in session 32: fp16 counted the importer's faults only, so an HRNet fuse's two Resizes of one identifier
+    got "next: kdb opconfig extract", and coverage then exited 1 on them."""
+    pytest.importorskip("onnxconverter_common", reason="needs onnxconverter-common (the tvm extra)")
+    import json
+
+    from conftest import run_kdb
+
+    done = run_kdb("model", "fp16", str(two_modes(tmp_path / "m.onnx")), str(tmp_path / "h.onnx"), "--json")
+    assert done.returncode == 0, done.stderr
+    said = json.loads(done.stdout)
+    assert said["faults"] == 2 and said["mended_by_expand"] == 2 and said["left_by_expand"] == [], said
+
+
 def test_the_compiler_runs_the_repeat_and_the_bilinear_row(tmp_path):
     """The expanded fuse through the README's commands: one Resize row (the bilinear), used as promised."""
     import json

@@ -21,8 +21,8 @@ from typing import Any
 from core.errors import InputError, ToolError
 from core.opconfigs.expand_functions import expand_functions
 from core.opconfigs.import_rewrites import constants_for_import, drop_orphans, fresh_name, reads
-from core.opconfigs.nnfusion_import import inferred_faults
-from core.opconfigs.onnx_extract import read_model, write_model
+from core.opconfigs.nnfusion_import import import_faults, with_shapes
+from core.opconfigs.onnx_extract import extraction_miscompiles, read_model, write_model
 
 FLOAT, FLOAT16 = 1, 10  # ONNX TensorProto element types
 _INSTALL = "pip install -e '.[tvm]' (onnxconverter-common)"
@@ -46,8 +46,9 @@ class Fp16Conversion:
     # what was then written for NNFusion's importer (import_rewrites.constants_for_import), by kind
     for_import: tuple[tuple[str, int], ...] = ()
     faults: int = 0  # nodes of the written model NNFusion cannot compile or compiles into another network
-    # nodes `kdb model expand` would leave so (a trial expansion of the written model): the faults it cannot mend
+    # nodes `kdb model expand` would leave so (a trial expansion of the written model), and how many faults it mends
     left_by_expand: tuple[str, ...] = ()
+    mended_by_expand: int = 0
 
     def report_lines(self) -> list[str]:
         """What was written and what was kept in float, as `kdb model fp16` and the console say it."""
@@ -74,7 +75,7 @@ class Fp16Conversion:
             lines.append("for NNFusion's importer: " + ", ".join(f"{n} x {kind}" for kind, n in self.for_import)
                          + " (what its importer cannot take, or NNFusion computes wrong, in half: a half Constant, "
                          "a Resize's scales computed, a mean summed in half; docs/NNFUSION-RULES.md)")
-        if self.faults and not self.left_by_expand:
+        if self.faults and not self.left_by_expand:  # (expand mends them all)
             lines.append(f"still to expand: {self.faults} node(s) NNFusion cannot compile as written, or compiles into "
                          "another network; `kdb model expand` rewrites them (`kdb coverage` names them)")
         elif self.left_by_expand:
@@ -87,7 +88,7 @@ class Fp16Conversion:
     @property
     def expand_helps(self) -> bool:
         """Whether `kdb model expand` of the written model mends some of its faults: the next step then."""
-        return self.faults > len(self.left_by_expand)
+        return self.mended_by_expand > 0
 
     def as_dict(self) -> dict[str, object]:
         return {"source": str(self.source), "output": str(self.output), "nodes": self.nodes,
@@ -96,7 +97,7 @@ class Fp16Conversion:
                 "kept_float": list(self.kept_float), "statistics_float": list(self.statistics_float),
                 "blocked": dict(self.blocked),
                 "for_import": dict(self.for_import), "faults": self.faults,
-                "left_by_expand": list(self.left_by_expand)}
+                "left_by_expand": list(self.left_by_expand), "mended_by_expand": self.mended_by_expand}
 
 
 def convert_to_fp16(source: Path, output: Path, *, keep_io_types: bool = False) -> Fp16Conversion:
@@ -141,14 +142,16 @@ def convert_to_fp16(source: Path, output: Path, *, keep_io_types: bool = False) 
     for_import = constants_for_import(converted)
     _check(converted, source)
     write_model(converted, output)
-    blockers, shape_warnings = inferred_faults(converted)
-    faults = len({f.node for f in (*blockers, *shape_warnings)})
+    shaped = with_shapes(converted)  # (what extraction and coverage then find: expand mends some of it)
+    blockers, shape_warnings = import_faults(shaped)
+    faults = {f.node for f in (*blockers, *shape_warnings, *extraction_miscompiles(shaped))}
+    left = _left_after_expand(output) if faults else ()
     initializers = Counter(t.data_type for t in converted.graph.initializer)
     return Fp16Conversion(source, output, len(converted.graph.node), casts_added, initializers[FLOAT16],
                           initializers[FLOAT], "float" if keep_io_types else "half", clamped, kept,
                           tuple(chain[0] for chain in statistics), tuple(sorted(blocked.items())),
                           tuple(sorted(for_import.items())),
-                          faults, _left_after_expand(output) if faults else ())
+                          len(faults), left, len(faults - set(left)))
 
 
 def _left_after_expand(path: Path) -> tuple[str, ...]:
