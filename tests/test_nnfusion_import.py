@@ -291,6 +291,22 @@ def test_kdb_nnfusion_says_it_foresaw_an_abort_at_the_node_a_pools_shape_meets(t
     assert "did not foresee" not in flat
 
 
+@needs_compiler
+def test_kdb_nnfusion_closes_an_abort_past_a_wrong_shape_it_named(tmp_path: Path):
+    """Held out in session 32 (a ResNet-D block at 33 px): kdb named the pool's wrong shape and that it flows into a
+    conv it does not follow ("it may abort there"); the compile aborted at the Add after, and kdb said nothing of it."""
+    model = tmp_path / "pool.onnx"
+
+    def build(g: GraphBuilder) -> str:
+        conv = g.node("Conv", [padded_pool(g), g.weight("w", [4, 4, 1, 1], fan_in=4)], "conv", kernel_shape=[1, 1])
+        return g.node("Add", [conv, "x"], "add")
+    write(pool_model(build), model)
+    text = run_kdb("nnfusion", str(model), "--db", str(tmp_path / "k.db"), "--nnfusion", str(COMPILER))
+    flat = " ".join(text.stdout.split())
+    assert text.returncode == 1 and "before compiling kdb said NNFusion compiles another network here (node n (wrong "\
+        "shape))" in flat and flat.endswith("it aborted at add"), flat
+
+
 def test_an_average_pool_whose_dropped_padding_changes_nothing_is_looked_up_without_it(tmp_path: Path):
     """Padding above only, where the shape does not change: NNFusion's windows are ONNX's; the op config is the
     unpadded pool the compiler looks up."""

@@ -86,14 +86,18 @@ def main(args: argparse.Namespace) -> int:
         for line in report.decisive:
             out.print(f"  {line}", markup=False, highlight=False)
         out.print(f"log: {result.log_file if result else '-'} (recorded in `kdb failures`)", highlight=False)
+        failed = result.importing_node() if result else None
         if report.blockers:
-            failed = result.importing_node() if result else None
             said = "; ".join(f"node {b.node} ({b.op_type})" for b in report.blockers)
             if failed is None or failed in {n for b in report.blockers for n in (b.node, b.aborts_at)}:
                 out.print(f"as kdb said before compiling: {said}", highlight=False)
             else:  # kdb's rules missed this one: say so, beside what they did find
                 out.print(f"[yellow]kdb did not foresee this node[/] ({failed}); before compiling it named {said}",
                           highlight=False)
+        elif report.miscompiles:  # (a shape kdb said comes out other than the model's may abort downstream)
+            said = "; ".join(dict.fromkeys(f"node {w.node} ({w.kind})" for w in report.miscompiles))
+            out.print(f"before compiling kdb said NNFusion compiles another network here ({said}), and where it may "
+                      f"abort; it aborted at {failed or 'a node the log does not name'}", highlight=False)
         return 1
     from rich.table import Table
 
