@@ -107,6 +107,7 @@ def test_expand_says_what_still_cannot_compile_and_exits_1(tmp_path: Path):
     assert proc.returncode == 1, proc.stderr
     text = " ".join(proc.stdout.split())
     assert "written unchanged" in text and "still cannot compile: node act (Celu)" in text
+    assert "change the model there first" in text and "then the README's steps" not in text  # (session 32)
 
 
 def test_expand_says_what_still_compiles_into_another_network_and_exits_1(tmp_path: Path):

@@ -17,7 +17,9 @@ def main(args: argparse.Namespace) -> int:
         expansion = expand_functions(Path(args.source), Path(args.output), dict(args.dim))
         # what NNFusion still cannot compile, or compiles into another network, is a finding
         done, status = expansion, 1 if expansion.blocked or expansion.miscompiled else 0
-        next_step = f"next: kdb coverage {done.output}   (then the README's steps with it)"
+        next_step = (f"next: kdb coverage {done.output}   (it says why each node named above cannot compile, or "
+                     "compiles into another network: change the model there first)" if status else
+                     f"next: kdb coverage {done.output}   (then the README's steps with it)")
     else:
         done = convert_to_fp16(Path(args.source), Path(args.output), keep_io_types=args.keep_io_types)
         next_step = f"next: kdb opconfig extract {done.output} -o ops.txt   (half op configs: cublas_dot_op_half|...)"
