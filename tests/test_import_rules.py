@@ -480,6 +480,8 @@ def test_the_readme_flow_of_a_torch_export_with_dynamic_axes(tmp_path: Path):
     pytest.importorskip("onnxconverter_common", reason="needs onnxconverter-common (the tvm extra)")
     half = run_kdb("model", "fp16", str(source), str(tmp_path / "h.onnx"), env=env)  # (it adds value infos)
     assert half.returncode == 0, half.stderr
+    assert f"next: kdb model expand {tmp_path / 'h.onnx'} {tmp_path / 'hx.onnx'} --dim batch=N" in " ".join(
+        half.stdout.split()), half.stdout
     pinned = run_kdb("model", "expand", str(tmp_path / "h.onnx"), str(tmp_path / "hx.onnx"), "--dim", "batch=1", env=env)
     assert "pinned: 2 dimension(s)" in pinned.stdout, pinned.stdout  # (its input and output, not value infos)
 

@@ -25,7 +25,8 @@ def main(args: argparse.Namespace) -> int:
         next_step = f"next: kdb opconfig extract {done.output} -o ops.txt   (half op configs: cublas_dot_op_half|...)"
         if done.expand_helps:  # (what NNFusion cannot compile as written: expand rewrites what it can)
             expanded = done.output.with_name(f"{done.output.stem}x{done.output.suffix}")
-            next_step = f"next: kdb model expand {done.output} {expanded}   (then the README's steps with it)"
+            dims = "".join(f" --dim {name}=N" for name in done.dynamic_dims)  # (N: the size to compile for)
+            next_step = f"next: kdb model expand {done.output} {expanded}{dims}   (then the README's steps with it)"
         elif done.left_by_expand:  # a finding, as expand's exit says of the same nodes
             status, next_step = 1, f"next: kdb coverage {done.output}   (it says why each cannot compile)"
     if args.json:

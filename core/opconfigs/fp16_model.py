@@ -49,6 +49,7 @@ class Fp16Conversion:
     # nodes `kdb model expand` would leave so (a trial expansion of the written model), and how many faults it mends
     left_by_expand: tuple[str, ...] = ()
     mended_by_expand: int = 0
+    dynamic_dims: tuple[str, ...] = ()  # the graph's named dimensions: expand's --dim gives them sizes
 
     def report_lines(self) -> list[str]:
         """What was written and what was kept in float, as `kdb model fp16` and the console say it."""
@@ -97,7 +98,8 @@ class Fp16Conversion:
                 "kept_float": list(self.kept_float), "statistics_float": list(self.statistics_float),
                 "blocked": dict(self.blocked),
                 "for_import": dict(self.for_import), "faults": self.faults,
-                "left_by_expand": list(self.left_by_expand), "mended_by_expand": self.mended_by_expand}
+                "left_by_expand": list(self.left_by_expand), "mended_by_expand": self.mended_by_expand,
+                "dynamic_dims": list(self.dynamic_dims)}
 
 
 def convert_to_fp16(source: Path, output: Path, *, keep_io_types: bool = False) -> Fp16Conversion:
@@ -145,20 +147,28 @@ def convert_to_fp16(source: Path, output: Path, *, keep_io_types: bool = False) 
     shaped = with_shapes(converted)  # (what extraction and coverage then find: expand mends some of it)
     blockers, shape_warnings = import_faults(shaped)
     faults = {f.node for f in (*blockers, *shape_warnings, *extraction_miscompiles(shaped))}
-    left = _left_after_expand(output) if faults else ()
+    dynamic = _dynamic_dims(converted)
+    left = _left_after_expand(output, dynamic) if faults else ()
     initializers = Counter(t.data_type for t in converted.graph.initializer)
     return Fp16Conversion(source, output, len(converted.graph.node), casts_added, initializers[FLOAT16],
                           initializers[FLOAT], "float" if keep_io_types else "half", clamped, kept,
                           tuple(chain[0] for chain in statistics), tuple(sorted(blocked.items())),
                           tuple(sorted(for_import.items())),
-                          len(faults), left, len(faults - set(left)))
+                          len(faults), left, len(faults - set(left)), dynamic)
 
 
-def _left_after_expand(path: Path) -> tuple[str, ...]:
+def _dynamic_dims(model: Any) -> tuple[str, ...]:
+    """The named (dim_param) dimensions of the graph's inputs and outputs."""
+    return tuple(dict.fromkeys(d.dim_param for v in (*model.graph.input, *model.graph.output)
+                               if v.type.HasField("tensor_type") for d in v.type.tensor_type.shape.dim
+                               if d.HasField("dim_param") and d.dim_param))
+
+
+def _left_after_expand(path: Path, dynamic: tuple[str, ...]) -> tuple[str, ...]:
     """The nodes `kdb model expand` of the model at `path` leaves NNFusion unable to compile, or compiling into another
-    network (expanded into a temporary folder, then dropped)."""
+    network (expanded into a temporary folder, then dropped; its dynamic dimensions given a size, as --dim does)."""
     with tempfile.TemporaryDirectory() as folder:
-        expansion = expand_functions(path, Path(folder) / path.name)
+        expansion = expand_functions(path, Path(folder) / path.name, dict.fromkeys(dynamic, 1))
     return tuple(dict.fromkeys([*(n for n, _, _ in expansion.blocked), *(n for n, _, _ in expansion.miscompiled)]))
 
 
