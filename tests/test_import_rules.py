@@ -367,9 +367,10 @@ def said(model: ModelProto) -> list[tuple[str, str, str]]:
     import onnx
 
     shaped = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    own, clashes = extraction_miscompiles(shaped)
     blockers, warnings = import_faults(shaped)
     return [(b.node, "blocker", b.reason) for b in blockers] + [(w.node, w.kind, w.text) for w in
-                                                                (*warnings, *extraction_miscompiles(shaped))]
+                                                                (*warnings, *own, *clashes)]
 
 
 @pytest.mark.parametrize("case", list(CASES))

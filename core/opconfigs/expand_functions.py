@@ -38,9 +38,10 @@ from core.opconfigs.nnfusion_import import (
     function_schema,
     import_faults,
     importable,
+    static_shapes,
     with_shapes,
 )
-from core.opconfigs.onnx_extract import extraction_miscompiles, identifier_clashes, read_model, write_model
+from core.opconfigs.onnx_extract import extraction_miscompiles, read_model, write_model
 
 FLOAT = 1  # ONNX TensorProto.FLOAT: a constant's type where its input's is not known
 
@@ -129,14 +130,16 @@ def expand_functions(source: Path, output: Path, dims: dict[str, int] | None = N
     model.graph.node.extend(nodes)
     model.graph.initializer.extend(writer.initializers)
     drop_orphans(model.graph, read_before | used)
-    clashing = {w.node for w in identifier_clashes(with_shapes(model))}
-    if repeats := nearest_as_repeats(model, clashing) if clashing else 0:
-        rewritten["nearest upsampling sharing a Resize identifier written as a repeat"] = repeats
-    write_model(model, output)
     shaped = with_shapes(model)
+    own, clashes = extraction_miscompiles(shaped)
+    if clashes and (repeats := nearest_as_repeats(model, {w.node for w in clashes}, static_shapes(shaped.graph))):
+        rewritten["nearest upsampling sharing a Resize identifier written as a repeat"] = repeats
+        shaped = with_shapes(model)
+        own, clashes = extraction_miscompiles(shaped)
+    write_model(model, output)
     blockers, warnings = import_faults(shaped)
     blocked = tuple((b.node, b.op_type, b.reason) for b in blockers)
-    miscompiled = tuple((w.node, w.kind, w.text) for w in (*warnings, *extraction_miscompiles(shaped)))
+    miscompiled = tuple((w.node, w.kind, w.text) for w in (*warnings, *own, *clashes))
     return Expansion(source, output, dict(expanded), added, tuple(left), dict(rewritten), pinned, blocked, miscompiled)
 
 

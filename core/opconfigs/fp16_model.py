@@ -21,6 +21,7 @@ from typing import Any
 from core.errors import InputError, ToolError
 from core.opconfigs.expand_functions import expand_functions
 from core.opconfigs.import_rewrites import constants_for_import, drop_orphans, fresh_name, reads
+from core.opconfigs.import_rules import constant_values
 from core.opconfigs.nnfusion_import import import_faults, with_shapes
 from core.opconfigs.onnx_extract import extraction_miscompiles, read_model, write_model
 
@@ -146,7 +147,8 @@ def convert_to_fp16(source: Path, output: Path, *, keep_io_types: bool = False) 
     write_model(converted, output)
     shaped = with_shapes(converted)  # (what extraction and coverage then find: expand mends some of it)
     blockers, shape_warnings = import_faults(shaped)
-    faults = {f.node for f in (*blockers, *shape_warnings, *extraction_miscompiles(shaped))}
+    own, clashes = extraction_miscompiles(shaped)
+    faults = {f.node for f in (*blockers, *shape_warnings, *own, *clashes)}
     dynamic = _dynamic_dims(converted)
     left = _left_after_expand(output, dynamic) if faults else ()
     initializers = Counter(t.data_type for t in converted.graph.initializer)
@@ -287,7 +289,7 @@ def _name_square_statistics(model: Any) -> list[tuple[str, ...]]:
     GroupNorm `kdb model expand` writes: ONNX Runtime computes them in float, NNFusion in half); kept in float,
     between Casts, the root that comes out fits half whenever x does."""
     graph = model.graph
-    constants = {t.name: t for t in graph.initializer} | {n.output[0]: n for n in graph.node if n.op_type == "Constant"}
+    constants = {t.name for t in graph.initializer} | {n.output[0] for n in graph.node if n.op_type == "Constant"}
     readers: dict[str, list[Any]] = {}
     for node in graph.node:
         for name in dict.fromkeys(node.input):
@@ -300,7 +302,7 @@ def _name_square_statistics(model: Any) -> list[tuple[str, ...]]:
 
     names, chains = {n.name for n in graph.node}, []
     for node in graph.node:
-        mean = only_reader(node) if _is_square(node, constants) else None
+        mean = only_reader(node) if _is_square(node, graph) else None
         if mean is None or mean.op_type not in MEANS or mean.input[0] != node.output[0] or (
                 mean.op_type == "MatMul" and mean.input[1] not in constants):
             continue
@@ -315,19 +317,11 @@ def _name_square_statistics(model: Any) -> list[tuple[str, ...]]:
     return chains
 
 
-def _is_square(node: Any, constants: dict[str, Any]) -> bool:
+def _is_square(node: Any, graph: Any) -> bool:
     """Mul(x, x), or Pow(x, 2) of a constant 2."""
-    import numpy as np
-    from onnx import numpy_helper
-
     if node.op_type == "Mul" and len(node.input) == 2:
         return node.input[0] == node.input[1]
-    if node.op_type != "Pow" or len(node.input) != 2 or node.input[1] not in constants:
-        return False
-    exponent = constants[node.input[1]]
-    if not hasattr(exponent, "dims"):  # a Constant node: its value attribute
-        exponent = next((a.t for a in exponent.attribute if a.name == "value"), None)
-    return exponent is not None and np.array_equal(np.ravel(numpy_helper.to_array(exponent)), [2])
+    return node.op_type == "Pow" and len(node.input) == 2 and constant_values(graph, node.input[1]) == [2.0]
 
 
 def _made_fp16(model: Any) -> str:

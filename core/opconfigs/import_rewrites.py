@@ -25,7 +25,6 @@ from core.opconfigs.nnfusion_import import (
     depthwise_padding_ok,
     reduce_axes_ignored,
     static_shapes,
-    with_shapes,
 )
 
 HALF = 10  # ONNX TensorProto.FLOAT16
@@ -233,17 +232,18 @@ def rewrite_for_import(model: Any, rewrites: dict[str, Rewrite] | None = None) -
     return Counter({k: v for k, v in done.items() if v})
 
 
-def nearest_as_repeats(model: Any, names: set[str]) -> int:
+def nearest_as_repeats(model: Any, names: set[str], shapes: Shapes) -> int:
     """Rewrite in place each Resize of `names` (nodes sharing a Resize identifier with another mode: NNFusion runs one
     row for all of them) that is a nearest upsampling by whole factors as the repeat it is: a Reshape to
     [N, C, H, 1, W, 1], an Expand to [N, C, H, s, W, s], a Reshape to the output (no DB row, NNFusion's broadcast).
     Such a Resize picks input floor(i / s) wherever half_pixel (or pytorch_half_pixel) rounding puts i, and with
-    asymmetric coordinates where it rounds down (torch's nn.Upsample). The count of rewrites."""
+    asymmetric coordinates where it rounds down (torch's nn.Upsample). `shapes`: the model's static shapes. The count
+    of rewrites."""
     import numpy as np
     from onnx import numpy_helper
 
     opsets = {("" if i.domain == "ai.onnx" else i.domain): i.version for i in model.opset_import}
-    shapes, values = static_shapes(with_shapes(model).graph), _constants(model.graph, opsets)
+    values = _constants(model.graph, opsets)
     namer, nodes, initializers = _Namer.of(model.graph), [], []
     for node in model.graph.node:
         factors = _nearest_factors(node, shapes, values) if node.name in names else None

@@ -320,20 +320,13 @@ def _one_row_serves_both(ops: list[tuple[OpConfig, tuple[str, ...]]]) -> tuple[l
 SHAPES_ONLY_IDENTIFIERS = (DEPTHWISE, RESIZE, CONV_TRANSPOSE)
 
 
-def identifier_clashes(model: Any) -> list[ShapeWarning]:
-    """The nodes of `model` (its shapes inferred) that fetch one identifier but compute differently
-    (_one_identifier_two_ops): what `kdb model expand` says of the model it wrote, as extraction would."""
+def extraction_miscompiles(model: Any) -> tuple[list[ShapeWarning], list[ShapeWarning]]:
+    """The nodes of `model` (its shapes inferred) extraction finds NNFusion compiles into another network, as two
+    lists: each node's own (a conv's pads the importer swaps), and nodes that fetch one identifier but compute
+    differently (_one_identifier_two_ops). What `kdb model expand` and `kdb model fp16` say of the model they wrote."""
     extractor = _Extractor(model.graph)
     extractor.run()
-    return _one_identifier_two_ops(extractor.ops)
-
-
-def extraction_miscompiles(model: Any) -> list[ShapeWarning]:
-    """The nodes of `model` (its shapes inferred) extraction finds NNFusion compiles into another network (a conv's
-    pads the importer swaps; identifier_clashes): what `kdb model expand` says of the model it wrote."""
-    extractor = _Extractor(model.graph)
-    extractor.run()
-    return [*extractor.miscompiles, *_one_identifier_two_ops(extractor.ops)]
+    return extractor.miscompiles, _one_identifier_two_ops(extractor.ops)
 
 
 def _one_identifier_two_ops(ops: list[tuple[OpConfig, tuple[str, ...]]]) -> list[ShapeWarning]:
