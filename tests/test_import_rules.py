@@ -200,7 +200,7 @@ def reciprocal() -> ModelProto:
 
 
 def conv_auto_pad(auto_pad: str, group: int = 1, kernel: int = 3, stride: int = 1, kernel_shape: bool = True,
-                  spatial: int = 2, pads: list[int] | None = None) -> Callable[[], ModelProto]:
+                  spatial: int = 2, pads: list[int] | None = None, opset: int = 17) -> Callable[[], ModelProto]:
     """torch's `padding="same"` as it exports it (auto_pad SAME_UPPER, ConvMixer's 7x7 depthwise convs; held out in
     session 31: the importer aborts on any auto_pad); `pads`: given instead (TensorFlow's exports write an even
     kernel's SAME so, one more after than before)."""
@@ -209,7 +209,22 @@ def conv_auto_pad(auto_pad: str, group: int = 1, kernel: int = 3, stride: int = 
         padding = {"pads": pads} if pads else {"auto_pad": auto_pad}
         return _net([1, 8, *[10] * spatial], lambda g: g.node(
             "Conv", ["x", g.weight("w", [8, 8 // group, *[kernel] * spatial], fan_in=8 // group * kernel ** spatial)],
-            "n", group=group, strides=[stride] * spatial, **padding, **({"kernel_shape": size} if size else {})))
+            "n", group=group, strides=[stride] * spatial, **padding, **({"kernel_shape": size} if size else {})),
+            opset=opset)
+    return model
+
+
+def pad_of_attributes(order: list[str], value: float = 0.0) -> Callable[[], ModelProto]:
+    """A Pad of opset 10 (pads an attribute) with its attributes in this order: the importer reads them by position
+    (op/pad.hpp); torch's opset-10 exports write them as they come."""
+    def model() -> ModelProto:
+        def build(g: GraphBuilder) -> str:
+            given = {"mode": "constant", "pads": [0, 0, 1, 2, 0, 0, 2, 1], "value": value}
+            node = helper.make_node("Pad", ["x"], ["n"], name="n")
+            node.attribute.extend(helper.make_attribute(k, given[k]) for k in order)
+            g.nodes.append(node)
+            return "n"
+        return _net([1, 4, 6, 6], build, opset=10)
     return model
 
 
@@ -355,11 +370,19 @@ CASES: dict[str, tuple[Callable[[], ModelProto], str, str]] = {
                                                    "blocker", "auto_pad"),
     "4x4 Conv padded 1 before, 2 after": (conv_auto_pad("", kernel=4, pads=[1, 1, 2, 2]), "wrong numbers",
                                           "swaps the two halves"),
+    "4x4 Conv padded 1 before, 2 after, opset 10 (a Pad of attributes)": (conv_auto_pad("", kernel=4,
+                                                                                        pads=[1, 1, 2, 2], opset=10),
+                                                                          "wrong numbers", "swaps the two halves"),
     "3x3 depthwise Conv padded 0 before, 1 after, stride 2": (conv_auto_pad("", group=8, stride=2,
                                                                             pads=[0, 0, 1, 1]),
                                                               "wrong numbers", "swaps the two halves"),
+    "Pad of attributes pads, mode, value (opset 10)": (pad_of_attributes(["pads", "mode", "value"]), "blocker",
+                                                        "by position"),
+    "Pad of attributes mode, pads (opset 10)": (pad_of_attributes(["mode", "pads"]), "blocker", "without a value"),
+    "Pad of the value 1 (opset 10)": (pad_of_attributes(["mode", "pads", "value"], 1.0), "wrong numbers",
+                                      "pads with zeros"),
 }
-NO_REWRITE = {"dilated MaxPool"}  # NNFusion's pools have no dilation
+NO_REWRITE = {"dilated MaxPool", "Pad of the value 1 (opset 10)"}  # NNFusion's pools have no dilation
 
 
 def said(model: ModelProto) -> list[tuple[str, str, str]]:

@@ -89,7 +89,13 @@ CASES: dict[str, tuple[Callable[[], ModelProto], Callable[[], ModelProto] | None
     "Pad without attributes": (lambda: one("Pad", extra=lambda g: [g.constant("pads", [0, 0, 1, 1, 0, 0, 1, 1])]),
                                lambda: one("Pad", extra=lambda g: [g.constant("pads", [0, 0, 1, 1, 0, 0, 1, 1])],
                                            mode="constant")),
-    "Pad with pads as an attribute": (lambda: one("Pad", opset=2, pads=[0, 0, 1, 1, 0, 0, 1, 1]), None),
+    # (before opset 11 the importer reads the attributes by position: mode, pads, value; checked the other orders)
+    "Pad with pads as an attribute": (lambda: one("Pad", opset=2, pads=[0, 0, 1, 1, 0, 0, 1, 1]),
+                                      lambda: one("Pad", opset=2, mode="constant", pads=[0, 0, 1, 1, 0, 0, 1, 1],
+                                                  value=0.0)),
+    "Pad of attributes, without value": (lambda: one("Pad", opset=10, mode="constant", pads=[0, 0, 1, 1, 0, 0, 1, 1]),
+                                         lambda: one("Pad", opset=10, mode="constant", pads=[0, 0, 1, 1, 0, 0, 1, 1],
+                                                     value=0.0)),
     "an op without translator or generic op": (lambda: one("Elu"), lambda: one("Sign")),  # Sign: a generic op
     # op/leaky_relu.hpp: Maximum(x, x * alpha), which is LeakyRelu only for alpha in [0, 1]; it checks that
     "LeakyRelu with alpha above 1": (lambda: one("LeakyRelu", alpha=1.5), lambda: one("LeakyRelu", alpha=0.2)),

@@ -19,6 +19,7 @@ from typing import Any
 
 from core.opconfigs import import_rules
 from core.opconfigs.nnfusion_import import (
+    PAD_ATTRIBUTES,
     READABLE_INITIALIZERS,
     Shapes,
     attributes,
@@ -858,6 +859,26 @@ def _max_pool(node: Any, cx: _Context) -> Made | None:
     return None if made is None else ("MaxPool auto_pad written as ONNX's pads", [made], [])
 
 
+def _pad(node: Any, cx: _Context) -> Made | None:
+    """A Pad in a form the importer misreads, in the one it reads (op/pad.hpp): of opset 11 on, the pads an input and
+    mode its one attribute; before, a 4-D constant Pad's attributes in the order mode, pads, value."""
+    attrs = attributes(node)
+    mode = attrs.get("mode", b"constant")
+    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    if "pads" not in attrs:
+        if len(attrs) == 1 or len(node.input) < 2 or not node.input[1]:
+            return None
+        return "Pad's one attribute, mode, written out", [_like("Pad", list(node.input), list(node.output), node.name,
+                                                                mode=mode)], []
+    shape = cx.shapes.get(node.input[0])
+    if mode != "constant" or shape is None or len(shape) != 4 or len(attrs["pads"]) != 8 \
+            or [a.name for a in node.attribute] == PAD_ATTRIBUTES:
+        return None
+    made = _like("Pad", [node.input[0]], list(node.output), node.name, mode=mode, pads=list(attrs["pads"]),
+                 value=float(attrs.get("value", 0.0)))  # (make_node writes them sorted: mode, pads, value)
+    return "Pad's attributes in the order the importer reads them (mode, pads, value)", [made], []
+
+
 def _constant(node: Any, cx: _Context) -> Made | None:
     """A Constant NNFusion's importer cannot make (a half one: `kdb model fp16`'s of a torch export's Constants;
     a value_float ...): an initializer of its value, under its output's name."""
@@ -896,7 +917,7 @@ def _conv(node: Any, cx: _Context) -> Made | None:
         conv, kinds = written, ["auto_pad written as ONNX's pads"]
     if (apart := _pads_apart(conv, cx)) is not None:
         pad, pads_init, conv = apart
-        first, initializers, kinds = [pad], [pads_init], [*kinds, "pads that differ before and after as a Pad"]
+        first, initializers, kinds = [pad], pads_init, [*kinds, "pads that differ before and after as a Pad"]
     made = _grouped_conv(conv, cx) or _depthwise_1d(conv, cx) or _depthwise_padding(conv, cx)
     if not kinds:
         return made
@@ -906,14 +927,16 @@ def _conv(node: Any, cx: _Context) -> Made | None:
 
 def _pads_apart(node: Any, cx: _Context) -> tuple[Any, Any, Any] | None:
     """A Conv whose pads differ before and after (an even kernel's SAME; TensorFlow's exports), as a Pad of zeros and
-    the Conv without padding: (the Pad, its pads initializer, the Conv). The importer would pad with a Pad node of its
+    the Conv without padding: (the Pad, its initializers, the Conv). The importer would pad with a Pad node of its
     own, the two halves swapped (conv.cpp: padding_above takes the first): the input shifted, wrong numbers."""
     pads = [int(p) for p in attributes(node).get("pads", [])]
     shape, half = cx.shapes.get(node.input[0]), len(pads) // 2
     if not pads or pads[:half] == pads[half:] or shape is None or len(shape) != 2 + half:
         return None
-    base = node.name or node.output[0]
-    pad, pads_init, padded = _zero_pad(node.input[0], [0, 0, *pads[:half], 0, 0, *pads[half:]], base, cx)
+    if (written := _zero_pad(node.input[0], [0, 0, *pads[:half], 0, 0, *pads[half:]], node.name or node.output[0],
+                             cx)) is None:
+        return None
+    pad, pads_init, padded = written
     cx.shapes[padded] = [*shape[:2], *(n + b + a for n, b, a in zip(shape[2:], pads[:half], pads[half:], strict=True))]
     if node.input[0] in cx.types:
         cx.types[padded] = cx.types[node.input[0]]
@@ -922,15 +945,22 @@ def _pads_apart(node: Any, cx: _Context) -> tuple[Any, Any, Any] | None:
     return pad, pads_init, conv
 
 
-def _zero_pad(x: str, pads: list[int], base: str, cx: _Context) -> tuple[Any, Any, str]:
-    """A Pad of zeros (a conv's own padding) of x: (its node, its pads initializer, its output). One attribute, mode:
-    the importer's Pad of opset 11 on (op/pad.hpp) reads the pads input when the node has exactly one."""
+def _zero_pad(x: str, pads: list[int], base: str, cx: _Context) -> tuple[Any, list[Any], str] | None:
+    """A Pad of zeros (a conv's own padding) of x: (its node, its initializers, its output), or None where the
+    importer cannot read it. From opset 11 on, one attribute, mode, and the pads an input: op/pad.hpp reads that form
+    when the node has exactly one attribute. Before, the attributes mode, pads and value, in that order (make_node
+    sorts them so), and 4-D only: the importer reads them by position, eight pads."""
     import numpy as np
     from onnx import numpy_helper
 
-    padded, pads_name = cx.namer(f"{base}/padded"), cx.namer(f"{base}/pads")
-    return (_like("Pad", [x, pads_name], [padded], cx.namer(f"{base}/Pad"), mode="constant"),
-            numpy_helper.from_array(np.array(pads, np.int64), pads_name), padded)
+    padded, node_name = cx.namer(f"{base}/padded"), cx.namer(f"{base}/Pad")
+    if cx.opsets.get("", 1) < 11:
+        if len(pads) != 8:
+            return None
+        return _like("Pad", [x], [padded], node_name, mode="constant", pads=pads, value=0.0), [], padded
+    pads_name = cx.namer(f"{base}/pads")
+    return (_like("Pad", [x, pads_name], [padded], node_name, mode="constant"),
+            [numpy_helper.from_array(np.array(pads, np.int64), pads_name)], padded)
 
 
 def undilated(weight: Any, dilations: list[int]) -> Any:
@@ -973,10 +1003,11 @@ def _depthwise_padding(node: Any, cx: _Context) -> Made | None:
         spread = undilated(numpy_helper.to_array(cx.initializers[node.input[1]]), dilations)
         initializers.append(numpy_helper.from_array(spread, inputs[1]))
     if not padded_ok:
-        pad, pads_init, inputs[0] = _zero_pad(node.input[0], [0, 0, pads[0], pads[1], 0, 0, pads[2], pads[3]], base,
-                                              cx)
+        written = _zero_pad(node.input[0], [0, 0, pads[0], pads[1], 0, 0, pads[2], pads[3]], base, cx)
+        assert written is not None  # (eight pads: a Pad of every opset takes them)
+        pad, pads_init, inputs[0] = written
         made, pads = [pad], [0, 0, 0, 0]
-        initializers.append(pads_init)
+        initializers += pads_init
     conv = _like("Conv", inputs, list(node.output), node.name, pads=pads, kernel_shape=kernel, dilations=[1, 1])
     conv.attribute.extend(a for a in node.attribute if a.name not in ("pads", "auto_pad", "kernel_shape",
                                                                       "dilations"))
@@ -1009,8 +1040,10 @@ def _depthwise_1d(node: Any, cx: _Context) -> Made | None:
                   "strides": [1, *attrs.get("strides", [1])], "dilations": [1, 1]}
     made, conv_input, initializers = [], n["input_2d"], []
     if not depthwise_padding_ok(made_attrs["pads"], made_attrs["dilations"], made_attrs["kernel_shape"]):
-        pad, pads_init, conv_input = _zero_pad(n["input_2d"], [0, 0, 0, pads[0], 0, 0, 0, pads[1]], base, cx)
-        made, initializers, made_attrs["pads"] = [pad], [pads_init], [0, 0, 0, 0]  # (a causal conv's k - 1 each side)
+        written = _zero_pad(n["input_2d"], [0, 0, 0, pads[0], 0, 0, 0, pads[1]], base, cx)
+        assert written is not None  # (eight pads: a Pad of every opset takes them)
+        pad, initializers, conv_input = written
+        made, made_attrs["pads"] = [pad], [0, 0, 0, 0]  # (a causal conv's k - 1 each side)
     made = [_like("Reshape", [node.input[0], n["to_2d"]], [n["input_2d"]], cx.namer(f"{base}/Reshape_2d")), *made,
             _like("Conv", [conv_input, n["weight_2d"], *([bias] if bias else [])], [n["output_2d"]],
                   cx.namer(f"{base}/Conv_2d"), **made_attrs),
@@ -1157,7 +1190,7 @@ def _instance_norm(node: Any, cx: _Context) -> Made | None:
 _REWRITES: dict[str, Rewrite] = {
     "InstanceNormalization": _instance_norm, "Conv": _conv, "LSTM": _lstm,
     "Constant": _constant, "Squeeze": _squeeze, "Unsqueeze": _squeeze,
-    "MaxPool": _max_pool,
+    "MaxPool": _max_pool, "Pad": _pad,
     "Flatten": _flatten, "Min": _min_max, "Max": _min_max, "Gather": _gather, "Slice": _slice,
     "Transpose": _transpose, "LayerNormalization": _layer_norm, "DepthToSpace": _depth_to_space, "Gelu": _gelu,
     "Reciprocal": _reciprocal, "Resize": _resize_by_sizes, "ReduceSum": _reduce_of_axes_input, "Split": _split,

@@ -190,13 +190,42 @@ def _average_pool(node: Any, attrs: dict[str, Any], shapes: Shapes) -> str:
                                         "rank (validation_util.cpp)")
 
 
+# The order op/pad.hpp reads a Pad's attributes in where it has more than one (pads an attribute, before opset 11)
+PAD_ATTRIBUTES = ["mode", "pads", "value"]
+
+
+def pad_attributes_readable(node: Any, shapes: Shapes) -> bool:
+    """Whether the importer reads this Pad of attributes (before opset 11) right: by position, attribute 0 the mode
+    (only "constant"), 1 eight pads (a 4-D Pad), 2 the value. Checked with the real compiler: pads first aborts
+    ('unsupported padding type'), without value it crashes (SIGSEGV)."""
+    attrs, shape = attributes(node), shapes.get(node.input[0]) if node.input else None
+    mode = attrs.get("mode", b"")
+    return ([a.name for a in node.attribute] == PAD_ATTRIBUTES and mode in (b"constant", "constant")
+            and len(attrs["pads"]) == 8 and shape is not None and len(shape) == 4)
+
+
 def _pad(node: Any, attrs: dict[str, Any], shapes: Shapes) -> str:
-    # The translator reads pads from the second input when the node has exactly one attribute, else attribute 0
-    # as the mode: the pads-as-attribute form (before opset 11) and a node without attributes both crash it.
+    # op/pad.hpp reads the pads from the second input when the node has exactly one attribute (opset 11 on), else the
+    # attributes by position (pad_attributes_readable)
     if len(attrs) == 1 and len(node.input) > 1 and node.input[1]:
         return ""
-    return ("Pad: the importer takes only pads as an input with exactly one attribute, mode (opset 11 on, mode "
-            f"written out); with attributes {sorted(attrs) or 'none'} it crashes")
+    if "pads" not in attrs:
+        if len(node.input) > 1 and node.input[1]:
+            return (f"Pad of pads as an input and attributes {sorted(attrs) or 'none'}: the importer takes that form "
+                    f"with exactly one attribute, mode, and crashes otherwise; {import_rules.EXPAND_HINT} (mode "
+                    "written out)")
+        return "Pad without pads: the importer crashes"
+    if pad_attributes_readable(node, shapes):
+        return ""
+    shape = shapes.get(node.input[0]) if node.input else None
+    mode = attrs.get("mode", b"constant")
+    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    cause = (f"Pad of attributes {[a.name for a in node.attribute]}: the importer reads them by position (op/pad.hpp: "
+             "the mode, eight pads, the value), aborting on another mode than constant ('unsupported padding type') "
+             "and crashing without a value")
+    if mode == "constant" and shape is not None and len(shape) == 4:
+        return f"{cause}; {import_rules.EXPAND_HINT} (its attributes in that order)"
+    return f"{cause}; it pads 4-D tensors only, in constant mode (this one: {mode}, {shape}): write it another way"
 
 
 def _split(node: Any, attrs: dict[str, Any], shapes: Shapes) -> str:
@@ -496,7 +525,7 @@ def import_faults(model: Any) -> tuple[list[Blocker], list[ShapeWarning]]:
             warnings.append(ShapeWarning(name, said, "wrong numbers"))
         if said := squeeze_axes_ignored(node, shapes):
             warnings.append(ShapeWarning(name, said))
-        if said := pad_mode_ignored(node, model.graph):
+        if said := pad_mode_ignored(node, model.graph, shapes):
             warnings.append(ShapeWarning(name, said, "wrong numbers"))
         if said := (import_rules.min_max_arity(node)[1] or import_rules.min_broadcast(node, shapes)[1]):
             warnings.append(ShapeWarning(name, said, "wrong numbers"))
@@ -539,11 +568,15 @@ def _value_and_arity_blockers(model: Any, shapes: Shapes) -> list[Blocker]:
     return found
 
 
-def pad_mode_ignored(node: Any, graph: Any) -> str:
-    """A Pad of opset 11 on (pads an input, mode its one attribute) that is not a zero pad: the importer reads only the
-    pads and pads with a constant 0 (op/pad.hpp), whatever the mode and the constant_value input."""
-    if node.op_type != "Pad" or node.domain not in ("", "ai.onnx") or len(node.attribute) != 1:
+def pad_mode_ignored(node: Any, graph: Any, shapes: Shapes) -> str:
+    """A Pad the importer reads that is not a zero pad: it reads only the pads and pads with a constant 0 (op/pad.hpp),
+    whatever the mode and the constant_value input (opset 11 on: one attribute) or the value attribute (before)."""
+    if node.op_type != "Pad" or node.domain not in ("", "ai.onnx"):
         return ""
+    if len(node.attribute) != 1:
+        value = float(attributes(node)["value"]) if pad_attributes_readable(node, shapes) else 0.0
+        return "" if value == 0 else (f"Pad with the value {value}: NNFusion's importer pads with zeros (op/pad.hpp "
+                                      "reads the value and never uses it)")
     mode = attributes(node).get("mode", b"constant")
     mode = mode.decode() if isinstance(mode, bytes) else str(mode)
     if mode != "constant":
