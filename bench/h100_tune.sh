@@ -12,10 +12,9 @@ export PYTHONUNBUFFERED=1
 T=${TRIALS:-128}; LIMIT=${LIMIT:-400}  # (128: three ops a process fit one call)
 mkdir -p /tmp/tune
 # session 31: the ops still above 1.0x cuDNN/cuBLAS fp16 after 128 trials, resumed to 256 from their records (SEED,
-# a folder of work dirs per part, e.g. .device/seed/conv1/<op>-<hash>/: `kdb tune` goes on from a work dir's records)
-grep -E 'a\+1_128_768\|b\+768_768\||i\+1_512_7_7\|w\+512_512_3_3' bench/tensorcore-ops.txt > /tmp/tune/bert.txt
-grep -E 'i\+1_256_14_14\|w\+256_256_3_3|i\+1_64_56_56\|w\+256_64_1_1' bench/tensorcore-ops.txt > /tmp/tune/conv1.txt
-grep -E 'i\+1_256_28_28\|w\+256_256_3_3' bench/tensorcore-ops.txt > /tmp/tune/conv2.txt
+# a folder of work dirs per part, e.g. .device/seed/conv1/<op>-<hash>/: `kdb tune` goes on from a work dir's records;
+# `python3 bench/device_seed.py` makes it from the earlier sessions' results)
+bash bench/tune_parts.sh /tmp/tune
 for part in bert conv1 conv2; do
   [[ -d ${SEED:-/nonexistent}/$part ]] && mkdir -p /tmp/tune/$part/state/tuning && cp -r $SEED/$part/. /tmp/tune/$part/state/tuning/
 done
