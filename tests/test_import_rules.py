@@ -228,6 +228,14 @@ def pad_of_attributes(order: list[str], value: float = 0.0) -> Callable[[], Mode
     return model
 
 
+def einsum(equation: str, shape: list[int], weight: list[int] | None = None) -> Callable[[], ModelProto]:
+    """torch.einsum as exported (opset 12 on: an Einsum node), of x and x, or of x and a weight."""
+    def model() -> ModelProto:
+        return _net(shape, lambda g: g.node("Einsum", ["x", g.weight("w", weight, fan_in=weight[0]) if weight else "x"],
+                                            "n", equation=equation))
+    return model
+
+
 def grouped_conv() -> ModelProto:
     """ResNeXt's 3x3 of group 4 (not depthwise), with its bias."""
     return _net([1, 8, 8, 8], lambda g: g.node("Conv", ["x", g.weight("w", [16, 2, 3, 3], fan_in=18),
@@ -381,6 +389,10 @@ CASES: dict[str, tuple[Callable[[], ModelProto], str, str]] = {
     "Pad of attributes mode, pads (opset 10)": (pad_of_attributes(["mode", "pads"]), "blocker", "without a value"),
     "Pad of the value 1 (opset 10)": (pad_of_attributes(["mode", "pads", "value"], 1.0), "wrong numbers",
                                       "pads with zeros"),
+    "Einsum of attention scores (bhqd,bhkd->bhqk)": (einsum("bhqd,bhkd->bhqk", [1, 2, 8, 16]), "blocker",
+                                                      "no translator for Einsum"),
+    "Einsum of a weight, heads moved (bnd,dhk->bhnk)": (einsum("bnd,dhk->bhnk", [2, 8, 16], [16, 2, 4]), "blocker",
+                                                       "no translator for Einsum"),
 }
 NO_REWRITE = {"dilated MaxPool", "Pad of the value 1 (opset 10)"}  # NNFusion's pools have no dilation
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from core.opconfigs import import_rules
+from core.opconfigs import einsum, import_rules
 from core.opconfigs.nnfusion_import import (
     PAD_ATTRIBUTES,
     READABLE_INITIALIZERS,
@@ -879,6 +879,47 @@ def _pad(node: Any, cx: _Context) -> Made | None:
     return "Pad's attributes in the order the importer reads them (mode, pads, value)", [made], []
 
 
+def _einsum(node: Any, cx: _Context) -> Made | None:
+    """An Einsum of one or two operands of static shape (torch.einsum's attention) as Transposes, Reshapes and a
+    MatMul (core/opconfigs/einsum.py); the importer has no translator for Einsum."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    shapes = [cx.shapes.get(t) for t in node.input]
+    equation = attributes(node).get("equation", b"")
+    if None in shapes or not shapes or (made := einsum.plan(
+            equation.decode() if isinstance(equation, bytes) else str(equation), shapes)) is None:
+        return None
+    base, nodes, initializers = node.name or node.output[0], [], []
+
+    def step(op_type: str, inputs: list[str], last: bool, shape: list[int] | None = None, **attrs: Any) -> str:
+        out = node.output[0] if last else cx.namer(f"{base}/{op_type.lower()}")
+        if shape is not None:
+            inputs = [*inputs, cx.namer(f"{base}/{op_type.lower()}_shape")]
+            initializers.append(numpy_helper.from_array(np.array(shape, np.int64), inputs[-1]))
+        nodes.append(_like(op_type, inputs, [out], cx.namer(f"{base}/{op_type}"), **attrs))
+        return out
+
+    operands, one = [], len(made.operands) == 1
+    for tensor, given, operand in zip(node.input, shapes, made.operands, strict=True):
+        moved = operand.perm != sorted(operand.perm)
+        if moved:
+            tensor = step("Transpose", [tensor], one, perm=operand.perm)
+        if not one and operand.shape != [given[i] for i in operand.perm]:
+            tensor = step("Reshape", [tensor], False, operand.shape)
+        operands.append(tensor)
+    if one:
+        if not nodes:
+            step("Identity", operands, True)
+        return "Einsum written as a Transpose", nodes, initializers
+    moved = made.out_perm != sorted(made.out_perm)
+    product = step("MatMul", operands, False)
+    product = step("Reshape", [product], not moved, made.product)
+    if moved:
+        step("Transpose", [product], True, perm=made.out_perm)
+    return "Einsum written as Transposes, Reshapes and a MatMul", nodes, initializers
+
+
 def _constant(node: Any, cx: _Context) -> Made | None:
     """A Constant NNFusion's importer cannot make (a half one: `kdb model fp16`'s of a torch export's Constants;
     a value_float ...): an initializer of its value, under its output's name."""
@@ -1190,7 +1231,7 @@ def _instance_norm(node: Any, cx: _Context) -> Made | None:
 _REWRITES: dict[str, Rewrite] = {
     "InstanceNormalization": _instance_norm, "Conv": _conv, "LSTM": _lstm,
     "Constant": _constant, "Squeeze": _squeeze, "Unsqueeze": _squeeze,
-    "MaxPool": _max_pool, "Pad": _pad,
+    "MaxPool": _max_pool, "Pad": _pad, "Einsum": _einsum,
     "Flatten": _flatten, "Min": _min_max, "Max": _min_max, "Gather": _gather, "Slice": _slice,
     "Transpose": _transpose, "LayerNormalization": _layer_norm, "DepthToSpace": _depth_to_space, "Gelu": _gelu,
     "Reciprocal": _reciprocal, "Resize": _resize_by_sizes, "ReduceSum": _reduce_of_axes_input, "Split": _split,
