@@ -393,6 +393,10 @@ CASES: dict[str, tuple[Callable[[], ModelProto], str, str]] = {
                                                       "no translator for Einsum"),
     "Einsum of a weight, heads moved (bnd,dhk->bhnk)": (einsum("bnd,dhk->bhnk", [2, 8, 16], [16, 2, 4]), "blocker",
                                                        "no translator for Einsum"),
+    "ReduceLogSumExp (torch.logsumexp)": (lambda: _net([1, 4, 6, 10], lambda g: g.node(
+        "ReduceLogSumExp", ["x"], "n", axes=[-1], keepdims=1)), "blocker", "no translator for ReduceLogSumExp"),
+    "ReduceLogSumExp over two axes, keepdims 0": (lambda: _net([1, 4, 6, 10], lambda g: g.node(
+        "ReduceLogSumExp", ["x"], "n", axes=[1, 3], keepdims=0)), "blocker", "no translator for ReduceLogSumExp"),
 }
 NO_REWRITE = {"dilated MaxPool", "Pad of the value 1 (opset 10)"}  # NNFusion's pools have no dilation
 
@@ -440,6 +444,19 @@ def test_the_real_compiler_does_what_kdb_says_and_takes_the_expanded_model(tmp_p
     source = write(build(), tmp_path / "m.onnx")
     expand_functions(source, tmp_path / "x.onnx", {"batch": 1} if case == "a dynamic batch" else None)
     compiled_code(nnfusion(read_model(tmp_path / "x.onnx"), tmp_path / "expanded"), tmp_path / "expanded", "compiles")
+
+
+def test_the_written_log_sum_exp_is_stable(tmp_path: Path):
+    """Values of 100: exp overflows float (ONNX's own definition, Log(ReduceSum(Exp(x))), is inf); the written one
+    subtracts the max first and gives ONNX Runtime's numbers."""
+    ort = pytest.importorskip("onnxruntime")
+    build = CASES["ReduceLogSumExp (torch.logsumexp)"][0]
+    source = write(build(), tmp_path / "m.onnx")
+    expand_functions(source, tmp_path / "x.onnx", None)
+    x = (100 * np.random.default_rng(0).standard_normal([1, 4, 6, 10]) + 50).astype(np.float32)
+    before, after = (ort.InferenceSession(str(p)).run(None, {"x": x})[0] for p in (source, tmp_path / "x.onnx"))
+    assert np.isfinite(after).all()
+    np.testing.assert_allclose(after, before, rtol=1e-6)
 
 
 def test_a_wrong_shape_shows_in_the_compiled_network():

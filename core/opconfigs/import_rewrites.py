@@ -725,6 +725,40 @@ def _reduce_extreme(node: Any, cx: _Context) -> Made | None:
     return f"{node.op_type} written as a MaxPool of the reduced axes{how}", made, shapes
 
 
+def _log_sum_exp(node: Any, cx: _Context) -> Made | None:
+    """A ReduceLogSumExp (torch.logsumexp; the importer has no translator, and ONNX's own definition from opset 18,
+    Log(ReduceSum(Exp(x))), is inf once x passes 88 in float, 11 in half) as the stable formula: m = max(x) over the
+    axes (a MaxPool, as _reduce_extreme writes it), then Log(ReduceSum(Exp(x - m))) + m, each sum as the importer
+    reads it (importable_reduce)."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    shape, out = cx.shapes.get(node.input[0]), cx.shapes.get(node.output[0])
+    if shape is None or out is None or not shape or (reduced := _reduced_axes(node, shape, cx)) is None:
+        return None
+    base, x = node.name or node.output[0], node.input[0]
+    kept = [1 if a in reduced else n for a, n in enumerate(shape)]
+    t = {k: cx.namer(f"{base}/{k}") for k in ("max", "shifted", "exp", "sum", "log", "kept", "shape")}
+    cx.shapes[t["max"]] = kept
+    peak = _reduce_extreme(_like("ReduceMax", [x], [t["max"]], cx.namer(f"{base}/ReduceMax"), axes=reduced,
+                                 keepdims=1), cx)
+    if peak is None:
+        return None
+    half = cx.types.get(x) == HALF
+    summed, sum_inits, how = importable_reduce(t["exp"], reduced, shape, kept, t["sum"], base, cx, mean=False,
+                                               half=half)
+    last = t["kept"] if kept != out else node.output[0]
+    made = [*peak[1], _like("Sub", [x, t["max"]], [t["shifted"]], cx.namer(f"{base}/Sub")),
+            _like("Exp", [t["shifted"]], [t["exp"]], cx.namer(f"{base}/Exp")), *summed,
+            _like("Log", [t["sum"]], [t["log"]], cx.namer(f"{base}/Log")),
+            _like("Add", [t["log"], t["max"]], [last], cx.namer(f"{base}/Add"))]
+    initializers = [*peak[2], *sum_inits]
+    if last != node.output[0]:  # (keepdims 0)
+        made.append(_like("Reshape", [last, t["shape"]], list(node.output), node.name or cx.namer(f"{base}/Out")))
+        initializers.append(numpy_helper.from_array(np.array(out, np.int64), t["shape"]))
+    return f"ReduceLogSumExp written as its stable formula (its max a MaxPool, its sum {how})", made, initializers
+
+
 def importable_reduce(x: str, reduced: list[int], shape: list[int], out: list[int], output: str, base: str,
                       cx: _Context, *, mean: bool, half: bool | None = None) -> tuple[list[Any], list[Any], str]:
     """x's sum or mean over the axes `reduced`, into `output` of shape `out`, in ops the importer reads: below opset
@@ -1231,7 +1265,7 @@ def _instance_norm(node: Any, cx: _Context) -> Made | None:
 _REWRITES: dict[str, Rewrite] = {
     "InstanceNormalization": _instance_norm, "Conv": _conv, "LSTM": _lstm,
     "Constant": _constant, "Squeeze": _squeeze, "Unsqueeze": _squeeze,
-    "MaxPool": _max_pool, "Pad": _pad, "Einsum": _einsum,
+    "MaxPool": _max_pool, "Pad": _pad, "Einsum": _einsum, "ReduceLogSumExp": _log_sum_exp,
     "Flatten": _flatten, "Min": _min_max, "Max": _min_max, "Gather": _gather, "Slice": _slice,
     "Transpose": _transpose, "LayerNormalization": _layer_norm, "DepthToSpace": _depth_to_space, "Gelu": _gelu,
     "Reciprocal": _reciprocal, "Resize": _resize_by_sizes, "ReduceSum": _reduce_of_axes_input, "Split": _split,

@@ -657,6 +657,7 @@ def function_body(schema: Any, opset: int) -> Any:
 # ops with no translator import_rewrites writes out, and what it writes
 REWRITTEN = {"InstanceNormalization": "its formula", "Reciprocal": "Div(1, x)",
              "Einsum": "Transposes, Reshapes and a MatMul, where it has one or two operands of static shape",
+             "ReduceLogSumExp": "the stable formula: Log(ReduceSum(Exp(x - max))) + max, its max a MaxPool",
              "ReduceMax": "a MaxPool of the reduced axes", "ReduceMin": "a MaxPool of the negated input, negated"}
 
 
