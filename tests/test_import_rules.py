@@ -18,7 +18,7 @@ from shared_data import shared_path
 
 pytest.importorskip("onnx")
 
-from onnx import ModelProto, TensorProto, helper
+from onnx import ModelProto, TensorProto, helper, numpy_helper
 from onnx_models import GraphBuilder, node_outputs, write
 from test_nnfusion_import import compiled_code, nnfusion
 
@@ -236,6 +236,16 @@ def einsum(equation: str, shape: list[int], weight: list[int] | None = None) -> 
     return model
 
 
+def causal_mask(seq: int) -> ModelProto:
+    """torch's scaled_dot_product_attention(is_causal=True) as exported: Trilu of a ConstantOfShape's ones, the scores
+    masked by it; a mask of seq x seq elements (16,384 at 128)."""
+    def build(g: GraphBuilder) -> str:
+        ones = g.node("ConstantOfShape", [g.constant("size", [seq, seq])], "ones",
+                      value=numpy_helper.from_array(np.ones(1, np.float32)))
+        return g.node("Mul", ["x", g.node("Trilu", [ones], "n", upper=0)], "masked")
+    return _net([1, 2, seq, seq], build)
+
+
 def grouped_conv() -> ModelProto:
     """ResNeXt's 3x3 of group 4 (not depthwise), with its bias."""
     return _net([1, 8, 8, 8], lambda g: g.node("Conv", ["x", g.weight("w", [16, 2, 3, 3], fan_in=18),
@@ -397,6 +407,7 @@ CASES: dict[str, tuple[Callable[[], ModelProto], str, str]] = {
         "ReduceLogSumExp", ["x"], "n", axes=[-1], keepdims=1)), "blocker", "no translator for ReduceLogSumExp"),
     "ReduceLogSumExp over two axes, keepdims 0": (lambda: _net([1, 4, 6, 10], lambda g: g.node(
         "ReduceLogSumExp", ["x"], "n", axes=[1, 3], keepdims=0)), "blocker", "no translator for ReduceLogSumExp"),
+    "a causal mask's Trilu of constants, seq 128": (lambda: causal_mask(128), "blocker", "folds it"),
 }
 NO_REWRITE = {"dilated MaxPool", "Pad of the value 1 (opset 10)"}  # NNFusion's pools have no dilation
 

@@ -29,8 +29,8 @@ from core.opconfigs.nnfusion_import import (
 )
 
 HALF = 10  # ONNX TensorProto.FLOAT16
-FOLD_LIMIT = 4096  # elements: shape computations are small; a larger value is left to the compiler
-NOT_FOLDED = frozenset(["RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial"])  # other each run
+FOLD_LIMIT = import_rules.FOLD_LIMIT
+NOT_FOLDED = import_rules.RANDOM_OPS
 Made = tuple[str, list[Any], list[Any]]  # (kind, nodes in the node's place, initializers added)
 Rewrite = Callable[[Any, "_Context"], Made | None]
 

@@ -46,6 +46,27 @@ def constant_tensors(graph: Any) -> set[str]:
         | shapes
 
 
+RANDOM_OPS = frozenset(["RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial"])  # (other each run)
+# elements: what `kdb model expand` folds at most into one initializer (a causal mask of 1,024 x 1,024; 4 MB in float)
+FOLD_LIMIT = 1 << 20
+
+
+def constant_computed(graph: Any, shapes: dict[str, list[int]]) -> set[str]:
+    """The tensors computed from constants and static shapes alone (a causal mask's Trilu of ones, `x.size(-1)`'s
+    Gather of a Shape): what `kdb model expand` folds into initializers, where ONNX's reference evaluates them."""
+    known = {t.name for t in graph.initializer} | {o for n in graph.node if n.op_type == "Constant" for o in n.output}
+    outputs = {o.name for o in graph.output}  # (expand leaves a graph output a node's)
+    for node in graph.node:
+        if outputs.intersection(node.output):
+            continue
+        if node.op_type == "Shape" and node.input and node.input[0] in shapes:
+            known.update(node.output)
+        elif node.input and node.op_type not in RANDOM_OPS and all(not t or t in known for t in node.input) \
+                and all(o in shapes and math.prod(shapes[o]) <= FOLD_LIMIT for o in node.output if o):
+            known.update(o for o in node.output if o)
+    return known
+
+
 def computed_value_input(node: Any, constants: set[str]) -> str:
     """Why the import aborts on a node whose shape-like input is computed in the graph (a torch export's
     `x.view(x.size(0), -1)`: Shape, Gather, Unsqueeze, Concat, then Reshape); "" when every such input is a constant."""

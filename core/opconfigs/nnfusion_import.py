@@ -500,11 +500,15 @@ def import_faults(model: Any) -> tuple[list[Blocker], list[ShapeWarning]]:
     shapes = static_shapes(model.graph)
     found = []
     floats = _float_tensors(model)
+    folded = import_rules.constant_computed(model.graph, shapes)
     for i, node in enumerate(model.graph.node):
         name = node.name or f"{node.op_type}#{i}"
         reason = _blocker(node, opsets, shapes)
         if not reason and node.op_type == "Resize" and node.domain in ("", "ai.onnx"):
             reason = _resize(node, model.graph, shapes, floats)
+        if reason and "kdb model expand" not in reason and node.output and node.output[0] in folded:
+            reason += (f"; its inputs are constants or static shapes: {import_rules.EXPAND_HINT} (folds it into an "
+                       "initializer)")
         if reason:
             found.append(Blocker(name, node.op_type, reason))
     blocked = {b.node for b in found}
