@@ -736,3 +736,34 @@ def test_kdb_model_fp16_gives_a_kept_float_depthwise_conv_its_own_copy_of_a_shar
     assert again.returncode == 2 and "shared16.onnx: nothing to convert: the model is fp16 already" in again.stderr \
         and "convert the fp32 model" in again.stderr, again.stderr
     assert not (tmp_path / "twice.onnx").exists()
+
+
+def test_kdb_model_fp16_keeps_a_timestep_embeddings_angles_in_float(tmp_path: Path):
+    """Found in session 33 (a diffusion model's sinusoidal timestep embedding; NeRF's and Fourier features' high
+    frequencies): in half t x frequency for t = 999 is off by up to 0.5, so the sines are noise (3.8% of the output).
+    The Sin and Cos, the Mul and the Unsqueeze before them and the frequencies stay float; the converter's round trip
+    to half between the Mul and its two readers is taken out, or the rounding happens there. Onnx's reference evaluator
+    computes each node in its own type, as NNFusion does."""
+    pytest.importorskip("onnxconverter_common", reason="needs onnxconverter-common (the tvm extra)")
+    import json
+
+    import numpy as np
+    import onnx
+    from onnx.reference import ReferenceEvaluator
+
+    g = GraphBuilder({"t": [4]})
+    frequencies = np.exp(-np.log(10000) * np.arange(16) / 16).astype(np.float32)[None]
+    angle = g.node("Mul", [g.node("Unsqueeze", ["t", g.constant("axis", [1])], "unsqueeze"),
+                           g.constant("frequencies", frequencies.tolist(), np.float32)], "angle")
+    y = g.node("Concat", [g.node("Sin", [angle], "sin"), g.node("Cos", [angle], "cos")], "embedding", axis=-1)
+    source = write(g.model(y, "timestep", opset=13), tmp_path / "m.onnx")
+    proc = run_kdb("model", "fp16", str(source), str(tmp_path / "h.onnx"), "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(json.loads(proc.stdout)["angles_float"]) == ["cos", "sin"]
+    written = onnx.load(tmp_path / "h.onnx").graph
+    (mul,) = [n for n in written.node if n.name == "angle"]
+    assert {n.name for n in written.node if mul.output[0] in n.input} == {"sin", "cos"}  # (no Cast between)
+    t = np.array([1, 250, 600, 999], np.float32)  # (whole timesteps: exact in half)
+    want = ReferenceEvaluator(str(source)).run(None, {"t": t})[0]
+    got = ReferenceEvaluator(str(tmp_path / "h.onnx")).run(None, {"t": t.astype(np.float16)})[0]
+    assert np.abs(got.astype(np.float32) - want).max() < 2e-3, np.abs(got - want).max()

@@ -42,6 +42,8 @@ class Fp16Conversion:
     kept_float: tuple[str, ...] = ()  # nodes kept in float (depthwise convolutions: see the module's docstring)
     # the first node (a square) of each norm statistic kept in float: square, mean, epsilon, square root
     statistics_float: tuple[str, ...] = ()
+    # the Sin and Cos nodes kept in float with the chain that computes their angle (a timestep's or a position's)
+    angles_float: tuple[str, ...] = ()
     # (op type, nodes) the converter's own block list keeps in float, between Casts (Max, Min, Resize, TopK, ...)
     blocked: tuple[tuple[str, int], ...] = ()
     # what was then written for NNFusion's importer (import_rewrites.constants_for_import), by kind
@@ -69,6 +71,11 @@ class Fp16Conversion:
                          f"follows to the square root: {', '.join(self.statistics_float[:3])}"
                          f"{', ...' if len(self.statistics_float) > 3 else ''}), with Casts around them: in half a "
                          "square is inf once a value is 256 from the mean")
+        if self.angles_float:
+            lines.append(f"kept in float: {len(self.angles_float)} Sin/Cos ({', '.join(self.angles_float[:3])}"
+                         f"{', ...' if len(self.angles_float) > 3 else ''}) and what computes their angles from a "
+                         "constant frequency, with Casts around them: in half an angle of 1,000 (a diffusion "
+                         "timestep's) is off by up to 0.5, and its sine by as much")
         if self.blocked:
             lines.append(f"kept in float by onnxconverter-common's block list: {sum(n for _, n in self.blocked)} "
                          f"node(s) ({', '.join(f'{op} x {n}' for op, n in self.blocked)}), with Casts around them: "
@@ -97,6 +104,7 @@ class Fp16Conversion:
                 "casts_added": self.casts_added, "half_initializers": self.half_initializers,
                 "float_initializers": self.float_initializers, "io_types": self.io_types, "clamped": self.clamped,
                 "kept_float": list(self.kept_float), "statistics_float": list(self.statistics_float),
+                "angles_float": list(self.angles_float),
                 "blocked": dict(self.blocked),
                 "for_import": dict(self.for_import), "faults": self.faults,
                 "left_by_expand": list(self.left_by_expand), "mended_by_expand": self.mended_by_expand,
@@ -127,8 +135,11 @@ def convert_to_fp16(source: Path, output: Path, *, keep_io_types: bool = False) 
             _initializers_of_identities(model)
             kept = _name_depthwise_convs(model)
             statistics = _name_square_statistics(model)
-            in_float = [*kept, *(name for chain in statistics for name in chain)]
+            angles = _name_angles(model)
+            in_float = [*kept, *(name for chain in statistics for name in chain), *angles]
+            _constants_of_kept(model, set(in_float))
             _unshared(model, set(in_float))
+            casts_of_model = _cast_ends(model)
             # check_fp16_ready off: a float model may hold a half tensor or two (a rounding Cast pair) and is still
             # a float model to convert; one with no float tensor was refused above
             converted = float16.convert_float_to_float16(model, keep_io_types=keep_io_types,
@@ -138,6 +149,7 @@ def convert_to_fp16(source: Path, output: Path, *, keep_io_types: bool = False) 
         raise InputError(f"onnxconverter-common could not convert it: {type(exc).__name__}: {exc}",
                          where=str(source)) from exc
     del said  # the converter warns per tensor; the values it clamps are counted below instead
+    _float_between_kept(converted, casts_of_model)
     # (counted before the import's folding, which may take out Casts of the model's own: "-4 Casts added")
     casts_added = _casts(converted) - casts_before
     blocked = _blocked_in_float(converted, float16.DEFAULT_OP_BLOCK_LIST)
@@ -154,7 +166,8 @@ def convert_to_fp16(source: Path, output: Path, *, keep_io_types: bool = False) 
     initializers = Counter(t.data_type for t in converted.graph.initializer)
     return Fp16Conversion(source, output, len(converted.graph.node), casts_added, initializers[FLOAT16],
                           initializers[FLOAT], "float" if keep_io_types else "half", clamped, kept,
-                          tuple(chain[0] for chain in statistics), tuple(sorted(blocked.items())),
+                          tuple(chain[0] for chain in statistics),
+                          tuple(n for n in angles if n in _sines(model)), tuple(sorted(blocked.items())),
                           tuple(sorted(for_import.items())),
                           len(faults), left, len(faults - set(left)), dynamic)
 
@@ -315,6 +328,93 @@ def _name_square_statistics(model: Any) -> list[tuple[str, ...]]:
                 last = after
         chains.append(tuple(_named(n, names, f"statistic_{n.op_type}") for n in chain))
     return chains
+
+
+# What computes a Sin's or Cos's angle from a timestep or a position: scaled by constant frequencies, reshaped, cast
+ANGLE_OPS = {"Mul", "Div", "Add", "Sub", "Unsqueeze", "Reshape", "Squeeze", "Flatten", "Transpose", "Expand", "Cast"}
+
+
+def _sines(model: Any) -> set[str]:
+    return {n.name for n in model.graph.node if n.op_type in ("Sin", "Cos")}
+
+
+def _name_angles(model: Any) -> list[str]:
+    """The Sin and Cos nodes, and back from them the nodes that compute their angle (ANGLE_OPS, each with one input
+    that is not a constant, each read by those nodes alone), named. In half an angle of 1,000 is off by up to 0.5:
+    a diffusion model's timestep embedding, NeRF's or a Fourier feature network's high frequencies (torch's own
+    diffusers computes them in float in a half model)."""
+    graph = model.graph
+    constants = {t.name for t in graph.initializer} | {n.output[0] for n in graph.node if n.op_type == "Constant"}
+    producer = {o: n for n in graph.node for o in n.output}
+    readers: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for name in dict.fromkeys(node.input):
+            readers.setdefault(name, []).append(node)
+    outputs = {o.name for o in graph.output}
+    chain = [n for n in graph.node if n.op_type in ("Sin", "Cos")]
+    taken, frontier = {id(n) for n in chain}, list(chain)
+    while frontier:
+        for name in frontier.pop().input:
+            node = producer.get(name)
+            if node is None or id(node) in taken or node.op_type not in ANGLE_OPS or name in outputs \
+                    or sum(1 for t in node.input if t and t not in constants) != 1 \
+                    or any(id(r) not in taken for r in readers.get(name, [])):
+                continue
+            taken.add(id(node))
+            chain.append(node)
+            frontier.append(node)
+    names = {n.name for n in graph.node}
+    return [_named(n, names, f"angle_{n.op_type}") for n in graph.node if id(n) in taken]
+
+
+def _constants_of_kept(model: Any, kept: set[str]) -> None:
+    """Each float Constant node read by a node kept in float written as an initializer: the converter makes a Constant
+    half whoever reads it (a frequency 0.0001 then rounds to 0.000100016), an initializer only its readers keep float
+    it leaves float."""
+    graph = model.graph
+    read_by_kept = {t for n in graph.node if n.name in kept for t in n.input}
+    nodes = []
+    for node in graph.node:
+        value = next((a.t for a in node.attribute if a.name == "value"), None) if node.op_type == "Constant" else None
+        if value is None or node.output[0] not in read_by_kept or value.data_type != FLOAT:
+            nodes.append(node)
+            continue
+        graph.initializer.append(_copy(value, node.output[0]))
+    del graph.node[:]
+    graph.node.extend(nodes)
+
+
+def _cast_ends(model: Any) -> set[tuple[str, str]]:
+    return {(n.input[0], n.output[0]) for n in model.graph.node if n.op_type == "Cast"}
+
+
+def _float_between_kept(model: Any, of_model: set[tuple[str, str]]) -> None:
+    """The converter's round trips to half between two nodes it keeps in float taken out: where a kept node's float
+    output has several readers (an angle read by a Sin and a Cos) it casts it to half and each reader back to float,
+    and the rounding it set out to avoid happens there. Casts the model had (of_model: input, output) stay."""
+    graph = model.graph
+    producer = {o: n for n in graph.node for o in n.output}
+    outputs = {o.name for o in graph.output}
+
+    def cast_to(node: Any, to: int) -> bool:
+        return node.op_type == "Cast" and (node.input[0], node.output[0]) not in of_model and any(
+            a.name == "to" and a.i == to for a in node.attribute)
+
+    renamed: dict[str, str] = {}
+    for node in graph.node:
+        down = producer.get(node.input[0]) if node.input else None
+        if cast_to(node, FLOAT) and down is not None and cast_to(down, FLOAT16) and node.output[0] not in outputs:
+            renamed[node.output[0]] = down.input[0]
+    if not renamed:
+        return
+    dropped = set(renamed)
+    for node in graph.node:
+        node.input[:] = [renamed.get(t, t) for t in node.input]
+    read = {t for n in graph.node if n.output[0] not in dropped for t in n.input} | outputs
+    unread = {n.output[0] for n in graph.node if cast_to(n, FLOAT16) and n.output[0] not in read}
+    kept = [n for n in graph.node if n.output[0] not in dropped | unread]
+    del graph.node[:]
+    graph.node.extend(kept)
 
 
 def _is_square(node: Any, graph: Any) -> bool:
