@@ -285,6 +285,43 @@ def test_the_real_compiler_aborts_at_a_blocker_and_compiles_another_network_at_a
         assert f"#define NNFUSION_GRAPH_OUTPUT_SHAPE_0 {shown}" in code.read_text()
 
 
+@pytest.mark.parametrize("case", list(POOL_CASES))
+def test_kdb_model_expand_writes_the_average_pool_as_onnx_computes_it(tmp_path: Path, case: str):
+    """Found in session 33 (Inception's padded 3x3 average pools, count_include_pad 0; a ceil_mode pool): expand
+    writes a Pad of zeros, the pool without padding and a Mul by ONNX's own divisors; nothing is left to name, and
+    ONNX Runtime gives the model's numbers."""
+    ort = pytest.importorskip("onnxruntime")
+    import numpy as np
+
+    from core.opconfigs.expand_functions import expand_functions
+
+    build = POOL_CASES[case][0]
+    source = write(build(), tmp_path / "m.onnx")
+    expand_functions(source, tmp_path / "x.onnx", None)
+    expanded = onnx_shapes(tmp_path / "x.onnx")
+    assert import_faults(expanded) == ([], []) and "AveragePool" in {n.op_type for n in expanded.graph.node}
+    shape = [d.dim_value for d in build().graph.input[0].type.tensor_type.shape.dim]
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    before, after = (ort.InferenceSession(str(p)).run(None, {"x": x})[0] for p in (source, tmp_path / "x.onnx"))
+    np.testing.assert_allclose(after, before, rtol=1e-6, atol=1e-6)
+
+
+@needs_compiler
+@pytest.mark.parametrize("case", ["then an Add of the input", "ceil_mode"])
+def test_the_real_compiler_takes_the_expanded_average_pool(tmp_path: Path, case: str):
+    from core.opconfigs.expand_functions import expand_functions
+
+    source = write(POOL_CASES[case][0](), tmp_path / "m.onnx")
+    expand_functions(source, tmp_path / "x.onnx", None)
+    compiled_code(nnfusion(onnx_shapes(tmp_path / "x.onnx"), tmp_path / "c"), tmp_path / "c", "compiles")
+
+
+def onnx_shapes(path: Path) -> ModelProto:
+    import onnx
+
+    return onnx.shape_inference.infer_shapes(onnx.load(path))
+
+
 @needs_compiler
 def test_kdb_nnfusion_says_it_foresaw_an_abort_at_the_node_a_pools_shape_meets(tmp_path: Path):
     """Held out in session 32 (a PoolFormer block): kdb named the padded pool and the Sub where the compile aborts,

@@ -954,6 +954,57 @@ def _einsum(node: Any, cx: _Context) -> Made | None:
     return "Einsum written as Transposes, Reshapes and a MatMul", nodes, initializers
 
 
+def _average_pool(node: Any, cx: _Context) -> Made | None:
+    """A 2-D AveragePool the importer takes wrong (its translator reads kernel_shape and strides only: pads and
+    ceil_mode dropped, the windows shifted or fewer; no strides attribute: it aborts) as a Pad of zeros to every
+    window the model has, the pool without padding, and a Mul by each output's own divisor over the window's size
+    (ONNX's count_include_pad and ceil_mode rules, taken from ONNX's reference pooling a tensor of ones). Inception's
+    3x3 average pools, padded 1, count_include_pad 0."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    attrs = attributes(node)
+    shape, out = cx.shapes.get(node.input[0]), cx.shapes.get(node.output[0])
+    window = list(attrs.get("kernel_shape", []))
+    auto_pad = attrs.get("auto_pad", b"NOTSET")
+    if shape is None or out is None or len(shape) != 4 or len(window) != 2 or auto_pad not in (b"NOTSET", "NOTSET"):
+        return None
+    strides, pads = list(attrs.get("strides", [1, 1])), list(attrs.get("pads", [0, 0, 0, 0]))
+    if "strides" in attrs and not any(pads) and not attrs.get("ceil_mode", 0):
+        return None
+    base = node.name or node.output[0]
+    # each axis padded so that the pool without padding and rounding down gives the model's output
+    above = [max(0, (o - 1) * s + k - n - b) for o, s, k, n, b in zip(out[2:], strides, window, shape[2:], pads[:2],
+                                                                       strict=True)]
+    if [(n + b + a - k) // s + 1 for n, b, a, k, s in zip(shape[2:], pads[:2], above, window, strides, strict=True)] \
+            != out[2:]:
+        return None
+    made, initializers, pooled = [], [], node.input[0]
+    if any(pads[:2]) or any(above):
+        written = _zero_pad(node.input[0], [0, 0, *pads[:2], 0, 0, *above], base, cx)
+        assert written is not None  # (eight pads: a Pad of every opset takes them)
+        pad, initializers, pooled = written
+        made.append(pad)
+    ones = np.ones([1, 1, *shape[2:]], np.float32)
+    (theirs,) = _evaluate(node, {node.input[0]: ones}, cx.opsets)  # (ONNX's own divisors)
+    plain = _like("AveragePool", [pooled], [cx.namer(f"{base}/pooled")], cx.namer(f"{base}/AveragePool"),
+                  kernel_shape=window, strides=strides)
+    padded = np.pad(ones, [(0, 0), (0, 0), (pads[0], above[0]), (pads[1], above[1])])
+    (ours,) = _evaluate(_like("AveragePool", ["x"], ["y"], "ours", kernel_shape=window, strides=strides),
+                        {"x": padded}, cx.opsets)
+    scale = (np.asarray(theirs) / np.asarray(ours)).astype(np.float16 if cx.types.get(node.input[0]) == HALF
+                                                           else np.float32)
+    if np.allclose(scale, 1):
+        plain.output[0] = node.output[0]
+        plain.name = node.name or plain.name
+        return "AveragePool written with its strides", [*made, plain], initializers
+    divisors = cx.namer(f"{base}/divisors")
+    made += [plain, _like("Mul", [plain.output[0], divisors], list(node.output),
+                          node.name or cx.namer(f"{base}/Mul"))]
+    return ("AveragePool's padding written as a Pad and its divisors as a Mul", made,
+            [*initializers, numpy_helper.from_array(scale, divisors)])
+
+
 def _constant(node: Any, cx: _Context) -> Made | None:
     """A Constant NNFusion's importer cannot make (a half one: `kdb model fp16`'s of a torch export's Constants;
     a value_float ...): an initializer of its value, under its output's name."""
@@ -1265,7 +1316,7 @@ def _instance_norm(node: Any, cx: _Context) -> Made | None:
 _REWRITES: dict[str, Rewrite] = {
     "InstanceNormalization": _instance_norm, "Conv": _conv, "LSTM": _lstm,
     "Constant": _constant, "Squeeze": _squeeze, "Unsqueeze": _squeeze,
-    "MaxPool": _max_pool, "Pad": _pad, "Einsum": _einsum, "ReduceLogSumExp": _log_sum_exp,
+    "MaxPool": _max_pool, "Pad": _pad, "AveragePool": _average_pool, "Einsum": _einsum, "ReduceLogSumExp": _log_sum_exp,
     "Flatten": _flatten, "Min": _min_max, "Max": _min_max, "Gather": _gather, "Slice": _slice,
     "Transpose": _transpose, "LayerNormalization": _layer_norm, "DepthToSpace": _depth_to_space, "Gelu": _gelu,
     "Reciprocal": _reciprocal, "Resize": _resize_by_sizes, "ReduceSum": _reduce_of_axes_input, "Split": _split,

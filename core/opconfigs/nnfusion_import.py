@@ -183,7 +183,7 @@ def depthwise_padding_ok(pads: list[int], dilations: list[int], kernel: list[int
 def _average_pool(node: Any, attrs: dict[str, Any], shapes: Shapes) -> str:
     if "strides" not in attrs:
         return ("AveragePool without its strides attribute: the importer aborts ('unknown attribute strides'); write "
-                "strides out (1 per axis, the default)")
+                f"strides out (1 per axis, the default): {import_rules.EXPAND_HINT}")
     window = list(attrs.get("kernel_shape", []))
     return "" if len(window) == 2 else (f"AveragePool over {len(window)} spatial axes: the importer gives every "
                                         "AveragePool two axes of padding, and AvgPool's shape check aborts on the "
@@ -705,6 +705,9 @@ _SAME_SHAPE = frozenset(("Relu", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Abs",
 _BROADCASTING = frozenset(("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Equal", "Greater", "Less", "And", "Or"))
 
 
+AVERAGE_POOL_HINT = f"{import_rules.EXPAND_HINT} as a Pad of zeros, the pool, and a Mul by ONNX's divisors"
+
+
 class _PoolShapes:
     """NNFusion's ONNX importer translates AveragePool with the first translator registered for it (ops_bridge.cpp
     registers two at version 1, and std::map::emplace keeps the first): TranslateAveragePoolOp reads kernel_shape and
@@ -789,7 +792,8 @@ class _PoolShapes:
                                                          ("ceil_mode", attrs.get("ceil_mode", 0)))
                                 if v not in ([0, 0, 0, 0], "NOTSET", 0))
             cause = (f"NNFusion's importer drops AveragePool's {dropped or 'padding'} (its first translator reads "
-                     f"kernel_shape and strides only) and pools {data} to {ours} where ONNX gives {onnx_out}")
+                     f"kernel_shape and strides only) and pools {data} to {ours} where ONNX gives {onnx_out} "
+                     f"({AVERAGE_POOL_HINT})")
         origins = self.wrong[node.input[0]][1] if node.input[0] in self.wrong else frozenset()
         if ours != onnx_out:
             self.wrong[node.output[0]] = (ours, origins | {name})
@@ -798,7 +802,7 @@ class _PoolShapes:
         elif node.op_type == "AveragePool" and any(pads[:2]):
             self.warnings[name] = ShapeWarning(name, f"NNFusion's importer drops AveragePool's pads {pads}: the "
                                                f"shape stays {ours}, but its windows start {pads[:2]} later than "
-                                               "ONNX's, so the numbers differ")
+                                               f"ONNX's, so the numbers differ ({AVERAGE_POOL_HINT})")
 
     def _follow(self, name: str, node: Any) -> None:
         wrong = [t for t in node.input if t in self.wrong]
