@@ -408,6 +408,8 @@ CASES: dict[str, tuple[Callable[[], ModelProto], str, str]] = {
     "ReduceLogSumExp over two axes, keepdims 0": (lambda: _net([1, 4, 6, 10], lambda g: g.node(
         "ReduceLogSumExp", ["x"], "n", axes=[1, 3], keepdims=0)), "blocker", "no translator for ReduceLogSumExp"),
     "a causal mask's Trilu of constants, seq 128": (lambda: causal_mask(128), "blocker", "folds it"),
+    "MaxPool of ceil_mode 1 (SqueezeNet's)": (lambda: _net([1, 4, 14, 14], lambda g: g.node(
+        "MaxPool", ["x"], "n", kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)), "wrong shape", "ceil_mode"),
 }
 NO_REWRITE = {"dilated MaxPool", "Pad of the value 1 (opset 10)"}  # NNFusion's pools have no dilation
 

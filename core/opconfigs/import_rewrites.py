@@ -889,8 +889,27 @@ def _auto_pad_written(node: Any, cx: _Context, window: list[int] | None, kinds: 
 
 
 def _max_pool(node: Any, cx: _Context) -> Made | None:
-    made = _auto_pad_written(node, cx, list(attributes(node)["kernel_shape"]), ("SAME_UPPER", "SAME_LOWER"))
-    return None if made is None else ("MaxPool auto_pad written as ONNX's pads", [made], [])
+    """A MaxPool's auto_pad written as ONNX's pads; its ceil_mode, which the importer drops (the windows round down:
+    SqueezeNet's pools), as that many more pads above: a max reads no padding. Pads that then differ above need the
+    pool's row (coverage says so: NNFusion's cuDNN pool pads both sides by the pads below)."""
+    window = list(attributes(node)["kernel_shape"])
+    made = _auto_pad_written(node, cx, window, ("SAME_UPPER", "SAME_LOWER"))
+    kinds = ["auto_pad written as ONNX's pads"] if made is not None else []
+    source = pool = made if made is not None else node
+    attrs = attributes(source)
+    shape, out = cx.shapes.get(node.input[0]), cx.shapes.get(node.output[0])
+    if attrs.get("ceil_mode", 0) and shape is not None and out is not None and len(shape) == 2 + len(window) \
+            and not any(d != 1 for d in attrs.get("dilations", [])):
+        half = len(window)
+        strides, pads = list(attrs.get("strides", [1] * half)), list(attrs.get("pads", [0] * 2 * half))
+        above = [max(a, (o - 1) * s + k - n - b) for o, s, k, n, b, a in zip(out[2:], strides, window, shape[2:],
+                                                                            pads[:half], pads[half:], strict=True)]
+        if above != pads[half:] and [(n + b + a - k) // s + 1 for n, b, a, k, s in zip(
+                shape[2:], pads[:half], above, window, strides, strict=True)] == out[2:]:
+            pool = _like("MaxPool", list(node.input), list(node.output), node.name, pads=[*pads[:half], *above])
+            pool.attribute.extend(a for a in source.attribute if a.name not in ("pads", "ceil_mode", "auto_pad"))
+            kinds.append("ceil_mode as pads above")
+    return None if not kinds else (f"MaxPool {' and '.join(kinds)}", [pool], [])
 
 
 def _pad(node: Any, cx: _Context) -> Made | None:

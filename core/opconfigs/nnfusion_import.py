@@ -781,7 +781,9 @@ class _PoolShapes:
                     self.wrong[node.output[0]] = (ours, self.wrong[node.input[0]][1])
                 return
             cause = (f"NNFusion's importer drops MaxPool's {'; '.join(dropped)} (pool.hpp's TranslatePoolOp) and pools "
-                     f"{data} to {ours} where ONNX gives {onnx_out}")
+                     f"{data} to {ours} where ONNX gives {onnx_out}"
+                     + ("" if any(d.startswith("dilations") for d in dropped) else
+                        f" ({import_rules.EXPAND_HINT}: ONNX's pads, ceil_mode as pads above)"))
             if ours == onnx_out and any(not d.startswith("ceil_mode") for d in dropped):
                 self.warnings[name] = ShapeWarning(name, f"{cause}: the shape holds, but its windows are not the "
                                                          "model's, so the numbers differ", "wrong numbers")
