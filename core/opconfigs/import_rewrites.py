@@ -848,7 +848,8 @@ def _split(node: Any, cx: _Context) -> Made | None:
 def _resize_by_sizes(node: Any, cx: _Context) -> Made | None:
     """A Resize given constant `sizes` (F.interpolate(size=...) once its shape computation is folded) on a static
     shape: the importer takes only constant scales (Resize.cpp). ONNX takes the scales of sizes as sizes / input
-    (float32); written so, where floor(input x scale) gives the sizes back."""
+    (float32); written so, where floor(input x scale) gives the sizes back, or does a few ulps up (7 -> 10: the
+    coordinates then move by 1e-7 of a pixel)."""
     import numpy as np
     from onnx import numpy_helper
 
@@ -856,9 +857,14 @@ def _resize_by_sizes(node: Any, cx: _Context) -> Made | None:
     sizes = cx.values.get(node.input[3]) if len(node.input) > 3 and node.input[3] else None
     if shape is None or sizes is None or (len(node.input) > 2 and node.input[2]) or len(sizes) != len(shape):
         return None
-    given = np.asarray(sizes, np.int64)
-    scales = given.astype(np.float32) / np.asarray(shape, np.float32)
-    if not np.array_equal(np.floor(np.asarray(shape, np.float32) * scales).astype(np.int64), given):
+    given, size = np.asarray(sizes, np.int64), np.asarray(shape, np.float32)
+    scales = given.astype(np.float32) / size
+    for _ in range(4):  # (7 -> 10: 10/7 in float32 times 7 is 9.9999998; a few ulps up it floors to 10)
+        short = np.floor(size * scales).astype(np.int64) < given
+        if not short.any():
+            break
+        scales = np.where(short, np.nextafter(scales, np.float32(np.inf)), scales).astype(np.float32)
+    if not np.array_equal(np.floor(size * scales).astype(np.int64), given):
         return None
     name = cx.namer(f"{node.name or node.output[0]}/scales")
     made = _like("Resize", [node.input[0], node.input[1], name], list(node.output), node.name)

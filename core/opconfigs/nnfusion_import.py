@@ -344,6 +344,8 @@ def resize_unserved(node: Any, attrs: dict[str, Any], shapes: Shapes, scales: li
     """Why kdb makes no row for this ONNX Resize ('' when it makes one). NNFusion's importer (op/resize.cpp) passes
     the input and its scales (input 2, a constant), and reads the mode only (nearest or linear): a row computes what
     the model says (ops.RESIZE_*)."""
+    import numpy as np
+
     from core.kernels.ops import RESIZE_SAMPLING, resize_sampling_problem
 
     if len(node.input) < 3 or not node.input[2]:
@@ -359,7 +361,11 @@ def resize_unserved(node: Any, attrs: dict[str, Any], shapes: Shapes, scales: li
     data, out = shapes.get(node.input[0]), shapes.get(node.output[0])
     if data is None or out is None or len(data) != 4 or len(out) != 4 or len(scales) != 4:
         return "not a 4-D input of known shape with 4 scales: kdb's rows resize NCHW tensors"
-    if scales[:2] != [1.0, 1.0] or any(d * s != o for d, s, o in zip(data[2:], scales[2:], out[2:], strict=True)):
+    # kdb's rows compute the output size given, at the scale output / input (as ONNX's sizes do): a scale that is
+    # that ratio, to float32's rounding, whose product NNFusion truncates to the output size (Resize.cpp:
+    # output_shape[i] = input_shape[i] * scales[i]); 7 -> 10 by 1.4285716, kdb model expand's for sizes
+    if scales[:2] != [1.0, 1.0] or any(int(np.float32(d) * np.float32(s)) != o or abs(d * s - o) > 1e-5 * o
+                                       for d, s, o in zip(data[2:], scales[2:], out[2:], strict=True)):
         return (f"scales {scales} on {data}: kdb's rows resize the spatial axes by scales that give whole sizes "
                 f"({out})")
     if not float_data:
