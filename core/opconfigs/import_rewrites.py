@@ -848,8 +848,8 @@ def _split(node: Any, cx: _Context) -> Made | None:
 def _resize_by_sizes(node: Any, cx: _Context) -> Made | None:
     """A Resize given constant `sizes` (F.interpolate(size=...) once its shape computation is folded) on a static
     shape: the importer takes only constant scales (Resize.cpp). ONNX takes the scales of sizes as sizes / input
-    (float32); written so, where floor(input x scale) gives the sizes back, or does a few ulps up (7 -> 10: the
-    coordinates then move by 1e-7 of a pixel)."""
+    (float32); written so, where floor(input x scale) gives the sizes back, or does a few ulps up (11 -> 13: the
+    coordinates then move by 1e-6 of a pixel)."""
     import numpy as np
     from onnx import numpy_helper
 
@@ -859,7 +859,7 @@ def _resize_by_sizes(node: Any, cx: _Context) -> Made | None:
         return None
     given, size = np.asarray(sizes, np.int64), np.asarray(shape, np.float32)
     scales = given.astype(np.float32) / size
-    for _ in range(4):  # (7 -> 10: 10/7 in float32 times 7 is 9.9999998; a few ulps up it floors to 10)
+    for _ in range(4):  # (11 -> 13: 13/11 in float32 times 11 is 12.999999; a few ulps up it floors to 13)
         short = np.floor(size * scales).astype(np.int64) < given
         if not short.any():
             break

@@ -363,7 +363,7 @@ def resize_unserved(node: Any, attrs: dict[str, Any], shapes: Shapes, scales: li
         return "not a 4-D input of known shape with 4 scales: kdb's rows resize NCHW tensors"
     # kdb's rows compute the output size given, at the scale output / input (as ONNX's sizes do): a scale that is
     # that ratio, to float32's rounding, whose product NNFusion truncates to the output size (Resize.cpp:
-    # output_shape[i] = input_shape[i] * scales[i]); 7 -> 10 by 1.4285716, kdb model expand's for sizes
+    # output_shape[i] = input_shape[i] * scales[i]): kdb model expand writes sizes so
     if scales[:2] != [1.0, 1.0] or any(int(np.float32(d) * np.float32(s)) != o or abs(d * s - o) > 1e-5 * o
                                        for d, s, o in zip(data[2:], scales[2:], out[2:], strict=True)):
         return (f"scales {scales} on {data}: kdb's rows resize the spatial axes by scales that give whole sizes "
