@@ -95,3 +95,37 @@ def test_a_half_conv_transpose_is_judged_by_the_terms_each_output_sums():
     result = generate(config, "sm_90")
     assert result.item is not None, result.error
     assert result.max_rel_error is not None and result.max_rel_error <= tolerance_for(config)
+
+
+@pytest.mark.parametrize(("attrs", "sliced"), [
+    ({"strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 1]}, True),  # torch's exact 2x upsampling
+    ({"strides": [2, 2], "pads": [0, 1, 1, 0]}, True),  # pads that differ
+    ({"strides": [3, 3], "pads": [1, 1, 1, 1], "output_padding": [1, 0]}, True),
+    ({"strides": [3, 3], "pads": [1, 1, 1, 1], "output_padding": [2, 0]}, False),  # a row past the whole output
+])
+def test_expand_writes_output_padding_as_a_slice_of_the_whole_output(tmp_path, attrs, sliced):
+    """Found in session 33 (a GAN generator's ConvTranspose2d(stride=2, padding=1, output_padding=1)): kdb's rows take
+    neither output_padding nor unequal pads, and NNFusion has no kernel of its own. Expand writes the ConvTranspose
+    without padding, whose row kdb makes, and a Slice of the model's rows: ONNX Runtime's numbers, and nothing left
+    to name. An output_padding past the whole output (rows of the bias alone) is left, and its blocker says no
+    Slice."""
+    ort = pytest.importorskip("onnxruntime", reason="needs onnxruntime (the run extra) to compare with")
+    import onnx
+    from onnx_models import GraphBuilder, write
+
+    from core.opconfigs.expand_functions import expand_functions
+    from core.opconfigs.nnfusion_import import import_faults
+
+    g = GraphBuilder({"x": [1, 8, 6, 6]})
+    up = g.node("ConvTranspose", ["x", g.weight("w", [8, 4, 3, 3]), g.weight("b", [4])], "up", kernel_shape=[3, 3],
+                **attrs)
+    source = write(g.model(g.node("Relu", [up], "relu"), "up"), tmp_path / "m.onnx")
+    (blocker,) = import_faults(onnx.shape_inference.infer_shapes(onnx.load(source)))[0]
+    assert ("Slice" in blocker.reason) == sliced
+    expand_functions(source, tmp_path / "x.onnx", None)
+    left = import_faults(onnx.shape_inference.infer_shapes(onnx.load(tmp_path / "x.onnx")))
+    assert left == (([], []) if sliced else ([blocker], []))
+    x = np.random.default_rng(0).standard_normal([1, 8, 6, 6]).astype(np.float32)
+    before, after = (ort.InferenceSession(str(p)).run(None, {"x": x})[0] for p in (source, tmp_path / "x.onnx"))
+    assert before.shape == after.shape
+    np.testing.assert_allclose(after, before, rtol=1e-6, atol=1e-6)

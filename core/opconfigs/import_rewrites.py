@@ -23,6 +23,7 @@ from core.opconfigs.nnfusion_import import (
     READABLE_INITIALIZERS,
     Shapes,
     attributes,
+    conv_transpose_sliceable,
     depthwise_padding_ok,
     reduce_axes_ignored,
     static_shapes,
@@ -1030,6 +1031,30 @@ def _average_pool(node: Any, cx: _Context) -> Made | None:
             [*initializers, numpy_helper.from_array(scale, divisors)])
 
 
+def _conv_transpose(node: Any, cx: _Context) -> Made | None:
+    """A 2-D ConvTranspose whose output_padding or unequal pads kdb's rows cannot take (torch's exact 2x upsampling:
+    stride 2, padding 1, output_padding 1; NNFusion's output shape is (in - 1) * stride + k - 2 * pad) as the
+    ConvTranspose without padding, its whole output, then a Slice of the model's rows and columns from the pads
+    below: each output element is the same sum of the same products."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    attrs = attributes(node)
+    pads, out = list(attrs.get("pads", [0, 0, 0, 0])), cx.shapes.get(node.output[0])
+    if (pads[:2] == pads[2:] and not any(attrs.get("output_padding", [0, 0]))) or cx.opsets.get("", 1) < 10 \
+            or out is None or not conv_transpose_sliceable(node, attrs, cx.shapes):
+        return None
+    base = node.name or node.output[0]
+    t = {k: cx.namer(f"{base}/{k}") for k in ("whole", "starts", "ends", "axes")}
+    conv = _like("ConvTranspose", list(node.input), [t["whole"]], cx.namer(f"{base}/ConvTranspose"), pads=[0, 0, 0, 0])
+    conv.attribute.extend(a for a in node.attribute if a.name not in ("pads", "output_padding"))
+    cut = _like("Slice", [t["whole"], t["starts"], t["ends"], t["axes"]], list(node.output), node.name or
+                cx.namer(f"{base}/Slice"))
+    values = {"starts": pads[:2], "ends": [b + o for b, o in zip(pads[:2], out[2:], strict=True)], "axes": [2, 3]}
+    return ("ConvTranspose's padding and output_padding written as a Slice of its whole output", [conv, cut],
+            [numpy_helper.from_array(np.array(v, np.int64), t[k]) for k, v in values.items()])
+
+
 def _constant(node: Any, cx: _Context) -> Made | None:
     """A Constant NNFusion's importer cannot make (a half one: `kdb model fp16`'s of a torch export's Constants;
     a value_float ...): an initializer of its value, under its output's name."""
@@ -1341,7 +1366,8 @@ def _instance_norm(node: Any, cx: _Context) -> Made | None:
 _REWRITES: dict[str, Rewrite] = {
     "InstanceNormalization": _instance_norm, "Conv": _conv, "LSTM": _lstm,
     "Constant": _constant, "Squeeze": _squeeze, "Unsqueeze": _squeeze,
-    "MaxPool": _max_pool, "Pad": _pad, "AveragePool": _average_pool, "Einsum": _einsum, "ReduceLogSumExp": _log_sum_exp,
+    "MaxPool": _max_pool, "Pad": _pad, "AveragePool": _average_pool, "ConvTranspose": _conv_transpose,
+    "Einsum": _einsum, "ReduceLogSumExp": _log_sum_exp,
     "Flatten": _flatten, "Min": _min_max, "Max": _min_max, "Gather": _gather, "Slice": _slice,
     "Transpose": _transpose, "LayerNormalization": _layer_norm, "DepthToSpace": _depth_to_space, "Gelu": _gelu,
     "Reciprocal": _reciprocal, "Resize": _resize_by_sizes, "ReduceSum": _reduce_of_axes_input, "Split": _split,

@@ -385,6 +385,20 @@ def resize_attributes(attrs: dict[str, Any]) -> dict[str, str]:
             "nearest_mode": text("nearest_mode", "round_prefer_floor")}
 
 
+def conv_transpose_sliceable(node: Any, attrs: dict[str, Any], shapes: Shapes) -> bool:
+    """Whether a 2-D ConvTranspose is its unpadded one's whole output, sliced: its padding below plus its output fit
+    in (in - 1) * stride + k (an output_padding past that would be rows of the bias alone). `kdb model expand` writes
+    it so (import_rewrites._conv_transpose)."""
+    data, filt, out = (shapes.get(t) for t in (node.input[0], node.input[1], node.output[0]))
+    if data is None or filt is None or out is None or len(data) != 4 or len(filt) != 4 or "output_shape" in attrs \
+            or attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET") or int(attrs.get("group", 1)) != 1 \
+            or any(d != 1 for d in attrs.get("dilations", [1, 1])):
+        return False
+    pads, strides = list(attrs.get("pads", [0, 0, 0, 0])), list(attrs.get("strides", [1, 1]))
+    return all(b + o <= (n - 1) * s + k for b, o, n, s, k in zip(pads[:2], out[2:], data[2:], strides, filt[2:],
+                                                                 strict=True))
+
+
 def conv_transpose_unserved(node: Any, attrs: dict[str, Any], shapes: Shapes) -> str:
     """Why kdb makes no row for this ONNX ConvTranspose ('' when it makes one); NNFusion's importer takes group 1 and
     its op a square kernel (op/conv_trans.cpp, generic_op_define/ConvTranspose.cpp), and its output shape leaves
@@ -399,12 +413,14 @@ def conv_transpose_unserved(node: Any, attrs: dict[str, Any], shapes: Shapes) ->
         return f"a {filt[2]}x{filt[3]} kernel: NNFusion's ConvTranspose takes square ones only (a CHECK fails)"
     if any(v != 1 for v in attrs.get("dilations", [1, 1])):
         return f"dilations {list(attrs['dilations'])}: kdb's ConvTranspose kernels dilate not"
+    sliced = (f"; {import_rules.EXPAND_HINT} as the ConvTranspose without padding and a Slice of its output"
+              if conv_transpose_sliceable(node, attrs, shapes) else "")
     if pads[:2] != pads[2:]:
-        return f"pads {pads}: kdb's ConvTranspose kernels pad each side alike"
+        return f"pads {pads}: kdb's ConvTranspose kernels pad each side alike{sliced}"
     if any(attrs.get("output_padding", [0, 0])) or "output_shape" in attrs or attrs.get("auto_pad", b"NOTSET") not in (
             b"NOTSET", "NOTSET"):
         return ("output_padding, output_shape or auto_pad: NNFusion's output shape is (in - 1) * stride + k - 2 * pad, "
-                "which they change")
+                f"which they change{sliced}")
     return ""
 
 
