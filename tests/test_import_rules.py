@@ -8,6 +8,7 @@ and a tf2onnx MaxPool of SAME padding."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -521,6 +522,34 @@ def test_a_gru_of_both_outputs_is_no_blocker():
     assert said(model) == []
 
 
+def test_an_outputs_dimension_no_input_names_is_no_dimension_to_give(tmp_path: Path):
+    """Held out in session 33 (a CycleGAN generator, legacy export): its output was declared [Tanh70_dim_0, 3,
+    Tanh70_dim_0, Tanh70_dim_3], one name for the batch (1) and the height (32). `kdb model fp16` sent the user to
+    `--dim Tanh70_dim_0=N`, and pinning it wrote an output of [1, 3, 1, 32]. Only the inputs' named dimensions are
+    sizes to give; expand writes the output's as inference finds them."""
+    import onnx
+    from conftest import run_kdb
+
+    model = _net([1, 4, 8, 8], lambda g: g.node("Sigmoid", ["x"], "n"))
+    dims = model.graph.output[0].type.tensor_type.shape.dim
+    del dims[:]
+    for d in ("Relu_dim_0", 4, "Relu_dim_0", "Relu_dim_3"):
+        dims.add().dim_param = d if isinstance(d, str) else ""
+        if not isinstance(d, str):
+            dims[-1].dim_value = d
+    source = write(model, tmp_path / "m.onnx")
+    env = {"KDB_STATE_DIR": str(tmp_path / "state"), "KDB_CONFIG": str(tmp_path / "settings.toml")}
+    expanded = run_kdb("model", "expand", str(source), str(tmp_path / "x.onnx"), env=env)
+    assert expanded.returncode == 0, expanded.stdout + expanded.stderr
+    written = onnx.load(tmp_path / "x.onnx").graph.output[0].type.tensor_type.shape.dim
+    assert [d.dim_value for d in written] == [1, 4, 8, 8]
+    wrong = run_kdb("model", "expand", str(source), str(tmp_path / "y.onnx"), "--dim", "Relu_dim_0=1", env=env)
+    assert wrong.returncode == 2 and "no input has a dimension named Relu_dim_0" in wrong.stderr
+    pytest.importorskip("onnxconverter_common", reason="needs onnxconverter-common (the tvm extra)")
+    half = run_kdb("model", "fp16", str(source), str(tmp_path / "h.onnx"), "--json", env=env)
+    assert half.returncode == 0 and json.loads(half.stdout)["dynamic_dims"] == [], half.stdout
+
+
 def test_the_readme_flow_of_a_torch_export_with_dynamic_axes(tmp_path: Path):
     """coverage names the file (a torch export's graph is "main_graph") and the input, `kdb model expand --dim` pins
     it, and a dimension the model lacks is named with the file."""
@@ -546,7 +575,7 @@ def test_the_readme_flow_of_a_torch_export_with_dynamic_axes(tmp_path: Path):
     pytest.importorskip("onnxconverter_common", reason="needs onnxconverter-common (the tvm extra)")
     half = run_kdb("model", "fp16", str(source), str(tmp_path / "h.onnx"), env=env)  # (it adds value infos)
     assert half.returncode == 0, half.stderr
-    assert f"next: kdb model expand {tmp_path / 'h.onnx'} {tmp_path / 'hx.onnx'} --dim batch=N" in " ".join(
+    assert f"next: kdb model expand {tmp_path / 'h.onnx'} {tmp_path / 'hx.onnx'} --dim batch=1 " in " ".join(
         half.stdout.split()), half.stdout
     pinned = run_kdb("model", "expand", str(tmp_path / "h.onnx"), str(tmp_path / "hx.onnx"), "--dim", "batch=1", env=env)
     assert "pinned: 2 dimension(s)" in pinned.stdout, pinned.stdout  # (its input and output, not value infos)

@@ -25,8 +25,10 @@ def main(args: argparse.Namespace) -> int:
         next_step = f"next: kdb opconfig extract {done.output} -o ops.txt   (half op configs: cublas_dot_op_half|...)"
         if done.expand_helps:  # (what NNFusion cannot compile as written: expand rewrites what it can)
             expanded = done.output.with_name(f"{done.output.stem}x{done.output.suffix}")
-            dims = "".join(f" --dim {name}=N" for name in done.dynamic_dims)  # (N: the size to compile for)
-            next_step = f"next: kdb model expand {done.output} {expanded}{dims}   (then the README's steps with it)"
+            dims = "".join(f" --dim {name}=1" for name in done.dynamic_dims)
+            sizes = "; each --dim the size to compile for: 1, or yours" if dims else ""
+            next_step = (f"next: kdb model expand {done.output} {expanded}{dims}   (then the README's steps with "
+                         f"it{sizes})")
         elif done.left_by_expand:  # a finding, as expand's exit says of the same nodes
             status, next_step = 1, f"next: kdb coverage {done.output}   (it says why each cannot compile)"
     if args.json:

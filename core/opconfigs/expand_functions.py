@@ -25,7 +25,9 @@ from core.opconfigs.import_rewrites import (
     drop_orphans,
     element_types,
     fresh_name,
+    input_dim_names,
     nearest_as_repeats,
+    outputs_as_inferred,
     pin_dims,
     reads,
     rewrite_for_import,
@@ -96,9 +98,11 @@ def expand_functions(source: Path, output: Path, dims: dict[str, int] | None = N
         raise InputError("the expanded model would overwrite the model it is made from: give another OUT path",
                          where=str(output))
     model = read_model(source)
+    unknown = sorted(set(dims or {}) - input_dim_names(model.graph))
+    if unknown:
+        raise InputError(f"no input has a dimension named {', '.join(unknown)} (--dim gives the inputs' named "
+                         "dimensions their sizes; an output's follow from them)", where=str(source))
     pinned = pin_dims(model, dims or {})
-    if dims and not pinned:
-        raise InputError(f"no input or output has a dimension named {', '.join(sorted(dims))}", where=str(source))
     read_before = reads(model.graph)  # (an initializer only a folded shape computation read goes too)
     rewritten = rewrite_for_import(model)
     opset = next((i.version for i in model.opset_import if i.domain in ("", "ai.onnx")), ANY_OPSET)
@@ -136,6 +140,8 @@ def expand_functions(source: Path, output: Path, dims: dict[str, int] | None = N
         rewritten["nearest upsampling sharing a Resize identifier written as a repeat"] = repeats
         shaped = with_shapes(model)
         own, clashes = extraction_miscompiles(shaped)
+    if outputs_as_inferred(model, static_shapes(shaped.graph)):
+        rewritten["outputs' dimensions no input names written as inferred"] = 1
     write_model(model, output)
     blockers, warnings = import_faults(shaped)
     blocked = tuple((b.node, b.op_type, b.reason) for b in blockers)

@@ -173,10 +173,9 @@ def convert_to_fp16(source: Path, output: Path, *, keep_io_types: bool = False) 
 
 
 def _dynamic_dims(model: Any) -> tuple[str, ...]:
-    """The named (dim_param) dimensions of the graph's inputs and outputs."""
-    return tuple(dict.fromkeys(d.dim_param for v in (*model.graph.input, *model.graph.output)
-                               if v.type.HasField("tensor_type") for d in v.type.tensor_type.shape.dim
-                               if d.HasField("dim_param") and d.dim_param))
+    """The named (dim_param) dimensions of the graph's inputs, in order (an output's follow from them)."""
+    return tuple(dict.fromkeys(d.dim_param for v in model.graph.input if v.type.HasField("tensor_type")
+                               for d in v.type.tensor_type.shape.dim if d.HasField("dim_param") and d.dim_param))
 
 
 def _left_after_expand(path: Path, dynamic: tuple[str, ...]) -> tuple[str, ...]:

@@ -36,11 +36,19 @@ Made = tuple[str, list[Any], list[Any]]  # (kind, nodes in the node's place, ini
 Rewrite = Callable[[Any, "_Context"], Made | None]
 
 
+def input_dim_names(graph: Any) -> set[str]:
+    """The named (dim_param) dimensions of the graph's inputs: the sizes a user gives (--dim)."""
+    return {d.dim_param for vi in graph.input if vi.type.HasField("tensor_type")
+            for d in vi.type.tensor_type.shape.dim if d.HasField("dim_param") and d.dim_param}
+
+
 def pin_dims(model: Any, dims: dict[str, int]) -> int:
-    """Give each dimension named by a key of `dims` (a dim_param) its size, in the graph's inputs, outputs and value
-    infos; the count of the graph's input and output dimensions pinned (value infos, which an fp16 conversion adds by
-    the dozen, are pinned too and not counted)."""
+    """Give each dimension of the graph's inputs named by a key of `dims` (a dim_param) its size, and that name its size
+    wherever else it stands (outputs, value infos); the count of the graph's input and output dimensions pinned (value
+    infos, which an fp16 conversion adds by the dozen, are pinned too and not counted). A name that stands on no input
+    is left: it follows from the inputs (a legacy export names an output's axes so, one name for two sizes)."""
     graph, pinned = model.graph, 0
+    dims = {name: size for name, size in dims.items() if name in input_dim_names(graph)}
     edges = len(graph.input) + len(graph.output)
     for k, vi in enumerate((*graph.input, *graph.output, *graph.value_info)):
         if not vi.type.HasField("tensor_type"):
@@ -52,6 +60,23 @@ def pin_dims(model: Any, dims: dict[str, int]) -> int:
                 d.dim_value = size
                 pinned += k < edges
     return pinned
+
+
+def outputs_as_inferred(model: Any, shapes: Shapes) -> int:
+    """Each graph output's dimension named by no input (a legacy export's [Tanh70_dim_0, 3, Tanh70_dim_0, ...]) given
+    the size shape inference finds, where it finds all; the count of outputs so written."""
+    names, written = input_dim_names(model.graph), 0
+    for vi in model.graph.output:
+        dims, found = vi.type.tensor_type.shape.dim, shapes.get(vi.name)
+        free = [d for d in dims if d.HasField("dim_param") and d.dim_param not in names]
+        if not free or found is None or len(found) != len(dims):
+            continue
+        for d, size in zip(dims, found, strict=True):
+            if d.HasField("dim_param") and d.dim_param not in names:
+                d.Clear()
+                d.dim_value = size
+        written += 1
+    return written
 
 
 def constants_for_import(model: Any) -> Counter[str]:
