@@ -411,6 +411,11 @@ CASES: dict[str, tuple[Callable[[], ModelProto], str, str]] = {
     "a causal mask's Trilu of constants, seq 128": (lambda: causal_mask(128), "blocker", "folds it"),
     "MaxPool of ceil_mode 1 (SqueezeNet's)": (lambda: _net([1, 4, 14, 14], lambda g: g.node(
         "MaxPool", ["x"], "n", kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)), "wrong shape", "ceil_mode"),
+    "Pad in reflect mode (ReflectionPad2d)": (lambda: _net([1, 4, 6, 6], lambda g: g.node(
+        "Pad", ["x", g.constant("pads", [0, 0, 2, 1, 0, 0, 1, 2])], "n", mode="reflect")), "wrong numbers",
+        "reflect mode"),
+    "Pad in edge mode": (lambda: _net([1, 4, 6, 6], lambda g: g.node(
+        "Pad", ["x", g.constant("pads", [0, 0, 0, 3, 0, 0, 1, 0])], "n", mode="edge")), "wrong numbers", "edge mode"),
 }
 NO_REWRITE = {"dilated MaxPool", "Pad of the value 1 (opset 10)"}  # NNFusion's pools have no dilation
 

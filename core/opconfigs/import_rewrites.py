@@ -950,6 +950,8 @@ def _pad(node: Any, cx: _Context) -> Made | None:
     attrs = attributes(node)
     mode = attrs.get("mode", b"constant")
     mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    if mode in ("reflect", "edge"):
+        return _border_pad(node, cx, mode)
     if "pads" not in attrs:
         if len(attrs) == 1 or len(node.input) < 2 or not node.input[1]:
             return None
@@ -962,6 +964,41 @@ def _pad(node: Any, cx: _Context) -> Made | None:
     made = _like("Pad", [node.input[0]], list(node.output), node.name, mode=mode, pads=list(attrs["pads"]),
                  value=float(attrs.get("value", 0.0)))  # (make_node writes them sorted: mode, pads, value)
     return "Pad's attributes in the order the importer reads them (mode, pads, value)", [made], []
+
+
+def _border_pad(node: Any, cx: _Context, mode: str) -> Made | None:
+    """A reflect or edge Pad (CycleGAN's and style transfer's ReflectionPad2d; the importer pads zeros whatever the
+    mode) as a Gather of constant indices along each padded axis: reflect reads i -> -i before the start and
+    2 (n - 1) - i past the end, edge the nearest element; every value is one of the input's."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    attrs, shape = attributes(node), cx.shapes.get(node.input[0])
+    pads = attrs.get("pads") if "pads" in attrs else (
+        cx.values.get(node.input[1]) if len(node.input) > 1 and node.input[1] else None)
+    if shape is None or pads is None:
+        return None
+    pads, rank = [int(p) for p in np.ravel(pads)], len(shape)
+    axes = list(attrs.get("axes", [])) or (list(cx.values[node.input[3]]) if len(node.input) > 3 and node.input[3]
+                                           and node.input[3] in cx.values else list(range(rank)))
+    half = len(pads) // 2
+    if len(axes) != half or any(p < 0 for p in pads) or any(
+            mode == "reflect" and max(pads[k], pads[half + k]) >= shape[int(a) % rank] for k, a in enumerate(axes)):
+        return None
+    base, made, initializers, tensor = node.name or node.output[0], [], [], node.input[0]
+    padded = [(int(a) % rank, pads[k], pads[half + k]) for k, a in enumerate(axes) if pads[k] or pads[half + k]]
+    for j, (axis, before, after) in enumerate(padded):
+        n, i = shape[axis], np.arange(-before, shape[axis] + after)
+        index = np.clip(i, 0, n - 1) if mode == "edge" else np.where(i < 0, -i, np.where(i >= n, 2 * (n - 1) - i, i))
+        name = cx.namer(f"{base}/{mode}_index{axis}")
+        initializers.append(numpy_helper.from_array(index.astype(np.int64), name))
+        out = node.output[0] if j == len(padded) - 1 else cx.namer(f"{base}/{mode}{axis}")
+        made.append(_like("Gather", [tensor, name], [out], node.name if out == node.output[0] else
+                          cx.namer(f"{base}/Gather{axis}"), axis=axis))
+        tensor = out
+    if not made:
+        made = [_like("Identity", [node.input[0]], list(node.output), node.name)]
+    return f"Pad in {mode} mode written as Gathers of its indices", made, initializers
 
 
 def _einsum(node: Any, cx: _Context) -> Made | None:

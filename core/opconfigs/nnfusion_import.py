@@ -607,7 +607,8 @@ def pad_mode_ignored(node: Any, graph: Any, shapes: Shapes) -> str:
     mode = mode.decode() if isinstance(mode, bytes) else str(mode)
     if mode != "constant":
         return (f"Pad in {mode} mode: NNFusion's importer reads only the pads and pads with zeros (op/pad.hpp), so the "
-                "border is not the model's")
+                "border is not the model's" + (f"; {import_rules.EXPAND_HINT} (a Gather of each padded axis' indices)"
+                                               if mode in ("reflect", "edge") else ""))
     value = import_rules.constant_values(graph, node.input[2]) if len(node.input) > 2 and node.input[2] else [0.0]
     if value is None or any(v != 0 for v in value):
         return (f"Pad with the constant {value[0] if value else 'of a computed input'}: NNFusion's importer pads with "
