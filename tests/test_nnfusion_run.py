@@ -425,6 +425,36 @@ def test_a_run_cancelled_during_the_builds_stops_them_and_says_so(tmp_path: Path
 
 
 @needs_compiler
+def test_an_empty_db_network_that_does_not_build_is_said_beside_no_gpu(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch):
+    """Held out in session 33 (an ECA block: NNFusion's own code for the empty DB declares `mul` twice, and nvcc
+    refuses it): exit 2 said the empty DB's nvcc error only, not that the DB's network was built and, with no GPU,
+    not run. Both are findings now (the empty DB's failure planted here)."""
+    libraries_or_skip(nvcc_or_skip())
+    onnxruntime_or_skip()
+    no_gpu_or_skip()
+    from dataclasses import replace
+
+    from core.gpu import network_run
+
+    built = network_run.build_network
+
+    def build(project: Path, **kwargs: object) -> object:
+        made = built(project, **kwargs)
+        return replace(made, error="nvcc nnfusion_rt.cu: exit status 2 (planted)") if "empty-db" in str(project) \
+            else made
+
+    monkeypatch.setattr(network_run, "build_network", build)
+    monkeypatch.setenv("KDB_STATE_DIR", str(tmp_path / "state"))
+    job = CompileJob(two_in_two_out(tmp_path / "two.onnx"), empty_db(tmp_path / "user.db"), binary=str(COMPILER),
+                     out=tmp_path / "run")
+    run = network_run.run_network(job, network_run.RunOptions())
+    assert run.status == 2 and run.with_db.build is not None and run.with_db.build.ok
+    assert run.findings[0].startswith("no CUDA GPU: the network was built but not run"), run.findings
+    assert run.findings[1] == "empty-db: nvcc failed: nvcc nnfusion_rt.cu: exit status 2 (planted)", run.findings
+
+
+@needs_compiler
 def test_the_run_options_are_refused_where_they_cannot_be_honoured(tmp_path: Path):
     model = two_in_two_out(tmp_path / "two.onnx")
     common = ("nnfusion", str(model), "--db", str(empty_db(tmp_path / "k.db")), "--nnfusion", str(COMPILER))
