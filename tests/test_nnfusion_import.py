@@ -97,6 +97,7 @@ CASES: dict[str, tuple[Callable[[], ModelProto], Callable[[], ModelProto] | None
                                          lambda: one("Pad", opset=10, mode="constant", pads=[0, 0, 1, 1, 0, 0, 1, 1],
                                                      value=0.0)),
     "an op without translator or generic op": (lambda: one("Elu"), lambda: one("Sign")),  # Sign: a generic op
+    "ArgMin (a VQ-VAE's nearest code)": (lambda: one("ArgMin", axis=1), None),  # translated, no CUDA kernel
     # op/leaky_relu.hpp: Maximum(x, x * alpha), which is LeakyRelu only for alpha in [0, 1]; it checks that
     "LeakyRelu with alpha above 1": (lambda: one("LeakyRelu", alpha=1.5), lambda: one("LeakyRelu", alpha=0.2)),
     "GRU": (lambda: one("GRU", shape={"x": [3, 1, 4]}, hidden_size=8,

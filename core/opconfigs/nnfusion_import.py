@@ -480,6 +480,7 @@ BLOCKERS: dict[str, Callable[[Any, dict[str, Any], Shapes], str]] = {
     "LSTM": lambda node, attrs, shapes: _no_cuda_kernel(node, attrs, shapes) + (
         f"; {import_rules.EXPAND_HINT} (unrolled as ONNX defines it)"),
     "ConvTranspose": _conv_transpose,
+    "ArgMin": _no_cuda_kernel,  # (a VQ-VAE's nearest code, held out in session 33)
 }
 
 
