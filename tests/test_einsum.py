@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from core.opconfigs.einsum import plan
+from core.opconfigs.einsum import plan, steps
 
-SIZES = dict(zip("abcdhijklmnpqrs", (2, 3, 4, 5, 2, 3, 4, 2, 5, 3, 4, 2, 3, 6, 1), strict=True))
+SIZES = dict(zip("abcdehijklmnpqrs", (2, 3, 4, 5, 3, 2, 3, 4, 2, 5, 3, 4, 2, 3, 6, 1), strict=True))
 
 
 def operands(equation: str) -> list[np.ndarray]:
@@ -69,3 +69,17 @@ def test_one_batch_is_a_plain_dot():
 ])
 def test_what_the_plan_refuses(equation: str, shapes: list[list[int]]):
     assert plan(equation, shapes) is None
+
+
+@pytest.mark.parametrize("equation", [
+    "bnd,bde,bn->bne",  # a Performer's normalised linear attention (held out in session 33)
+    "ij,jk,kl->il", "i,i,i->", "bij,bjk,bk->bi", "...ij,jk,k->...i",
+])
+def test_three_operands_or_more_are_a_chain_of_pairs(equation: str):
+    xs = operands(equation)
+    chain = steps(equation, [list(x.shape) for x in xs])
+    assert chain is not None and len(chain) == len(xs) - 1
+    result = xs[0]
+    for k, (step, _) in enumerate(chain):
+        result = computed(step, [result, xs[k + 1]])
+    np.testing.assert_allclose(result, np.einsum(equation, *xs), rtol=1e-12, atol=1e-12)

@@ -416,6 +416,9 @@ CASES: dict[str, tuple[Callable[[], ModelProto], str, str]] = {
         "reflect mode"),
     "Pad in edge mode": (lambda: _net([1, 4, 6, 6], lambda g: g.node(
         "Pad", ["x", g.constant("pads", [0, 0, 0, 3, 0, 0, 1, 0])], "n", mode="edge")), "wrong numbers", "edge mode"),
+    "Einsum of three operands (a Performer's bnd,bde,bn->bne)": (lambda: _net([2, 5, 4], lambda g: g.node(
+        "Einsum", ["x", g.weight("kv", [2, 4, 3], fan_in=4), g.weight("z", [2, 5], fan_in=1)], "n",
+        equation="bnd,bde,bn->bne")), "blocker", "no translator for Einsum"),
 }
 NO_REWRITE = {"dilated MaxPool", "Pad of the value 1 (opset 10)"}  # NNFusion's pools have no dilation
 

@@ -1,8 +1,8 @@
 """An ONNX Einsum (torch.einsum's export; NNFusion's importer has no translator for it) as the ops it imports: each
 operand transposed and reshaped to [batch, rows, contracted] and [batch, contracted, cols], one MatMul, and its product
-reshaped and transposed to the equation's output. `kdb model expand` writes what `plan` gives
-(import_rewrites._einsum). Where a plan cannot be made (three operands, a letter summed inside one operand, a
-repeated letter: a diagonal), None: the node stays, and coverage names it."""
+reshaped and transposed to the equation's output; three operands or more as a chain of such steps, left to right
+(`steps`). `kdb model expand` writes what `plan` gives (import_rewrites._einsum). Where a plan cannot be made (a letter
+summed inside one operand, a repeated letter: a diagonal), None: the node stays, and coverage names it."""
 
 from __future__ import annotations
 
@@ -85,3 +85,23 @@ def plan(equation: str, shapes: list[list[int]]) -> EinsumPlan | None:
                 Operand([b.index(c) for c in (*batch, *contracted, *cols)], [*lead, dims[2], dims[3]])]
     order = [*batch, *rows, *cols]
     return EinsumPlan(operands, [size[c] for c in order], [order.index(c) for c in output])
+
+
+def steps(equation: str, shapes: list[list[int]]) -> list[tuple[str, list[list[int]]]] | None:
+    """The equation as one- or two-operand equations, each with its operands' shapes: the first operand contracted
+    with the second, that result with the third, ..., each keeping the letters a later operand or the output reads
+    (a Performer's `bnd,bde,bn->bne`: `bnd,bde->bne`, then `bne,bn->bne`). None where a term misses its rank."""
+    written = _terms(equation, [len(s) for s in shapes])
+    if written is None:
+        return None
+    terms, output = written
+    if len(terms) <= 2:
+        return [(",".join(terms) + "->" + output, shapes)]
+    size = {c: n for term, shape in zip(terms, shapes, strict=True) for c, n in zip(term, shape, strict=True)}
+    chain, result, result_shape = [], terms[0], shapes[0]
+    for k in range(1, len(terms)):
+        later = set("".join(terms[k + 1:])) | set(output)
+        out = output if k == len(terms) - 1 else "".join(dict.fromkeys(c for c in result + terms[k] if c in later))
+        chain.append((f"{result},{terms[k]}->{out}", [result_shape, shapes[k]]))
+        result, result_shape = out, [size[c] for c in out]
+    return chain

@@ -1002,15 +1002,17 @@ def _border_pad(node: Any, cx: _Context, mode: str) -> Made | None:
 
 
 def _einsum(node: Any, cx: _Context) -> Made | None:
-    """An Einsum of one or two operands of static shape (torch.einsum's attention) as Transposes, Reshapes and a
-    MatMul (core/opconfigs/einsum.py); the importer has no translator for Einsum."""
+    """An Einsum of static shapes (torch.einsum's attention; a Performer's three operands, two at a time) as
+    Transposes, Reshapes and a MatMul a pair (core/opconfigs/einsum.py); the importer has no translator for Einsum."""
     import numpy as np
     from onnx import numpy_helper
 
     shapes = [cx.shapes.get(t) for t in node.input]
     equation = attributes(node).get("equation", b"")
-    if None in shapes or not shapes or (made := einsum.plan(
-            equation.decode() if isinstance(equation, bytes) else str(equation), shapes)) is None:
+    chain = None if None in shapes or not shapes else einsum.steps(
+        equation.decode() if isinstance(equation, bytes) else str(equation), shapes)
+    plans = [einsum.plan(step, given) for step, given in chain or []]
+    if not plans or None in plans:
         return None
     base, nodes, initializers = node.name or node.output[0], [], []
 
@@ -1022,24 +1024,25 @@ def _einsum(node: Any, cx: _Context) -> Made | None:
         nodes.append(_like(op_type, inputs, [out], cx.namer(f"{base}/{op_type}"), **attrs))
         return out
 
-    operands, one = [], len(made.operands) == 1
-    for tensor, given, operand in zip(node.input, shapes, made.operands, strict=True):
-        moved = operand.perm != sorted(operand.perm)
+    inputs = list(node.input[:2])
+    for k, ((_, given), made) in enumerate(zip(chain, plans, strict=True)):
+        operands, one, final = [], len(made.operands) == 1, k == len(plans) - 1
+        for tensor, shape, operand in zip(inputs, given, made.operands, strict=True):
+            if operand.perm != sorted(operand.perm):
+                tensor = step("Transpose", [tensor], one and final, perm=operand.perm)
+            if not one and operand.shape != [shape[i] for i in operand.perm]:
+                tensor = step("Reshape", [tensor], False, operand.shape)
+            operands.append(tensor)
+        if one:
+            if not nodes:
+                step("Identity", operands, True)
+            return "Einsum written as a Transpose", nodes, initializers
+        moved = made.out_perm != sorted(made.out_perm)
+        product = step("Reshape", [step("MatMul", operands, False)], final and not moved, made.product)
         if moved:
-            tensor = step("Transpose", [tensor], one, perm=operand.perm)
-        if not one and operand.shape != [given[i] for i in operand.perm]:
-            tensor = step("Reshape", [tensor], False, operand.shape)
-        operands.append(tensor)
-    if one:
-        if not nodes:
-            step("Identity", operands, True)
-        return "Einsum written as a Transpose", nodes, initializers
-    moved = made.out_perm != sorted(made.out_perm)
-    product = step("MatMul", operands, False)
-    product = step("Reshape", [product], not moved, made.product)
-    if moved:
-        step("Transpose", [product], True, perm=made.out_perm)
-    return "Einsum written as Transposes, Reshapes and a MatMul", nodes, initializers
+            product = step("Transpose", [product], final, perm=made.out_perm)
+        inputs = [product, *node.input[k + 2:k + 3]]
+    return "Einsum written as Transposes, Reshapes and a MatMul a pair of operands", nodes, initializers
 
 
 def _average_pool(node: Any, cx: _Context) -> Made | None:

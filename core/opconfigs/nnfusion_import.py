@@ -684,7 +684,7 @@ def function_body(schema: Any, opset: int) -> Any:
 
 # ops with no translator import_rewrites writes out, and what it writes
 REWRITTEN = {"InstanceNormalization": "its formula", "Reciprocal": "Div(1, x)",
-             "Einsum": "Transposes, Reshapes and a MatMul, where it has one or two operands of static shape",
+             "Einsum": "Transposes, Reshapes and a MatMul a pair of operands, where its shapes are static",
              "ReduceLogSumExp": "the stable formula: Log(ReduceSum(Exp(x - max))) + max, its max a MaxPool",
              "ReduceMax": "a MaxPool of the reduced axes", "ReduceMin": "a MaxPool of the negated input, negated"}
 
