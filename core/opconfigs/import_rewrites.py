@@ -1096,6 +1096,47 @@ def _average_pool(node: Any, cx: _Context) -> Made | None:
             [*initializers, numpy_helper.from_array(scale, divisors)])
 
 
+def _conv_transpose_1d(node: Any, cx: _Context) -> Made | None:
+    """A 1-D ConvTranspose (HiFi-GAN's upsampling; the importer's checks take NCHW only) as the convolution it is:
+    the input with stride - 1 zeros after each sample (a Pad of a trailing axis, a Reshape, a Slice), then a Conv1d of
+    the flipped filter, [Cout, Cin, k], padded k - 1 - pad below and that plus output_padding above."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    attrs = attributes(node)
+    shape, out = cx.shapes.get(node.input[0]), cx.shapes.get(node.output[0])
+    weight = cx.initializers.get(node.input[1]) if len(node.input) > 1 else None
+    if shape is None or out is None or len(shape) != 3 or weight is None or int(attrs.get("group", 1)) != 1 \
+            or any(d != 1 for d in attrs.get("dilations", [1])) or "output_shape" in attrs \
+            or attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET") or cx.opsets.get("", 1) < 11:
+        return None
+    w = numpy_helper.to_array(weight)
+    (stride,), pads = list(attrs.get("strides", [1])), list(attrs.get("pads", [0, 0]))
+    (extra,), k = list(attrs.get("output_padding", [0])), int(w.shape[2])
+    below, above = k - 1 - pads[0], k - 1 - pads[1] + extra
+    n, c, length = shape
+    spread = (length - 1) * stride + 1
+    if below < 0 or above < 0 or spread + below + above - k + 1 != out[2]:
+        return None
+    base = node.name or node.output[0]
+    t = {key: cx.namer(f"{base}/{key}") for key in ("wide", "wide_shape", "gaps", "gaps_pads", "row", "row_shape",
+                                                     "spread", "starts", "ends", "axes", "padded", "pads", "filter")}
+    values = {"wide_shape": [n, c, length, 1], "gaps_pads": [0, 0, 0, 0, 0, 0, 0, stride - 1],
+              "row_shape": [n, c, length * stride], "starts": [0], "ends": [spread], "axes": [2],
+              "pads": [0, 0, below, 0, 0, above]}
+    made = [_like("Reshape", [node.input[0], t["wide_shape"]], [t["wide"]], cx.namer(f"{base}/Reshape_wide")),
+            _like("Pad", [t["wide"], t["gaps_pads"]], [t["gaps"]], cx.namer(f"{base}/Pad_gaps"), mode="constant"),
+            _like("Reshape", [t["gaps"], t["row_shape"]], [t["row"]], cx.namer(f"{base}/Reshape_row")),
+            _like("Slice", [t["row"], t["starts"], t["ends"], t["axes"]], [t["spread"]], cx.namer(f"{base}/Slice")),
+            _like("Pad", [t["spread"], t["pads"]], [t["padded"]], cx.namer(f"{base}/Pad"), mode="constant"),
+            _like("Conv", [t["padded"], t["filter"], *node.input[2:3]], list(node.output), node.name or
+                  cx.namer(f"{base}/Conv"), kernel_shape=[k], strides=[1], pads=[0, 0])]
+    initializers = [numpy_helper.from_array(np.array(v, np.int64), t[key]) for key, v in values.items()]
+    initializers.append(numpy_helper.from_array(np.ascontiguousarray(w[:, :, ::-1].transpose(1, 0, 2)), t["filter"]))
+    return "1-D ConvTranspose written as zeros between its samples and a Conv1d of the flipped filter", made, \
+        initializers
+
+
 def _conv_transpose(node: Any, cx: _Context) -> Made | None:
     """A 2-D ConvTranspose whose output_padding or unequal pads kdb's rows cannot take (torch's exact 2x upsampling:
     stride 2, padding 1, output_padding 1; NNFusion's output shape is (in - 1) * stride + k - 2 * pad) as the
@@ -1104,6 +1145,9 @@ def _conv_transpose(node: Any, cx: _Context) -> Made | None:
     import numpy as np
     from onnx import numpy_helper
 
+    shape = cx.shapes.get(node.input[0])
+    if shape is not None and len(shape) == 3:
+        return _conv_transpose_1d(node, cx)
     attrs = attributes(node)
     pads, out = list(attrs.get("pads", [0, 0, 0, 0])), cx.shapes.get(node.output[0])
     if (pads[:2] == pads[2:] and not any(attrs.get("output_padding", [0, 0]))) or cx.opsets.get("", 1) < 10 \

@@ -404,6 +404,10 @@ def conv_transpose_unserved(node: Any, attrs: dict[str, Any], shapes: Shapes) ->
     its op a square kernel (op/conv_trans.cpp, generic_op_define/ConvTranspose.cpp), and its output shape leaves
     output_padding out."""
     data, filt, out = (shapes.get(t) for t in (node.input[0], node.input[1], node.output[0]))
+    if data is not None and len(data) == 3:
+        return ("a 1-D ConvTranspose: NNFusion's importer takes NCHW only (a CHECK fails); "
+                f"{import_rules.EXPAND_HINT} as zeros between its samples and a Conv1d of the flipped filter (group "
+                "1, no dilation, a constant filter)")
     if data is None or filt is None or out is None or len(data) != 4 or len(filt) != 4:
         return "not a 2-D ConvTranspose of known shapes"
     pads = list(attrs.get("pads", [0, 0, 0, 0]))
