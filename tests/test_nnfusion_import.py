@@ -260,6 +260,9 @@ POOL_CASES: dict[str, tuple[Callable[[], ModelProto], str, str]] = {
                   "warning", "{1, 4, 13, 13}"),  # ONNX: 14x14
     "padded below, the same shape": (lambda: pool_model(lambda g: padded_pool(g, strides=[2, 2], pads=[1, 1, 0, 0]),
                                                         {"x": [1, 4, 29, 29]}), "warning", "{1, 4, 14, 14}"),
+    "auto_pad SAME_UPPER, stride 2": (lambda: pool_model(lambda g: g.node(
+        "AveragePool", ["x"], "n", kernel_shape=[3, 3], strides=[2, 2], auto_pad="SAME_UPPER"), {"x": [1, 4, 28, 28]}),
+        "warning", "{1, 4, 13, 13}"),  # ONNX: 14x14
 }
 
 

@@ -1054,11 +1054,14 @@ def _average_pool(node: Any, cx: _Context) -> Made | None:
     import numpy as np
     from onnx import numpy_helper
 
+    window = list(attributes(node).get("kernel_shape", []))
+    if attributes(node).get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):  # (written as ONNX's pads first)
+        node = _auto_pad_written(node, cx, window, ("SAME_UPPER", "SAME_LOWER", "VALID"))
+        if node is None:
+            return None
     attrs = attributes(node)
     shape, out = cx.shapes.get(node.input[0]), cx.shapes.get(node.output[0])
-    window = list(attrs.get("kernel_shape", []))
-    auto_pad = attrs.get("auto_pad", b"NOTSET")
-    if shape is None or out is None or len(shape) != 4 or len(window) != 2 or auto_pad not in (b"NOTSET", "NOTSET"):
+    if shape is None or out is None or len(shape) != 4 or len(window) != 2:
         return None
     strides, pads = list(attrs.get("strides", [1, 1])), list(attrs.get("pads", [0, 0, 0, 0]))
     if "strides" in attrs and not any(pads) and not attrs.get("ceil_mode", 0):
