@@ -293,7 +293,7 @@ def _measure(run: NetworkRun, tools: RunTools, state: StateDB | None, say: Progr
     for contender in contenders:
         if contender.build is not None and not contender.build.ok:
             contender.problem = f"nvcc failed: {contender.build.error}"
-            if not run.device:  # (the networks that built are not run either: said first, as when all build)
+            if not run.device and not cancelled():  # (what built is not run either: said first, as when all build)
                 run.findings.append(f"{NO_GPU} ({run.no_device})")
             return _stop(run, contender, cancelled())
     if not run.device or no_reference:  # each thing missing said
