@@ -98,7 +98,7 @@ def expand_functions(source: Path, output: Path, dims: dict[str, int] | None = N
         raise InputError("the expanded model would overwrite the model it is made from: give another OUT path",
                          where=str(output))
     model = read_model(source)
-    unknown = sorted(set(dims or {}) - input_dim_names(model.graph))
+    unknown = sorted(set(dims or {}) - set(input_dim_names(model.graph)))
     if unknown:
         raise InputError(f"no input has a dimension named {', '.join(unknown)} (--dim gives the inputs' named "
                          "dimensions their sizes; an output's follow from them)", where=str(source))

@@ -20,7 +20,7 @@ from typing import Any
 
 from core.errors import InputError, ToolError
 from core.opconfigs.expand_functions import expand_functions
-from core.opconfigs.import_rewrites import constants_for_import, drop_orphans, fresh_name, reads
+from core.opconfigs.import_rewrites import constants_for_import, drop_orphans, fresh_name, input_dim_names, reads
 from core.opconfigs.import_rules import constant_values
 from core.opconfigs.nnfusion_import import import_faults, with_shapes
 from core.opconfigs.onnx_extract import extraction_miscompiles, read_model, write_model
@@ -136,6 +136,7 @@ def convert_to_fp16(source: Path, output: Path, *, keep_io_types: bool = False) 
             kept = _name_depthwise_convs(model)
             statistics = _name_square_statistics(model)
             angles = _name_angles(model)
+            angled = set(angles)
             in_float = [*kept, *(name for chain in statistics for name in chain), *angles]
             _constants_of_kept(model, set(in_float))
             _unshared(model, set(in_float))
@@ -161,21 +162,16 @@ def convert_to_fp16(source: Path, output: Path, *, keep_io_types: bool = False) 
     blockers, shape_warnings = import_faults(shaped)
     own, clashes = extraction_miscompiles(shaped)
     faults = {f.node for f in (*blockers, *shape_warnings, *own, *clashes)}
-    dynamic = _dynamic_dims(converted)
+    dynamic = input_dim_names(converted.graph)
     left = _left_after_expand(output, dynamic) if faults else ()
     initializers = Counter(t.data_type for t in converted.graph.initializer)
     return Fp16Conversion(source, output, len(converted.graph.node), casts_added, initializers[FLOAT16],
                           initializers[FLOAT], "float" if keep_io_types else "half", clamped, kept,
                           tuple(chain[0] for chain in statistics),
-                          tuple(n for n in angles if n in _sines(model)), tuple(sorted(blocked.items())),
+                          tuple(n.name for n in model.graph.node if n.op_type in ("Sin", "Cos") and n.name in angled),
+                          tuple(sorted(blocked.items())),
                           tuple(sorted(for_import.items())),
                           len(faults), left, len(faults - set(left)), dynamic)
-
-
-def _dynamic_dims(model: Any) -> tuple[str, ...]:
-    """The named (dim_param) dimensions of the graph's inputs, in order (an output's follow from them)."""
-    return tuple(dict.fromkeys(d.dim_param for v in model.graph.input if v.type.HasField("tensor_type")
-                               for d in v.type.tensor_type.shape.dim if d.HasField("dim_param") and d.dim_param))
 
 
 def _left_after_expand(path: Path, dynamic: tuple[str, ...]) -> tuple[str, ...]:
@@ -331,10 +327,6 @@ def _name_square_statistics(model: Any) -> list[tuple[str, ...]]:
 
 # What computes a Sin's or Cos's angle from a timestep or a position: scaled by constant frequencies, reshaped, cast
 ANGLE_OPS = {"Mul", "Div", "Add", "Sub", "Unsqueeze", "Reshape", "Squeeze", "Flatten", "Transpose", "Expand", "Cast"}
-
-
-def _sines(model: Any) -> set[str]:
-    return {n.name for n in model.graph.node if n.op_type in ("Sin", "Cos")}
 
 
 def _name_angles(model: Any) -> list[str]:

@@ -36,10 +36,10 @@ Made = tuple[str, list[Any], list[Any]]  # (kind, nodes in the node's place, ini
 Rewrite = Callable[[Any, "_Context"], Made | None]
 
 
-def input_dim_names(graph: Any) -> set[str]:
-    """The named (dim_param) dimensions of the graph's inputs: the sizes a user gives (--dim)."""
-    return {d.dim_param for vi in graph.input if vi.type.HasField("tensor_type")
-            for d in vi.type.tensor_type.shape.dim if d.HasField("dim_param") and d.dim_param}
+def input_dim_names(graph: Any) -> tuple[str, ...]:
+    """The named (dim_param) dimensions of the graph's inputs, in order: the sizes a user gives (--dim)."""
+    return tuple(dict.fromkeys(d.dim_param for vi in graph.input if vi.type.HasField("tensor_type")
+                               for d in vi.type.tensor_type.shape.dim if d.HasField("dim_param") and d.dim_param))
 
 
 def pin_dims(model: Any, dims: dict[str, int]) -> int:
@@ -920,6 +920,16 @@ def _auto_pad_written(node: Any, cx: _Context, window: list[int] | None, kinds: 
     return made
 
 
+def _floor_pads_above(shape: list[int], out: list[int], window: list[int], strides: list[int], below: list[int],
+                      least: list[int]) -> list[int] | None:
+    """The pads above each spatial axis with which a pool that rounds its windows down (no ceil_mode, as NNFusion's
+    importer pools) gives the model's `out`: at least `least`, enough for the last window; None where none do."""
+    above = [max(a, (o - 1) * s + k - n - b) for o, s, k, n, b, a in zip(out, strides, window, shape, below, least,
+                                                                        strict=True)]
+    floored = [(n + b + a - k) // s + 1 for n, b, a, k, s in zip(shape, below, above, window, strides, strict=True)]
+    return above if floored == out else None
+
+
 def _max_pool(node: Any, cx: _Context) -> Made | None:
     """A MaxPool's auto_pad written as ONNX's pads; its ceil_mode, which the importer drops (the windows round down:
     SqueezeNet's pools), as that many more pads above: a max reads no padding. Pads that then differ above need the
@@ -934,10 +944,8 @@ def _max_pool(node: Any, cx: _Context) -> Made | None:
             and not any(d != 1 for d in attrs.get("dilations", [])):
         half = len(window)
         strides, pads = list(attrs.get("strides", [1] * half)), list(attrs.get("pads", [0] * 2 * half))
-        above = [max(a, (o - 1) * s + k - n - b) for o, s, k, n, b, a in zip(out[2:], strides, window, shape[2:],
-                                                                            pads[:half], pads[half:], strict=True)]
-        if above != pads[half:] and [(n + b + a - k) // s + 1 for n, b, a, k, s in zip(
-                shape[2:], pads[:half], above, window, strides, strict=True)] == out[2:]:
+        above = _floor_pads_above(shape[2:], out[2:], window, strides, pads[:half], pads[half:])
+        if above is not None and above != pads[half:]:
             pool = _like("MaxPool", list(node.input), list(node.output), node.name, pads=[*pads[:half], *above])
             pool.attribute.extend(a for a in source.attribute if a.name not in ("pads", "ceil_mode", "auto_pad"))
             kinds.append("ceil_mode as pads above")
@@ -1067,11 +1075,7 @@ def _average_pool(node: Any, cx: _Context) -> Made | None:
     if "strides" in attrs and not any(pads) and not attrs.get("ceil_mode", 0):
         return None
     base = node.name or node.output[0]
-    # each axis padded so that the pool without padding and rounding down gives the model's output
-    above = [max(0, (o - 1) * s + k - n - b) for o, s, k, n, b in zip(out[2:], strides, window, shape[2:], pads[:2],
-                                                                       strict=True)]
-    if [(n + b + a - k) // s + 1 for n, b, a, k, s in zip(shape[2:], pads[:2], above, window, strides, strict=True)] \
-            != out[2:]:
+    if (above := _floor_pads_above(shape[2:], out[2:], window, strides, pads[:2], [0, 0])) is None:
         return None
     made, initializers, pooled = [], [], node.input[0]
     if any(pads[:2]) or any(above):
@@ -1122,19 +1126,20 @@ def _conv_transpose_1d(node: Any, cx: _Context) -> Made | None:
     if below < 0 or above < 0 or spread + below + above - k + 1 != out[2]:
         return None
     base = node.name or node.output[0]
-    t = {key: cx.namer(f"{base}/{key}") for key in ("wide", "wide_shape", "gaps", "gaps_pads", "row", "row_shape",
-                                                     "spread", "starts", "ends", "axes", "padded", "pads", "filter")}
-    values = {"wide_shape": [n, c, length, 1], "gaps_pads": [0, 0, 0, 0, 0, 0, 0, stride - 1],
-              "row_shape": [n, c, length * stride], "starts": [0], "ends": [spread], "axes": [2],
-              "pads": [0, 0, below, 0, 0, above]}
+    t = {key: cx.namer(f"{base}/{key}") for key in ("wide", "wide_shape", "row", "row_shape", "spread", "starts",
+                                                     "ends", "axes", "filter")}
+    gaps = _zero_pad(t["wide"], [0, 0, 0, 0, 0, 0, 0, stride - 1], f"{base}/gaps", cx)
+    padded = _zero_pad(t["spread"], [0, 0, below, 0, 0, above], base, cx)
+    assert gaps is not None and padded is not None  # (opset 11 on: a Pad of any rank)
+    values = {"wide_shape": [n, c, length, 1], "row_shape": [n, c, length * stride], "starts": [0], "ends": [spread],
+              "axes": [2]}
     made = [_like("Reshape", [node.input[0], t["wide_shape"]], [t["wide"]], cx.namer(f"{base}/Reshape_wide")),
-            _like("Pad", [t["wide"], t["gaps_pads"]], [t["gaps"]], cx.namer(f"{base}/Pad_gaps"), mode="constant"),
-            _like("Reshape", [t["gaps"], t["row_shape"]], [t["row"]], cx.namer(f"{base}/Reshape_row")),
+            gaps[0], _like("Reshape", [gaps[2], t["row_shape"]], [t["row"]], cx.namer(f"{base}/Reshape_row")),
             _like("Slice", [t["row"], t["starts"], t["ends"], t["axes"]], [t["spread"]], cx.namer(f"{base}/Slice")),
-            _like("Pad", [t["spread"], t["pads"]], [t["padded"]], cx.namer(f"{base}/Pad"), mode="constant"),
-            _like("Conv", [t["padded"], t["filter"], *node.input[2:3]], list(node.output), node.name or
-                  cx.namer(f"{base}/Conv"), kernel_shape=[k], strides=[1], pads=[0, 0])]
-    initializers = [numpy_helper.from_array(np.array(v, np.int64), t[key]) for key, v in values.items()]
+            padded[0], _like("Conv", [padded[2], t["filter"], *node.input[2:3]], list(node.output),
+                             node.name or cx.namer(f"{base}/Conv"), kernel_shape=[k], strides=[1], pads=[0, 0])]
+    initializers = [*gaps[1], *padded[1], *(numpy_helper.from_array(np.array(v, np.int64), t[key])
+                                            for key, v in values.items())]
     initializers.append(numpy_helper.from_array(np.ascontiguousarray(w[:, :, ::-1].transpose(1, 0, 2)), t["filter"]))
     return "1-D ConvTranspose written as zeros between its samples and a Conv1d of the flipped filter", made, \
         initializers
